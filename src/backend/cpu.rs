@@ -1,0 +1,282 @@
+//! The CPU reference backend: every op on any strides, f32 accumulation, F16/BF16
+//! through `half`. mul_mat runs on all cores (rayon); everything else is plain loops.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{io_slot, validate_plan, Backend, ExecId, Stats};
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
+use crate::ops::host::{store, HostTensor};
+use crate::ops::{self, Op};
+
+/// A loaded plan with its arena.
+struct CpuExec {
+    plan: Plan,
+    /// The arena, as u64 words so every 8-byte-aligned offset is aligned for any dtype.
+    arena: Vec<u64>,
+    /// Inputs written at least once.
+    written: HashSet<TensorId>,
+}
+
+/// The CPU backend.
+#[derive(Default)]
+pub struct CpuBackend {
+    buffers: HashMap<BufferId, Vec<u64>>,
+    sizes: HashMap<BufferId, usize>,
+    execs: Vec<Option<CpuExec>>,
+    stats: Stats,
+}
+
+fn words(bytes: usize) -> Vec<u64> {
+    vec![0u64; bytes.div_ceil(8)]
+}
+
+fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(v)
+}
+
+impl CpuBackend {
+    /// A CPU backend using rayon's global thread pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn buffer_mut(&mut self, buf: BufferId) -> Result<(&mut [u8], usize)> {
+        let size = *self
+            .sizes
+            .get(&buf)
+            .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))?;
+        let v = self.buffers.get_mut(&buf).expect("sizes and buffers agree");
+        Ok((&mut as_bytes_mut(v)[..size], size))
+    }
+
+    fn exec(&self, exec: ExecId) -> Result<&CpuExec> {
+        self.execs
+            .get(exec.0)
+            .and_then(|e| e.as_ref())
+            .ok_or_else(|| Error::plan(format!("cpu: no loaded plan {exec:?}")))
+    }
+
+    fn exec_mut(&mut self, exec: ExecId) -> Result<&mut CpuExec> {
+        self.execs
+            .get_mut(exec.0)
+            .and_then(|e| e.as_mut())
+            .ok_or_else(|| Error::plan(format!("cpu: no loaded plan {exec:?}")))
+    }
+}
+
+fn range_check(what: &str, buf: BufferId, offset: usize, len: usize, size: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::plan(format!(
+            "cpu: {what} of {len} bytes at offset {offset} is outside buffer {buf:?} of {size} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// SplitMix64, the generator behind [`Backend::fill_random`] on every backend.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The `i`-th value of the seeded uniform stream in `[-scale, scale)`.
+pub fn random_uniform(seed: u64, i: u64, scale: f32) -> f32 {
+    let bits = splitmix64(seed ^ splitmix64(i)) >> 40; // 24 random bits
+    (bits as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
+        let id = BufferId::fresh();
+        self.buffers.insert(id, words(bytes));
+        self.sizes.insert(id, bytes);
+        Ok(id)
+    }
+
+    fn free_buffer(&mut self, buf: BufferId) -> Result<()> {
+        self.sizes
+            .remove(&buf)
+            .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))?;
+        self.buffers.remove(&buf);
+        Ok(())
+    }
+
+    fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
+        let (mem, size) = self.buffer_mut(buf)?;
+        range_check("write", buf, offset, data.len(), size)?;
+        mem[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let (mem, size) = self.buffer_mut(buf)?;
+        range_check("read", buf, offset, out.len(), size)?;
+        out.copy_from_slice(&mem[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn fill_random(
+        &mut self,
+        buf: BufferId,
+        offset: usize,
+        dtype: DType,
+        n: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<()> {
+        if !dtype.is_float() {
+            return Err(Error::plan(format!(
+                "cpu: fill_random needs a float dtype, got {dtype}"
+            )));
+        }
+        let (mem, size) = self.buffer_mut(buf)?;
+        let es = dtype.block_bytes();
+        range_check("fill", buf, offset, n * es, size)?;
+        for i in 0..n {
+            let v = random_uniform(seed, i as u64, scale);
+            // SAFETY: offset + (i + 1) * es <= size was checked above.
+            unsafe { store(mem.as_mut_ptr().add(offset + i * es), dtype, v) };
+        }
+        Ok(())
+    }
+
+    fn supports(&self, step: &Step) -> std::result::Result<(), String> {
+        // The reference backend runs every op on any layout the builders accept.
+        let _ = step;
+        Ok(())
+    }
+
+    fn load(&mut self, plan: &Plan) -> Result<ExecId> {
+        validate_plan(self, plan, |b| self.sizes.get(&b).copied())?;
+        let exec = CpuExec {
+            plan: plan.clone(),
+            arena: words(plan.arena_bytes),
+            written: HashSet::new(),
+        };
+        let slot = self.execs.iter().position(|e| e.is_none());
+        Ok(ExecId(match slot {
+            Some(i) => {
+                self.execs[i] = Some(exec);
+                i
+            }
+            None => {
+                self.execs.push(Some(exec));
+                self.execs.len() - 1
+            }
+        }))
+    }
+
+    fn unload(&mut self, exec: ExecId) -> Result<()> {
+        self.exec(exec)?;
+        self.execs[exec.0] = None;
+        Ok(())
+    }
+
+    fn set_input(&mut self, exec: ExecId, id: TensorId, data: &[u8]) -> Result<()> {
+        let e = self.exec_mut(exec)?;
+        let Loc::Arena(off) = io_slot(&e.plan.inputs, id, data.len(), "input")? else {
+            unreachable!("inputs live in the arena")
+        };
+        as_bytes_mut(&mut e.arena)[off..off + data.len()].copy_from_slice(data);
+        e.written.insert(id);
+        Ok(())
+    }
+
+    fn compute(&mut self, exec: ExecId) -> Result<()> {
+        let e = self
+            .execs
+            .get_mut(exec.0)
+            .and_then(|e| e.as_mut())
+            .ok_or_else(|| Error::plan(format!("cpu: no loaded plan {exec:?}")))?;
+        if let Some(io) = e
+            .plan
+            .inputs
+            .iter()
+            .find(|io| !e.written.contains(&io.operand.id))
+        {
+            return Err(Error::plan(format!(
+                "input '{}' was never written before the first run",
+                io.name
+            )));
+        }
+        let arena = as_bytes_mut(&mut e.arena).as_mut_ptr();
+        let buffers = &mut self.buffers;
+        let mut ptr = |loc: Loc| -> *mut u8 {
+            match loc {
+                // SAFETY: load() checked that every arena offset lies inside the arena.
+                Loc::Arena(off) => unsafe { arena.add(off) },
+                Loc::Buffer(b, off) => {
+                    let v = buffers.get_mut(&b).expect("validated at load");
+                    // SAFETY: load() checked the extent against the buffer's size.
+                    unsafe { as_bytes_mut(v).as_mut_ptr().add(off) }
+                }
+            }
+        };
+        for step in &e.plan.steps {
+            let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
+            let src: Vec<HostTensor> = step
+                .src
+                .iter()
+                .map(|s| HostTensor::new(ptr(s.loc), s))
+                .collect();
+            run_step(step, dst, &src)?;
+        }
+        self.stats.eager_runs += 1;
+        Ok(())
+    }
+
+    fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
+        let e = self.exec(exec)?;
+        match io_slot(&e.plan.outputs, id, out.len(), "output")? {
+            Loc::Arena(off) => {
+                out.copy_from_slice(
+                    &bytemuck::cast_slice::<u64, u8>(&e.arena)[off..off + out.len()],
+                );
+                Ok(())
+            }
+            Loc::Buffer(b, off) => self.read_buffer(b, off, out),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()> {
+        let e = self.exec_mut(exec)?;
+        let n = e.plan.arena_bytes;
+        as_bytes_mut(&mut e.arena)[..n].fill(byte);
+        Ok(())
+    }
+
+    fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
+        let e = self.exec(exec)?;
+        Ok(bytemuck::cast_slice::<u64, u8>(&e.arena)[..e.plan.arena_bytes].to_vec())
+    }
+}
+
+/// Runs one step with the CPU reference kernels.
+pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    match step.op {
+        Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose | Op::After => {
+            Ok(())
+        }
+        Op::GetRows => ops::get_rows::cpu(step, dst, src),
+        Op::Add | Op::Mul => ops::binary::cpu(step, dst, src),
+        Op::Scale { .. } | Op::Silu | Op::Gelu => ops::unary::cpu(step, dst, src),
+        Op::RmsNorm { .. } | Op::Norm { .. } => ops::norm::cpu(step, dst, src),
+        Op::MulMat => ops::mul_mat::cpu(step, dst, src),
+        Op::Rope(_) => ops::rope::cpu(step, dst, src),
+        Op::Cpy | Op::Cont => ops::cpy::cpu_copy(step, dst, src),
+        Op::SetRows => ops::cpy::cpu_set_rows(step, dst, src),
+        Op::DiagMaskInf { .. } | Op::SoftMax { .. } => ops::softmax::cpu(step, dst, src),
+        Op::Argmax => ops::argmax::cpu(step, dst, src),
+    }
+}

@@ -1,0 +1,190 @@
+//! Backends run [`Plan`]s. A backend owns persistent buffers (weights, KV caches), loads
+//! a plan into an executable with its own arena, and runs it: inputs are written into
+//! fixed places before a run and outputs read after it.
+//!
+//! - [`cpu::CpuBackend`]: the reference implementation of every op on any strides.
+//! - `cuda::CudaBackend` (feature `cuda`): kernels from `cuda/*.cu`, cuBLAS, and the whole
+//!   plan captured into one CUDA graph that later runs replay.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, DType, Io, Loc, Plan, Step, TensorId};
+
+/// A plan loaded into a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExecId(pub usize);
+
+/// Counters a backend keeps about its runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Runs executed op by op.
+    pub eager_runs: u64,
+    /// CUDA graphs captured (0 on the CPU).
+    pub captures: u64,
+    /// Runs served by replaying a captured graph.
+    pub replays: u64,
+}
+
+/// What every backend offers.
+pub trait Backend {
+    /// A short name ("cpu", "cuda").
+    fn name(&self) -> &'static str;
+
+    /// A new zero-filled persistent buffer of `bytes` bytes.
+    fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId>;
+
+    /// Releases a buffer. Plans that use it must not run afterwards.
+    fn free_buffer(&mut self, buf: BufferId) -> Result<()>;
+
+    /// Copies `data` into `buf` at byte `offset`.
+    fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()>;
+
+    /// Copies bytes of `buf` from `offset` into `out`.
+    fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()>;
+
+    /// Fills `n` elements of `dtype` at `offset` of `buf` with seeded pseudo-random values,
+    /// uniform in `[-scale, scale)` (benchmark weights made on the device).
+    fn fill_random(
+        &mut self,
+        buf: BufferId,
+        offset: usize,
+        dtype: DType,
+        n: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<()>;
+
+    /// Whether this backend can run `step`, and why not.
+    fn supports(&self, step: &Step) -> std::result::Result<(), String>;
+
+    /// Loads a plan: checks every step is supported and every buffer reference is in
+    /// bounds, and allocates the plan's arena.
+    fn load(&mut self, plan: &Plan) -> Result<ExecId>;
+
+    /// Releases a loaded plan and its arena.
+    fn unload(&mut self, exec: ExecId) -> Result<()>;
+
+    /// Writes an input of a loaded plan (the bytes of the whole contiguous tensor).
+    fn set_input(&mut self, exec: ExecId, id: TensorId, data: &[u8]) -> Result<()>;
+
+    /// Runs a loaded plan.
+    fn compute(&mut self, exec: ExecId) -> Result<()>;
+
+    /// Reads an output of a loaded plan after a run.
+    fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()>;
+
+    /// Run counters.
+    fn stats(&self) -> Stats;
+
+    /// Fills a loaded plan's whole arena with `byte` (to poison it before a test run).
+    fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()>;
+
+    /// A copy of a loaded plan's whole arena (to check sentinels after a test run).
+    fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>>;
+}
+
+/// Typed conveniences over [`Backend`].
+pub trait BackendExt: Backend {
+    /// Writes an F32 input.
+    fn set_input_f32(&mut self, exec: ExecId, id: TensorId, data: &[f32]) -> Result<()> {
+        self.set_input(exec, id, bytemuck::cast_slice(data))
+    }
+
+    /// Writes an I32 input.
+    fn set_input_i32(&mut self, exec: ExecId, id: TensorId, data: &[i32]) -> Result<()> {
+        self.set_input(exec, id, bytemuck::cast_slice(data))
+    }
+
+    /// Reads an F32 output of `n` elements.
+    fn get_output_f32(&mut self, exec: ExecId, id: TensorId, n: usize) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; n];
+        self.get_output(exec, id, bytemuck::cast_slice_mut(&mut v))?;
+        Ok(v)
+    }
+
+    /// Reads an I32 output of `n` elements.
+    fn get_output_i32(&mut self, exec: ExecId, id: TensorId, n: usize) -> Result<Vec<i32>> {
+        let mut v = vec![0i32; n];
+        self.get_output(exec, id, bytemuck::cast_slice_mut(&mut v))?;
+        Ok(v)
+    }
+}
+
+impl<B: Backend + ?Sized> BackendExt for B {}
+
+/// Checks, for any backend, that every step is supported and every buffer reference of
+/// the plan lies inside its buffer (`buffer_size` answers `None` for unknown buffers).
+pub(crate) fn validate_plan(
+    backend: &dyn Backend,
+    plan: &Plan,
+    buffer_size: impl Fn(BufferId) -> Option<usize>,
+) -> Result<()> {
+    for step in &plan.steps {
+        backend
+            .supports(step)
+            .map_err(|reason| Error::Unsupported {
+                backend: backend.name(),
+                node: step.name.clone(),
+                op: step.op.name(),
+                reason,
+            })?;
+    }
+    let operands = plan
+        .steps
+        .iter()
+        .flat_map(|s| std::iter::once(&s.dst).chain(s.src.iter()))
+        .chain(plan.externals.iter().map(|io| &io.operand));
+    for op in operands {
+        if let Loc::Buffer(buf, off) = op.loc {
+            let size = buffer_size(buf).ok_or_else(|| {
+                Error::plan(format!(
+                    "{}: buffer {:?} used by a tensor of the plan does not belong to this backend",
+                    backend.name(),
+                    buf
+                ))
+            })?;
+            if off + op.nbytes() > size {
+                return Err(Error::plan(format!(
+                    "{}: tensor {:?} needs bytes {}..{} of buffer {:?}, which has {}",
+                    backend.name(),
+                    op.id,
+                    off,
+                    off + op.nbytes(),
+                    buf,
+                    size
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `len` bytes fit input or output `id` (looked up in `list`), returning
+/// where the tensor lives.
+pub(crate) fn io_slot(list: &[Io], id: TensorId, len: usize, what: &str) -> Result<Loc> {
+    let io = list
+        .iter()
+        .find(|io| io.operand.id == id)
+        .ok_or_else(|| Error::plan(format!("tensor {id:?} is not an {what} of this plan")))?;
+    if !io.operand.is_contiguous() {
+        return Err(Error::plan(format!(
+            "{what} '{}' is not contiguous; make it contiguous with cont() before reading it",
+            io.name
+        )));
+    }
+    let need = io.operand.nbytes();
+    if len != need {
+        return Err(Error::plan(format!(
+            "{what} '{}' ({} {}) has {} bytes, got {}",
+            io.name,
+            io.operand.dtype,
+            crate::graph::fmt_ne(&io.operand.ne),
+            need,
+            len
+        )));
+    }
+    Ok(io.operand.loc)
+}

@@ -1,0 +1,97 @@
+//! The crate's error type: every mistake a user can make (a shape, a dtype, a file, a
+//! token id, a size) becomes an [`Error`] that names the problem, never a panic.
+
+use crate::graph::DType;
+
+/// Result alias used throughout graft.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while building, planning or running a graph, or while
+/// loading a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An op was given operands of incompatible shapes.
+    #[error("{op}: {msg}")]
+    Shape { op: &'static str, msg: String },
+
+    /// An op was given an operand of a dtype it does not accept.
+    #[error("{op}: operand '{operand}' has dtype {found}, expected {expected}")]
+    DType {
+        op: &'static str,
+        operand: String,
+        found: DType,
+        expected: String,
+    },
+
+    /// A tensor id that does not belong to this graph (or was removed from it).
+    #[error("tensor id {0} does not belong to this graph")]
+    UnknownTensor(String),
+
+    /// An index read from a tensor at run time is out of range (a token id, a row id).
+    #[error("{op} '{node}': index {index} at position {position} is out of range 0..{limit}")]
+    IndexOutOfRange {
+        op: &'static str,
+        node: String,
+        index: i64,
+        position: usize,
+        limit: usize,
+    },
+
+    /// A graph could not be planned or executed as asked (a missing input, an output that
+    /// was not requested, a buffer too small for the tensor placed in it, ...).
+    #[error("{0}")]
+    Plan(String),
+
+    /// A backend cannot run a node of the graph.
+    #[error("backend {backend} does not support node '{node}' ({op}): {reason}")]
+    Unsupported {
+        backend: &'static str,
+        node: String,
+        op: &'static str,
+        reason: String,
+    },
+
+    /// A failure inside a backend (a driver error, out of device memory, a failed launch).
+    #[error("{backend}: {msg}")]
+    Backend { backend: &'static str, msg: String },
+
+    /// A model file or folder is malformed or does not match the expected layout.
+    #[error("{0}")]
+    Model(String),
+
+    /// An I/O error, with the path it concerns.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Shorthand for a shape error.
+    pub fn shape(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Shape {
+            op,
+            msg: msg.into(),
+        }
+    }
+
+    /// Shorthand for a planning error.
+    pub fn plan(msg: impl Into<String>) -> Self {
+        Error::Plan(msg.into())
+    }
+
+    /// Shorthand for a model error.
+    pub fn model(msg: impl Into<String>) -> Self {
+        Error::Model(msg.into())
+    }
+
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! graft: a ggml-style compute-graph framework for LLM inference.
+//!
+//! Model code builds a lazy tensor DAG ([`graph::Graph`]); nothing is computed while
+//! building. [`graph::Graph::plan`] orders the nodes and lays out one memory arena with
+//! the allocator; a [`backend::Backend`] (the CPU reference, or CUDA with CUDA-graph
+//! capture and replay) executes the plan. Models live in [`models`].
+//!
+//! Layers, from the bottom:
+//! - [`graph`]: tensors (`dtype`, `ne[4]`, `nb[4]`), the arena of nodes, the execution
+//!   order, the allocator, plans and dumps;
+//! - [`ops`]: the op set, one file per family (builder, shape inference, CPU kernel);
+//! - [`backend`]: CPU and CUDA executors;
+//! - [`models`]: model graphs (Llama) defined with the public API only.
+
+pub mod backend;
+pub mod error;
+pub mod graph;
+pub mod models;
+pub mod ops;
+
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! Model graphs defined with graft's public graph API.

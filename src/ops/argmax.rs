@@ -1,0 +1,47 @@
+//! argmax: the index of the largest element of each row, as I32 (greedy sampling on the
+//! device without copying the logits back). Ties go to the lowest index; NaN is never
+//! picked over a number.
+
+use super::host::{for_each_row, HostTensor};
+use super::{expect_dtype, Op};
+use crate::error::Result;
+use crate::graph::{DType, Graph, Step, TensorId};
+
+impl Graph {
+    /// I32 [ne1, ne2, ne3] holding the argmax of each row of `a` [ne0, ne1, ne2, ne3].
+    pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
+        let t = self.get(a)?;
+        expect_dtype("argmax", &t.name, t.dtype, &DType::FLOATS)?;
+        let ne = [t.ne[1], t.ne[2], t.ne[3], 1];
+        Ok(self.new_node(Op::Argmax, DType::I32, ne, &[a]))
+    }
+}
+
+/// Index of the first maximum of `row` (NaN entries are skipped; 0 if all are NaN).
+pub fn argmax_row(row: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &v) in row.iter().enumerate() {
+        if !v.is_nan() && (!found || v > best_v) {
+            best = i;
+            best_v = v;
+            found = true;
+        }
+    }
+    best
+}
+
+/// CPU reference for argmax.
+pub(crate) fn cpu(_step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    let a = src[0];
+    let mut row = vec![0f32; a.ne[0]];
+    for_each_row(a.ne, |i1, i2, i3| {
+        // SAFETY: (i1, i2, i3) is inside a; dst is [ne1, ne2, ne3] written by this step only.
+        unsafe {
+            a.read_row(i1, i2, i3, &mut row);
+            dst.set_i32([i1, i2, i3, 0], argmax_row(&row) as i32);
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! add and mul: elementwise with broadcasting of the second operand over all four
+//! dimensions by ggml's rule `y[i % ky]` (each `b.ne[i]` must divide `a.ne[i]`).
+
+use super::host::{for_each_row, HostTensor};
+use super::{expect_dtype, Op};
+use crate::error::{Error, Result};
+use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
+
+impl Graph {
+    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let name = op.name();
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        expect_dtype(name, &ta.name, ta.dtype, &DType::FLOATS)?;
+        expect_dtype(name, &tb.name, tb.dtype, &DType::FLOATS)?;
+        if (0..4).any(|i| ta.ne[i] % tb.ne[i] != 0) {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "cannot broadcast '{}' {} over '{}' {}: each dim of the second must divide the first",
+                    tb.name,
+                    fmt_ne(&tb.ne),
+                    ta.name,
+                    fmt_ne(&ta.ne)
+                ),
+            ));
+        }
+        let (dtype, ne) = (ta.dtype, ta.ne);
+        Ok(self.new_node(op, dtype, ne, &[a, b]))
+    }
+
+    /// `a + b`, with `b` broadcast over `a` (result has `a`'s dtype and shape).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Add, a, b)
+    }
+
+    /// `a * b`, with `b` broadcast over `a` (result has `a`'s dtype and shape).
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Mul, a, b)
+    }
+}
+
+/// CPU reference for add and mul.
+pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    let f: fn(f32, f32) -> f32 = match step.op {
+        Op::Add => |x, y| x + y,
+        Op::Mul => |x, y| x * y,
+        _ => unreachable!("binary::cpu called for {}", step.op.name()),
+    };
+    let (a, b) = (src[0], src[1]);
+    let n0 = dst.ne[0];
+    let mut ra = vec![0f32; n0];
+    let mut rb = vec![0f32; b.ne[0]];
+    for_each_row(dst.ne, |i1, i2, i3| {
+        // SAFETY: row indices come from dst.ne, which equals a.ne; b's row is taken
+        // modulo its own shape; the plan guarantees the memory is valid.
+        unsafe {
+            a.read_row(i1, i2, i3, &mut ra);
+            b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], &mut rb);
+        }
+        for (j, x) in ra.iter_mut().enumerate() {
+            *x = f(*x, rb[j % rb.len()]);
+        }
+        // SAFETY: as above; this step is the only writer of dst.
+        unsafe { dst.write_row(i1, i2, i3, &ra) };
+    });
+    Ok(())
+}

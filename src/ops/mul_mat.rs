@@ -1,0 +1,106 @@
+//! mul_mat with ggml's semantics: `a` [k, m, a2, a3] and `b` [k, n, b2, b3] contract over
+//! dim 0 into F32 [m, n, b2, b3], i.e. `out[i, j] = sum_l a[l, i] * b[l, j]` (`a^T b`).
+//! `a` is broadcast over `b` in dims 2 and 3 (`b2 % a2 == 0`): with `a` the K/V cache of
+//! `a2` KV heads and `b` the queries of `b2` heads, query head `h` uses KV head
+//! `h / (b2 / a2)`, which is grouped-query attention.
+
+use rayon::prelude::*;
+
+use super::host::HostTensor;
+use super::{expect_dtype, Op};
+use crate::error::{Error, Result};
+use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
+
+impl Graph {
+    /// `a^T b` contracted over dim 0: [k, m, a2, a3] x [k, n, b2, b3] -> F32 [m, n, b2, b3].
+    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (self.get(a)?, self.get(b)?);
+        expect_dtype("mul_mat", &ta.name, ta.dtype, &DType::FLOATS)?;
+        expect_dtype("mul_mat", &tb.name, tb.dtype, &DType::FLOATS)?;
+        if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
+            return Err(Error::shape(
+                "mul_mat",
+                format!(
+                    "'{}' {} and '{}' {} do not match: dim 0 must be equal and dims 2, 3 of the first must divide the second's",
+                    ta.name,
+                    fmt_ne(&ta.ne),
+                    tb.name,
+                    fmt_ne(&tb.ne)
+                ),
+            ));
+        }
+        let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
+        Ok(self.new_node(Op::MulMat, DType::F32, ne, &[a, b]))
+    }
+}
+
+/// Dot product with eight independent f32 accumulators (vectorizes well).
+#[inline]
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    debug_assert_eq!(x.len(), y.len());
+    let mut acc = [0f32; 8];
+    let cx = x.chunks_exact(8);
+    let cy = y.chunks_exact(8);
+    let (rx, ry) = (cx.remainder(), cy.remainder());
+    for (a, b) in cx.zip(cy) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (a, b) in rx.iter().zip(ry) {
+        s += a * b;
+    }
+    s
+}
+
+/// Rows of `a` handled per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// CPU reference for mul_mat (multi-threaded over rows of `a`).
+pub(crate) fn cpu(_step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    let (a, b) = (src[0], src[1]);
+    let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let a_dense = a.dtype == DType::F32
+        && a.nb[0] == 4
+        && (a.ptr as usize) % 4 == 0
+        && a.nb.iter().all(|n| n % 4 == 0);
+    let mut bm = vec![0f32; n * k];
+    for i3 in 0..b.ne[3] {
+        for i2 in 0..b.ne[2] {
+            for (j, col) in bm.chunks_exact_mut(k).enumerate() {
+                // SAFETY: (j, i2, i3) is inside b's shape; the plan guarantees valid memory.
+                unsafe { b.read_row(j, i2, i3, col) };
+            }
+            let (i02, i03) = (i2 / r2, i3 / r3);
+            let bm = &bm;
+            (0..m.div_ceil(ROWS_PER_TASK))
+                .into_par_iter()
+                .for_each(|task| {
+                    let mut buf = vec![0f32; if a_dense { 0 } else { k }];
+                    for i in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m) {
+                        let row: &[f32] = if a_dense {
+                            // SAFETY: a dense f32 row of k elements starts at this offset and
+                            // nothing writes `a` during this step.
+                            unsafe {
+                                std::slice::from_raw_parts(
+                                    a.ptr.add(a.offset([0, i, i02, i03])) as *const f32,
+                                    k,
+                                )
+                            }
+                        } else {
+                            // SAFETY: (i, i02, i03) is inside a's shape.
+                            unsafe { a.read_row(i, i02, i03, &mut buf) };
+                            &buf
+                        };
+                        for (j, col) in bm.chunks_exact(k).enumerate() {
+                            // SAFETY: (i, j, i2, i3) is inside dst; each task writes its own rows.
+                            unsafe { dst.set([i, j, i2, i3], dot_f32(row, col)) };
+                        }
+                    }
+                });
+        }
+    }
+    Ok(())
+}
