@@ -51,6 +51,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// No usable device: no driver, no GPU, or the GPU library failed to load.
+    #[error("no device: {0}")]
+    NoDevice(String),
+
     /// A failure inside a backend (a driver error, out of device memory, a failed launch).
     #[error("{backend}: {msg}")]
     Backend { backend: &'static str, msg: String },
