@@ -934,11 +934,16 @@ impl Rig {
         ne.map(|n| if self.rng.random_bool(0.5) { n } else { 1 })
     }
 
-    /// Keeps values in a range where f32 stays accurate: a large result is normalized.
+    /// Keeps values in a range where f32 stays accurate and values stay away from zero:
+    /// a large result is normalized, a tiny one gets a fresh input added.
     fn tame(&mut self, id: TensorId) -> TensorId {
         let max = self.vals[&id].iter().fold(0f64, |m, x| m.max(x.abs()));
         if max > 16.0 {
             self.rms_norm(id, 1e-5)
+        } else if max < 0.05 {
+            let ne = self.ne(id);
+            let y = self.input(&ne);
+            self.binary(id, y, false)
         } else {
             id
         }
@@ -979,9 +984,21 @@ impl Rig {
                 let r = self.unary(a, Unary::Scale(s));
                 self.tame(r)
             }
-            5 => self.unary(a, Unary::Silu),
-            6 => self.unary(a, Unary::Gelu),
-            7 => self.rms_norm(a, [1e-5, 1e-6][c % 2]),
+            5 => {
+                let r = self.unary(a, Unary::Silu);
+                self.tame(r)
+            }
+            6 => {
+                // GELU's tanh form loses f32 precision below about -4 (1 + tanh cancels).
+                let min = self.vals[&a].iter().fold(0f64, |m, &x| m.min(x));
+                let op = if min < -4.0 { Unary::Silu } else { Unary::Gelu };
+                let r = self.unary(a, op);
+                self.tame(r)
+            }
+            7 => {
+                let r = self.rms_norm(a, [1e-5, 1e-6][c % 2]);
+                self.tame(r)
+            }
             8 => {
                 let mask = (c % 2 == 1).then(|| {
                     let m1 = if c % 4 == 1 { na[1] } else { 1 };
