@@ -1,4 +1,4 @@
-//! Builds one Llama-style transformer block (about 45 nodes), runs it on the CPU with
+//! Builds one Llama-style transformer block (48 nodes), runs it on the CPU with
 //! random weights and inputs, prints the text dump of the plan and writes `block.dot`.
 //!
 //! ```text
