@@ -444,60 +444,70 @@ pub fn get_rows() -> BoxedStrategy<Case> {
         .boxed()
 }
 
-/// get_rows or set_rows with exactly one id out of range (negative or >= rows).
+/// get_rows or set_rows with exactly one id out of range (negative or >= rows), ids
+/// of up to three dims (broadcast over the source for set_rows).
 pub fn index_out_of_range(set_rows: bool) -> BoxedStrategy<Case> {
     (
-        1..=16usize,
-        1..=12usize,
-        1..=12usize,
+        (1..=16usize, 1..=12usize, 1..=12usize),
+        (1..=3usize, 1..=2usize),
         float_dtype(),
         any::<u64>(),
     )
-        .prop_map(move |(ne0, rows, n, dt, seed)| {
+        .prop_map(move |((ne0, rows, n), (d2, d3), dt, seed)| {
             let mut g = Gen::new(seed);
             let n = if set_rows { n.min(rows) } else { n };
-            let mut ids = if set_rows {
-                g.distinct(n, rows)
+            // ids [n, i2, i3]: for get_rows the table's dims 2, 3; for set_rows divisors.
+            let (i2, i3) = if set_rows {
+                (g.divisor(d2), g.divisor(d3))
             } else {
-                (0..n).map(|_| g.rng.random_range(0..rows as i32)).collect()
+                (d2, d3)
             };
-            let bad = g.rng.random_range(0..n);
+            let mut ids = Vec::with_capacity(n * i2 * i3);
+            for _ in 0..i2 * i3 {
+                if set_rows {
+                    ids.extend(g.distinct(n, rows));
+                } else {
+                    ids.extend((0..n).map(|_| g.rng.random_range(0..rows as i32)));
+                }
+            }
+            let bad = g.rng.random_range(0..ids.len());
             ids[bad] = if g.rng.random_bool(0.5) {
                 rows as i32 + g.rng.random_range(0..3)
             } else {
                 -1 - g.rng.random_range(0..3)
             };
+            let (mem, shape) = if set_rows {
+                (Mem::State, Shape::Contiguous)
+            } else {
+                (Mem::WeightSometimes(0.5), Shape::Any)
+            };
+            let name = if set_rows { "cache" } else { "table" };
+            g.float_arg(
+                name,
+                [ne0, rows, d2, d3],
+                dt,
+                Dist::Uniform(1.0),
+                shape,
+                mem,
+            );
             if set_rows {
-                g.float_arg(
-                    "cache",
-                    [ne0, rows, 1, 1],
-                    dt,
-                    Dist::Uniform(1.0),
-                    Shape::Contiguous,
-                    Mem::State,
-                );
+                let src_ne = [ne0, n, d2, d3];
                 g.float_arg(
                     "src",
-                    [ne0, n, 1, 1],
+                    src_ne,
                     DType::F32,
                     Dist::Uniform(1.0),
                     Shape::Any,
                     Mem::Input,
                 );
-                g.int_arg("ids", [n, 1, 1, 1], &ids, Shape::Any);
-                g.finish(OpCase::SetRows, "out_of_range", false)
-            } else {
-                g.float_arg(
-                    "table",
-                    [ne0, rows, 1, 1],
-                    dt,
-                    Dist::Uniform(1.0),
-                    Shape::Any,
-                    Mem::WeightSometimes(0.5),
-                );
-                g.int_arg("ids", [n, 1, 1, 1], &ids, Shape::Any);
-                g.finish(OpCase::GetRows, "out_of_range", false)
             }
+            g.int_arg("ids", [n, i2, i3, 1], &ids, Shape::Any);
+            let op = if set_rows {
+                OpCase::SetRows
+            } else {
+                OpCase::GetRows
+            };
+            g.finish(op, "out_of_range", false)
         })
         .boxed()
 }
