@@ -11,6 +11,7 @@ use graft::graph::{BufferId, DType, Plan, Step, TensorId};
 use graft::{Error, Result};
 use proptest::prelude::*;
 
+/// Runs `case` on a fresh CPU backend (sentinels on) and checks it against the oracle.
 fn check(case: &Case) -> Result<(), TestCaseError> {
     run_and_verify(case, &mut CpuBackend::new())
         .map(|_| ())
