@@ -132,11 +132,38 @@ pub(crate) fn validate_plan(
                 reason,
             })?;
     }
+    // Weight and state leaves first, by name: every other buffer operand is a view
+    // inside one of them.
+    for io in &plan.externals {
+        if let Loc::Buffer(buf, off) = io.operand.loc {
+            let size = buffer_size(buf).ok_or_else(|| {
+                Error::plan(format!(
+                    "{}: buffer {:?} of '{}' does not belong to this backend",
+                    backend.name(),
+                    buf,
+                    io.name
+                ))
+            })?;
+            let need = io.operand.nbytes();
+            if off.checked_add(need).is_none_or(|end| end > size) {
+                return Err(Error::plan(format!(
+                    "{}: '{}' ({} {}) needs {} bytes at offset {} of buffer {:?}, which has {}",
+                    backend.name(),
+                    io.name,
+                    io.operand.dtype,
+                    crate::graph::fmt_ne(&io.operand.ne),
+                    need,
+                    off,
+                    buf,
+                    size
+                )));
+            }
+        }
+    }
     let operands = plan
         .steps
         .iter()
-        .flat_map(|s| std::iter::once(&s.dst).chain(s.src.iter()))
-        .chain(plan.externals.iter().map(|io| &io.operand));
+        .flat_map(|s| std::iter::once(&s.dst).chain(s.src.iter()));
     for op in operands {
         if let Loc::Buffer(buf, off) = op.loc {
             let size = buffer_size(buf).ok_or_else(|| {

@@ -60,6 +60,17 @@ pub fn shape4(op: &'static str, shape: &[usize]) -> Result<[usize; 4]> {
             format!("every dimension must be at least 1, got {shape:?}"),
         ));
     }
+    // Byte sizes and strides must fit in usize for any dtype (at most 8 bytes each).
+    if shape
+        .iter()
+        .try_fold(8usize, |acc, &d| acc.checked_mul(d))
+        .is_none()
+    {
+        return Err(Error::shape(
+            op,
+            format!("a shape of {shape:?} has too many elements to address"),
+        ));
+    }
     let mut ne = [1usize; 4];
     ne[..shape.len()].copy_from_slice(shape);
     Ok(ne)

@@ -67,7 +67,7 @@ impl Graph {
         let t = self.get(a)?;
         if t.dtype.is_float() != dtype.is_float() {
             return Err(Error::DType {
-                op: "cont",
+                op: "cast",
                 operand: t.name.clone(),
                 found: t.dtype,
                 expected: if dtype.is_float() {

@@ -144,7 +144,8 @@ impl Graph {
                 ),
             ));
         }
-        if !(p.freq_base.is_finite() && p.freq_base > 0.0 && p.freq_scale.is_finite()) {
+        let positive = |x: f32| x.is_finite() && x > 0.0;
+        if !(positive(p.freq_base) && positive(p.freq_scale)) {
             return Err(Error::shape(
                 "rope",
                 format!(

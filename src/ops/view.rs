@@ -21,8 +21,15 @@ impl Graph {
             Some(b) => (self.tensor(b), t.view_offs),
             None => (t, 0),
         };
-        let need = base_offs + offs + nbytes(t.dtype, ne, nb);
-        if need > base.nbytes() {
+        // A layout whose extent does not even fit in usize is out of bounds too (and
+        // must not overflow the arithmetic below).
+        let fits = base_offs.checked_add(offs).and_then(|start| {
+            (0..4).try_fold(start, |acc: usize, i| {
+                acc.checked_add(ne[i].checked_mul(nb[i])?)
+            })
+        });
+        let need = fits.map(|_| base_offs + offs + nbytes(t.dtype, ne, nb));
+        if need.is_none_or(|n| n > base.nbytes()) {
             return Err(Error::shape(
                 op,
                 format!(
@@ -32,7 +39,7 @@ impl Graph {
                     offs,
                     t.name,
                     fmt_ne(&t.ne),
-                    need,
+                    need.map_or("more than usize::MAX".to_string(), |n| n.to_string()),
                     base.nbytes()
                 ),
             ));
@@ -62,8 +69,12 @@ impl Graph {
 
     /// A 1-d view of `ne0` elements from byte `offs`.
     pub fn view_1d(&mut self, a: TensorId, ne0: usize, offs: usize) -> Result<TensorId> {
-        let es = self.get(a)?.dtype.block_bytes();
-        let row = self.tensor(a).dtype.row_bytes(ne0);
+        let dtype = self.get(a)?.dtype;
+        let es = dtype.block_bytes();
+        // A row too long to measure saturates; the bounds check then rejects it.
+        let row = ne0
+            .checked_mul(es)
+            .map_or(usize::MAX, |_| dtype.row_bytes(ne0));
         self.view(a, [ne0, 1, 1, 1], [es, row, row, row], offs)
     }
 
@@ -77,7 +88,8 @@ impl Graph {
         offs: usize,
     ) -> Result<TensorId> {
         let es = self.get(a)?.dtype.block_bytes();
-        self.view(a, [ne0, ne1, 1, 1], [es, nb1, nb1 * ne1, nb1 * ne1], offs)
+        let nb2 = nb1.saturating_mul(ne1);
+        self.view(a, [ne0, ne1, 1, 1], [es, nb1, nb2, nb2], offs)
     }
 
     /// A 3-d view with row stride `nb1` and matrix stride `nb2`.
@@ -93,7 +105,12 @@ impl Graph {
         offs: usize,
     ) -> Result<TensorId> {
         let es = self.get(a)?.dtype.block_bytes();
-        self.view(a, [ne0, ne1, ne2, 1], [es, nb1, nb2, nb2 * ne2], offs)
+        self.view(
+            a,
+            [ne0, ne1, ne2, 1],
+            [es, nb1, nb2, nb2.saturating_mul(ne2)],
+            offs,
+        )
     }
 
     /// A 4-d view with strides `nb1`, `nb2`, `nb3`.

@@ -1,0 +1,199 @@
+//! Per-op property tests of the CUDA backend: every case of the CPU tests runs on the
+//! GPU and on the CPU, and the GPU result is compared with the f64 oracle and with the
+//! CPU result (same thresholds), with sentinel checks of the GPU arena and state
+//! buffers. Each plan runs twice (the second run may replay a captured graph); see
+//! `common::cross_check`.
+//!
+//! A case the CUDA backend reports as unsupported is counted and the count printed per
+//! op; it fails the test when the case is of a layout every backend must support (see
+//! `Case::required_everywhere`). Without a GPU every test prints "skipped: no GPU" and
+//! passes, unless `GRAFT_REQUIRE_GPU=1`.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::sync::Mutex;
+
+use common::case::OpCase;
+use common::strategies as st;
+use common::Case;
+use graft::backend::cpu::CpuBackend;
+use proptest::strategy::BoxedStrategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// The GPU tests run one at a time.
+static GPU: Mutex<()> = Mutex::new(());
+
+/// Runs `cases` cases of `strategy` on the GPU (if there is one) and prints how many
+/// the CUDA backend ran and how many it does not support.
+fn on_gpu(name: &str, strategy: BoxedStrategy<Case>, cases: u32) {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cuda) = common::cuda_backend() else {
+        return;
+    };
+    let cuda = RefCell::new(cuda);
+    let cpu = RefCell::new(CpuBackend::new());
+    let (ran, unsupported) = (Cell::new(0usize), Cell::new(0usize));
+    let config = Config {
+        source_file: Some(file!()),
+        ..common::config(cases)
+    };
+    let result = TestRunner::new(config).run(&strategy, |case| {
+        let on = common::cross_check(&case, &mut *cuda.borrow_mut(), &mut *cpu.borrow_mut())
+            .map_err(TestCaseError::fail)?;
+        let counter = match on {
+            common::Device::Ran => &ran,
+            common::Device::Unsupported => &unsupported,
+        };
+        counter.set(counter.get() + 1);
+        Ok(())
+    });
+    common::report(&format!(
+        "{name}: {} cases ran on cuda, {} unsupported by the CUDA backend",
+        ran.get(),
+        unsupported.get()
+    ));
+    if let Err(e) = result {
+        panic!("{name}: {e}");
+    }
+}
+
+/// Runs out-of-range cases on the GPU: each must fail with an index error.
+fn index_errors_on_gpu(name: &str, strategy: BoxedStrategy<Case>, cases: u32) {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cuda) = common::cuda_backend() else {
+        return;
+    };
+    let cuda = RefCell::new(cuda);
+    let config = Config {
+        source_file: Some(file!()),
+        ..common::config(cases)
+    };
+    let result = TestRunner::new(config).run(&strategy, |case| {
+        common::check_index_error(&case, &mut *cuda.borrow_mut()).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{name}: {e}");
+    }
+}
+
+#[test]
+fn prop_get_rows() {
+    on_gpu("get_rows", st::get_rows(), 128);
+}
+
+#[test]
+fn prop_add() {
+    on_gpu("add", st::binary(OpCase::Add), 128);
+}
+
+#[test]
+fn prop_mul() {
+    on_gpu("mul", st::binary(OpCase::Mul), 128);
+}
+
+#[test]
+fn prop_scale() {
+    on_gpu("scale", st::unary(OpCase::Scale(1.0)), 128);
+}
+
+#[test]
+fn prop_silu() {
+    on_gpu("silu", st::unary(OpCase::Silu), 128);
+}
+
+#[test]
+fn prop_gelu() {
+    on_gpu("gelu", st::unary(OpCase::Gelu), 128);
+}
+
+#[test]
+fn prop_rms_norm() {
+    on_gpu("rms_norm", st::norm(true), 128);
+}
+
+#[test]
+fn prop_norm() {
+    on_gpu("norm", st::norm(false), 128);
+}
+
+#[test]
+fn prop_mul_mat() {
+    on_gpu("mul_mat", st::mul_mat(), 128);
+}
+
+#[test]
+fn prop_mul_mat_gemv() {
+    on_gpu("mul_mat gemv", st::mul_mat_gemv(), 128);
+}
+
+#[test]
+fn prop_mul_mat_p021() {
+    on_gpu("mul_mat p021", st::mul_mat_p021(), 128);
+}
+
+#[test]
+fn prop_mul_mat_vec_nc() {
+    on_gpu("mul_mat vec_nc", st::mul_mat_vec_nc(), 128);
+}
+
+#[test]
+fn prop_mul_mat_prefill() {
+    on_gpu("mul_mat prefill", st::mul_mat_prefill(), 128);
+}
+
+#[test]
+fn prop_rope() {
+    on_gpu("rope", st::rope(), 128);
+}
+
+#[test]
+fn prop_cpy() {
+    on_gpu("cpy", st::cpy(), 128);
+}
+
+#[test]
+fn prop_cont() {
+    on_gpu("cont", st::cont(), 128);
+}
+
+#[test]
+fn prop_cast() {
+    on_gpu("cast", st::cast(), 128);
+}
+
+#[test]
+fn prop_set_rows() {
+    on_gpu("set_rows", st::set_rows(), 128);
+}
+
+#[test]
+fn prop_set_rows_v_transposed() {
+    on_gpu("set_rows v_transposed", st::set_rows_v_transposed(), 128);
+}
+
+#[test]
+fn prop_diag_mask_inf() {
+    on_gpu("diag_mask_inf", st::diag_mask_inf(), 128);
+}
+
+#[test]
+fn prop_soft_max() {
+    on_gpu("soft_max", st::soft_max(), 128);
+}
+
+#[test]
+fn prop_argmax() {
+    on_gpu("argmax", st::argmax(), 128);
+}
+
+#[test]
+fn prop_get_rows_index_out_of_range() {
+    index_errors_on_gpu("get_rows", st::index_out_of_range(false), 48);
+}
+
+#[test]
+fn prop_set_rows_index_out_of_range() {
+    index_errors_on_gpu("set_rows", st::index_out_of_range(true), 48);
+}
