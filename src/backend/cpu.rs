@@ -27,8 +27,16 @@ pub struct CpuBackend {
     stats: Stats,
 }
 
-fn words(bytes: usize) -> Vec<u64> {
-    vec![0u64; bytes.div_ceil(8)]
+/// A zeroed allocation of at least `bytes` bytes, or an error naming the size.
+fn words(bytes: usize) -> Result<Vec<u64>> {
+    let n = bytes.div_ceil(8);
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Backend {
+        backend: "cpu",
+        msg: format!("out of host memory allocating {bytes} bytes"),
+    })?;
+    v.resize(n, 0);
+    Ok(v)
 }
 
 fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
@@ -95,7 +103,7 @@ impl Backend for CpuBackend {
 
     fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
         let id = BufferId::fresh();
-        self.buffers.insert(id, words(bytes));
+        self.buffers.insert(id, words(bytes)?);
         self.sizes.insert(id, bytes);
         Ok(id)
     }
@@ -157,7 +165,7 @@ impl Backend for CpuBackend {
         validate_plan(self, plan, |b| self.sizes.get(&b).copied())?;
         let exec = CpuExec {
             plan: plan.clone(),
-            arena: words(plan.arena_bytes),
+            arena: words(plan.arena_bytes)?,
             written: HashSet::new(),
         };
         let slot = self.execs.iter().position(|e| e.is_none());

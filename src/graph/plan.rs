@@ -129,7 +129,15 @@ impl Graph {
         let bt = self.tensor(base);
         let offs = if t.view_src.is_some() { t.view_offs } else { 0 };
         let loc = match bt.data {
-            Some(r) => Loc::Buffer(r.buffer, r.offset + offs),
+            Some(r) => Loc::Buffer(
+                r.buffer,
+                r.offset.checked_add(offs).ok_or_else(|| {
+                    Error::plan(format!(
+                        "tensor '{}' lies at buffer offset {} + {offs}, beyond the address space",
+                        t.name, r.offset
+                    ))
+                })?,
+            ),
             None => {
                 let info = alloc.info.get(base).ok_or_else(|| {
                     Error::plan(format!("tensor '{}' has no memory in the plan", t.name))
