@@ -92,7 +92,10 @@ impl Graph {
         self.nodes.is_empty()
     }
 
-    /// The node behind `id`, or an error if `id` belongs to another graph.
+    /// The node behind `id`, or an error if `id` names no node of this graph.
+    ///
+    /// Ids are only meaningful in the graph that made them: an id from another graph is
+    /// caught when its slot is empty here, but may alias an unrelated node otherwise.
     pub fn get(&self, id: TensorId) -> Result<&Tensor> {
         self.nodes
             .get(id)
