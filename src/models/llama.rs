@@ -775,6 +775,24 @@ impl Llama {
         })
     }
 
+    /// Checks, without running anything, that [`Llama::generate`] can take `prompt` and
+    /// `n` new tokens: a non-empty prompt of ids inside the vocabulary, and prompt plus
+    /// generation within the context.
+    pub fn check_generation(&self, prompt: &[u32], n: usize) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::model("empty prompt: give at least one token"));
+        }
+        if prompt.len() + n > self.cache.ctx {
+            return Err(Error::model(format!(
+                "prompt ({} tokens) + generation ({n} tokens) = {} tokens exceeds the context of {} tokens (--ctx)",
+                prompt.len(),
+                prompt.len() + n,
+                self.cache.ctx
+            )));
+        }
+        self.check_tokens("prompt", prompt)
+    }
+
     /// Generates up to `n` tokens after `prompt` (from an empty cache), calling
     /// `on_token` with each one as soon as it is known; stops early at an EOS token.
     /// Greedy sampling reads back only the on-device argmax; other samplers read the
@@ -787,18 +805,7 @@ impl Llama {
         sampler: &mut Sampler,
         on_token: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<Generation> {
-        if prompt.is_empty() {
-            return Err(Error::model("empty prompt: give at least one token"));
-        }
-        if prompt.len() + n > self.cache.ctx {
-            return Err(Error::model(format!(
-                "prompt ({} tokens) + generation ({n} tokens) = {} tokens exceeds the context of {} tokens (--ctx)",
-                prompt.len(),
-                prompt.len() + n,
-                self.cache.ctx
-            )));
-        }
-        self.check_tokens("prompt", prompt)?;
+        self.check_generation(prompt, n)?;
         self.reset();
         let greedy = sampler.is_greedy();
         let mode = if greedy { Logits::None } else { Logits::Last };
