@@ -31,7 +31,8 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands. Each has its own argument struct in its own module.
+/// The subcommands. Each has its own argument struct in its own module; a new
+/// subcommand (such as per-op benchmarks of a backend) is one more variant and module.
 #[derive(Subcommand)]
 enum Command {
     /// Generate a continuation of a prompt with a Hugging Face Llama model folder.

@@ -20,7 +20,7 @@
 //!   exactly 0, and 0 times a finite V is 0.
 //!
 //! The model code uses graft's public graph API only and runs on any
-//! [`Backend`](crate::backend::Backend).
+//! [`Backend`].
 
 use std::collections::HashMap;
 use std::path::Path;

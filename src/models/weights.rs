@@ -24,13 +24,13 @@ use super::config::Config;
 /// Byte offsets of one block's weights inside the weight buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerWeights {
-    /// `input_layernorm` [n_embd].
+    /// `input_layernorm` `[n_embd]`.
     pub attn_norm: usize,
     /// `q_proj | k_proj | v_proj` [n_embd, n_q + 2 * n_kv_dim].
     pub attn_qkv: usize,
     /// `o_proj` [n_q, n_embd].
     pub attn_out: usize,
-    /// `post_attention_layernorm` [n_embd].
+    /// `post_attention_layernorm` `[n_embd]`.
     pub ffn_norm: usize,
     /// `gate_proj | up_proj` [n_embd, 2 * n_ff].
     pub ffn_gate_up: usize,
@@ -71,7 +71,7 @@ pub struct Weights {
     pub tok_embd: usize,
     /// `lm_head` [n_embd, vocab] (equal to `tok_embd` when tied).
     pub output: usize,
-    /// `norm` [n_embd].
+    /// `norm` `[n_embd]`.
     pub out_norm: usize,
     /// Per-block offsets.
     pub layers: Vec<LayerWeights>,
