@@ -1,1 +1,27 @@
-//! Model graphs defined with graft's public graph API.
+//! Model graphs defined with graft's public graph API: Llama 2 and Llama 3.
+//!
+//! - [`config`]: hyper-parameters from a Hugging Face `config.json`;
+//! - [`weights`]: the layout of all weights in one backend buffer (fused q|k|v and
+//!   gate|up);
+//! - [`loader`]: safetensors checkpoints (single file or sharded) into that buffer;
+//! - [`kv_cache`]: the F16 KV cache (V stored transposed);
+//! - [`llama`]: the prefill and decode graphs and the [`Llama`] inference API;
+//! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
+//! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
+//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny).
+
+pub mod config;
+pub mod kv_cache;
+pub mod llama;
+pub mod loader;
+pub mod presets;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::Config;
+pub use kv_cache::KvCache;
+pub use llama::{Generation, Llama, LoadOptions, Logits, Output, Stop};
+pub use sampler::Sampler;
+pub use tokenizer::Tokenizer;
+pub use weights::Weights;

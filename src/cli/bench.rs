@@ -1,0 +1,151 @@
+//! `graft bench`: prompt-processing and generation speed of a preset model with seeded
+//! random weights made on the device (no download, no host copy).
+//!
+//! Prompt processing: one prefill of `-p` tokens to build and load the plan (and let a
+//! capturing backend capture it), then `--reps` timed prefills that replay it. Generation:
+//! one decode step to build the first bucket's plan, the cache rewound, then `-n` timed
+//! decode steps, each reading back its on-device argmax. The memory-bandwidth roofline
+//! fraction is `weight bytes read per token x gen tokens/s / copy bandwidth`.
+
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use graft::models::{Llama, Logits};
+use graft::Result;
+
+use super::dump::preset;
+use super::{make_backend, print_out, BackendKind, DTypeArg};
+
+/// Arguments of `graft bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model shape: tiny, llama2-7b or llama3-8b.
+    #[arg(long)]
+    preset: String,
+    /// Weight dtype.
+    #[arg(long, value_enum, default_value_t = DTypeArg::F16)]
+    dtype: DTypeArg,
+    /// Prompt tokens per prefill.
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    p: usize,
+    /// Decode steps.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n: usize,
+    /// Timed prefills (after one untimed).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Seed of the weights and of the prompt's token ids.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Device copy bandwidth in GB/s, for the roofline fraction (unknown if absent).
+    #[arg(long)]
+    copy_bw: Option<f64>,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    backend: BackendKind,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `graft bench`.
+pub fn run(a: Args) -> Result<()> {
+    let cfg = preset(&a.preset)?;
+    if a.p == 0 || a.n == 0 || a.reps == 0 {
+        return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
+    }
+    let mut be = make_backend(a.backend)?;
+    let be = be.as_mut();
+    let dtype = a.dtype.into();
+    let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.seed, be)?;
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let prompt: Vec<u32> = (0..a.p)
+        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
+        .collect();
+
+    // Prompt processing: warm up, then time replays of the same plan.
+    model.prefill(be, &prompt, Logits::None)?;
+    let mut secs = Vec::with_capacity(a.reps);
+    for _ in 0..a.reps {
+        model.reset();
+        let t = Instant::now();
+        model.prefill(be, &prompt, Logits::None)?;
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    secs.sort_by(f64::total_cmp);
+    let pp = a.p as f64 / secs[secs.len() / 2];
+
+    // Generation: warm up the first bucket's plan, rewind, time n steps.
+    let mut tok = {
+        model.reset();
+        model.prefill(be, &prompt, Logits::None)?.argmax
+    };
+    model.decode_step(be, tok, false)?;
+    model.truncate(a.p);
+    let t = Instant::now();
+    for _ in 0..a.n {
+        tok = model.decode_step(be, tok, false)?.argmax;
+    }
+    let tg = a.n as f64 / t.elapsed().as_secs_f64();
+
+    let stats = be.stats();
+    let plans = model.plan_counts();
+    let weight_bytes = model.weights().bytes;
+    let per_token = model.weights().bytes_per_token(&cfg);
+    let roofline = a.copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
+    if a.json {
+        let obj = json!({
+            "preset": a.preset,
+            "dtype": dtype.name(),
+            "backend": be.name(),
+            "n_prompt": a.p,
+            "n_gen": a.n,
+            "reps": a.reps,
+            "prompt_tokens_per_s": pp,
+            "gen_tokens_per_s": tg,
+            "weight_bytes": weight_bytes,
+            "weight_bytes_per_token": per_token,
+            "kv_cache_bytes": model.cache().bytes(),
+            "copy_bw_gbps": a.copy_bw,
+            "roofline_fraction": roofline,
+            "plans": {"prefill": plans.prefill, "decode": plans.decode},
+            "captures": stats.captures,
+            "replays": stats.replays,
+            "eager_runs": stats.eager_runs,
+        });
+        print_out(&format!("{obj}\n"))?;
+    } else {
+        let gb = |b: usize| b as f64 / 1e9;
+        let roof = match (roofline, a.copy_bw) {
+            (Some(f), Some(bw)) => format!("{:.1}% of {bw:.0} GB/s", f * 100.0),
+            _ => "unknown (pass --copy-bw GBPS)".into(),
+        };
+        print_out(&format!(
+            "graft bench: {} {} on {} (p={}, n={}, {} reps)\n\
+             \x20 weights     {:.3} GB ({:.3} GB read per token)\n\
+             \x20 prompt      {:>10.1} tok/s\n\
+             \x20 generation  {:>10.1} tok/s\n\
+             \x20 roofline    {roof}\n\
+             \x20 plans       {} prefill, {} decode; {} captures, {} replays, {} eager runs\n",
+            a.preset,
+            dtype,
+            be.name(),
+            a.p,
+            a.n,
+            a.reps,
+            gb(weight_bytes),
+            gb(per_token),
+            pp,
+            tg,
+            plans.prefill,
+            plans.decode,
+            stats.captures,
+            stats.replays,
+            stats.eager_runs
+        ))?;
+    }
+    Ok(())
+}

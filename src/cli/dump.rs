@@ -1,0 +1,107 @@
+//! `graft dump`: the planned prefill or decode graph of a model, as a text table or
+//! Graphviz DOT, with real shapes and arena offsets. Only the config is read: the graph
+//! is built against the weight and KV-cache layouts with placeholder buffers, so no
+//! weights are loaded and no backend runs.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+use graft::graph::{dump, BufferId, DType};
+use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_ctx};
+use graft::models::{presets, Config, KvCache, Weights};
+use graft::{Error, Result};
+
+use super::{print_out, DTypeArg};
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// One row per node: op, name, dtype, ne, nb, sources, memory, parameters.
+    Text,
+    /// Graphviz DOT (render with `dot -Tsvg`).
+    Dot,
+}
+
+/// Arguments of `graft dump`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model folder (only config.json is read).
+    #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
+    model: Option<PathBuf>,
+    /// A preset instead of a folder (tiny, llama2-7b, llama3-8b).
+    #[arg(long)]
+    preset: Option<String>,
+    /// Dump the decode graph (one token, KV-length bucket of position --n-past).
+    #[arg(long)]
+    decode: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Write to this file instead of stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Prompt tokens of the prefill graph.
+    #[arg(long, default_value_t = 8)]
+    n_tokens: usize,
+    /// Tokens already in the cache.
+    #[arg(long, default_value_t = 0)]
+    n_past: usize,
+    /// KV-cache positions (default: max_position_embeddings, at most 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Weight dtype (default: the config's dtype, else f32).
+    #[arg(long, value_enum)]
+    dtype: Option<DTypeArg>,
+}
+
+/// Runs `graft dump`.
+pub fn run(a: Args) -> Result<()> {
+    let cfg = match (&a.model, &a.preset) {
+        (Some(dir), _) => {
+            if !dir.is_dir() {
+                return Err(Error::model(format!(
+                    "model folder {} does not exist or is not a folder",
+                    dir.display()
+                )));
+            }
+            Config::from_file(&dir.join("config.json"))?
+        }
+        (None, Some(name)) => preset(name)?,
+        (None, None) => return Err(Error::model("give --model or --preset")),
+    };
+    let dtype = a.dtype.map(DType::from).or(cfg.dtype).unwrap_or(DType::F32);
+    let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
+    let weights = Weights::layout(&cfg, dtype, BufferId::fresh());
+    let cache = KvCache::layout(&cfg, ctx, BufferId::fresh());
+    let mg = if a.decode {
+        if a.n_past >= ctx {
+            return Err(Error::model(format!(
+                "--n-past {} leaves no room in a context of {ctx}",
+                a.n_past
+            )));
+        }
+        build_decode(&cfg, &weights, &cache, decode_bucket(a.n_past, ctx))?
+    } else {
+        build_prefill(&cfg, &weights, &cache, a.n_tokens, a.n_past, false)?
+    };
+    let plan = mg.plan()?;
+    let text = match a.format {
+        Format::Text => dump::text(&mg.graph, &plan),
+        Format::Dot => dump::dot(&mg.graph, &plan),
+    };
+    match &a.out {
+        Some(path) => std::fs::write(path, text).map_err(|e| Error::io(path, e)),
+        None => print_out(&text),
+    }
+}
+
+/// A preset's config, or an error listing the presets.
+pub fn preset(name: &str) -> Result<Config> {
+    presets::preset(name).ok_or_else(|| {
+        Error::model(format!(
+            "unknown preset '{name}'; presets: {}",
+            presets::NAMES.join(", ")
+        ))
+    })
+}

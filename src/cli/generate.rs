@@ -1,0 +1,152 @@
+//! `graft generate`: stream a continuation of a prompt.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use graft::models::{Sampler, Stop, Tokenizer};
+use graft::{Error, Result};
+
+use super::{load_model, make_backend, print_out, BackendKind};
+
+/// Arguments of `graft generate`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model folder (config.json, safetensors weights, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
+    #[arg(
+        long,
+        required_unless_present = "token_ids",
+        conflicts_with = "token_ids"
+    )]
+    prompt: Option<String>,
+    /// Prompt token ids, comma-separated (works without a tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    token_ids: Option<Vec<u32>>,
+    /// Tokens to generate (fewer if an end-of-sequence token comes first).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    n: usize,
+    /// Sampling temperature; 0 is greedy (the on-device argmax).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV-cache positions (default: max_position_embeddings, at most 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    backend: BackendKind,
+    /// Print one JSON object (ids, text, speeds, plan counters) instead of streaming.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar and no statistics on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs `graft generate`.
+pub fn run(a: Args) -> Result<()> {
+    let mut be = make_backend(a.backend)?;
+    let be = be.as_mut();
+    let mut model = load_model(&a.model, be, a.ctx, a.quiet || a.json)?;
+    let tokenizer = Tokenizer::from_dir(&a.model)?;
+    let prompt = match (&a.prompt, &a.token_ids) {
+        (Some(text), _) => match &tokenizer {
+            Some(t) => t.encode(text)?,
+            None => {
+                return Err(Error::model(format!(
+                    "--prompt needs a tokenizer.json in {}; pass --token-ids instead",
+                    a.model.display()
+                )))
+            }
+        },
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => return Err(Error::model("give --prompt or --token-ids")),
+    };
+    let mut sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    model.check_generation(&prompt, a.n)?;
+
+    // Streaming: the prompt first, then each piece of text (or id) as it comes.
+    let mut stream = match (&tokenizer, a.json) {
+        (Some(t), false) => Some(t.stream(&prompt)?),
+        _ => None,
+    };
+    if !a.json {
+        match (&tokenizer, &a.prompt) {
+            (_, Some(text)) => print_out(text)?,
+            (Some(t), None) => print_out(&t.decode(&prompt)?)?,
+            (None, None) => print_out(&format!("{prompt:?} ->"))?,
+        }
+    }
+    let json = a.json;
+    let g = model.generate(be, &prompt, a.n, &mut sampler, &mut |id| {
+        if json {
+            return Ok(());
+        }
+        match stream.as_mut() {
+            Some(s) => match s.next(id)? {
+                Some(text) => print_out(&text),
+                None => Ok(()),
+            },
+            None => print_out(&format!(" {id}")),
+        }
+    })?;
+
+    let stats = be.stats();
+    let plans = model.plan_counts();
+    let stop = match g.stop {
+        Stop::Eos => "eos",
+        Stop::Length => "length",
+    };
+    if a.json {
+        let text = tokenizer
+            .as_ref()
+            .map(|t| t.decode(&g.tokens))
+            .transpose()?;
+        let obj = json!({
+            "backend": be.name(),
+            "prompt_ids": prompt,
+            "generated_ids": g.tokens,
+            "text": text,
+            "stop": stop,
+            "prompt_tokens": g.prompt_tokens,
+            "prompt_tokens_per_s": g.prompt_tokens_per_s(),
+            "gen_tokens": g.tokens.len(),
+            "decode_steps": g.decode_steps,
+            "gen_tokens_per_s": g.gen_tokens_per_s(),
+            "plans": {"prefill": plans.prefill, "decode": plans.decode},
+            "captures": stats.captures,
+            "replays": stats.replays,
+            "eager_runs": stats.eager_runs,
+        });
+        print_out(&format!("{obj}\n"))?;
+    } else {
+        print_out("\n")?;
+        if !a.quiet {
+            eprintln!(
+                "prompt: {} tokens, {:.1} tok/s | generated: {} tokens (stop: {stop}), {} | plans: {} prefill, {} decode | {} backend: {} captures, {} replays",
+                g.prompt_tokens,
+                g.prompt_tokens_per_s(),
+                g.tokens.len(),
+                g.gen_tokens_per_s()
+                    .map_or("no decode step".into(), |t| format!("{t:.1} tok/s")),
+                plans.prefill,
+                plans.decode,
+                be.name(),
+                stats.captures,
+                stats.replays
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! Command-line parsing (clap derive) and the subcommands:
+//!
+//! - `generate`: stream a continuation of a prompt (text or token ids);
+//! - `logits`: write the logits of every position of a token sequence to safetensors;
+//! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
+//! - `bench`: prompt-processing and generation speed of a preset with random weights.
+//!
+//! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
+//! exit with 2); nothing a user types makes the program panic.
+
+mod bench;
+mod dump;
+mod generate;
+mod logits;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use graft::backend::cpu::CpuBackend;
+use graft::backend::Backend;
+use graft::graph::DType;
+use graft::{Error, Result};
+
+/// graft: a compute-graph framework for LLM inference.
+#[derive(Parser)]
+#[command(name = "graft", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands. Each has its own argument struct in its own module; a new
+/// subcommand (such as per-op benchmarks of a backend) is one more variant and module.
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt with a Hugging Face Llama model folder.
+    Generate(generate::Args),
+    /// Write the logits of every position of a token sequence (one prefill).
+    Logits(logits::Args),
+    /// Print the planned prefill (or decode) graph with arena offsets.
+    Dump(dump::Args),
+    /// Benchmark prompt processing and generation on a preset with random weights.
+    Bench(bench::Args),
+}
+
+/// Which backend runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// The CPU reference backend.
+    Cpu,
+    /// The CUDA backend (GPU 0; needs a build with `--features cuda`).
+    Cuda,
+}
+
+/// Weight dtypes accepted on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DTypeArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<DTypeArg> for DType {
+    fn from(d: DTypeArg) -> DType {
+        match d {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::F16 => DType::F16,
+            DTypeArg::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Opens the backend asked for.
+fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
+    match kind {
+        BackendKind::Cpu => Ok(Box::new(CpuBackend::new())),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => Err(Error::NoDevice(
+            "this graft was built without CUDA support; rebuild with --features cuda".into(),
+        )),
+    }
+}
+
+/// Loads a model folder, warning when the context exceeds what the model was trained
+/// for (graft allows it: nothing breaks, but the model has not seen such positions).
+fn load_model(
+    dir: &std::path::Path,
+    be: &mut dyn Backend,
+    ctx: Option<usize>,
+    quiet: bool,
+) -> Result<graft::models::Llama> {
+    let opts = graft::models::LoadOptions {
+        ctx,
+        progress: !quiet,
+    };
+    let model = graft::models::Llama::load(dir, be, &opts)?;
+    let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);
+    if ctx > max {
+        eprintln!(
+            "warning: --ctx {ctx} exceeds the model's max_position_embeddings ({max}); output past position {max} may degrade"
+        );
+    }
+    Ok(model)
+}
+
+/// Writes `s` to stdout and flushes, turning a closed pipe into an error, not a panic.
+fn print_out(s: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::io("stdout", e))
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Dump(a) => dump::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

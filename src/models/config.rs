@@ -1,0 +1,454 @@
+//! The Llama hyper-parameters, read from a Hugging Face `config.json`.
+//!
+//! Both forms of the rope settings are understood: the classic `rope_theta` +
+//! `rope_scaling` (`{"rope_type" | "type": "llama3", factor, low_freq_factor,
+//! high_freq_factor, original_max_position_embeddings}`, `"default"` or null), and the
+//! `rope_parameters` object written by transformers 5 (`{"rope_type", "rope_theta", ...}`).
+//! `eos_token_id` may be an integer or a list; the dtype comes from `dtype` or
+//! `torch_dtype`. Every bad or missing field is an [`Error::Model`] naming the field and
+//! the file.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::graph::DType;
+use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
+
+/// Default `rope_theta` of transformers' `LlamaConfig`, used when the file has none.
+pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
+
+/// Llama hyper-parameters (names follow the HF config).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Width of the residual stream (`n_embd`).
+    pub hidden_size: usize,
+    /// Width of the MLP (`n_ff`).
+    pub intermediate_size: usize,
+    /// Number of transformer blocks.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than the query heads).
+    pub num_key_value_heads: usize,
+    /// Dimension of one head (`hidden_size / num_attention_heads` unless given).
+    pub head_dim: usize,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f32,
+    /// Rows of the embedding table and of the output projection.
+    pub vocab_size: usize,
+    /// The longest context the model was trained for.
+    pub max_position_embeddings: usize,
+    /// Whether the output projection is the embedding table.
+    pub tie_word_embeddings: bool,
+    /// Beginning-of-sequence token, if any.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+    /// The checkpoint's declared dtype (`dtype` / `torch_dtype`), if any.
+    pub dtype: Option<DType>,
+    /// Rope frequency base.
+    pub rope_theta: f32,
+    /// Llama 3 rope frequency scaling, if any.
+    pub rope_scaling: Option<Llama3Scaling>,
+}
+
+impl Config {
+    /// Reads and checks `config.json` at `path`.
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Config::from_json_str(&text, &path.display().to_string())
+    }
+
+    /// Parses a config from JSON text; `source` names the file in error messages.
+    pub fn from_json_str(text: &str, source: &str) -> Result<Config> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::model(format!("{source}: not valid JSON: {e}")))?;
+        let Value::Object(map) = value else {
+            return Err(Error::model(format!("{source}: expected a JSON object")));
+        };
+        let f = Fields { map: &map, source };
+        f.check_supported()?;
+
+        let hidden_size = f.usize("hidden_size")?;
+        let num_attention_heads = f.usize("num_attention_heads")?;
+        let num_key_value_heads = f
+            .opt_usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
+        let head_dim = match f.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if hidden_size % num_attention_heads != 0 {
+                    return Err(f.bad(
+                        "head_dim",
+                        format!("is missing and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"),
+                    ));
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if num_attention_heads % num_key_value_heads != 0 {
+            return Err(f.bad(
+                "num_key_value_heads",
+                format!(
+                    "{num_key_value_heads} must divide num_attention_heads {num_attention_heads}"
+                ),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(f.bad(
+                "head_dim",
+                format!("{head_dim} must be even (rope rotates pairs)"),
+            ));
+        }
+        let rms_norm_eps = f.f32("rms_norm_eps")?;
+        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+            return Err(f.bad("rms_norm_eps", format!("{rms_norm_eps} must be > 0")));
+        }
+        let (rope_theta, rope_scaling) = f.rope()?;
+        let config = Config {
+            hidden_size,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_hidden_layers: f.usize("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps,
+            vocab_size: f.usize("vocab_size")?,
+            max_position_embeddings: f.usize("max_position_embeddings")?,
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            bos_token_id: f.opt_token("bos_token_id")?,
+            eos_token_ids: f.eos()?,
+            dtype: f.dtype()?,
+            rope_theta,
+            rope_scaling,
+        };
+        if let Some(b) = config.bos_token_id {
+            config.check_token_field("bos_token_id", b, source)?;
+        }
+        for &e in &config.eos_token_ids {
+            config.check_token_field("eos_token_id", e, source)?;
+        }
+        Ok(config)
+    }
+
+    fn check_token_field(&self, field: &str, id: u32, source: &str) -> Result<()> {
+        if id as usize >= self.vocab_size {
+            return Err(Error::model(format!(
+                "{source}: field '{field}': token {id} is outside the vocabulary of {} (vocab_size)",
+                self.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Query width: `num_attention_heads * head_dim`.
+    pub fn n_q(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Key (and value) width: `num_key_value_heads * head_dim`.
+    pub fn n_kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// The rope of every layer: NeoX pairing (HF's rotate-half, which is how HF Llama
+    /// checkpoints are laid out, so no weight permutation is needed) over the whole head.
+    pub fn rope(&self) -> RopeParams {
+        RopeParams {
+            llama3: self.rope_scaling,
+            ..RopeParams::new(RopeMode::Neox, self.head_dim, self.rope_theta)
+        }
+    }
+
+    /// Whether `token` ends generation.
+    pub fn is_eos(&self, token: u32) -> bool {
+        self.eos_token_ids.contains(&token)
+    }
+}
+
+/// Typed access to the fields of one config object, with errors naming field and file.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    source: &'a str,
+}
+
+impl Fields<'_> {
+    fn bad(&self, field: &str, msg: impl std::fmt::Display) -> Error {
+        Error::model(format!("{}: field '{field}' {msg}", self.source))
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n as usize)),
+                _ => Err(self.bad(field, format!("must be a positive integer, found {v}"))),
+            },
+        }
+    }
+
+    fn usize(&self, field: &str) -> Result<usize> {
+        self.opt_usize(field)?
+            .ok_or_else(|| self.bad(field, "is missing"))
+    }
+
+    fn f32(&self, field: &str) -> Result<f32> {
+        let v = self
+            .get(field)
+            .ok_or_else(|| self.bad(field, "is missing"))?;
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| self.bad(field, format!("must be a number, found {v}")))
+    }
+
+    fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.bad(field, format!("must be true or false, found {v}"))),
+        }
+    }
+
+    fn token(&self, field: &str, v: &Value) -> Result<u32> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.bad(field, format!("must be a token id, found {v}")))
+    }
+
+    fn opt_token(&self, field: &str) -> Result<Option<u32>> {
+        self.get(field).map(|v| self.token(field, v)).transpose()
+    }
+
+    fn eos(&self) -> Result<Vec<u32>> {
+        match self.get("eos_token_id") {
+            None => Ok(Vec::new()),
+            Some(Value::Array(list)) => {
+                list.iter().map(|v| self.token("eos_token_id", v)).collect()
+            }
+            Some(v) => Ok(vec![self.token("eos_token_id", v)?]),
+        }
+    }
+
+    fn dtype(&self) -> Result<Option<DType>> {
+        for field in ["dtype", "torch_dtype"] {
+            if let Some(v) = self.get(field) {
+                let dt = match v.as_str() {
+                    Some("float32") => DType::F32,
+                    Some("float16") => DType::F16,
+                    Some("bfloat16") => DType::BF16,
+                    _ => {
+                        return Err(self.bad(
+                            field,
+                            format!("must be \"float32\", \"float16\" or \"bfloat16\", found {v}"),
+                        ))
+                    }
+                };
+                return Ok(Some(dt));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Rejects settings this implementation would silently get wrong.
+    fn check_supported(&self) -> Result<()> {
+        if let Some(v) = self.get("model_type") {
+            if v.as_str() != Some("llama") {
+                return Err(self.bad("model_type", format!("is {v}; only \"llama\" is supported")));
+            }
+        }
+        if let Some(v) = self.get("hidden_act") {
+            if v.as_str() != Some("silu") {
+                return Err(self.bad("hidden_act", format!("is {v}; only \"silu\" is supported")));
+            }
+        }
+        for field in ["attention_bias", "mlp_bias"] {
+            if self.opt_bool(field)? == Some(true) {
+                return Err(self.bad(field, "is true; biases are not supported"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `(rope_theta, llama3 scaling)` from either form of the rope settings.
+    fn rope(&self) -> Result<(f32, Option<Llama3Scaling>)> {
+        let (prefix, obj, theta) = match self.get("rope_parameters") {
+            Some(Value::Object(rp)) => {
+                let f = Fields {
+                    map: rp,
+                    source: self.source,
+                };
+                let theta = match f.get("rope_theta") {
+                    Some(_) => f
+                        .f32("rope_theta")
+                        .map_err(|_| self.bad("rope_parameters.rope_theta", "must be a number"))?,
+                    None => self.opt_f32("rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA),
+                };
+                ("rope_parameters", Some(rp), theta)
+            }
+            Some(v) => {
+                return Err(self.bad("rope_parameters", format!("must be an object, found {v}")))
+            }
+            None => {
+                let theta = self.opt_f32("rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA);
+                match self.get("rope_scaling") {
+                    None => ("rope_scaling", None, theta),
+                    Some(Value::Object(rs)) => ("rope_scaling", Some(rs), theta),
+                    Some(v) => {
+                        return Err(self.bad(
+                            "rope_scaling",
+                            format!("must be an object or null, found {v}"),
+                        ))
+                    }
+                }
+            }
+        };
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(self.bad("rope_theta", format!("{theta} must be > 0")));
+        }
+        let Some(obj) = obj else {
+            return Ok((theta, None));
+        };
+        let kind = obj
+            .get("rope_type")
+            .or_else(|| obj.get("type"))
+            .filter(|v| !v.is_null());
+        let scaling = match kind.map(|v| v.as_str()) {
+            None | Some(Some("default")) => None,
+            Some(Some("llama3")) => {
+                let num = |key: &str| -> Result<f64> {
+                    obj.get(key).and_then(Value::as_f64).ok_or_else(|| {
+                        self.bad(&format!("{prefix}.{key}"), "is missing or not a number")
+                    })
+                };
+                let s = Llama3Scaling {
+                    factor: num("factor")? as f32,
+                    low_freq_factor: num("low_freq_factor")? as f32,
+                    high_freq_factor: num("high_freq_factor")? as f32,
+                    original_max_position: num("original_max_position_embeddings")? as usize,
+                };
+                if !(s.factor > 0.0
+                    && s.low_freq_factor > 0.0
+                    && s.high_freq_factor > s.low_freq_factor
+                    && s.original_max_position > 0)
+                {
+                    return Err(self.bad(
+                        prefix,
+                        format!("has invalid llama3 values {s:?}: need factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0"),
+                    ));
+                }
+                Some(s)
+            }
+            Some(_) => {
+                return Err(self.bad(
+                    &format!("{prefix}.rope_type"),
+                    format!(
+                        "is {}; supported: \"default\", \"llama3\"",
+                        kind.map_or(Value::Null, Clone::clone)
+                    ),
+                ))
+            }
+        };
+        Ok((theta, scaling))
+    }
+
+    fn opt_f32(&self, field: &str) -> Result<Option<f32>> {
+        self.get(field).map(|_| self.f32(field)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"{
+        "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
+        "max_position_embeddings": 512"#;
+
+    fn parse(extra: &str) -> Result<Config> {
+        Config::from_json_str(&format!("{BASE}{extra}}}"), "test/config.json")
+    }
+
+    fn err(extra: &str) -> String {
+        parse(extra).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.num_key_value_heads, 4);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.rope_theta, DEFAULT_ROPE_THETA);
+        assert_eq!(c.rope_scaling, None);
+        assert!(!c.tie_word_embeddings);
+        assert!(c.eos_token_ids.is_empty());
+        assert_eq!(c.dtype, None);
+    }
+
+    #[test]
+    fn classic_rope_scaling_with_type_key() {
+        let c = parse(
+            r#", "rope_theta": 500000.0, "torch_dtype": "bfloat16", "eos_token_id": [7, 9],
+            "rope_scaling": {"type": "llama3", "factor": 8, "low_freq_factor": 1,
+            "high_freq_factor": 4, "original_max_position_embeddings": 8192}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert_eq!(c.dtype, Some(DType::BF16));
+        assert_eq!(c.eos_token_ids, vec![7, 9]);
+        let s = c.rope_scaling.unwrap();
+        assert_eq!((s.factor, s.original_max_position), (8.0, 8192));
+        assert!(c.is_eos(9) && !c.is_eos(8));
+    }
+
+    #[test]
+    fn rope_parameters_form() {
+        let c = parse(
+            r#", "dtype": "float16", "eos_token_id": 3, "head_dim": 32,
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 250000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rope_theta, 250000.0);
+        assert_eq!(c.head_dim, 32);
+        assert_eq!(c.n_q(), 128);
+        assert_eq!(c.rope_scaling.unwrap().factor, 32.0);
+        assert_eq!(c.rope().n_dims, 32);
+        let plain =
+            parse(r#", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}"#).unwrap();
+        assert_eq!((plain.rope_theta, plain.rope_scaling), (1e4, None));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let missing = Config::from_json_str(r#"{"hidden_size": 8}"#, "x/config.json").unwrap_err();
+        assert!(missing.to_string().contains("x/config.json"), "{missing}");
+        assert!(err(r#", "head_dim": "abc""#).contains("'head_dim'"));
+        assert!(err(r#", "num_key_value_heads": 3"#).contains("'num_key_value_heads'"));
+        assert!(
+            err(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4}"#)
+                .contains("rope_scaling.rope_type")
+        );
+        assert!(
+            err(r#", "rope_scaling": {"rope_type": "llama3", "factor": 8}"#)
+                .contains("rope_scaling.low_freq_factor")
+        );
+        assert!(
+            err(r#", "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}"#)
+                .contains("rope_parameters.factor")
+        );
+        assert!(err(r#", "eos_token_id": [1, "x"]"#).contains("'eos_token_id'"));
+        assert!(err(r#", "eos_token_id": 600"#).contains("outside the vocabulary"));
+        assert!(err(r#", "torch_dtype": "int8""#).contains("'torch_dtype'"));
+        assert!(err(r#", "hidden_act": "gelu""#).contains("'hidden_act'"));
+        assert!(err(r#", "attention_bias": true"#).contains("'attention_bias'"));
+        assert!(err(r#", "model_type": "gpt2""#).contains("'model_type'"));
+        assert!(err(r#", "rms_norm_eps": -1"#).contains("'rms_norm_eps'"));
+    }
+}

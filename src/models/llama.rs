@@ -1,0 +1,898 @@
+//! Llama 2 / Llama 3: the model graphs and the inference API.
+//!
+//! A block is `x += attn(norm(x)); x += mlp(norm(x))` with RMSNorm, rotary position
+//! embeddings (NeoX pairing, as HF stores Llama), grouped-query attention and a SwiGLU
+//! MLP. The weights live in one buffer ([`Weights`]): q|k|v and gate|up are fused, so a
+//! block runs four weight mul_mats. Keys and values go to an F16 [`KvCache`].
+//!
+//! Two graphs run the model:
+//! - **prefill** of `n` tokens at positions `n_past..n_past + n` (built per `(n, n_past)`
+//!   and cached): K/V are written with `cpy` into views of the cache at `n_past`, and
+//!   attention is `mul_mat` + `scale` + `diag_mask_inf(n_past)` + `soft_max` + `mul_mat`
+//!   over exactly the `n_past + n` filled positions;
+//! - **decode** of one token, built once per KV-length bucket ([`DECODE_BUCKET`]
+//!   positions) and replayed every step, so a backend that captures a plan (CUDA graphs)
+//!   captures once per bucket. Nothing in the graph depends on the position: it comes in
+//!   as data (`pos`), K/V are written with `set_rows` at row `pos`, and attention reads
+//!   the whole bucket with an additive mask input (0 up to `pos`, -inf beyond) through
+//!   `soft_max_ext`. The masked positions are inert because the cache is zero-initialised
+//!   and only ever written with finite values: their scores become -inf, their weights
+//!   exactly 0, and 0 times a finite V is 0.
+//!
+//! The model code uses graft's public graph API only and runs on any
+//! [`Backend`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::backend::{Backend, BackendExt, ExecId};
+use crate::error::{Error, Result};
+use crate::graph::{DType, Graph, Plan, TensorId};
+use crate::ops::RopeParams;
+
+use super::config::Config;
+use super::kv_cache::{KvCache, KV_DTYPE};
+use super::loader;
+use super::sampler::Sampler;
+use super::weights::{LayerLeaves, Leaves, Weights};
+
+/// Positions per decode KV-length bucket (ggml pads the KV length the same way).
+pub const DECODE_BUCKET: usize = 256;
+
+/// Prefill plans kept loaded; the least recently used one is unloaded first.
+const MAX_PREFILL_PLANS: usize = 4;
+
+/// Bytes of an F32 element (every mul_mat result is F32).
+const F32_BYTES: usize = 4;
+/// Bytes of a KV-cache element.
+const KV_BYTES: usize = KV_DTYPE.block_bytes();
+
+/// The context length used when none is given: the model's own, at most 4096.
+pub fn default_ctx(cfg: &Config) -> usize {
+    cfg.max_position_embeddings.min(4096)
+}
+
+/// The KV length a decode step at `pos` attends over: `pos + 1` rounded up to a
+/// multiple of [`DECODE_BUCKET`], at most `ctx`.
+pub fn decode_bucket(pos: usize, ctx: usize) -> usize {
+    ((pos + 1).div_ceil(DECODE_BUCKET) * DECODE_BUCKET).min(ctx)
+}
+
+/// Which logits a forward pass reads back to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None: only the argmax of the last position (greedy decoding).
+    None,
+    /// The last position's logits.
+    Last,
+    /// Every position's logits (prefill only).
+    All,
+}
+
+/// What a forward pass returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    /// The argmax of the last position's logits, computed on the device.
+    pub argmax: u32,
+    /// The logits asked for, `vocab` values per position (empty for [`Logits::None`]).
+    pub logits: Vec<f32>,
+}
+
+/// One graph of the model with its named inputs and outputs.
+pub struct ModelGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// Input: token ids, I32 `[n]`.
+    pub tokens: TensorId,
+    /// Input: positions, I32 `[n]`.
+    pub pos: TensorId,
+    /// Input (decode only): the additive attention mask, F32 `[n_kv]`.
+    pub kq_mask: Option<TensorId>,
+    /// Output: logits, F32 `[vocab, n_out]`.
+    pub logits: TensorId,
+    /// Output: argmax of the last logits, I32 `[1]`.
+    pub argmax: TensorId,
+    /// Positions whose logits are computed (1, or `n` for all).
+    pub n_out: usize,
+}
+
+impl ModelGraph {
+    /// Plans the graph (logits and argmax as outputs).
+    pub fn plan(&self) -> Result<Plan> {
+        self.graph.plan(&[self.logits, self.argmax])
+    }
+}
+
+/// How attention scores are masked.
+enum Mask {
+    /// Causal mask for queries at positions `n_past..` (prefill).
+    Causal { n_past: usize },
+    /// An additive mask input broadcast over queries and heads (decode).
+    Input(TensorId),
+}
+
+/// The q/k/v projections of one layer.
+struct Qkv {
+    /// q|k|v of every token: `[n_q + 2 * n_kv_dim, n]`.
+    qkv: TensorId,
+    /// Roped queries: `[head_dim, n_head, n]`.
+    q: TensorId,
+    /// Roped keys: `[head_dim, n_kv_head, n]`.
+    k: TensorId,
+    /// Byte offset of v inside each column of `qkv`.
+    v_offset: usize,
+}
+
+/// Builds one graph of a model.
+struct Builder<'a> {
+    g: Graph,
+    cfg: &'a Config,
+    ctx: usize,
+    rope: RopeParams,
+}
+
+impl<'a> Builder<'a> {
+    fn new(cfg: &'a Config, ctx: usize) -> Self {
+        Builder {
+            g: Graph::new(),
+            cfg,
+            ctx,
+            rope: cfg.rope(),
+        }
+    }
+
+    /// `rms_norm(x) * w`.
+    fn norm(&mut self, x: TensorId, w: TensorId) -> Result<TensorId> {
+        let cur = self.g.rms_norm(x, self.cfg.rms_norm_eps)?;
+        self.g.mul(cur, w)
+    }
+
+    /// q, k and v of `n` tokens from one fused mul_mat; q and k roped at `pos`.
+    fn qkv(&mut self, l: &LayerLeaves, cur: TensorId, pos: TensorId, n: usize) -> Result<Qkv> {
+        let c = self.cfg;
+        let (hd, n_q) = (c.head_dim, c.n_q());
+        let g = &mut self.g;
+        // qkv: [n_q + 2 * n_kv_dim, n]
+        let qkv = g.mul_mat(l.attn_qkv, cur)?;
+        let row = g.tensor(qkv).nb[1];
+        // q: [hd, n_head, n], k: [hd, n_kv_head, n] (strided views of qkv's columns)
+        let q = g.view_3d(qkv, hd, c.num_attention_heads, n, hd * F32_BYTES, row, 0)?;
+        let k = g.view_3d(
+            qkv,
+            hd,
+            c.num_key_value_heads,
+            n,
+            hd * F32_BYTES,
+            row,
+            n_q * F32_BYTES,
+        )?;
+        let q = g.rope(q, pos, self.rope)?;
+        let k = g.rope(k, pos, self.rope)?;
+        Ok(Qkv {
+            qkv,
+            q,
+            k,
+            v_offset: (n_q + c.n_kv_dim()) * F32_BYTES,
+        })
+    }
+
+    /// `softmax(K^T q / sqrt(hd) + mask) V` over the first `n_kv` cache positions, for
+    /// `n` queries `q` [hd, n_head, n]; heads merged back into `[n_q, n]`.
+    fn attend(
+        &mut self,
+        q: TensorId,
+        k_all: TensorId,
+        v_all: TensorId,
+        n_kv: usize,
+        n: usize,
+        mask: Mask,
+    ) -> Result<TensorId> {
+        let c = self.cfg;
+        let (hd, n_kv_head, n_kv_dim) = (c.head_dim, c.num_key_value_heads, c.n_kv_dim());
+        let ctx = self.ctx;
+        let g = &mut self.g;
+        // k: [hd, n_kv, n_kv_head] (a head's slice of every position row of the K cache)
+        let k = g.view_3d(
+            k_all,
+            hd,
+            n_kv,
+            n_kv_head,
+            n_kv_dim * KV_BYTES,
+            hd * KV_BYTES,
+            0,
+        )?;
+        // v: [n_kv, hd, n_kv_head] (channel rows of the transposed V cache)
+        let v = g.view_3d(
+            v_all,
+            n_kv,
+            hd,
+            n_kv_head,
+            ctx * KV_BYTES,
+            ctx * hd * KV_BYTES,
+            0,
+        )?;
+        // qp: [hd, n, n_head]
+        let qp = g.permute(q, [0, 2, 1, 3])?;
+        // kq: [n_kv, n, n_head]; query head h reads KV head h / (n_head / n_kv_head)
+        let kq = g.mul_mat(k, qp)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kq = match mask {
+            Mask::Causal { n_past } => {
+                let kq = g.scale(kq, scale)?;
+                let kq = g.diag_mask_inf(kq, n_past)?;
+                g.soft_max(kq)?
+            }
+            Mask::Input(m) => g.soft_max_ext(kq, Some(m), scale)?,
+        };
+        // kqv: [hd, n, n_head]
+        let kqv = g.mul_mat(v, kq)?;
+        // merged: [hd, n_head, n] -> [n_q, n] (already contiguous when n == 1)
+        let merged = g.permute(kqv, [0, 2, 1, 3])?;
+        let merged = if g.tensor(merged).is_contiguous() {
+            merged
+        } else {
+            g.cont(merged)?
+        };
+        g.reshape(merged, &[c.n_q(), n])
+    }
+
+    /// Prefill attention: writes K/V of positions `n_past..n_past + n` with `cpy` into
+    /// views of the cache, then attends over all `n_past + n` positions.
+    fn attention_prefill(
+        &mut self,
+        l: &LayerLeaves,
+        (k_cache, v_cache): (TensorId, TensorId),
+        cur: TensorId,
+        pos: TensorId,
+        n: usize,
+        n_past: usize,
+    ) -> Result<TensorId> {
+        let Qkv {
+            qkv,
+            q,
+            k,
+            v_offset,
+        } = self.qkv(l, cur, pos, n)?;
+        let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
+        let g = &mut self.g;
+        // K rows n_past..n_past + n of the cache [n_kv_dim, ctx]
+        let k_rows = g.reshape(k, &[n_kv_dim, n])?;
+        let k_dst = g.view_2d(
+            k_cache,
+            n_kv_dim,
+            n,
+            n_kv_dim * KV_BYTES,
+            n_past * n_kv_dim * KV_BYTES,
+        )?;
+        let k_write = g.cpy(k_rows, k_dst)?;
+        // v: [n_kv_dim, n] -> transposed [n, n_kv_dim] into columns n_past.. of [ctx, n_kv_dim]
+        let row = g.tensor(qkv).nb[1];
+        let v = g.view_2d(qkv, n_kv_dim, n, row, v_offset)?;
+        let vt = g.transpose(v)?;
+        let v_dst = g.view_2d(v_cache, n, n_kv_dim, ctx * KV_BYTES, n_past * KV_BYTES)?;
+        let v_write = g.cpy(vt, v_dst)?;
+        // read the caches after the writes
+        let k_all = g.after(k_cache, &[k_write])?;
+        let v_all = g.after(v_cache, &[v_write])?;
+        let merged = self.attend(q, k_all, v_all, n_past + n, n, Mask::Causal { n_past })?;
+        // o: [n_embd, n]
+        self.g.mul_mat(l.attn_out, merged)
+    }
+
+    /// Decode attention for one token at position `pos` (an input): writes K/V with
+    /// `set_rows` at row `pos`, attends over `n_kv` positions with the mask input.
+    fn attention_decode(
+        &mut self,
+        l: &LayerLeaves,
+        (k_cache, v_cache): (TensorId, TensorId),
+        cur: TensorId,
+        pos: TensorId,
+        mask: TensorId,
+        n_kv: usize,
+    ) -> Result<TensorId> {
+        let Qkv {
+            qkv,
+            q,
+            k,
+            v_offset,
+        } = self.qkv(l, cur, pos, 1)?;
+        let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
+        let g = &mut self.g;
+        // K: row `pos` of [n_kv_dim, ctx]
+        let k_row = g.reshape(k, &[n_kv_dim, 1])?;
+        let k_all = g.set_rows(k_cache, k_row, pos)?;
+        // V: the transposed cache seen as [1, ctx, n_kv_dim] (row p of matrix c is the
+        // element (p, c)), so writing row `pos` of every matrix writes column `pos`; the
+        // source is v as [1, 1, n_kv_dim] and the id broadcasts over dim 2
+        let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, KV_BYTES, ctx * KV_BYTES, 0)?;
+        let row = g.tensor(qkv).nb[1];
+        let v_src = g.view_3d(qkv, 1, 1, n_kv_dim, row, F32_BYTES, v_offset)?;
+        let v_write = g.set_rows(v_dst, v_src, pos)?;
+        let v_all = g.after(v_cache, &[v_write])?;
+        let merged = self.attend(q, k_all, v_all, n_kv, 1, Mask::Input(mask))?;
+        // o: [n_embd, 1]
+        self.g.mul_mat(l.attn_out, merged)
+    }
+
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`, gate|up in one mul_mat.
+    fn mlp(&mut self, l: &LayerLeaves, cur: TensorId, n: usize) -> Result<TensorId> {
+        let n_ff = self.cfg.intermediate_size;
+        let g = &mut self.g;
+        // gu: [2 * n_ff, n]
+        let gu = g.mul_mat(l.ffn_gate_up, cur)?;
+        let row = g.tensor(gu).nb[1];
+        // gate, up: [n_ff, n] (first and second half of each column)
+        let gate = g.view_2d(gu, n_ff, n, row, 0)?;
+        let up = g.view_2d(gu, n_ff, n, row, n_ff * F32_BYTES)?;
+        let h = g.silu(gate)?;
+        let h = g.mul(h, up)?;
+        // down: [n_embd, n]
+        g.mul_mat(l.ffn_down, h)
+    }
+
+    /// The rest of a block after attention: `x += attn; x += mlp(norm(x))`.
+    fn residual_mlp(
+        &mut self,
+        l: &LayerLeaves,
+        x: TensorId,
+        attn: TensorId,
+        n: usize,
+    ) -> Result<TensorId> {
+        let x = self.g.add(x, attn)?;
+        let cur = self.norm(x, l.ffn_norm)?;
+        let m = self.mlp(l, cur, n)?;
+        self.g.add(x, m)
+    }
+
+    /// Final norm and output projection of the last position (or of all `n`), and the
+    /// argmax of the last logits.
+    #[allow(clippy::too_many_arguments)] // the graph's full interface, spelled out
+    fn finish(
+        mut self,
+        leaves: &Leaves,
+        x: TensorId,
+        n: usize,
+        all: bool,
+        tokens: TensorId,
+        pos: TensorId,
+        kq_mask: Option<TensorId>,
+    ) -> Result<ModelGraph> {
+        let (n_embd, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let g = &mut self.g;
+        let n_out = if all { n } else { 1 };
+        // x: [n_embd, n_out]
+        let x = if all || n == 1 {
+            x
+        } else {
+            let nb1 = g.tensor(x).nb[1];
+            g.view_2d(x, n_embd, 1, nb1, (n - 1) * nb1)?
+        };
+        let cur = g.rms_norm(x, self.cfg.rms_norm_eps)?;
+        let cur = g.mul(cur, leaves.out_norm)?;
+        // logits: [vocab, n_out]
+        let logits = g.mul_mat(leaves.output, cur)?;
+        let logits = g.set_name(logits, "logits")?;
+        let last = if n_out == 1 {
+            logits
+        } else {
+            let nb1 = g.tensor(logits).nb[1];
+            g.view_2d(logits, vocab, 1, nb1, (n_out - 1) * nb1)?
+        };
+        // argmax: I32 [1]
+        let argmax = g.argmax(last)?;
+        let argmax = g.set_name(argmax, "argmax")?;
+        Ok(ModelGraph {
+            graph: self.g,
+            tokens,
+            pos,
+            kq_mask,
+            logits,
+            argmax,
+            n_out,
+        })
+    }
+}
+
+/// The prefill graph of `n` tokens at positions `n_past..n_past + n`, with the logits
+/// of every position (`all`) or of the last one.
+pub fn build_prefill(
+    cfg: &Config,
+    weights: &Weights,
+    cache: &KvCache,
+    n: usize,
+    n_past: usize,
+    all: bool,
+) -> Result<ModelGraph> {
+    if n == 0 || n_past + n > cache.ctx {
+        return Err(Error::model(format!(
+            "prefill of {n} tokens after {n_past} does not fit the context of {} tokens",
+            cache.ctx
+        )));
+    }
+    let mut b = Builder::new(cfg, cache.ctx);
+    let leaves = weights.leaves(&mut b.g, cfg)?;
+    let tokens = b.g.input("tokens", DType::I32, &[n])?;
+    let pos = b.g.input("pos", DType::I32, &[n])?;
+    // x: [n_embd, n]
+    let mut x = b.g.get_rows(leaves.tok_embd, tokens)?;
+    for (i, l) in leaves.layers.iter().enumerate() {
+        let kv = cache.leaves(&mut b.g, i)?;
+        let cur = b.norm(x, l.attn_norm)?;
+        let attn = b.attention_prefill(l, kv, cur, pos, n, n_past)?;
+        x = b.residual_mlp(l, x, attn, n)?;
+    }
+    b.finish(&leaves, x, n, all, tokens, pos, None)
+}
+
+/// The decode graph of one token attending over `n_kv` cache positions (a bucket);
+/// the position is an input, so one graph serves every position below `n_kv`.
+pub fn build_decode(
+    cfg: &Config,
+    weights: &Weights,
+    cache: &KvCache,
+    n_kv: usize,
+) -> Result<ModelGraph> {
+    if n_kv == 0 || n_kv > cache.ctx {
+        return Err(Error::model(format!(
+            "decode over {n_kv} positions does not fit the context of {} tokens",
+            cache.ctx
+        )));
+    }
+    let mut b = Builder::new(cfg, cache.ctx);
+    let leaves = weights.leaves(&mut b.g, cfg)?;
+    let tokens = b.g.input("tokens", DType::I32, &[1])?;
+    let pos = b.g.input("pos", DType::I32, &[1])?;
+    // kq_mask: [n_kv, 1], 0 for positions <= pos, -inf beyond
+    let mask = b.g.input("kq_mask", DType::F32, &[n_kv, 1])?;
+    // x: [n_embd, 1]
+    let mut x = b.g.get_rows(leaves.tok_embd, tokens)?;
+    for (i, l) in leaves.layers.iter().enumerate() {
+        let kv = cache.leaves(&mut b.g, i)?;
+        let cur = b.norm(x, l.attn_norm)?;
+        let attn = b.attention_decode(l, kv, cur, pos, mask, n_kv)?;
+        x = b.residual_mlp(l, x, attn, 1)?;
+    }
+    b.finish(&leaves, x, 1, false, tokens, pos, Some(mask))
+}
+
+/// A model graph loaded into a backend.
+#[derive(Clone, Copy, Debug)]
+struct Compiled {
+    exec: ExecId,
+    tokens: TensorId,
+    pos: TensorId,
+    kq_mask: Option<TensorId>,
+    logits: TensorId,
+    argmax: TensorId,
+    n_out: usize,
+}
+
+impl Compiled {
+    fn load(be: &mut dyn Backend, mg: &ModelGraph) -> Result<Compiled> {
+        let exec = be.load(&mg.plan()?)?;
+        Ok(Compiled {
+            exec,
+            tokens: mg.tokens,
+            pos: mg.pos,
+            kq_mask: mg.kq_mask,
+            logits: mg.logits,
+            argmax: mg.argmax,
+            n_out: mg.n_out,
+        })
+    }
+}
+
+/// How many plans a model has built (each built plan is loaded once and replayed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCounts {
+    /// Prefill plans (one per `(n, n_past, all logits)` seen).
+    pub prefill: usize,
+    /// Decode plans (one per KV-length bucket reached).
+    pub decode: usize,
+}
+
+/// Options of [`Llama::load`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// KV-cache positions ([`default_ctx`] when `None`). A context longer than the
+    /// model's `max_position_embeddings` is allowed (the caller may warn): nothing in
+    /// graft limits it, but the model was not trained for it.
+    pub ctx: Option<usize>,
+    /// Whether to show a progress bar on stderr (only drawn on a terminal).
+    pub progress: bool,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// An end-of-sequence token was sampled (not included in the output).
+    Eos,
+    /// The requested number of tokens was generated.
+    Length,
+}
+
+/// The result of [`Llama::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The generated tokens (without the prompt and without a final EOS).
+    pub tokens: Vec<u32>,
+    /// Why generation stopped.
+    pub stop: Stop,
+    /// Prompt tokens processed by the prefill.
+    pub prompt_tokens: usize,
+    /// Seconds spent in the prefill (including reading back its result).
+    pub prompt_secs: f64,
+    /// Decode steps run.
+    pub decode_steps: usize,
+    /// Seconds spent in decode steps.
+    pub decode_secs: f64,
+}
+
+impl Generation {
+    /// Prompt-processing speed.
+    pub fn prompt_tokens_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_secs
+    }
+
+    /// Generation speed (decode steps per second), if any step ran.
+    pub fn gen_tokens_per_s(&self) -> Option<f64> {
+        (self.decode_steps > 0).then(|| self.decode_steps as f64 / self.decode_secs)
+    }
+}
+
+/// A Llama model on a backend: weights, KV cache and the loaded plans.
+///
+/// Every method takes the backend the model was created on; passing another one is an
+/// error (its buffers are unknown there) or, for plans, undefined.
+pub struct Llama {
+    config: Config,
+    weights: Weights,
+    cache: KvCache,
+    n_past: usize,
+    /// Loaded prefill plans by `(n, n_past, all logits)`, least recently used first.
+    prefill: Vec<((usize, usize, bool), Compiled)>,
+    /// Loaded decode plans by KV-length bucket.
+    decode: HashMap<usize, Compiled>,
+    counts: PlanCounts,
+}
+
+impl Llama {
+    /// A model from its parts (weights uploaded, cache allocated on the same backend).
+    pub fn new(config: Config, weights: Weights, cache: KvCache) -> Llama {
+        Llama {
+            config,
+            weights,
+            cache,
+            n_past: 0,
+            prefill: Vec::new(),
+            decode: HashMap::new(),
+            counts: PlanCounts::default(),
+        }
+    }
+
+    /// Loads a Hugging Face model folder (config.json and safetensors weights) onto `be`.
+    pub fn load(dir: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Llama> {
+        if !dir.is_dir() {
+            return Err(Error::model(format!(
+                "model folder {} does not exist or is not a folder",
+                dir.display()
+            )));
+        }
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
+        if ctx == 0 {
+            return Err(Error::model("the context length must be at least 1"));
+        }
+        let weights = loader::load_weights(dir, &config, be, opts.progress)?;
+        let cache = KvCache::alloc(&config, ctx, be)?;
+        Ok(Llama::new(config, weights, cache))
+    }
+
+    /// A model with seeded random weights made on the device (benchmarks).
+    pub fn random(
+        config: Config,
+        dtype: DType,
+        ctx: usize,
+        seed: u64,
+        be: &mut dyn Backend,
+    ) -> Result<Llama> {
+        let weights = Weights::alloc(&config, dtype, be)?;
+        weights.fill_random(&config, be, seed)?;
+        let cache = KvCache::alloc(&config, ctx, be)?;
+        Ok(Llama::new(config, weights, cache))
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The weight layout.
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Positions held in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Plans built so far.
+    pub fn plan_counts(&self) -> PlanCounts {
+        self.counts
+    }
+
+    /// Forgets the cached positions (the next prefill starts at position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Rewinds the cache to its first `n` positions (no effect if it holds fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Releases the plans and buffers of this model on `be`.
+    pub fn release(self, be: &mut dyn Backend) -> Result<()> {
+        for (_, c) in &self.prefill {
+            be.unload(c.exec)?;
+        }
+        for c in self.decode.values() {
+            be.unload(c.exec)?;
+        }
+        be.free_buffer(self.weights.buffer)?;
+        be.free_buffer(self.cache.buffer)
+    }
+
+    /// Checks token ids on the host before they reach the device.
+    fn check_tokens(&self, what: &'static str, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().position(|&t| t as usize >= vocab) {
+            None => Ok(()),
+            Some(i) => Err(Error::IndexOutOfRange {
+                op: what,
+                node: "token ids".into(),
+                index: tokens[i] as i64,
+                position: i,
+                limit: vocab,
+            }),
+        }
+    }
+
+    /// Checks that `n` more positions fit in the cache.
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.n_past + n > self.cache.ctx {
+            return Err(Error::model(format!(
+                "context full: {} cached + {n} new tokens exceed the context of {} tokens (--ctx)",
+                self.n_past, self.cache.ctx
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` through the model at positions `n_past..`, appending them to the
+    /// cache. Returns the argmax of the last position and the logits asked for.
+    pub fn prefill(
+        &mut self,
+        be: &mut dyn Backend,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Output> {
+        if tokens.is_empty() {
+            return Err(Error::model(
+                "prefill needs at least one token (empty prompt)",
+            ));
+        }
+        self.check_tokens("prefill", tokens)?;
+        self.check_room(tokens.len())?;
+        let (n, p) = (tokens.len(), self.n_past);
+        let c = self.prefill_plan(be, n, p, logits == Logits::All)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (p..p + n).map(|i| i as i32).collect();
+        be.set_input_i32(c.exec, c.tokens, &ids)?;
+        be.set_input_i32(c.exec, c.pos, &pos)?;
+        be.compute(c.exec)?;
+        self.n_past += n;
+        self.read(be, &c, logits != Logits::None)
+    }
+
+    /// Runs one token at position `n_past` with the decode plan of its bucket.
+    pub fn decode_step(
+        &mut self,
+        be: &mut dyn Backend,
+        token: u32,
+        logits: bool,
+    ) -> Result<Output> {
+        self.check_tokens("decode", &[token])?;
+        self.check_room(1)?;
+        let pos = self.n_past;
+        let n_kv = decode_bucket(pos, self.cache.ctx);
+        let c = match self.decode.get(&n_kv) {
+            Some(c) => *c,
+            None => {
+                let mg = build_decode(&self.config, &self.weights, &self.cache, n_kv)?;
+                let c = Compiled::load(be, &mg)?;
+                self.counts.decode += 1;
+                self.decode.insert(n_kv, c);
+                c
+            }
+        };
+        let mask: Vec<f32> = (0..n_kv)
+            .map(|i| if i <= pos { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        be.set_input_i32(c.exec, c.tokens, &[token as i32])?;
+        be.set_input_i32(c.exec, c.pos, &[pos as i32])?;
+        if let Some(m) = c.kq_mask {
+            be.set_input_f32(c.exec, m, &mask)?;
+        }
+        be.compute(c.exec)?;
+        self.n_past += 1;
+        self.read(be, &c, logits)
+    }
+
+    /// The prefill plan for `(n, n_past, all)`, built and loaded on first use.
+    fn prefill_plan(
+        &mut self,
+        be: &mut dyn Backend,
+        n: usize,
+        n_past: usize,
+        all: bool,
+    ) -> Result<Compiled> {
+        let key = (n, n_past, all);
+        if let Some(i) = self.prefill.iter().position(|(k, _)| *k == key) {
+            let entry = self.prefill.remove(i);
+            let c = entry.1;
+            self.prefill.push(entry);
+            return Ok(c);
+        }
+        if self.prefill.len() == MAX_PREFILL_PLANS {
+            let (_, old) = self.prefill.remove(0);
+            be.unload(old.exec)?;
+        }
+        let mg = build_prefill(&self.config, &self.weights, &self.cache, n, n_past, all)?;
+        let c = Compiled::load(be, &mg)?;
+        self.counts.prefill += 1;
+        self.prefill.push((key, c));
+        Ok(c)
+    }
+
+    fn read(&self, be: &mut dyn Backend, c: &Compiled, logits: bool) -> Result<Output> {
+        let argmax = be.get_output_i32(c.exec, c.argmax, 1)?[0];
+        let logits = if logits {
+            be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?
+        } else {
+            Vec::new()
+        };
+        Ok(Output {
+            argmax: argmax as u32,
+            logits,
+        })
+    }
+
+    /// Checks, without running anything, that [`Llama::generate`] can take `prompt` and
+    /// `n` new tokens: a non-empty prompt of ids inside the vocabulary, and prompt plus
+    /// generation within the context.
+    pub fn check_generation(&self, prompt: &[u32], n: usize) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::model("empty prompt: give at least one token"));
+        }
+        if prompt.len() + n > self.cache.ctx {
+            return Err(Error::model(format!(
+                "prompt ({} tokens) + generation ({n} tokens) = {} tokens exceeds the context of {} tokens (--ctx)",
+                prompt.len(),
+                prompt.len() + n,
+                self.cache.ctx
+            )));
+        }
+        self.check_tokens("prompt", prompt)
+    }
+
+    /// Generates up to `n` tokens after `prompt` (from an empty cache), calling
+    /// `on_token` with each one as soon as it is known; stops early at an EOS token.
+    /// Greedy sampling reads back only the on-device argmax; other samplers read the
+    /// last logits.
+    pub fn generate(
+        &mut self,
+        be: &mut dyn Backend,
+        prompt: &[u32],
+        n: usize,
+        sampler: &mut Sampler,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<Generation> {
+        self.check_generation(prompt, n)?;
+        self.reset();
+        let greedy = sampler.is_greedy();
+        let mode = if greedy { Logits::None } else { Logits::Last };
+        let t0 = Instant::now();
+        let out = self.prefill(be, prompt, mode)?;
+        let prompt_secs = t0.elapsed().as_secs_f64();
+        let mut next = sampler.pick(&out);
+        let mut tokens = Vec::with_capacity(n);
+        let mut stop = Stop::Length;
+        let (mut decode_steps, mut decode_secs) = (0, 0.0);
+        while tokens.len() < n {
+            if self.config.is_eos(next) {
+                stop = Stop::Eos;
+                break;
+            }
+            tokens.push(next);
+            on_token(next)?;
+            if tokens.len() == n {
+                break;
+            }
+            let t = Instant::now();
+            let out = self.decode_step(be, next, !greedy)?;
+            decode_secs += t.elapsed().as_secs_f64();
+            decode_steps += 1;
+            next = sampler.pick(&out);
+        }
+        Ok(Generation {
+            tokens,
+            stop,
+            prompt_tokens: prompt.len(),
+            prompt_secs,
+            decode_steps,
+            decode_secs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::BufferId;
+    use crate::models::presets;
+
+    #[test]
+    fn buckets() {
+        assert_eq!(decode_bucket(0, 4096), 256);
+        assert_eq!(decode_bucket(255, 4096), 256);
+        assert_eq!(decode_bucket(256, 4096), 512);
+        assert_eq!(decode_bucket(256, 300), 300);
+        assert_eq!(decode_bucket(10, 100), 100);
+    }
+
+    /// The graphs plan for every preset without touching a backend, and use exactly the
+    /// ops the decode and prefill designs call for.
+    #[test]
+    fn graphs_plan_from_the_layout_alone() {
+        for name in presets::NAMES {
+            let cfg = presets::preset(name).unwrap();
+            let w = Weights::layout(&cfg, DType::F16, BufferId::fresh());
+            let kv = KvCache::layout(&cfg, 1024, BufferId::fresh());
+            let pre = build_prefill(&cfg, &w, &kv, 7, 3, false).unwrap();
+            let plan = pre.plan().unwrap();
+            let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
+            let l = cfg.num_hidden_layers;
+            let count = |op: &str| ops.iter().filter(|o| **o == op).count();
+            assert_eq!(count("mul_mat"), 6 * l + 1, "{name}: {ops:?}");
+            assert_eq!(count("cpy"), 2 * l);
+            assert_eq!(count("diag_mask_inf"), l);
+            assert_eq!(count("set_rows"), 0);
+            let dec = build_decode(&cfg, &w, &kv, 512).unwrap();
+            let plan = dec.plan().unwrap();
+            let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
+            let count = |op: &str| ops.iter().filter(|o| **o == op).count();
+            assert_eq!(count("set_rows"), 2 * l);
+            assert_eq!(count("diag_mask_inf"), 0);
+            assert_eq!(count("cont"), 0, "n == 1 needs no cont of the merged heads");
+            assert_eq!(count("mul_mat"), 6 * l + 1);
+        }
+    }
+
+    #[test]
+    fn graphs_reject_what_does_not_fit() {
+        let cfg = presets::preset("tiny").unwrap();
+        let w = Weights::layout(&cfg, DType::F32, BufferId::fresh());
+        let kv = KvCache::layout(&cfg, 64, BufferId::fresh());
+        assert!(build_prefill(&cfg, &w, &kv, 60, 5, false).is_err());
+        assert!(build_prefill(&cfg, &w, &kv, 0, 0, false).is_err());
+        assert!(build_decode(&cfg, &w, &kv, 65).is_err());
+    }
+}

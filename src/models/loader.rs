@@ -1,0 +1,271 @@
+//! Loads a Hugging Face checkpoint's safetensors weights into one backend buffer.
+//!
+//! A folder holds either `model.safetensors` or `model.safetensors.index.json` whose
+//! `weight_map` names the shard file of every tensor. Files are memory-mapped and each
+//! tensor is uploaded with one `write_buffer` straight from the mapping, one tensor at a
+//! time, so no second full copy of the model is ever made on the host.
+//!
+//! Everything is checked before the weight buffer is allocated: every expected tensor
+//! is present with its expected shape and a supported dtype (F32, F16 or BF16, the same
+//! for all tensors), no tensor is left over (derived rope buffers `*.rotary_emb.inv_freq`
+//! of old checkpoints are ignored), and every tensor's bytes lie inside its file. Errors
+//! name the file, the tensor and what was expected.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, DType};
+
+use super::config::Config;
+use super::weights::Weights;
+
+/// The single-file checkpoint name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// The sharded checkpoint index name.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// One memory-mapped safetensors file.
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    /// File offset of the data section (after the 8-byte length and the header).
+    data_start: usize,
+    meta: Metadata,
+}
+
+impl Shard {
+    fn open(path: &Path) -> Result<Shard> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the file is opened read-only and only read through the mapping; like
+        // every memory-mapped reader we rely on no other process truncating or rewriting
+        // the checkpoint while it is being loaded.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let bad = |msg: String| Error::model(format!("{}: {msg}", path.display()));
+        let len_bytes: [u8; 8] = map
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| {
+                bad(format!(
+                    "{} bytes is too short for a safetensors file",
+                    map.len()
+                ))
+            })?;
+        let n = u64::from_le_bytes(len_bytes) as usize;
+        let data_start = n
+            .checked_add(8)
+            .filter(|&end| end <= map.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "the header claims {n} bytes but the file has {} (truncated?)",
+                    map.len()
+                ))
+            })?;
+        let meta: Metadata = serde_json::from_slice(&map[8..data_start])
+            .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            data_start,
+            meta,
+        })
+    }
+
+    /// The bytes of a tensor, checked against the file's length.
+    fn bytes(&self, name: &str, info: &TensorInfo) -> Result<&[u8]> {
+        let (s, e) = info.data_offsets;
+        let (fs, fe) = (self.data_start + s, self.data_start + e);
+        if fe > self.map.len() {
+            return Err(Error::model(format!(
+                "{} is truncated: tensor '{name}' needs file bytes {fs}..{fe}, the file has {} bytes",
+                self.path.display(),
+                self.map.len()
+            )));
+        }
+        Ok(&self.map[fs..fe])
+    }
+}
+
+/// A checkpoint's files and which one holds each tensor.
+struct Checkpoint {
+    shards: Vec<Shard>,
+    /// Tensor name -> index into `shards` (sorted, so errors come out in a stable order).
+    tensors: BTreeMap<String, usize>,
+}
+
+impl Checkpoint {
+    fn open(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join(INDEX_FILE);
+        let single = dir.join(SINGLE_FILE);
+        if index.is_file() {
+            Checkpoint::open_index(dir, &index)
+        } else if single.is_file() {
+            let shard = Shard::open(&single)?;
+            let tensors = shard.meta.tensors().into_keys().map(|n| (n, 0)).collect();
+            Ok(Checkpoint {
+                shards: vec![shard],
+                tensors,
+            })
+        } else {
+            Err(Error::model(format!(
+                "{}: no {SINGLE_FILE} or {INDEX_FILE}",
+                dir.display()
+            )))
+        }
+    }
+
+    fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
+        let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+        let bad = |msg: String| Error::model(format!("{}: {msg}", index.display()));
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let map = value
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| bad("field 'weight_map' is missing or not an object".into()))?;
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut by_file: HashMap<String, usize> = HashMap::new();
+        let mut tensors = BTreeMap::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| {
+                bad(format!(
+                    "field 'weight_map.{name}' must be a file name, found {file}"
+                ))
+            })?;
+            let i = match by_file.get(file) {
+                Some(&i) => i,
+                None => {
+                    shards.push(Shard::open(&dir.join(file))?);
+                    by_file.insert(file.to_string(), shards.len() - 1);
+                    shards.len() - 1
+                }
+            };
+            if shards[i].meta.info(name).is_none() {
+                return Err(bad(format!(
+                    "maps tensor '{name}' to {file}, which has no such tensor"
+                )));
+            }
+            tensors.insert(name.clone(), i);
+        }
+        // Tensors in a shard but not in the map are still part of the checkpoint.
+        for (i, s) in shards.iter().enumerate() {
+            for name in s.meta.tensors().into_keys() {
+                tensors.entry(name).or_insert(i);
+            }
+        }
+        Ok(Checkpoint { shards, tensors })
+    }
+
+    fn info(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
+        let s = &self.shards[*self.tensors.get(name)?];
+        s.meta.info(name).map(|info| (s, info))
+    }
+}
+
+/// graft's dtype for a safetensors dtype, if supported for weights.
+fn weight_dtype(d: Dtype) -> Option<DType> {
+    match d {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+/// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`.
+pub fn load_weights(
+    dir: &Path,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    progress: bool,
+) -> Result<Weights> {
+    let ckpt = Checkpoint::open(dir)?;
+    let first = "model.embed_tokens.weight";
+    let (shard, info) = ckpt
+        .info(first)
+        .ok_or_else(|| Error::model(format!("{}: tensor '{first}' is missing", dir.display())))?;
+    let dtype = weight_dtype(info.dtype).ok_or_else(|| {
+        Error::model(format!(
+            "{}: tensor '{first}' has dtype {:?}; supported: F32, F16, BF16",
+            shard.path.display(),
+            info.dtype
+        ))
+    })?;
+
+    // Check everything against the layout before allocating anything.
+    let layout = Weights::layout(cfg, dtype, BufferId(0));
+    let slots = layout.slots(cfg);
+    let mut sources = Vec::with_capacity(slots.len());
+    for slot in &slots {
+        let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
+            Error::model(format!(
+                "{}: tensor '{}' is missing (expected {:?} {dtype})",
+                dir.display(),
+                slot.name,
+                slot.shape
+            ))
+        })?;
+        let here = || format!("{}: tensor '{}'", shard.path.display(), slot.name);
+        if weight_dtype(info.dtype) != Some(dtype) {
+            return Err(Error::model(format!(
+                "{} has dtype {:?}, expected {dtype} like '{first}'",
+                here(),
+                info.dtype
+            )));
+        }
+        if info.shape != slot.shape {
+            return Err(Error::model(format!(
+                "{} has shape {:?}, expected {:?}",
+                here(),
+                info.shape,
+                slot.shape
+            )));
+        }
+        sources.push(shard.bytes(&slot.name, info)?);
+    }
+    let expected: HashMap<&str, ()> = slots.iter().map(|s| (s.name.as_str(), ())).collect();
+    if let Some((name, &i)) = ckpt.tensors.iter().find(|(name, _)| {
+        !expected.contains_key(name.as_str()) && !name.ends_with(".rotary_emb.inv_freq")
+    }) {
+        let hint = if name == "lm_head.weight" && cfg.tie_word_embeddings {
+            " (config.json has tie_word_embeddings = true)"
+        } else {
+            ""
+        };
+        return Err(Error::model(format!(
+            "{}: unexpected tensor '{name}' for a Llama model with {} layers{hint}",
+            ckpt.shards[i].path.display(),
+            cfg.num_hidden_layers
+        )));
+    }
+
+    let weights = Weights::alloc(cfg, dtype, be)?;
+    let bar = progress_bar(layout.bytes as u64, progress);
+    for (slot, bytes) in slots.iter().zip(sources) {
+        be.write_buffer(weights.buffer, slot.offset, bytes)?;
+        bar.inc(bytes.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(weights)
+}
+
+/// A byte progress bar on stderr, hidden unless wanted and stderr is a terminal.
+fn progress_bar(total: u64, wanted: bool) -> ProgressBar {
+    if !wanted || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "loading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}

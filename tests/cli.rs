@@ -1,0 +1,473 @@
+//! The `graft` binary end to end: generate (JSON and streaming, with and without a
+//! tokenizer), logits, dump, bench, and the error paths, which must print a clear
+//! message and exit non-zero without a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
+
+/// Greedy steps whose reference margin is below this are not compared: 10x the largest
+/// logit error against the HF float32 reference measured on the fixtures (1.1e-2, see
+/// tests/llama_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
+/// every step is compared.
+const NOISE_FLOOR: f64 = 0.11;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn reference(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+fn graft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args(args)
+        .output()
+        .expect("run graft")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs graft, expecting success; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let o = graft(args);
+    assert!(o.status.success(), "graft {args:?} failed: {}", stderr(&o));
+    stdout(&o)
+}
+
+/// Runs graft, expecting failure with exit status 1 and every needle in the message.
+fn fails(args: &[&str], needles: &[&str]) {
+    let o = graft(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "graft {args:?}: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "graft {args:?} printed {:?} before failing",
+        stdout(&o)
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "graft {args:?}: {err:?} does not mention {n:?}"
+        );
+    }
+}
+
+/// A copy of a fixture in a fresh temporary directory, removed on drop.
+struct TempCopy(PathBuf);
+
+impl TempCopy {
+    fn of(name: &str) -> TempCopy {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "graft-cli-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture(name)).unwrap() {
+            let p = entry.unwrap().path();
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+        TempCopy(dir)
+    }
+
+    fn dir(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn generate_json_reproduces_hf_greedy_tokens() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let want = ids(&r["greedy_tokens"]);
+        let safe = r["greedy_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take_while(|m| m.as_f64().unwrap() > NOISE_FLOOR)
+            .count();
+        assert!(
+            safe >= 12,
+            "{name}: only {safe} steps above the noise floor"
+        );
+        let dir = fixture(name);
+        let n = want.len().to_string();
+        let out = ok(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            r["prompt_text"].as_str().unwrap(),
+            "-n",
+            &n,
+            "--json",
+        ]);
+        let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            ids(&j["prompt_ids"]),
+            ids(&r["tokens"]),
+            "{name}: tokenizer"
+        );
+        let got = ids(&j["generated_ids"]);
+        assert_eq!(got[..safe], want[..safe], "{name}");
+        assert!(j["prompt_tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert!(j["gen_tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(j["stop"], "length");
+        assert_eq!(j["plans"]["decode"], 1);
+        assert!(j["text"].is_string());
+        assert_eq!(j["backend"], "cpu");
+    }
+}
+
+#[test]
+fn generate_streams_text_and_ids() {
+    let r = reference("llama2-tiny-f32");
+    let dir = fixture("llama2-tiny-f32");
+    let prompt = r["prompt_text"].as_str().unwrap();
+    let out = ok(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "6",
+    ]);
+    assert!(
+        out.starts_with(prompt) && out.len() > prompt.len() + 1,
+        "{out:?}"
+    );
+
+    // Without a tokenizer: token ids in, token ids out.
+    let t = TempCopy::of("llama2-tiny-f32");
+    std::fs::remove_file(t.0.join("tokenizer.json")).unwrap();
+    let prompt_ids: Vec<String> = ids(&r["tokens"]).iter().map(u64::to_string).collect();
+    let out = ok(&[
+        "generate",
+        "--model",
+        t.dir(),
+        "--token-ids",
+        &prompt_ids.join(","),
+        "-n",
+        "5",
+    ]);
+    let (_, generated) = out.split_once("->").expect("ids after the prompt");
+    let got: Vec<u64> = generated
+        .split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(got, ids(&r["greedy_tokens"])[..5]);
+    let out = ok(&[
+        "generate",
+        "--model",
+        t.dir(),
+        "--token-ids",
+        &prompt_ids.join(","),
+        "-n",
+        "3",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(j["text"].is_null());
+    assert_eq!(ids(&j["generated_ids"]), ids(&r["greedy_tokens"])[..3]);
+    fails(
+        &["generate", "--model", t.dir(), "--prompt", "hello"],
+        &["--prompt needs a tokenizer.json", "--token-ids"],
+    );
+
+    // Sampling with a seed is reproducible.
+    let sample = |seed: &str| {
+        ok(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            prompt,
+            "-n",
+            "10",
+            "--temperature",
+            "0.9",
+            "--top-k",
+            "50",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--json",
+        ])
+    };
+    let ids_of = |s: String| {
+        ids(&serde_json::from_str::<serde_json::Value>(s.trim()).unwrap()["generated_ids"])
+    };
+    assert_eq!(ids_of(sample("5")), ids_of(sample("5")));
+}
+
+#[test]
+fn logits_writes_every_position() {
+    let name = "llama3-tiny-f16";
+    let r = reference(name);
+    let tokens: Vec<String> = ids(&r["tokens"]).iter().map(u64::to_string).collect();
+    let t = TempCopy::of(name);
+    let out_file = t.0.join("out.safetensors");
+    ok(&[
+        "logits",
+        "--model",
+        fixture(name).to_str().unwrap(),
+        "--token-ids",
+        &tokens.join(","),
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    let bytes = std::fs::read(&out_file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let logits = st.tensor("logits").unwrap();
+    assert_eq!(logits.dtype(), safetensors::Dtype::F32);
+    assert_eq!(logits.shape(), [tokens.len(), 512]);
+    let ref_bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+    let rst = safetensors::SafeTensors::deserialize(&ref_bytes).unwrap();
+    let f32s = |b: &[u8]| -> Vec<f64> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect()
+    };
+    let (a, b) = (
+        f32s(logits.data()),
+        f32s(rst.tensor("logits_f16kv").unwrap().data()),
+    );
+    let err: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    assert!(err / norm < 3e-9, "NMSE {}", err / norm);
+}
+
+#[test]
+fn dump_text_and_dot() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    let text = ok(&["dump", "--model", d]);
+    assert!(text.starts_with("# graft graph:"), "{text}");
+    for needle in [
+        "mul_mat",
+        "diag_mask_inf",
+        "cpy",
+        "arena @",
+        "bf16",
+        "[64,192,1,1]",
+    ] {
+        assert!(text.contains(needle), "prefill dump lacks {needle:?}");
+    }
+    assert!(!text.contains("set_rows"));
+    let dec = ok(&["dump", "--model", d, "--decode"]);
+    for needle in ["set_rows", "kq_mask", "soft_max", "[256,1,8,1]"] {
+        assert!(dec.contains(needle), "decode dump lacks {needle:?}");
+    }
+    assert!(!dec.contains("diag_mask_inf"));
+    let dot = ok(&["dump", "--model", d, "--format", "dot"]);
+    assert!(dot.starts_with("digraph graft {") && dot.trim_end().ends_with('}'));
+    // A published shape without any weights: q|k|v of Llama 3 8B is 4096 + 2 * 1024 wide.
+    let big = ok(&[
+        "dump",
+        "--preset",
+        "llama3-8b",
+        "--decode",
+        "--dtype",
+        "f16",
+    ]);
+    assert!(big.contains("[4096,6144,1,1]") && big.contains("[4096,28672,1,1]"));
+    let t = TempCopy::of("llama3-tiny-bf16");
+    let out = t.0.join("g.dot");
+    ok(&[
+        "dump",
+        "--model",
+        d,
+        "--format",
+        "dot",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(out).unwrap(), dot);
+}
+
+#[test]
+fn bench_tiny_on_cpu() {
+    let out = ok(&[
+        "bench",
+        "--preset",
+        "tiny",
+        "--backend",
+        "cpu",
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(j["prompt_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(j["gen_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(j["weight_bytes"].as_u64().unwrap() > 0);
+    assert!(j["roofline_fraction"].is_null());
+    assert_eq!(j["plans"]["prefill"], 1);
+    assert_eq!(j["plans"]["decode"], 1);
+    let out = ok(&[
+        "bench",
+        "--preset",
+        "tiny",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "--copy-bw",
+        "100",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let f = j["roofline_fraction"].as_f64().unwrap();
+    let expect = j["weight_bytes_per_token"].as_f64().unwrap()
+        * j["gen_tokens_per_s"].as_f64().unwrap()
+        / 100e9;
+    assert!(
+        (f - expect).abs() <= 1e-9 * expect.max(1.0),
+        "{f} vs {expect}"
+    );
+    let text = ok(&["bench", "--preset", "tiny", "-p", "8", "-n", "4"]);
+    assert!(
+        text.contains("generation") && text.contains("unknown (pass --copy-bw GBPS)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn errors_are_clear_and_never_panic() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    fails(
+        &["generate", "--model", d, "--token-ids", "0,600,3"],
+        &["index 600 at position 1", "out of range 0..512"],
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "The old lighthouse",
+            "--ctx",
+            "20",
+            "-n",
+            "30",
+        ],
+        &["exceeds the context of 20 tokens"],
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/model",
+            "--token-ids",
+            "1",
+        ],
+        &["/nonexistent/model", "does not exist"],
+    );
+    fails(
+        &[
+            "logits",
+            "--model",
+            d,
+            "--token-ids",
+            "1,9999",
+            "--out",
+            "/tmp/x",
+        ],
+        &["index 9999"],
+    );
+    let t = TempCopy::of("llama3-tiny-bf16");
+    let cfg = std::fs::read_to_string(t.0.join("config.json")).unwrap();
+    std::fs::write(
+        t.0.join("config.json"),
+        cfg.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
+    )
+    .unwrap();
+    fails(
+        &["generate", "--model", t.dir(), "--token-ids", "1"],
+        &["config.json", "'num_key_value_heads'"],
+    );
+    fails(&["dump", "--model", t.dir()], &["'num_key_value_heads'"]);
+    fails(
+        &["bench", "--preset", "llama9"],
+        &["unknown preset 'llama9'", "llama3-8b"],
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--token-ids",
+            "1",
+            "--temperature=-1",
+        ],
+        &["temperature"],
+    );
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--token-ids",
+            "1",
+            "--temperature",
+            "1",
+            "--top-p",
+            "1.5",
+        ],
+        &["top-p"],
+    );
+    #[cfg(not(feature = "cuda"))]
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--token-ids",
+            "1",
+            "--backend",
+            "cuda",
+        ],
+        &["without CUDA support"],
+    );
+    // Usage errors are clap's: exit status 2 with a usage message.
+    let o = graft(&["generate", "--prompt", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--model"));
+    let o = graft(&["generate", "--model", d, "--token-ids", "1,x"]);
+    assert_eq!(o.status.code(), Some(2));
+}
