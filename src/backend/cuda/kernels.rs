@@ -91,6 +91,12 @@ impl KernelTable {
                         driver_error("cuModuleGetFunction", e)
                     ),
                 })?;
+            // Load the code now (module loading is lazy by default), so that no launch
+            // loads it later, in the middle of a stream capture.
+            // SAFETY: `f` is a valid function handle of a loaded module.
+            unsafe { sys::cuFuncLoad(f) }
+                .result()
+                .map_err(|e| driver_error(&format!("cuFuncLoad({})", k.name), e))?;
             funcs.push(f);
         }
         Ok(KernelTable {
