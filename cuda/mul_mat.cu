@@ -1,16 +1,18 @@
 // Matrix-vector kernels of mul_mat (the GEMM cases go to cuBLAS, see
-// src/backend/cuda/mul_mat.rs). dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch], f32
-// accumulation, one warp per output element, warp-shuffle reduction.
+// src/backend/cuda/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
+// accumulation and reductions in a fixed order (results are deterministic).
 //
-//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1). Each lane
-//     streams 16-byte pieces of the weight row (8 halves), GEMV_UNROLL independent loads
-//     in flight before the first use, x read through L1. Rows of any length: a scalar
-//     tail covers k % 8 and rows not aligned for vector loads (vec == 0).
+//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1), one block per row
+//     of `a`. Each thread streams 16-byte pieces of the row (8 halves) with GEMV_UNROLL
+//     independent loads in flight before the first use, x read through L1, then a warp
+//     shuffle and shared-memory reduction. Rows of any length: a scalar tail covers
+//     k % 8 and rows not aligned for vector loads (vec == 0).
 //   mul_mat_vec_nc_f16_f32: the same over channels (blockIdx.y) with rows of `a` at any
 //     row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads].
 //   mul_mat_p021_f16_f32: short rows (k <= 256), e.g. a permuted K-cache view
-//     [hd, n_kv, n_kv_heads]: consecutive warps take consecutive channels of one row, so
-//     the query heads sharing a KV head (GQA) read its row while it is in L1.
+//     [hd, n_kv, n_kv_heads]: one warp per P021_ROWS rows of one channel, 8-byte loads
+//     of every row in flight together; consecutive warps take consecutive channels, so
+//     the query heads sharing a KV head (GQA) read its rows while they are in L1.
 #include "common.cuh"
 
 #define GEMV_UNROLL 4
@@ -173,8 +175,10 @@ __device__ void gemv_short_f16(const GemvArgs& p) {
     }
 }
 
-// Register caps: room for every load of a round in flight (see the SASS check in the
-// project notes); GEMV_THREADS is the largest block the launcher uses.
+// The register cap of __launch_bounds__ (minimum 8 blocks per SM) makes ptxas issue all
+// loads of a round before the first use (checked in the SASS: LDG.E.128 / LDG.E.64 in a
+// row); without it ptxas interleaves them with the arithmetic and keeps one in flight.
+// GEMV_THREADS and P021_THREADS are the largest blocks the launcher uses.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f16(const GemvArgs p) { gemv<f16, false, true>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv<bf16, false, true>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f32(const GemvArgs p) { gemv<float, false, true>(p); }

@@ -3,11 +3,18 @@
 //! many small nodes run eagerly and replayed.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
-//! (enough that the 50 MB L2 cannot hold them, for the memory-bound cases), captured into
-//! a CUDA graph and replayed; the time of a node is the replay time over `R` (the median
-//! of several batches), so it includes the small per-node cost of a graph. Bandwidth
-//! counts the bytes a node must read and write once; the fraction is of the measured copy
-//! bandwidth (bytes read + written by a device-to-device copy).
+//! (enough that the 50 MB L2 cannot hold them, for the memory-bound cases). Two times:
+//! - kernel: events recorded right before and after each node's launches, for every
+//!   node in turn, many nodes enqueued before one synchronization (so the GPU does not
+//!   wait for the host between them); the median over all samples. It includes the
+//!   GPU's own launch latency (about a microsecond), and for kernels shorter than the
+//!   host's enqueue time it also includes waiting for the host;
+//! - node in graph: the plan captured into a CUDA graph and replayed; replay time over
+//!   `R` (median of several batches): what a node costs in a real run.
+//!
+//! Bandwidth (from the kernel time) counts the bytes a node must read and write once;
+//! the fraction is of the measured copy bandwidth (bytes read + written by a
+//! device-to-device copy).
 
 use serde::Serialize;
 
@@ -44,8 +51,10 @@ pub struct BenchRow {
     pub case: String,
     /// The kernels (or cuBLAS calls) of one node.
     pub kernels: String,
-    /// Microseconds per node.
+    /// Microseconds per kernel run (event-timed).
     pub us: f64,
+    /// Microseconds per node of a replayed graph.
+    pub graph_us: f64,
     /// Bytes a node reads and writes (at least once).
     pub bytes: f64,
     /// Achieved bandwidth in GB/s.
@@ -87,14 +96,17 @@ impl BenchReport {
             "## graft bench-ops on {}\n\ndevice copy bandwidth: {:.0} GB/s (read + write)\n\n",
             self.device, self.copy_gb_s
         );
-        s.push_str("| case | kernels | us/node | GB/s | of copy | TFLOP/s |\n");
-        s.push_str("| --- | --- | ---: | ---: | ---: | ---: |\n");
+        s.push_str(
+            "| case | kernels | kernel us | us/node in graph | GB/s | of copy | TFLOP/s |\n",
+        );
+        s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {:.2} | {:.0} | {:.0}% | {} |\n",
+                "| {} | {} | {:.2} | {:.2} | {:.0} | {:.0}% | {} |\n",
                 r.case,
                 r.kernels,
                 r.us,
+                r.graph_us,
                 r.gb_s,
                 r.of_copy * 100.0,
                 r.tflop_s.map_or("".into(), |t| format!("{t:.1}"))
@@ -273,6 +285,38 @@ fn time_replays(be: &mut CudaBackend, exec: ExecId, iters: usize) -> Result<f64>
     Ok(median(times))
 }
 
+/// Median microseconds of one step's launches over `rounds` rounds of every step of a
+/// loaded plan (see the module docs).
+fn time_kernels(be: &mut CudaBackend, exec: ExecId, rounds: usize) -> Result<f64> {
+    let n = be.exec(exec)?.steps.len();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let events = (0..2 * n)
+        .map(|_| be.ctx.new_event(flags))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| driver_error("cuEventCreate", e))?;
+    let mut times = Vec::with_capacity(rounds * n);
+    for _ in 0..rounds {
+        let e = be.exec(exec)?;
+        let launcher = be.launcher();
+        for (i, (step, ops)) in e.plan.steps.iter().zip(&e.steps).enumerate() {
+            events[2 * i]
+                .record(&be.stream)
+                .map_err(|err| driver_error("cuEventRecord", err))?;
+            launcher.run_step(step, ops)?;
+            events[2 * i + 1]
+                .record(&be.stream)
+                .map_err(|err| driver_error("cuEventRecord", err))?;
+        }
+        for i in 0..n {
+            let ms = events[2 * i]
+                .elapsed_ms(&events[2 * i + 1])
+                .map_err(|err| driver_error("cuEventElapsedTime", err))?;
+            times.push(f64::from(ms) * 1e3);
+        }
+    }
+    Ok(median(times))
+}
+
 /// Adds node number `r` of a case to a graph (allocating its weights on the backend).
 type BuildFn<'a> = Box<dyn Fn(&mut CudaBackend, &mut Graph, usize) -> Result<TensorId> + 'a>;
 
@@ -297,7 +341,9 @@ fn run_case(be: &mut CudaBackend, copy_gb_s: f64, iters: usize, case: Case) -> R
     let exec = be.load(&plan)?;
     fill_inputs(be, exec)?;
     let kernels = kernel_names(be, exec)?;
-    let us = time_replays(be, exec, iters)? / case.reps as f64;
+    // Replays first: they also warm everything up for the kernel timing.
+    let graph_us = time_replays(be, exec, iters)? / case.reps as f64;
+    let us = time_kernels(be, exec, iters.div_ceil(case.reps).max(5))?;
     be.unload(exec)?;
     for io in &plan.externals {
         if let crate::graph::Loc::Buffer(b, _) = io.operand.loc {
@@ -309,6 +355,7 @@ fn run_case(be: &mut CudaBackend, copy_gb_s: f64, iters: usize, case: Case) -> R
         case: case.name,
         kernels,
         us,
+        graph_us,
         bytes: case.bytes,
         gb_s,
         of_copy: gb_s / copy_gb_s,
