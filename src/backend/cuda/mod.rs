@@ -27,6 +27,8 @@ mod exec;
 pub mod kernels;
 mod lower;
 mod mul_mat;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
