@@ -246,7 +246,7 @@ fn check(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64) -> Vec<String> 
     let Loc::Arena(off) = out.loc else {
         unreachable!()
     };
-    let got: &[f32] = &bytemuck::cast_slice(
+    let got: &[f32] = bytemuck::cast_slice(
         &bytemuck::cast_slice::<u64, u8>(&mem.arena)[off..off + out.nelements() * 4],
     );
     let (mut num, mut den) = (0f64, 0f64);
