@@ -11,6 +11,9 @@
 //! - Runs: the first [`Backend::compute`] of a plan captures its launches into a CUDA
 //!   graph and launches it; later runs replay it. Inputs are copied into their fixed
 //!   arena places by [`Backend::set_input`] before the launch, in stream order.
+//!   A loaded plan never changes, so its graph stays valid: other shapes or another
+//!   topology (a longer prompt, a different batch) are another plan, loaded and
+//!   captured anew; what changes between runs of one plan is only data (inputs, state).
 //!   `GRAFT_CUDA_GRAPHS=0` (or [`CudaBackend::set_graphs`]) runs eagerly every time; a
 //!   capture that fails falls back to eager runs for that plan with a warning
 //!   ([`CudaBackend::warnings`]). `GRAFT_CUDA_SYNC=1` synchronizes after every node so that
@@ -274,18 +277,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.index_check_pending = false;
-        let mut rec = IndexError::default();
-        // SAFETY: IndexError is plain data of the record's size; the stream is idle.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(
-                (&mut rec as *mut IndexError).cast::<u8>(),
-                std::mem::size_of::<IndexError>(),
-            )
-        };
-        // SAFETY: the record is a live allocation of exactly this size.
-        unsafe { result::memcpy_dtoh_async(bytes, self.index_err.ptr(), self.stream.cu_stream()) }
-            .map_err(|e| driver_error("reading the index-error record", e))?;
-        self.synchronize()?;
+        let rec = self.read_index_record()?;
         if rec.flag == 0 {
             return Ok(());
         }
@@ -303,6 +295,37 @@ impl CudaBackend {
             position: rec.position as usize,
             limit: rec.limit as usize,
         })
+    }
+
+    /// Drops a bad index recorded by plan `exec` (which is being unloaded, so that its
+    /// slot's next plan is not blamed for it); one of another plan stays pending.
+    fn discard_index_error_of(&mut self, exec: usize) -> Result<()> {
+        if !self.index_check_pending {
+            return Ok(());
+        }
+        let rec = self.read_index_record()?;
+        if rec.flag != 0 && decode_tag(rec.tag).0 == exec {
+            self.memset(self.index_err.ptr(), 0, self.index_err.bytes())?;
+            self.index_check_pending = false;
+        }
+        Ok(())
+    }
+
+    /// The index-error record, read after everything enqueued so far.
+    fn read_index_record(&self) -> Result<IndexError> {
+        let mut rec = IndexError::default();
+        // SAFETY: IndexError is plain data of the record's size.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                (&mut rec as *mut IndexError).cast::<u8>(),
+                std::mem::size_of::<IndexError>(),
+            )
+        };
+        // SAFETY: the record is a live allocation of exactly this size.
+        unsafe { result::memcpy_dtoh_async(bytes, self.index_err.ptr(), self.stream.cu_stream()) }
+            .map_err(|e| driver_error("reading the index-error record", e))?;
+        self.synchronize()?;
+        Ok(rec)
     }
 
     fn exec(&self, exec: ExecId) -> Result<&CudaExec> {
@@ -557,6 +580,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         self.exec(exec)?;
         self.synchronize()?;
+        self.discard_index_error_of(exec.0)?;
         self.execs[exec.0] = None;
         Ok(())
     }
