@@ -34,7 +34,7 @@ fn main() {
             "--device" => opts.device = number("--device"),
             other => {
                 eprintln!(
-                    "bench_ops: unknown argument {other} (use --json, --iters N, --device N)"
+                    "bench_ops: unknown argument {other} (use --json, --json-out FILE, --iters N, --device N)"
                 );
                 std::process::exit(2)
             }
