@@ -164,13 +164,16 @@ impl CudaBackend {
     }
 
     /// Opens GPU `ordinal` for a test or a tool that can do without one: `Ok(None)` (after
-    /// printing "skipped: no GPU" and the reason) when there is no usable device, unless
+    /// writing "skipped: no GPU" and the reason to stderr) when there is no usable device, unless
     /// `GRAFT_REQUIRE_GPU=1`, which turns that into the [`Error::NoDevice`] error.
     pub fn new_or_skip(ordinal: usize) -> Result<Option<Self>> {
         match Self::new(ordinal) {
             Ok(be) => Ok(Some(be)),
             Err(Error::NoDevice(msg)) if env_flag("GRAFT_REQUIRE_GPU") != Some(true) => {
-                println!("skipped: no GPU ({msg})");
+                // Written to stderr directly rather than with eprintln!, which the test
+                // harness captures: a skip must show in a plain `cargo test`.
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "skipped: no GPU ({msg})");
                 Ok(None)
             }
             Err(e) => Err(e),
