@@ -1,28 +1,412 @@
-//! The CUDA backend (feature `cuda`). Interface skeleton: the implementation lands with
-//! the CUDA backend work.
+//! The CUDA backend (feature `cuda`): kernels from `cuda/*.cu` (compiled by build.rs and
+//! embedded), cuBLAS for GEMMs, and each loaded plan captured into one CUDA graph that
+//! later runs replay.
+//!
+//! - One context and one stream; cudarc's event tracking is off, so nothing but the
+//!   backend's own work is enqueued (and stream capture sees only that).
+//! - Persistent buffers are one device allocation each; a loaded plan is one allocation
+//!   (arena, constants, scratch, see [`exec`]). Addresses never move, so every launch is
+//!   decided once, at [`Backend::load`] ([`lower`], [`mul_mat`]), and a run is a loop of
+//!   launches, or one graph launch.
+//! - Runs: the first [`Backend::compute`] of a plan captures its launches into a CUDA
+//!   graph and launches it; later runs replay it. Inputs are copied into their fixed
+//!   arena places by [`Backend::set_input`] before the launch, in stream order.
+//!   A loaded plan never changes, so its graph stays valid: other shapes or another
+//!   topology (a longer prompt, a different batch) are another plan, loaded and
+//!   captured anew; what changes between runs of one plan is only data (inputs, state).
+//!   `GRAFT_CUDA_GRAPHS=0` (or [`CudaBackend::set_graphs`]) runs eagerly every time; a
+//!   capture that fails falls back to eager runs for that plan with a warning
+//!   ([`CudaBackend::warnings`]). `GRAFT_CUDA_SYNC=1` synchronizes after every node so that
+//!   an asynchronous kernel fault names its node (graphs off).
+//! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
+//!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
+//!   [`Backend::read_buffer`], [`Backend::read_arena`]) returns
+//!   [`Error::IndexOutOfRange`] and clears it.
 
-use super::{Backend, ExecId, Stats};
+mod args;
+pub mod bench;
+mod device;
+mod exec;
+pub mod kernels;
+mod lower;
+mod mul_mat;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+
+use self::args::{FillRandomArgs, IndexError};
+use self::device::{driver_error, driver_error_text, Blas, DeviceMem};
+use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
+use self::kernels::{Kernel, KernelTable};
+use self::lower::{flat_grid, lower_step, pick1, DevOp, Lowering, REGION_ALIGN};
+use super::{io_slot, validate_plan, Backend, ExecId, Stats};
 use crate::error::{Error, Result};
-use crate::graph::{BufferId, DType, Plan, Step, TensorId};
+use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
+use crate::ops::Op;
 
 /// The CUDA backend.
 pub struct CudaBackend {
-    _private: (),
+    // Field order is drop order: plans and buffers go before the handles and modules
+    // they use, the stream and context last.
+    execs: Vec<Option<CudaExec>>,
+    buffers: HashMap<BufferId, DeviceMem>,
+    blas: Blas,
+    kernels: KernelTable,
+    index_err: DeviceMem,
+    /// A run of a plan with index checks was enqueued since the record was last read.
+    index_check_pending: bool,
+    stats: Stats,
+    graphs: bool,
+    sync_each: bool,
+    warnings: Vec<String>,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
 }
 
+// SAFETY: the raw CUDA handles inside (functions, cuBLAS handle, graphs) are not tied to a
+// thread: every entry point binds the backend's context to the calling thread first, and
+// `&mut self` methods keep calls serialized.
+unsafe impl Send for CudaBackend {}
+
+fn no_device(what: &str, e: result::DriverError) -> Error {
+    Error::NoDevice(format!("{what}: {}", driver_error_text(e)))
+}
+
+/// A boolean environment switch: unset is None; "0", "false", "off" and "no" are false.
+fn env_flag(name: &str) -> Option<bool> {
+    std::env::var(name).ok().map(|v| {
+        let v = v.trim().to_ascii_lowercase();
+        !matches!(v.as_str(), "0" | "false" | "off" | "no")
+    })
+}
+
+/// The CUDA version the driver supports, as 1000 * major + 10 * minor.
+fn driver_version() -> std::result::Result<i32, result::DriverError> {
+    let mut v = 0;
+    // SAFETY: writes one int; needs no initialized driver.
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
+    Ok(v)
+}
+
+/// The oldest driver API the bindings use (CUDA 13.0, driver 580).
+const MIN_DRIVER: i32 = 13000;
+
 impl CudaBackend {
-    /// Opens GPU `ordinal`. Fails with [`Error::NoDevice`] when there is no driver or GPU.
+    /// Opens GPU `ordinal`. Fails with [`Error::NoDevice`] when there is no driver, no
+    /// such GPU, or no cuBLAS library.
     pub fn new(ordinal: usize) -> Result<Self> {
-        Err(Error::NoDevice(format!(
-            "CUDA backend not implemented (device {ordinal})"
-        )))
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::NoDevice(
+                "the NVIDIA driver library (libcuda.so.1) was not found: no GPU driver on this machine"
+                    .into(),
+            ));
+        }
+        let version = driver_version().map_err(|e| no_device("cuDriverGetVersion", e))?;
+        if version < MIN_DRIVER {
+            return Err(Error::NoDevice(format!(
+                "the NVIDIA driver supports CUDA {}.{}; graft needs a CUDA {}.{} driver (580 or newer)",
+                version / 1000,
+                version % 1000 / 10,
+                MIN_DRIVER / 1000,
+                MIN_DRIVER % 1000 / 10
+            )));
+        }
+        let count = CudaContext::device_count().map_err(|e| no_device("cuInit", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::NoDevice(format!(
+                "GPU {ordinal} asked for, {count} present"
+            )));
+        }
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::NoDevice(
+                "cuBLAS (libcublas.so.13, libcublasLt.so.13) was not found; where the CUDA \
+                 toolkit has it, run with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| no_device("creating a context", e))?;
+        // SAFETY: all work goes to the one stream below, so no slice needs events to
+        // order streams; events recorded by cudarc would also break stream capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
+        let kernels = KernelTable::load(&ctx)?;
+        let blas = Blas::new(&ctx, &stream)?;
+        let index_err = DeviceMem::alloc(
+            &ctx,
+            std::mem::size_of::<IndexError>(),
+            "the index-error record",
+        )?;
+        let be = CudaBackend {
+            execs: Vec::new(),
+            buffers: HashMap::new(),
+            blas,
+            kernels,
+            index_err,
+            index_check_pending: false,
+            stats: Stats::default(),
+            graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
+            sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
+            warnings: Vec::new(),
+            stream,
+            ctx,
+        };
+        be.memset(be.index_err.ptr(), 0, be.index_err.bytes())?;
+        be.synchronize()?;
+        Ok(be)
+    }
+
+    /// Opens GPU `ordinal` for a test or a tool that can do without one: `Ok(None)` (after
+    /// writing "skipped: no GPU" and the reason to stderr) when there is no usable device, unless
+    /// `GRAFT_REQUIRE_GPU=1`, which turns that into the [`Error::NoDevice`] error.
+    pub fn new_or_skip(ordinal: usize) -> Result<Option<Self>> {
+        match Self::new(ordinal) {
+            Ok(be) => Ok(Some(be)),
+            Err(Error::NoDevice(msg)) if env_flag("GRAFT_REQUIRE_GPU") != Some(true) => {
+                // Written to stderr directly rather than with eprintln!, which the test
+                // harness captures: a skip must show in a plain `cargo test`.
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "skipped: no GPU ({msg})");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Turns CUDA-graph capture and replay on or off (default on unless
+    /// `GRAFT_CUDA_GRAPHS=0`). Off, every run launches each node.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on;
+    }
+
+    /// Whether runs capture and replay CUDA graphs.
+    pub fn graphs(&self) -> bool {
+        self.graphs && !self.sync_each
+    }
+
+    /// Warnings so far (plans whose capture failed and that run eagerly).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The GPU's name and compute capability.
+    pub fn device_name(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        match self.ctx.compute_capability() {
+            Ok((a, b)) => format!("{name} (sm_{a}{b})"),
+            Err(_) => name,
+        }
+    }
+
+    /// Registers and local (spill) bytes per thread of a kernel.
+    pub fn kernel_resources(&self, k: Kernel) -> Result<(i32, i32)> {
+        use sys::CUfunction_attribute_enum as A;
+        Ok((
+            self.kernels.attribute(k, A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            self.kernels
+                .attribute(k, A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        ))
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the CUDA context", e))
+    }
+
+    fn launcher(&self) -> Launcher<'_> {
+        Launcher {
+            kernels: &self.kernels,
+            blas: &self.blas,
+            stream: &self.stream,
+            sync_each: self.sync_each,
+        }
+    }
+
+    fn memset(&self, ptr: u64, byte: u8, bytes: usize) -> Result<()> {
+        // SAFETY: callers pass a range inside memory owned by this backend.
+        unsafe { result::memset_d8_async(ptr, byte, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))
+    }
+
+    fn htod(&self, ptr: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: callers pass a device range of data.len() bytes owned by this backend.
+        // From pageable memory the driver stages `data` before returning, so the slice
+        // may be dropped afterwards.
+        unsafe { result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("copying to the device", e))
+    }
+
+    /// Copies device bytes to `out` after everything enqueued so far.
+    fn dtoh(&mut self, ptr: u64, out: &mut [u8]) -> Result<()> {
+        self.synchronize()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: callers pass a device range of out.len() bytes owned by this backend.
+        unsafe { result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("copying from the device", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("copying from the device", e))
+    }
+
+    /// Waits for the stream; an asynchronous kernel fault surfaces here.
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| Error::Backend {
+            backend: "cuda",
+            msg: format!(
+                "the GPU failed while running enqueued work: {}; the context is unusable now \
+                 (rerun with GRAFT_CUDA_SYNC=1 to name the node)",
+                driver_error_text(e)
+            ),
+        })
+    }
+
+    /// Waits for the stream, then reports (and clears) a bad index recorded by a run.
+    fn synchronize_checked(&mut self) -> Result<()> {
+        self.synchronize()?;
+        if !self.index_check_pending {
+            return Ok(());
+        }
+        self.index_check_pending = false;
+        let rec = self.read_index_record()?;
+        if rec.flag == 0 {
+            return Ok(());
+        }
+        self.memset(self.index_err.ptr(), 0, self.index_err.bytes())?;
+        let (exec, step) = decode_tag(rec.tag);
+        let step = self
+            .execs
+            .get(exec)
+            .and_then(|e| e.as_ref())
+            .and_then(|e| e.plan.steps.get(step));
+        Err(Error::IndexOutOfRange {
+            op: step.map_or("get_rows/set_rows", |s| s.op.name()),
+            node: step.map_or_else(|| "(an unloaded plan)".into(), |s| s.name.clone()),
+            index: rec.index,
+            position: rec.position as usize,
+            limit: rec.limit as usize,
+        })
+    }
+
+    /// Drops a bad index recorded by plan `exec` (which is being unloaded, so that its
+    /// slot's next plan is not blamed for it); one of another plan stays pending.
+    fn discard_index_error_of(&mut self, exec: usize) -> Result<()> {
+        if !self.index_check_pending {
+            return Ok(());
+        }
+        let rec = self.read_index_record()?;
+        if rec.flag != 0 && decode_tag(rec.tag).0 == exec {
+            self.memset(self.index_err.ptr(), 0, self.index_err.bytes())?;
+            self.index_check_pending = false;
+        }
+        Ok(())
+    }
+
+    /// The index-error record, read after everything enqueued so far.
+    fn read_index_record(&self) -> Result<IndexError> {
+        let mut rec = IndexError::default();
+        // SAFETY: IndexError is plain data of the record's size.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                (&mut rec as *mut IndexError).cast::<u8>(),
+                std::mem::size_of::<IndexError>(),
+            )
+        };
+        // SAFETY: the record is a live allocation of exactly this size.
+        unsafe { result::memcpy_dtoh_async(bytes, self.index_err.ptr(), self.stream.cu_stream()) }
+            .map_err(|e| driver_error("reading the index-error record", e))?;
+        self.synchronize()?;
+        Ok(rec)
+    }
+
+    fn exec(&self, exec: ExecId) -> Result<&CudaExec> {
+        self.execs
+            .get(exec.0)
+            .and_then(|e| e.as_ref())
+            .ok_or_else(|| Error::plan(format!("cuda: no loaded plan {exec:?}")))
+    }
+
+    fn buffer(&self, buf: BufferId) -> Result<&DeviceMem> {
+        self.buffers
+            .get(&buf)
+            .ok_or_else(|| Error::plan(format!("cuda: unknown buffer {buf:?}")))
+    }
+
+    /// Device address of a plan location of `exec` (arena base `arena`).
+    fn resolve(&self, arena: u64, loc: Loc) -> u64 {
+        match loc {
+            Loc::Arena(off) => arena + off as u64,
+            Loc::Buffer(b, off) => self.buffers.get(&b).map_or(0, |m| m.ptr()) + off as u64,
+        }
+    }
+
+    /// Lowers every step of `plan` with the given bases; returns the operations, the
+    /// constant region and the scratch bytes needed.
+    fn lower_plan(
+        &self,
+        plan: &Plan,
+        exec_index: usize,
+        arena: u64,
+        consts: u64,
+        scratch: u64,
+    ) -> Result<(Vec<Vec<DevOp>>, Vec<u8>, usize)> {
+        let resolve = |loc: Loc| self.resolve(arena, loc);
+        let mut lw = Lowering {
+            resolve: &resolve,
+            consts_base: consts,
+            consts: Vec::new(),
+            scratch_base: scratch,
+            scratch_need: 0,
+            err: self.index_err.ptr(),
+            tag: 0,
+        };
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for (i, step) in plan.steps.iter().enumerate() {
+            lw.tag = error_tag(exec_index, i);
+            let ops = lower_step(step, &mut lw).map_err(|reason| Error::Unsupported {
+                backend: "cuda",
+                node: step.name.clone(),
+                op: step.op.name(),
+                reason,
+            })?;
+            steps.push(ops);
+        }
+        Ok((steps, lw.consts, lw.scratch_need))
+    }
+
+    /// Records a warning and prints it once.
+    fn warn(&mut self, msg: String) {
+        eprintln!("graft cuda: warning: {msg}");
+        self.warnings.push(msg);
     }
 }
 
-fn todo() -> Error {
-    Error::Backend {
-        backend: "cuda",
-        msg: "not implemented".into(),
+fn range_check(what: &str, buf: BufferId, offset: usize, len: usize, size: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::plan(format!(
+            "cuda: {what} of {len} bytes at offset {offset} is outside buffer {buf:?} of {size} bytes"
+        )));
+    }
+    Ok(())
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Memory is freed below while work may still be queued: wait for it first.
+        let _ = self.bind();
+        let _ = self.stream.synchronize();
     }
 }
 
@@ -30,54 +414,308 @@ impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
     }
-    fn alloc_buffer(&mut self, _bytes: usize) -> Result<BufferId> {
-        Err(todo())
+
+    fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
+        self.bind()?;
+        let mem = DeviceMem::alloc(&self.ctx, bytes, "a buffer")?;
+        self.memset(mem.ptr(), 0, bytes)?;
+        let id = BufferId::fresh();
+        self.buffers.insert(id, mem);
+        Ok(id)
     }
-    fn free_buffer(&mut self, _buf: BufferId) -> Result<()> {
-        Err(todo())
+
+    fn free_buffer(&mut self, buf: BufferId) -> Result<()> {
+        self.bind()?;
+        self.buffer(buf)?;
+        self.synchronize()?;
+        self.buffers.remove(&buf);
+        Ok(())
     }
-    fn write_buffer(&mut self, _buf: BufferId, _offset: usize, _data: &[u8]) -> Result<()> {
-        Err(todo())
+
+    fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
+        self.bind()?;
+        let mem = self.buffer(buf)?;
+        range_check("write", buf, offset, data.len(), mem.bytes())?;
+        self.htod(mem.ptr() + offset as u64, data)
     }
-    fn read_buffer(&mut self, _buf: BufferId, _offset: usize, _out: &mut [u8]) -> Result<()> {
-        Err(todo())
+
+    fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        let mem = self.buffer(buf)?;
+        range_check("read", buf, offset, out.len(), mem.bytes())?;
+        let ptr = mem.ptr() + offset as u64;
+        self.synchronize_checked()?;
+        self.dtoh(ptr, out)
     }
+
     fn fill_random(
         &mut self,
-        _buf: BufferId,
-        _offset: usize,
-        _dtype: DType,
-        _n: usize,
-        _seed: u64,
-        _scale: f32,
+        buf: BufferId,
+        offset: usize,
+        dtype: DType,
+        n: usize,
+        seed: u64,
+        scale: f32,
     ) -> Result<()> {
-        Err(todo())
+        self.bind()?;
+        let kernel = pick1("fill_random", dtype, lower::FILL_RANDOM).map_err(|_| {
+            Error::plan(format!(
+                "cuda: fill_random needs a float dtype, got {dtype}"
+            ))
+        })?;
+        let es = dtype.block_bytes();
+        let mem = self.buffer(buf)?;
+        let bytes = n
+            .checked_mul(es)
+            .ok_or_else(|| Error::plan(format!("cuda: fill_random of {n} elements overflows")))?;
+        range_check("fill", buf, offset, bytes, mem.bytes())?;
+        if offset % es != 0 {
+            return Err(Error::plan(format!(
+                "cuda: fill_random at offset {offset} is not aligned to {dtype} elements"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let args = FillRandomArgs {
+            dst: mem.ptr() + offset as u64,
+            n: n as i64,
+            seed,
+            scale,
+            pad: 0.0,
+        };
+        let (grid, block) = flat_grid(n);
+        let op = DevOp::kernel(kernel, grid, block, &args);
+        self.launcher().launch(&op).map_err(|msg| Error::Backend {
+            backend: "cuda",
+            msg: format!("fill_random: {msg}"),
+        })
     }
-    fn supports(&self, _step: &Step) -> std::result::Result<(), String> {
-        Err("not implemented".into())
+
+    fn supports(&self, step: &Step) -> std::result::Result<(), String> {
+        let resolve = |loc: Loc| self.resolve(0, loc);
+        let mut lw = Lowering {
+            resolve: &resolve,
+            consts_base: 0,
+            consts: Vec::new(),
+            scratch_base: 0,
+            scratch_need: 0,
+            err: 0,
+            tag: 0,
+        };
+        lower_step(step, &mut lw).map(|_| ())
     }
-    fn load(&mut self, _plan: &Plan) -> Result<ExecId> {
-        Err(todo())
+
+    fn load(&mut self, plan: &Plan) -> Result<ExecId> {
+        self.bind()?;
+        validate_plan(self, plan, |b| self.buffers.get(&b).map(|m| m.bytes()))?;
+        let index = self
+            .execs
+            .iter()
+            .position(|e| e.is_none())
+            .unwrap_or(self.execs.len());
+        // Sizes first (lowering with the regions at offset 0), then the real addresses.
+        let arena_bytes = plan.arena_bytes.next_multiple_of(REGION_ALIGN);
+        let (_, consts, scratch) = self.lower_plan(plan, index, 0, arena_bytes as u64, 0)?;
+        let consts_bytes = consts.len().next_multiple_of(REGION_ALIGN);
+        let total = arena_bytes + consts_bytes + scratch;
+        let mem = DeviceMem::alloc(&self.ctx, total, "a plan's arena")?;
+        let base = mem.ptr();
+        let (steps, consts2, scratch2) = self.lower_plan(
+            plan,
+            index,
+            base,
+            base + arena_bytes as u64,
+            base + (arena_bytes + consts_bytes) as u64,
+        )?;
+        if consts2.len() != consts.len() || scratch2 != scratch {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: "internal error: lowering a plan gave two different layouts".into(),
+            });
+        }
+        self.htod(base + arena_bytes as u64, &consts2)?;
+        // Run each GEMM once now, outside any capture: cuBLAS loads its kernels lazily and
+        // sets up its heuristics on first use. Inputs are whatever the memory holds; the
+        // results land in the GEMM's own arena block, which a run overwrites.
+        for (step, ops) in plan.steps.iter().zip(&steps) {
+            for op in ops {
+                if let DevOp::Gemm(g) = op {
+                    g.run(&self.blas)
+                        .map_err(|msg| exec::node_error(step, msg))?;
+                }
+            }
+        }
+        self.synchronize()?;
+        let mut buffers: Vec<BufferId> = plan
+            .steps
+            .iter()
+            .flat_map(|s| std::iter::once(&s.dst).chain(s.src.iter()))
+            .chain(plan.externals.iter().map(|io| &io.operand))
+            .filter_map(|op| match op.loc {
+                Loc::Buffer(b, _) => Some(b),
+                Loc::Arena(_) => None,
+            })
+            .collect();
+        buffers.sort();
+        buffers.dedup();
+        let exec = CudaExec {
+            plan: plan.clone(),
+            mem,
+            steps,
+            graph: GraphState::Fresh,
+            written: HashSet::new(),
+            buffers,
+            checks_indices: plan
+                .steps
+                .iter()
+                .any(|s| matches!(s.op, Op::GetRows | Op::SetRows)),
+        };
+        if index == self.execs.len() {
+            self.execs.push(Some(exec));
+        } else {
+            self.execs[index] = Some(exec);
+        }
+        Ok(ExecId(index))
     }
-    fn unload(&mut self, _exec: ExecId) -> Result<()> {
-        Err(todo())
+
+    fn unload(&mut self, exec: ExecId) -> Result<()> {
+        self.bind()?;
+        self.exec(exec)?;
+        self.synchronize()?;
+        self.discard_index_error_of(exec.0)?;
+        self.execs[exec.0] = None;
+        Ok(())
     }
-    fn set_input(&mut self, _exec: ExecId, _id: TensorId, _data: &[u8]) -> Result<()> {
-        Err(todo())
+
+    fn set_input(&mut self, exec: ExecId, id: TensorId, data: &[u8]) -> Result<()> {
+        self.bind()?;
+        let e = self.exec(exec)?;
+        let Loc::Arena(off) = io_slot(&e.plan.inputs, id, data.len(), "input")? else {
+            return Err(Error::plan("cuda: an input outside the arena"));
+        };
+        self.htod(e.arena() + off as u64, data)?;
+        if let Some(e) = self.execs[exec.0].as_mut() {
+            e.written.insert(id);
+        }
+        Ok(())
     }
-    fn compute(&mut self, _exec: ExecId) -> Result<()> {
-        Err(todo())
+
+    fn compute(&mut self, exec: ExecId) -> Result<()> {
+        self.bind()?;
+        let e = self.exec(exec)?;
+        if let Some(io) = e
+            .plan
+            .inputs
+            .iter()
+            .find(|io| !e.written.contains(&io.operand.id))
+        {
+            return Err(Error::plan(format!(
+                "input '{}' was never written before the first run",
+                io.name
+            )));
+        }
+        if let Some(b) = e.buffers.iter().find(|b| !self.buffers.contains_key(b)) {
+            return Err(Error::plan(format!(
+                "cuda: buffer {b:?} used by this plan was freed; load the plan again"
+            )));
+        }
+        let use_graphs = self.graphs() && !e.steps.iter().all(Vec::is_empty);
+        let checks = e.checks_indices;
+        let launcher = Launcher {
+            kernels: &self.kernels,
+            blas: &self.blas,
+            stream: &self.stream,
+            sync_each: self.sync_each,
+        };
+        let e = self.execs[exec.0].as_mut().expect("checked above");
+        let mut warning = None;
+        match &e.graph {
+            GraphState::Captured(graph) if use_graphs => {
+                graph
+                    .launch()
+                    .map_err(|err| driver_error("launching the CUDA graph", err))?;
+                self.stats.replays += 1;
+            }
+            GraphState::Fresh if use_graphs => {
+                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+                let captured = match self.stream.begin_capture(mode) {
+                    Err(err) => Err(format!("cuStreamBeginCapture: {}", driver_error_text(err))),
+                    Ok(()) => {
+                        let enqueued = launcher.run_all(e);
+                        // Always end the capture, even after a failed launch.
+                        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                        match (enqueued, ended) {
+                            (Ok(()), Ok(Some(graph))) => Ok(graph),
+                            (Err(err), _) => Err(err.to_string()),
+                            (Ok(()), Ok(None)) => Err("the capture recorded nothing".into()),
+                            (Ok(()), Err(err)) => {
+                                Err(format!("cuStreamEndCapture: {}", driver_error_text(err)))
+                            }
+                        }
+                    }
+                };
+                match captured {
+                    Ok(graph) => {
+                        graph
+                            .launch()
+                            .map_err(|err| driver_error("launching the CUDA graph", err))?;
+                        e.graph = GraphState::Captured(graph);
+                        self.stats.captures += 1;
+                    }
+                    Err(reason) => {
+                        e.graph = GraphState::Failed;
+                        warning = Some(format!(
+                            "capturing plan {exec:?} into a CUDA graph failed ({reason}); it runs eagerly"
+                        ));
+                        launcher.run_all(e)?;
+                        self.stats.eager_runs += 1;
+                    }
+                }
+            }
+            _ => {
+                launcher.run_all(e)?;
+                self.stats.eager_runs += 1;
+            }
+        }
+        if checks {
+            self.index_check_pending = true;
+        }
+        if let Some(w) = warning {
+            self.warn(w);
+        }
+        Ok(())
     }
-    fn get_output(&mut self, _exec: ExecId, _id: TensorId, _out: &mut [u8]) -> Result<()> {
-        Err(todo())
+
+    fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        let e = self.exec(exec)?;
+        let loc = io_slot(&e.plan.outputs, id, out.len(), "output")?;
+        let ptr = self.resolve(e.arena(), loc);
+        if let Loc::Buffer(b, _) = loc {
+            self.buffer(b)?;
+        }
+        self.synchronize_checked()?;
+        self.dtoh(ptr, out)
     }
+
     fn stats(&self) -> Stats {
-        Stats::default()
+        self.stats
     }
-    fn fill_arena(&mut self, _exec: ExecId, _byte: u8) -> Result<()> {
-        Err(todo())
+
+    fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()> {
+        self.bind()?;
+        let e = self.exec(exec)?;
+        self.memset(e.arena(), byte, e.plan.arena_bytes)
     }
-    fn read_arena(&mut self, _exec: ExecId) -> Result<Vec<u8>> {
-        Err(todo())
+
+    fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
+        self.bind()?;
+        let e = self.exec(exec)?;
+        let (ptr, n) = (e.arena(), e.plan.arena_bytes);
+        let mut out = vec![0u8; n];
+        self.synchronize_checked()?;
+        self.dtoh(ptr, &mut out)?;
+        Ok(out)
     }
 }

@@ -1,0 +1,78 @@
+// Copies with conversion between F32, F16 and BF16 (and I32 to I32):
+//   cpy_S_D:      dst = src on any 4-d strides. CPY_SAME_SHAPE walks one index for both;
+//                 CPY_RESHAPE matches elements in row-major order (shapes differ, counts
+//                 agree); CPY_CONTIGUOUS is the flat fast path for two dense tensors.
+//   set_rows_S_D: row r of src -> row ids[r] of dst, one block per src row; an id
+//                 outside 0..dst rows is recorded and its row skipped.
+#include "common.cuh"
+
+__device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
+    idx[0] = i % ne[0];
+    i /= ne[0];
+    idx[1] = i % ne[1];
+    i /= ne[1];
+    idx[2] = i % ne[2];
+    idx[3] = i / ne[2];
+}
+
+template <typename S, typename D>
+__device__ void cpy(const CpyArgs& p) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+        const char* s;
+        char* d;
+        if (p.mode == CPY_CONTIGUOUS) {
+            s = p.src.data + i * (i64)sizeof(S);
+            d = p.dst.data + i * (i64)sizeof(D);
+        } else {
+            i64 is[4];
+            unflatten(p.src.ne, i, is);
+            s = at(p.src, is[0], is[1], is[2], is[3]);
+            if (p.mode == CPY_SAME_SHAPE) {
+                d = at(p.dst, is[0], is[1], is[2], is[3]);
+            } else {
+                i64 id[4];
+                unflatten(p.dst.ne, i, id);
+                d = at(p.dst, id[0], id[1], id[2], id[3]);
+            }
+        }
+        *reinterpret_cast<D*>(d) = convert<D>(*reinterpret_cast<const S*>(s));
+    }
+}
+
+// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3].
+template <typename S, typename D>
+__device__ void set_rows(const RowsArgs& p) {
+    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2 % p.ids.ne[1], r.i3 % p.ids.ne[2], 0));
+    const i64 rows = p.dst.ne[1];
+    if (id < 0 || id >= rows) {
+        if (threadIdx.x == 0) record_index_error(p.err, p.tag, id, r.i1, rows);
+        return;
+    }
+    const char* s = at(p.src, 0, r.i1, r.i2, r.i3);
+    char* d = at(p.dst, 0, id, r.i2, r.i3);
+    for (i64 i0 = threadIdx.x; i0 < p.src.ne[0]; i0 += blockDim.x) {
+        *reinterpret_cast<D*>(d + i0 * p.dst.nb[0]) = convert<D>(*reinterpret_cast<const S*>(s + i0 * p.src.nb[0]));
+    }
+}
+
+extern "C" __global__ void cpy_f32_f32(const CpyArgs p) { cpy<float, float>(p); }
+extern "C" __global__ void cpy_f32_f16(const CpyArgs p) { cpy<float, f16>(p); }
+extern "C" __global__ void cpy_f32_bf16(const CpyArgs p) { cpy<float, bf16>(p); }
+extern "C" __global__ void cpy_f16_f32(const CpyArgs p) { cpy<f16, float>(p); }
+extern "C" __global__ void cpy_f16_f16(const CpyArgs p) { cpy<f16, f16>(p); }
+extern "C" __global__ void cpy_f16_bf16(const CpyArgs p) { cpy<f16, bf16>(p); }
+extern "C" __global__ void cpy_bf16_f32(const CpyArgs p) { cpy<bf16, float>(p); }
+extern "C" __global__ void cpy_bf16_f16(const CpyArgs p) { cpy<bf16, f16>(p); }
+extern "C" __global__ void cpy_bf16_bf16(const CpyArgs p) { cpy<bf16, bf16>(p); }
+extern "C" __global__ void cpy_i32_i32(const CpyArgs p) { cpy<int, int>(p); }
+
+extern "C" __global__ void set_rows_f32_f32(const RowsArgs p) { set_rows<float, float>(p); }
+extern "C" __global__ void set_rows_f32_f16(const RowsArgs p) { set_rows<float, f16>(p); }
+extern "C" __global__ void set_rows_f32_bf16(const RowsArgs p) { set_rows<float, bf16>(p); }
+extern "C" __global__ void set_rows_f16_f32(const RowsArgs p) { set_rows<f16, float>(p); }
+extern "C" __global__ void set_rows_f16_f16(const RowsArgs p) { set_rows<f16, f16>(p); }
+extern "C" __global__ void set_rows_f16_bf16(const RowsArgs p) { set_rows<f16, bf16>(p); }
+extern "C" __global__ void set_rows_bf16_f32(const RowsArgs p) { set_rows<bf16, float>(p); }
+extern "C" __global__ void set_rows_bf16_f16(const RowsArgs p) { set_rows<bf16, f16>(p); }
+extern "C" __global__ void set_rows_bf16_bf16(const RowsArgs p) { set_rows<bf16, bf16>(p); }

@@ -1,0 +1,186 @@
+// Matrix-vector kernels of mul_mat (the GEMM cases go to cuBLAS, see
+// src/backend/cuda/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
+// accumulation and reductions in a fixed order (results are deterministic).
+//
+//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1), one block per row
+//     of `a`. Each thread streams 16-byte pieces of the row (8 halves) with GEMV_UNROLL
+//     independent loads in flight before the first use, x read through L1, then a warp
+//     shuffle and shared-memory reduction. Rows of any length: a scalar tail covers
+//     k % 8 and rows not aligned for vector loads (vec == 0).
+//   mul_mat_vec_nc_f16_f32: the same over channels (blockIdx.y) with rows of `a` at any
+//     row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads].
+//   mul_mat_p021_f16_f32: short rows (k <= 256), e.g. a permuted K-cache view
+//     [hd, n_kv, n_kv_heads]: one warp per P021_ROWS rows of one channel, 8-byte loads
+//     of every row in flight together; consecutive warps take consecutive channels, so
+//     the query heads sharing a KV head (GQA) read its rows while they are in L1.
+#include "common.cuh"
+
+#define GEMV_UNROLL 4
+#define GEMV_THREADS 128  // largest block of the gemv kernels
+#define P021_ROWS 4       // rows per warp of mul_mat_p021
+#define P021_THREADS 128  // block of mul_mat_p021
+
+template <bool STREAM>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+    if constexpr (STREAM) {
+        return __ldcs(p);  // read once: evict first
+    } else {
+        return __ldg(p);
+    }
+}
+
+__device__ __forceinline__ float2 half2_to_float2(unsigned u) {
+    return __half22float2(__halves2half2(__ushort_as_half((unsigned short)(u & 0xffffu)),
+                                         __ushort_as_half((unsigned short)(u >> 16))));
+}
+
+__device__ __forceinline__ float2 bf162_to_float2(unsigned u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// 16 bytes of weights: how many elements they hold and their dot product with x[0..N).
+template <typename T>
+struct Pack16;
+
+template <>
+struct Pack16<f16> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x) + 1);
+        const float2 a = half2_to_float2(w.x), b = half2_to_float2(w.y);
+        const float2 c = half2_to_float2(w.z), d = half2_to_float2(w.w);
+        return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y +
+               d.x * x1.z + d.y * x1.w;
+    }
+};
+
+template <>
+struct Pack16<bf16> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x) + 1);
+        const float2 a = bf162_to_float2(w.x), b = bf162_to_float2(w.y);
+        const float2 c = bf162_to_float2(w.z), d = bf162_to_float2(w.w);
+        return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y +
+               d.x * x1.z + d.y * x1.w;
+    }
+};
+
+template <>
+struct Pack16<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
+        return __uint_as_float(w.x) * x0.x + __uint_as_float(w.y) * x0.y + __uint_as_float(w.z) * x0.z +
+               __uint_as_float(w.w) * x0.w;
+    }
+};
+
+// One block per row blockIdx.x of channel blockIdx.y (0 when !BATCHED); the block's
+// threads split the row (blockDim.x a multiple of 32, at most GEMV_THREADS), and the
+// partial sums are reduced in a fixed order, so results are deterministic.
+// vec requires: a, a_nb1 (and a_nb2), b (and b_nb2) multiples of 16 bytes.
+template <typename T, bool BATCHED, bool STREAM>
+__device__ void gemv(const GemvArgs& p) {
+    __shared__ float scratch[32];
+    const i64 row = blockIdx.x;
+    const i64 ch = BATCHED ? (i64)blockIdx.y : 0;
+    const char* a = p.a + row * p.a_nb1 + (BATCHED ? (ch / p.ratio) * p.a_nb2 : 0);
+    const float* x = reinterpret_cast<const float*>(p.b + (BATCHED ? ch * p.b_nb2 : 0));
+    const i64 bs = blockDim.x;
+    float acc[GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
+    i64 tail = 0;
+    if (p.vec) {
+        constexpr int N = Pack16<T>::N;
+        const i64 nv = p.k / N;
+        const uint4* av = reinterpret_cast<const uint4*>(a);
+        for (i64 v0 = threadIdx.x; v0 < nv; v0 += GEMV_UNROLL * bs) {
+            // GEMV_UNROLL independent 16-byte loads in flight before the first use.
+            uint4 w[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const i64 v = v0 + u * bs;
+                w[u] = v < nv ? load16<STREAM>(av + v) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const i64 v = v0 + u * bs;
+                if (v < nv) acc[u] += Pack16<T>::dot(w[u], x + v * N);
+            }
+        }
+        tail = nv * N;
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];
+    for (i64 i = tail + threadIdx.x; i < p.k; i += bs) sum += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) *reinterpret_cast<float*>(p.dst + (BATCHED ? ch * p.dst_nb2 : 0) + row * 4) = sum;
+}
+
+// dot of 4 halves (8 bytes) with 4 floats.
+__device__ __forceinline__ float dot_half4(uint2 w, float4 x) {
+    const float2 f0 = half2_to_float2(w.x), f1 = half2_to_float2(w.y);
+    return f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
+}
+
+// One warp per (group of P021_ROWS rows, channel), channels fastest, so the warps of a
+// block read the same rows for consecutive channels. vec requires: a, a_nb1, a_nb2
+// multiples of 8 bytes (4 halves), b and b_nb2 multiples of 16.
+__device__ void gemv_short_f16(const GemvArgs& p) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const i64 w = blockIdx.x * (i64)(blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const i64 groups = (p.m + P021_ROWS - 1) / P021_ROWS;
+    if (w >= groups * p.channels) return;  // the whole warp
+    const i64 ch = w % p.channels;
+    const i64 row0 = (w / p.channels) * P021_ROWS;
+    const char* a = p.a + row0 * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
+    const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
+    float sums[P021_ROWS];
+#pragma unroll
+    for (int r = 0; r < P021_ROWS; ++r) sums[r] = 0.0f;
+    i64 tail = 0;
+    if (p.vec) {
+        const i64 nv = p.k / 4;
+        for (i64 v0 = 0; v0 < nv; v0 += WARP_SIZE) {
+            const i64 v = v0 + lane;
+            uint2 wv[P021_ROWS];
+#pragma unroll
+            for (int r = 0; r < P021_ROWS; ++r) {
+                wv[r] = v < nv && row0 + r < p.m ? __ldg(reinterpret_cast<const uint2*>(a + r * p.a_nb1) + v)
+                                                 : make_uint2(0u, 0u);
+            }
+            const float4 xv = v < nv ? __ldg(reinterpret_cast<const float4*>(x) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int r = 0; r < P021_ROWS; ++r) sums[r] += dot_half4(wv[r], xv);
+        }
+        tail = nv * 4;
+    }
+#pragma unroll
+    for (int r = 0; r < P021_ROWS; ++r) {
+        if (row0 + r < p.m) {
+            for (i64 i = tail + lane; i < p.k; i += WARP_SIZE) sums[r] += load<f16>(a + r * p.a_nb1 + i * 2) * x[i];
+        }
+        sums[r] = warp_sum(sums[r]);
+    }
+    if (lane < P021_ROWS && row0 + lane < p.m) {
+        float s = sums[0];
+#pragma unroll
+        for (int r = 1; r < P021_ROWS; ++r) s = lane == r ? sums[r] : s;
+        *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + (row0 + lane) * 4) = s;
+    }
+}
+
+// The register cap of __launch_bounds__ (minimum 8 blocks per SM) makes ptxas issue all
+// loads of a round before the first use (checked in the SASS: LDG.E.128 / LDG.E.64 in a
+// row); without it ptxas interleaves them with the arithmetic and keeps one in flight.
+// GEMV_THREADS and P021_THREADS are the largest blocks the launcher uses.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f16(const GemvArgs p) { gemv<f16, false, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv<bf16, false, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f32(const GemvArgs p) { gemv<float, false, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv<f16, true, false>(p); }
+extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

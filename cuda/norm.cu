@@ -1,0 +1,107 @@
+// Row normalizations, one row per block: a single warp for rows of up to 1024 elements,
+// a larger block with a shared-memory reduction for longer rows (the launcher picks
+// blockDim.x, a multiple of 32). Each thread handles elements tid, tid + blockDim.x, ...
+// in every pass, and the reduction completes before the writing pass, so in place is safe.
+//   rms_norm: x / sqrt(mean(x^2) + eps)
+//   norm:     (x - mean) / sqrt(var + eps), mean and variance by Welford's method, per
+//             thread and then merged across the warp and the block.
+#include "common.cuh"
+
+template <typename T>
+__device__ void rms_norm(const NormArgs& p) {
+    __shared__ float scratch[32];
+    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
+    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
+    const i64 ne0 = p.src.ne[0];
+    float ss = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        const float v = load<T>(x + i0 * p.src.nb[0]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = 1.0f / sqrtf(ss / (float)ne0 + p.eps);
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        store<T>(y + i0 * p.dst.nb[0], load<T>(x + i0 * p.src.nb[0]) * scale);
+    }
+}
+
+struct Welford {
+    float n, mean, m2;
+};
+
+// Chan et al.'s merge of two partial (count, mean, sum of squared deviations) states.
+__device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
+    const float n = a.n + b.n;
+    if (b.n == 0.0f) return a;
+    if (a.n == 0.0f) return b;
+    const float d = b.mean - a.mean;
+    const float fb = b.n / n;
+    Welford w;
+    w.n = n;
+    w.mean = a.mean + d * fb;
+    w.m2 = a.m2 + b.m2 + d * d * a.n * fb;
+    return w;
+}
+
+__device__ __forceinline__ Welford welford_warp(Welford w) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        Welford other;
+        other.n = __shfl_xor_sync(FULL_MASK, w.n, o);
+        other.mean = __shfl_xor_sync(FULL_MASK, w.mean, o);
+        other.m2 = __shfl_xor_sync(FULL_MASK, w.m2, o);
+        w = welford_merge(w, other);
+    }
+    // The merge is not commutative in floating point: take lane 0's result everywhere.
+    w.n = __shfl_sync(FULL_MASK, w.n, 0);
+    w.mean = __shfl_sync(FULL_MASK, w.mean, 0);
+    w.m2 = __shfl_sync(FULL_MASK, w.m2, 0);
+    return w;
+}
+
+template <typename T>
+__device__ void norm(const NormArgs& p) {
+    __shared__ float s_n[32], s_mean[32], s_m2[32];
+    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
+    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
+    const i64 ne0 = p.src.ne[0];
+    Welford w = {0.0f, 0.0f, 0.0f};
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        const float v = load<T>(x + i0 * p.src.nb[0]);
+        w.n += 1.0f;
+        const float d = v - w.mean;
+        w.mean += d / w.n;
+        w.m2 += d * (v - w.mean);
+    }
+    w = welford_warp(w);
+    if (blockDim.x > WARP_SIZE) {
+        const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+        if (lane == 0) {
+            s_n[warp] = w.n;
+            s_mean[warp] = w.mean;
+            s_m2[warp] = w.m2;
+        }
+        __syncthreads();
+        if (lane < (int)(blockDim.x / WARP_SIZE)) {
+            w.n = s_n[lane];
+            w.mean = s_mean[lane];
+            w.m2 = s_m2[lane];
+        } else {
+            w.n = w.mean = w.m2 = 0.0f;
+        }
+        w = welford_warp(w);
+    }
+    const float scale = 1.0f / sqrtf(w.m2 / (float)ne0 + p.eps);
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        store<T>(y + i0 * p.dst.nb[0], (load<T>(x + i0 * p.src.nb[0]) - w.mean) * scale);
+    }
+}
+
+extern "C" __global__ void rms_norm_f32(const NormArgs p) { rms_norm<float>(p); }
+extern "C" __global__ void rms_norm_f16(const NormArgs p) { rms_norm<f16>(p); }
+extern "C" __global__ void rms_norm_bf16(const NormArgs p) { rms_norm<bf16>(p); }
+extern "C" __global__ void norm_f32(const NormArgs p) { norm<float>(p); }
+extern "C" __global__ void norm_f16(const NormArgs p) { norm<f16>(p); }
+extern "C" __global__ void norm_bf16(const NormArgs p) { norm<bf16>(p); }

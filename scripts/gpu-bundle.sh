@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds the release GPU test binaries (every integration test whose name contains
+# "cuda"), the `graft` binary and the bench_ops example with the `cuda` feature, strips
+# them, and puts them with runner scripts into one folder that runs on a GPU machine
+# without cargo:
+#   BUNDLE/tests/NAME      test binaries
+#   BUNDLE/bin/graft, BUNDLE/bin/bench_ops
+#   BUNDLE/run-tests.sh    every test binary (GRAFT_REQUIRE_GPU=1), a summary table;
+#                          --bench also runs the op benchmark
+#   BUNDLE/run-memcheck.sh the test binaries under compute-sanitizer --tool memcheck
+#
+# Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
+# Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
+# expression over test names, replaces the default "cuda".
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUNDLE="${1:-$ROOT/.gpu/bundle}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-cuda}"
+cd "$ROOT"
+
+die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
+command -v python3 >/dev/null || die "python3 is needed to read cargo's JSON"
+
+echo "gpu-bundle: building release test binaries (cargo test --release --features cuda --no-run)"
+json="$(mktemp)"
+trap 'rm -f "$json"' EXIT
+cargo test --release --features cuda --no-run --message-format=json > "$json" \
+    || die "cargo test --no-run failed"
+echo "gpu-bundle: building graft and bench_ops"
+cargo build --release --features cuda --bin graft --example bench_ops \
+    || die "cargo build failed"
+
+rm -rf "$BUNDLE"
+mkdir -p "$BUNDLE/tests" "$BUNDLE/bin"
+
+# name<TAB>path of every integration test executable whose name matches PATTERN.
+python3 - "$json" "$PATTERN" > "$BUNDLE/.tests" <<'PY'
+import json, re, sys
+pattern = re.compile(sys.argv[2])
+seen = set()
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if not m.get("profile", {}).get("test"):
+        continue
+    t = m["target"]
+    if "test" not in t.get("kind", []) or not pattern.search(t["name"]):
+        continue
+    if t["name"] not in seen:
+        seen.add(t["name"])
+        print(f'{t["name"]}\t{m["executable"]}')
+PY
+[ -s "$BUNDLE/.tests" ] || die "no test binary matches '$PATTERN'"
+while IFS=$'\t' read -r name path; do
+    cp "$path" "$BUNDLE/tests/$name"
+done < "$BUNDLE/.tests"
+rm "$BUNDLE/.tests"
+cp target/release/graft "$BUNDLE/bin/graft"
+cp target/release/examples/bench_ops "$BUNDLE/bin/bench_ops"
+strip "$BUNDLE"/tests/* "$BUNDLE"/bin/*
+
+cat > "$BUNDLE/run-tests.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every GPU test binary of this bundle (failing loudly), prints a summary table;
+# with --bench, then runs the op benchmark. Logs go to $OUT (if set) or ./logs.
+# Extra arguments after the options are passed to every test binary (e.g. a filter).
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+BENCH=0
+if [ "${1:-}" = "--bench" ]; then BENCH=1; shift; fi
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GRAFT_REQUIRE_GPU=1
+export RUST_BACKTRACE=1
+LOGS="${OUT:-$HERE/logs}"
+mkdir -p "$LOGS"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+
+status=0
+rows=()
+for t in "$HERE"/tests/*; do
+    name="$(basename "$t")"
+    log="$LOGS/$name.log"
+    start=$(date +%s)
+    "$t" --test-threads=1 "$@" > "$log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    result="$(grep -E '^test result:' "$log" | tail -n 1)"
+    passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$result")"
+    failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$result")"
+    if [ $rc -ne 0 ]; then
+        status=1
+        echo "=== FAILED: $name (exit $rc), last lines of $log:"
+        tail -n 80 "$log"
+    fi
+    if grep -q "skipped: no GPU" "$log"; then status=1; echo "=== $name skipped its GPU tests"; fi
+    rows+=("$(printf '| %-24s | %6s | %6s | %5s | %4ss |' "$name" "${passed:-?}" "${failed:-?}" "$rc" "$secs")")
+done
+
+echo
+echo "| test binary              | passed | failed |  exit | time |"
+echo "| ------------------------ | -----: | -----: | ----: | ---: |"
+printf '%s\n' "${rows[@]}"
+if [ $status -eq 0 ]; then echo "ALL GPU TESTS PASSED"; else echo "GPU TESTS FAILED"; fi
+
+if [ $BENCH -eq 1 ]; then
+    echo
+    "$HERE/bin/bench_ops" --json-out "$LOGS/bench.json" || status=1
+fi
+exit $status
+RUN
+
+cat > "$BUNDLE/run-memcheck.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every GPU test binary of this bundle under compute-sanitizer's memcheck (slow;
+# pass a test-name filter to narrow it). Fails on the first error report.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GRAFT_REQUIRE_GPU=1
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+[ -x "$SAN" ] || { echo "run-memcheck: compute-sanitizer not found"; exit 1; }
+LOGS="${OUT:-$HERE/logs}"
+mkdir -p "$LOGS"
+status=0
+for t in "$HERE"/tests/*; do
+    name="$(basename "$t")"
+    log="$LOGS/$name.memcheck.log"
+    "$SAN" --tool memcheck --error-exitcode 99 --leak-check no "$t" --test-threads=1 "$@" > "$log" 2>&1
+    rc=$?
+    summary="$(grep -E 'ERROR SUMMARY' "$log" | tail -n 1)"
+    printf '%-24s exit %3s  %s\n' "$name" "$rc" "${summary:-no summary}"
+    if [ $rc -ne 0 ]; then status=1; tail -n 60 "$log"; fi
+done
+[ $status -eq 0 ] && echo "MEMCHECK CLEAN" || echo "MEMCHECK FOUND ERRORS"
+exit $status
+RUN
+chmod +x "$BUNDLE/run-tests.sh" "$BUNDLE/run-memcheck.sh"
+
+echo "gpu-bundle: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE:"
+ls -la "$BUNDLE/tests" "$BUNDLE/bin"
+size=$(du -sm "$BUNDLE" | cut -f1)
+[ "$size" -lt 60 ] || die "the bundle is ${size} MiB, over the 60 MiB budget"

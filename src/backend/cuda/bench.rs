@@ -1,0 +1,603 @@
+//! The op benchmark (`graft bench-ops`, `examples/bench_ops.rs`): the device's copy
+//! bandwidth, then each kernel path at Llama-7B decode and prefill sizes, then a graph of
+//! many small nodes run eagerly and replayed.
+//!
+//! Each op case is a plan of `R` copies of one node over distinct weights or caches
+//! (enough that the 50 MB L2 cannot hold them, for the memory-bound cases). Two times:
+//! - kernel: events recorded right before and after each node's launches, for every
+//!   node in turn, many nodes enqueued before one synchronization (so the GPU does not
+//!   wait for the host between them); the median over all samples. It includes the
+//!   GPU's own launch latency (about a microsecond), and for kernels shorter than the
+//!   host's enqueue time it also includes waiting for the host;
+//! - node in graph: the plan captured into a CUDA graph and replayed; replay time over
+//!   `R` (median of several batches): what a node costs in a real run.
+//!
+//! Bandwidth (from the kernel time) counts the bytes a node must read and write once;
+//! the fraction is of the measured copy bandwidth (bytes read + written by a
+//! device-to-device copy).
+
+use serde::Serialize;
+
+use super::device::{driver_error, DeviceMem};
+use super::lower::DevOp;
+use super::CudaBackend;
+use crate::backend::{Backend, BackendExt, ExecId};
+use crate::error::{Error, Result};
+use crate::graph::{BufferRef, DType, Graph, TensorId};
+use crate::ops::{RopeMode, RopeParams};
+
+/// Options of [`run_bench_ops`].
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// GPU ordinal.
+    pub device: usize,
+    /// Timed replays per case (split into batches; the median batch counts).
+    pub iters: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            device: 0,
+            iters: 50,
+        }
+    }
+}
+
+/// One measured case.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    /// What was run.
+    pub case: String,
+    /// The kernels (or cuBLAS calls) of one node.
+    pub kernels: String,
+    /// Microseconds per kernel run (event-timed).
+    pub us: f64,
+    /// Microseconds per node of a replayed graph.
+    pub graph_us: f64,
+    /// Bytes a node reads and writes (at least once).
+    pub bytes: f64,
+    /// Achieved bandwidth in GB/s.
+    pub gb_s: f64,
+    /// `gb_s` over the measured copy bandwidth.
+    pub of_copy: f64,
+    /// TFLOP/s for matrix products.
+    pub tflop_s: Option<f64>,
+}
+
+/// The graph of many small nodes, eager against replayed.
+#[derive(Clone, Debug, Serialize)]
+pub struct GraphRow {
+    /// Nodes in the graph.
+    pub nodes: usize,
+    /// Microseconds per eager run (every node launched).
+    pub eager_us: f64,
+    /// Microseconds per replay of the captured graph.
+    pub replay_us: f64,
+}
+
+/// Everything [`run_bench_ops`] measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// The GPU.
+    pub device: String,
+    /// Device-to-device copy bandwidth in GB/s (bytes read + written).
+    pub copy_gb_s: f64,
+    /// The op cases.
+    pub rows: Vec<BenchRow>,
+    /// Eager against replayed.
+    pub graph: GraphRow,
+}
+
+impl BenchReport {
+    /// The report as markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut s = format!(
+            "## graft bench-ops on {}\n\ndevice copy bandwidth: {:.0} GB/s (read + write)\n\n",
+            self.device, self.copy_gb_s
+        );
+        s.push_str(
+            "| case | kernels | kernel us | us/node in graph | GB/s | of copy | TFLOP/s |\n",
+        );
+        s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+        for r in &self.rows {
+            s.push_str(&format!(
+                "| {} | {} | {:.2} | {:.2} | {:.0} | {:.0}% | {} |\n",
+                r.case,
+                r.kernels,
+                r.us,
+                r.graph_us,
+                r.gb_s,
+                r.of_copy * 100.0,
+                r.tflop_s.map_or("".into(), |t| format!("{t:.1}"))
+            ));
+        }
+        let g = &self.graph;
+        s.push_str(&format!(
+            "\n| graph of {} small nodes | us/run | us/node |\n| --- | ---: | ---: |\n| eager | {:.1} | {:.2} |\n| replayed | {:.1} | {:.2} |\n",
+            g.nodes,
+            g.eager_us,
+            g.eager_us / g.nodes as f64,
+            g.replay_us,
+            g.replay_us / g.nodes as f64
+        ));
+        s
+    }
+}
+
+/// A timing event pair on the backend's stream.
+struct Timer {
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+}
+
+impl Timer {
+    fn new(be: &CudaBackend) -> Result<Self> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = || {
+            be.ctx
+                .new_event(flags)
+                .map_err(|e| driver_error("cuEventCreate", e))
+        };
+        Ok(Timer {
+            start: ev()?,
+            end: ev()?,
+        })
+    }
+
+    /// Microseconds the work enqueued by `f` took on the device.
+    fn time(
+        &self,
+        be: &mut CudaBackend,
+        f: impl FnOnce(&mut CudaBackend) -> Result<()>,
+    ) -> Result<f64> {
+        self.start
+            .record(&be.stream)
+            .map_err(|e| driver_error("cuEventRecord", e))?;
+        f(be)?;
+        self.end
+            .record(&be.stream)
+            .map_err(|e| driver_error("cuEventRecord", e))?;
+        let ms = self
+            .start
+            .elapsed_ms(&self.end)
+            .map_err(|e| driver_error("cuEventElapsedTime", e))?;
+        Ok(f64::from(ms) * 1e3)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Copy bandwidth: a 512 MiB device-to-device copy, median of 20.
+fn copy_bandwidth(be: &mut CudaBackend) -> Result<f64> {
+    const BYTES: usize = 512 << 20;
+    let src = DeviceMem::alloc(&be.ctx, BYTES, "the copy benchmark")?;
+    let dst = DeviceMem::alloc(&be.ctx, BYTES, "the copy benchmark")?;
+    let timer = Timer::new(be)?;
+    let mut times = Vec::new();
+    for i in 0..23 {
+        let t = timer.time(be, |be| {
+            // SAFETY: both allocations hold BYTES bytes and live until the stream is idle.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst.ptr(),
+                    src.ptr(),
+                    BYTES,
+                    be.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+        })?;
+        if i >= 3 {
+            times.push(t);
+        }
+    }
+    be.synchronize()?;
+    Ok(2.0 * BYTES as f64 / median(times) / 1e3)
+}
+
+/// A weight or state tensor of random values in a fresh buffer.
+fn random_leaf(
+    be: &mut CudaBackend,
+    g: &mut Graph,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    seed: u64,
+    state: bool,
+) -> Result<TensorId> {
+    let n: usize = shape.iter().product();
+    let buf = be.alloc_buffer(n * dtype.block_bytes())?;
+    be.fill_random(buf, 0, dtype, n, seed, 0.5)?;
+    let data = BufferRef {
+        buffer: buf,
+        offset: 0,
+    };
+    if state {
+        g.state(name, dtype, shape, data)
+    } else {
+        g.weight(name, dtype, shape, data)
+    }
+}
+
+/// Writes deterministic values into every input of a loaded plan.
+fn fill_inputs(be: &mut CudaBackend, exec: ExecId) -> Result<()> {
+    let inputs = be.exec(exec)?.plan.inputs.clone();
+    for io in inputs {
+        let n = io.operand.nelements();
+        match io.operand.dtype {
+            DType::I32 => be.set_input_i32(exec, io.operand.id, &vec![0i32; n])?,
+            DType::F32 => {
+                let v: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 97.0).collect();
+                be.set_input_f32(exec, io.operand.id, &v)?
+            }
+            dt => {
+                let bytes = vec![0u8; n * dt.block_bytes()];
+                be.set_input(exec, io.operand.id, &bytes)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kernels of the first step of a plan, for the report.
+fn kernel_names(be: &CudaBackend, exec: ExecId) -> Result<String> {
+    let e = be.exec(exec)?;
+    let names: Vec<&str> = e
+        .steps
+        .first()
+        .map(|ops| {
+            ops.iter()
+                .map(|op| match op {
+                    DevOp::Kernel(l) => l.kernel.name,
+                    DevOp::Gemm(g) if g.batch > 1 => "cublasGemmBatchedEx",
+                    DevOp::Gemm(_) => "cublasGemmEx",
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(names.join(" + "))
+}
+
+/// Microseconds per replay of a loaded plan: capture, warm up, then the median of five
+/// batches of `iters / 5` replays.
+fn time_replays(be: &mut CudaBackend, exec: ExecId, iters: usize) -> Result<f64> {
+    be.set_graphs(true);
+    for _ in 0..3 {
+        be.compute(exec)?;
+    }
+    let timer = Timer::new(be)?;
+    let per_batch = (iters / 5).max(1);
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = timer.time(be, |be| {
+            for _ in 0..per_batch {
+                be.compute(exec)?;
+            }
+            Ok(())
+        })?;
+        times.push(t / per_batch as f64);
+    }
+    be.synchronize()?;
+    Ok(median(times))
+}
+
+/// Median microseconds of one step's launches over `rounds` rounds of every step of a
+/// loaded plan (see the module docs).
+fn time_kernels(be: &mut CudaBackend, exec: ExecId, rounds: usize) -> Result<f64> {
+    let n = be.exec(exec)?.steps.len();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let events = (0..2 * n)
+        .map(|_| be.ctx.new_event(flags))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| driver_error("cuEventCreate", e))?;
+    let mut times = Vec::with_capacity(rounds * n);
+    for _ in 0..rounds {
+        let e = be.exec(exec)?;
+        let launcher = be.launcher();
+        for (i, (step, ops)) in e.plan.steps.iter().zip(&e.steps).enumerate() {
+            events[2 * i]
+                .record(&be.stream)
+                .map_err(|err| driver_error("cuEventRecord", err))?;
+            launcher.run_step(step, ops)?;
+            events[2 * i + 1]
+                .record(&be.stream)
+                .map_err(|err| driver_error("cuEventRecord", err))?;
+        }
+        for i in 0..n {
+            let ms = events[2 * i]
+                .elapsed_ms(&events[2 * i + 1])
+                .map_err(|err| driver_error("cuEventElapsedTime", err))?;
+            times.push(f64::from(ms) * 1e3);
+        }
+    }
+    Ok(median(times))
+}
+
+/// Adds node number `r` of a case to a graph (allocating its weights on the backend).
+type BuildFn<'a> = Box<dyn Fn(&mut CudaBackend, &mut Graph, usize) -> Result<TensorId> + 'a>;
+
+/// A plan of `reps` nodes made by `build`, run and timed by [`run_case`].
+struct Case<'a> {
+    name: String,
+    reps: usize,
+    /// Bytes one node reads and writes.
+    bytes: f64,
+    /// Floating-point operations of one node (0 when not a product).
+    flops: f64,
+    build: BuildFn<'a>,
+}
+
+fn run_case(be: &mut CudaBackend, copy_gb_s: f64, iters: usize, case: Case) -> Result<BenchRow> {
+    let mut g = Graph::new();
+    let mut outs = Vec::with_capacity(case.reps);
+    for r in 0..case.reps {
+        outs.push((case.build)(be, &mut g, r)?);
+    }
+    let plan = g.plan(&outs)?;
+    let exec = be.load(&plan)?;
+    fill_inputs(be, exec)?;
+    let kernels = kernel_names(be, exec)?;
+    // Replays first: they also warm everything up for the kernel timing.
+    let graph_us = time_replays(be, exec, iters)? / case.reps as f64;
+    let us = time_kernels(be, exec, iters.div_ceil(case.reps).max(5))?;
+    be.unload(exec)?;
+    for io in &plan.externals {
+        if let crate::graph::Loc::Buffer(b, _) = io.operand.loc {
+            be.free_buffer(b)?;
+        }
+    }
+    let gb_s = case.bytes / us / 1e3;
+    Ok(BenchRow {
+        case: case.name,
+        kernels,
+        us,
+        graph_us,
+        bytes: case.bytes,
+        gb_s,
+        of_copy: gb_s / copy_gb_s,
+        tflop_s: (case.flops > 0.0).then(|| case.flops / us / 1e6),
+    })
+}
+
+/// Replicas so that `bytes` per node times replicas exceed the L2 several times.
+fn reps_for(bytes: f64) -> usize {
+    ((256e6 / bytes).ceil() as usize).clamp(2, 64)
+}
+
+/// A decode GEMV case: `w` [k, m] of `dtype` times an F32 vector.
+fn gemv_case<'a>(dtype: DType, k: usize, m: usize) -> Case<'a> {
+    let bytes = (k * m * dtype.block_bytes() + 4 * (k + m)) as f64;
+    Case {
+        name: format!("mul_mat {dtype} [{k}, {m}] x f32 [{k}] (decode GEMV)"),
+        reps: reps_for(bytes),
+        bytes,
+        flops: 2.0 * (k * m) as f64,
+        build: Box::new(move |be, g, r| {
+            let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
+            let w = random_leaf(be, g, &format!("w{r}"), dtype, &[k, m], r as u64, false)?;
+            g.mul_mat(w, x)
+        }),
+    }
+}
+
+/// Attention cases over an F16 cache of `n_kv` positions, 32 heads of 128.
+fn attention_cases<'a>(n_kv: usize) -> [Case<'a>; 2] {
+    const HD: usize = 128;
+    const HEADS: usize = 32;
+    let cache = (n_kv * HD * HEADS * 2) as f64;
+    let kq = Case {
+        name: format!("kq: K-cache f16 [{HD}, {n_kv}, {HEADS}] x q (p021)"),
+        reps: reps_for(cache),
+        bytes: cache + (HD * HEADS * 4 + n_kv * HEADS * 4) as f64,
+        flops: 2.0 * (n_kv * HD * HEADS) as f64,
+        build: Box::new(move |be, g, r| {
+            // K cache rows are positions: [HD * HEADS, n_kv]; the view is [HD, n_kv, HEADS].
+            let kc = random_leaf(
+                be,
+                g,
+                &format!("k{r}"),
+                DType::F16,
+                &[HD * HEADS, n_kv],
+                r as u64,
+                true,
+            )?;
+            let kv = g.view_3d(kc, HD, n_kv, HEADS, HD * HEADS * 2, HD * 2, 0)?;
+            let q = g.input(&format!("q{r}"), DType::F32, &[HD, 1, HEADS])?;
+            g.mul_mat(kv, q)
+        }),
+    };
+    let kqv = Case {
+        name: format!("kqv: V-cache f16 [{n_kv}, {HD}, {HEADS}] x p (vec_nc)"),
+        reps: reps_for(cache),
+        bytes: cache + (n_kv * HEADS * 4 + HD * HEADS * 4) as f64,
+        flops: 2.0 * (n_kv * HD * HEADS) as f64,
+        build: Box::new(move |be, g, r| {
+            // The transposed V cache: [n_kv, HD, HEADS], rows along positions.
+            let vc = random_leaf(
+                be,
+                g,
+                &format!("v{r}"),
+                DType::F16,
+                &[n_kv, HD, HEADS],
+                r as u64,
+                true,
+            )?;
+            let vv = g.view_3d(vc, n_kv, HD, HEADS, n_kv * 2, n_kv * HD * 2, 0)?;
+            let p = g.input(&format!("p{r}"), DType::F32, &[n_kv, 1, HEADS])?;
+            g.mul_mat(vv, p)
+        }),
+    };
+    [kq, kqv]
+}
+
+/// Small decode-size row ops (L2-resident; these measure the per-node cost).
+fn small_cases<'a>() -> Vec<Case<'a>> {
+    const D: usize = 4096;
+    let rope = RopeParams::new(RopeMode::Neox, 128, 10000.0);
+    vec![
+        Case {
+            name: format!("rms_norm f32 [{D}]"),
+            reps: 64,
+            bytes: (2 * D * 4) as f64,
+            flops: 0.0,
+            build: Box::new(|_, g, r| {
+                let x = g.input(&format!("x{r}"), DType::F32, &[D])?;
+                g.rms_norm(x, 1e-5)
+            }),
+        },
+        Case {
+            name: "rope neox f32 [128, 32, 1]".into(),
+            reps: 64,
+            bytes: (2 * D * 4) as f64,
+            flops: 0.0,
+            build: Box::new(move |_, g, r| {
+                let x = g.input(&format!("x{r}"), DType::F32, &[128, 32, 1])?;
+                let pos = g.input(&format!("pos{r}"), DType::I32, &[1])?;
+                g.rope(x, pos, rope)
+            }),
+        },
+        Case {
+            name: "soft_max f32 [4096, 1, 32] + f32 mask".into(),
+            reps: 64,
+            bytes: (2 * 4096 * 32 * 4 + 4096 * 4) as f64,
+            flops: 0.0,
+            build: Box::new(|_, g, r| {
+                let x = g.input(&format!("x{r}"), DType::F32, &[4096, 1, 32])?;
+                let mask = g.input(&format!("m{r}"), DType::F32, &[4096, 1])?;
+                g.soft_max_ext(x, Some(mask), 0.088)
+            }),
+        },
+        Case {
+            name: format!("cpy f32 [{D}] -> f16 cache row"),
+            reps: 64,
+            bytes: (D * 6) as f64,
+            flops: 0.0,
+            build: Box::new(|be, g, r| {
+                let x = g.input(&format!("x{r}"), DType::F32, &[D])?;
+                let c = random_leaf(
+                    be,
+                    g,
+                    &format!("c{r}"),
+                    DType::F16,
+                    &[D, 16],
+                    r as u64,
+                    true,
+                )?;
+                let row = g.view_1d(c, D, 3 * D * 2)?;
+                g.cpy(x, row)
+            }),
+        },
+    ]
+}
+
+/// The prefill GEMM: F16 weights [4096, 4096] times 512 tokens (F32 activations, converted
+/// first, as the model runs it; then F16 activations, the GEMM alone).
+fn prefill_cases<'a>() -> Vec<Case<'a>> {
+    const D: usize = 4096;
+    const T: usize = 512;
+    let flops = 2.0 * (D * D * T) as f64;
+    [DType::F32, DType::F16]
+        .into_iter()
+        .map(|act| Case {
+            name: format!("mul_mat f16 [{D}, {D}] x {act} [{D}, {T}] (prefill)"),
+            reps: 4,
+            bytes: (D * D * 2 + D * T * act.block_bytes() + D * T * 4) as f64,
+            flops,
+            build: Box::new(move |be, g, r| {
+                let x = g.input(&format!("x{r}"), act, &[D, T])?;
+                let w = random_leaf(
+                    be,
+                    g,
+                    &format!("w{r}"),
+                    DType::F16,
+                    &[D, D],
+                    r as u64,
+                    false,
+                )?;
+                g.mul_mat(w, x)
+            }),
+        })
+        .collect()
+}
+
+/// 300 x [rms_norm, mul, rope, add] on [128, 32, 1], eagerly and replayed.
+fn graph_case(be: &mut CudaBackend, iters: usize) -> Result<GraphRow> {
+    const BLOCKS: usize = 300;
+    let mut g = Graph::new();
+    let mut x = g.input("x", DType::F32, &[128, 32, 1])?;
+    let pos = g.input("pos", DType::I32, &[1])?;
+    let w = random_leaf(be, &mut g, "w", DType::F32, &[128], 7, false)?;
+    let rope = RopeParams::new(RopeMode::Neox, 128, 10000.0);
+    for _ in 0..BLOCKS {
+        let h = g.rms_norm(x, 1e-5)?;
+        let h = g.mul(h, w)?;
+        let h = g.rope(h, pos, rope)?;
+        x = g.add(x, h)?;
+    }
+    let plan = g.plan(&[x])?;
+    let nodes = plan.steps.len();
+    let exec = be.load(&plan)?;
+    fill_inputs(be, exec)?;
+    let runs = iters.max(10);
+    be.set_graphs(false);
+    be.compute(exec)?;
+    be.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..runs {
+        be.compute(exec)?;
+    }
+    be.synchronize()?;
+    let eager_us = t0.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    be.set_graphs(true);
+    be.compute(exec)?;
+    be.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..runs {
+        be.compute(exec)?;
+    }
+    be.synchronize()?;
+    let replay_us = t0.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    be.unload(exec)?;
+    Ok(GraphRow {
+        nodes,
+        eager_us,
+        replay_us,
+    })
+}
+
+/// Runs the op benchmark on GPU `opts.device`.
+pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
+    if opts.iters == 0 {
+        return Err(Error::plan("bench-ops: iters must be at least 1"));
+    }
+    let mut be = CudaBackend::new(opts.device)?;
+    let device = be.device_name();
+    let copy_gb_s = copy_bandwidth(&mut be)?;
+    let mut cases = vec![
+        gemv_case(DType::F16, 4096, 4096),
+        gemv_case(DType::F16, 4096, 11008),
+        gemv_case(DType::F16, 11008, 4096),
+        gemv_case(DType::BF16, 4096, 4096),
+        gemv_case(DType::F32, 4096, 4096),
+    ];
+    for n_kv in [512, 1024, 2048, 4096] {
+        cases.extend(attention_cases(n_kv));
+    }
+    cases.extend(small_cases());
+    cases.extend(prefill_cases());
+    let mut rows = Vec::with_capacity(cases.len());
+    for case in cases {
+        rows.push(run_case(&mut be, copy_gb_s, opts.iters, case)?);
+    }
+    let graph = graph_case(&mut be, opts.iters)?;
+    Ok(BenchReport {
+        device,
+        copy_gb_s,
+        rows,
+        graph,
+    })
+}

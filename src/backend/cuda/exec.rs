@@ -1,0 +1,137 @@
+//! A plan loaded into the CUDA backend ([`CudaExec`]) and the loop that runs it
+//! ([`Launcher`]).
+//!
+//! Each exec owns one device allocation: the plan's arena, then its constants (rope
+//! tables, GEMM pointer arrays), then the scratch of its mul_mats. Addresses never
+//! change while the exec lives, which is what makes the lowered launches (and the CUDA
+//! graph captured from them) valid for every run. A plan is immutable once loaded: new
+//! shapes or a new topology mean a new plan, loaded (and captured) anew.
+
+use std::collections::HashSet;
+
+use cudarc::driver::{result, CudaGraph, CudaStream};
+
+use super::device::{driver_error_text, Blas, DeviceMem};
+use super::kernels::KernelTable;
+use super::lower::DevOp;
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, Plan, Step, TensorId};
+
+/// Whether an exec runs from a captured CUDA graph.
+pub(crate) enum GraphState {
+    /// Not captured yet: the next run with graphs enabled captures.
+    Fresh,
+    /// Captured and instantiated: runs replay it.
+    Captured(CudaGraph),
+    /// Capture failed (the reason was reported); runs are eager.
+    Failed,
+}
+
+/// A loaded plan.
+pub(crate) struct CudaExec {
+    /// The plan.
+    pub plan: Plan,
+    /// Arena, constants and scratch, in this order.
+    pub mem: DeviceMem,
+    /// The device operations of each step of `plan.steps`.
+    pub steps: Vec<Vec<DevOp>>,
+    /// Capture state.
+    pub graph: GraphState,
+    /// Inputs written at least once.
+    pub written: HashSet<TensorId>,
+    /// Buffers the plan uses (they must outlive its runs).
+    pub buffers: Vec<BufferId>,
+    /// Whether some step records bad indices (get_rows, set_rows).
+    pub checks_indices: bool,
+}
+
+impl CudaExec {
+    /// Device address of the arena.
+    pub fn arena(&self) -> u64 {
+        self.mem.ptr()
+    }
+}
+
+/// The tag of step `step` of exec `exec` in the index-error record.
+pub(crate) fn error_tag(exec: usize, step: usize) -> i64 {
+    ((exec as i64) << 32) | step as i64
+}
+
+/// (exec, step) of an index-error tag.
+pub(crate) fn decode_tag(tag: i64) -> (usize, usize) {
+    ((tag >> 32) as usize, (tag & 0xffff_ffff) as usize)
+}
+
+/// The error of a step, naming its op and node.
+pub(crate) fn node_error(step: &Step, msg: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: format!("{} '{}': {msg}", step.op.name(), step.name),
+    }
+}
+
+/// Everything a run needs besides the exec.
+pub(crate) struct Launcher<'a> {
+    pub kernels: &'a KernelTable,
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    /// Synchronize after every step (debugging: errors then name their node).
+    pub sync_each: bool,
+}
+
+impl Launcher<'_> {
+    /// Enqueues one device operation; the error says what failed.
+    pub fn launch(&self, op: &DevOp) -> std::result::Result<(), String> {
+        match op {
+            DevOp::Kernel(l) => {
+                let mut params = [l.args.as_param()];
+                // SAFETY: the function belongs to the loaded kernel table; `params` points
+                // at the argument struct the kernel takes (KernelArgs: same layout as the
+                // C struct), which the driver copies before returning; every device
+                // address in it was resolved at load to memory owned by the exec or the
+                // backend's buffers, with extents checked by validate_plan and lowering.
+                unsafe {
+                    result::launch_kernel(
+                        self.kernels.func(l.kernel),
+                        l.grid,
+                        l.block,
+                        0,
+                        self.stream.cu_stream(),
+                        &mut params,
+                    )
+                }
+                .map_err(|e| {
+                    format!(
+                        "launch of kernel {} (grid {:?}, block {:?}) failed: {}",
+                        l.kernel.name,
+                        l.grid,
+                        l.block,
+                        driver_error_text(e)
+                    )
+                })
+            }
+            DevOp::Gemm(g) => g.run(self.blas),
+        }
+    }
+
+    /// Enqueues every operation of one step.
+    pub fn run_step(&self, step: &Step, ops: &[DevOp]) -> Result<()> {
+        for op in ops {
+            self.launch(op).map_err(|msg| node_error(step, msg))?;
+        }
+        if self.sync_each {
+            self.stream
+                .synchronize()
+                .map_err(|e| node_error(step, format!("failed: {}", driver_error_text(e))))?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues the whole plan.
+    pub fn run_all(&self, exec: &CudaExec) -> Result<()> {
+        for (step, ops) in exec.plan.steps.iter().zip(&exec.steps) {
+            self.run_step(step, ops)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! The compiled kernels: the fatbins of `cuda/*.cu` embedded by build.rs, one constant per
+//! kernel in [`k`] (names parsed from the sources, so a misspelt kernel fails to compile),
+//! and [`KernelTable`], every module loaded into a context with a handle per kernel.
+
+use std::ffi::CString;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext};
+
+use super::device::driver_error;
+use crate::error::{Error, Result};
+
+/// One kernel of one module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// Position in [`ALL`] (and in a [`KernelTable`]).
+    pub index: usize,
+    /// Position of its module in [`MODULES`].
+    pub module: usize,
+    /// The `extern "C"` name.
+    pub name: &'static str,
+}
+
+/// The fatbin of one `cuda/NAME.cu`.
+#[derive(Clone, Copy, Debug)]
+pub struct ModuleImage {
+    /// The file stem (`norm` for `cuda/norm.cu`).
+    pub name: &'static str,
+    /// The fatbin bytes.
+    pub image: &'static [u8],
+}
+
+/// 64-byte alignment for an embedded fatbin (the driver reads it in place).
+#[repr(C, align(64))]
+struct Aligned<T: ?Sized>(T);
+
+include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+
+/// A loaded module; unloaded on drop.
+struct LoadedModule {
+    module: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; the context records them.
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: the module was loaded by KernelTable::load and is unloaded once, here;
+        // every function handle of it is dropped with the table first.
+        self.ctx
+            .record_err(unsafe { result::module::unload(self.module) });
+    }
+}
+
+/// Every module loaded into one context, with a function handle per kernel of [`ALL`].
+pub struct KernelTable {
+    funcs: Vec<sys::CUfunction>,
+    _modules: Vec<LoadedModule>,
+}
+
+impl KernelTable {
+    /// Loads every module and looks up every kernel; fails naming the first module or
+    /// kernel that the driver refuses.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| driver_error("binding the context", e))?;
+        let mut modules = Vec::with_capacity(MODULES.len());
+        for m in MODULES {
+            // SAFETY: `image` is a complete fatbin embedded by build.rs, 64-byte aligned,
+            // valid for the whole program.
+            let module = unsafe { result::module::load_data(m.image.as_ptr().cast()) }
+                .map_err(|e| module_error(ctx, m.name, e))?;
+            modules.push(LoadedModule {
+                module,
+                ctx: ctx.clone(),
+            });
+        }
+        let mut funcs = Vec::with_capacity(ALL.len());
+        for k in ALL {
+            debug_assert_eq!(k.index, funcs.len());
+            let name = CString::new(k.name).expect("kernel names have no NUL");
+            // SAFETY: the module is loaded and stays loaded as long as the table.
+            let f = unsafe { result::module::get_function(modules[k.module].module, name) }
+                .map_err(|e| Error::Backend {
+                    backend: "cuda",
+                    msg: format!(
+                        "kernel {} not found in module {}: {}",
+                        k.name,
+                        MODULES[k.module].name,
+                        driver_error("cuModuleGetFunction", e)
+                    ),
+                })?;
+            // Load the code now (module loading is lazy by default), so that no launch
+            // loads it later, in the middle of a stream capture.
+            // SAFETY: `f` is a valid function handle of a loaded module.
+            unsafe { sys::cuFuncLoad(f) }
+                .result()
+                .map_err(|e| driver_error(&format!("cuFuncLoad({})", k.name), e))?;
+            funcs.push(f);
+        }
+        Ok(KernelTable {
+            funcs,
+            _modules: modules,
+        })
+    }
+
+    /// The function handle of `k`.
+    pub fn func(&self, k: Kernel) -> sys::CUfunction {
+        self.funcs[k.index]
+    }
+
+    /// An attribute of `k` (registers, local memory, maximum block size, ...).
+    pub fn attribute(&self, k: Kernel, attr: sys::CUfunction_attribute_enum) -> Result<i32> {
+        // SAFETY: the handle belongs to a loaded module of this table.
+        unsafe { result::function::get_function_attribute(self.func(k), attr) }
+            .map_err(|e| driver_error("cuFuncGetAttribute", e))
+    }
+}
+
+/// A module the driver refused, with the likely cause.
+fn module_error(ctx: &CudaContext, module: &str, e: result::DriverError) -> Error {
+    let cc = ctx
+        .compute_capability()
+        .map(|(a, b)| format!("sm_{a}{b}"))
+        .unwrap_or_else(|_| "unknown".into());
+    let hint = match e.0 {
+        sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU | sys::CUresult::CUDA_ERROR_INVALID_IMAGE => {
+            format!(
+                "the kernels were not built for this GPU ({cc}); rebuild with GRAFT_CUDA_ARCHS \
+                 including its compute capability"
+            )
+        }
+        sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
+            "the PTX is newer than the driver: build with nvcc 13.0 \
+             (scripts/install-cuda-toolchain.sh) or add this GPU's SASS to GRAFT_CUDA_ARCHS"
+                .into()
+        }
+        _ => format!("GPU {cc}"),
+    };
+    Error::Backend {
+        backend: "cuda",
+        msg: format!(
+            "cannot load kernel module {module}: {}; {hint}",
+            driver_error("cuModuleLoadData", e)
+        ),
+    }
+}

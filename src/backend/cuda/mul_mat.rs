@@ -1,0 +1,379 @@
+//! mul_mat dispatch, decided by layout when a plan is loaded (like ggml's CUDA backend).
+//! Notation: `a` [k, m, a2, a3], `b` [k, n, b2, b3], dst F32 [m, n, b2, b3] (dense),
+//! `out[i, j] = sum_l a[l, i] * b[l, j]`, `a` broadcast over `b` in dims 2 and 3.
+//!
+//! 1. Decode GEMV (`mul_mat_vec_{f16,bf16,f32}`): n == 1, every other dim 1, rows of `a`
+//!    dense (any row stride), `b` an F32 vector with dense elements. One block per row,
+//!    16-byte loads when rows and `b` are 16-byte aligned, a scalar path otherwise.
+//! 2. `mul_mat_p021_f16_f32`: `a` F16 with dense rows of k <= 256 elements (a permuted
+//!    K-cache view [hd, n_kv, n_kv_heads]), n == 1, dims 3 == 1, `b` F32 with dense
+//!    elements; channels (dim 2) broadcast GQA-style.
+//! 3. `mul_mat_vec_nc_f16_f32`: the same with longer rows (a transposed V-cache view
+//!    [n_kv, hd, n_kv_heads]).
+//! 4. Everything else: cuBLAS (`cublasGemmEx`, or `cublasGemmBatchedEx` with pointer
+//!    arrays built here and uploaded with the plan's constants: the arena and buffers
+//!    never move), tensor cores for F16/BF16, f32 accumulation (`CUBLAS_COMPUTE_32F`, no
+//!    TF32). `b` of another dtype than `a` is converted into the plan's scratch first;
+//!    operands that no (trans, ld) pair describes are copied there densely.
+
+use cudarc::cublas::sys as blas_sys;
+
+use super::args::GemvArgs;
+use super::device::Blas;
+use super::kernels::k;
+use super::lower::{copy_to, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
+use crate::graph::{contiguous_strides, DType, Operand, Step};
+
+/// Largest block of the gemv kernels (`GEMV_THREADS` in cuda/mul_mat.cu).
+const GEMV_THREADS: usize = 128;
+/// Loads in flight per thread in the gemv kernels (`GEMV_UNROLL`).
+const GEMV_UNROLL: usize = 4;
+/// Rows per warp of mul_mat_p021 (`P021_ROWS`).
+const P021_ROWS: usize = 4;
+/// Block of mul_mat_p021 (`P021_THREADS`).
+const P021_THREADS: usize = 128;
+/// Longest row the short-row kernel takes.
+const P021_MAX_K: usize = 256;
+
+/// A cuBLAS GEMM: C (m x n, column-major, F32) = op(A) op(B), batched over pointer arrays
+/// when `batch > 1`.
+pub(crate) struct Gemm {
+    pub transa: bool,
+    pub transb: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    /// Element type of A and B.
+    pub dtype: DType,
+    pub a: u64,
+    pub lda: i32,
+    pub b: u64,
+    pub ldb: i32,
+    pub c: u64,
+    pub ldc: i32,
+    pub batch: i32,
+    /// Device address of `batch` A pointers, then `batch` B pointers, then `batch` C
+    /// pointers (used when `batch > 1`).
+    pub ptrs: u64,
+}
+
+impl Gemm {
+    /// Enqueues the GEMM on the handle's stream.
+    pub fn run(&self, blas: &Blas) -> Result<(), String> {
+        use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        use blas_sys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
+        let dt = match self.dtype {
+            DType::F32 => CUDA_R_32F,
+            DType::F16 => CUDA_R_16F,
+            DType::BF16 => CUDA_R_16BF,
+            DType::I32 => return Err("GEMM of I32 operands".into()),
+        };
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let (alpha, beta) = (1f32, 0f32);
+        let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+        let status = if self.batch == 1 {
+            // SAFETY: a, b, c are device addresses inside the plan's arena, scratch or
+            // buffers, with extents checked when the plan was lowered (ld >= rows, the
+            // operands' byte spans inside their memory); alpha and beta are host scalars
+            // read during the call (pointer mode host).
+            unsafe {
+                blas_sys::cublasGemmEx(
+                    blas.handle(),
+                    op(self.transa),
+                    op(self.transb),
+                    self.m,
+                    self.n,
+                    self.k,
+                    (&alpha as *const f32).cast(),
+                    self.a as *const std::ffi::c_void,
+                    dt,
+                    self.lda,
+                    self.b as *const std::ffi::c_void,
+                    dt,
+                    self.ldb,
+                    (&beta as *const f32).cast(),
+                    self.c as *mut std::ffi::c_void,
+                    CUDA_R_32F,
+                    self.ldc,
+                    compute,
+                    algo,
+                )
+            }
+        } else {
+            let n = self.batch as u64;
+            // SAFETY: as above; `ptrs` holds 3 * batch device pointers uploaded at load,
+            // each naming one matrix inside the plan's memory.
+            unsafe {
+                blas_sys::cublasGemmBatchedEx(
+                    blas.handle(),
+                    op(self.transa),
+                    op(self.transb),
+                    self.m,
+                    self.n,
+                    self.k,
+                    (&alpha as *const f32).cast(),
+                    self.ptrs as *const *const std::ffi::c_void,
+                    dt,
+                    self.lda,
+                    (self.ptrs + 8 * n) as *const *const std::ffi::c_void,
+                    dt,
+                    self.ldb,
+                    (&beta as *const f32).cast(),
+                    (self.ptrs + 16 * n) as *const *mut std::ffi::c_void,
+                    CUDA_R_32F,
+                    self.ldc,
+                    self.batch,
+                    compute,
+                    algo,
+                )
+            }
+        };
+        status
+            .result()
+            .map_err(|e| format!("cuBLAS GEMM failed: {:?}", e.0))
+    }
+}
+
+fn to_i32(what: &str, v: usize) -> Result<i32, String> {
+    i32::try_from(v).map_err(|_| format!("mul_mat: {what} {v} exceeds cuBLAS's 32-bit sizes"))
+}
+
+/// Block for one gemv row of `k` elements, `per_load` elements per 16-byte load.
+fn gemv_block(k: usize, per_load: usize) -> (u32, u32, u32) {
+    let rounds = (k / per_load).div_ceil(GEMV_UNROLL);
+    (
+        rounds.next_power_of_two().clamp(32, GEMV_THREADS) as u32,
+        1,
+        1,
+    )
+}
+
+/// Lowers a mul_mat step (see the module docs for the dispatch rules).
+pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let (a, b, dst) = (&step.src[0], &step.src[1], &step.dst);
+    if !a.dtype.is_float() || !b.dtype.is_float() {
+        return Err(format!("mul_mat of {} by {}", a.dtype, b.dtype));
+    }
+    if dst.dtype != DType::F32 || !dst.is_contiguous() {
+        return Err("mul_mat needs a dense F32 result".into());
+    }
+    let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
+    let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
+    if b.ne[0] != kk || b2 % a2 != 0 || b3 % a3 != 0 {
+        return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
+    }
+    let (a_addr, b_addr, d_addr) = (lw.addr(a), lw.addr(b), lw.addr(dst));
+    let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
+
+    // 1. Decode GEMV.
+    if vector_b && a2 == 1 && a3 == 1 && b2 == 1 && b3 == 1 && a.rows_contiguous() {
+        let kernel = pick1(
+            "mul_mat_vec",
+            a.dtype,
+            [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
+        )?;
+        let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
+        let args = GemvArgs {
+            a: a_addr,
+            b: b_addr,
+            dst: d_addr,
+            k: kk as i64,
+            m: m as i64,
+            channels: 1,
+            a_nb1: a.nb[1] as i64,
+            a_nb2: 0,
+            b_nb2: 0,
+            dst_nb2: 0,
+            ratio: 1,
+            vec: i64::from(vec),
+        };
+        let per_load = 16 / a.dtype.block_bytes();
+        return Ok(vec![DevOp::kernel(
+            kernel,
+            row_grid(m)?,
+            gemv_block(kk, per_load),
+            &args,
+        )]);
+    }
+
+    // 2, 3. Attention products over an F16 cache view.
+    if vector_b && a.dtype == DType::F16 && a3 == 1 && b3 == 1 && a.rows_contiguous() {
+        let ratio = (b2 / a2) as i64;
+        let args = |kernel_vec: bool| GemvArgs {
+            a: a_addr,
+            b: b_addr,
+            dst: d_addr,
+            k: kk as i64,
+            m: m as i64,
+            channels: b2 as i64,
+            a_nb1: a.nb[1] as i64,
+            a_nb2: a.nb[2] as i64,
+            b_nb2: b.nb[2] as i64,
+            dst_nb2: dst.nb[2] as i64,
+            ratio,
+            vec: i64::from(kernel_vec),
+        };
+        let strides_ok =
+            |align: usize| (m == 1 || a.nb[1] % align == 0) && (a2 == 1 || a.nb[2] % align == 0);
+        let b_ok = b_addr % 16 == 0 && (b2 == 1 || b.nb[2] % 16 == 0);
+        if kk <= P021_MAX_K {
+            let vec = a_addr % 8 == 0 && strides_ok(8) && b_ok;
+            let warps = m.div_ceil(P021_ROWS) * b2;
+            let blocks = warps.div_ceil(P021_THREADS / 32);
+            return Ok(vec![DevOp::kernel(
+                k::MUL_MAT_P021_F16_F32,
+                row_grid(blocks)?,
+                (P021_THREADS as u32, 1, 1),
+                &args(vec),
+            )]);
+        }
+        if b2 <= 65535 {
+            let vec = a_addr % 16 == 0 && strides_ok(16) && b_ok;
+            let (gx, _, _) = row_grid(m)?;
+            return Ok(vec![DevOp::kernel(
+                k::MUL_MAT_VEC_NC_F16_F32,
+                (gx, b2 as u32, 1),
+                gemv_block(kk, 8),
+                &args(vec),
+            )]);
+        }
+    }
+
+    // 4. cuBLAS.
+    lower_gemm(a, b, dst, lw)
+}
+
+/// How one GEMM operand is read: its address and byte strides of dims 2 and 3, whether
+/// cuBLAS transposes it, and its leading dimension.
+struct GemmOperand {
+    addr: u64,
+    nb2: usize,
+    nb3: usize,
+    trans: bool,
+    ld: usize,
+}
+
+/// Describes `x` [k, cols, ..] of element type `x.dtype` to cuBLAS as the column-major
+/// k x cols matrix read transposed (`x_t`) or, when dim 1 is the dense one, as the
+/// cols x k matrix read as is (`!x_t`). `x_t` is what the product wants (true for a,
+/// false for b). None when no leading dimension describes the layout.
+fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
+    let es = x.dtype.block_bytes();
+    let (kk, cols) = (x.ne[0], x.ne[1]);
+    if x.rows_contiguous() && (cols == 1 || (x.nb[1] % es == 0 && x.nb[1] / es >= kk)) {
+        let ld = if cols == 1 { kk } else { x.nb[1] / es };
+        return Some(GemmOperand {
+            addr,
+            nb2: x.nb[2],
+            nb3: x.nb[3],
+            trans: x_t,
+            ld,
+        });
+    }
+    if kk > 1 && cols > 1 && x.nb[1] == es && x.nb[0] % es == 0 && x.nb[0] / es >= cols {
+        return Some(GemmOperand {
+            addr,
+            nb2: x.nb[2],
+            nb3: x.nb[3],
+            trans: !x_t,
+            ld: x.nb[0] / es,
+        });
+    }
+    None
+}
+
+/// A dense copy of `x` converted to `dtype` in scratch at `*offset` (advanced past it).
+fn scratch_copy(
+    lw: &mut Lowering,
+    x: &Operand,
+    dtype: DType,
+    offset: &mut usize,
+    ops: &mut Vec<DevOp>,
+) -> Result<(u64, Operand), String> {
+    let dense = Operand {
+        id: x.id,
+        dtype,
+        ne: x.ne,
+        nb: contiguous_strides(dtype, &x.ne),
+        loc: x.loc,
+    };
+    let addr = lw.scratch_base + *offset as u64;
+    ops.push(copy_to(lw, x, &dense, addr)?);
+    *offset = (*offset + dense.nbytes()).next_multiple_of(REGION_ALIGN);
+    lw.scratch_need = lw.scratch_need.max(*offset);
+    Ok((addr, dense))
+}
+
+fn lower_gemm(
+    a: &Operand,
+    b: &Operand,
+    dst: &Operand,
+    lw: &mut Lowering,
+) -> Result<Vec<DevOp>, String> {
+    let dtype = a.dtype;
+    let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
+    let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
+    let mut ops = Vec::new();
+    let mut offset = 0usize;
+
+    let bop = match (b.dtype == dtype)
+        .then(|| describe(b, lw.addr(b), false))
+        .flatten()
+    {
+        Some(d) => d,
+        None => {
+            let (addr, dense) = scratch_copy(lw, b, dtype, &mut offset, &mut ops)?;
+            describe(&dense, addr, false).expect("a dense copy is describable")
+        }
+    };
+    let aop = match describe(a, lw.addr(a), true) {
+        Some(d) => d,
+        None => {
+            let (addr, dense) = scratch_copy(lw, a, dtype, &mut offset, &mut ops)?;
+            describe(&dense, addr, true).expect("a dense copy is describable")
+        }
+    };
+
+    let batch = b2 * b3;
+    let (r2, r3) = (b2 / a2, b3 / a3);
+    let ptrs = if batch > 1 {
+        let mut arrays: Vec<u64> = Vec::with_capacity(3 * batch);
+        for i3 in 0..b3 {
+            for i2 in 0..b2 {
+                arrays.push(aop.addr + ((i2 / r2) * aop.nb2 + (i3 / r3) * aop.nb3) as u64);
+            }
+        }
+        for i3 in 0..b3 {
+            for i2 in 0..b2 {
+                arrays.push(bop.addr + (i2 * bop.nb2 + i3 * bop.nb3) as u64);
+            }
+        }
+        for i3 in 0..b3 {
+            for i2 in 0..b2 {
+                arrays.push(lw.addr(dst) + (i2 * dst.nb[2] + i3 * dst.nb[3]) as u64);
+            }
+        }
+        let bytes: Vec<u8> = arrays.iter().flat_map(|p| p.to_ne_bytes()).collect();
+        lw.push_consts(&bytes)
+    } else {
+        0
+    };
+    ops.push(DevOp::Gemm(Gemm {
+        transa: aop.trans,
+        transb: bop.trans,
+        m: to_i32("m", m)?,
+        n: to_i32("n", n)?,
+        k: to_i32("k", kk)?,
+        dtype,
+        a: aop.addr,
+        lda: to_i32("lda", aop.ld)?,
+        b: bop.addr,
+        ldb: to_i32("ldb", bop.ld)?,
+        c: lw.addr(dst),
+        ldc: to_i32("ldc", m)?,
+        batch: to_i32("batch", batch)?,
+        ptrs,
+    }));
+    Ok(ops)
+}

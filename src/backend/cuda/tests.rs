@@ -1,0 +1,383 @@
+//! Host-side checks of the lowering (no GPU needed): mul_mat steps of many layouts are
+//! lowered with host addresses, the resulting operations are carried out by a host
+//! interpreter of each kernel's and cuBLAS's documented contract (copies, the GEMV
+//! family, column-major GEMM over pointer arrays), and the result must equal the CPU
+//! backend's. This catches wrong dispatch, strides, leading dimensions, transposes,
+//! pointer arrays and scratch layouts; the kernels themselves are checked on a GPU by
+//! tests/cuda_graph.rs and the op tests.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+
+use super::args::{CpyArgs, GemvArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE};
+use super::lower::{lower_step, DevOp, Lowering, REGION_ALIGN};
+use super::mul_mat::Gemm;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BackendExt};
+use crate::graph::{DType, Graph, Loc, Plan, TensorId};
+use crate::ops::host::{load, store};
+
+/// Host memory for a plan: arena, constants, scratch (u64 words: aligned for any dtype).
+struct HostMem {
+    arena: Vec<u64>,
+    consts: Vec<u64>,
+    scratch: Vec<u64>,
+}
+
+fn base(v: &mut [u64]) -> u64 {
+    v.as_mut_ptr() as u64
+}
+
+/// Lowers every step of `plan` with host addresses, twice like `load` (sizes, then
+/// addresses), and returns the operations with the memory they point into.
+fn lower_on_host(plan: &Plan) -> (Vec<Vec<DevOp>>, HostMem) {
+    let lower = |arena: u64, consts: u64, scratch: u64| {
+        let resolve = move |loc: Loc| match loc {
+            Loc::Arena(off) => arena + off as u64,
+            Loc::Buffer(..) => panic!("these plans use no buffers"),
+        };
+        let mut lw = Lowering {
+            resolve: &resolve,
+            consts_base: consts,
+            consts: Vec::new(),
+            scratch_base: scratch,
+            scratch_need: 0,
+            err: 0,
+            tag: 0,
+        };
+        let ops: Vec<Vec<DevOp>> = plan
+            .steps
+            .iter()
+            .map(|s| lower_step(s, &mut lw).expect("supported"))
+            .collect();
+        (ops, lw.consts, lw.scratch_need)
+    };
+    let (_, consts, scratch) = lower(0, 0, 0);
+    let mut mem = HostMem {
+        arena: vec![0; plan.arena_bytes.div_ceil(8)],
+        consts: vec![0; consts.len().next_multiple_of(REGION_ALIGN).div_ceil(8) + 1],
+        scratch: vec![0; scratch.div_ceil(8) + 1],
+    };
+    let (ops, consts2, scratch2) = lower(
+        base(&mut mem.arena),
+        base(&mut mem.consts),
+        base(&mut mem.scratch),
+    );
+    assert_eq!((consts2.len(), scratch2), (consts.len(), scratch));
+    bytemuck::cast_slice_mut::<u64, u8>(&mut mem.consts)[..consts2.len()].copy_from_slice(&consts2);
+    (ops, mem)
+}
+
+/// The argument struct of a launch.
+fn args<T: Copy>(op: &super::lower::Launch) -> T {
+    // SAFETY: the caller names the struct of the kernel's family; ArgBytes holds a copy of
+    // exactly such a struct, 8-byte aligned.
+    unsafe { *(op.args.as_param() as *const T) }
+}
+
+fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
+    [
+        i % ne[0],
+        (i / ne[0]) % ne[1],
+        (i / (ne[0] * ne[1])) % ne[2],
+        i / (ne[0] * ne[1] * ne[2]),
+    ]
+}
+
+fn offset(nb: [i64; 4], i: [i64; 4]) -> i64 {
+    (0..4).map(|d| i[d] * nb[d]).sum()
+}
+
+/// Host version of cpy_S_D.
+fn run_cpy(name: &str, a: CpyArgs) {
+    let mut parts = name.split('_').skip(1);
+    let s = DType::parse(parts.next().unwrap()).unwrap();
+    let d = DType::parse(parts.next().unwrap()).unwrap();
+    for i in 0..a.n {
+        let (so, dso) = match a.mode {
+            CPY_CONTIGUOUS => (i * s.block_bytes() as i64, i * d.block_bytes() as i64),
+            CPY_SAME_SHAPE => {
+                let ix = elem(a.src.ne, i);
+                (offset(a.src.nb, ix), offset(a.dst.nb, ix))
+            }
+            CPY_RESHAPE => (
+                offset(a.src.nb, elem(a.src.ne, i)),
+                offset(a.dst.nb, elem(a.dst.ne, i)),
+            ),
+            m => panic!("cpy mode {m}"),
+        };
+        // SAFETY: lowering placed both tensors inside the host memory of the plan.
+        unsafe {
+            let v = load((a.src.data as i64 + so) as *const u8, s);
+            store((a.dst.data as i64 + dso) as *mut u8, d, v);
+        }
+    }
+}
+
+/// Host version of the GEMV family.
+fn run_gemv(name: &str, p: GemvArgs) {
+    let dt = if name.contains("bf16") {
+        DType::BF16
+    } else if name.contains("f16") {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let es = dt.block_bytes() as i64;
+    for ch in 0..p.channels {
+        for r in 0..p.m {
+            let mut acc = 0f32;
+            for l in 0..p.k {
+                // SAFETY: inside the plan's host memory, per the GemvArgs contract.
+                unsafe {
+                    let a = load(
+                        (p.a as i64 + r * p.a_nb1 + (ch / p.ratio) * p.a_nb2 + l * es) as *const u8,
+                        dt,
+                    );
+                    let b = load((p.b as i64 + ch * p.b_nb2 + l * 4) as *const u8, DType::F32);
+                    acc += a * b;
+                }
+            }
+            // SAFETY: as above.
+            unsafe {
+                store(
+                    (p.dst as i64 + ch * p.dst_nb2 + r * 4) as *mut u8,
+                    DType::F32,
+                    acc,
+                )
+            };
+        }
+    }
+}
+
+/// Host version of cublasGemmEx / cublasGemmBatchedEx (column-major, alpha 1, beta 0).
+fn run_gemm(g: &Gemm) {
+    let es = g.dtype.block_bytes() as u64;
+    let batch = g.batch as u64;
+    for bi in 0..batch {
+        let ptr = |array: u64| -> u64 {
+            if g.batch == 1 {
+                [g.a, g.b, g.c][array as usize]
+            } else {
+                // SAFETY: the pointer arrays were uploaded into the constants.
+                unsafe { *((g.ptrs + 8 * (array * batch + bi)) as *const u64) }
+            }
+        };
+        let (a, b, c) = (ptr(0), ptr(1), ptr(2));
+        for j in 0..g.n as u64 {
+            for i in 0..g.m as u64 {
+                let mut acc = 0f32;
+                for l in 0..g.k as u64 {
+                    let ai = if g.transa {
+                        l + i * g.lda as u64
+                    } else {
+                        i + l * g.lda as u64
+                    };
+                    let bi = if g.transb {
+                        j + l * g.ldb as u64
+                    } else {
+                        l + j * g.ldb as u64
+                    };
+                    // SAFETY: inside the plan's host memory, per cuBLAS's contract.
+                    unsafe {
+                        acc += load((a + ai * es) as *const u8, g.dtype)
+                            * load((b + bi * es) as *const u8, g.dtype);
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { store((c + (i + j * g.ldc as u64) * 4) as *mut u8, DType::F32, acc) };
+            }
+        }
+    }
+}
+
+/// Runs `y` of graph `g` on the CPU backend and through the host-lowered operations;
+/// returns the dispatch (kernel names) and checks the results agree.
+fn check(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64) -> Vec<String> {
+    let plan = g.plan(&[y]).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut cpu = CpuBackend::new();
+    let e = cpu.load(&plan).unwrap();
+    let (ops, mut mem) = lower_on_host(&plan);
+    for &id in inputs {
+        let io = plan.inputs.iter().find(|io| io.operand.id == id).unwrap();
+        let n = io.operand.nelements();
+        let vals: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let es = io.operand.dtype.block_bytes();
+        let mut bytes = vec![0u8; n * es];
+        for (i, &v) in vals.iter().enumerate() {
+            // SAFETY: inside `bytes`.
+            unsafe { store(bytes.as_mut_ptr().add(i * es), io.operand.dtype, v) };
+        }
+        cpu.set_input(e, id, &bytes).unwrap();
+        let Loc::Arena(off) = io.operand.loc else {
+            unreachable!()
+        };
+        bytemuck::cast_slice_mut::<u64, u8>(&mut mem.arena)[off..off + bytes.len()]
+            .copy_from_slice(&bytes);
+    }
+    cpu.compute(e).unwrap();
+    let out = plan.outputs[0].operand.clone();
+    let want = cpu.get_output_f32(e, y, out.nelements()).unwrap();
+
+    let mut names = Vec::new();
+    for op in ops.iter().flatten() {
+        match op {
+            DevOp::Kernel(l) if l.kernel.name.starts_with("cpy_") => {
+                names.push(l.kernel.name.to_string());
+                run_cpy(l.kernel.name, args(l));
+            }
+            DevOp::Kernel(l) if l.kernel.name.starts_with("mul_mat_") => {
+                names.push(l.kernel.name.to_string());
+                run_gemv(l.kernel.name, args(l));
+            }
+            DevOp::Kernel(l) => panic!("unexpected kernel {}", l.kernel.name),
+            DevOp::Gemm(gm) => {
+                names.push(format!(
+                    "gemm(batch {}, t{}{})",
+                    gm.batch,
+                    u8::from(gm.transa),
+                    u8::from(gm.transb)
+                ));
+                run_gemm(gm);
+            }
+        }
+    }
+    let Loc::Arena(off) = out.loc else {
+        unreachable!()
+    };
+    let got: &[f32] = bytemuck::cast_slice(
+        &bytemuck::cast_slice::<u64, u8>(&mem.arena)[off..off + out.nelements() * 4],
+    );
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(&want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    let nmse = num / den;
+    assert!(nmse < 1e-5, "{names:?}: NMSE {nmse:e} against the CPU");
+    names
+}
+
+#[test]
+fn decode_gemv_paths() {
+    for (dt, k, kernel) in [
+        (DType::F16, 64, "mul_mat_vec_f16"),
+        (DType::F16, 37, "mul_mat_vec_f16"),
+        (DType::BF16, 40, "mul_mat_vec_bf16"),
+        (DType::F32, 33, "mul_mat_vec_f32"),
+    ] {
+        let mut g = Graph::new();
+        let w = g.input("w", dt, &[k, 9]).unwrap();
+        let x = g.input("x", DType::F32, &[k]).unwrap();
+        let y = g.mul_mat(w, x).unwrap();
+        assert_eq!(check(&g, y, &[w, x], 1), vec![kernel.to_string()]);
+    }
+}
+
+#[test]
+fn attention_gemv_paths() {
+    let (hd, ctx, kvh, nh) = (16, 40, 2, 6);
+    // Permuted K-cache view [hd, n_kv, kvh] over a cache of rows [hd * kvh] per position.
+    let mut g = Graph::new();
+    let kc = g.input("kc", DType::F16, &[hd * kvh, ctx]).unwrap();
+    let kv = g
+        .view_3d(kc, hd, ctx - 3, kvh, hd * kvh * 2, hd * 2, 0)
+        .unwrap();
+    let q = g.input("q", DType::F32, &[hd, nh, 1]).unwrap();
+    let qp = g.permute(q, [0, 2, 1, 3]).unwrap();
+    let y = g.mul_mat(kv, qp).unwrap();
+    assert_eq!(check(&g, y, &[kc, q], 2), vec!["mul_mat_p021_f16_f32"]);
+
+    // Transposed V-cache view [n_kv, hd, kvh] with rows along positions (k > 256).
+    let ctx = 300;
+    let mut g = Graph::new();
+    let vc = g.input("vc", DType::F16, &[ctx, hd, kvh]).unwrap();
+    let vv = g
+        .view_3d(vc, ctx - 5, hd, kvh, ctx * 2, ctx * hd * 2, 0)
+        .unwrap();
+    let p = g.input("p", DType::F32, &[ctx - 5, 1, nh]).unwrap();
+    let y = g.mul_mat(vv, p).unwrap();
+    assert_eq!(check(&g, y, &[vc, p], 3), vec!["mul_mat_vec_nc_f16_f32"]);
+}
+
+#[test]
+fn cublas_paths() {
+    // F16 weights, F32 activations: converted, plain GEMM.
+    let mut g = Graph::new();
+    let w = g.input("w", DType::F16, &[24, 10]).unwrap();
+    let x = g.input("x", DType::F32, &[24, 7]).unwrap();
+    let y = g.mul_mat(w, x).unwrap();
+    assert_eq!(
+        check(&g, y, &[w, x], 4),
+        vec!["cpy_f32_f16", "gemm(batch 1, t10)"]
+    );
+
+    // Batched with broadcast of `a` in dims 2 and 3 (GQA-style), F32 both.
+    let mut g = Graph::new();
+    let a = g.input("a", DType::F32, &[8, 5, 2, 1]).unwrap();
+    let b = g.input("b", DType::F32, &[8, 3, 4, 3]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(check(&g, y, &[a, b], 5), vec!["gemm(batch 12, t10)"]);
+
+    // `a` transposed (dim 1 dense): read without transposing; BF16 both.
+    let mut g = Graph::new();
+    let at = g.input("at", DType::BF16, &[6, 11]).unwrap();
+    let a = g.transpose(at).unwrap(); // [11, 6]
+    let b = g.input("b", DType::BF16, &[11, 4]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(check(&g, y, &[at, b], 6), vec!["gemm(batch 1, t00)"]);
+
+    // `b` transposed (dim 1 dense): read transposed.
+    let mut g = Graph::new();
+    let a = g.input("a", DType::F32, &[9, 5]).unwrap();
+    let bt = g.input("bt", DType::F32, &[4, 9]).unwrap();
+    let b = g.transpose(bt).unwrap(); // [9, 4]
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(check(&g, y, &[a, bt], 7), vec!["gemm(batch 1, t11)"]);
+
+    // Permuted attention operands: batched over heads with GQA, activations converted.
+    let (hd, ctx, kvh, nh, t) = (16, 24, 2, 4, 3);
+    let mut g = Graph::new();
+    let kc = g.input("kc", DType::F16, &[hd * kvh, ctx]).unwrap();
+    let kv = g
+        .view_3d(kc, hd, ctx, kvh, hd * kvh * 2, hd * 2, 0)
+        .unwrap();
+    let q = g.input("q", DType::F32, &[hd, nh, t]).unwrap();
+    let qp = g.permute(q, [0, 2, 1, 3]).unwrap();
+    let y = g.mul_mat(kv, qp).unwrap();
+    assert_eq!(
+        check(&g, y, &[kc, q], 8),
+        vec!["cpy_f32_f16", "gemm(batch 4, t10)"]
+    );
+
+    // Neither dim of `a` dense: copied densely first. `b` F16 under F32 `a`: converted.
+    let mut g = Graph::new();
+    let a0 = g.input("a0", DType::F32, &[3, 7, 5]).unwrap();
+    let a = g.permute(a0, [2, 0, 1, 3]).unwrap(); // [7, 5, 3], nb0 = 12, nb1 = 84
+    let b = g.input("b", DType::F16, &[7, 2, 3]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(
+        check(&g, y, &[a0, b], 9),
+        vec!["cpy_f16_f32", "cpy_f32_f32", "gemm(batch 3, t10)"]
+    );
+
+    // One column but channels of another dtype than F16: batched GEMM, n = 1.
+    let mut g = Graph::new();
+    let a = g.input("a", DType::BF16, &[10, 6, 2]).unwrap();
+    let b = g.input("b", DType::F32, &[10, 1, 4]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(
+        check(&g, y, &[a, b], 10),
+        vec!["cpy_f32_bf16", "gemm(batch 4, t10)"]
+    );
+}
+
+#[test]
+fn f16_round_trip_of_the_interpreter() {
+    // The interpreter's loads and stores agree with `half` (guards the checks above).
+    let mut b = [0u8; 2];
+    // SAFETY: two bytes.
+    unsafe { store(b.as_mut_ptr(), DType::F16, 0.1) };
+    assert_eq!(f16::from_le_bytes(b), f16::from_f32(0.1));
+}

@@ -1,0 +1,450 @@
+//! A small transformer step (a few dozen mixed nodes: embedding lookup, norms, GEMV and
+//! cuBLAS products, rope, a K cache written by set_rows at run-time rows, a transposed V
+//! cache written by cpy, attention with a mask over GQA heads, soft_max, argmax) run on
+//! the CPU, on the CUDA backend eagerly, and on the CUDA backend captured into a CUDA
+//! graph and replayed with new inputs (token ids, positions, mask) every run.
+//!
+//! Checks: eager and replayed results are bit-identical for the same inputs (outputs and
+//! the caches they wrote), both match the CPU (NMSE), the stats show one capture and
+//! replays after it, and a bad token id or cache row is reported as IndexOutOfRange
+//! after which the next valid run is right again.
+//!
+//! One token per run exercises the GEMV kernels (mul_mat_vec, p021, vec_nc); five tokens
+//! exercise cuBLAS (converted activations, batched GQA products, F32 GEMM).
+//! Without a GPU the tests print "skipped: no GPU" and pass (GRAFT_REQUIRE_GPU=1: fail).
+#![cfg(feature = "cuda")]
+
+use graft::backend::cpu::CpuBackend;
+use graft::backend::cuda::CudaBackend;
+use graft::backend::{Backend, BackendExt, ExecId};
+use graft::graph::{BufferId, BufferRef, DType, Graph, Plan, TensorId};
+use graft::ops::{Llama3Scaling, RopeMode, RopeParams};
+use graft::Error;
+
+const D: usize = 256;
+const HD: usize = 64;
+const N_HEAD: usize = 4;
+const N_KV_HEAD: usize = 2;
+const KV: usize = HD * N_KV_HEAD;
+const FF: usize = 512;
+const VOCAB: usize = 1000;
+/// Cache positions (> 256 so that the decode V product takes the long-row kernel).
+const CTX: usize = 320;
+/// Where cpy writes V in the transposed cache (fixed when the graph is built).
+const V_COL: usize = 17;
+
+/// The graph and the handles a run needs.
+struct Model {
+    plan: Plan,
+    tok: TensorId,
+    pos: TensorId,
+    rows: TensorId,
+    mask: TensorId,
+    outputs: Vec<(TensorId, usize, bool)>,
+    caches: Vec<(BufferId, usize)>,
+}
+
+fn weight(
+    be: &mut dyn Backend,
+    g: &mut Graph,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    seed: u64,
+    scale: f32,
+) -> graft::Result<TensorId> {
+    let n: usize = shape.iter().product();
+    let buf = be.alloc_buffer(n * dtype.block_bytes())?;
+    be.fill_random(buf, 0, dtype, n, seed, scale)?;
+    g.weight(
+        name,
+        dtype,
+        shape,
+        BufferRef {
+            buffer: buf,
+            offset: 0,
+        },
+    )
+}
+
+fn state(
+    be: &mut dyn Backend,
+    g: &mut Graph,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    caches: &mut Vec<(BufferId, usize)>,
+) -> graft::Result<TensorId> {
+    let bytes = shape.iter().product::<usize>() * dtype.block_bytes();
+    let buf = be.alloc_buffer(bytes)?;
+    caches.push((buf, bytes));
+    g.state(
+        name,
+        dtype,
+        shape,
+        BufferRef {
+            buffer: buf,
+            offset: 0,
+        },
+    )
+}
+
+/// One transformer block and the output head for `t` tokens, weights seeded identically
+/// on every backend (fill_random is the same generator everywhere).
+fn build(be: &mut dyn Backend, t: usize) -> graft::Result<Model> {
+    let mut g = Graph::new();
+    let mut caches = Vec::new();
+    let tok = g.input("tok", DType::I32, &[t])?;
+    let pos = g.input("pos", DType::I32, &[t])?;
+    let rows = g.input("kv_rows", DType::I32, &[t])?;
+    let mask = g.input("mask", DType::F32, &[CTX, t])?;
+
+    let emb = weight(be, &mut g, "emb", DType::F16, &[D, VOCAB], 1, 1.0)?;
+    let norm_w = weight(be, &mut g, "norm_w", DType::F32, &[D], 2, 1.0)?;
+    let wq = weight(be, &mut g, "wq", DType::F16, &[D, D], 3, 0.1)?;
+    let wk = weight(be, &mut g, "wk", DType::F16, &[D, KV], 4, 0.1)?;
+    let wv = weight(be, &mut g, "wv", DType::BF16, &[D, KV], 5, 0.1)?;
+    let wo = weight(be, &mut g, "wo", DType::F32, &[D, D], 6, 0.1)?;
+    let w_up = weight(be, &mut g, "w_up", DType::F16, &[D, FF], 7, 0.1)?;
+    let w_down = weight(be, &mut g, "w_down", DType::F16, &[FF, D], 8, 0.05)?;
+    let w_out = weight(be, &mut g, "w_out", DType::F16, &[D, VOCAB], 9, 0.1)?;
+    let kcache = state(be, &mut g, "kcache", DType::F16, &[KV, CTX], &mut caches)?;
+    let vcache = state(
+        be,
+        &mut g,
+        "vcache",
+        DType::F16,
+        &[CTX, HD, N_KV_HEAD],
+        &mut caches,
+    )?;
+    let xstate = state(be, &mut g, "xstate", DType::F32, &[D, t], &mut caches)?;
+    let rope = RopeParams {
+        mode: RopeMode::Neox,
+        n_dims: HD,
+        freq_base: 500000.0,
+        freq_scale: 1.0,
+        llama3: Some(Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 64,
+        }),
+    };
+
+    let x = g.get_rows(emb, tok)?; // [D, t]
+    let h = g.rms_norm(x, 1e-5)?;
+    let h = g.mul(h, norm_w)?;
+    let q = g.mul_mat(wq, h)?; // [D, t]
+    let q = g.reshape(q, &[HD, N_HEAD, t])?;
+    let q = g.rope(q, pos, rope)?;
+    let k = g.mul_mat(wk, h)?; // [KV, t]
+    let k = g.reshape(k, &[HD, N_KV_HEAD, t])?;
+    let k = g.rope(k, pos, rope)?;
+    let k = g.reshape(k, &[KV, t])?;
+    let v = g.mul_mat(wv, h)?; // [KV, t]
+
+    // K rows at run-time positions; V columns of the transposed cache at V_COL.
+    let k_written = g.set_rows(kcache, k, rows)?;
+    let vt = g.transpose(v)?; // [t, KV]
+    let v_dst = g.view_2d(vcache, t, KV, CTX * 2, V_COL * 2)?;
+    let v_written = g.cpy(vt, v_dst)?;
+
+    let kview = g.view_3d(kcache, HD, CTX, N_KV_HEAD, KV * 2, HD * 2, 0)?; // [HD, CTX, kv heads]
+    let kview = g.after(kview, &[k_written])?;
+    let vview = g.view_3d(vcache, CTX, HD, N_KV_HEAD, CTX * 2, CTX * HD * 2, 0)?; // [CTX, HD, kv heads]
+    let vview = g.after(vview, &[v_written])?;
+
+    let qp = g.permute(q, [0, 2, 1, 3])?; // [HD, t, heads]
+    let kq = g.mul_mat(kview, qp)?; // [CTX, t, heads]
+    let probs = g.soft_max_ext(kq, Some(mask), 1.0 / (HD as f32).sqrt())?;
+    let kqv = g.mul_mat(vview, probs)?; // [HD, t, heads]
+    let o = g.permute(kqv, [0, 2, 1, 3])?; // [HD, heads, t]
+    let o = g.cont(o)?;
+    let o = g.reshape(o, &[D, t])?;
+    let attn = g.mul_mat(wo, o)?;
+    let x = g.add(x, attn)?;
+
+    let h = g.rms_norm(x, 1e-5)?;
+    let up = g.mul_mat(w_up, h)?; // [FF, t]
+    let up = g.silu(up)?;
+    let gate = g.gelu(up)?;
+    let up = g.mul(up, gate)?;
+    let down = g.mul_mat(w_down, up)?;
+    let x = g.add(x, down)?;
+    let x = g.scale(x, 0.5)?;
+    let x_saved = g.cpy(x, xstate)?;
+
+    let h = g.norm(x, 1e-5)?;
+    let h = g.rms_norm(h, 1e-5)?;
+    let logits = g.mul_mat(w_out, h)?; // [VOCAB, t]
+    let am = g.argmax(logits)?; // [t]
+
+    let plan = g.plan(&[x_saved, logits, am, probs])?;
+    Ok(Model {
+        plan,
+        tok,
+        pos,
+        rows,
+        mask,
+        outputs: vec![
+            (logits, VOCAB * t, false),
+            (am, t, true),
+            (probs, CTX * t * N_HEAD, false),
+        ],
+        caches,
+    })
+}
+
+/// The inputs of run `r`: tokens, positions continuing from earlier runs, cache rows at
+/// those positions, and the causal mask.
+fn inputs(r: usize, t: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<f32>) {
+    let tok: Vec<i32> = (0..t)
+        .map(|i| ((r * 7919 + i * 104_729) % VOCAB) as i32)
+        .collect();
+    let pos: Vec<i32> = (0..t).map(|i| (40 + r * t + i) as i32).collect();
+    let rows = pos.clone();
+    let mut mask = vec![0f32; CTX * t];
+    for (i, &p) in pos.iter().enumerate() {
+        for j in 0..CTX {
+            if j as i32 > p {
+                mask[i * CTX + j] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    (tok, pos, rows, mask)
+}
+
+/// Everything a run produced: outputs (F32 or I32 as bits) and cache contents.
+#[derive(PartialEq)]
+struct RunResult {
+    outputs: Vec<Vec<u32>>,
+    caches: Vec<Vec<u8>>,
+}
+
+fn set_inputs(
+    be: &mut dyn Backend,
+    m: &Model,
+    e: ExecId,
+    (tok, pos, rows, mask): &(Vec<i32>, Vec<i32>, Vec<i32>, Vec<f32>),
+) -> graft::Result<()> {
+    be.set_input_i32(e, m.tok, tok)?;
+    be.set_input_i32(e, m.pos, pos)?;
+    be.set_input_i32(e, m.rows, rows)?;
+    be.set_input_f32(e, m.mask, mask)
+}
+
+fn run(
+    be: &mut dyn Backend,
+    m: &Model,
+    e: ExecId,
+    inp: &(Vec<i32>, Vec<i32>, Vec<i32>, Vec<f32>),
+) -> graft::Result<RunResult> {
+    set_inputs(be, m, e, inp)?;
+    be.compute(e)?;
+    let mut outputs = Vec::new();
+    for &(id, n, _) in &m.outputs {
+        let mut v = vec![0u32; n];
+        be.get_output(e, id, bytemuck::cast_slice_mut(&mut v))?;
+        outputs.push(v);
+    }
+    let mut caches = Vec::new();
+    for &(buf, bytes) in &m.caches {
+        let mut v = vec![0u8; bytes];
+        be.read_buffer(buf, 0, &mut v)?;
+        caches.push(v);
+    }
+    Ok(RunResult { outputs, caches })
+}
+
+/// ggml's normalized mean squared error; NaN anywhere fails every comparison with it.
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+fn f16_to_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect()
+}
+
+fn compare_with_cpu(gpu: &RunResult, cpu: &RunResult, m: &Model, what: &str) {
+    for (i, &(_, _, is_int)) in m.outputs.iter().enumerate() {
+        if is_int {
+            continue;
+        }
+        let g: &[f32] = bytemuck::cast_slice(&gpu.outputs[i]);
+        let c: &[f32] = bytemuck::cast_slice(&cpu.outputs[i]);
+        let e = nmse(g, c);
+        assert!(
+            e < 5e-4,
+            "{what}: output {i} differs from the CPU: NMSE {e:e}"
+        );
+    }
+    // argmax on the GPU is the argmax of the GPU's own logits.
+    let logits: &[f32] = bytemuck::cast_slice(&gpu.outputs[0]);
+    let am = &gpu.outputs[1];
+    for (i, row) in logits.chunks_exact(VOCAB).enumerate() {
+        let expect = graft::ops::argmax::argmax_row(row) as u32;
+        assert_eq!(am[i], expect, "{what}: argmax of row {i}");
+    }
+    // K and V caches (F16), and the saved activations (F32).
+    for (i, (g, c)) in gpu.caches.iter().zip(&cpu.caches).enumerate() {
+        let (g, c) = if i < 2 {
+            (f16_to_f32(g), f16_to_f32(c))
+        } else {
+            (
+                bytemuck::cast_slice::<u8, f32>(g).to_vec(),
+                bytemuck::cast_slice::<u8, f32>(c).to_vec(),
+            )
+        };
+        let e = nmse(&g, &c);
+        assert!(
+            e < 5e-4,
+            "{what}: cache {i} differs from the CPU: NMSE {e:e}"
+        );
+    }
+}
+
+fn eager_and_replayed_match_cpu(t: usize) {
+    let Some(mut eager) = CudaBackend::new_or_skip(0).unwrap() else {
+        return;
+    };
+    let mut replayed = CudaBackend::new(0).unwrap();
+    eager.set_graphs(false);
+    replayed.set_graphs(true);
+    assert!(
+        replayed.graphs(),
+        "GRAFT_CUDA_SYNC=1 turns graphs off; unset it for this test"
+    );
+    let mut cpu = CpuBackend::new();
+
+    let mc = build(&mut cpu, t).unwrap();
+    let me = build(&mut eager, t).unwrap();
+    let mr = build(&mut replayed, t).unwrap();
+    let ec = cpu.load(&mc.plan).unwrap();
+    let ee = eager.load(&me.plan).unwrap();
+    let er = replayed.load(&mr.plan).unwrap();
+
+    const RUNS: usize = 4;
+    for r in 0..RUNS {
+        let inp = inputs(r, t);
+        let c = run(&mut cpu, &mc, ec, &inp).unwrap();
+        let e = run(&mut eager, &me, ee, &inp).unwrap();
+        let g = run(&mut replayed, &mr, er, &inp).unwrap();
+        assert!(e == g, "t={t} run {r}: eager and replayed results differ");
+        compare_with_cpu(&g, &c, &mr, &format!("t={t} run {r}"));
+    }
+    assert_eq!(eager.stats().eager_runs, RUNS as u64);
+    assert_eq!(eager.stats().captures, 0);
+    let s = replayed.stats();
+    assert_eq!(
+        (s.captures, s.replays, s.eager_runs),
+        (1, RUNS as u64 - 1, 0),
+        "{:?}",
+        replayed.warnings()
+    );
+    assert!(replayed.warnings().is_empty(), "{:?}", replayed.warnings());
+
+    // A bad token id: reported at the next synchronizing call, then cleared.
+    let mut inp = inputs(RUNS, t);
+    inp.0[t - 1] = (VOCAB + 5) as i32;
+    match run(&mut replayed, &mr, er, &inp) {
+        Err(Error::IndexOutOfRange {
+            op,
+            index,
+            position,
+            limit,
+            ..
+        }) => {
+            assert_eq!(
+                (op, index, position, limit),
+                ("get_rows", VOCAB as i64 + 5, t - 1, VOCAB)
+            );
+        }
+        other => panic!(
+            "expected IndexOutOfRange from get_rows, got {:?}",
+            other.err()
+        ),
+    }
+    // A bad cache row, on the eager backend.
+    let mut inp = inputs(RUNS, t);
+    inp.2[0] = (CTX + 3) as i32;
+    match run(&mut eager, &me, ee, &inp) {
+        Err(Error::IndexOutOfRange {
+            op,
+            index,
+            position,
+            limit,
+            ..
+        }) => {
+            assert_eq!(
+                (op, index, position, limit),
+                ("set_rows", CTX as i64 + 3, 0, CTX)
+            );
+        }
+        other => panic!(
+            "expected IndexOutOfRange from set_rows, got {:?}",
+            other.err()
+        ),
+    }
+    // The next valid run (same positions: it rewrites what the bad runs wrote) is right.
+    let inp = inputs(RUNS, t);
+    let c = run(&mut cpu, &mc, ec, &inp).unwrap();
+    let e = run(&mut eager, &me, ee, &inp).unwrap();
+    let g = run(&mut replayed, &mr, er, &inp).unwrap();
+    assert!(
+        e == g,
+        "t={t}: eager and replayed differ after the index errors"
+    );
+    compare_with_cpu(&g, &c, &mr, &format!("t={t} after the index errors"));
+    let s = replayed.stats();
+    assert_eq!((s.captures, s.replays), (1, RUNS as u64 + 1));
+}
+
+#[test]
+fn decode_one_token() {
+    eager_and_replayed_match_cpu(1);
+}
+
+#[test]
+fn prefill_five_tokens() {
+    eager_and_replayed_match_cpu(5);
+}
+
+/// A plan whose buffers were freed refuses to run; unknown plans are errors.
+#[test]
+fn freed_buffer_and_unknown_plan() {
+    let Some(mut be) = CudaBackend::new_or_skip(0).unwrap() else {
+        return;
+    };
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[8]).unwrap();
+    let buf = be.alloc_buffer(8 * 4).unwrap();
+    let w = g
+        .weight(
+            "w",
+            DType::F32,
+            &[8],
+            BufferRef {
+                buffer: buf,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    let y = g.mul(x, w).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    let e = be.load(&plan).unwrap();
+    be.set_input_f32(e, x, &[1.0; 8]).unwrap();
+    be.compute(e).unwrap();
+    assert_eq!(be.get_output_f32(e, y, 8).unwrap(), vec![0.0; 8]);
+    be.free_buffer(buf).unwrap();
+    assert!(matches!(be.compute(e), Err(Error::Plan(_))));
+    be.unload(e).unwrap();
+    assert!(be.compute(e).is_err());
+}

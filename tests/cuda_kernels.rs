@@ -1,0 +1,119 @@
+//! The kernel table and fill_random. Without a GPU the device tests print "skipped: no
+//! GPU" and pass, unless GRAFT_REQUIRE_GPU=1, which makes a missing GPU a failure.
+#![cfg(feature = "cuda")]
+
+use std::collections::HashSet;
+
+use graft::backend::cpu::CpuBackend;
+use graft::backend::cuda::kernels::{k, ALL, MODULES};
+use graft::backend::cuda::CudaBackend;
+use graft::backend::Backend;
+use graft::graph::DType;
+
+fn gpu() -> Option<CudaBackend> {
+    CudaBackend::new_or_skip(0).expect("GRAFT_REQUIRE_GPU=1 but the CUDA backend cannot start")
+}
+
+/// The generated table: every module has kernels, names are unique, indices dense, and
+/// the kernels the backend dispatches to by name exist (a misspelt constant would not
+/// compile; this checks the parse of the sources found them all).
+#[test]
+fn kernel_table_is_complete() {
+    assert_eq!(MODULES.len(), 10, "one module per cuda/*.cu");
+    let mut names = HashSet::new();
+    for (i, kernel) in ALL.iter().enumerate() {
+        assert_eq!(kernel.index, i);
+        assert!(kernel.module < MODULES.len());
+        assert!(names.insert(kernel.name), "{} listed twice", kernel.name);
+    }
+    for (m, module) in MODULES.iter().enumerate() {
+        assert!(
+            ALL.iter().any(|kernel| kernel.module == m),
+            "{} has no kernel",
+            module.name
+        );
+    }
+    for kernel in [
+        k::MUL_MAT_VEC_F16,
+        k::MUL_MAT_P021_F16_F32,
+        k::MUL_MAT_VEC_NC_F16_F32,
+        k::RMS_NORM_BF16,
+        k::SET_ROWS_F32_F16,
+        k::FILL_RANDOM_BF16,
+    ] {
+        assert_eq!(ALL[kernel.index], kernel);
+        assert!(MODULES[kernel.module].image.len() > 1000);
+    }
+}
+
+/// Every kernel of every module loads (CudaBackend::new looks each one up) and answers
+/// its attributes; the GEMV kernels use no local memory (no spills).
+#[test]
+fn every_kernel_loads() {
+    let Some(be) = gpu() else { return };
+    println!("{}", be.device_name());
+    for kernel in ALL {
+        let (regs, local) = be.kernel_resources(*kernel).unwrap();
+        println!(
+            "{:28} {:3} registers {:4} local bytes",
+            kernel.name, regs, local
+        );
+        assert!(regs > 0, "{}", kernel.name);
+    }
+    for kernel in [
+        k::MUL_MAT_VEC_F16,
+        k::MUL_MAT_VEC_BF16,
+        k::MUL_MAT_VEC_F32,
+        k::MUL_MAT_VEC_NC_F16_F32,
+        k::MUL_MAT_P021_F16_F32,
+    ] {
+        assert_eq!(
+            be.kernel_resources(kernel).unwrap().1,
+            0,
+            "{} spills",
+            kernel.name
+        );
+    }
+}
+
+/// fill_random on the GPU gives the CPU backend's bytes, bit for bit, for every float
+/// dtype, at an offset, for several seeds, scales and lengths.
+#[test]
+fn fill_random_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut cpu = CpuBackend::new();
+    for dtype in DType::FLOATS {
+        for (n, seed, scale) in [
+            (1usize, 0u64, 1.0f32),
+            (1000, 7, 0.02),
+            (100_003, 0x1234_5678_9abc, 3.5),
+        ] {
+            let es = dtype.block_bytes();
+            let offset = 5 * es;
+            let bytes = offset + n * es + 3 * es;
+            let gb = gpu.alloc_buffer(bytes).unwrap();
+            let cb = cpu.alloc_buffer(bytes).unwrap();
+            gpu.fill_random(gb, offset, dtype, n, seed, scale).unwrap();
+            cpu.fill_random(cb, offset, dtype, n, seed, scale).unwrap();
+            let mut g = vec![0u8; bytes];
+            let mut c = vec![0u8; bytes];
+            gpu.read_buffer(gb, 0, &mut g).unwrap();
+            cpu.read_buffer(cb, 0, &mut c).unwrap();
+            let first_diff = g.iter().zip(&c).position(|(a, b)| a != b);
+            assert_eq!(
+                first_diff, None,
+                "{dtype} n={n} seed={seed}: first differing byte"
+            );
+            // Guard bytes around the range stay zero; the range is not all zero.
+            assert!(g[..offset].iter().all(|&b| b == 0));
+            assert!(g[offset + n * es..].iter().all(|&b| b == 0));
+            assert!(g[offset..offset + n * es].iter().any(|&b| b != 0));
+            gpu.free_buffer(gb).unwrap();
+        }
+    }
+    // Out of range and non-float requests are errors, not launches.
+    let gb = gpu.alloc_buffer(16).unwrap();
+    assert!(gpu.fill_random(gb, 0, DType::F32, 5, 1, 1.0).is_err());
+    assert!(gpu.fill_random(gb, 0, DType::I32, 2, 1, 1.0).is_err());
+    assert!(gpu.fill_random(gb, 2, DType::F32, 1, 1, 1.0).is_err());
+}
