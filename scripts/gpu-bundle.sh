@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Builds the release GPU test binaries (every integration test whose name contains
-# "cuda"), the `graft` binary and the bench_ops example with the `cuda` feature, strips
-# them, and puts them with runner scripts into one folder that runs on a GPU machine
-# without cargo:
+# "cuda", and the Llama fixture tests) and the `graft` binary with the `cuda` feature,
+# strips them, and puts them with runner scripts into one folder that runs on a GPU
+# machine without cargo:
 #   BUNDLE/tests/NAME      test binaries
-#   BUNDLE/bin/graft, BUNDLE/bin/bench_ops
+#   BUNDLE/bin/graft
 #   BUNDLE/run-tests.sh    every test binary (GRAFT_REQUIRE_GPU=1), a summary table;
 #                          --bench also runs the op benchmark
 #   BUNDLE/run-memcheck.sh the test binaries under compute-sanitizer --tool memcheck
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
 # Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
-# expression over test names, replaces the default "cuda".
+# expression over test names, replaces the default "cuda|llama_fixtures". Run the bundle
+# from the repository root (the fixture tests read tests/fixtures there).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${1:-$ROOT/.gpu/bundle}"
-PATTERN="${GRAFT_BUNDLE_TESTS:-cuda}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|llama_fixtures}"
 cd "$ROOT"
 
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
@@ -27,8 +28,8 @@ json="$(mktemp)"
 trap 'rm -f "$json"' EXIT
 cargo test --release --features cuda --no-run --message-format=json > "$json" \
     || die "cargo test --no-run failed"
-echo "gpu-bundle: building graft and bench_ops"
-cargo build --release --features cuda --bin graft --example bench_ops \
+echo "gpu-bundle: building graft"
+cargo build --release --features cuda --bin graft \
     || die "cargo build failed"
 
 rm -rf "$BUNDLE"
@@ -61,7 +62,6 @@ while IFS=$'\t' read -r name path; do
 done < "$BUNDLE/.tests"
 rm "$BUNDLE/.tests"
 cp target/release/graft "$BUNDLE/bin/graft"
-cp target/release/examples/bench_ops "$BUNDLE/bin/bench_ops"
 strip "$BUNDLE"/tests/* "$BUNDLE"/bin/*
 
 cat > "$BUNDLE/run-tests.sh" <<'RUN'
@@ -76,6 +76,7 @@ if [ "${1:-}" = "--bench" ]; then BENCH=1; shift; fi
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GRAFT_REQUIRE_GPU=1
 export RUST_BACKTRACE=1
+[ -d tests/fixtures ] && export GRAFT_FIXTURES="$PWD/tests/fixtures"
 LOGS="${OUT:-$HERE/logs}"
 mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
@@ -109,7 +110,7 @@ if [ $status -eq 0 ]; then echo "ALL GPU TESTS PASSED"; else echo "GPU TESTS FAI
 
 if [ $BENCH -eq 1 ]; then
     echo
-    "$HERE/bin/bench_ops" --json-out "$LOGS/bench.json" || status=1
+    "$HERE/bin/graft" bench-ops --json-out "$LOGS/bench.json" || status=1
 fi
 exit $status
 RUN

@@ -40,7 +40,8 @@ pub struct Args {
     /// Seed of the weights and of the prompt's token ids.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Device copy bandwidth in GB/s, for the roofline fraction (unknown if absent).
+    /// Device copy bandwidth in GB/s, for the roofline fraction (measured on the device
+    /// when the backend is CUDA and this is absent; unknown on the CPU).
     #[arg(long)]
     copy_bw: Option<f64>,
     /// Backend to run on.
@@ -51,13 +52,31 @@ pub struct Args {
     json: bool,
 }
 
+/// The backend, and the copy bandwidth to compare with: the one given, else measured on
+/// a CUDA device.
+fn open_backend(
+    kind: BackendKind,
+    given: Option<f64>,
+) -> Result<(Box<dyn graft::backend::Backend>, Option<f64>)> {
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        let mut be = graft::backend::cuda::CudaBackend::new(0)?;
+        let bw = match given {
+            Some(bw) => bw,
+            None => graft::backend::cuda::bench::copy_bandwidth(&mut be)?,
+        };
+        return Ok((Box::new(be), Some(bw)));
+    }
+    Ok((make_backend(kind)?, given))
+}
+
 /// Runs `graft bench`.
 pub fn run(a: Args) -> Result<()> {
     let cfg = preset(&a.preset)?;
     if a.p == 0 || a.n == 0 || a.reps == 0 {
         return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
     }
-    let mut be = make_backend(a.backend)?;
+    let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
     let be = be.as_mut();
     let dtype = a.dtype.into();
     let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.seed, be)?;
@@ -95,7 +114,7 @@ pub fn run(a: Args) -> Result<()> {
     let plans = model.plan_counts();
     let weight_bytes = model.weights().bytes;
     let per_token = model.weights().bytes_per_token(&cfg);
-    let roofline = a.copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
+    let roofline = copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
     if a.json {
         let obj = json!({
             "preset": a.preset,
@@ -109,7 +128,7 @@ pub fn run(a: Args) -> Result<()> {
             "weight_bytes": weight_bytes,
             "weight_bytes_per_token": per_token,
             "kv_cache_bytes": model.cache().bytes(),
-            "copy_bw_gbps": a.copy_bw,
+            "copy_bw_gbps": copy_bw,
             "roofline_fraction": roofline,
             "plans": {"prefill": plans.prefill, "decode": plans.decode},
             "captures": stats.captures,
@@ -119,7 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         print_out(&format!("{obj}\n"))?;
     } else {
         let gb = |b: usize| b as f64 / 1e9;
-        let roof = match (roofline, a.copy_bw) {
+        let roof = match (roofline, copy_bw) {
             (Some(f), Some(bw)) => format!("{:.1}% of {bw:.0} GB/s", f * 100.0),
             _ => "unknown (pass --copy-bw GBPS)".into(),
         };

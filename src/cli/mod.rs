@@ -3,12 +3,14 @@
 //! - `generate`: stream a continuation of a prompt (text or token ids);
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
-//! - `bench`: prompt-processing and generation speed of a preset with random weights.
+//! - `bench`: prompt-processing and generation speed of a preset with random weights;
+//! - `bench-ops`: per-kernel figures of the CUDA backend.
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
 
 mod bench;
+mod bench_ops;
 mod dump;
 mod generate;
 mod logits;
@@ -43,6 +45,8 @@ enum Command {
     Dump(dump::Args),
     /// Benchmark prompt processing and generation on a preset with random weights.
     Bench(bench::Args),
+    /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
+    BenchOps(bench_ops::Args),
 }
 
 /// Which backend runs the model.
@@ -123,6 +127,7 @@ pub fn main() -> ExitCode {
         Command::Logits(a) => logits::run(a),
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchOps(a) => bench_ops::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -171,8 +171,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Copy bandwidth: a 512 MiB device-to-device copy, median of 20.
-fn copy_bandwidth(be: &mut CudaBackend) -> Result<f64> {
+/// Device copy bandwidth in GB/s (bytes read + written): a 512 MiB device-to-device
+/// copy, median of 20 after 3 warm-ups. The ceiling for memory-bound kernels.
+pub fn copy_bandwidth(be: &mut CudaBackend) -> Result<f64> {
     const BYTES: usize = 512 << 20;
     let src = DeviceMem::alloc(&be.ctx, BYTES, "the copy benchmark")?;
     let dst = DeviceMem::alloc(&be.ctx, BYTES, "the copy benchmark")?;

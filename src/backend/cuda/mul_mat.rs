@@ -14,14 +14,19 @@
 //!    arrays built here and uploaded with the plan's constants: the arena and buffers
 //!    never move), tensor cores for F16/BF16, f32 accumulation (`CUBLAS_COMPUTE_32F`, no
 //!    TF32). `b` of another dtype than `a` is converted into the plan's scratch first;
-//!    operands that no (trans, ld) pair describes are copied there densely.
+//!    operands that no (trans, ld) pair describes are copied there densely. With BF16
+//!    weights, an F32/F16 `b` is split into `hi = bf16(b)` and `lo = bf16(b - hi)` and
+//!    the product is `a hi + a lo` (two GEMMs, f32 sums): rounding the activations to
+//!    BF16's 8-bit mantissa alone would make prefill far less precise than decode, whose
+//!    GEMV keeps them in f32; the split keeps about 16 bits.
 
 use cudarc::cublas::sys as blas_sys;
 
 use super::args::GemvArgs;
+use super::args::{CpyArgs, Tensor4, CPY_CONTIGUOUS, CPY_SAME_SHAPE};
 use super::device::Blas;
 use super::kernels::k;
-use super::lower::{copy_to, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
+use super::lower::{copy_to, flat_grid, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Largest block of the gemv kernels (`GEMV_THREADS` in cuda/mul_mat.cu).
@@ -52,6 +57,8 @@ pub(crate) struct Gemm {
     pub c: u64,
     pub ldc: i32,
     pub batch: i32,
+    /// 0 to overwrite C, 1 to add the product to it.
+    pub beta: f32,
     /// Device address of `batch` A pointers, then `batch` B pointers, then `batch` C
     /// pointers (used when `batch > 1`).
     pub ptrs: u64,
@@ -69,7 +76,7 @@ impl Gemm {
             DType::I32 => return Err("GEMM of I32 operands".into()),
         };
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
-        let (alpha, beta) = (1f32, 0f32);
+        let (alpha, beta) = (1f32, self.beta);
         let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
         let status = if self.batch == 1 {
@@ -305,6 +312,35 @@ fn scratch_copy(
     Ok((addr, dense))
 }
 
+/// `x` split into two dense BF16 tensors at `addr` (hi, then lo right after it).
+fn split_to(lw: &Lowering, x: &Operand, addr: u64) -> Result<DevOp, String> {
+    let kernel = match x.dtype {
+        DType::F32 => k::SPLIT_F32_BF16,
+        DType::F16 => k::SPLIT_F16_BF16,
+        other => return Err(format!("mul_mat: no BF16 split of {other}")),
+    };
+    let dense = Operand {
+        id: x.id,
+        dtype: DType::BF16,
+        ne: x.ne,
+        nb: contiguous_strides(DType::BF16, &x.ne),
+        loc: x.loc,
+    };
+    let n = x.nelements();
+    let args = CpyArgs {
+        src: lw.t4(x),
+        dst: Tensor4::new(addr, &dense),
+        n: n as i64,
+        mode: if x.is_contiguous() {
+            CPY_CONTIGUOUS
+        } else {
+            CPY_SAME_SHAPE
+        },
+    };
+    let (grid, block) = flat_grid(n);
+    Ok(DevOp::kernel(kernel, grid, block, &args))
+}
+
 fn lower_gemm(
     a: &Operand,
     b: &Operand,
@@ -317,14 +353,33 @@ fn lower_gemm(
     let mut ops = Vec::new();
     let mut offset = 0usize;
 
-    let bop = match (b.dtype == dtype)
-        .then(|| describe(b, lw.addr(b), false))
-        .flatten()
-    {
-        Some(d) => d,
-        None => {
-            let (addr, dense) = scratch_copy(lw, b, dtype, &mut offset, &mut ops)?;
-            describe(&dense, addr, false).expect("a dense copy is describable")
+    // With BF16 weights, the activations go in as two BF16 halves (see the module docs).
+    let split = dtype == DType::BF16 && b.dtype != DType::BF16;
+    let mut lo_shift = 0u64;
+    let bop = if split {
+        let dense = Operand {
+            id: b.id,
+            dtype,
+            ne: b.ne,
+            nb: contiguous_strides(dtype, &b.ne),
+            loc: b.loc,
+        };
+        let addr = lw.scratch_base + offset as u64;
+        lo_shift = dense.nbytes() as u64;
+        ops.push(split_to(lw, b, addr)?);
+        offset = (offset + 2 * dense.nbytes()).next_multiple_of(REGION_ALIGN);
+        lw.scratch_need = lw.scratch_need.max(offset);
+        describe(&dense, addr, false).expect("a dense copy is describable")
+    } else {
+        match (b.dtype == dtype)
+            .then(|| describe(b, lw.addr(b), false))
+            .flatten()
+        {
+            Some(d) => d,
+            None => {
+                let (addr, dense) = scratch_copy(lw, b, dtype, &mut offset, &mut ops)?;
+                describe(&dense, addr, false).expect("a dense copy is describable")
+            }
         }
     };
     let aop = match describe(a, lw.addr(a), true) {
@@ -337,7 +392,11 @@ fn lower_gemm(
 
     let batch = b2 * b3;
     let (r2, r3) = (b2 / a2, b3 / a3);
-    let ptrs = if batch > 1 {
+    // Pointer arrays (A, then B shifted by `b_shift`, then C) for a batched GEMM.
+    let mut ptrs = |b_shift: u64| -> u64 {
+        if batch == 1 {
+            return 0;
+        }
         let mut arrays: Vec<u64> = Vec::with_capacity(3 * batch);
         for i3 in 0..b3 {
             for i2 in 0..b2 {
@@ -346,7 +405,7 @@ fn lower_gemm(
         }
         for i3 in 0..b3 {
             for i2 in 0..b2 {
-                arrays.push(bop.addr + (i2 * bop.nb2 + i3 * bop.nb3) as u64);
+                arrays.push(bop.addr + b_shift + (i2 * bop.nb2 + i3 * bop.nb3) as u64);
             }
         }
         for i3 in 0..b3 {
@@ -356,24 +415,32 @@ fn lower_gemm(
         }
         let bytes: Vec<u8> = arrays.iter().flat_map(|p| p.to_ne_bytes()).collect();
         lw.push_consts(&bytes)
-    } else {
-        0
     };
-    ops.push(DevOp::Gemm(Gemm {
-        transa: aop.trans,
-        transb: bop.trans,
-        m: to_i32("m", m)?,
-        n: to_i32("n", n)?,
-        k: to_i32("k", kk)?,
-        dtype,
-        a: aop.addr,
-        lda: to_i32("lda", aop.ld)?,
-        b: bop.addr,
-        ldb: to_i32("ldb", bop.ld)?,
-        c: lw.addr(dst),
-        ldc: to_i32("ldc", m)?,
-        batch: to_i32("batch", batch)?,
-        ptrs,
-    }));
+    let hi_ptrs = ptrs(0);
+    let lo_ptrs = if split { ptrs(lo_shift) } else { 0 };
+    let c = lw.addr(dst);
+    let gemm = |b_shift: u64, beta: f32, ptrs: u64| -> Result<DevOp, String> {
+        Ok(DevOp::Gemm(Gemm {
+            transa: aop.trans,
+            transb: bop.trans,
+            m: to_i32("m", m)?,
+            n: to_i32("n", n)?,
+            k: to_i32("k", kk)?,
+            dtype,
+            a: aop.addr,
+            lda: to_i32("lda", aop.ld)?,
+            b: bop.addr + b_shift,
+            ldb: to_i32("ldb", bop.ld)?,
+            c,
+            ldc: to_i32("ldc", m)?,
+            batch: to_i32("batch", batch)?,
+            beta,
+            ptrs,
+        }))
+    };
+    ops.push(gemm(0, 0.0, hi_ptrs)?);
+    if split {
+        ops.push(gemm(lo_shift, 1.0, lo_ptrs)?);
+    }
     Ok(ops)
 }
