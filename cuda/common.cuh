@@ -147,6 +147,11 @@ struct FillRandomArgs {
 };
 static_assert(sizeof(FillRandomArgs) == 32, "FillRandomArgs layout");
 
+struct SpinArgs {  // spin_wait: hold the stream for ns nanoseconds
+    i64 ns;
+};
+static_assert(sizeof(SpinArgs) == 8, "SpinArgs layout");
+
 // ---------------------------------------------------------------------------------------
 // Element access.
 

@@ -1,4 +1,6 @@
-// Utility kernels: fill_random, the device twin of the CPU backend's seeded generator
+// Utility kernels: spin_wait, which holds the stream while the profiler enqueues a whole
+// plan between timing events (so the events time kernels, not launch gaps), and
+// fill_random, the device twin of the CPU backend's seeded generator
 // (src/backend/cpu.rs: splitmix64, random_uniform), bit for bit, so both backends make the
 // same weights for a seed.
 #include "common.cuh"
@@ -26,3 +28,13 @@ __device__ void fill_random(const FillRandomArgs& p) {
 extern "C" __global__ void fill_random_f32(const FillRandomArgs p) { fill_random<float>(p); }
 extern "C" __global__ void fill_random_f16(const FillRandomArgs p) { fill_random<f16>(p); }
 extern "C" __global__ void fill_random_bf16(const FillRandomArgs p) { fill_random<bf16>(p); }
+
+// One thread sleeps until p.ns nanoseconds of the global timer have passed.
+extern "C" __global__ void spin_wait(const SpinArgs p) {
+    u64 start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while ((i64)(now - start) < p.ns);
+}

@@ -143,6 +143,12 @@ impl Backend for Refusing {
     fn compute(&mut self, exec: ExecId) -> Result<()> {
         self.0.compute(exec)
     }
+    fn set_profiling(&mut self, on: bool) {
+        self.0.set_profiling(on)
+    }
+    fn take_profile(&mut self) -> Vec<graft::backend::StepTime> {
+        self.0.take_profile()
+    }
     fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
         self.0.get_output(exec, id, out)
     }

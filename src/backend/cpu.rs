@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{io_slot, validate_plan, Backend, ExecId, Stats};
+use super::{io_slot, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::host::{store, HostTensor};
@@ -25,6 +25,8 @@ pub struct CpuBackend {
     sizes: HashMap<BufferId, usize>,
     execs: Vec<Option<CpuExec>>,
     stats: Stats,
+    /// Step times of profiled runs (`Some` while profiling is on).
+    profile: Option<Vec<StepTime>>,
 }
 
 /// A zeroed allocation of at least `bytes` bytes, or an error naming the size.
@@ -234,7 +236,16 @@ impl Backend for CpuBackend {
                 .iter()
                 .map(|s| HostTensor::new(ptr(s.loc), s))
                 .collect();
+            let start = std::time::Instant::now();
             run_step(step, dst, &src)?;
+            if let Some(p) = self.profile.as_mut() {
+                p.push(StepTime {
+                    name: step.name.clone(),
+                    op: step.op.name(),
+                    kernels: step.op.name().to_string(),
+                    us: start.elapsed().as_secs_f64() * 1e6,
+                });
+            }
         }
         self.stats.eager_runs += 1;
         Ok(())
@@ -267,6 +278,14 @@ impl Backend for CpuBackend {
     fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
         let e = self.exec(exec)?;
         Ok(bytemuck::cast_slice::<u64, u8>(&e.arena)[..e.plan.arena_bytes].to_vec())
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| self.profile.take().unwrap_or_default());
+    }
+
+    fn take_profile(&mut self) -> Vec<StepTime> {
+        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
     }
 }
 

@@ -28,6 +28,46 @@ pub struct Stats {
     pub replays: u64,
 }
 
+/// The time one step of a plan took in a profiled run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepTime {
+    /// The node's name.
+    pub name: String,
+    /// The node's op.
+    pub op: &'static str,
+    /// What ran for it (kernel names on CUDA; the op on the CPU).
+    pub kernels: String,
+    /// Microseconds.
+    pub us: f64,
+}
+
+/// A table of a profile: one row per (op, kernels) with the count of steps, their total
+/// time and share, largest first, then the total.
+pub fn profile_table(rows: &[StepTime]) -> String {
+    let mut groups: Vec<(String, &'static str, usize, f64)> = Vec::new();
+    for r in rows {
+        match groups.iter_mut().find(|g| g.0 == r.kernels && g.1 == r.op) {
+            Some(g) => {
+                g.2 += 1;
+                g.3 += r.us;
+            }
+            None => groups.push((r.kernels.clone(), r.op, 1, r.us)),
+        }
+    }
+    groups.sort_by(|a, b| b.3.total_cmp(&a.3));
+    let total: f64 = rows.iter().map(|r| r.us).sum();
+    let mut out = String::from("| op | kernels | steps | total us | us/step | share |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+    for (kernels, op, n, us) in &groups {
+        out.push_str(&format!(
+            "| {op} | {kernels} | {n} | {us:.1} | {:.2} | {:.1}% |\n",
+            us / *n as f64,
+            100.0 * us / total.max(f64::MIN_POSITIVE)
+        ));
+    }
+    out.push_str(&format!("| all | | {} | {total:.1} | | 100% |\n", rows.len()));
+    out
+}
+
 /// What every backend offers.
 pub trait Backend {
     /// A short name ("cpu", "cuda").
@@ -84,6 +124,14 @@ pub trait Backend {
 
     /// A copy of a loaded plan's whole arena (to check sentinels after a test run).
     fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>>;
+
+    /// Turns step profiling on or off. While on, every run times each of its steps
+    /// (eagerly: a capturing backend neither captures nor replays) and keeps the times
+    /// for [`Backend::take_profile`].
+    fn set_profiling(&mut self, on: bool);
+
+    /// The step times of the profiled runs since the last call, in execution order.
+    fn take_profile(&mut self) -> Vec<StepTime>;
 }
 
 /// Typed conveniences over [`Backend`].

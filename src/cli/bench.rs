@@ -5,7 +5,9 @@
 //! capturing backend capture it), then `--reps` timed prefills that replay it. Generation:
 //! one decode step to build the first bucket's plan, the cache rewound, then `-n` timed
 //! decode steps, each reading back its on-device argmax. The memory-bandwidth roofline
-//! fraction is `weight bytes read per token x gen tokens/s / copy bandwidth`.
+//! fraction is `weight bytes read per token x gen tokens/s / copy bandwidth`. With
+//! `--profile`, one more prefill and decode step run with step profiling on, and a table
+//! says where their time goes.
 
 use std::time::Instant;
 
@@ -13,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use graft::backend::profile_table;
 use graft::models::{Llama, Logits};
 use graft::Result;
 
@@ -50,6 +53,10 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also time every step of one prefill and one decode step (eagerly) and print
+    /// where the time goes.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// The backend, and the copy bandwidth to compare with: the one given, else measured on
@@ -112,6 +119,19 @@ pub fn run(a: Args) -> Result<()> {
 
     let stats = be.stats();
     let plans = model.plan_counts();
+    // Profiles after the timed runs, so they change none of the figures above.
+    let profiles = if a.profile {
+        be.set_profiling(true);
+        model.reset();
+        model.prefill(be, &prompt, Logits::None)?;
+        let prefill = be.take_profile();
+        model.decode_step(be, tok, false)?;
+        let decode = be.take_profile();
+        be.set_profiling(false);
+        Some((prefill, decode))
+    } else {
+        None
+    };
     let weight_bytes = model.weights().bytes;
     let per_token = model.weights().bytes_per_token(&cfg);
     let roofline = copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
@@ -134,6 +154,12 @@ pub fn run(a: Args) -> Result<()> {
             "captures": stats.captures,
             "replays": stats.replays,
             "eager_runs": stats.eager_runs,
+            "profile": profiles.as_ref().map(|(p, d)| json!({
+                "prefill_us": p.iter().map(|r| r.us).sum::<f64>(),
+                "decode_us": d.iter().map(|r| r.us).sum::<f64>(),
+                "prefill": p.iter().map(|r| json!({"name": r.name, "op": r.op, "kernels": r.kernels, "us": r.us})).collect::<Vec<_>>(),
+                "decode": d.iter().map(|r| json!({"name": r.name, "op": r.op, "kernels": r.kernels, "us": r.us})).collect::<Vec<_>>(),
+            })),
         });
         print_out(&format!("{obj}\n"))?;
     } else {
@@ -165,6 +191,14 @@ pub fn run(a: Args) -> Result<()> {
             stats.replays,
             stats.eager_runs
         ))?;
+        if let Some((prefill, decode)) = &profiles {
+            print_out(&format!(
+                "\nprefill of {} tokens, step by step (eager):\n{}\none decode step, step by step (eager):\n{}",
+                a.p,
+                profile_table(prefill),
+                profile_table(decode)
+            ))?;
+        }
     }
     Ok(())
 }

@@ -172,6 +172,13 @@ pub struct FillRandomArgs {
     pub pad: f32,
 }
 
+/// `SpinArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SpinArgs {
+    pub ns: i64,
+}
+
 /// A kernel argument struct: `#[repr(C)]`, `Copy`, no implicit padding.
 ///
 /// # Safety
@@ -202,6 +209,7 @@ kernel_args!(
     ArgmaxArgs = 144,
     GemvArgs = 96,
     FillRandomArgs = 32,
+    SpinArgs = 8,
 );
 const _: () = assert!(std::mem::size_of::<Tensor4>() == 72);
 const _: () = assert!(std::mem::size_of::<IndexError>() == 40);

@@ -8,12 +8,15 @@
 //! shapes or a new topology mean a new plan, loaded (and captured) anew.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use cudarc::driver::{result, CudaGraph, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaGraph, CudaStream};
 
+use super::args::SpinArgs;
 use super::device::{driver_error_text, Blas, DeviceMem};
-use super::kernels::KernelTable;
+use super::kernels::{k, KernelTable};
 use super::lower::DevOp;
+use crate::backend::StepTime;
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, Plan, Step, TensorId};
 
@@ -125,6 +128,63 @@ impl Launcher<'_> {
                 .map_err(|e| node_error(step, format!("failed: {}", driver_error_text(e))))?;
         }
         Ok(())
+    }
+
+    /// Runs the whole plan eagerly with a timing event between steps, all enqueued behind
+    /// a spin kernel that holds the stream until they are, so each step's time is its
+    /// kernels' time, not the host's launch rate. Waits for the run.
+    pub fn run_profiled(&self, exec: &CudaExec, ctx: &Arc<CudaContext>) -> Result<Vec<StepTime>> {
+        let ev = |what| Error::Backend {
+            backend: "cuda",
+            msg: format!("profiling: {what}"),
+        };
+        let events = (0..=exec.plan.steps.len())
+            .map(|_| ctx.new_event(None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| ev(format!("cuEventCreate: {}", driver_error_text(e))))?;
+        // 20 us per launch of the plan covers the host's enqueueing with room to spare.
+        let launches: usize = exec.steps.iter().map(Vec::len).sum();
+        let spin = DevOp::kernel(
+            k::SPIN_WAIT,
+            (1, 1, 1),
+            (1, 1, 1),
+            &SpinArgs {
+                ns: (20_000 * launches as i64).max(1_000_000),
+            },
+        );
+        self.launch(&spin).map_err(ev)?;
+        events[0]
+            .record(self.stream)
+            .map_err(|e| ev(format!("cuEventRecord: {}", driver_error_text(e))))?;
+        for (i, (step, ops)) in exec.plan.steps.iter().zip(&exec.steps).enumerate() {
+            self.run_step(step, ops)?;
+            events[i + 1]
+                .record(self.stream)
+                .map_err(|e| ev(format!("cuEventRecord: {}", driver_error_text(e))))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(|e| ev(format!("the profiled run failed: {}", driver_error_text(e))))?;
+        let mut rows = Vec::with_capacity(exec.plan.steps.len());
+        for (i, (step, ops)) in exec.plan.steps.iter().zip(&exec.steps).enumerate() {
+            let ms = events[i]
+                .elapsed_ms(&events[i + 1])
+                .map_err(|e| ev(format!("cuEventElapsedTime: {}", driver_error_text(e))))?;
+            let kernels: Vec<&str> = ops
+                .iter()
+                .map(|op| match op {
+                    DevOp::Kernel(l) => l.kernel.name,
+                    DevOp::Gemm(_) => "cublasGemm",
+                })
+                .collect();
+            rows.push(StepTime {
+                name: step.name.clone(),
+                op: step.op.name(),
+                kernels: kernels.join(" + "),
+                us: f64::from(ms) * 1e3,
+            });
+        }
+        Ok(rows)
     }
 
     /// Enqueues the whole plan.

@@ -43,7 +43,7 @@ use self::device::{driver_error, driver_error_text, Blas, DeviceMem};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::{Kernel, KernelTable};
 use self::lower::{flat_grid, lower_step, pick1, DevOp, Lowering, REGION_ALIGN};
-use super::{io_slot, validate_plan, Backend, ExecId, Stats};
+use super::{io_slot, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::Op;
@@ -62,6 +62,8 @@ pub struct CudaBackend {
     stats: Stats,
     graphs: bool,
     sync_each: bool,
+    /// Step times of profiled runs (`Some` while profiling is on).
+    profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
@@ -154,6 +156,7 @@ impl CudaBackend {
             stats: Stats::default(),
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
+            profile: None,
             warnings: Vec::new(),
             stream,
             ctx,
@@ -630,6 +633,14 @@ impl Backend for CudaBackend {
         };
         let e = self.execs[exec.0].as_mut().expect("checked above");
         let mut warning = None;
+        if let Some(profile) = self.profile.as_mut() {
+            profile.extend(launcher.run_profiled(e, &self.ctx)?);
+            self.stats.eager_runs += 1;
+            if checks {
+                self.index_check_pending = true;
+            }
+            return Ok(());
+        }
         match &e.graph {
             GraphState::Captured(graph) if use_graphs => {
                 graph
@@ -717,5 +728,13 @@ impl Backend for CudaBackend {
         self.synchronize_checked()?;
         self.dtoh(ptr, &mut out)?;
         Ok(out)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| self.profile.take().unwrap_or_default());
+    }
+
+    fn take_profile(&mut self) -> Vec<StepTime> {
+        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
     }
 }
