@@ -147,6 +147,14 @@ struct FillRandomArgs {
 };
 static_assert(sizeof(FillRandomArgs) == 32, "FillRandomArgs layout");
 
+struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
+    Tensor4 src;
+    Tensor4 dst;
+    i64 n;
+    i64 lo_offset;
+};
+static_assert(sizeof(SplitArgs) == 160, "SplitArgs layout");
+
 struct SpinArgs {  // spin_wait: hold the stream for ns nanoseconds
     i64 ns;
 };

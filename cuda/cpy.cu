@@ -39,26 +39,20 @@ __device__ void cpy(const CpyArgs& p) {
     }
 }
 
-// Splits src (any float type, any strides) into two dense BF16 tensors with hi + lo
-// holding about 16 significant bits: hi = bf16(x) at dst, lo = bf16(x - hi) right after
-// it (n elements later). A BF16 GEMM of each half, summed in f32, keeps the activations
-// nearly as precise as f32 while the weights stay BF16 on the tensor cores.
+// Splits src (any float type, any strides) into two BF16 tensors of dst's layout whose
+// sum holds about 16 significant bits: hi = bf16(x) at dst, lo = bf16(x - hi) at
+// dst + lo_offset. A BF16 GEMM of each half, summed in f32, keeps the activations nearly
+// as precise as f32 while the weights stay BF16 on the tensor cores.
 template <typename S>
-__device__ void split_bf16(const CpyArgs& p) {
-    bf16* lo_base = reinterpret_cast<bf16*>(p.dst.data) + p.n;
+__device__ void split_bf16(const SplitArgs& p) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
-        const char* s;
-        if (p.mode == CPY_CONTIGUOUS) {
-            s = p.src.data + i * (i64)sizeof(S);
-        } else {
-            i64 is[4];
-            unflatten(p.src.ne, i, is);
-            s = at(p.src, is[0], is[1], is[2], is[3]);
-        }
-        const float x = load<S>(s);
+        i64 idx[4];
+        unflatten(p.src.ne, i, idx);
+        const float x = load<S>(at(p.src, idx[0], idx[1], idx[2], idx[3]));
         const bf16 hi = __float2bfloat16_rn(x);
-        reinterpret_cast<bf16*>(p.dst.data)[i] = hi;
-        lo_base[i] = __float2bfloat16_rn(x - __bfloat162float(hi));
+        char* d = at(p.dst, idx[0], idx[1], idx[2], idx[3]);
+        *reinterpret_cast<bf16*>(d) = hi;
+        *reinterpret_cast<bf16*>(d + p.lo_offset) = __float2bfloat16_rn(x - __bfloat162float(hi));
     }
 }
 
@@ -90,8 +84,8 @@ extern "C" __global__ void cpy_bf16_f16(const CpyArgs p) { cpy<bf16, f16>(p); }
 extern "C" __global__ void cpy_bf16_bf16(const CpyArgs p) { cpy<bf16, bf16>(p); }
 extern "C" __global__ void cpy_i32_i32(const CpyArgs p) { cpy<int, int>(p); }
 
-extern "C" __global__ void split_f32_bf16(const CpyArgs p) { split_bf16<float>(p); }
-extern "C" __global__ void split_f16_bf16(const CpyArgs p) { split_bf16<f16>(p); }
+extern "C" __global__ void split_f32_bf16(const SplitArgs p) { split_bf16<float>(p); }
+extern "C" __global__ void split_f16_bf16(const SplitArgs p) { split_bf16<f16>(p); }
 
 extern "C" __global__ void set_rows_f32_f32(const RowsArgs p) { set_rows<float, float>(p); }
 extern "C" __global__ void set_rows_f32_f16(const RowsArgs p) { set_rows<float, f16>(p); }

@@ -172,6 +172,16 @@ pub struct FillRandomArgs {
     pub pad: f32,
 }
 
+/// `SplitArgs`: the BF16 hi/lo split of a GEMM operand.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SplitArgs {
+    pub src: Tensor4,
+    pub dst: Tensor4,
+    pub n: i64,
+    pub lo_offset: i64,
+}
+
 /// `SpinArgs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -210,6 +220,7 @@ kernel_args!(
     GemvArgs = 96,
     FillRandomArgs = 32,
     SpinArgs = 8,
+    SplitArgs = 160,
 );
 const _: () = assert!(std::mem::size_of::<Tensor4>() == 72);
 const _: () = assert!(std::mem::size_of::<IndexError>() == 40);

@@ -139,7 +139,7 @@ impl Launcher<'_> {
             msg: format!("profiling: {what}"),
         };
         let events = (0..=exec.plan.steps.len())
-            .map(|_| ctx.new_event(None))
+            .map(|_| ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| ev(format!("cuEventCreate: {}", driver_error_text(e))))?;
         // 20 us per launch of the plan covers the host's enqueueing with room to spare.

@@ -23,7 +23,7 @@
 use cudarc::cublas::sys as blas_sys;
 
 use super::args::GemvArgs;
-use super::args::{CpyArgs, Tensor4, CPY_CONTIGUOUS, CPY_SAME_SHAPE};
+use super::args::{SplitArgs, Tensor4};
 use super::device::Blas;
 use super::kernels::k;
 use super::lower::{copy_to, flat_grid, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
@@ -268,7 +268,14 @@ struct GemmOperand {
 fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
     let es = x.dtype.block_bytes();
     let (kk, cols) = (x.ne[0], x.ne[1]);
-    if x.rows_contiguous() && (cols == 1 || (x.nb[1] % es == 0 && x.nb[1] / es >= kk)) {
+    // cuBLAS's tensor-core kernels assume 16-byte aligned matrices, leading dimensions
+    // and batch strides (a 2-byte aligned F16 view read back NaN); anything else goes
+    // through a dense copy in the (aligned) scratch.
+    let batched_stride_ok = |nb: usize, n: usize| n == 1 || nb % 16 == 0;
+    if addr % 16 != 0 || !batched_stride_ok(x.nb[2], x.ne[2]) || !batched_stride_ok(x.nb[3], x.ne[3]) {
+        return None;
+    }
+    if x.rows_contiguous() && (cols == 1 || (x.nb[1] % 16 == 0 && x.nb[1] / es >= kk)) {
         let ld = if cols == 1 { kk } else { x.nb[1] / es };
         return Some(GemmOperand {
             addr,
@@ -278,7 +285,7 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
             ld,
         });
     }
-    if kk > 1 && cols > 1 && x.nb[1] == es && x.nb[0] % es == 0 && x.nb[0] / es >= cols {
+    if kk > 1 && cols > 1 && x.nb[1] == es && x.nb[0] % 16 == 0 && x.nb[0] / es >= cols {
         return Some(GemmOperand {
             addr,
             nb2: x.nb[2],
@@ -290,7 +297,31 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
     None
 }
 
-/// A dense copy of `x` converted to `dtype` in scratch at `*offset` (advanced past it).
+/// The layout of `x` as `dtype` with rows padded to 16 bytes (dense when a row is a
+/// multiple of 16 bytes already): what cuBLAS reads best, and always describable.
+fn padded(x: &Operand, dtype: DType) -> Operand {
+    let mut nb = contiguous_strides(dtype, &x.ne);
+    nb[1] = dtype.row_bytes(x.ne[0]).next_multiple_of(16);
+    nb[2] = nb[1] * x.ne[1];
+    nb[3] = nb[2] * x.ne[2];
+    Operand {
+        id: x.id,
+        dtype,
+        ne: x.ne,
+        nb,
+        loc: x.loc,
+    }
+}
+
+/// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
+fn reserve(lw: &mut Lowering, offset: &mut usize, bytes: usize) -> u64 {
+    let addr = lw.scratch_base + *offset as u64;
+    *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
+    lw.scratch_need = lw.scratch_need.max(*offset);
+    addr
+}
+
+/// A copy of `x` converted to `dtype` in scratch with 16-byte rows ([`padded`]).
 fn scratch_copy(
     lw: &mut Lowering,
     x: &Operand,
@@ -298,44 +329,31 @@ fn scratch_copy(
     offset: &mut usize,
     ops: &mut Vec<DevOp>,
 ) -> Result<(u64, Operand), String> {
-    let dense = Operand {
-        id: x.id,
-        dtype,
-        ne: x.ne,
-        nb: contiguous_strides(dtype, &x.ne),
-        loc: x.loc,
-    };
-    let addr = lw.scratch_base + *offset as u64;
+    let dense = padded(x, dtype);
+    let addr = reserve(lw, offset, dense.nbytes());
     ops.push(copy_to(lw, x, &dense, addr)?);
-    *offset = (*offset + dense.nbytes()).next_multiple_of(REGION_ALIGN);
-    lw.scratch_need = lw.scratch_need.max(*offset);
     Ok((addr, dense))
 }
 
-/// `x` split into two dense BF16 tensors at `addr` (hi, then lo right after it).
-fn split_to(lw: &Lowering, x: &Operand, addr: u64) -> Result<DevOp, String> {
+/// `x` split into two BF16 tensors of layout `dense` at `addr` (hi) and `addr + lo`.
+fn split_to(
+    lw: &Lowering,
+    x: &Operand,
+    dense: &Operand,
+    addr: u64,
+    lo: u64,
+) -> Result<DevOp, String> {
     let kernel = match x.dtype {
         DType::F32 => k::SPLIT_F32_BF16,
         DType::F16 => k::SPLIT_F16_BF16,
         other => return Err(format!("mul_mat: no BF16 split of {other}")),
     };
-    let dense = Operand {
-        id: x.id,
-        dtype: DType::BF16,
-        ne: x.ne,
-        nb: contiguous_strides(DType::BF16, &x.ne),
-        loc: x.loc,
-    };
     let n = x.nelements();
-    let args = CpyArgs {
+    let args = SplitArgs {
         src: lw.t4(x),
-        dst: Tensor4::new(addr, &dense),
+        dst: Tensor4::new(addr, dense),
         n: n as i64,
-        mode: if x.is_contiguous() {
-            CPY_CONTIGUOUS
-        } else {
-            CPY_SAME_SHAPE
-        },
+        lo_offset: lo as i64,
     };
     let (grid, block) = flat_grid(n);
     Ok(DevOp::kernel(kernel, grid, block, &args))
@@ -357,19 +375,11 @@ fn lower_gemm(
     let split = dtype == DType::BF16 && b.dtype != DType::BF16;
     let mut lo_shift = 0u64;
     let bop = if split {
-        let dense = Operand {
-            id: b.id,
-            dtype,
-            ne: b.ne,
-            nb: contiguous_strides(dtype, &b.ne),
-            loc: b.loc,
-        };
-        let addr = lw.scratch_base + offset as u64;
-        lo_shift = dense.nbytes() as u64;
-        ops.push(split_to(lw, b, addr)?);
-        offset = (offset + 2 * dense.nbytes()).next_multiple_of(REGION_ALIGN);
-        lw.scratch_need = lw.scratch_need.max(offset);
-        describe(&dense, addr, false).expect("a dense copy is describable")
+        let dense = padded(b, dtype);
+        lo_shift = dense.nbytes().next_multiple_of(16) as u64;
+        let addr = reserve(lw, &mut offset, 2 * lo_shift as usize);
+        ops.push(split_to(lw, b, &dense, addr, lo_shift)?);
+        describe(&dense, addr, false).expect("a padded copy is describable")
     } else {
         match (b.dtype == dtype)
             .then(|| describe(b, lw.addr(b), false))
@@ -378,7 +388,7 @@ fn lower_gemm(
             Some(d) => d,
             None => {
                 let (addr, dense) = scratch_copy(lw, b, dtype, &mut offset, &mut ops)?;
-                describe(&dense, addr, false).expect("a dense copy is describable")
+                describe(&dense, addr, false).expect("a padded copy is describable")
             }
         }
     };
@@ -386,7 +396,7 @@ fn lower_gemm(
         Some(d) => d,
         None => {
             let (addr, dense) = scratch_copy(lw, a, dtype, &mut offset, &mut ops)?;
-            describe(&dense, addr, true).expect("a dense copy is describable")
+            describe(&dense, addr, true).expect("a padded copy is describable")
         }
     };
 

@@ -9,7 +9,7 @@
 use half::f16;
 use rand::{Rng, SeedableRng};
 
-use super::args::{CpyArgs, GemvArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE};
+use super::args::{CpyArgs, GemvArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE, SplitArgs};
 use super::lower::{lower_step, DevOp, Lowering, REGION_ALIGN};
 use super::mul_mat::Gemm;
 use crate::backend::cpu::CpuBackend;
@@ -150,27 +150,24 @@ fn run_gemv(name: &str, p: GemvArgs) {
     }
 }
 
-/// Host version of split_*_bf16: hi = bf16(x) densely at dst, lo = bf16(x - hi) after it.
-fn run_split(name: &str, a: CpyArgs) {
+/// Host version of split_*_bf16: hi = bf16(x) at dst, lo = bf16(x - hi) at dst + lo_offset.
+fn run_split(name: &str, a: SplitArgs) {
     let s = if name.contains("f16_") {
         DType::F16
     } else {
         DType::F32
     };
     for i in 0..a.n {
-        let so = match a.mode {
-            CPY_CONTIGUOUS => i * s.block_bytes() as i64,
-            CPY_SAME_SHAPE => offset(a.src.nb, elem(a.src.ne, i)),
-            m => panic!("split mode {m}"),
-        };
-        // SAFETY: lowering placed the source and the 2n dense halves in the plan's memory.
+        let ix = elem(a.src.ne, i);
+        let (so, dso) = (offset(a.src.nb, ix), offset(a.dst.nb, ix));
+        // SAFETY: lowering placed the source and both halves in the plan's memory.
         unsafe {
             let x = load((a.src.data as i64 + so) as *const u8, s);
             let hi = half::bf16::from_f32(x);
             let lo = half::bf16::from_f32(x - hi.to_f32());
-            let d = a.dst.data as *mut u16;
-            d.add(i as usize).write_unaligned(hi.to_bits());
-            d.add((a.n + i) as usize).write_unaligned(lo.to_bits());
+            let d = (a.dst.data as i64 + dso) as *mut u16;
+            d.write_unaligned(hi.to_bits());
+            d.byte_offset(a.lo_offset as isize).write_unaligned(lo.to_bits());
         }
     }
 }
@@ -379,19 +376,39 @@ fn cublas_paths() {
 
     // `a` transposed (dim 1 dense): read without transposing; BF16 both.
     let mut g = Graph::new();
-    let at = g.input("at", DType::BF16, &[6, 11]).unwrap();
-    let a = g.transpose(at).unwrap(); // [11, 6]
-    let b = g.input("b", DType::BF16, &[11, 4]).unwrap();
+    let at = g.input("at", DType::BF16, &[8, 16]).unwrap();
+    let a = g.transpose(at).unwrap(); // [16, 8], nb0 = 16
+    let b = g.input("b", DType::BF16, &[16, 4]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     assert_eq!(check(&g, y, &[at, b], 6), vec!["gemm(batch 1, t00)"]);
 
     // `b` transposed (dim 1 dense): read transposed.
     let mut g = Graph::new();
-    let a = g.input("a", DType::F32, &[9, 5]).unwrap();
-    let bt = g.input("bt", DType::F32, &[4, 9]).unwrap();
-    let b = g.transpose(bt).unwrap(); // [9, 4]
+    let a = g.input("a", DType::F32, &[8, 5]).unwrap();
+    let bt = g.input("bt", DType::F32, &[4, 8]).unwrap();
+    let b = g.transpose(bt).unwrap(); // [8, 4], nb0 = 16
     let y = g.mul_mat(a, b).unwrap();
     assert_eq!(check(&g, y, &[a, bt], 7), vec!["gemm(batch 1, t11)"]);
+
+    // Rows, leading dimensions or batch strides off 16 bytes (an F16 view 2 bytes into
+    // its tensor, 98-byte rows): copied with 16-byte rows first, never given to cuBLAS.
+    let mut g = Graph::new();
+    let a0 = g.input("a0", DType::F16, &[49, 1, 2, 2]).unwrap();
+    let a = g.view(a0, [48, 1, 2, 2], [2, 98, 98, 196], 2).unwrap();
+    let b = g.input("b", DType::F16, &[48, 8, 2, 2]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(
+        check(&g, y, &[a0, b], 12),
+        vec!["cpy_f16_f16", "gemm(batch 4, t10)"]
+    );
+    let mut g = Graph::new();
+    let a = g.input("a", DType::F16, &[10, 6]).unwrap(); // 20-byte rows
+    let b = g.input("b", DType::F16, &[10, 3]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(
+        check(&g, y, &[a, b], 13),
+        vec!["cpy_f16_f16", "cpy_f16_f16", "gemm(batch 1, t10)"]
+    );
 
     // Permuted attention operands: batched over heads with GQA, activations converted.
     let (hd, ctx, kvh, nh, t) = (16, 24, 2, 4, 3);
@@ -422,8 +439,8 @@ fn cublas_paths() {
     // One column but channels of another dtype than F16: batched GEMM, n = 1; BF16
     // weights take the F32 activations as two BF16 halves (two GEMMs, summed).
     let mut g = Graph::new();
-    let a = g.input("a", DType::BF16, &[10, 6, 2]).unwrap();
-    let b = g.input("b", DType::F32, &[10, 1, 4]).unwrap();
+    let a = g.input("a", DType::BF16, &[16, 6, 2]).unwrap();
+    let b = g.input("b", DType::F32, &[16, 1, 4]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
     assert_eq!(
         check(&g, y, &[a, b], 10),
