@@ -135,8 +135,9 @@ struct GemvArgs {
     i64 dst_nb2;    // byte stride between columns of dst
     i64 ratio;      // channels of b per channel of a (GQA)
     i64 vec;        // 1 when rows of a and b are aligned for vector loads
+    const char* add;  // F32 [m] added to the result (a fused residual add), or null
 };
-static_assert(sizeof(GemvArgs) == 96, "GemvArgs layout");
+static_assert(sizeof(GemvArgs) == 104, "GemvArgs layout");
 
 struct FillRandomArgs {
     char* dst;
@@ -146,6 +147,15 @@ struct FillRandomArgs {
     float pad;
 };
 static_assert(sizeof(FillRandomArgs) == 32, "FillRandomArgs layout");
+
+struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadcast)
+    Tensor4 src;
+    Tensor4 dst;
+    Tensor4 w;
+    float eps;
+    float pad;
+};
+static_assert(sizeof(NormMulArgs) == 224, "NormMulArgs layout");
 
 struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
     Tensor4 src;

@@ -2,13 +2,17 @@
 // src/backend/cuda/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
 // accumulation and reductions in a fixed order (results are deterministic).
 //
-//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1), one block per row
-//     of `a`. Each thread streams 16-byte pieces of the row (8 halves) with GEMV_UNROLL
-//     independent loads in flight before the first use, x read through L1, then a warp
-//     shuffle and shared-memory reduction. Rows of any length: a scalar tail covers
-//     k % 8 and rows not aligned for vector loads (vec == 0).
-//   mul_mat_vec_nc_f16_f32: the same over channels (blockIdx.y) with rows of `a` at any
-//     row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads].
+//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1), one warp per row
+//     of `a`, GEMV_WARPS rows per block. Each lane streams 16-byte pieces of the row (8
+//     halves) with GEMV_UNROLL independent loads in flight before the first use (weights
+//     read once, evict-first), x read through L1, then a warp shuffle reduction; an
+//     optional F32 vector `add` is added to the result (a residual add fused into the
+//     product). Rows of any length: a scalar tail covers k % 8 and rows not aligned for
+//     vector loads (vec == 0). Chosen over one block per row on the H100 (warp per row:
+//     81/94/89% of copy bandwidth on 4096x4096, 11008x4096, 4096x11008 F16, against
+//     73/91/88%; a microbenchmark of 16 variants).
+//   mul_mat_vec_nc_f16_f32: one block per row over channels (blockIdx.y) with rows of `a`
+//     at any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads].
 //   mul_mat_p021_f16_f32: short rows (k <= 256), e.g. a permuted K-cache view
 //     [hd, n_kv, n_kv_heads]: one warp per P021_ROWS rows of one channel, 8-byte loads
 //     of every row in flight together; consecutive warps take consecutive channels, so
@@ -17,6 +21,7 @@
 
 #define GEMV_UNROLL 4
 #define GEMV_THREADS 128  // largest block of the gemv kernels
+#define GEMV_WARPS 4      // rows per block of mul_mat_vec_*
 #define P021_ROWS 4       // rows per warp of mul_mat_p021
 #define P021_THREADS 128  // block of mul_mat_p021
 
@@ -78,24 +83,23 @@ struct Pack16<float> {
     }
 };
 
-// One block per row blockIdx.x of channel blockIdx.y (0 when !BATCHED); the block's
-// threads split the row (blockDim.x a multiple of 32, at most GEMV_THREADS), and the
-// partial sums are reduced in a fixed order, so results are deterministic.
-// vec requires: a, a_nb1 (and a_nb2), b (and b_nb2) multiples of 16 bytes.
-template <typename T, bool BATCHED, bool STREAM>
-__device__ void gemv(const GemvArgs& p) {
+// One block per row blockIdx.x of channel blockIdx.y; the block's threads split the row
+// (blockDim.x a multiple of 32, at most GEMV_THREADS), and the partial sums are reduced
+// in a fixed order, so results are deterministic. vec requires: a, a_nb1, a_nb2, b and
+// b_nb2 multiples of 16 bytes.
+__device__ void gemv_nc(const GemvArgs& p) {
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;
-    const i64 ch = BATCHED ? (i64)blockIdx.y : 0;
-    const char* a = p.a + row * p.a_nb1 + (BATCHED ? (ch / p.ratio) * p.a_nb2 : 0);
-    const float* x = reinterpret_cast<const float*>(p.b + (BATCHED ? ch * p.b_nb2 : 0));
+    const i64 ch = blockIdx.y;
+    const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
+    const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
     const i64 bs = blockDim.x;
     float acc[GEMV_UNROLL];
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
     i64 tail = 0;
     if (p.vec) {
-        constexpr int N = Pack16<T>::N;
+        constexpr int N = Pack16<f16>::N;
         const i64 nv = p.k / N;
         const uint4* av = reinterpret_cast<const uint4*>(a);
         for (i64 v0 = threadIdx.x; v0 < nv; v0 += GEMV_UNROLL * bs) {
@@ -104,12 +108,12 @@ __device__ void gemv(const GemvArgs& p) {
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const i64 v = v0 + u * bs;
-                w[u] = v < nv ? load16<STREAM>(av + v) : make_uint4(0u, 0u, 0u, 0u);
+                w[u] = v < nv ? load16<false>(av + v) : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
                 const i64 v = v0 + u * bs;
-                if (v < nv) acc[u] += Pack16<T>::dot(w[u], x + v * N);
+                if (v < nv) acc[u] += Pack16<f16>::dot(w[u], x + v * N);
             }
         }
         tail = nv * N;
@@ -117,9 +121,47 @@ __device__ void gemv(const GemvArgs& p) {
     float sum = 0.0f;
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];
-    for (i64 i = tail + threadIdx.x; i < p.k; i += bs) sum += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    for (i64 i = tail + threadIdx.x; i < p.k; i += bs) sum += load<f16>(a + i * 2) * x[i];
     sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(p.dst + (BATCHED ? ch * p.dst_nb2 : 0) + row * 4) = sum;
+    if (threadIdx.x == 0) *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = sum;
+}
+
+// One warp per row: row = blockIdx.x * GEMV_WARPS + warp. vec requires a, a_nb1 and b
+// multiples of 16 bytes.
+template <typename T>
+__device__ void gemv_rows(const GemvArgs& p) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
+    if (row >= p.m) return;  // the whole warp
+    const char* a = p.a + row * p.a_nb1;
+    const float* x = reinterpret_cast<const float*>(p.b);
+    float acc = 0.0f;
+    i64 tail = 0;
+    if (p.vec) {
+        constexpr int N = Pack16<T>::N;
+        const i64 nv = p.k / N;
+        const uint4* av = reinterpret_cast<const uint4*>(a);
+        for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
+            uint4 w[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const i64 v = v0 + u * WARP_SIZE;
+                w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const i64 v = v0 + u * WARP_SIZE;
+                if (v < nv) acc += Pack16<T>::dot(w[u], x + v * N);
+            }
+        }
+        tail = nv * N;
+    }
+    for (i64 i = tail + lane; i < p.k; i += WARP_SIZE) acc += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        if (p.add) acc += reinterpret_cast<const float*>(p.add)[row];
+        reinterpret_cast<float*>(p.dst)[row] = acc;
+    }
 }
 
 // dot of 4 halves (8 bytes) with 4 floats.
@@ -179,8 +221,8 @@ __device__ void gemv_short_f16(const GemvArgs& p) {
 // loads of a round before the first use (checked in the SASS: LDG.E.128 / LDG.E.64 in a
 // row); without it ptxas interleaves them with the arithmetic and keeps one in flight.
 // GEMV_THREADS and P021_THREADS are the largest blocks the launcher uses.
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f16(const GemvArgs p) { gemv<f16, false, true>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv<bf16, false, true>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_f32(const GemvArgs p) { gemv<float, false, true>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv<f16, true, false>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f16(const GemvArgs p) { gemv_rows<f16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv_rows<bf16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_nc(p); }
 extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

@@ -99,6 +99,31 @@ __device__ void norm(const NormArgs& p) {
     }
 }
 
+// rms_norm(x) * w with w [ne0] broadcast over rows (the norm and its weight in one pass;
+// the CUDA backend fuses the pair when the norm has no other reader). x and dst F32.
+template <typename W>
+__device__ void rms_norm_mul(const NormMulArgs& p) {
+    __shared__ float scratch[32];
+    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
+    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
+    const i64 ne0 = p.src.ne[0];
+    float ss = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        const float v = load<float>(x + i0 * p.src.nb[0]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = 1.0f / sqrtf(ss / (float)ne0 + p.eps);
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        const float v = load<float>(x + i0 * p.src.nb[0]) * scale;
+        store<float>(y + i0 * p.dst.nb[0], v * load<W>(p.w.data + i0 * p.w.nb[0]));
+    }
+}
+
+extern "C" __global__ void rms_norm_mul_f32_f32(const NormMulArgs p) { rms_norm_mul<float>(p); }
+extern "C" __global__ void rms_norm_mul_f32_f16(const NormMulArgs p) { rms_norm_mul<f16>(p); }
+extern "C" __global__ void rms_norm_mul_f32_bf16(const NormMulArgs p) { rms_norm_mul<bf16>(p); }
 extern "C" __global__ void rms_norm_f32(const NormArgs p) { rms_norm<float>(p); }
 extern "C" __global__ void rms_norm_f16(const NormArgs p) { rms_norm<f16>(p); }
 extern "C" __global__ void rms_norm_bf16(const NormArgs p) { rms_norm<bf16>(p); }

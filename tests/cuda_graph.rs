@@ -474,7 +474,10 @@ fn profiled_run_times_every_step() {
     let steps: Vec<&str> = m2.plan.steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, steps);
     assert!(rows.iter().all(|r| r.us > 0.0 && r.us < 1e6), "{rows:?}");
-    assert!(rows.iter().any(|r| r.kernels.contains("cublasGemm")), "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r.kernels.contains("cublasGemm")),
+        "{rows:?}"
+    );
     let s = be2.stats();
     assert_eq!((s.captures, s.replays, s.eager_runs), (0, 0, 1));
 }

@@ -285,7 +285,10 @@ impl Backend for CpuBackend {
     }
 
     fn take_profile(&mut self) -> Vec<StepTime> {
-        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
+        self.profile
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }
 

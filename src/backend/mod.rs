@@ -64,7 +64,10 @@ pub fn profile_table(rows: &[StepTime]) -> String {
             100.0 * us / total.max(f64::MIN_POSITIVE)
         ));
     }
-    out.push_str(&format!("| all | | {} | {total:.1} | | 100% |\n", rows.len()));
+    out.push_str(&format!(
+        "| all | | {} | {total:.1} | | 100% |\n",
+        rows.len()
+    ));
     out
 }
 

@@ -159,6 +159,8 @@ pub struct GemvArgs {
     pub dst_nb2: i64,
     pub ratio: i64,
     pub vec: i64,
+    /// F32 `[m]` added to the result (a fused residual add), or 0.
+    pub add: u64,
 }
 
 /// `FillRandomArgs`.
@@ -169,6 +171,17 @@ pub struct FillRandomArgs {
     pub n: i64,
     pub seed: u64,
     pub scale: f32,
+    pub pad: f32,
+}
+
+/// `NormMulArgs`: rms_norm fused with the multiplication by its weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NormMulArgs {
+    pub src: Tensor4,
+    pub dst: Tensor4,
+    pub w: Tensor4,
+    pub eps: f32,
     pub pad: f32,
 }
 
@@ -217,10 +230,11 @@ kernel_args!(
     DiagMaskArgs = 152,
     SoftMaxArgs = 224,
     ArgmaxArgs = 144,
-    GemvArgs = 96,
+    GemvArgs = 104,
     FillRandomArgs = 32,
     SpinArgs = 8,
     SplitArgs = 160,
+    NormMulArgs = 224,
 );
 const _: () = assert!(std::mem::size_of::<Tensor4>() == 72);
 const _: () = assert!(std::mem::size_of::<IndexError>() == 40);

@@ -180,7 +180,11 @@ impl Launcher<'_> {
             rows.push(StepTime {
                 name: step.name.clone(),
                 op: step.op.name(),
-                kernels: kernels.join(" + "),
+                kernels: if kernels.is_empty() {
+                    "(fused into the step before)".to_string()
+                } else {
+                    kernels.join(" + ")
+                },
                 us: f64::from(ms) * 1e3,
             });
         }

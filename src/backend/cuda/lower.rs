@@ -170,7 +170,7 @@ fn loop_block(work: usize) -> (u32, u32, u32) {
 
 /// Grid and block of `for_each_element` kernels: dim 0 on grid.x * block.x, rows on
 /// grid.y (both strided in the kernel, so the sizes are capped).
-fn elementwise_grid(ne: [usize; 4]) -> ((u32, u32, u32), (u32, u32, u32)) {
+pub(crate) fn elementwise_grid(ne: [usize; 4]) -> ((u32, u32, u32), (u32, u32, u32)) {
     let block = loop_block(ne[0]);
     let gx = ne[0].div_ceil(block.0 as usize).min(1 << 16) as u32;
     let rows = ne[1] * ne[2] * ne[3];

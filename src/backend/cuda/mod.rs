@@ -27,6 +27,7 @@ mod args;
 pub mod bench;
 mod device;
 mod exec;
+mod fuse;
 pub mod kernels;
 mod lower;
 mod mul_mat;
@@ -62,6 +63,8 @@ pub struct CudaBackend {
     stats: Stats,
     graphs: bool,
     sync_each: bool,
+    /// Whether load fuses step pairs (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
+    fusion: bool,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -156,6 +159,7 @@ impl CudaBackend {
             stats: Stats::default(),
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
+            fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
             profile: None,
             warnings: Vec::new(),
             stream,
@@ -375,17 +379,13 @@ impl CudaBackend {
             err: self.index_err.ptr(),
             tag: 0,
         };
-        let mut steps = Vec::with_capacity(plan.steps.len());
-        for (i, step) in plan.steps.iter().enumerate() {
-            lw.tag = error_tag(exec_index, i);
-            let ops = lower_step(step, &mut lw).map_err(|reason| Error::Unsupported {
+        let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
+            .map_err(|(step, reason)| Error::Unsupported {
                 backend: "cuda",
                 node: step.name.clone(),
                 op: step.op.name(),
                 reason,
             })?;
-            steps.push(ops);
-        }
         Ok((steps, lw.consts, lw.scratch_need))
     }
 
@@ -735,6 +735,9 @@ impl Backend for CudaBackend {
     }
 
     fn take_profile(&mut self) -> Vec<StepTime> {
-        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
+        self.profile
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }

@@ -3,8 +3,9 @@
 //! `out[i, j] = sum_l a[l, i] * b[l, j]`, `a` broadcast over `b` in dims 2 and 3.
 //!
 //! 1. Decode GEMV (`mul_mat_vec_{f16,bf16,f32}`): n == 1, every other dim 1, rows of `a`
-//!    dense (any row stride), `b` an F32 vector with dense elements. One block per row,
-//!    16-byte loads when rows and `b` are 16-byte aligned, a scalar path otherwise.
+//!    dense (any row stride), `b` an F32 vector with dense elements. One warp per row,
+//!    16-byte loads when rows and `b` are 16-byte aligned, a scalar path otherwise; a
+//!    following residual add can be fused into it (see [`super::fuse`]).
 //! 2. `mul_mat_p021_f16_f32`: `a` F16 with dense rows of k <= 256 elements (a permuted
 //!    K-cache view [hd, n_kv, n_kv_heads]), n == 1, dims 3 == 1, `b` F32 with dense
 //!    elements; channels (dim 2) broadcast GQA-style.
@@ -31,6 +32,8 @@ use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Largest block of the gemv kernels (`GEMV_THREADS` in cuda/mul_mat.cu).
 const GEMV_THREADS: usize = 128;
+/// Rows (one per warp) per block of mul_mat_vec_* (`GEMV_WARPS`).
+const GEMV_WARPS: usize = 4;
 /// Loads in flight per thread in the gemv kernels (`GEMV_UNROLL`).
 const GEMV_UNROLL: usize = 4;
 /// Rows per warp of mul_mat_p021 (`P021_ROWS`).
@@ -174,34 +177,8 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
-    if vector_b && a2 == 1 && a3 == 1 && b2 == 1 && b3 == 1 && a.rows_contiguous() {
-        let kernel = pick1(
-            "mul_mat_vec",
-            a.dtype,
-            [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
-        )?;
-        let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
-        let args = GemvArgs {
-            a: a_addr,
-            b: b_addr,
-            dst: d_addr,
-            k: kk as i64,
-            m: m as i64,
-            channels: 1,
-            a_nb1: a.nb[1] as i64,
-            a_nb2: 0,
-            b_nb2: 0,
-            dst_nb2: 0,
-            ratio: 1,
-            vec: i64::from(vec),
-        };
-        let per_load = 16 / a.dtype.block_bytes();
-        return Ok(vec![DevOp::kernel(
-            kernel,
-            row_grid(m)?,
-            gemv_block(kk, per_load),
-            &args,
-        )]);
+    if let Some(op) = gemv(a, b, d_addr, 0, lw) {
+        return op.map(|op| vec![op]);
     }
 
     // 2, 3. Attention products over an F16 cache view.
@@ -220,6 +197,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
             dst_nb2: dst.nb[2] as i64,
             ratio,
             vec: i64::from(kernel_vec),
+            add: 0,
         };
         let strides_ok =
             |align: usize| (m == 1 || a.nb[1] % align == 0) && (a2 == 1 || a.nb[2] % align == 0);
@@ -251,6 +229,60 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     lower_gemm(a, b, dst, lw)
 }
 
+/// The decode GEMV launch computing `a b` into the dense F32 vector at `dst` (plus the
+/// dense F32 vector at `add`, unless 0), or None when `a`, `b` are not its layout: n == 1,
+/// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
+/// elements.
+pub(crate) fn gemv(
+    a: &Operand,
+    b: &Operand,
+    dst: u64,
+    add: u64,
+    lw: &Lowering,
+) -> Option<Result<DevOp, String>> {
+    let (kk, m) = (a.ne[0], a.ne[1]);
+    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
+    if !(b.dtype == DType::F32
+        && b.rows_contiguous()
+        && b.ne[1] == 1
+        && b.ne[0] == kk
+        && single(a)
+        && single(b)
+        && a.rows_contiguous())
+    {
+        return None;
+    }
+    let kernel = match pick1(
+        "mul_mat_vec",
+        a.dtype,
+        [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
+    ) {
+        Ok(kernel) => kernel,
+        Err(e) => return Some(Err(e)),
+    };
+    let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
+    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
+    let args = GemvArgs {
+        a: a_addr,
+        b: b_addr,
+        dst,
+        k: kk as i64,
+        m: m as i64,
+        channels: 1,
+        a_nb1: a.nb[1] as i64,
+        a_nb2: 0,
+        b_nb2: 0,
+        dst_nb2: 0,
+        ratio: 1,
+        vec: i64::from(vec),
+        add,
+    };
+    Some(
+        row_grid(m.div_ceil(GEMV_WARPS))
+            .map(|grid| DevOp::kernel(kernel, grid, ((GEMV_WARPS * 32) as u32, 1, 1), &args)),
+    )
+}
+
 /// How one GEMM operand is read: its address and byte strides of dims 2 and 3, whether
 /// cuBLAS transposes it, and its leading dimension.
 struct GemmOperand {
@@ -272,7 +304,10 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
     // and batch strides (a 2-byte aligned F16 view read back NaN); anything else goes
     // through a dense copy in the (aligned) scratch.
     let batched_stride_ok = |nb: usize, n: usize| n == 1 || nb % 16 == 0;
-    if addr % 16 != 0 || !batched_stride_ok(x.nb[2], x.ne[2]) || !batched_stride_ok(x.nb[3], x.ne[3]) {
+    if addr % 16 != 0
+        || !batched_stride_ok(x.nb[2], x.ne[2])
+        || !batched_stride_ok(x.nb[3], x.ne[3])
+    {
         return None;
     }
     if x.rows_contiguous() && (cols == 1 || (x.nb[1] % 16 == 0 && x.nb[1] / es >= kk)) {

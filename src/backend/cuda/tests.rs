@@ -9,8 +9,12 @@
 use half::f16;
 use rand::{Rng, SeedableRng};
 
-use super::args::{CpyArgs, GemvArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE, SplitArgs};
-use super::lower::{lower_step, DevOp, Lowering, REGION_ALIGN};
+use super::args::{
+    BinaryArgs, CpyArgs, GemvArgs, NormArgs, NormMulArgs, SplitArgs, Tensor4, UnaryArgs,
+    CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
+};
+use super::fuse;
+use super::lower::{DevOp, Lowering, REGION_ALIGN};
 use super::mul_mat::Gemm;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendExt};
@@ -29,8 +33,9 @@ fn base(v: &mut [u64]) -> u64 {
 }
 
 /// Lowers every step of `plan` with host addresses, twice like `load` (sizes, then
-/// addresses), and returns the operations with the memory they point into.
-fn lower_on_host(plan: &Plan) -> (Vec<Vec<DevOp>>, HostMem) {
+/// addresses), with step fusion on or off, and returns the operations with the memory
+/// they point into.
+fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
     let lower = |arena: u64, consts: u64, scratch: u64| {
         let resolve = move |loc: Loc| match loc {
             Loc::Arena(off) => arena + off as u64,
@@ -45,11 +50,8 @@ fn lower_on_host(plan: &Plan) -> (Vec<Vec<DevOp>>, HostMem) {
             err: 0,
             tag: 0,
         };
-        let ops: Vec<Vec<DevOp>> = plan
-            .steps
-            .iter()
-            .map(|s| lower_step(s, &mut lw).expect("supported"))
-            .collect();
+        let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
+            .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
         (ops, lw.consts, lw.scratch_need)
     };
     let (_, consts, scratch) = lower(0, 0, 0);
@@ -138,6 +140,10 @@ fn run_gemv(name: &str, p: GemvArgs) {
                     acc += a * b;
                 }
             }
+            if p.add != 0 {
+                // SAFETY: `add` is a dense F32 vector of m elements in the plan's memory.
+                acc += unsafe { load((p.add as i64 + r * 4) as *const u8, DType::F32) };
+            }
             // SAFETY: as above.
             unsafe {
                 store(
@@ -167,7 +173,63 @@ fn run_split(name: &str, a: SplitArgs) {
             let lo = half::bf16::from_f32(x - hi.to_f32());
             let d = (a.dst.data as i64 + dso) as *mut u16;
             d.write_unaligned(hi.to_bits());
-            d.byte_offset(a.lo_offset as isize).write_unaligned(lo.to_bits());
+            d.byte_offset(a.lo_offset as isize)
+                .write_unaligned(lo.to_bits());
+        }
+    }
+}
+
+/// Host version of rms_norm_mul_f32_*: y = x / sqrt(mean(x^2) + eps) * w, row by row.
+fn run_rms_norm_mul(name: &str, a: NormMulArgs) {
+    let wt = if name.ends_with("bf16") {
+        DType::BF16
+    } else if name.ends_with("f16") {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let rows = a.src.ne[1] * a.src.ne[2] * a.src.ne[3];
+    for r in 0..rows {
+        let ix = elem([1, a.src.ne[1], a.src.ne[2], a.src.ne[3]], r);
+        let at = |t: &Tensor4, i0: i64| t.data as i64 + offset(t.nb, [i0, ix[1], ix[2], ix[3]]);
+        // SAFETY: rows of x and y and the weight lie in the plan's memory.
+        unsafe {
+            let mut ss = 0f32;
+            for i0 in 0..a.src.ne[0] {
+                let v = load(at(&a.src, i0) as *const u8, DType::F32);
+                ss += v * v;
+            }
+            let scale = 1.0 / (ss / a.src.ne[0] as f32 + a.eps).sqrt();
+            for i0 in 0..a.src.ne[0] {
+                let v = load(at(&a.src, i0) as *const u8, DType::F32) * scale;
+                let w = load((a.w.data as i64 + i0 * a.w.nb[0]) as *const u8, wt);
+                store(at(&a.dst, i0) as *mut u8, DType::F32, v * w);
+            }
+        }
+    }
+}
+
+/// Host version of swiglu_f32: y = silu(a) * b, elementwise, any strides.
+fn run_swiglu(a: BinaryArgs) {
+    let n: i64 = a.dst.ne.iter().product();
+    for i in 0..n {
+        let ix = elem(a.dst.ne, i);
+        // SAFETY: the three tensors lie in the plan's memory with these shapes.
+        unsafe {
+            let g = load(
+                (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
+                DType::F32,
+            );
+            let u = load(
+                (a.b.data as i64 + offset(a.b.nb, ix)) as *const u8,
+                DType::F32,
+            );
+            let y = g / (1.0 + (-g).exp()) * u;
+            store(
+                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                DType::F32,
+                y,
+            );
         }
     }
 }
@@ -229,11 +291,23 @@ fn check(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64) -> Vec<String> 
 
 /// [`check`] with an NMSE bound of `tol`.
 fn check_within(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64, tol: f64) -> Vec<String> {
+    check_lowering(g, y, inputs, seed, tol, false)
+}
+
+/// [`check_within`], lowering with step fusion on or off.
+fn check_lowering(
+    g: &Graph,
+    y: TensorId,
+    inputs: &[TensorId],
+    seed: u64,
+    tol: f64,
+    fusion: bool,
+) -> Vec<String> {
     let plan = g.plan(&[y]).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut cpu = CpuBackend::new();
     let e = cpu.load(&plan).unwrap();
-    let (ops, mut mem) = lower_on_host(&plan);
+    let (ops, mut mem) = lower_on_host_with(&plan, fusion);
     for &id in inputs {
         let io = plan.inputs.iter().find(|io| io.operand.id == id).unwrap();
         let n = io.operand.nelements();
@@ -269,6 +343,104 @@ fn check_within(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64, tol: f64
             DevOp::Kernel(l) if l.kernel.name.starts_with("mul_mat_") => {
                 names.push(l.kernel.name.to_string());
                 run_gemv(l.kernel.name, args(l));
+            }
+            DevOp::Kernel(l) if l.kernel.name.starts_with("rms_norm_mul_") => {
+                names.push(l.kernel.name.to_string());
+                run_rms_norm_mul(l.kernel.name, args(l));
+            }
+            DevOp::Kernel(l) if l.kernel.name == "scale_f32" => {
+                names.push(l.kernel.name.to_string());
+                let a: UnaryArgs = args(l);
+                let n: i64 = a.dst.ne.iter().product();
+                for i in 0..n {
+                    let ix = elem(a.dst.ne, i);
+                    // SAFETY: both tensors lie in the plan's memory with these shapes.
+                    unsafe {
+                        let x = load(
+                            (a.src.data as i64 + offset(a.src.nb, ix)) as *const u8,
+                            DType::F32,
+                        );
+                        store(
+                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                            DType::F32,
+                            x * a.scale,
+                        );
+                    }
+                }
+            }
+            DevOp::Kernel(l) if l.kernel.name == "add_f32_f32" => {
+                names.push(l.kernel.name.to_string());
+                let a: BinaryArgs = args(l);
+                let n: i64 = a.dst.ne.iter().product();
+                for i in 0..n {
+                    let ix = elem(a.dst.ne, i);
+                    let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
+                    // SAFETY: the three tensors lie in the plan's memory with these shapes.
+                    unsafe {
+                        let x = load(
+                            (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
+                            DType::F32,
+                        );
+                        let y = load(
+                            (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
+                            DType::F32,
+                        );
+                        store(
+                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                            DType::F32,
+                            x + y,
+                        );
+                    }
+                }
+            }
+            DevOp::Kernel(l) if l.kernel.name == "rms_norm_f32" => {
+                names.push(l.kernel.name.to_string());
+                let a: NormArgs = args(l);
+                // The same kernel as rms_norm_mul with a weight of ones.
+                let ones = vec![1f32; a.src.ne[0] as usize];
+                run_rms_norm_mul(
+                    "rms_norm_mul_f32_f32",
+                    NormMulArgs {
+                        src: a.src,
+                        dst: a.dst,
+                        w: Tensor4 {
+                            data: ones.as_ptr() as u64,
+                            ne: [a.src.ne[0], 1, 1, 1],
+                            nb: [4, 0, 0, 0],
+                        },
+                        eps: a.eps,
+                        pad: 0.0,
+                    },
+                );
+            }
+            DevOp::Kernel(l) if l.kernel.name == "mul_f32_f32" => {
+                names.push(l.kernel.name.to_string());
+                let a: BinaryArgs = args(l);
+                let n: i64 = a.dst.ne.iter().product();
+                for i in 0..n {
+                    let ix = elem(a.dst.ne, i);
+                    let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
+                    // SAFETY: the three tensors lie in the plan's memory with these shapes.
+                    unsafe {
+                        let x = load(
+                            (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
+                            DType::F32,
+                        );
+                        let y = load(
+                            (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
+                            DType::F32,
+                        );
+                        store(
+                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                            DType::F32,
+                            x * y,
+                        );
+                    }
+                }
+            }
+            DevOp::Kernel(l) if l.kernel.name == "swiglu_f32" => {
+                names.push(l.kernel.name.to_string());
+                run_swiglu(args(l));
             }
             DevOp::Kernel(l) => panic!("unexpected kernel {}", l.kernel.name),
             DevOp::Gemm(gm) => {
@@ -446,6 +618,85 @@ fn cublas_paths() {
         check(&g, y, &[a, b], 10),
         vec!["split_f32_bf16", "gemm(batch 4, t10)", "gemm(batch 4, t10)"]
     );
+}
+
+/// A decode block's pairs fuse (norm and its weight, SwiGLU, GEMV and the residual add)
+/// and compute what the CPU does; a pair whose middle result has another reader does not.
+#[test]
+fn fusion_patterns() {
+    let (d, ff) = (64, 48);
+    let mut g = Graph::new();
+    // The residual stream is an intermediate, as in a model: each add runs in place on it.
+    let x0 = g.input("x0", DType::F32, &[d, 1]).unwrap();
+    let x = g.scale(x0, 0.5).unwrap();
+    let wn = g.input("wn", DType::BF16, &[d]).unwrap();
+    let wo = g.input("wo", DType::F16, &[d, d]).unwrap();
+    let wgu = g.input("wgu", DType::F16, &[d, 2 * ff]).unwrap();
+    let wd = g.input("wd", DType::F16, &[ff, d]).unwrap();
+    let cur = g.rms_norm(x, 1e-5).unwrap();
+    let cur = g.mul(cur, wn).unwrap(); // rms_norm_mul
+    let o = g.mul_mat(wo, cur).unwrap();
+    let x1 = g.add(x, o).unwrap(); // gemv + add
+    let gu = g.mul_mat(wgu, x1).unwrap();
+    let row = g.tensor(gu).nb[1];
+    let gate = g.view_2d(gu, ff, 1, row, 0).unwrap();
+    let up = g.view_2d(gu, ff, 1, row, ff * 4).unwrap();
+    let h = g.silu(gate).unwrap();
+    let h = g.mul(h, up).unwrap(); // swiglu
+    let dn = g.mul_mat(wd, h).unwrap();
+    let y = g.add(dn, x1).unwrap(); // gemv + add, the product first
+    assert_eq!(
+        check_lowering(&g, y, &[x0, wn, wo, wgu, wd], 14, 1e-9, true),
+        [
+            "scale_f32",
+            "rms_norm_mul_f32_bf16",
+            "mul_mat_vec_f16",
+            "mul_mat_vec_f16",
+            "swiglu_f32",
+            "mul_mat_vec_f16"
+        ]
+    );
+
+    // The add's result lands in the block the GEMV's input vector had (free once the
+    // unfused GEMV is done): fusing would overwrite the vector while it is read.
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[d, 1]).unwrap();
+    let wn = g.input("wn", DType::BF16, &[d]).unwrap();
+    let wo = g.input("wo", DType::F16, &[d, d]).unwrap();
+    let cur = g.rms_norm(x, 1e-5).unwrap();
+    let cur = g.mul(cur, wn).unwrap();
+    let o = g.mul_mat(wo, cur).unwrap();
+    let x1 = g.add(x, o).unwrap();
+    let plan = g.plan(&[x1]).unwrap();
+    let (loc_of, find) = (
+        |id| plan.alloc.info[id].offset,
+        |op: &str| plan.steps.iter().find(|s| s.op.name() == op).unwrap(),
+    );
+    assert_eq!(
+        loc_of(find("add").dst.id),
+        loc_of(find("mul_mat").src[1].id),
+        "the allocator reuses the vector's block (the case this checks)"
+    );
+    assert_eq!(
+        check_lowering(&g, x1, &[x, wn, wo], 16, 1e-9, true),
+        ["rms_norm_mul_f32_bf16", "mul_mat_vec_f16", "add_f32_f32"]
+    );
+
+    // The norm is read twice: nothing fuses with it; the product's add still does.
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[d, 1]).unwrap();
+    let wn = g.input("wn", DType::F32, &[d]).unwrap();
+    let wo = g.input("wo", DType::F32, &[d, d]).unwrap();
+    let n = g.rms_norm(x, 1e-5).unwrap();
+    let cur = g.mul(n, wn).unwrap();
+    let o = g.mul_mat(wo, cur).unwrap();
+    let y = g.add(o, n).unwrap();
+    let names = check_lowering(&g, y, &[x, wn, wo], 15, 1e-9, true);
+    assert!(
+        !names.iter().any(|k| k.starts_with("rms_norm_mul")),
+        "{names:?}"
+    );
+    assert_eq!(names.last().map(String::as_str), Some("mul_mat_vec_f32"));
 }
 
 #[test]
