@@ -9,6 +9,7 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
 
 template <typename T>
 __device__ void argmax(const ArgmaxArgs& p) {
+    pdl_enter();
     __shared__ float s_v[32];
     __shared__ int s_i[32];
     const RowIndex r = row_index(p.src.ne, blockIdx.x);

@@ -12,6 +12,7 @@ struct OpMul {
 
 template <typename Op, typename TA, typename TB>
 __device__ void binary(const BinaryArgs& p) {
+    pdl_enter();
     const i64 bne0 = p.b.ne[0];
     for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
         const i64 j0 = bne0 == p.dst.ne[0] ? i0 : i0 % bne0;

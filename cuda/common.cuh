@@ -136,8 +136,10 @@ struct GemvArgs {
     i64 ratio;      // channels of b per channel of a (GQA)
     i64 vec;        // 1 when rows of a and b are aligned for vector loads
     const char* add;  // F32 [m] added to the result (a fused residual add), or null
+    i64 prefetch;     // 1 when `a` is read-only in the plan (weights): its first loads may
+                      // start before the previous kernel ends
 };
-static_assert(sizeof(GemvArgs) == 104, "GemvArgs layout");
+static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
 
 struct FillRandomArgs {
     char* dst;
@@ -227,6 +229,33 @@ __device__ __forceinline__ void for_each_element(const i64 ne[4], F f) {
             f(i0, ri.i1, ri.i2, ri.i3);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). The backend launches every plan kernel allowing
+// the next one to start before it ends; each kernel first lets its own successor launch,
+// then waits for its predecessor to complete (and its writes to be visible) before it
+// touches any memory a previous kernel may write. Waiting on a kernel launched without
+// the attribute, or on an older GPU, does nothing.
+
+// Lets the next kernel of the stream launch (it still waits for this one to complete).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until the previous kernel of the stream has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Both, at the start of a kernel that reads nothing before its predecessor is done.
+__device__ __forceinline__ void pdl_enter() {
+    pdl_launch_dependents();
+    pdl_wait();
 }
 
 // ---------------------------------------------------------------------------------------

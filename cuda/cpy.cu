@@ -2,7 +2,7 @@
 //   cpy_S_D:      dst = src on any 4-d strides. CPY_SAME_SHAPE walks one index for both;
 //                 CPY_RESHAPE matches elements in row-major order (shapes differ, counts
 //                 agree); CPY_CONTIGUOUS is the flat fast path for two dense tensors.
-//   set_rows_S_D: row r of src -> row ids[r] of dst, one block per src row; an id
+//   set_rows_S_D: row r of src -> row ids[r] of dst, one thread per element; an id
 //                 outside 0..dst rows is recorded and its row skipped.
 #include "common.cuh"
 
@@ -17,6 +17,7 @@ __device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
 
 template <typename S, typename D>
 __device__ void cpy(const CpyArgs& p) {
+    pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
         const char* s;
         char* d;
@@ -45,6 +46,7 @@ __device__ void cpy(const CpyArgs& p) {
 // as precise as f32 while the weights stay BF16 on the tensor cores.
 template <typename S>
 __device__ void split_bf16(const SplitArgs& p) {
+    pdl_enter();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
         i64 idx[4];
         unflatten(p.src.ne, i, idx);
@@ -56,20 +58,25 @@ __device__ void split_bf16(const SplitArgs& p) {
     }
 }
 
-// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3].
+// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3]. One
+// thread per element (a decode step writes one K row of thousands of elements, or one
+// element into each of thousands of rows of a transposed V cache: both are one wide
+// launch). An id outside 0..dst rows is recorded and its elements skipped.
 template <typename S, typename D>
 __device__ void set_rows(const RowsArgs& p) {
-    const RowIndex r = row_index(p.src.ne, blockIdx.x);
-    const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2 % p.ids.ne[1], r.i3 % p.ids.ne[2], 0));
+    pdl_enter();
+    const i64 n = p.src.ne[0] * p.src.ne[1] * p.src.ne[2] * p.src.ne[3];
     const i64 rows = p.dst.ne[1];
-    if (id < 0 || id >= rows) {
-        if (threadIdx.x == 0) record_index_error(p.err, p.tag, id, r.i1, rows);
-        return;
-    }
-    const char* s = at(p.src, 0, r.i1, r.i2, r.i3);
-    char* d = at(p.dst, 0, id, r.i2, r.i3);
-    for (i64 i0 = threadIdx.x; i0 < p.src.ne[0]; i0 += blockDim.x) {
-        *reinterpret_cast<D*>(d + i0 * p.dst.nb[0]) = convert<D>(*reinterpret_cast<const S*>(s + i0 * p.src.nb[0]));
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        i64 ix[4];
+        unflatten(p.src.ne, i, ix);
+        const int id = *reinterpret_cast<const int*>(at(p.ids, ix[1], ix[2] % p.ids.ne[1], ix[3] % p.ids.ne[2], 0));
+        if (id < 0 || id >= rows) {
+            if (ix[0] == 0) record_index_error(p.err, p.tag, id, ix[1], rows);
+            continue;
+        }
+        *reinterpret_cast<D*>(at(p.dst, ix[0], id, ix[2], ix[3])) =
+            convert<D>(*reinterpret_cast<const S*>(at(p.src, ix[0], ix[1], ix[2], ix[3])));
     }
 }
 

@@ -5,6 +5,7 @@
 
 template <typename T>
 __device__ void get_rows(const RowsArgs& p) {
+    pdl_enter();
     const RowIndex r = row_index(p.dst.ne, blockIdx.x);
     const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2, r.i3, 0));
     const i64 rows = p.src.ne[1];

@@ -88,6 +88,7 @@ struct Pack16<float> {
 // in a fixed order, so results are deterministic. vec requires: a, a_nb1, a_nb2, b and
 // b_nb2 multiples of 16 bytes.
 __device__ void gemv_nc(const GemvArgs& p) {
+    pdl_enter();
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;
     const i64 ch = blockIdx.y;
@@ -130,33 +131,38 @@ __device__ void gemv_nc(const GemvArgs& p) {
 // multiples of 16 bytes.
 template <typename T>
 __device__ void gemv_rows(const GemvArgs& p) {
+    pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
     const float* x = reinterpret_cast<const float*>(p.b);
-    float acc = 0.0f;
-    i64 tail = 0;
-    if (p.vec) {
-        constexpr int N = Pack16<T>::N;
-        const i64 nv = p.k / N;
-        const uint4* av = reinterpret_cast<const uint4*>(a);
-        for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
-            uint4 w[GEMV_UNROLL];
+    constexpr int N = Pack16<T>::N;
+    const i64 nv = p.vec ? p.k / N : 0;
+    const uint4* av = reinterpret_cast<const uint4*>(a);
+    uint4 w[GEMV_UNROLL];
+    auto load_round = [&](i64 v0) {
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const i64 v = v0 + u * WARP_SIZE;
-                w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const i64 v = v0 + u * WARP_SIZE;
-                if (v < nv) acc += Pack16<T>::dot(w[u], x + v * N);
-            }
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const i64 v = v0 + u * WARP_SIZE;
+            w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
         }
-        tail = nv * N;
+    };
+    // Weights nothing in the plan writes: the first round's loads overlap the previous
+    // kernel; everything else waits for it.
+    if (p.prefetch) load_round(lane);
+    pdl_wait();
+    if (!p.prefetch) load_round(lane);
+    float acc = 0.0f;
+    for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
+        if (v0 != lane) load_round(v0);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const i64 v = v0 + u * WARP_SIZE;
+            if (v < nv) acc += Pack16<T>::dot(w[u], x + v * N);
+        }
     }
-    for (i64 i = tail + lane; i < p.k; i += WARP_SIZE) acc += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) acc += load<T>(a + i * (i64)sizeof(T)) * x[i];
     acc = warp_sum(acc);
     if (lane == 0) {
         if (p.add) acc += reinterpret_cast<const float*>(p.add)[row];
@@ -174,6 +180,7 @@ __device__ __forceinline__ float dot_half4(uint2 w, float4 x) {
 // block read the same rows for consecutive channels. vec requires: a, a_nb1, a_nb2
 // multiples of 8 bytes (4 halves), b and b_nb2 multiples of 16.
 __device__ void gemv_short_f16(const GemvArgs& p) {
+    pdl_enter();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 w = blockIdx.x * (i64)(blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const i64 groups = (p.m + P021_ROWS - 1) / P021_ROWS;

@@ -1,4 +1,4 @@
-// Row normalizations, one row per block: a single warp for rows of up to 1024 elements,
+// Row normalizations, one row per block: a single warp for short rows,
 // a larger block with a shared-memory reduction for longer rows (the launcher picks
 // blockDim.x, a multiple of 32). Each thread handles elements tid, tid + blockDim.x, ...
 // in every pass, and the reduction completes before the writing pass, so in place is safe.
@@ -9,6 +9,7 @@
 
 template <typename T>
 __device__ void rms_norm(const NormArgs& p) {
+    pdl_enter();
     __shared__ float scratch[32];
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
     const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
@@ -62,6 +63,7 @@ __device__ __forceinline__ Welford welford_warp(Welford w) {
 
 template <typename T>
 __device__ void norm(const NormArgs& p) {
+    pdl_enter();
     __shared__ float s_n[32], s_mean[32], s_m2[32];
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
     const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
@@ -103,6 +105,7 @@ __device__ void norm(const NormArgs& p) {
 // the CUDA backend fuses the pair when the norm has no other reader). x and dst F32.
 template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
+    pdl_enter();
     __shared__ float scratch[32];
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
     const char* x = at(p.src, 0, r.i1, r.i2, r.i3);

@@ -8,6 +8,7 @@
 
 template <typename T>
 __device__ void rope(const RopeArgs& p) {
+    pdl_enter();
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
     const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
     char* y = at(p.dst, 0, r.i1, r.i2, r.i3);

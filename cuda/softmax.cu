@@ -12,6 +12,7 @@
 
 template <typename T>
 __device__ void diag_mask_inf(const DiagMaskArgs& p) {
+    pdl_enter();
     for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
         const float x = load<T>(at(p.src, i0, i1, i2, i3));
         store<T>(at(p.dst, i0, i1, i2, i3), i0 > p.n_past + i1 ? -INFINITY : x);
@@ -22,6 +23,7 @@ struct NoMask {};
 
 template <typename T, typename M>
 __device__ void soft_max(const SoftMaxArgs& p) {
+    pdl_enter();
     __shared__ float scratch[32];
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
     const char* x = at(p.src, 0, r.i1, r.i2, r.i3);

@@ -19,6 +19,7 @@ struct OpGelu {
 
 template <typename Op, typename T>
 __device__ void unary(const UnaryArgs& p) {
+    pdl_enter();
     for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
         const float x = load<T>(at(p.src, i0, i1, i2, i3));
         store<T>(at(p.dst, i0, i1, i2, i3), Op::apply(x, p.scale));
@@ -38,6 +39,7 @@ extern "C" __global__ void gelu_bf16(const UnaryArgs p) { unary<OpGelu, bf16>(p)
 // silu(gate) * up (SwiGLU), F32, any strides: the CUDA backend fuses silu with the
 // multiplication that reads it when nothing else does.
 extern "C" __global__ void swiglu_f32(const BinaryArgs p) {
+    pdl_enter();
     for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
         const float g = load<float>(at(p.a, i0, i1, i2, i3));
         const float u = load<float>(at(p.b, i0, i1, i2, i3));

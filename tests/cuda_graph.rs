@@ -316,8 +316,12 @@ fn eager_and_replayed_match_cpu(t: usize) {
         return;
     };
     let mut replayed = CudaBackend::new(0).unwrap();
+    // Replayed without programmatic dependent launch: kernels strictly one after another.
+    let mut serial = CudaBackend::new(0).unwrap();
     eager.set_graphs(false);
     replayed.set_graphs(true);
+    serial.set_graphs(true);
+    serial.set_pdl(false);
     assert!(
         replayed.graphs(),
         "GRAFT_CUDA_SYNC=1 turns graphs off; unset it for this test"
@@ -327,9 +331,11 @@ fn eager_and_replayed_match_cpu(t: usize) {
     let mc = build(&mut cpu, t).unwrap();
     let me = build(&mut eager, t).unwrap();
     let mr = build(&mut replayed, t).unwrap();
+    let ms = build(&mut serial, t).unwrap();
     let ec = cpu.load(&mc.plan).unwrap();
     let ee = eager.load(&me.plan).unwrap();
     let er = replayed.load(&mr.plan).unwrap();
+    let es = serial.load(&ms.plan).unwrap();
 
     const RUNS: usize = 4;
     for r in 0..RUNS {
@@ -337,7 +343,12 @@ fn eager_and_replayed_match_cpu(t: usize) {
         let c = run(&mut cpu, &mc, ec, &inp).unwrap();
         let e = run(&mut eager, &me, ee, &inp).unwrap();
         let g = run(&mut replayed, &mr, er, &inp).unwrap();
+        let sg = run(&mut serial, &ms, es, &inp).unwrap();
         assert!(e == g, "t={t} run {r}: eager and replayed results differ");
+        assert!(
+            sg == g,
+            "t={t} run {r}: replays with and without PDL differ"
+        );
         compare_with_cpu(&g, &c, &mr, &format!("t={t} run {r}"));
     }
     assert_eq!(eager.stats().eager_runs, RUNS as u64);

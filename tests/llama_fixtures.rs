@@ -21,10 +21,24 @@
 //! (For scale: HF's own native BF16 and F16 runs are 2.2e-4 and 4.2e-6 from its f32
 //! logits.) The CPU limits, 1.5e-5 against f32 and 3e-9 against F16 K/V, keep >= 10x
 //! headroom. Two graft paths over the same cache (decode vs prefill, chunked vs one-shot
-//! prefill) differ only in summation order: measured <= 5e-14, limit 1e-10. On CUDA
-//! every limit is ggml's test-backend-ops tolerance for matmul and attention, 5e-4
-//! (kernels there may round activations to F16 for tensor-core GEMMs); these CUDA limits
-//! are not yet confirmed by a GPU run.
+//! prefill) differ only in summation order: measured <= 5e-14, limit 1e-10.
+//!
+//! On CUDA the prefill's tensor-core products take F16 operands: F16 weights with the
+//! activations rounded to F16, and in attention q and the softmax weights rounded to F16
+//! against the F16 cache (BF16 weights take the activations as two BF16 halves, about 16
+//! bits; F32 weights use F32 GEMMs without TF32). Decode keeps activations in f32. So
+//! CUDA adds a relative 2^-11 rounding per operand on the prefill path. Measured on an
+//! H100 (2026-11-21), NMSE:
+//!
+//! | fixture | vs HF f32 | 280-token prefill | decode 248..280 | vs F16 K/V | decode vs prefill | chunked |
+//! | --- | --- | --- | --- | --- | --- | --- |
+//! | llama2-tiny-f32  | 7.8e-7 | 1.1e-6 | 6.2e-7 | 4.0e-7 | 6.2e-7 | 4.3e-15 |
+//! | llama3-tiny-bf16 | 8.6e-7 | 1.7e-6 | 1.2e-6 | 4.2e-7 | 4.8e-7 | 5.3e-9 |
+//! | llama3-tiny-f16  | 1.7e-6 | 3.9e-6 | 1.4e-6 | 1.7e-6 | 2.0e-6 | 9.4e-7 |
+//!
+//! The CUDA limits keep >= 10x headroom over the largest: 5e-5 against f32, 2e-5 against
+//! F16 K/V and 2e-5 between two graft paths (ggml's matmul tolerance, 5e-4, would hide a
+//! real error ten times larger).
 
 use std::path::{Path, PathBuf};
 
@@ -136,7 +150,7 @@ fn nmse_limit(backend: &str) -> f64 {
     if backend == "cpu" {
         1.5e-5
     } else {
-        5e-4
+        5e-5
     }
 }
 
@@ -145,17 +159,18 @@ fn f16kv_limit(backend: &str) -> f64 {
     if backend == "cpu" {
         3e-9
     } else {
-        5e-4
+        2e-5
     }
 }
 
 /// NMSE limit between two graft paths over the same cache (prefill vs decode, chunked
-/// vs one-shot): only summation order differs on the CPU.
+/// vs one-shot): only summation order differs on the CPU; on CUDA the prefill's F16
+/// operands differ from decode's f32 activations (see the module docs).
 fn consistency_limit(backend: &str) -> f64 {
     if backend == "cpu" {
         1e-10
     } else {
-        1e-6
+        2e-5
     }
 }
 

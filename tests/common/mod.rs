@@ -22,9 +22,14 @@ use graft::backend::Backend;
 /// Guard bytes after every arena block in the property tests.
 pub const GUARD_BYTES: usize = 256;
 
-/// The proptest configuration of the op tests: `cases` cases, failing cases saved next
-/// to the test file (`<file>.regressions`) and replayed first on later runs.
+/// The proptest configuration of the op tests: `cases` cases (or `GRAFT_PROPTEST_CASES`
+/// when set, e.g. fewer under compute-sanitizer, more for a soak run), failing cases saved
+/// next to the test file (`<file>.regressions`) and replayed first on later runs.
 pub fn config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("GRAFT_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
     proptest::test_runner::Config {
         cases,
         failure_persistence: Some(Box::new(

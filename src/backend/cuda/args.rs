@@ -161,6 +161,8 @@ pub struct GemvArgs {
     pub vec: i64,
     /// F32 `[m]` added to the result (a fused residual add), or 0.
     pub add: u64,
+    /// 1 when `a` is read-only in the plan: its first loads may overlap the previous kernel.
+    pub prefetch: i64,
 }
 
 /// `FillRandomArgs`.
@@ -230,7 +232,7 @@ kernel_args!(
     DiagMaskArgs = 152,
     SoftMaxArgs = 224,
     ArgmaxArgs = 144,
-    GemvArgs = 104,
+    GemvArgs = 112,
     FillRandomArgs = 32,
     SpinArgs = 8,
     SplitArgs = 160,

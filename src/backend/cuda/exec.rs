@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaContext, CudaGraph, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaGraph, CudaStream};
 
 use super::args::SpinArgs;
 use super::device::{driver_error_text, Blas, DeviceMem};
@@ -80,6 +80,9 @@ pub(crate) struct Launcher<'a> {
     pub stream: &'a CudaStream,
     /// Synchronize after every step (debugging: errors then name their node).
     pub sync_each: bool,
+    /// Launch kernels with programmatic stream serialization (PDL, sm_90+): a kernel may
+    /// launch while the previous one runs and waits for it in its own code.
+    pub pdl: bool,
 }
 
 impl Launcher<'_> {
@@ -88,22 +91,58 @@ impl Launcher<'_> {
         match op {
             DevOp::Kernel(l) => {
                 let mut params = [l.args.as_param()];
-                // SAFETY: the function belongs to the loaded kernel table; `params` points
-                // at the argument struct the kernel takes (KernelArgs: same layout as the
-                // C struct), which the driver copies before returning; every device
-                // address in it was resolved at load to memory owned by the exec or the
-                // backend's buffers, with extents checked by validate_plan and lowering.
-                unsafe {
-                    result::launch_kernel(
-                        self.kernels.func(l.kernel),
-                        l.grid,
-                        l.block,
-                        0,
-                        self.stream.cu_stream(),
-                        &mut params,
-                    )
-                }
-                .map_err(|e| {
+                let launched = if self.pdl {
+                    let mut attr = sys::CUlaunchAttribute {
+                        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                        pad: [0; 4],
+                        // SAFETY: an all-zero union is a valid value of every member.
+                        value: unsafe { std::mem::zeroed() },
+                    };
+                    attr.value.programmaticStreamSerializationAllowed = 1;
+                    let config = sys::CUlaunchConfig {
+                        gridDimX: l.grid.0,
+                        gridDimY: l.grid.1,
+                        gridDimZ: l.grid.2,
+                        blockDimX: l.block.0,
+                        blockDimY: l.block.1,
+                        blockDimZ: l.block.2,
+                        sharedMemBytes: 0,
+                        hStream: self.stream.cu_stream(),
+                        attrs: &mut attr,
+                        numAttrs: 1,
+                    };
+                    // SAFETY: as for the plain launch below; `config` and `attr` outlive the
+                    // call, which copies them. Every plan kernel waits (griddepcontrol.wait)
+                    // before it touches memory an earlier kernel writes, so starting it
+                    // early is safe.
+                    unsafe {
+                        sys::cuLaunchKernelEx(
+                            &config,
+                            self.kernels.func(l.kernel),
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    }
+                    .result()
+                } else {
+                    // SAFETY: the function belongs to the loaded kernel table; `params`
+                    // points at the argument struct the kernel takes (KernelArgs: same
+                    // layout as the C struct), which the driver copies before returning;
+                    // every device address in it was resolved at load to memory owned by
+                    // the exec or the backend's buffers, with extents checked by
+                    // validate_plan and lowering.
+                    unsafe {
+                        result::launch_kernel(
+                            self.kernels.func(l.kernel),
+                            l.grid,
+                            l.block,
+                            0,
+                            self.stream.cu_stream(),
+                            &mut params,
+                        )
+                    }
+                };
+                launched.map_err(|e| {
                     format!(
                         "launch of kernel {} (grid {:?}, block {:?}) failed: {}",
                         l.kernel.name,

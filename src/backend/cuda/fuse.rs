@@ -34,6 +34,14 @@ pub(crate) fn lower_plan<'s>(
     tag: impl Fn(usize) -> i64,
 ) -> Result<Vec<Vec<DevOp>>, (&'s Step, String)> {
     let readers = readers(plan);
+    lw.written = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s.dst.loc {
+            Loc::Buffer(b, _) => Some(b),
+            Loc::Arena(_) => None,
+        })
+        .collect();
     let mut steps = Vec::with_capacity(plan.steps.len());
     let mut i = 0;
     while i < plan.steps.len() {

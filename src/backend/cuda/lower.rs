@@ -9,7 +9,7 @@
 use super::args::*;
 use super::kernels::{k, Kernel};
 use super::mul_mat::Gemm;
-use crate::graph::{DType, Loc, Operand, Step};
+use crate::graph::{BufferId, DType, Loc, Operand, Step};
 use crate::ops::{Op, RopeMode};
 
 /// One device operation of a lowered step.
@@ -63,6 +63,8 @@ pub(crate) struct Lowering<'a> {
     pub err: u64,
     /// Tag identifying the step being lowered in the index-error record.
     pub tag: i64,
+    /// Buffers some step of the plan writes (the others are read-only while it runs).
+    pub written: Vec<BufferId>,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -72,6 +74,11 @@ impl Lowering<'_> {
     /// The device address of `op`'s first element.
     pub fn addr(&self, op: &Operand) -> u64 {
         (self.resolve)(op.loc)
+    }
+
+    /// Whether `op` lives in a buffer no step of the plan writes (weights).
+    pub fn read_only(&self, op: &Operand) -> bool {
+        matches!(op.loc, Loc::Buffer(b, _) if !self.written.contains(&b))
     }
 
     /// `op` as a kernel tensor argument.
@@ -151,10 +158,13 @@ pub(crate) fn row_grid(rows: usize) -> Result<(u32, u32, u32), String> {
         .ok_or_else(|| format!("{rows} rows exceed the grid limit"))
 }
 
-/// Block for a row reduction: one warp for rows up to 1024 elements, more for longer rows.
+/// Block for a row reduction: one warp for rows up to 256 elements, more for longer rows
+/// (a decode step's soft_max has only one row per head: wide blocks keep it short).
 fn reduce_block(ne0: usize) -> (u32, u32, u32) {
-    let threads = if ne0 <= 1024 {
+    let threads = if ne0 <= 256 {
         32
+    } else if ne0 <= 2048 {
+        128
     } else if ne0 <= 8192 {
         256
     } else {
@@ -358,12 +368,8 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
                 err: lw.err,
                 tag: lw.tag,
             };
-            vec![DevOp::kernel(
-                kernel,
-                row_grid(s.nrows())?,
-                loop_block(s.ne[0]),
-                &args,
-            )]
+            let (grid, block) = flat_grid(s.nelements());
+            vec![DevOp::kernel(kernel, grid, block, &args)]
         }
         Op::DiagMaskInf { n_past } => {
             let a = &src[0];

@@ -65,6 +65,9 @@ pub struct CudaBackend {
     sync_each: bool,
     /// Whether load fuses step pairs (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
     fusion: bool,
+    /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
+    /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
+    pdl: bool,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -144,6 +147,9 @@ impl CudaBackend {
             .map_err(|e| driver_error("creating a stream", e))?;
         let kernels = KernelTable::load(&ctx)?;
         let blas = Blas::new(&ctx, &stream)?;
+        let (cc_major, _) = ctx
+            .compute_capability()
+            .map_err(|e| driver_error("reading the compute capability", e))?;
         let index_err = DeviceMem::alloc(
             &ctx,
             std::mem::size_of::<IndexError>(),
@@ -160,6 +166,7 @@ impl CudaBackend {
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
+            pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             profile: None,
             warnings: Vec::new(),
             stream,
@@ -185,6 +192,17 @@ impl CudaBackend {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Turns programmatic dependent launch on or off (default on for sm_90 and later unless
+    /// `GRAFT_CUDA_PDL=0`); it has no effect on older GPUs. Takes effect for plans captured
+    /// or run eagerly from now on.
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on
+            && self
+                .ctx
+                .compute_capability()
+                .is_ok_and(|(major, _)| major >= 9);
     }
 
     /// Turns CUDA-graph capture and replay on or off (default on unless
@@ -234,6 +252,7 @@ impl CudaBackend {
             blas: &self.blas,
             stream: &self.stream,
             sync_each: self.sync_each,
+            pdl: self.pdl && self.profile.is_none(),
         }
     }
 
@@ -378,6 +397,7 @@ impl CudaBackend {
             scratch_need: 0,
             err: self.index_err.ptr(),
             tag: 0,
+            written: Vec::new(),
         };
         let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
@@ -505,6 +525,7 @@ impl Backend for CudaBackend {
             scratch_need: 0,
             err: 0,
             tag: 0,
+            written: Vec::new(),
         };
         lower_step(step, &mut lw).map(|_| ())
     }
@@ -630,6 +651,7 @@ impl Backend for CudaBackend {
             blas: &self.blas,
             stream: &self.stream,
             sync_each: self.sync_each,
+            pdl: self.pdl && self.profile.is_none(),
         };
         let e = self.execs[exec.0].as_mut().expect("checked above");
         let mut warning = None;

@@ -198,6 +198,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
             ratio,
             vec: i64::from(kernel_vec),
             add: 0,
+            prefetch: 0,
         };
         let strides_ok =
             |align: usize| (m == 1 || a.nb[1] % align == 0) && (a2 == 1 || a.nb[2] % align == 0);
@@ -276,6 +277,7 @@ pub(crate) fn gemv(
         ratio: 1,
         vec: i64::from(vec),
         add,
+        prefetch: i64::from(lw.read_only(a)),
     };
     Some(
         row_grid(m.div_ceil(GEMV_WARPS))

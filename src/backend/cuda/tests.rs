@@ -49,6 +49,7 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
             scratch_need: 0,
             err: 0,
             tag: 0,
+            written: Vec::new(),
         };
         let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
             .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
