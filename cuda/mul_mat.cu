@@ -2,25 +2,30 @@
 // src/backend/cuda/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
 // accumulation and reductions in a fixed order (results are deterministic).
 //
-//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column (channels == 1), one warp per row
-//     of `a`, GEMV_WARPS rows per block. Each lane streams 16-byte pieces of the row (8
-//     halves) with GEMV_UNROLL independent loads in flight before the first use (weights
-//     read once, evict-first), x read through L1, then a warp shuffle reduction; an
-//     optional F32 vector `add` is added to the result (a residual add fused into the
-//     product). Rows of any length: a scalar tail covers k % 8 and rows not aligned for
-//     vector loads (vec == 0). Chosen over one block per row on the H100 (warp per row:
-//     81/94/89% of copy bandwidth on 4096x4096, 11008x4096, 4096x11008 F16, against
-//     73/91/88%; a microbenchmark of 16 variants).
-//   mul_mat_vec_nc_f16_f32: one block per row over channels (blockIdx.y) with rows of `a`
-//     at any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads].
+//   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column, one warp per row of `a`,
+//     GEMV_WARPS rows per block. Each lane streams 16-byte pieces of the row (8 halves)
+//     with GEMV_UNROLL independent loads in flight before the first use (weights read
+//     once, evict-first), x read through L1, then a warp shuffle reduction; an optional
+//     F32 vector `add` is added to the result (a residual add fused into the product).
+//     Rows of any length: a scalar tail covers k % 8 and rows not aligned for vector
+//     loads (vec == 0). Chosen over one block per row on the H100 (81/94/89% of copy
+//     bandwidth on 4096x4096, 11008x4096, 4096x11008 F16, against 73/91/88%; a
+//     microbenchmark of 16 variants).
+//   mul_mat_vec_norm_T_W: the same product of `a` with rms_norm(x) * w (w [k] of type
+//     W): every warp also sums x^2 over the row it streams x for, so the norm costs no
+//     launch and no pass over memory: dot(a, x * w) / sqrt(mean(x^2) + eps).
+//   mul_mat_vec_nc_f16_f32: the same kernel over channels (blockIdx.y) with rows of `a` at
+//     any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads];
+//     channel ch of b reads channel ch / ratio of a (GQA).
 //   mul_mat_p021_f16_f32: short rows (k <= 256), e.g. a permuted K-cache view
 //     [hd, n_kv, n_kv_heads]: one warp per P021_ROWS rows of one channel, 8-byte loads
 //     of every row in flight together; consecutive warps take consecutive channels, so
 //     the query heads sharing a KV head (GQA) read its rows while they are in L1.
 #include "common.cuh"
 
+#include <type_traits>
+
 #define GEMV_UNROLL 4
-#define GEMV_THREADS 128  // largest block of the gemv kernels
 #define GEMV_WARPS 4      // rows per block of mul_mat_vec_*
 #define P021_ROWS 4       // rows per warp of mul_mat_p021
 #define P021_THREADS 128  // block of mul_mat_p021
@@ -43,100 +48,80 @@ __device__ __forceinline__ float2 bf162_to_float2(unsigned u) {
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
-// 16 bytes of weights: how many elements they hold and their dot product with x[0..N).
+// 16 bytes of weights: how many elements they hold, unpacked to floats.
 template <typename T>
 struct Pack16;
 
 template <>
 struct Pack16<f16> {
     static constexpr int N = 8;
-    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x) + 1);
+    static __device__ __forceinline__ void unpack(uint4 w, float* f) {
         const float2 a = half2_to_float2(w.x), b = half2_to_float2(w.y);
         const float2 c = half2_to_float2(w.z), d = half2_to_float2(w.w);
-        return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y +
-               d.x * x1.z + d.y * x1.w;
+        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
     }
 };
 
 template <>
 struct Pack16<bf16> {
     static constexpr int N = 8;
-    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x) + 1);
+    static __device__ __forceinline__ void unpack(uint4 w, float* f) {
         const float2 a = bf162_to_float2(w.x), b = bf162_to_float2(w.y);
         const float2 c = bf162_to_float2(w.z), d = bf162_to_float2(w.w);
-        return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y +
-               d.x * x1.z + d.y * x1.w;
+        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
     }
 };
 
 template <>
 struct Pack16<float> {
     static constexpr int N = 4;
-    static __device__ __forceinline__ float dot(uint4 w, const float* x) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x));
-        return __uint_as_float(w.x) * x0.x + __uint_as_float(w.y) * x0.y + __uint_as_float(w.z) * x0.z +
-               __uint_as_float(w.w) * x0.w;
+    static __device__ __forceinline__ void unpack(uint4 w, float* f) {
+        f[0] = __uint_as_float(w.x), f[1] = __uint_as_float(w.y);
+        f[2] = __uint_as_float(w.z), f[3] = __uint_as_float(w.w);
     }
 };
 
-// One block per row blockIdx.x of channel blockIdx.y; the block's threads split the row
-// (blockDim.x a multiple of 32, at most GEMV_THREADS), and the partial sums are reduced
-// in a fixed order, so results are deterministic. vec requires: a, a_nb1, a_nb2, b and
-// b_nb2 multiples of 16 bytes.
-__device__ void gemv_nc(const GemvArgs& p) {
-    pdl_enter();
-    __shared__ float scratch[32];
-    const i64 row = blockIdx.x;
-    const i64 ch = blockIdx.y;
-    const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
-    const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
-    const i64 bs = blockDim.x;
-    float acc[GEMV_UNROLL];
+// N consecutive floats at x (16-byte aligned) through L1.
+template <int N>
+__device__ __forceinline__ void load_x(const float* x, float* f) {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
-    i64 tail = 0;
-    if (p.vec) {
-        constexpr int N = Pack16<f16>::N;
-        const i64 nv = p.k / N;
-        const uint4* av = reinterpret_cast<const uint4*>(a);
-        for (i64 v0 = threadIdx.x; v0 < nv; v0 += GEMV_UNROLL * bs) {
-            // GEMV_UNROLL independent 16-byte loads in flight before the first use.
-            uint4 w[GEMV_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const i64 v = v0 + u * bs;
-                w[u] = v < nv ? load16<false>(av + v) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const i64 v = v0 + u * bs;
-                if (v < nv) acc[u] += Pack16<f16>::dot(w[u], x + v * N);
-            }
-        }
-        tail = nv * N;
+    for (int i = 0; i < N; i += 4) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(x + i));
+        f[i] = v.x, f[i + 1] = v.y, f[i + 2] = v.z, f[i + 3] = v.w;
     }
-    float sum = 0.0f;
-#pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];
-    for (i64 i = tail + threadIdx.x; i < p.k; i += bs) sum += load<f16>(a + i * 2) * x[i];
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = sum;
 }
 
-// One warp per row: row = blockIdx.x * GEMV_WARPS + warp. vec requires a, a_nb1 and b
-// multiples of 16 bytes.
-template <typename T>
+// N consecutive elements of type W at p (aligned to the size of their 16-byte pieces,
+// or 8 bytes for 4 halves) as floats.
+template <typename W, int N>
+__device__ __forceinline__ void load_w(const char* p, float* f) {
+    if constexpr (sizeof(W) == 4) {
+        load_x<N>(reinterpret_cast<const float*>(p), f);
+    } else if constexpr (N == 8) {
+        Pack16<W>::unpack(__ldg(reinterpret_cast<const uint4*>(p)), f);
+    } else {
+        const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+        Pack16<W>::unpack(make_uint4(u.x, u.y, 0u, 0u), f);  // the first 4 of 8
+    }
+}
+
+// No norm: the plain product.
+struct NoNorm {};
+
+// One warp per row: row = blockIdx.x * GEMV_WARPS + warp, channel blockIdx.y (channel ch
+// of b and dst, ch / ratio of a). With a norm weight type W, the result is
+// dot(a, x * w) / sqrt(mean(x^2) + eps). vec requires a, a_nb1, a_nb2, b, b_nb2 (and the
+// norm weight) multiples of 16 bytes.
+template <typename T, typename W>
 __device__ void gemv_rows(const GemvArgs& p) {
+    constexpr bool NORM = !std::is_same<W, NoNorm>::value;
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
+    const i64 ch = blockIdx.y;
     if (row >= p.m) return;  // the whole warp
-    const char* a = p.a + row * p.a_nb1;
-    const float* x = reinterpret_cast<const float*>(p.b);
+    const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
+    const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
     constexpr int N = Pack16<T>::N;
     const i64 nv = p.vec ? p.k / N : 0;
     const uint4* av = reinterpret_cast<const uint4*>(a);
@@ -153,20 +138,43 @@ __device__ void gemv_rows(const GemvArgs& p) {
     if (p.prefetch) load_round(lane);
     pdl_wait();
     if (!p.prefetch) load_round(lane);
-    float acc = 0.0f;
+    float acc = 0.0f, ss = 0.0f;
     for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
         if (v0 != lane) load_round(v0);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const i64 v = v0 + u * WARP_SIZE;
-            if (v < nv) acc += Pack16<T>::dot(w[u], x + v * N);
+            if (v < nv) {
+                float wf[N], xf[N];
+                Pack16<T>::unpack(w[u], wf);
+                load_x<N>(x + v * N, xf);
+                if constexpr (NORM) {
+                    float nf[N];
+                    load_w<W, N>(p.norm_w + v * N * (i64)sizeof(W), nf);
+#pragma unroll
+                    for (int i = 0; i < N; ++i) {
+                        ss += xf[i] * xf[i];
+                        xf[i] *= nf[i];
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < N; ++i) acc += wf[i] * xf[i];
+            }
         }
     }
-    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) acc += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) {
+        float xi = x[i];
+        if constexpr (NORM) {
+            ss += xi * xi;
+            xi *= load<W>(p.norm_w + i * (i64)sizeof(W));
+        }
+        acc += load<T>(a + i * (i64)sizeof(T)) * xi;
+    }
     acc = warp_sum(acc);
+    if constexpr (NORM) acc *= 1.0f / sqrtf(warp_sum(ss) / (float)p.k + p.eps);
     if (lane == 0) {
         if (p.add) acc += reinterpret_cast<const float*>(p.add)[row];
-        reinterpret_cast<float*>(p.dst)[row] = acc;
+        *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = acc;
     }
 }
 
@@ -227,9 +235,19 @@ __device__ void gemv_short_f16(const GemvArgs& p) {
 // The register cap of __launch_bounds__ (minimum 8 blocks per SM) makes ptxas issue all
 // loads of a round before the first use (checked in the SASS: LDG.E.128 / LDG.E.64 in a
 // row); without it ptxas interleaves them with the arithmetic and keeps one in flight.
-// GEMV_THREADS and P021_THREADS are the largest blocks the launcher uses.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f16(const GemvArgs p) { gemv_rows<f16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv_rows<bf16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_nc(p); }
+// GEMV_WARPS * 32 and P021_THREADS are the blocks the launcher uses.
+// Kernels are written out (not made by a macro) so build.rs finds every name.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f16(const GemvArgs p) { gemv_rows<f16, NoNorm>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv_rows<bf16, NoNorm>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float, NoNorm>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_rows<f16, NoNorm>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_f32(const GemvArgs p) { gemv_rows<f16, float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_f16(const GemvArgs p) { gemv_rows<f16, f16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_bf16(const GemvArgs p) { gemv_rows<f16, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_f32(const GemvArgs p) { gemv_rows<bf16, float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_f16(const GemvArgs p) { gemv_rows<bf16, f16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_bf16(const GemvArgs p) { gemv_rows<bf16, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_f32(const GemvArgs p) { gemv_rows<float, float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_f16(const GemvArgs p) { gemv_rows<float, f16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_bf16(const GemvArgs p) { gemv_rows<float, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

@@ -27,15 +27,11 @@ use super::args::GemvArgs;
 use super::args::{SplitArgs, Tensor4};
 use super::device::Blas;
 use super::kernels::k;
-use super::lower::{copy_to, flat_grid, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
+use super::lower::{copy_to, flat_grid, pick1, pick2, row_grid, DevOp, Lowering, REGION_ALIGN};
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
-/// Largest block of the gemv kernels (`GEMV_THREADS` in cuda/mul_mat.cu).
-const GEMV_THREADS: usize = 128;
 /// Rows (one per warp) per block of mul_mat_vec_* (`GEMV_WARPS`).
 const GEMV_WARPS: usize = 4;
-/// Loads in flight per thread in the gemv kernels (`GEMV_UNROLL`).
-const GEMV_UNROLL: usize = 4;
 /// Rows per warp of mul_mat_p021 (`P021_ROWS`).
 const P021_ROWS: usize = 4;
 /// Block of mul_mat_p021 (`P021_THREADS`).
@@ -149,16 +145,6 @@ fn to_i32(what: &str, v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("mul_mat: {what} {v} exceeds cuBLAS's 32-bit sizes"))
 }
 
-/// Block for one gemv row of `k` elements, `per_load` elements per 16-byte load.
-fn gemv_block(k: usize, per_load: usize) -> (u32, u32, u32) {
-    let rounds = (k / per_load).div_ceil(GEMV_UNROLL);
-    (
-        rounds.next_power_of_two().clamp(32, GEMV_THREADS) as u32,
-        1,
-        1,
-    )
-}
-
 /// Lowers a mul_mat step (see the module docs for the dispatch rules).
 pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
     let (a, b, dst) = (&step.src[0], &step.src[1], &step.dst);
@@ -177,52 +163,45 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
-    if let Some(op) = gemv(a, b, d_addr, 0, lw) {
+    if let Some(op) = gemv(a, b, dst, Gemv::default(), lw) {
         return op.map(|op| vec![op]);
     }
 
     // 2, 3. Attention products over an F16 cache view.
     if vector_b && a.dtype == DType::F16 && a3 == 1 && b3 == 1 && a.rows_contiguous() {
-        let ratio = (b2 / a2) as i64;
-        let args = |kernel_vec: bool| GemvArgs {
-            a: a_addr,
-            b: b_addr,
-            dst: d_addr,
-            k: kk as i64,
-            m: m as i64,
-            channels: b2 as i64,
-            a_nb1: a.nb[1] as i64,
-            a_nb2: a.nb[2] as i64,
-            b_nb2: b.nb[2] as i64,
-            dst_nb2: dst.nb[2] as i64,
-            ratio,
-            vec: i64::from(kernel_vec),
-            add: 0,
-            prefetch: 0,
-        };
-        let strides_ok =
-            |align: usize| (m == 1 || a.nb[1] % align == 0) && (a2 == 1 || a.nb[2] % align == 0);
-        let b_ok = b_addr % 16 == 0 && (b2 == 1 || b.nb[2] % 16 == 0);
         if kk <= P021_MAX_K {
-            let vec = a_addr % 8 == 0 && strides_ok(8) && b_ok;
+            let strides_ok = (m == 1 || a.nb[1] % 8 == 0) && (a2 == 1 || a.nb[2] % 8 == 0);
+            let b_ok = b_addr % 16 == 0 && (b2 == 1 || b.nb[2] % 16 == 0);
+            let args = GemvArgs {
+                a: a_addr,
+                b: b_addr,
+                dst: d_addr,
+                k: kk as i64,
+                m: m as i64,
+                channels: b2 as i64,
+                a_nb1: a.nb[1] as i64,
+                a_nb2: a.nb[2] as i64,
+                b_nb2: b.nb[2] as i64,
+                dst_nb2: dst.nb[2] as i64,
+                ratio: (b2 / a2) as i64,
+                vec: i64::from(a_addr % 8 == 0 && strides_ok && b_ok),
+                add: 0,
+                prefetch: 0,
+                norm_w: 0,
+                eps: 0.0,
+                pad: 0.0,
+            };
             let warps = m.div_ceil(P021_ROWS) * b2;
             let blocks = warps.div_ceil(P021_THREADS / 32);
             return Ok(vec![DevOp::kernel(
                 k::MUL_MAT_P021_F16_F32,
                 row_grid(blocks)?,
                 (P021_THREADS as u32, 1, 1),
-                &args(vec),
+                &args,
             )]);
         }
-        if b2 <= 65535 {
-            let vec = a_addr % 16 == 0 && strides_ok(16) && b_ok;
-            let (gx, _, _) = row_grid(m)?;
-            return Ok(vec![DevOp::kernel(
-                k::MUL_MAT_VEC_NC_F16_F32,
-                (gx, b2 as u32, 1),
-                gemv_block(kk, 8),
-                &args(vec),
-            )]);
+        if let Some(op) = gemv_channels(a, b, dst, lw) {
+            return op.map(|op| vec![op]);
         }
     }
 
@@ -230,15 +209,25 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     lower_gemm(a, b, dst, lw)
 }
 
-/// The decode GEMV launch computing `a b` into the dense F32 vector at `dst` (plus the
-/// dense F32 vector at `add`, unless 0), or None when `a`, `b` are not its layout: n == 1,
-/// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
-/// elements.
+/// What a GEMV launch fuses into the product (see [`super::fuse`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Gemv<'a> {
+    /// Where the result goes instead of the step's own result (a fused add's result).
+    pub dst: Option<&'a Operand>,
+    /// A dense F32 vector added to the result (a fused residual add).
+    pub add: Option<&'a Operand>,
+    /// `b` is the input of a fused `rms_norm(b) * w`: the weight `w` and the epsilon.
+    pub norm: Option<(&'a Operand, f32)>,
+}
+
+/// The decode GEMV launch computing `a b` (or `a (rms_norm(b) * w)`) into the dense F32
+/// vector `dst`, plus `extra.add`, or None when `a`, `b` are not its layout: n == 1, every
+/// other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense elements.
 pub(crate) fn gemv(
     a: &Operand,
     b: &Operand,
-    dst: u64,
-    add: u64,
+    dst: &Operand,
+    extra: Gemv,
     lw: &Lowering,
 ) -> Option<Result<DevOp, String>> {
     let (kk, m) = (a.ne[0], a.ne[1]);
@@ -253,20 +242,29 @@ pub(crate) fn gemv(
     {
         return None;
     }
-    let kernel = match pick1(
-        "mul_mat_vec",
-        a.dtype,
-        [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
-    ) {
+    let kernel = match extra.norm {
+        None => pick1(
+            "mul_mat_vec",
+            a.dtype,
+            [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
+        ),
+        Some((w, _)) => pick2("mul_mat_vec_norm", a.dtype, w.dtype, GEMV_NORM),
+    };
+    let kernel = match kernel {
         Ok(kernel) => kernel,
         Err(e) => return Some(Err(e)),
     };
     let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
-    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
+    let norm_w = extra.norm.map_or(0, |(w, _)| lw.addr(w));
+    let vec = a_addr % 16 == 0
+        && (m == 1 || a.nb[1] % 16 == 0)
+        && b_addr % 16 == 0
+        && norm_w % 16 == 0
+        && extra.norm.is_none_or(|(w, _)| w.rows_contiguous());
     let args = GemvArgs {
         a: a_addr,
         b: b_addr,
-        dst,
+        dst: lw.addr(extra.dst.unwrap_or(dst)),
         k: kk as i64,
         m: m as i64,
         channels: 1,
@@ -276,14 +274,84 @@ pub(crate) fn gemv(
         dst_nb2: 0,
         ratio: 1,
         vec: i64::from(vec),
-        add,
+        add: extra.add.map_or(0, |r| lw.addr(r)),
         prefetch: i64::from(lw.read_only(a)),
+        norm_w,
+        eps: extra.norm.map_or(0.0, |(_, eps)| eps),
+        pad: 0.0,
     };
     Some(
         row_grid(m.div_ceil(GEMV_WARPS))
             .map(|grid| DevOp::kernel(kernel, grid, ((GEMV_WARPS * 32) as u32, 1, 1), &args)),
     )
 }
+
+/// The attention GEMV over channels (`mul_mat_vec_nc_f16_f32`): `a` F16 [k, m, a2] with
+/// dense rows at any row and channel strides (a transposed V-cache view), `b` F32
+/// [k, 1, b2] with dense rows, channel `c` of `b` reading channel `c / (b2 / a2)` of `a`.
+fn gemv_channels(
+    a: &Operand,
+    b: &Operand,
+    dst: &Operand,
+    lw: &Lowering,
+) -> Option<Result<DevOp, String>> {
+    let (kk, m, a2, b2) = (a.ne[0], a.ne[1], a.ne[2], b.ne[2]);
+    if b2 > 65535 {
+        return None;
+    }
+    let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
+    let vec = a_addr % 16 == 0
+        && (m == 1 || a.nb[1] % 16 == 0)
+        && (a2 == 1 || a.nb[2] % 16 == 0)
+        && b_addr % 16 == 0
+        && (b2 == 1 || b.nb[2] % 16 == 0);
+    let args = GemvArgs {
+        a: a_addr,
+        b: b_addr,
+        dst: lw.addr(dst),
+        k: kk as i64,
+        m: m as i64,
+        channels: b2 as i64,
+        a_nb1: a.nb[1] as i64,
+        a_nb2: a.nb[2] as i64,
+        b_nb2: b.nb[2] as i64,
+        dst_nb2: dst.nb[2] as i64,
+        ratio: (b2 / a2) as i64,
+        vec: i64::from(vec),
+        add: 0,
+        prefetch: i64::from(lw.read_only(a)),
+        norm_w: 0,
+        eps: 0.0,
+        pad: 0.0,
+    };
+    Some(row_grid(m.div_ceil(GEMV_WARPS)).map(|(gx, _, _)| {
+        DevOp::kernel(
+            k::MUL_MAT_VEC_NC_F16_F32,
+            (gx, b2 as u32, 1),
+            ((GEMV_WARPS * 32) as u32, 1, 1),
+            &args,
+        )
+    }))
+}
+
+/// `mul_mat_vec_norm_{weights}_{norm weight}`.
+const GEMV_NORM: [[super::kernels::Kernel; 3]; 3] = [
+    [
+        k::MUL_MAT_VEC_NORM_F32_F32,
+        k::MUL_MAT_VEC_NORM_F32_F16,
+        k::MUL_MAT_VEC_NORM_F32_BF16,
+    ],
+    [
+        k::MUL_MAT_VEC_NORM_F16_F32,
+        k::MUL_MAT_VEC_NORM_F16_F16,
+        k::MUL_MAT_VEC_NORM_F16_BF16,
+    ],
+    [
+        k::MUL_MAT_VEC_NORM_BF16_F32,
+        k::MUL_MAT_VEC_NORM_BF16_F16,
+        k::MUL_MAT_VEC_NORM_BF16_BF16,
+    ],
+];
 
 /// How one GEMM operand is read: its address and byte strides of dims 2 and 3, whether
 /// cuBLAS transposes it, and its leading dimension.
