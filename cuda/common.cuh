@@ -138,11 +138,8 @@ struct GemvArgs {
     const char* add;  // F32 [m] added to the result (a fused residual add), or null
     i64 prefetch;     // 1 when `a` is read-only in the plan (weights): its first loads may
                       // start before the previous kernel ends
-    const char* norm_w;  // mul_mat_vec_norm_*: the rms_norm weight [k] applied to b
-    float eps;           // mul_mat_vec_norm_*: the rms_norm epsilon
-    float pad;
 };
-static_assert(sizeof(GemvArgs) == 128, "GemvArgs layout");
+static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
 
 struct FillRandomArgs {
     char* dst;

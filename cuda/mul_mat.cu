@@ -11,9 +11,6 @@
 //     loads (vec == 0). Chosen over one block per row on the H100 (81/94/89% of copy
 //     bandwidth on 4096x4096, 11008x4096, 4096x11008 F16, against 73/91/88%; a
 //     microbenchmark of 16 variants).
-//   mul_mat_vec_norm_T_W: the same product of `a` with rms_norm(x) * w (w [k] of type
-//     W): every warp also sums x^2 over the row it streams x for, so the norm costs no
-//     launch and no pass over memory: dot(a, x * w) / sqrt(mean(x^2) + eps).
 //   mul_mat_vec_nc_f16_f32: the same kernel over channels (blockIdx.y) with rows of `a` at
 //     any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads];
 //     channel ch of b reads channel ch / ratio of a (GQA).
@@ -22,8 +19,6 @@
 //     of every row in flight together; consecutive warps take consecutive channels, so
 //     the query heads sharing a KV head (GQA) read its rows while they are in L1.
 #include "common.cuh"
-
-#include <type_traits>
 
 #define GEMV_UNROLL 4
 #define GEMV_WARPS 4      // rows per block of mul_mat_vec_*
@@ -91,30 +86,11 @@ __device__ __forceinline__ void load_x(const float* x, float* f) {
     }
 }
 
-// N consecutive elements of type W at p (aligned to the size of their 16-byte pieces,
-// or 8 bytes for 4 halves) as floats.
-template <typename W, int N>
-__device__ __forceinline__ void load_w(const char* p, float* f) {
-    if constexpr (sizeof(W) == 4) {
-        load_x<N>(reinterpret_cast<const float*>(p), f);
-    } else if constexpr (N == 8) {
-        Pack16<W>::unpack(__ldg(reinterpret_cast<const uint4*>(p)), f);
-    } else {
-        const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-        Pack16<W>::unpack(make_uint4(u.x, u.y, 0u, 0u), f);  // the first 4 of 8
-    }
-}
-
-// No norm: the plain product.
-struct NoNorm {};
-
 // One warp per row: row = blockIdx.x * GEMV_WARPS + warp, channel blockIdx.y (channel ch
-// of b and dst, ch / ratio of a). With a norm weight type W, the result is
-// dot(a, x * w) / sqrt(mean(x^2) + eps). vec requires a, a_nb1, a_nb2, b, b_nb2 (and the
-// norm weight) multiples of 16 bytes.
-template <typename T, typename W>
+// of b and dst, ch / ratio of a). vec requires a, a_nb1, a_nb2, b and b_nb2 multiples of
+// 16 bytes.
+template <typename T>
 __device__ void gemv_rows(const GemvArgs& p) {
-    constexpr bool NORM = !std::is_same<W, NoNorm>::value;
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
@@ -125,22 +101,29 @@ __device__ void gemv_rows(const GemvArgs& p) {
     constexpr int N = Pack16<T>::N;
     const i64 nv = p.vec ? p.k / N : 0;
     const uint4* av = reinterpret_cast<const uint4*>(a);
-    uint4 w[GEMV_UNROLL];
-    auto load_round = [&](i64 v0) {
+    // Weights nothing in the plan writes: while the previous kernel finishes, pull the
+    // first round of this row into L2 (one prefetch per 128-byte line); everything else
+    // waits for it.
+    if (p.prefetch && lane % 8 == 0) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const i64 v = lane + u * WARP_SIZE;
+            if (v < nv) asm volatile("prefetch.global.L2 [%0];" ::"l"(av + v));
+        }
+    }
+    pdl_wait();
+    // One accumulator per load slot: GEMV_UNROLL independent FMA chains.
+    float acc[GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
+    for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
+        // GEMV_UNROLL independent 16-byte loads in flight before the first use.
+        uint4 w[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const i64 v = v0 + u * WARP_SIZE;
             w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
         }
-    };
-    // Weights nothing in the plan writes: the first round's loads overlap the previous
-    // kernel; everything else waits for it.
-    if (p.prefetch) load_round(lane);
-    pdl_wait();
-    if (!p.prefetch) load_round(lane);
-    float acc = 0.0f, ss = 0.0f;
-    for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
-        if (v0 != lane) load_round(v0);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const i64 v = v0 + u * WARP_SIZE;
@@ -148,33 +131,19 @@ __device__ void gemv_rows(const GemvArgs& p) {
                 float wf[N], xf[N];
                 Pack16<T>::unpack(w[u], wf);
                 load_x<N>(x + v * N, xf);
-                if constexpr (NORM) {
-                    float nf[N];
-                    load_w<W, N>(p.norm_w + v * N * (i64)sizeof(W), nf);
 #pragma unroll
-                    for (int i = 0; i < N; ++i) {
-                        ss += xf[i] * xf[i];
-                        xf[i] *= nf[i];
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < N; ++i) acc += wf[i] * xf[i];
+                for (int i = 0; i < N; ++i) acc[u] += wf[i] * xf[i];
             }
         }
     }
-    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) {
-        float xi = x[i];
-        if constexpr (NORM) {
-            ss += xi * xi;
-            xi *= load<W>(p.norm_w + i * (i64)sizeof(W));
-        }
-        acc += load<T>(a + i * (i64)sizeof(T)) * xi;
-    }
-    acc = warp_sum(acc);
-    if constexpr (NORM) acc *= 1.0f / sqrtf(warp_sum(ss) / (float)p.k + p.eps);
+    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) acc[0] += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];
+    sum = warp_sum(sum);
     if (lane == 0) {
-        if (p.add) acc += reinterpret_cast<const float*>(p.add)[row];
-        *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = acc;
+        if (p.add) sum += reinterpret_cast<const float*>(p.add)[row];
+        *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = sum;
     }
 }
 
@@ -236,18 +205,10 @@ __device__ void gemv_short_f16(const GemvArgs& p) {
 // loads of a round before the first use (checked in the SASS: LDG.E.128 / LDG.E.64 in a
 // row); without it ptxas interleaves them with the arithmetic and keeps one in flight.
 // GEMV_WARPS * 32 and P021_THREADS are the blocks the launcher uses.
-// Kernels are written out (not made by a macro) so build.rs finds every name.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f16(const GemvArgs p) { gemv_rows<f16, NoNorm>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv_rows<bf16, NoNorm>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float, NoNorm>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_rows<f16, NoNorm>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_f32(const GemvArgs p) { gemv_rows<f16, float>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_f16(const GemvArgs p) { gemv_rows<f16, f16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f16_bf16(const GemvArgs p) { gemv_rows<f16, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_f32(const GemvArgs p) { gemv_rows<bf16, float>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_f16(const GemvArgs p) { gemv_rows<bf16, f16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_bf16_bf16(const GemvArgs p) { gemv_rows<bf16, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_f32(const GemvArgs p) { gemv_rows<float, float>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_f16(const GemvArgs p) { gemv_rows<float, f16>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_norm_f32_bf16(const GemvArgs p) { gemv_rows<float, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_f16(const GemvArgs p) { gemv_rows<f16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_bf16(const GemvArgs p) { gemv_rows<bf16>(p); }
+// F32 rows need more registers per 16 bytes (4 lanes of x per weight, i64 indices): a
+// cap of 6 blocks per SM instead of 8 keeps them from spilling.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_rows<f16>(p); }
 extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

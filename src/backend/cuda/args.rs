@@ -163,11 +163,6 @@ pub struct GemvArgs {
     pub add: u64,
     /// 1 when `a` is read-only in the plan: its first loads may overlap the previous kernel.
     pub prefetch: i64,
-    /// `mul_mat_vec_norm_*`: the rms_norm weight `[k]` applied to `b` (0 otherwise).
-    pub norm_w: u64,
-    /// `mul_mat_vec_norm_*`: the rms_norm epsilon.
-    pub eps: f32,
-    pub pad: f32,
 }
 
 /// `FillRandomArgs`.
@@ -237,7 +232,7 @@ kernel_args!(
     DiagMaskArgs = 152,
     SoftMaxArgs = 224,
     ArgmaxArgs = 144,
-    GemvArgs = 128,
+    GemvArgs = 112,
     FillRandomArgs = 32,
     SpinArgs = 8,
     SplitArgs = 160,

@@ -27,7 +27,7 @@ use super::args::GemvArgs;
 use super::args::{SplitArgs, Tensor4};
 use super::device::Blas;
 use super::kernels::k;
-use super::lower::{copy_to, flat_grid, pick1, pick2, row_grid, DevOp, Lowering, REGION_ALIGN};
+use super::lower::{copy_to, flat_grid, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Rows (one per warp) per block of mul_mat_vec_* (`GEMV_WARPS`).
@@ -187,9 +187,6 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
                 vec: i64::from(a_addr % 8 == 0 && strides_ok && b_ok),
                 add: 0,
                 prefetch: 0,
-                norm_w: 0,
-                eps: 0.0,
-                pad: 0.0,
             };
             let warps = m.div_ceil(P021_ROWS) * b2;
             let blocks = warps.div_ceil(P021_THREADS / 32);
@@ -216,12 +213,10 @@ pub(crate) struct Gemv<'a> {
     pub dst: Option<&'a Operand>,
     /// A dense F32 vector added to the result (a fused residual add).
     pub add: Option<&'a Operand>,
-    /// `b` is the input of a fused `rms_norm(b) * w`: the weight `w` and the epsilon.
-    pub norm: Option<(&'a Operand, f32)>,
 }
 
-/// The decode GEMV launch computing `a b` (or `a (rms_norm(b) * w)`) into the dense F32
-/// vector `dst`, plus `extra.add`, or None when `a`, `b` are not its layout: n == 1, every
+/// The decode GEMV launch computing `a b` into the dense F32 vector `dst` (or
+/// `extra.dst`), plus `extra.add`, or None when `a`, `b` are not its layout: n == 1, every
 /// other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense elements.
 pub(crate) fn gemv(
     a: &Operand,
@@ -242,25 +237,16 @@ pub(crate) fn gemv(
     {
         return None;
     }
-    let kernel = match extra.norm {
-        None => pick1(
-            "mul_mat_vec",
-            a.dtype,
-            [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
-        ),
-        Some((w, _)) => pick2("mul_mat_vec_norm", a.dtype, w.dtype, GEMV_NORM),
-    };
-    let kernel = match kernel {
+    let kernel = match pick1(
+        "mul_mat_vec",
+        a.dtype,
+        [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
+    ) {
         Ok(kernel) => kernel,
         Err(e) => return Some(Err(e)),
     };
     let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
-    let norm_w = extra.norm.map_or(0, |(w, _)| lw.addr(w));
-    let vec = a_addr % 16 == 0
-        && (m == 1 || a.nb[1] % 16 == 0)
-        && b_addr % 16 == 0
-        && norm_w % 16 == 0
-        && extra.norm.is_none_or(|(w, _)| w.rows_contiguous());
+    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
     let args = GemvArgs {
         a: a_addr,
         b: b_addr,
@@ -276,9 +262,6 @@ pub(crate) fn gemv(
         vec: i64::from(vec),
         add: extra.add.map_or(0, |r| lw.addr(r)),
         prefetch: i64::from(lw.read_only(a)),
-        norm_w,
-        eps: extra.norm.map_or(0.0, |(_, eps)| eps),
-        pad: 0.0,
     };
     Some(
         row_grid(m.div_ceil(GEMV_WARPS))
@@ -320,9 +303,6 @@ fn gemv_channels(
         vec: i64::from(vec),
         add: 0,
         prefetch: i64::from(lw.read_only(a)),
-        norm_w: 0,
-        eps: 0.0,
-        pad: 0.0,
     };
     Some(row_grid(m.div_ceil(GEMV_WARPS)).map(|(gx, _, _)| {
         DevOp::kernel(
@@ -333,25 +313,6 @@ fn gemv_channels(
         )
     }))
 }
-
-/// `mul_mat_vec_norm_{weights}_{norm weight}`.
-const GEMV_NORM: [[super::kernels::Kernel; 3]; 3] = [
-    [
-        k::MUL_MAT_VEC_NORM_F32_F32,
-        k::MUL_MAT_VEC_NORM_F32_F16,
-        k::MUL_MAT_VEC_NORM_F32_BF16,
-    ],
-    [
-        k::MUL_MAT_VEC_NORM_F16_F32,
-        k::MUL_MAT_VEC_NORM_F16_F16,
-        k::MUL_MAT_VEC_NORM_F16_BF16,
-    ],
-    [
-        k::MUL_MAT_VEC_NORM_BF16_F32,
-        k::MUL_MAT_VEC_NORM_BF16_F16,
-        k::MUL_MAT_VEC_NORM_BF16_BF16,
-    ],
-];
 
 /// How one GEMM operand is read: its address and byte strides of dims 2 and 3, whether
 /// cuBLAS transposes it, and its leading dimension.

@@ -117,29 +117,19 @@ fn run_cpy(name: &str, a: CpyArgs) {
     }
 }
 
-/// Host version of the GEMV family (with the rms_norm of `mul_mat_vec_norm_*`).
+/// Host version of the GEMV family.
 fn run_gemv(name: &str, p: GemvArgs) {
-    let dtype_of = |s: &str| {
-        if s.starts_with("bf16") {
-            DType::BF16
-        } else if s.starts_with("f16") {
-            DType::F16
-        } else {
-            DType::F32
-        }
-    };
-    let (dt, norm) = match name.strip_prefix("mul_mat_vec_norm_") {
-        Some(rest) => {
-            let (a, w) = rest.split_once('_').expect("weights_normweights");
-            (dtype_of(a), Some(dtype_of(w)))
-        }
-        None if name.contains("p021") || name.contains("_nc_") => (DType::F16, None),
-        None => (dtype_of(name.trim_start_matches("mul_mat_vec_")), None),
+    let dt = if name.contains("p021") || name.contains("_nc_") || name.ends_with("_f16") {
+        DType::F16
+    } else if name.ends_with("bf16") {
+        DType::BF16
+    } else {
+        DType::F32
     };
     let es = dt.block_bytes() as i64;
     for ch in 0..p.channels {
         for r in 0..p.m {
-            let (mut acc, mut ss) = (0f32, 0f32);
+            let mut acc = 0f32;
             for l in 0..p.k {
                 // SAFETY: inside the plan's host memory, per the GemvArgs contract.
                 unsafe {
@@ -147,19 +137,9 @@ fn run_gemv(name: &str, p: GemvArgs) {
                         (p.a as i64 + r * p.a_nb1 + (ch / p.ratio) * p.a_nb2 + l * es) as *const u8,
                         dt,
                     );
-                    let mut b = load((p.b as i64 + ch * p.b_nb2 + l * 4) as *const u8, DType::F32);
-                    if let Some(wt) = norm {
-                        ss += b * b;
-                        b *= load(
-                            (p.norm_w as i64 + l * wt.block_bytes() as i64) as *const u8,
-                            wt,
-                        );
-                    }
+                    let b = load((p.b as i64 + ch * p.b_nb2 + l * 4) as *const u8, DType::F32);
                     acc += a * b;
                 }
-            }
-            if norm.is_some() {
-                acc *= 1.0 / (ss / p.k as f32 + p.eps).sqrt();
             }
             if p.add != 0 {
                 // SAFETY: `add` is a dense F32 vector of m elements in the plan's memory.
@@ -670,9 +650,8 @@ fn fusion_patterns() {
         check_lowering(&g, y, &[x0, wn, wo, wgu, wd], 14, 1e-9, true),
         [
             "scale_f32",
-            // the norm's input is the residual too: its add cannot join (see fuse.rs)
-            "mul_mat_vec_norm_f16_bf16",
-            "add_f32_f32",
+            "rms_norm_mul_f32_bf16",
+            "mul_mat_vec_f16",
             "mul_mat_vec_f16",
             "swiglu_f32",
             "mul_mat_vec_f16"
