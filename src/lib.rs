@@ -19,3 +19,8 @@ pub mod models;
 pub mod ops;
 
 pub use error::{Error, Result};
+
+/// The README's code runs as a doctest, so the example there stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
