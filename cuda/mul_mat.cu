@@ -99,7 +99,8 @@ __device__ void gemv_rows(const GemvArgs& p) {
     const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
     const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
     constexpr int N = Pack16<T>::N;
-    const i64 nv = p.vec ? p.k / N : 0;
+    // 32-bit indices in the hot loop (the launcher checks k < 2^31).
+    const int nv = p.vec ? (int)(p.k / N) : 0;
     const uint4* av = reinterpret_cast<const uint4*>(a);
     // Weights nothing in the plan writes: while the previous kernel finishes, pull the
     // first round of this row into L2 (one prefetch per 128-byte line); everything else
@@ -107,7 +108,7 @@ __device__ void gemv_rows(const GemvArgs& p) {
     if (p.prefetch && lane % 8 == 0) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const i64 v = lane + u * WARP_SIZE;
+            const int v = lane + u * WARP_SIZE;
             if (v < nv) asm volatile("prefetch.global.L2 [%0];" ::"l"(av + v));
         }
     }
@@ -116,17 +117,17 @@ __device__ void gemv_rows(const GemvArgs& p) {
     float acc[GEMV_UNROLL];
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
-    for (i64 v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
+    for (int v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
         // GEMV_UNROLL independent 16-byte loads in flight before the first use.
         uint4 w[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const i64 v = v0 + u * WARP_SIZE;
+            const int v = v0 + u * WARP_SIZE;
             w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const i64 v = v0 + u * WARP_SIZE;
+            const int v = v0 + u * WARP_SIZE;
             if (v < nv) {
                 float wf[N], xf[N];
                 Pack16<T>::unpack(w[u], wf);
@@ -136,7 +137,7 @@ __device__ void gemv_rows(const GemvArgs& p) {
             }
         }
     }
-    for (i64 i = nv * N + lane; i < p.k; i += WARP_SIZE) acc[0] += load<T>(a + i * (i64)sizeof(T)) * x[i];
+    for (i64 i = (i64)nv * N + lane; i < p.k; i += WARP_SIZE) acc[0] += load<T>(a + i * (i64)sizeof(T)) * x[i];
     float sum = 0.0f;
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];

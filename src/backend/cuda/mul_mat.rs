@@ -227,7 +227,8 @@ pub(crate) fn gemv(
 ) -> Option<Result<DevOp, String>> {
     let (kk, m) = (a.ne[0], a.ne[1]);
     let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
-    if !(b.dtype == DType::F32
+    if !(kk < i32::MAX as usize
+        && b.dtype == DType::F32
         && b.rows_contiguous()
         && b.ne[1] == 1
         && b.ne[0] == kk
@@ -279,7 +280,7 @@ fn gemv_channels(
     lw: &Lowering,
 ) -> Option<Result<DevOp, String>> {
     let (kk, m, a2, b2) = (a.ne[0], a.ne[1], a.ne[2], b.ne[2]);
-    if b2 > 65535 {
+    if b2 > 65535 || kk >= i32::MAX as usize {
         return None;
     }
     let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
