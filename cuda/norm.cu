@@ -7,24 +7,38 @@
 //             thread and then merged across the warp and the block.
 #include "common.cuh"
 
-template <typename T>
-__device__ void rms_norm(const NormArgs& p) {
-    pdl_enter();
+#include <type_traits>
+
+// No weight: rms_norm alone.
+struct NoWeight {};
+
+// Row blockIdx.x of src, normalized into dst, times w[i0] (of type W) unless W is
+// NoWeight. x and dst of type T.
+template <typename T, typename W>
+__device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& w, float eps) {
     __shared__ float scratch[32];
-    const RowIndex r = row_index(p.src.ne, blockIdx.x);
-    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
-    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
-    const i64 ne0 = p.src.ne[0];
+    const RowIndex r = row_index(src.ne, blockIdx.x);
+    const char* x = at(src, 0, r.i1, r.i2, r.i3);
+    char* y = at(dst, 0, r.i1, r.i2, r.i3);
+    const i64 ne0 = src.ne[0];
     float ss = 0.0f;
     for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        const float v = load<T>(x + i0 * p.src.nb[0]);
+        const float v = load<T>(x + i0 * src.nb[0]);
         ss += v * v;
     }
     ss = block_sum(ss, scratch);
-    const float scale = 1.0f / sqrtf(ss / (float)ne0 + p.eps);
+    const float scale = 1.0f / sqrtf(ss / (float)ne0 + eps);
     for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        store<T>(y + i0 * p.dst.nb[0], load<T>(x + i0 * p.src.nb[0]) * scale);
+        float v = load<T>(x + i0 * src.nb[0]) * scale;
+        if constexpr (!std::is_same<W, NoWeight>::value) v *= load<W>(w.data + i0 * w.nb[0]);
+        store<T>(y + i0 * dst.nb[0], v);
     }
+}
+
+template <typename T>
+__device__ void rms_norm(const NormArgs& p) {
+    pdl_enter();
+    rms_rows<T, NoWeight>(p.src, p.dst, p.src, p.eps);
 }
 
 struct Welford {
@@ -106,22 +120,7 @@ __device__ void norm(const NormArgs& p) {
 template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
     pdl_enter();
-    __shared__ float scratch[32];
-    const RowIndex r = row_index(p.src.ne, blockIdx.x);
-    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
-    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
-    const i64 ne0 = p.src.ne[0];
-    float ss = 0.0f;
-    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        const float v = load<float>(x + i0 * p.src.nb[0]);
-        ss += v * v;
-    }
-    ss = block_sum(ss, scratch);
-    const float scale = 1.0f / sqrtf(ss / (float)ne0 + p.eps);
-    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        const float v = load<float>(x + i0 * p.src.nb[0]) * scale;
-        store<float>(y + i0 * p.dst.nb[0], v * load<W>(p.w.data + i0 * p.w.nb[0]));
-    }
+    rms_rows<float, W>(p.src, p.dst, p.w, p.eps);
 }
 
 extern "C" __global__ void rms_norm_mul_f32_f32(const NormMulArgs p) { rms_norm_mul<float>(p); }

@@ -2,9 +2,11 @@
 //! tokenizer), logits, dump, bench, and the error paths, which must print a clear
 //! message and exit non-zero without a panic.
 
-use std::path::{Path, PathBuf};
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::{fixture, TempCopy};
+
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
 
@@ -13,12 +15,6 @@ const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny
 /// tests/llama_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
 /// every step is compared.
 const NOISE_FLOOR: f64 = 0.11;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 fn reference(name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
@@ -72,36 +68,6 @@ fn fails(args: &[&str], needles: &[&str]) {
             err.contains(n),
             "graft {args:?}: {err:?} does not mention {n:?}"
         );
-    }
-}
-
-/// A copy of a fixture in a fresh temporary directory, removed on drop.
-struct TempCopy(PathBuf);
-
-impl TempCopy {
-    fn of(name: &str) -> TempCopy {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "graft-cli-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(fixture(name)).unwrap() {
-            let p = entry.unwrap().path();
-            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-        }
-        TempCopy(dir)
-    }
-
-    fn dir(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempCopy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -170,7 +136,7 @@ fn generate_streams_text_and_ids() {
 
     // Without a tokenizer: token ids in, token ids out.
     let t = TempCopy::of("llama2-tiny-f32");
-    std::fs::remove_file(t.0.join("tokenizer.json")).unwrap();
+    std::fs::remove_file(t.path("tokenizer.json")).unwrap();
     let prompt_ids: Vec<String> = ids(&r["tokens"]).iter().map(u64::to_string).collect();
     let out = ok(&[
         "generate",
@@ -238,7 +204,7 @@ fn logits_writes_every_position() {
     let r = reference(name);
     let tokens: Vec<String> = ids(&r["tokens"]).iter().map(u64::to_string).collect();
     let t = TempCopy::of(name);
-    let out_file = t.0.join("out.safetensors");
+    let out_file = t.path("out.safetensors");
     ok(&[
         "logits",
         "--model",
@@ -304,7 +270,7 @@ fn dump_text_and_dot() {
     ]);
     assert!(big.contains("[4096,6144,1,1]") && big.contains("[4096,28672,1,1]"));
     let t = TempCopy::of("llama3-tiny-bf16");
-    let out = t.0.join("g.dot");
+    let out = t.path("g.dot");
     ok(&[
         "dump",
         "--model",
@@ -411,9 +377,9 @@ fn errors_are_clear_and_never_panic() {
         &["index 9999"],
     );
     let t = TempCopy::of("llama3-tiny-bf16");
-    let cfg = std::fs::read_to_string(t.0.join("config.json")).unwrap();
+    let cfg = std::fs::read_to_string(t.path("config.json")).unwrap();
     std::fs::write(
-        t.0.join("config.json"),
+        t.path("config.json"),
         cfg.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
     )
     .unwrap();

@@ -40,7 +40,10 @@
 //! F16 K/V and 2e-5 between two graft paths (ggml's matmul tolerance, 5e-4, would hide a
 //! real error ten times larger).
 
-use std::path::{Path, PathBuf};
+#[path = "support/fixtures.rs"]
+#[allow(dead_code)] // only the fixture paths are used here, not the scratch copies
+mod fixtures;
+use std::path::PathBuf;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
@@ -67,16 +70,8 @@ struct Fixture {
 
 const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
 
-/// The fixtures folder: `GRAFT_FIXTURES` if set (a test binary run outside the source
-/// tree, e.g. from the GPU bundle), else `tests/fixtures` of this crate.
-fn fixtures_dir() -> std::path::PathBuf {
-    std::env::var_os("GRAFT_FIXTURES")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
 fn fixture(name: &'static str) -> Fixture {
-    let dir = fixtures_dir().join(name);
+    let dir = fixtures::fixture(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();

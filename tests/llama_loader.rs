@@ -4,9 +4,11 @@
 //! what was expected. Also the run-time errors of the inference API (bad token id,
 //! context overflow, empty prompt).
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::{fixture, TempCopy};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
@@ -15,35 +17,8 @@ use graft::Error;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// A copy of a fixture folder in a fresh temporary directory, removed on drop.
-struct TempCopy(PathBuf);
-
+/// Loader-test operations on a fixture copy.
 impl TempCopy {
-    fn of(name: &str) -> TempCopy {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "graft-loader-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(fixture(name)).unwrap() {
-            let p = entry.unwrap().path();
-            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-        }
-        TempCopy(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-
     /// Rewrites a safetensors file after editing its tensors.
     fn edit(
         &self,
@@ -70,13 +45,7 @@ impl TempCopy {
     }
 
     fn load(&self) -> graft::Result<Llama> {
-        load_dir(&self.0)
-    }
-}
-
-impl Drop for TempCopy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        load_dir(Path::new(self.dir()))
     }
 }
 

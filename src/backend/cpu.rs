@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{io_slot, validate_plan, Backend, ExecId, Stats, StepTime};
+use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::host::{store, HostTensor};
@@ -75,15 +75,6 @@ impl CpuBackend {
     }
 }
 
-fn range_check(what: &str, buf: BufferId, offset: usize, len: usize, size: usize) -> Result<()> {
-    if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(Error::plan(format!(
-            "cpu: {what} of {len} bytes at offset {offset} is outside buffer {buf:?} of {size} bytes"
-        )));
-    }
-    Ok(())
-}
-
 /// SplitMix64, the generator behind [`Backend::fill_random`] on every backend.
 pub fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -120,14 +111,14 @@ impl Backend for CpuBackend {
 
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
         let (mem, size) = self.buffer_mut(buf)?;
-        range_check("write", buf, offset, data.len(), size)?;
+        range_check("cpu", "write", buf, offset, data.len(), size)?;
         mem[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
         let (mem, size) = self.buffer_mut(buf)?;
-        range_check("read", buf, offset, out.len(), size)?;
+        range_check("cpu", "read", buf, offset, out.len(), size)?;
         out.copy_from_slice(&mem[offset..offset + out.len()]);
         Ok(())
     }
@@ -148,7 +139,7 @@ impl Backend for CpuBackend {
         }
         let (mem, size) = self.buffer_mut(buf)?;
         let es = dtype.block_bytes();
-        range_check("fill", buf, offset, n * es, size)?;
+        range_check("cpu", "fill", buf, offset, n * es, size)?;
         for i in 0..n {
             let v = random_uniform(seed, i as u64, scale);
             // SAFETY: offset + (i + 1) * es <= size was checked above.

@@ -240,6 +240,23 @@ pub(crate) fn validate_plan(
     Ok(())
 }
 
+/// Checks that `len` bytes at `offset` lie inside buffer `buf` of `size` bytes.
+pub(crate) fn range_check(
+    backend: &str,
+    what: &str,
+    buf: BufferId,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::plan(format!(
+            "{backend}: {what} of {len} bytes at offset {offset} is outside buffer {buf:?} of {size} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `len` bytes fit input or output `id` (looked up in `list`), returning
 /// where the tensor lives.
 pub(crate) fn io_slot(list: &[Io], id: TensorId, len: usize, what: &str) -> Result<Loc> {

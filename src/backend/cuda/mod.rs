@@ -44,7 +44,7 @@ use self::device::{driver_error, driver_error_text, Blas, DeviceMem};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::{Kernel, KernelTable};
 use self::lower::{flat_grid, lower_step, pick1, DevOp, Lowering, REGION_ALIGN};
-use super::{io_slot, validate_plan, Backend, ExecId, Stats, StepTime};
+use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::Op;
@@ -416,15 +416,6 @@ impl CudaBackend {
     }
 }
 
-fn range_check(what: &str, buf: BufferId, offset: usize, len: usize, size: usize) -> Result<()> {
-    if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(Error::plan(format!(
-            "cuda: {what} of {len} bytes at offset {offset} is outside buffer {buf:?} of {size} bytes"
-        )));
-    }
-    Ok(())
-}
-
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Memory is freed below while work may still be queued: wait for it first.
@@ -458,14 +449,14 @@ impl Backend for CudaBackend {
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
         self.bind()?;
         let mem = self.buffer(buf)?;
-        range_check("write", buf, offset, data.len(), mem.bytes())?;
+        range_check("cuda", "write", buf, offset, data.len(), mem.bytes())?;
         self.htod(mem.ptr() + offset as u64, data)
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
         self.bind()?;
         let mem = self.buffer(buf)?;
-        range_check("read", buf, offset, out.len(), mem.bytes())?;
+        range_check("cuda", "read", buf, offset, out.len(), mem.bytes())?;
         let ptr = mem.ptr() + offset as u64;
         self.synchronize_checked()?;
         self.dtoh(ptr, out)
@@ -491,7 +482,7 @@ impl Backend for CudaBackend {
         let bytes = n
             .checked_mul(es)
             .ok_or_else(|| Error::plan(format!("cuda: fill_random of {n} elements overflows")))?;
-        range_check("fill", buf, offset, bytes, mem.bytes())?;
+        range_check("cuda", "fill", buf, offset, bytes, mem.bytes())?;
         if offset % es != 0 {
             return Err(Error::plan(format!(
                 "cuda: fill_random at offset {offset} is not aligned to {dtype} elements"

@@ -210,6 +210,31 @@ fn run_rms_norm_mul(name: &str, a: NormMulArgs) {
     }
 }
 
+/// Host version of add_f32_f32 / mul_f32_f32: `b` broadcast over `a` (`i % ne`).
+fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
+    let n: i64 = a.dst.ne.iter().product();
+    for i in 0..n {
+        let ix = elem(a.dst.ne, i);
+        let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
+        // SAFETY: the three tensors lie in the plan's memory with these shapes.
+        unsafe {
+            let x = load(
+                (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
+                DType::F32,
+            );
+            let y = load(
+                (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
+                DType::F32,
+            );
+            store(
+                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                DType::F32,
+                f(x, y),
+            );
+        }
+    }
+}
+
 /// Host version of swiglu_f32: y = silu(a) * b, elementwise, any strides.
 fn run_swiglu(a: BinaryArgs) {
     let n: i64 = a.dst.ne.iter().product();
@@ -371,28 +396,7 @@ fn check_lowering(
             }
             DevOp::Kernel(l) if l.kernel.name == "add_f32_f32" => {
                 names.push(l.kernel.name.to_string());
-                let a: BinaryArgs = args(l);
-                let n: i64 = a.dst.ne.iter().product();
-                for i in 0..n {
-                    let ix = elem(a.dst.ne, i);
-                    let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
-                    // SAFETY: the three tensors lie in the plan's memory with these shapes.
-                    unsafe {
-                        let x = load(
-                            (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
-                            DType::F32,
-                        );
-                        let y = load(
-                            (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
-                            DType::F32,
-                        );
-                        store(
-                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                            DType::F32,
-                            x + y,
-                        );
-                    }
-                }
+                run_binary(args(l), |x, y| x + y);
             }
             DevOp::Kernel(l) if l.kernel.name == "rms_norm_f32" => {
                 names.push(l.kernel.name.to_string());
@@ -416,28 +420,7 @@ fn check_lowering(
             }
             DevOp::Kernel(l) if l.kernel.name == "mul_f32_f32" => {
                 names.push(l.kernel.name.to_string());
-                let a: BinaryArgs = args(l);
-                let n: i64 = a.dst.ne.iter().product();
-                for i in 0..n {
-                    let ix = elem(a.dst.ne, i);
-                    let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
-                    // SAFETY: the three tensors lie in the plan's memory with these shapes.
-                    unsafe {
-                        let x = load(
-                            (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
-                            DType::F32,
-                        );
-                        let y = load(
-                            (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
-                            DType::F32,
-                        );
-                        store(
-                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                            DType::F32,
-                            x * y,
-                        );
-                    }
-                }
+                run_binary(args(l), |x, y| x * y);
             }
             DevOp::Kernel(l) if l.kernel.name == "swiglu_f32" => {
                 names.push(l.kernel.name.to_string());
