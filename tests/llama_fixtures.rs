@@ -188,6 +188,20 @@ fn max_abs(out: &[f32], reference: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Runs `check` on every fixture, loaded with a context of `ctx` positions, on every
+/// available backend, releasing each model afterwards.
+fn each_model(ctx: usize, mut check: impl FnMut(&mut dyn Backend, &str, &Fixture, &mut Llama)) {
+    for mut be in backends() {
+        let be = be.as_mut();
+        for name in FIXTURES {
+            let f = fixture(name);
+            let mut m = load(&f, be, ctx);
+            check(be, name, &f, &mut m);
+            m.release(be).unwrap();
+        }
+    }
+}
+
 fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Llama {
     let m = Llama::load(
         &f.dir,
@@ -204,35 +218,29 @@ fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Llama {
 
 #[test]
 fn prefill_logits_match_hf() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = load(&f, be, 64);
-            let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
-            let e = nmse(&out.logits, &f.logits);
-            let e16 = nmse(&out.logits, &f.logits_f16kv);
-            println!(
-                "{} {name}: NMSE vs HF f32 {e:.2e} (max |err| {:.2e}), vs HF with F16 K/V {e16:.2e} (max |err| {:.2e})",
-                be.name(),
-                max_abs(&out.logits, &f.logits),
-                max_abs(&out.logits, &f.logits_f16kv),
-            );
-            let limit = nmse_limit(be.name());
-            assert!(e < limit, "{} {name}: NMSE {e:e} >= {limit:e}", be.name());
-            let limit = f16kv_limit(be.name());
-            assert!(
-                e16 < limit,
-                "{} {name}: NMSE vs F16 K/V {e16:e} >= {limit:e}",
-                be.name()
-            );
-            let vocab = m.config().vocab_size;
-            let last = &f.logits[(f.tokens.len() - 1) * vocab..];
-            let ref_argmax = graft::ops::argmax::argmax_row(last) as u32;
-            assert_eq!(out.argmax, ref_argmax, "{name}: on-device argmax");
-            m.release(be).unwrap();
-        }
-    }
+    each_model(64, |be, name, f, m| {
+        let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
+        let e = nmse(&out.logits, &f.logits);
+        let e16 = nmse(&out.logits, &f.logits_f16kv);
+        println!(
+            "{} {name}: NMSE vs HF f32 {e:.2e} (max |err| {:.2e}), vs HF with F16 K/V {e16:.2e} (max |err| {:.2e})",
+            be.name(),
+            max_abs(&out.logits, &f.logits),
+            max_abs(&out.logits, &f.logits_f16kv),
+        );
+        let limit = nmse_limit(be.name());
+        assert!(e < limit, "{} {name}: NMSE {e:e} >= {limit:e}", be.name());
+        let limit = f16kv_limit(be.name());
+        assert!(
+            e16 < limit,
+            "{} {name}: NMSE vs F16 K/V {e16:e} >= {limit:e}",
+            be.name()
+        );
+        let vocab = m.config().vocab_size;
+        let last = &f.logits[(f.tokens.len() - 1) * vocab..];
+        let ref_argmax = graft::ops::argmax::argmax_row(last) as u32;
+        assert_eq!(out.argmax, ref_argmax, "{name}: on-device argmax");
+    });
 }
 
 /// Greedy generation reproduces HF's greedy tokens for every step whose reference
@@ -241,104 +249,86 @@ fn prefill_logits_match_hf() {
 /// steps are compared unless the error grows past 5e-3.
 #[test]
 fn greedy_tokens_match_hf() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = load(&f, be, 64);
-            let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
-            let floor = 10.0 * max_abs(&out.logits, &f.logits);
-            let safe = f.margins.iter().take_while(|&&mg| mg > floor).count();
-            assert!(
-                safe >= 12,
-                "{name}: noise floor {floor} leaves only {safe} comparable steps"
-            );
-            let mut sampler = Sampler::greedy();
-            let g = m
-                .generate(be, &f.tokens, f.greedy.len(), &mut sampler, &mut |_| Ok(()))
-                .unwrap();
-            println!(
-                "{} {name}: {safe}/{} greedy steps above the noise floor {floor:.1e}",
-                be.name(),
-                f.greedy.len()
-            );
-            assert_eq!(g.stop, Stop::Length);
-            assert_eq!(g.tokens[..safe], f.greedy[..safe], "{} {name}", be.name());
-            assert_eq!(g.decode_steps, f.greedy.len() - 1);
-            assert_eq!(m.plan_counts().decode, 1);
-            m.release(be).unwrap();
-        }
-    }
+    each_model(64, |be, name, f, m| {
+        let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
+        let floor = 10.0 * max_abs(&out.logits, &f.logits);
+        let safe = f.margins.iter().take_while(|&&mg| mg > floor).count();
+        assert!(
+            safe >= 12,
+            "{name}: noise floor {floor} leaves only {safe} comparable steps"
+        );
+        let mut sampler = Sampler::greedy();
+        let g = m
+            .generate(be, &f.tokens, f.greedy.len(), &mut sampler, &mut |_| Ok(()))
+            .unwrap();
+        println!(
+            "{} {name}: {safe}/{} greedy steps above the noise floor {floor:.1e}",
+            be.name(),
+            f.greedy.len()
+        );
+        assert_eq!(g.stop, Stop::Length);
+        assert_eq!(g.tokens[..safe], f.greedy[..safe], "{} {name}", be.name());
+        assert_eq!(g.decode_steps, f.greedy.len() - 1);
+        assert_eq!(m.plan_counts().decode, 1);
+    });
 }
 
 /// Decoding token by token gives the logits of a one-shot prefill of the same tokens.
 #[test]
 fn decode_matches_one_shot_prefill() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = load(&f, be, 64);
-            let seq: Vec<u32> = f.tokens.iter().chain(&f.greedy).copied().collect();
-            let vocab = m.config().vocab_size;
-            let all = m.prefill(be, &seq, Logits::All).unwrap().logits;
-            m.reset();
-            let k = 5;
-            let first = m.prefill(be, &seq[..k], Logits::Last).unwrap();
-            let mut stepped = first.logits;
-            for &t in &seq[k..] {
-                let out = m.decode_step(be, t, true).unwrap();
-                assert_eq!(
-                    out.argmax as usize,
-                    graft::ops::argmax::argmax_row(&out.logits)
-                );
-                stepped.extend(out.logits);
-            }
-            let e = nmse(&stepped, &all[(k - 1) * vocab..]);
-            println!("{} {name}: decode vs prefill NMSE {e:.2e}", be.name());
-            assert!(e < consistency_limit(be.name()), "{name}: NMSE {e:e}");
-            m.release(be).unwrap();
+    each_model(64, |be, name, f, m| {
+        let seq: Vec<u32> = f.tokens.iter().chain(&f.greedy).copied().collect();
+        let vocab = m.config().vocab_size;
+        let all = m.prefill(be, &seq, Logits::All).unwrap().logits;
+        m.reset();
+        let k = 5;
+        let first = m.prefill(be, &seq[..k], Logits::Last).unwrap();
+        let mut stepped = first.logits;
+        for &t in &seq[k..] {
+            let out = m.decode_step(be, t, true).unwrap();
+            assert_eq!(
+                out.argmax as usize,
+                graft::ops::argmax::argmax_row(&out.logits)
+            );
+            stepped.extend(out.logits);
         }
-    }
+        let e = nmse(&stepped, &all[(k - 1) * vocab..]);
+        println!("{} {name}: decode vs prefill NMSE {e:.2e}", be.name());
+        assert!(e < consistency_limit(be.name()), "{name}: NMSE {e:e}");
+    });
 }
 
 /// Prefill in chunks (n_past > 0) gives the logits of a one-shot prefill.
 #[test]
 fn chunked_prefill_matches_one_shot() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = load(&f, be, 64);
-            let vocab = m.config().vocab_size;
-            let all = m.prefill(be, &f.tokens, Logits::All).unwrap().logits;
-            for cuts in [vec![6], vec![1, 7, 12]] {
-                m.reset();
-                let mut got = Vec::new();
-                let mut start = 0;
-                for end in cuts.iter().copied().chain([f.tokens.len()]) {
-                    got.extend(
-                        m.prefill(be, &f.tokens[start..end], Logits::All)
-                            .unwrap()
-                            .logits,
-                    );
-                    start = end;
-                }
-                assert_eq!(m.n_past(), f.tokens.len());
-                let e = nmse(&got, &all);
-                println!("{} {name}: chunks {cuts:?} NMSE {e:.2e}", be.name());
-                assert!(
-                    e < consistency_limit(be.name()),
-                    "{name} {cuts:?}: NMSE {e:e}"
+    each_model(64, |be, name, f, m| {
+        let vocab = m.config().vocab_size;
+        let all = m.prefill(be, &f.tokens, Logits::All).unwrap().logits;
+        for cuts in [vec![6], vec![1, 7, 12]] {
+            m.reset();
+            let mut got = Vec::new();
+            let mut start = 0;
+            for end in cuts.iter().copied().chain([f.tokens.len()]) {
+                got.extend(
+                    m.prefill(be, &f.tokens[start..end], Logits::All)
+                        .unwrap()
+                        .logits,
                 );
-                // The last chunk's own logits against HF too.
-                let tail = &got[(cuts[cuts.len() - 1]) * vocab..];
-                let r = &f.logits[(cuts[cuts.len() - 1]) * vocab..];
-                assert!(nmse(tail, r) < nmse_limit(be.name()));
+                start = end;
             }
-            m.release(be).unwrap();
+            assert_eq!(m.n_past(), f.tokens.len());
+            let e = nmse(&got, &all);
+            println!("{} {name}: chunks {cuts:?} NMSE {e:.2e}", be.name());
+            assert!(
+                e < consistency_limit(be.name()),
+                "{name} {cuts:?}: NMSE {e:e}"
+            );
+            // The last chunk's own logits against HF too.
+            let tail = &got[(cuts[cuts.len() - 1]) * vocab..];
+            let r = &f.logits[(cuts[cuts.len() - 1]) * vocab..];
+            assert!(nmse(tail, r) < nmse_limit(be.name()));
         }
-    }
+    });
 }
 
 /// Decoding past position 256 moves to the next KV-length bucket (a new plan); the
@@ -346,43 +336,37 @@ fn chunked_prefill_matches_one_shot() {
 /// 280-token sequence, and so do those of a one-shot prefill of it.
 #[test]
 fn decode_crosses_the_bucket_boundary() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = load(&f, be, 300);
-            let vocab = m.config().vocab_size;
-            let start = 16;
-            m.prefill(be, &f.long_tokens[..start], Logits::None)
-                .unwrap();
-            let mut got = Vec::new();
-            for (p, &t) in f.long_tokens.iter().enumerate().skip(start) {
-                let out = m.decode_step(be, t, p >= f.long_first).unwrap();
-                got.extend(out.logits);
-            }
-            assert_eq!(m.plan_counts().decode, 2, "buckets 256 and 300");
-            let e = nmse(&got, &f.long_logits);
-            let limit = nmse_limit(be.name());
-            println!(
-                "{} {name}: positions {}..{} by decode, NMSE vs HF {e:.2e}",
-                be.name(),
-                f.long_first,
-                f.long_tokens.len()
-            );
-            assert!(e < limit, "{name}: NMSE {e:e} >= {limit:e}");
-            // Each side of the boundary on its own.
-            let split = (256 - f.long_first) * vocab;
-            assert!(nmse(&got[..split], &f.long_logits[..split]) < limit);
-            assert!(nmse(&got[split..], &f.long_logits[split..]) < limit);
-
-            m.reset();
-            let all = m.prefill(be, &f.long_tokens, Logits::All).unwrap().logits;
-            let e = nmse(&all[f.long_first * vocab..], &f.long_logits);
-            println!("{} {name}: 280-token prefill NMSE vs HF {e:.2e}", be.name());
-            assert!(e < limit, "{name}: prefill NMSE {e:e}");
-            m.release(be).unwrap();
+    each_model(300, |be, name, f, m| {
+        let vocab = m.config().vocab_size;
+        let start = 16;
+        m.prefill(be, &f.long_tokens[..start], Logits::None)
+            .unwrap();
+        let mut got = Vec::new();
+        for (p, &t) in f.long_tokens.iter().enumerate().skip(start) {
+            let out = m.decode_step(be, t, p >= f.long_first).unwrap();
+            got.extend(out.logits);
         }
-    }
+        assert_eq!(m.plan_counts().decode, 2, "buckets 256 and 300");
+        let e = nmse(&got, &f.long_logits);
+        let limit = nmse_limit(be.name());
+        println!(
+            "{} {name}: positions {}..{} by decode, NMSE vs HF {e:.2e}",
+            be.name(),
+            f.long_first,
+            f.long_tokens.len()
+        );
+        assert!(e < limit, "{name}: NMSE {e:e} >= {limit:e}");
+        // Each side of the boundary on its own.
+        let split = (256 - f.long_first) * vocab;
+        assert!(nmse(&got[..split], &f.long_logits[..split]) < limit);
+        assert!(nmse(&got[split..], &f.long_logits[split..]) < limit);
+
+        m.reset();
+        let all = m.prefill(be, &f.long_tokens, Logits::All).unwrap().logits;
+        let e = nmse(&all[f.long_first * vocab..], &f.long_logits);
+        println!("{} {name}: 280-token prefill NMSE vs HF {e:.2e}", be.name());
+        assert!(e < limit, "{name}: prefill NMSE {e:e}");
+    });
 }
 
 /// Generation stops at an EOS token (not emitted); a top-k 1 sampler is greedy; a
