@@ -25,14 +25,8 @@
 #define P021_ROWS 4       // rows per warp of mul_mat_p021
 #define P021_THREADS 128  // block of mul_mat_p021
 
-template <bool STREAM>
-__device__ __forceinline__ uint4 load16(const uint4* p) {
-    if constexpr (STREAM) {
-        return __ldcs(p);  // read once: evict first
-    } else {
-        return __ldg(p);
-    }
-}
+// 16 bytes of weights, read once: evict first.
+__device__ __forceinline__ uint4 load16(const uint4* p) { return __ldcs(p); }
 
 __device__ __forceinline__ float2 half2_to_float2(unsigned u) {
     return __half22float2(__halves2half2(__ushort_as_half((unsigned short)(u & 0xffffu)),
@@ -47,24 +41,23 @@ __device__ __forceinline__ float2 bf162_to_float2(unsigned u) {
 template <typename T>
 struct Pack16;
 
+// Eight 16-bit values, converted pairwise by CVT.
+template <float2 (*CVT)(unsigned)>
+__device__ __forceinline__ void unpack8(uint4 w, float* f) {
+    const float2 a = CVT(w.x), b = CVT(w.y), c = CVT(w.z), d = CVT(w.w);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
 template <>
 struct Pack16<f16> {
     static constexpr int N = 8;
-    static __device__ __forceinline__ void unpack(uint4 w, float* f) {
-        const float2 a = half2_to_float2(w.x), b = half2_to_float2(w.y);
-        const float2 c = half2_to_float2(w.z), d = half2_to_float2(w.w);
-        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
-    }
+    static __device__ __forceinline__ void unpack(uint4 w, float* f) { unpack8<half2_to_float2>(w, f); }
 };
 
 template <>
 struct Pack16<bf16> {
     static constexpr int N = 8;
-    static __device__ __forceinline__ void unpack(uint4 w, float* f) {
-        const float2 a = bf162_to_float2(w.x), b = bf162_to_float2(w.y);
-        const float2 c = bf162_to_float2(w.z), d = bf162_to_float2(w.w);
-        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
-    }
+    static __device__ __forceinline__ void unpack(uint4 w, float* f) { unpack8<bf162_to_float2>(w, f); }
 };
 
 template <>
@@ -123,7 +116,7 @@ __device__ void gemv_rows(const GemvArgs& p) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int v = v0 + u * WARP_SIZE;
-            w[u] = v < nv ? load16<true>(av + v) : make_uint4(0u, 0u, 0u, 0u);
+            w[u] = v < nv ? load16(av + v) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {

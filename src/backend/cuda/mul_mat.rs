@@ -159,7 +159,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     if b.ne[0] != kk || b2 % a2 != 0 || b3 % a3 != 0 {
         return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
     }
-    let (a_addr, b_addr, d_addr) = (lw.addr(a), lw.addr(b), lw.addr(dst));
+    let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
@@ -173,20 +173,8 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
             let strides_ok = (m == 1 || a.nb[1] % 8 == 0) && (a2 == 1 || a.nb[2] % 8 == 0);
             let b_ok = b_addr % 16 == 0 && (b2 == 1 || b.nb[2] % 16 == 0);
             let args = GemvArgs {
-                a: a_addr,
-                b: b_addr,
-                dst: d_addr,
-                k: kk as i64,
-                m: m as i64,
-                channels: b2 as i64,
-                a_nb1: a.nb[1] as i64,
-                a_nb2: a.nb[2] as i64,
-                b_nb2: b.nb[2] as i64,
-                dst_nb2: dst.nb[2] as i64,
-                ratio: (b2 / a2) as i64,
                 vec: i64::from(a_addr % 8 == 0 && strides_ok && b_ok),
-                add: 0,
-                prefetch: 0,
+                ..channel_args(a, b, dst, lw)
             };
             let warps = m.div_ceil(P021_ROWS) * b2;
             let blocks = warps.div_ceil(P021_THREADS / 32);
@@ -270,6 +258,27 @@ pub(crate) fn gemv(
     )
 }
 
+/// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading
+/// channel `c / (b2 / a2)` of `a`: scalar loads, no prefetch, nothing added.
+fn channel_args(a: &Operand, b: &Operand, dst: &Operand, lw: &Lowering) -> GemvArgs {
+    GemvArgs {
+        a: lw.addr(a),
+        b: lw.addr(b),
+        dst: lw.addr(dst),
+        k: a.ne[0] as i64,
+        m: a.ne[1] as i64,
+        channels: b.ne[2] as i64,
+        a_nb1: a.nb[1] as i64,
+        a_nb2: a.nb[2] as i64,
+        b_nb2: b.nb[2] as i64,
+        dst_nb2: dst.nb[2] as i64,
+        ratio: (b.ne[2] / a.ne[2]) as i64,
+        vec: 0,
+        add: 0,
+        prefetch: 0,
+    }
+}
+
 /// The attention GEMV over channels (`mul_mat_vec_nc_f16_f32`): `a` F16 [k, m, a2] with
 /// dense rows at any row and channel strides (a transposed V-cache view), `b` F32
 /// [k, 1, b2] with dense rows, channel `c` of `b` reading channel `c / (b2 / a2)` of `a`.
@@ -290,20 +299,9 @@ fn gemv_channels(
         && b_addr % 16 == 0
         && (b2 == 1 || b.nb[2] % 16 == 0);
     let args = GemvArgs {
-        a: a_addr,
-        b: b_addr,
-        dst: lw.addr(dst),
-        k: kk as i64,
-        m: m as i64,
-        channels: b2 as i64,
-        a_nb1: a.nb[1] as i64,
-        a_nb2: a.nb[2] as i64,
-        b_nb2: b.nb[2] as i64,
-        dst_nb2: dst.nb[2] as i64,
-        ratio: (b2 / a2) as i64,
         vec: i64::from(vec),
-        add: 0,
         prefetch: i64::from(lw.read_only(a)),
+        ..channel_args(a, b, dst, lw)
     };
     Some(row_grid(m.div_ceil(GEMV_WARPS)).map(|(gx, _, _)| {
         DevOp::kernel(
