@@ -1,10 +1,19 @@
 //! Build script. Without the `cuda` feature it does nothing (no CUDA toolkit needed).
 //!
-//! With `cuda`, it compiles every `cuda/*.cu` with nvcc into a fatbin in OUT_DIR (SASS
-//! for each target architecture plus PTX for the newest, one nvcc per file, in parallel)
-//! and writes `OUT_DIR/kernels.rs`, which embeds each fatbin and lists the kernels of each
-//! module, parsed from their `extern "C" __global__ void NAME(` declarations, as
-//! constants (`k::RMS_NORM_F32`), so a misspelt kernel name fails to compile.
+//! With `cuda`, it
+//! 1. parses `cuda/args.cuh`, the one definition of the kernel argument structs and launch
+//!    constants, and writes their Rust mirror to `OUT_DIR/args.rs` ([`contract`]);
+//! 2. instantiates the elementwise kernels: every functor `struct Name : UnaryFunctor` of
+//!    `cuda/unary.cu` (and `: BinaryFunctor` of `cuda/binary.cu`) becomes one kernel per
+//!    float dtype (pair), written to `OUT_DIR/cuda-gen/<file>.inst.cuh`, which the `.cu`
+//!    includes ([`elementwise`]);
+//! 3. compiles every `cuda/*.cu` with nvcc into a fatbin in OUT_DIR (SASS for each target
+//!    architecture plus PTX for the newest, one nvcc per file, in parallel);
+//! 4. writes `OUT_DIR/kernels.rs`, which embeds each fatbin, names every kernel (parsed from
+//!    the `extern "C" __global__ void NAME(` declarations) as a constant (`k::RMS_NORM_F32`),
+//!    groups kernels into sets keyed by the dtypes their names end in (`by::ADD`, keyed by
+//!    `[DType; 2]`), and maps each `UnaryOp` / `BinaryOp` variant to its functor's set, so
+//!    a misspelt kernel, or an op variant without a functor, fails to compile.
 //!
 //! Environment:
 //! - `NVCC`: the nvcc to use; else `$CUDA_HOME/bin/nvcc`, nvcc on `PATH`, or the folder
@@ -36,7 +45,7 @@ mod cuda {
         "HOME",
     ];
 
-    fn fail(msg: &str) -> ! {
+    pub fn fail(msg: &str) -> ! {
         eprintln!("\nerror: {msg}\n");
         std::process::exit(1);
     }
@@ -139,18 +148,26 @@ mod cuda {
         names
     }
 
-    struct Module {
-        name: String,
+    pub struct Module {
+        pub name: String,
         fatbin: PathBuf,
-        kernels: Vec<String>,
+        pub kernels: Vec<String>,
     }
 
-    fn compile(nvcc: &Path, src: &Path, out: &Path, flags: &[String]) -> Result<String, String> {
+    fn compile(
+        nvcc: &Path,
+        src: &Path,
+        gen: &Path,
+        out: &Path,
+        flags: &[String],
+    ) -> Result<String, String> {
         let mut cmd = Command::new(nvcc);
         cmd.arg("--fatbin")
             .args(["-O3", "-std=c++17", "-Xptxas=-warn-spills"])
             .arg("-I")
             .arg(src.parent().expect("cuda/ file"))
+            .arg("-I")
+            .arg(gen)
             .args(flags)
             .arg("-o")
             .arg(out)
@@ -199,6 +216,13 @@ mod cuda {
             fail(&format!("no .cu files in {}", cuda_dir.display()));
         }
 
+        let args_rs = contract::generate(&cuda_dir.join("args.cuh"));
+        std::fs::write(out_dir.join("args.rs"), args_rs)
+            .unwrap_or_else(|e| fail(&format!("cannot write args.rs: {e}")));
+        let gen_dir = out_dir.join("cuda-gen");
+        std::fs::create_dir_all(&gen_dir)
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", gen_dir.display())));
+
         let nvcc = find_nvcc();
         let mut flags = gencode_flags();
         if let Ok(extra) = std::env::var("GRAFT_NVCC_FLAGS") {
@@ -215,7 +239,13 @@ mod cuda {
                     .into_owned();
                 let text = std::fs::read_to_string(src)
                     .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", src.display())));
-                let kernels = kernel_names(src, &text);
+                let mut kernels = kernel_names(src, &text);
+                if let Some(inst) = elementwise::instantiate(src, &name, &text) {
+                    let path = gen_dir.join(format!("{name}.inst.cuh"));
+                    std::fs::write(&path, &inst)
+                        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
+                    kernels.extend(kernel_names(&path, &inst));
+                }
                 if kernels.is_empty() {
                     fail(&format!(
                         "{} declares no extern \"C\" __global__ kernel",
@@ -245,7 +275,7 @@ mod cuda {
                     if i >= sources.len() {
                         break;
                     }
-                    let r = compile(&nvcc, &sources[i], &modules[i].fatbin, &flags);
+                    let r = compile(&nvcc, &sources[i], &gen_dir, &modules[i].fatbin, &flags);
                     results.lock().expect("no panics while held").push((i, r));
                 });
             }
@@ -280,7 +310,9 @@ mod cuda {
             }
         }
         modules.sort_by(|a, b| a.name.cmp(&b.name));
-        let code = generate(&modules);
+        let mut code = generate(&modules);
+        code.push_str(&kernel_sets::generate(&modules));
+        code.push_str(&elementwise::rust_maps(&cuda_dir));
         std::fs::write(out_dir.join("kernels.rs"), code)
             .unwrap_or_else(|e| fail(&format!("cannot write kernels.rs: {e}")));
     }
@@ -335,5 +367,498 @@ mod cuda {
         }
         s.push_str("];\n");
         s
+    }
+
+    /// The C/Rust contract: `cuda/args.cuh` parsed into Rust structs and constants.
+    mod contract {
+        use std::fmt::Write as _;
+        use std::path::Path;
+
+        use super::fail;
+
+        /// A field's C type and its Rust mirror.
+        #[derive(Clone, Copy)]
+        enum Ty {
+            I64,
+            U64,
+            I32,
+            F32,
+            Tensor4,
+            Ptr,
+        }
+
+        impl Ty {
+            fn parse(c: &str) -> Option<Ty> {
+                let c = c.trim();
+                if c.ends_with('*') {
+                    return Some(Ty::Ptr);
+                }
+                match c {
+                    "i64" => Some(Ty::I64),
+                    "u64" => Some(Ty::U64),
+                    "int" => Some(Ty::I32),
+                    "float" => Some(Ty::F32),
+                    "Tensor4" => Some(Ty::Tensor4),
+                    _ => None,
+                }
+            }
+
+            fn rust(self) -> &'static str {
+                match self {
+                    Ty::I64 => "i64",
+                    Ty::U64 | Ty::Ptr => "u64",
+                    Ty::I32 => "i32",
+                    Ty::F32 => "f32",
+                    Ty::Tensor4 => "Tensor4",
+                }
+            }
+
+            fn size(self) -> usize {
+                match self {
+                    Ty::I64 | Ty::U64 | Ty::Ptr => 8,
+                    Ty::I32 | Ty::F32 => 4,
+                    Ty::Tensor4 => 72,
+                }
+            }
+        }
+
+        struct Field {
+            name: String,
+            ty: Ty,
+            len: Option<usize>,
+            doc: String,
+        }
+
+        struct Struct {
+            name: String,
+            doc: String,
+            fields: Vec<Field>,
+            size: Option<usize>,
+        }
+
+        /// Splits `code // comment` into its two halves (both trimmed).
+        fn split_comment(line: &str) -> (&str, &str) {
+            match line.find("//") {
+                Some(i) => (line[..i].trim(), line[i + 2..].trim()),
+                None => (line.trim(), ""),
+            }
+        }
+
+        fn join(doc: &mut String, more: &str) {
+            if more.is_empty() {
+                return;
+            }
+            if !doc.is_empty() {
+                doc.push(' ');
+            }
+            doc.push_str(more);
+        }
+
+        /// One field declaration `TYPE NAME;` or `TYPE NAME[N];`.
+        fn field(path: &Path, code: &str, doc: &str) -> Field {
+            let bad = || -> ! { fail(&format!("{}: cannot parse field `{code}`", path.display())) };
+            let decl = code.strip_suffix(';').unwrap_or_else(|| bad());
+            let split = decl
+                .rfind(|c: char| c.is_whitespace() || c == '*')
+                .unwrap_or_else(|| bad());
+            let (ty, name) = (decl[..=split].trim(), decl[split + 1..].trim());
+            let (name, len) = match name.split_once('[') {
+                Some((n, rest)) => {
+                    let n_len = rest.trim_end_matches(']').parse().unwrap_or_else(|_| bad());
+                    (n, Some(n_len))
+                }
+                None => (name, None),
+            };
+            let ty = Ty::parse(ty).unwrap_or_else(|| bad());
+            Field {
+                name: name.to_string(),
+                ty,
+                len,
+                doc: doc.to_string(),
+            }
+        }
+
+        /// `static_assert(sizeof(NAME) == N, ...)`: (NAME, N).
+        fn size_assert(code: &str) -> Option<(String, usize)> {
+            let rest = code.strip_prefix("static_assert(sizeof(")?;
+            let (name, rest) = rest.split_once(')')?;
+            let n = rest.trim().strip_prefix("==")?.split(',').next()?.trim();
+            Some((name.to_string(), n.parse().ok()?))
+        }
+
+        /// `constexpr TYPE NAME = VALUE;` as a Rust constant.
+        fn constant(path: &Path, code: &str, doc: &str) -> String {
+            let bad = || -> ! { fail(&format!("{}: cannot parse `{code}`", path.display())) };
+            let rest = code.strip_prefix("constexpr ").unwrap_or_else(|| bad());
+            let (lhs, value) = rest.split_once('=').unwrap_or_else(|| bad());
+            let value = value
+                .trim()
+                .strip_suffix(';')
+                .unwrap_or_else(|| bad())
+                .trim();
+            let (ty, name) = lhs.trim().split_once(' ').unwrap_or_else(|| bad());
+            let ty = match ty {
+                "i64" => "i64",
+                "int" => "i32",
+                _ => bad(),
+            };
+            if value.parse::<i64>().is_err() {
+                bad();
+            }
+            format!("/// {doc}\npub const {}: {ty} = {value};\n", name.trim())
+        }
+
+        /// The Rust mirror of the contract region of `path`.
+        pub fn generate(path: &Path) -> String {
+            println!("cargo:rerun-if-changed={}", path.display());
+            let text = std::fs::read_to_string(path)
+                .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
+            let region = text
+                .split_once("\n// contract:begin\n")
+                .and_then(|(_, r)| r.split_once("\n// contract:end"))
+                .map(|(r, _)| r)
+                .unwrap_or_else(|| fail(&format!("{}: no contract region", path.display())));
+            let mut structs: Vec<Struct> = Vec::new();
+            let mut consts = String::new();
+            let mut doc = String::new();
+            let mut open: Option<Struct> = None;
+            for line in region.lines() {
+                let (code, comment) = split_comment(line);
+                if let Some(s) = open.as_mut() {
+                    if code == "};" {
+                        structs.push(open.take().expect("open"));
+                    } else if code.is_empty() {
+                        if let Some(f) = s.fields.last_mut() {
+                            join(&mut f.doc, comment);
+                        }
+                    } else {
+                        s.fields.push(field(path, code, comment));
+                    }
+                    continue;
+                }
+                if code.is_empty() {
+                    if comment.is_empty() {
+                        doc.clear();
+                    } else {
+                        join(&mut doc, comment);
+                    }
+                } else if let Some(rest) = code.strip_prefix("struct ") {
+                    let name = rest.trim_end_matches('{').trim().to_string();
+                    let mut d = std::mem::take(&mut doc);
+                    join(&mut d, comment);
+                    open = Some(Struct {
+                        name,
+                        doc: d,
+                        fields: Vec::new(),
+                        size: None,
+                    });
+                } else if let Some((name, n)) = size_assert(code) {
+                    match structs.iter_mut().find(|s| s.name == name) {
+                        Some(s) => s.size = Some(n),
+                        None => fail(&format!("{}: sizeof({name}) of no struct", path.display())),
+                    }
+                } else if code.starts_with("constexpr ") {
+                    join(&mut doc, comment);
+                    consts.push_str(&constant(path, code, &std::mem::take(&mut doc)));
+                } else {
+                    fail(&format!(
+                        "{}: unexpected line in the contract: `{code}`",
+                        path.display()
+                    ));
+                }
+            }
+            rust(path, &structs, &consts)
+        }
+
+        fn rust(path: &Path, structs: &[Struct], consts: &str) -> String {
+            let mut s =
+                String::from("// Generated by build.rs from cuda/args.cuh. Do not edit.\n\n");
+            s.push_str(consts);
+            for st in structs {
+                let bytes: usize = st
+                    .fields
+                    .iter()
+                    .map(|f| f.ty.size() * f.len.unwrap_or(1))
+                    .sum();
+                if st.size != Some(bytes) {
+                    fail(&format!(
+                        "{}: {} has {bytes} bytes of fields but its static_assert says {:?}: \
+                         padding or a wrong size",
+                        path.display(),
+                        st.name,
+                        st.size
+                    ));
+                }
+                let doc = if st.doc.is_empty() {
+                    st.name.clone()
+                } else {
+                    st.doc.clone()
+                };
+                writeln!(s, "\n/// {doc}\n#[repr(C)]\n#[derive(Clone, Copy, Debug, Default, PartialEq)]\npub struct {} {{", st.name).expect("string");
+                for f in &st.fields {
+                    let ty = match f.len {
+                        Some(n) => format!("[{}; {n}]", f.ty.rust()),
+                        None => f.ty.rust().to_string(),
+                    };
+                    let doc = if f.doc.is_empty() {
+                        "See cuda/args.cuh."
+                    } else {
+                        &f.doc
+                    };
+                    writeln!(s, "    /// {doc}\n    pub {}: {ty},", f.name).expect("string");
+                }
+                s.push_str("}\n");
+                writeln!(
+                    s,
+                    "const _: () = assert!(std::mem::size_of::<{}>() == {bytes});",
+                    st.name
+                )
+                .expect("string");
+                if st.name.ends_with("Args") {
+                    writeln!(
+                        s,
+                        "// SAFETY: repr(C) with the fields of cuda/args.cuh in their order, and \
+                         the size of the fields alone: no padding, the same layout.\n\
+                         unsafe impl KernelArgs for {} {{}}",
+                        st.name
+                    )
+                    .expect("string");
+                }
+            }
+            s
+        }
+    }
+
+    /// Elementwise kernels instantiated from functors, and their Rust op maps.
+    mod elementwise {
+        use std::fmt::Write as _;
+        use std::path::Path;
+
+        use super::fail;
+
+        /// An elementwise family: the `.cu` stem, the functor base struct, the kernel
+        /// template, its argument struct, how many operands carry a dtype, and the Rust op
+        /// enum whose variants are named like the functors.
+        struct Family {
+            stem: &'static str,
+            base: &'static str,
+            template: &'static str,
+            args: &'static str,
+            arity: usize,
+            rust_enum: &'static str,
+            rust_fn: &'static str,
+        }
+
+        const FAMILIES: [Family; 2] = [
+            Family {
+                stem: "unary",
+                base: "UnaryFunctor",
+                template: "unary",
+                args: "UnaryArgs",
+                arity: 1,
+                rust_enum: "UnaryOp",
+                rust_fn: "unary",
+            },
+            Family {
+                stem: "binary",
+                base: "BinaryFunctor",
+                template: "binary",
+                args: "BinaryArgs",
+                arity: 2,
+                rust_enum: "BinaryOp",
+                rust_fn: "binary",
+            },
+        ];
+
+        /// Float dtypes: kernel-name suffix and C type.
+        const FLOATS: [(&str, &str); 3] = [("f32", "float"), ("f16", "f16"), ("bf16", "bf16")];
+
+        /// Names of the `struct NAME : BASE` functors in `text`.
+        fn functors(text: &str, base: &str) -> Vec<String> {
+            let mut out = Vec::new();
+            for line in text.lines() {
+                let Some(rest) = line.trim_start().strip_prefix("struct ") else {
+                    continue;
+                };
+                let Some((name, tail)) = rest.split_once(':') else {
+                    continue;
+                };
+                if tail.trim_start().starts_with(base) {
+                    out.push(name.trim().to_string());
+                }
+            }
+            out
+        }
+
+        fn snake(camel: &str) -> String {
+            let mut s = String::new();
+            for (i, c) in camel.chars().enumerate() {
+                if c.is_ascii_uppercase() && i > 0 {
+                    s.push('_');
+                }
+                s.push(c.to_ascii_lowercase());
+            }
+            s
+        }
+
+        /// Every dtype combination of `arity` float operands, as (suffix, C types).
+        fn combos(arity: usize) -> Vec<(String, Vec<&'static str>)> {
+            let mut out = vec![(String::new(), Vec::new())];
+            for _ in 0..arity {
+                out = out
+                    .into_iter()
+                    .flat_map(|(s, t)| {
+                        FLOATS.iter().map(move |(suf, ct)| {
+                            let mut t = t.clone();
+                            t.push(*ct);
+                            (format!("{s}_{suf}"), t)
+                        })
+                    })
+                    .collect();
+            }
+            out
+        }
+
+        /// The generated instantiations for `cuda/<stem>.cu`, if it is an elementwise
+        /// family file (which must include `<stem>.inst.cuh`).
+        pub fn instantiate(src: &Path, stem: &str, text: &str) -> Option<String> {
+            let fam = FAMILIES.iter().find(|f| f.stem == stem)?;
+            let names = functors(text, fam.base);
+            if names.is_empty() {
+                fail(&format!(
+                    "{}: no `struct NAME : {}` functor",
+                    src.display(),
+                    fam.base
+                ));
+            }
+            if !text.contains(&format!("#include \"{stem}.inst.cuh\"")) {
+                fail(&format!(
+                    "{} must `#include \"{stem}.inst.cuh\"`",
+                    src.display()
+                ));
+            }
+            let mut s = format!(
+                "// Generated by build.rs from the {} functors of cuda/{stem}.cu. Do not edit.\n",
+                fam.base
+            );
+            for f in &names {
+                for (suffix, types) in combos(fam.arity) {
+                    writeln!(
+                        s,
+                        "extern \"C\" __global__ void {}{suffix}(const {} p) {{ {}<{f}, {}>(p); }}",
+                        snake(f),
+                        fam.args,
+                        fam.template,
+                        types.join(", ")
+                    )
+                    .expect("string");
+                }
+            }
+            Some(s)
+        }
+
+        /// For each family, `pub fn <rust_fn>(op) -> &'static KernelSet<arity>`: an
+        /// exhaustive match from the Rust op enum to the functors' kernel sets.
+        pub fn rust_maps(cuda_dir: &Path) -> String {
+            let mut s = String::new();
+            for fam in &FAMILIES {
+                let path = cuda_dir.join(format!("{}.cu", fam.stem));
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
+                writeln!(
+                    s,
+                    "\n/// The kernels of each [`{e}`], one per `{b}` functor of `cuda/{st}.cu`.\npub fn {fun}(op: crate::graph::op::{e}) -> &'static KernelSet<{a}> {{\n    use crate::graph::op::{e};\n    match op {{",
+                    e = fam.rust_enum,
+                    b = fam.base,
+                    st = fam.stem,
+                    fun = fam.rust_fn,
+                    a = fam.arity
+                )
+                .expect("string");
+                for f in functors(&text, fam.base) {
+                    writeln!(
+                        s,
+                        "        {}::{f} => &by::{},",
+                        fam.rust_enum,
+                        snake(&f).to_uppercase()
+                    )
+                    .expect("string");
+                }
+                s.push_str("    }\n}\n");
+            }
+            s
+        }
+    }
+
+    /// Kernels grouped into sets keyed by the dtypes their names end in.
+    mod kernel_sets {
+        use std::collections::BTreeMap;
+        use std::fmt::Write as _;
+
+        use super::{fail, Module};
+
+        /// Kernel-name suffixes naming a dtype, and the `DType` variant of each.
+        const DTYPES: [(&str, &str); 4] = [
+            ("f32", "F32"),
+            ("f16", "F16"),
+            ("bf16", "BF16"),
+            ("i32", "I32"),
+        ];
+
+        /// `(family, dtype variants)` of a kernel name: dtype suffixes are stripped from
+        /// the end, the rest is the family. None when the name ends in no dtype.
+        fn split(name: &str) -> Option<(String, Vec<&'static str>)> {
+            let mut rest = name;
+            let mut dts = Vec::new();
+            'strip: loop {
+                for (suffix, variant) in DTYPES {
+                    if let Some(r) = rest.strip_suffix(suffix).and_then(|r| r.strip_suffix('_')) {
+                        dts.push(variant);
+                        rest = r;
+                        continue 'strip;
+                    }
+                }
+                break;
+            }
+            dts.reverse();
+            (!dts.is_empty()).then(|| (rest.to_string(), dts))
+        }
+
+        pub fn generate(modules: &[Module]) -> String {
+            let mut sets: BTreeMap<String, Vec<(Vec<&str>, String)>> = BTreeMap::new();
+            for m in modules {
+                for k in &m.kernels {
+                    if let Some((family, dts)) = split(k) {
+                        sets.entry(family)
+                            .or_default()
+                            .push((dts, k.to_uppercase()));
+                    }
+                }
+            }
+            let mut s = String::from(
+                "\n/// Kernel sets: the kernels named `<family>_<dtype>..`, keyed by those dtypes.\npub mod by {\n    use super::{k, KernelSet};\n    use crate::graph::DType;\n",
+            );
+            for (family, entries) in &sets {
+                let arity = entries[0].0.len();
+                if entries.iter().any(|(d, _)| d.len() != arity) {
+                    fail(&format!(
+                        "kernels of family `{family}` end in different numbers of dtypes"
+                    ));
+                }
+                writeln!(
+                    s,
+                    "    /// `{family}_*`.\n    pub const {}: KernelSet<{arity}> = KernelSet {{\n        name: \"{family}\",\n        entries: &[",
+                    family.to_uppercase()
+                )
+                .expect("string");
+                for (dts, k) in entries {
+                    let key: Vec<String> = dts.iter().map(|d| format!("DType::{d}")).collect();
+                    writeln!(s, "            ([{}], k::{k}),", key.join(", ")).expect("string");
+                }
+                s.push_str("        ],\n    };\n");
+            }
+            s.push_str("}\n");
+            s
+        }
     }
 }

@@ -1,7 +1,7 @@
-// Shared device helpers of every kernel module: the kernel argument structs (mirrored by
-// #[repr(C)] structs in src/backend/cuda/args.rs, sizes checked on both sides), element
-// loads and stores for float / half / nv_bfloat16 with f32 arithmetic, warp and block
-// reductions, and the index-error record of get_rows / set_rows.
+// Shared device helpers of every kernel module: the kernel argument structs (args.cuh, the
+// one definition that build.rs also turns into Rust), element loads and stores for float /
+// half / nv_bfloat16 with f32 arithmetic, warp and block reductions, and the index-error
+// record of get_rows / set_rows.
 //
 // Conventions: every tensor is a Tensor4 (first element, ne[4] element counts, nb[4] byte
 // strides, like ggml); indices and strides are 64-bit; kernels that handle a row with a
@@ -13,164 +13,13 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-typedef long long i64;
-typedef unsigned long long u64;
+#include "args.cuh"
+
 typedef __half f16;
 typedef __nv_bfloat16 bf16;
 
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
-
-// ---------------------------------------------------------------------------------------
-// Kernel arguments. Every struct is passed by value as the kernel's only parameter.
-
-// A strided 4-d tensor: `data` is the first element; element (i0, i1, i2, i3) lives at
-// data + i0*nb[0] + i1*nb[1] + i2*nb[2] + i3*nb[3].
-struct Tensor4 {
-    char* data;
-    i64 ne[4];
-    i64 nb[4];
-};
-static_assert(sizeof(Tensor4) == 72, "Tensor4 layout");
-
-// The first out-of-range index seen by get_rows / set_rows. `flag` is 0 while clear.
-struct IndexError {
-    int flag;
-    int pad;
-    i64 tag;  // which plan step (set by the host)
-    i64 index;
-    i64 position;
-    i64 limit;
-};
-static_assert(sizeof(IndexError) == 40, "IndexError layout");
-
-struct UnaryArgs {  // scale, silu, gelu
-    Tensor4 src;
-    Tensor4 dst;
-    float scale;
-    float pad;
-};
-static_assert(sizeof(UnaryArgs) == 152, "UnaryArgs layout");
-
-struct BinaryArgs {  // add, mul
-    Tensor4 a;
-    Tensor4 b;
-    Tensor4 dst;
-};
-static_assert(sizeof(BinaryArgs) == 216, "BinaryArgs layout");
-
-struct NormArgs {  // rms_norm, norm
-    Tensor4 src;
-    Tensor4 dst;
-    float eps;
-    float pad;
-};
-static_assert(sizeof(NormArgs) == 152, "NormArgs layout");
-
-struct RopeArgs {
-    Tensor4 src;
-    Tensor4 dst;
-    const char* pos;     // I32 positions, one per index of dim 2
-    i64 pos_nb0;         // byte stride of pos
-    const float* freqs;  // n_dims / 2 inverse frequencies
-    i64 n_dims;
-    i64 neox;            // 0: pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2)
-};
-static_assert(sizeof(RopeArgs) == 184, "RopeArgs layout");
-
-struct CpyArgs {
-    Tensor4 src;
-    Tensor4 dst;
-    i64 n;     // elements
-    i64 mode;  // CPY_SAME_SHAPE, CPY_RESHAPE or CPY_CONTIGUOUS
-};
-static_assert(sizeof(CpyArgs) == 160, "CpyArgs layout");
-#define CPY_SAME_SHAPE 0  // same ne, any strides
-#define CPY_RESHAPE 1     // different ne, elements matched in row-major order
-#define CPY_CONTIGUOUS 2  // both dense: flat index
-
-struct RowsArgs {  // get_rows, set_rows
-    Tensor4 src;  // get_rows: the table; set_rows: the rows to write
-    Tensor4 ids;  // I32 row ids
-    Tensor4 dst;
-    IndexError* err;
-    i64 tag;
-};
-static_assert(sizeof(RowsArgs) == 232, "RowsArgs layout");
-
-struct DiagMaskArgs {
-    Tensor4 src;
-    Tensor4 dst;
-    i64 n_past;
-};
-static_assert(sizeof(DiagMaskArgs) == 152, "DiagMaskArgs layout");
-
-struct SoftMaxArgs {
-    Tensor4 src;
-    Tensor4 mask;  // unused (data == nullptr) by the kernels without a mask
-    Tensor4 dst;
-    float scale;
-    float pad;
-};
-static_assert(sizeof(SoftMaxArgs) == 224, "SoftMaxArgs layout");
-
-struct ArgmaxArgs {
-    Tensor4 src;
-    Tensor4 dst;  // I32 [ne1, ne2, ne3]: nb[0..2] are the strides of src dims 1..3
-};
-static_assert(sizeof(ArgmaxArgs) == 144, "ArgmaxArgs layout");
-
-// Matrix-vector products dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with rows of `a`
-// dense (consecutive elements) and b, dst dense along dim 0.
-struct GemvArgs {
-    const char* a;
-    const char* b;  // F32
-    char* dst;      // F32
-    i64 k;          // row length (contracted)
-    i64 m;          // rows of a = elements of one dst column
-    i64 channels;   // columns of b / dst (dim 2)
-    i64 a_nb1;      // byte stride between rows of a
-    i64 a_nb2;      // byte stride between channels of a
-    i64 b_nb2;      // byte stride between columns of b
-    i64 dst_nb2;    // byte stride between columns of dst
-    i64 ratio;      // channels of b per channel of a (GQA)
-    i64 vec;        // 1 when rows of a and b are aligned for vector loads
-    const char* add;  // F32 [m] added to the result (a fused residual add), or null
-    i64 prefetch;     // 1 when `a` is read-only in the plan (weights): its first loads may
-                      // start before the previous kernel ends
-};
-static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
-
-struct FillRandomArgs {
-    char* dst;
-    i64 n;
-    u64 seed;
-    float scale;
-    float pad;
-};
-static_assert(sizeof(FillRandomArgs) == 32, "FillRandomArgs layout");
-
-struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadcast)
-    Tensor4 src;
-    Tensor4 dst;
-    Tensor4 w;
-    float eps;
-    float pad;
-};
-static_assert(sizeof(NormMulArgs) == 224, "NormMulArgs layout");
-
-struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
-    Tensor4 src;
-    Tensor4 dst;
-    i64 n;
-    i64 lo_offset;
-};
-static_assert(sizeof(SplitArgs) == 160, "SplitArgs layout");
-
-struct SpinArgs {  // spin_wait: hold the stream for ns nanoseconds
-    i64 ns;
-};
-static_assert(sizeof(SpinArgs) == 8, "SpinArgs layout");
 
 // ---------------------------------------------------------------------------------------
 // Element access.

@@ -1,5 +1,5 @@
 // Matrix-vector kernels of mul_mat (the GEMM cases go to cuBLAS, see
-// src/backend/cuda/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
+// src/backend/cuda/lower/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
 // accumulation and reductions in a fixed order (results are deterministic).
 //
 //   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column, one warp per row of `a`,
@@ -21,9 +21,6 @@
 #include "common.cuh"
 
 #define GEMV_UNROLL 4
-#define GEMV_WARPS 4      // rows per block of mul_mat_vec_*
-#define P021_ROWS 4       // rows per warp of mul_mat_p021
-#define P021_THREADS 128  // block of mul_mat_p021
 
 // 16 bytes of weights, read once: evict first.
 __device__ __forceinline__ uint4 load16(const uint4* p) { return __ldcs(p); }

@@ -64,9 +64,9 @@ extern "C" __global__ void diag_mask_inf_bf16(const DiagMaskArgs p) { diag_mask_
 extern "C" __global__ void soft_max_f32(const SoftMaxArgs p) { soft_max<float, NoMask>(p); }
 extern "C" __global__ void soft_max_f16(const SoftMaxArgs p) { soft_max<f16, NoMask>(p); }
 extern "C" __global__ void soft_max_bf16(const SoftMaxArgs p) { soft_max<bf16, NoMask>(p); }
-extern "C" __global__ void soft_max_f32_mf32(const SoftMaxArgs p) { soft_max<float, float>(p); }
-extern "C" __global__ void soft_max_f16_mf32(const SoftMaxArgs p) { soft_max<f16, float>(p); }
-extern "C" __global__ void soft_max_bf16_mf32(const SoftMaxArgs p) { soft_max<bf16, float>(p); }
-extern "C" __global__ void soft_max_f32_mf16(const SoftMaxArgs p) { soft_max<float, f16>(p); }
-extern "C" __global__ void soft_max_f16_mf16(const SoftMaxArgs p) { soft_max<f16, f16>(p); }
-extern "C" __global__ void soft_max_bf16_mf16(const SoftMaxArgs p) { soft_max<bf16, f16>(p); }
+extern "C" __global__ void soft_max_mask_f32_f32(const SoftMaxArgs p) { soft_max<float, float>(p); }
+extern "C" __global__ void soft_max_mask_f16_f32(const SoftMaxArgs p) { soft_max<f16, float>(p); }
+extern "C" __global__ void soft_max_mask_bf16_f32(const SoftMaxArgs p) { soft_max<bf16, float>(p); }
+extern "C" __global__ void soft_max_mask_f32_f16(const SoftMaxArgs p) { soft_max<float, f16>(p); }
+extern "C" __global__ void soft_max_mask_f16_f16(const SoftMaxArgs p) { soft_max<f16, f16>(p); }
+extern "C" __global__ void soft_max_mask_bf16_f16(const SoftMaxArgs p) { soft_max<bf16, f16>(p); }

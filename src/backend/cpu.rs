@@ -7,7 +7,7 @@ use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTim
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::host::{store, HostTensor};
-use crate::ops::{self, Op};
+use crate::ops::{self, CopyOp, Op};
 
 /// A loaded plan with its arena.
 struct CpuExec {
@@ -286,18 +286,17 @@ impl Backend for CpuBackend {
 /// Runs one step with the CPU reference kernels.
 pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     match step.op {
-        Op::Leaf | Op::View | Op::Reshape | Op::Permute { .. } | Op::Transpose | Op::After => {
-            Ok(())
-        }
+        Op::Leaf | Op::View(_) => Ok(()),
         Op::GetRows => ops::get_rows::cpu(step, dst, src),
-        Op::Add | Op::Mul => ops::binary::cpu(step, dst, src),
-        Op::Scale { .. } | Op::Silu | Op::Gelu => ops::unary::cpu(step, dst, src),
-        Op::RmsNorm { .. } | Op::Norm { .. } => ops::norm::cpu(step, dst, src),
-        Op::MulMat => ops::mul_mat::cpu(step, dst, src),
-        Op::Rope(_) => ops::rope::cpu(step, dst, src),
-        Op::Cpy | Op::Cont => ops::cpy::cpu_copy(step, dst, src),
-        Op::SetRows => ops::cpy::cpu_set_rows(step, dst, src),
-        Op::DiagMaskInf { .. } | Op::SoftMax { .. } => ops::softmax::cpu(step, dst, src),
-        Op::Argmax => ops::argmax::cpu(step, dst, src),
+        Op::Unary(op) => ops::unary::cpu(op, dst, src),
+        Op::Scale { s } => ops::unary::cpu_scale(s, dst, src),
+        Op::Binary(op) => ops::binary::cpu(op, dst, src),
+        Op::Norm(op) => ops::norm::cpu(op, dst, src),
+        Op::MulMat => ops::mul_mat::cpu(dst, src),
+        Op::Rope(ref p) => ops::rope::cpu(p, dst, src),
+        Op::Copy(CopyOp::Cpy | CopyOp::Cont) => ops::cpy::cpu_copy(dst, src),
+        Op::Copy(CopyOp::SetRows) => ops::cpy::cpu_set_rows(step, dst, src),
+        Op::Mask(op) => ops::softmax::cpu(op, dst, src),
+        Op::Argmax => ops::argmax::cpu(dst, src),
     }
 }

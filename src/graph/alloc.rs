@@ -3,7 +3,7 @@
 //! Walking the order, it counts each tensor's consumers and views, gives every computed
 //! tensor a block (best fit among freed blocks, else at the end of the arena), frees a
 //! block after its tensor's last consumer and last view are done, and lets an op that
-//! [can run in place](crate::ops::Op::can_inplace) take over its first source's block
+//! [can run in place](super::Op::can_inplace) take over its first source's block
 //! when that source has one consumer, no views and the same layout. Inputs and outputs
 //! are never reused; weights and state live in backend buffers; views never get memory
 //! of their own.

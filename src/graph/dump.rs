@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use slotmap::SecondaryMap;
 
 use super::alloc::{AllocInfo, AllocKind};
+use super::OpKind;
 use super::{Flags, Graph, Plan, TensorId};
-use crate::ops::OpKind;
 
 fn shape(ne: &[usize; 4]) -> String {
     format!("[{},{},{},{}]", ne[0], ne[1], ne[2], ne[3])

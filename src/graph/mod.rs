@@ -6,7 +6,8 @@
 //! shapes and dtypes and returns a typed [`Error`] naming the op and the shapes.
 //! [`Graph::build_forward`] collects what some outputs need in a valid execution order,
 //! and [`Graph::plan`] turns that order into a [`Plan`] with a memory arena laid out by
-//! the allocator.
+//! the allocator. The op set ([`op::Op`], its family sub-enums and parameter types) is
+//! part of this layer, since every node records the op that produces it.
 //!
 //! ```
 //! use graft::graph::{DType, Graph};
@@ -22,12 +23,17 @@ pub mod alloc;
 pub mod dtype;
 pub mod dump;
 pub mod forward;
+pub mod op;
 pub mod plan;
 pub mod tensor;
 
 pub use alloc::{AllocKind, AllocReport, Allocation};
 pub use dtype::DType;
 pub use forward::Forward;
+pub use op::{
+    BinaryOp, CopyOp, Llama3Scaling, MaskOp, NormOp, Op, OpKind, RopeMode, RopeParams, UnaryOp,
+    ViewOp,
+};
 pub use plan::{Io, Loc, Operand, Plan, PlanOptions, Step};
 pub use tensor::{
     contiguous_strides, fmt_ne, is_contiguous, nbytes, BufferId, BufferRef, Flags, Tensor, TensorId,
@@ -37,7 +43,6 @@ use slotmap::SlotMap;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
-use crate::ops::Op;
 
 /// The graph context: owns every tensor node.
 #[derive(Clone, Default)]

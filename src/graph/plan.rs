@@ -5,9 +5,9 @@
 use smallvec::SmallVec;
 
 use super::alloc::{allocate, AllocKind, Allocation};
+use super::Op;
 use super::{BufferId, DType, Flags, Forward, Graph, TensorId};
 use crate::error::{Error, Result};
-use crate::ops::Op;
 
 /// Where an operand's first element lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use smallvec::SmallVec;
 
 use super::DType;
-use crate::ops::Op;
+use super::Op;
 
 slotmap::new_key_type! {
     /// A copyable handle to a tensor node inside a [`Graph`](super::Graph).

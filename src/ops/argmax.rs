@@ -5,7 +5,7 @@
 use super::host::{for_each_row, HostTensor};
 use super::{expect_dtype, Op};
 use crate::error::Result;
-use crate::graph::{DType, Graph, Step, TensorId};
+use crate::graph::{DType, Graph, TensorId};
 
 impl Graph {
     /// I32 [ne1, ne2, ne3] holding the argmax of each row of `a` [ne0, ne1, ne2, ne3].
@@ -33,7 +33,7 @@ pub fn argmax_row(row: &[f32]) -> usize {
 }
 
 /// CPU reference for argmax.
-pub(crate) fn cpu(_step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
     let mut row = vec![0f32; a.ne[0]];
     for_each_row(a.ne, |i1, i2, i3| {

@@ -2,12 +2,14 @@
 //! dimensions by ggml's rule `y[i % ky]` (each `b.ne[i]` must divide `a.ne[i]`).
 
 use super::host::{for_each_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, BinaryOp, Op};
 use crate::error::{Error, Result};
-use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
+use crate::graph::{fmt_ne, DType, Graph, TensorId};
 
 impl Graph {
-    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
+    /// `op(a, b)` elementwise, with `b` broadcast over `a` (each `b.ne[i]` must divide
+    /// `a.ne[i]`; the result has `a`'s dtype and shape).
+    pub fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> Result<TensorId> {
         let name = op.name();
         let (ta, tb) = (self.get(a)?, self.get(b)?);
         expect_dtype(name, &ta.name, ta.dtype, &DType::FLOATS)?;
@@ -25,27 +27,33 @@ impl Graph {
             ));
         }
         let (dtype, ne) = (ta.dtype, ta.ne);
-        Ok(self.new_node(op, dtype, ne, &[a, b]))
+        Ok(self.new_node(Op::Binary(op), dtype, ne, &[a, b]))
     }
 
     /// `a + b`, with `b` broadcast over `a` (result has `a`'s dtype and shape).
     pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Add, a, b)
+        self.binary(BinaryOp::Add, a, b)
     }
 
     /// `a * b`, with `b` broadcast over `a` (result has `a`'s dtype and shape).
     pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Mul, a, b)
+        self.binary(BinaryOp::Mul, a, b)
     }
 }
 
-/// CPU reference for add and mul.
-pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
-    let f: fn(f32, f32) -> f32 = match step.op {
-        Op::Add => |x, y| x + y,
-        Op::Mul => |x, y| x * y,
-        _ => unreachable!("binary::cpu called for {}", step.op.name()),
-    };
+impl BinaryOp {
+    /// The op's value at `(x, y)`: the CPU reference's one definition of it.
+    #[inline]
+    pub fn apply(self, x: f32, y: f32) -> f32 {
+        match self {
+            BinaryOp::Add => x + y,
+            BinaryOp::Mul => x * y,
+        }
+    }
+}
+
+/// CPU reference for the [`BinaryOp`]s.
+pub(crate) fn cpu(op: BinaryOp, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (a, b) = (src[0], src[1]);
     let n0 = dst.ne[0];
     let mut ra = vec![0f32; n0];
@@ -58,7 +66,7 @@ pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()
             b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], &mut rb);
         }
         for (j, x) in ra.iter_mut().enumerate() {
-            *x = f(*x, rb[j % rb.len()]);
+            *x = op.apply(*x, rb[j % rb.len()]);
         }
         // SAFETY: as above; this step is the only writer of dst.
         unsafe { dst.write_row(i1, i2, i3, &ra) };

@@ -6,7 +6,7 @@
 //!   replayed decode graph writes K/V at a position that changes between runs).
 
 use super::host::{for_each_row, unflatten_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, CopyOp, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Flags, Graph, Step, TensorId};
 
@@ -52,7 +52,7 @@ impl Graph {
         }
         self.check_writable("cpy", dst)?;
         let (dtype, ne, nb) = (td.dtype, td.ne, td.nb);
-        Ok(self.new_view_node(Op::Cpy, dst, dtype, ne, nb, 0, &[a, dst]))
+        Ok(self.new_view_node(Op::Copy(CopyOp::Cpy), dst, dtype, ne, nb, 0, &[a, dst]))
     }
 
     /// A contiguous copy of `a` (same dtype).
@@ -78,7 +78,7 @@ impl Graph {
             });
         }
         let ne = t.ne;
-        Ok(self.new_node(Op::Cont, dtype, ne, &[a]))
+        Ok(self.new_node(Op::Copy(CopyOp::Cont), dtype, ne, &[a]))
     }
 
     /// Writes row `r` of `src` [ne0, n, ne2, ne3] into row `ids[r]` of `dst`
@@ -113,12 +113,20 @@ impl Graph {
         }
         self.check_writable("set_rows", dst)?;
         let (dtype, ne, nb) = (td.dtype, td.ne, td.nb);
-        Ok(self.new_view_node(Op::SetRows, dst, dtype, ne, nb, 0, &[src, ids, dst]))
+        Ok(self.new_view_node(
+            Op::Copy(CopyOp::SetRows),
+            dst,
+            dtype,
+            ne,
+            nb,
+            0,
+            &[src, ids, dst],
+        ))
     }
 }
 
 /// CPU reference for cpy and cont.
-pub(crate) fn cpu_copy(_step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+pub(crate) fn cpu_copy(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
     if a.ne == dst.ne {
         let mut row = vec![0f32; dst.ne[0]];

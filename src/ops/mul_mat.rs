@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::host::HostTensor;
 use super::{expect_dtype, Op};
 use crate::error::{Error, Result};
-use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
+use crate::graph::{fmt_ne, DType, Graph, TensorId};
 
 impl Graph {
     /// `a^T b` contracted over dim 0: [k, m, a2, a3] x [k, n, b2, b3] -> F32 [m, n, b2, b3].
@@ -58,7 +58,7 @@ pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
 const ROWS_PER_TASK: usize = 16;
 
 /// CPU reference for mul_mat (multi-threaded over rows of `a`).
-pub(crate) fn cpu(_step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (a, b) = (src[0], src[1]);
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);

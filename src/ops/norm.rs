@@ -2,12 +2,13 @@
 //! Welford mean/variance).
 
 use super::host::{for_each_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, NormOp, Op};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Graph, Step, TensorId};
+use crate::graph::{DType, Graph, TensorId};
 
 impl Graph {
-    fn norm_op(&mut self, op: Op, a: TensorId, eps: f32) -> Result<TensorId> {
+    fn norm_node(&mut self, op: NormOp, a: TensorId) -> Result<TensorId> {
+        let eps = op.eps();
         let t = self.get(a)?;
         expect_dtype(op.name(), &t.name, t.dtype, &DType::FLOATS)?;
         if !(eps.is_finite() && eps >= 0.0) {
@@ -17,35 +18,35 @@ impl Graph {
             ));
         }
         let (dtype, ne) = (t.dtype, t.ne);
-        Ok(self.new_node(op, dtype, ne, &[a]))
+        Ok(self.new_node(Op::Norm(op), dtype, ne, &[a]))
     }
 
     /// `x / sqrt(mean(x^2) + eps)` over each row (dim 0).
     pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
-        self.norm_op(Op::RmsNorm { eps }, a, eps)
+        self.norm_node(NormOp::RmsNorm { eps }, a)
     }
 
     /// `(x - mean(x)) / sqrt(var(x) + eps)` over each row (dim 0).
     pub fn norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
-        self.norm_op(Op::Norm { eps }, a, eps)
+        self.norm_node(NormOp::Norm { eps }, a)
     }
 }
 
 /// CPU reference for rms_norm and norm.
-pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+pub(crate) fn cpu(op: NormOp, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
     let mut row = vec![0f32; dst.ne[0]];
     let n = row.len() as f32;
     for_each_row(dst.ne, |i1, i2, i3| {
         // SAFETY: indices come from dst.ne == a.ne; the plan guarantees valid memory.
         unsafe { a.read_row(i1, i2, i3, &mut row) };
-        match step.op {
-            Op::RmsNorm { eps } => {
+        match op {
+            NormOp::RmsNorm { eps } => {
                 let ss: f32 = row.iter().map(|x| x * x).sum();
                 let r = 1.0 / (ss / n + eps).sqrt();
                 row.iter_mut().for_each(|x| *x *= r);
             }
-            Op::Norm { eps } => {
+            NormOp::Norm { eps } => {
                 // Welford's running mean and sum of squared deviations.
                 let (mut mean, mut m2) = (0f32, 0f32);
                 for (k, &x) in row.iter().enumerate() {
@@ -56,7 +57,6 @@ pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()
                 let r = 1.0 / (m2 / n + eps).sqrt();
                 row.iter_mut().for_each(|x| *x = (*x - mean) * r);
             }
-            _ => unreachable!("norm::cpu called for {}", step.op.name()),
         }
         // SAFETY: as above; this step is the only writer of dst.
         unsafe { dst.write_row(i1, i2, i3, &row) };

@@ -3,9 +3,9 @@
 //! becomes all zeros instead of NaN.
 
 use super::host::{for_each_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, MaskOp, Op};
 use crate::error::{Error, Result};
-use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
+use crate::graph::{fmt_ne, DType, Graph, TensorId};
 
 impl Graph {
     /// Sets `a[i0, i1, ..]` to -inf where `i0 > n_past + i1`: query row `i1` (at position
@@ -14,7 +14,7 @@ impl Graph {
         let t = self.get(a)?;
         expect_dtype("diag_mask_inf", &t.name, t.dtype, &DType::FLOATS)?;
         let (dtype, ne) = (t.dtype, t.ne);
-        Ok(self.new_node(Op::DiagMaskInf { n_past }, dtype, ne, &[a]))
+        Ok(self.new_node(Op::Mask(MaskOp::DiagMaskInf { n_past }), dtype, ne, &[a]))
     }
 
     /// Softmax over each row of `a`.
@@ -58,7 +58,7 @@ impl Graph {
             }
             src.push(m);
         }
-        Ok(self.new_node(Op::SoftMax { scale }, dtype, ne, &src))
+        Ok(self.new_node(Op::Mask(MaskOp::SoftMax { scale }), dtype, ne, &src))
     }
 }
 
@@ -79,22 +79,22 @@ pub fn softmax_row(row: &mut [f32]) {
 }
 
 /// CPU reference for diag_mask_inf and soft_max.
-pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+pub(crate) fn cpu(op: MaskOp, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
     let mut row = vec![0f32; dst.ne[0]];
     let mut mrow = vec![0f32; dst.ne[0]];
     for_each_row(dst.ne, |i1, i2, i3| {
         // SAFETY: indices come from dst.ne == a.ne; valid memory per the plan.
         unsafe { a.read_row(i1, i2, i3, &mut row) };
-        match step.op {
-            Op::DiagMaskInf { n_past } => {
+        match op {
+            MaskOp::DiagMaskInf { n_past } => {
                 for (i0, x) in row.iter_mut().enumerate() {
                     if i0 > n_past + i1 {
                         *x = f32::NEG_INFINITY;
                     }
                 }
             }
-            Op::SoftMax { scale } => {
+            MaskOp::SoftMax { scale } => {
                 row.iter_mut().for_each(|x| *x *= scale);
                 if let Some(m) = src.get(1) {
                     // SAFETY: the mask is broadcast; indices are taken modulo its shape.
@@ -103,7 +103,6 @@ pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()
                 }
                 softmax_row(&mut row);
             }
-            _ => unreachable!("softmax::cpu called for {}", step.op.name()),
         }
         // SAFETY: as above; this step is the only writer of dst.
         unsafe { dst.write_row(i1, i2, i3, &row) };

@@ -1,9 +1,10 @@
-//! Elementwise unary ops: scale, silu, gelu (tanh approximation).
+//! Elementwise unary ops: scale, and the [`UnaryOp`] functions (silu, gelu, ...). Each
+//! function's scalar definition is [`UnaryOp::apply`]; the CPU kernel maps it over rows.
 
 use super::host::{for_each_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, Op, UnaryOp};
 use crate::error::Result;
-use crate::graph::{DType, Graph, Step, TensorId};
+use crate::graph::{DType, Graph, TensorId};
 
 /// The cubic coefficient of the tanh approximation of GELU.
 pub const GELU_COEF_A: f32 = 0.044715;
@@ -11,53 +12,49 @@ pub const GELU_COEF_A: f32 = 0.044715;
 pub const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
 impl Graph {
-    fn unary(&mut self, op: Op, a: TensorId) -> Result<TensorId> {
+    fn elementwise(&mut self, op: Op, a: TensorId) -> Result<TensorId> {
         let t = self.get(a)?;
         expect_dtype(op.name(), &t.name, t.dtype, &DType::FLOATS)?;
         let (dtype, ne) = (t.dtype, t.ne);
         Ok(self.new_node(op, dtype, ne, &[a]))
     }
 
+    /// `op(a)` elementwise (F32, F16 or BF16; the result has `a`'s dtype and shape).
+    pub fn unary(&mut self, op: UnaryOp, a: TensorId) -> Result<TensorId> {
+        self.elementwise(Op::Unary(op), a)
+    }
+
     /// `a * s`.
     pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId> {
-        self.unary(Op::Scale { s }, a)
+        self.elementwise(Op::Scale { s }, a)
     }
 
-    /// `a * sigmoid(a)` (SiLU / swish).
+    /// `a * sigmoid(a)` (SiLU / swish): `unary(UnaryOp::Silu, a)`.
     pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
-        self.unary(Op::Silu, a)
+        self.unary(UnaryOp::Silu, a)
     }
 
-    /// GELU with the tanh approximation used by GPT-2.
+    /// GELU with the tanh approximation used by GPT-2: `unary(UnaryOp::Gelu, a)`.
     pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
-        self.unary(Op::Gelu, a)
+        self.unary(UnaryOp::Gelu, a)
     }
 }
 
-/// SiLU of one value.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+impl UnaryOp {
+    /// The op's value at `x`: the CPU reference's one definition of it.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            UnaryOp::Silu => x / (1.0 + (-x).exp()),
+            UnaryOp::Gelu => {
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+            }
+        }
+    }
 }
 
-/// GELU (tanh approximation) of one value.
-#[inline]
-pub fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
-}
-
-/// CPU reference for scale, silu and gelu.
-pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
-    let s = match step.op {
-        Op::Scale { s } => s,
-        _ => 1.0,
-    };
-    let f: &dyn Fn(f32) -> f32 = match step.op {
-        Op::Scale { .. } => &|x| x * s,
-        Op::Silu => &silu,
-        Op::Gelu => &gelu,
-        _ => unreachable!("unary::cpu called for {}", step.op.name()),
-    };
+/// Maps `f` over every element of `src[0]` into `dst` (same shape).
+fn map(dst: HostTensor, src: &[HostTensor], f: impl Fn(f32) -> f32) -> Result<()> {
     let a = src[0];
     let mut row = vec![0f32; dst.ne[0]];
     for_each_row(dst.ne, |i1, i2, i3| {
@@ -70,4 +67,14 @@ pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()
         unsafe { dst.write_row(i1, i2, i3, &row) };
     });
     Ok(())
+}
+
+/// CPU reference for the [`UnaryOp`] functions.
+pub(crate) fn cpu(op: UnaryOp, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    map(dst, src, |x| op.apply(x))
+}
+
+/// CPU reference for scale.
+pub(crate) fn cpu_scale(s: f32, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+    map(dst, src, |x| x * s)
 }

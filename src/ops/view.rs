@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, nbytes, shape4, Graph, TensorId};
-use crate::ops::Op;
+use crate::ops::{Op, ViewOp};
 
 impl Graph {
     /// Checks that a view of `a` with this layout at byte offset `offs` stays inside the
@@ -64,7 +64,7 @@ impl Graph {
     ) -> Result<TensorId> {
         self.check_view_bounds("view", a, &ne, &nb, offs)?;
         let dtype = self.tensor(a).dtype;
-        Ok(self.new_view_node(Op::View, a, dtype, ne, nb, offs, &[a]))
+        Ok(self.new_view_node(Op::View(ViewOp::View), a, dtype, ne, nb, offs, &[a]))
     }
 
     /// A 1-d view of `ne0` elements from byte `offs`.
@@ -159,7 +159,7 @@ impl Graph {
         }
         let dtype = t.dtype;
         let nb = crate::graph::contiguous_strides(dtype, &ne);
-        Ok(self.new_view_node(Op::Reshape, a, dtype, ne, nb, 0, &[a]))
+        Ok(self.new_view_node(Op::View(ViewOp::Reshape), a, dtype, ne, nb, 0, &[a]))
     }
 
     /// Reorders dimensions like ggml_permute: source dim `i` becomes result dim
@@ -183,7 +183,15 @@ impl Graph {
             nb[axes[i]] = t.nb[i];
         }
         let dtype = t.dtype;
-        Ok(self.new_view_node(Op::Permute { axes }, a, dtype, ne, nb, 0, &[a]))
+        Ok(self.new_view_node(
+            Op::View(ViewOp::Permute { axes }),
+            a,
+            dtype,
+            ne,
+            nb,
+            0,
+            &[a],
+        ))
     }
 
     /// Swaps dims 0 and 1.
@@ -194,7 +202,7 @@ impl Graph {
         ne.swap(0, 1);
         nb.swap(0, 1);
         let dtype = t.dtype;
-        Ok(self.new_view_node(Op::Transpose, a, dtype, ne, nb, 0, &[a]))
+        Ok(self.new_view_node(Op::View(ViewOp::Transpose), a, dtype, ne, nb, 0, &[a]))
     }
 
     /// `a` unchanged (same memory and layout), but ordered after every node of `deps`:
@@ -205,6 +213,6 @@ impl Graph {
         let (dtype, ne, nb) = (t.dtype, t.ne, t.nb);
         let mut src = vec![a];
         src.extend_from_slice(deps);
-        Ok(self.new_view_node(Op::After, a, dtype, ne, nb, 0, &src))
+        Ok(self.new_view_node(Op::View(ViewOp::After), a, dtype, ne, nb, 0, &src))
     }
 }

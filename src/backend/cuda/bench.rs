@@ -21,7 +21,7 @@
 use serde::Serialize;
 
 use super::device::{driver_error, DeviceMem};
-use super::lower::DevOp;
+use super::lowering::DevOp;
 use super::CudaBackend;
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};

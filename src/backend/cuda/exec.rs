@@ -15,7 +15,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaGraph, CudaStream};
 use super::args::SpinArgs;
 use super::device::{driver_error_text, Blas, DeviceMem};
 use super::kernels::{k, KernelTable};
-use super::lower::DevOp;
+use super::lowering::DevOp;
 use crate::backend::StepTime;
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, Plan, Step, TensorId};

@@ -19,11 +19,13 @@
 use std::collections::HashMap;
 
 use super::args::{BinaryArgs, NormMulArgs};
-use super::kernels::k;
-use super::lower::{elementwise_grid, lower_step, pick1, row_grid, DevOp, Lowering};
-use super::mul_mat::{self, Gemv};
-use crate::graph::{AllocKind, BufferId, DType, Loc, Operand, Plan, Step, TensorId};
-use crate::ops::Op;
+use super::kernels::{by, k};
+use super::lower::lower_step;
+use super::lower::mul_mat::{self, Gemv};
+use super::lowering::{elementwise_grid, row_grid, DevOp, Lowering};
+use crate::graph::{
+    AllocKind, BinaryOp, BufferId, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
+};
 
 /// Lowers every step of `plan`, fusing pairs when `fusion` is on (a fused pair's ops are
 /// listed under its first step, the second gets none). `tag(i)` is the index-error tag
@@ -110,7 +112,7 @@ fn residual_of<'s>(
     readers: &HashMap<TensorId, usize>,
 ) -> Option<&'s Operand> {
     let mid = &mm.dst;
-    if add.op != Op::Add || readers.get(&mid.id) != Some(&1) {
+    if add.op != Op::Binary(BinaryOp::Add) || readers.get(&mid.id) != Some(&1) {
         return None;
     }
     let residual = match (&add.src[0], &add.src[1]) {
@@ -134,7 +136,7 @@ fn fuse(
         return None;
     }
     match (&first.op, &second.op) {
-        (Op::RmsNorm { eps }, Op::Mul) => {
+        (Op::Norm(NormOp::RmsNorm { eps }), Op::Binary(BinaryOp::Mul)) => {
             let (x, w, y) = (&first.src[0], &second.src[1], &second.dst);
             let one_row = w.ne[1] * w.ne[2] * w.ne[3] == 1 && w.ne[0] == x.ne[0];
             if second.src[0].id != mid.id
@@ -147,15 +149,7 @@ fn fuse(
             {
                 return None;
             }
-            let kernel = pick1(
-                "rms_norm_mul",
-                w.dtype,
-                [
-                    k::RMS_NORM_MUL_F32_F32,
-                    k::RMS_NORM_MUL_F32_F16,
-                    k::RMS_NORM_MUL_F32_BF16,
-                ],
-            );
+            let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype]);
             Some(kernel.and_then(|kernel| {
                 let args = NormMulArgs {
                     src: lw.t4(x),
@@ -174,7 +168,7 @@ fn fuse(
                 )])
             }))
         }
-        (Op::Silu, Op::Mul) => {
+        (Op::Unary(UnaryOp::Silu), Op::Binary(BinaryOp::Mul)) => {
             let (gate, up, y) = (&first.src[0], &second.src[1], &second.dst);
             if second.src[0].id != mid.id
                 || [gate, up, y].iter().any(|t| t.dtype != DType::F32)
@@ -193,7 +187,7 @@ fn fuse(
             let (grid, block) = elementwise_grid(y.ne);
             Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]))
         }
-        (Op::MulMat, Op::Add) => {
+        (Op::MulMat, Op::Binary(BinaryOp::Add)) => {
             let residual = residual_of(first, second, readers)?;
             let (w, v, y) = (&first.src[0], &first.src[1], &second.dst);
             if !(disjoint_or_same(y, residual) && disjoint(y, v) && disjoint(y, w)) {

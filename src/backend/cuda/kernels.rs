@@ -1,6 +1,9 @@
 //! The compiled kernels: the fatbins of `cuda/*.cu` embedded by build.rs, one constant per
 //! kernel in [`k`] (names parsed from the sources, so a misspelt kernel fails to compile),
-//! and [`KernelTable`], every module loaded into a context with a handle per kernel.
+//! kernel sets keyed by dtypes in [`by`] (`by::ADD.get([a, b])`: from the `_<dtype>`
+//! suffixes of the kernel names), [`unary`] / [`binary`] (each op variant's set, generated
+//! from the CUDA functors), and [`KernelTable`], every module loaded into a context with a
+//! handle per kernel.
 
 use std::ffi::CString;
 use std::sync::Arc;
@@ -9,6 +12,7 @@ use cudarc::driver::{result, sys, CudaContext};
 
 use super::device::driver_error;
 use crate::error::{Error, Result};
+use crate::graph::DType;
 
 /// One kernel of one module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -19,6 +23,30 @@ pub struct Kernel {
     pub module: usize,
     /// The `extern "C"` name.
     pub name: &'static str,
+}
+
+/// The kernels of one family (`<family>_<dtype>..` in the sources), keyed by the dtypes
+/// their names end in: how lowering picks a kernel for an op and its operands' dtypes.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSet<const N: usize> {
+    /// The family (the kernel names without their dtype suffixes).
+    pub name: &'static str,
+    /// Every kernel of the family with its dtypes.
+    pub entries: &'static [([DType; N], Kernel)],
+}
+
+impl<const N: usize> KernelSet<N> {
+    /// The kernel for these dtypes, or why there is none.
+    pub fn get(&self, key: [DType; N]) -> std::result::Result<Kernel, String> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, kernel)| *kernel)
+            .ok_or_else(|| {
+                let names: Vec<&str> = key.iter().map(|d| d.name()).collect();
+                format!("no {} kernel for dtypes {}", self.name, names.join(", "))
+            })
+    }
 }
 
 /// The fatbin of one `cuda/NAME.cu`.

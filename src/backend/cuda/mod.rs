@@ -6,8 +6,8 @@
 //!   backend's own work is enqueued (and stream capture sees only that).
 //! - Persistent buffers are one device allocation each; a loaded plan is one allocation
 //!   (arena, constants, scratch, see [`exec`]). Addresses never move, so every launch is
-//!   decided once, at [`Backend::load`] ([`lower`], [`mul_mat`]), and a run is a loop of
-//!   launches, or one graph launch.
+//!   decided once, at [`Backend::load`] ([`lower`]: one lowering file per op family, on
+//!   the machinery of [`lowering`]), and a run is a loop of launches, or one graph launch.
 //! - Runs: the first [`Backend::compute`] of a plan captures its launches into a CUDA
 //!   graph and launches it; later runs replay it. Inputs are copied into their fixed
 //!   arena places by [`Backend::set_input`] before the launch, in stream order.
@@ -28,9 +28,10 @@ pub mod bench;
 mod device;
 mod exec;
 mod fuse;
+mod gemm;
 pub mod kernels;
 mod lower;
-mod mul_mat;
+mod lowering;
 #[cfg(test)]
 mod tests;
 
@@ -42,12 +43,14 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use self::args::{FillRandomArgs, IndexError};
 use self::device::{driver_error, driver_error_text, Blas, DeviceMem};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
+use self::kernels::by;
 use self::kernels::{Kernel, KernelTable};
-use self::lower::{flat_grid, lower_step, pick1, DevOp, Lowering, REGION_ALIGN};
+use self::lower::lower_step;
+use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
-use crate::ops::Op;
+use crate::graph::{CopyOp, Op};
 
 /// The CUDA backend.
 pub struct CudaBackend {
@@ -472,7 +475,7 @@ impl Backend for CudaBackend {
         scale: f32,
     ) -> Result<()> {
         self.bind()?;
-        let kernel = pick1("fill_random", dtype, lower::FILL_RANDOM).map_err(|_| {
+        let kernel = by::FILL_RANDOM.get([dtype]).map_err(|_| {
             Error::plan(format!(
                 "cuda: fill_random needs a float dtype, got {dtype}"
             ))
@@ -584,7 +587,7 @@ impl Backend for CudaBackend {
             checks_indices: plan
                 .steps
                 .iter()
-                .any(|s| matches!(s.op, Op::GetRows | Op::SetRows)),
+                .any(|s| matches!(s.op, Op::GetRows | Op::Copy(CopyOp::SetRows))),
         };
         if index == self.execs.len() {
             self.execs.push(Some(exec));

@@ -14,8 +14,8 @@ use super::args::{
     CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
 };
 use super::fuse;
-use super::lower::{DevOp, Lowering, REGION_ALIGN};
-use super::mul_mat::Gemm;
+use super::gemm::Gemm;
+use super::lowering::{DevOp, Lowering, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendExt};
 use crate::graph::{DType, Graph, Loc, Plan, TensorId};
@@ -72,7 +72,7 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
 }
 
 /// The argument struct of a launch.
-fn args<T: Copy>(op: &super::lower::Launch) -> T {
+fn args<T: Copy>(op: &super::lowering::Launch) -> T {
     // SAFETY: the caller names the struct of the kernel's family; ArgBytes holds a copy of
     // exactly such a struct, 8-byte aligned.
     unsafe { *(op.args.as_param() as *const T) }

@@ -1,4 +1,4 @@
-//! mul_mat dispatch, decided by layout when a plan is loaded (like ggml's CUDA backend).
+//! mul_mat lowering: the kernel or cuBLAS call, decided by layout when a plan is loaded (like ggml's CUDA backend).
 //! Notation: `a` [k, m, a2, a3], `b` [k, n, b2, b3], dst F32 [m, n, b2, b3] (dense),
 //! `out[i, j] = sum_l a[l, i] * b[l, j]`, `a` broadcast over `b` in dims 2 and 3.
 //!
@@ -21,125 +21,19 @@
 //!    BF16's 8-bit mantissa alone would make prefill far less precise than decode, whose
 //!    GEMV keeps them in f32; the split keeps about 16 bits.
 
-use cudarc::cublas::sys as blas_sys;
-
-use super::args::GemvArgs;
-use super::args::{SplitArgs, Tensor4};
-use super::device::Blas;
-use super::kernels::k;
-use super::lower::{copy_to, flat_grid, pick1, row_grid, DevOp, Lowering, REGION_ALIGN};
+use super::cpy::copy_to;
+use crate::backend::cuda::args::{
+    GemvArgs, SplitArgs, Tensor4, GEMV_WARPS, P021_ROWS, P021_THREADS,
+};
+use crate::backend::cuda::gemm::Gemm;
+use crate::backend::cuda::kernels::{by, k};
+use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering};
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
-/// Rows (one per warp) per block of mul_mat_vec_* (`GEMV_WARPS`).
-const GEMV_WARPS: usize = 4;
-/// Rows per warp of mul_mat_p021 (`P021_ROWS`).
-const P021_ROWS: usize = 4;
-/// Block of mul_mat_p021 (`P021_THREADS`).
-const P021_THREADS: usize = 128;
+/// Rows (one per warp) per block of mul_mat_vec_*.
+const GEMV_ROWS: usize = GEMV_WARPS as usize;
 /// Longest row the short-row kernel takes.
 const P021_MAX_K: usize = 256;
-
-/// A cuBLAS GEMM: C (m x n, column-major, F32) = op(A) op(B), batched over pointer arrays
-/// when `batch > 1`.
-pub(crate) struct Gemm {
-    pub transa: bool,
-    pub transb: bool,
-    pub m: i32,
-    pub n: i32,
-    pub k: i32,
-    /// Element type of A and B.
-    pub dtype: DType,
-    pub a: u64,
-    pub lda: i32,
-    pub b: u64,
-    pub ldb: i32,
-    pub c: u64,
-    pub ldc: i32,
-    pub batch: i32,
-    /// 0 to overwrite C, 1 to add the product to it.
-    pub beta: f32,
-    /// Device address of `batch` A pointers, then `batch` B pointers, then `batch` C
-    /// pointers (used when `batch > 1`).
-    pub ptrs: u64,
-}
-
-impl Gemm {
-    /// Enqueues the GEMM on the handle's stream.
-    pub fn run(&self, blas: &Blas) -> Result<(), String> {
-        use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        use blas_sys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
-        let dt = match self.dtype {
-            DType::F32 => CUDA_R_32F,
-            DType::F16 => CUDA_R_16F,
-            DType::BF16 => CUDA_R_16BF,
-            DType::I32 => return Err("GEMM of I32 operands".into()),
-        };
-        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
-        let (alpha, beta) = (1f32, self.beta);
-        let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
-        let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
-        let status = if self.batch == 1 {
-            // SAFETY: a, b, c are device addresses inside the plan's arena, scratch or
-            // buffers, with extents checked when the plan was lowered (ld >= rows, the
-            // operands' byte spans inside their memory); alpha and beta are host scalars
-            // read during the call (pointer mode host).
-            unsafe {
-                blas_sys::cublasGemmEx(
-                    blas.handle(),
-                    op(self.transa),
-                    op(self.transb),
-                    self.m,
-                    self.n,
-                    self.k,
-                    (&alpha as *const f32).cast(),
-                    self.a as *const std::ffi::c_void,
-                    dt,
-                    self.lda,
-                    self.b as *const std::ffi::c_void,
-                    dt,
-                    self.ldb,
-                    (&beta as *const f32).cast(),
-                    self.c as *mut std::ffi::c_void,
-                    CUDA_R_32F,
-                    self.ldc,
-                    compute,
-                    algo,
-                )
-            }
-        } else {
-            let n = self.batch as u64;
-            // SAFETY: as above; `ptrs` holds 3 * batch device pointers uploaded at load,
-            // each naming one matrix inside the plan's memory.
-            unsafe {
-                blas_sys::cublasGemmBatchedEx(
-                    blas.handle(),
-                    op(self.transa),
-                    op(self.transb),
-                    self.m,
-                    self.n,
-                    self.k,
-                    (&alpha as *const f32).cast(),
-                    self.ptrs as *const *const std::ffi::c_void,
-                    dt,
-                    self.lda,
-                    (self.ptrs + 8 * n) as *const *const std::ffi::c_void,
-                    dt,
-                    self.ldb,
-                    (&beta as *const f32).cast(),
-                    (self.ptrs + 16 * n) as *const *mut std::ffi::c_void,
-                    CUDA_R_32F,
-                    self.ldc,
-                    self.batch,
-                    compute,
-                    algo,
-                )
-            }
-        };
-        status
-            .result()
-            .map_err(|e| format!("cuBLAS GEMM failed: {:?}", e.0))
-    }
-}
 
 fn to_i32(what: &str, v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("mul_mat: {what} {v} exceeds cuBLAS's 32-bit sizes"))
@@ -176,8 +70,8 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
                 vec: i64::from(a_addr % 8 == 0 && strides_ok && b_ok),
                 ..channel_args(a, b, dst, lw)
             };
-            let warps = m.div_ceil(P021_ROWS) * b2;
-            let blocks = warps.div_ceil(P021_THREADS / 32);
+            let warps = m.div_ceil(P021_ROWS as usize) * b2;
+            let blocks = warps.div_ceil(P021_THREADS as usize / 32);
             return Ok(vec![DevOp::kernel(
                 k::MUL_MAT_P021_F16_F32,
                 row_grid(blocks)?,
@@ -226,11 +120,7 @@ pub(crate) fn gemv(
     {
         return None;
     }
-    let kernel = match pick1(
-        "mul_mat_vec",
-        a.dtype,
-        [k::MUL_MAT_VEC_F32, k::MUL_MAT_VEC_F16, k::MUL_MAT_VEC_BF16],
-    ) {
+    let kernel = match by::MUL_MAT_VEC.get([a.dtype]) {
         Ok(kernel) => kernel,
         Err(e) => return Some(Err(e)),
     };
@@ -253,8 +143,8 @@ pub(crate) fn gemv(
         prefetch: i64::from(lw.read_only(a)),
     };
     Some(
-        row_grid(m.div_ceil(GEMV_WARPS))
-            .map(|grid| DevOp::kernel(kernel, grid, ((GEMV_WARPS * 32) as u32, 1, 1), &args)),
+        row_grid(m.div_ceil(GEMV_ROWS))
+            .map(|grid| DevOp::kernel(kernel, grid, ((GEMV_ROWS * 32) as u32, 1, 1), &args)),
     )
 }
 
@@ -303,11 +193,11 @@ fn gemv_channels(
         prefetch: i64::from(lw.read_only(a)),
         ..channel_args(a, b, dst, lw)
     };
-    Some(row_grid(m.div_ceil(GEMV_WARPS)).map(|(gx, _, _)| {
+    Some(row_grid(m.div_ceil(GEMV_ROWS)).map(|(gx, _, _)| {
         DevOp::kernel(
             k::MUL_MAT_VEC_NC_F16_F32,
             (gx, b2 as u32, 1),
-            ((GEMV_WARPS * 32) as u32, 1, 1),
+            ((GEMV_ROWS * 32) as u32, 1, 1),
             &args,
         )
     }))
@@ -378,14 +268,6 @@ fn padded(x: &Operand, dtype: DType) -> Operand {
     }
 }
 
-/// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
-fn reserve(lw: &mut Lowering, offset: &mut usize, bytes: usize) -> u64 {
-    let addr = lw.scratch_base + *offset as u64;
-    *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
-    lw.scratch_need = lw.scratch_need.max(*offset);
-    addr
-}
-
 /// A copy of `x` converted to `dtype` in scratch with 16-byte rows ([`padded`]).
 fn scratch_copy(
     lw: &mut Lowering,
@@ -395,7 +277,7 @@ fn scratch_copy(
     ops: &mut Vec<DevOp>,
 ) -> Result<(u64, Operand), String> {
     let dense = padded(x, dtype);
-    let addr = reserve(lw, offset, dense.nbytes());
+    let addr = lw.reserve_scratch(offset, dense.nbytes());
     ops.push(copy_to(lw, x, &dense, addr)?);
     Ok((addr, dense))
 }
@@ -408,11 +290,7 @@ fn split_to(
     addr: u64,
     lo: u64,
 ) -> Result<DevOp, String> {
-    let kernel = match x.dtype {
-        DType::F32 => k::SPLIT_F32_BF16,
-        DType::F16 => k::SPLIT_F16_BF16,
-        other => return Err(format!("mul_mat: no BF16 split of {other}")),
-    };
+    let kernel = by::SPLIT.get([x.dtype, DType::BF16])?;
     let n = x.nelements();
     let args = SplitArgs {
         src: lw.t4(x),
@@ -442,7 +320,7 @@ fn lower_gemm(
     let bop = if split {
         let dense = padded(b, dtype);
         lo_shift = dense.nbytes().next_multiple_of(16) as u64;
-        let addr = reserve(lw, &mut offset, 2 * lo_shift as usize);
+        let addr = lw.reserve_scratch(&mut offset, 2 * lo_shift as usize);
         ops.push(split_to(lw, b, &dense, addr, lo_shift)?);
         describe(&dense, addr, false).expect("a padded copy is describable")
     } else {

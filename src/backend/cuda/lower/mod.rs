@@ -1,0 +1,42 @@
+//! Lowering per op family: one file per family, mirroring `src/ops/<family>.rs` and
+//! `cuda/<family>.cu`, each turning a step of its family into [`DevOp`]s with the shared
+//! machinery of [`super::lowering`]. [`lower_step`] dispatches on the op with no catch-all
+//! arm; each family answers, with a reason, for any dtype or layout its kernels do not
+//! handle, which is also how the backend answers
+//! [`Backend::supports`](crate::backend::Backend::supports).
+
+pub(crate) mod argmax;
+pub(crate) mod binary;
+pub(crate) mod cpy;
+pub(crate) mod get_rows;
+pub(crate) mod mul_mat;
+pub(crate) mod norm;
+pub(crate) mod rope;
+pub(crate) mod softmax;
+pub(crate) mod unary;
+
+use super::lowering::{check_aligned, DevOp, Lowering};
+use crate::graph::{CopyOp, Op, Step};
+
+/// Lowers one step, or says why the CUDA backend cannot run it.
+pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let (dst, src) = (&step.dst, &step.src[..]);
+    check_aligned("the result", dst, lw.addr(dst))?;
+    for (i, s) in src.iter().enumerate() {
+        check_aligned(&format!("source {i}"), s, lw.addr(s))?;
+    }
+    match step.op {
+        Op::Leaf | Op::View(_) => Ok(Vec::new()),
+        Op::GetRows => get_rows::lower(src, dst, lw),
+        Op::Unary(op) => unary::lower(op, src, dst, lw),
+        Op::Scale { s } => unary::lower_scale(s, src, dst, lw),
+        Op::Binary(op) => binary::lower(op, src, dst, lw),
+        Op::Norm(op) => norm::lower(op, src, dst, lw),
+        Op::MulMat => mul_mat::lower(step, lw),
+        Op::Rope(ref p) => rope::lower(p, src, dst, lw),
+        Op::Copy(CopyOp::Cpy | CopyOp::Cont) => Ok(vec![cpy::copy(lw, &src[0], dst)?]),
+        Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
+        Op::Mask(op) => softmax::lower(op, src, dst, lw),
+        Op::Argmax => argmax::lower(src, dst, lw),
+    }
+}

@@ -1,0 +1,198 @@
+//! The lowering machinery shared by every op family: a plan [`Step`](crate::graph::Step)
+//! becomes the list of device operations ([`DevOp`]) that computes it, with every kernel,
+//! grid, block and argument (device addresses included) decided when the plan is loaded,
+//! so a run is a plain loop of launches.
+//!
+//! This file holds what the family files in [`super::lower`] share: the [`Lowering`]
+//! context (addresses, constant and scratch regions), launch shapes with the grid limits
+//! as named constants, and the alignment rule of each dtype. It imports no family file.
+
+use super::args::{ArgBytes, KernelArgs, Tensor4};
+use super::gemm::Gemm;
+use super::kernels::Kernel;
+use crate::graph::{BufferId, DType, Loc, Operand};
+
+/// One device operation of a lowered step.
+pub(crate) enum DevOp {
+    /// A kernel launch.
+    Kernel(Launch),
+    /// A cuBLAS GEMM.
+    Gemm(Gemm),
+}
+
+/// A kernel with its launch configuration and argument struct.
+pub(crate) struct Launch {
+    pub kernel: Kernel,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub args: ArgBytes,
+}
+
+impl DevOp {
+    /// A launch of `kernel` with argument struct `args`.
+    pub fn kernel<T: KernelArgs>(
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &T,
+    ) -> DevOp {
+        DevOp::Kernel(Launch {
+            kernel,
+            grid,
+            block,
+            args: ArgBytes::new(args),
+        })
+    }
+}
+
+/// What lowering needs to know about memory, and what it collects.
+pub(crate) struct Lowering<'a> {
+    /// Device address of a plan location (arena or buffer).
+    pub resolve: &'a dyn Fn(Loc) -> u64,
+    /// Device address of the plan's constant region.
+    pub consts_base: u64,
+    /// The constant region's contents, appended to by lowering (rope tables, GEMM
+    /// pointer arrays), uploaded once at load.
+    pub consts: Vec<u8>,
+    /// Device address of the plan's scratch region.
+    pub scratch_base: u64,
+    /// Bytes of scratch the steps lowered so far need (each step starts at offset 0: the
+    /// steps run one after another on one stream).
+    pub scratch_need: usize,
+    /// Device address of the index-error record.
+    pub err: u64,
+    /// Tag identifying the step being lowered in the index-error record.
+    pub tag: i64,
+    /// Buffers some step of the plan writes (the others are read-only while it runs).
+    pub written: Vec<BufferId>,
+}
+
+/// Alignment of every block in the constant and scratch regions.
+pub(crate) const REGION_ALIGN: usize = 256;
+/// Most blocks on grid.x.
+pub(crate) const MAX_GRID_X: usize = i32::MAX as usize;
+/// Most blocks on grid.y and grid.z.
+pub(crate) const MAX_GRID_YZ: usize = 65535;
+/// Most threads of a block.
+pub(crate) const MAX_BLOCK: usize = 1024;
+/// Threads of a warp.
+pub(crate) const WARP: usize = 32;
+
+impl Lowering<'_> {
+    /// The device address of `op`'s first element.
+    pub fn addr(&self, op: &Operand) -> u64 {
+        (self.resolve)(op.loc)
+    }
+
+    /// Whether `op` lives in a buffer no step of the plan writes (weights).
+    pub fn read_only(&self, op: &Operand) -> bool {
+        matches!(op.loc, Loc::Buffer(b, _) if !self.written.contains(&b))
+    }
+
+    /// `op` as a kernel tensor argument.
+    pub fn t4(&self, op: &Operand) -> Tensor4 {
+        Tensor4::new(self.addr(op), op)
+    }
+
+    /// Appends plain data to the constant region; returns its device address.
+    pub fn push_consts(&mut self, bytes: &[u8]) -> u64 {
+        let off = self.consts.len().next_multiple_of(REGION_ALIGN);
+        self.consts.resize(off, 0);
+        self.consts.extend_from_slice(bytes);
+        self.consts_base + off as u64
+    }
+
+    /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
+    pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
+        let addr = self.scratch_base + *offset as u64;
+        *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
+        self.scratch_need = self.scratch_need.max(*offset);
+        addr
+    }
+}
+
+/// The alignment, in bytes, that the kernels need for an element (or block) of `dt`: its
+/// widest scalar field.
+pub(crate) const fn elem_align(dt: DType) -> usize {
+    match dt {
+        DType::F32 | DType::I32 => 4,
+        DType::F16 | DType::BF16 => 2,
+    }
+}
+
+/// Checks that every element of `op` at `addr` is aligned as [`elem_align`] says.
+pub(crate) fn check_aligned(what: &str, op: &Operand, addr: u64) -> Result<(), String> {
+    let a = elem_align(op.dtype);
+    let strides_ok = (0..4).all(|i| op.ne[i] == 1 || op.nb[i] % a == 0);
+    if addr % a as u64 != 0 || !strides_ok {
+        return Err(format!(
+            "{what} (offset or strides {:?}) is not aligned to {a} bytes for its {} elements",
+            op.nb, op.dtype
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `a` and `b` have one dtype.
+pub(crate) fn same_dtype(what: &str, a: &Operand, b: &Operand) -> Result<(), String> {
+    if a.dtype != b.dtype {
+        return Err(format!(
+            "{what}: result dtype {} differs from source dtype {}",
+            b.dtype, a.dtype
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `op` is I32 (ids, positions, argmax results).
+pub(crate) fn expect_i32(what: &str, op: &Operand) -> Result<(), String> {
+    if op.dtype != DType::I32 {
+        return Err(format!("{what} must be I32, got {}", op.dtype));
+    }
+    Ok(())
+}
+
+/// Grid for kernels with one block per row (`rows` blocks on grid.x).
+pub(crate) fn row_grid(rows: usize) -> Result<(u32, u32, u32), String> {
+    if rows > MAX_GRID_X {
+        return Err(format!("{rows} rows exceed the grid limit of {MAX_GRID_X}"));
+    }
+    Ok((rows as u32, 1, 1))
+}
+
+/// Block for a row reduction: one warp for rows up to 256 elements, more for longer rows
+/// (a decode step's soft_max has only one row per head: wide blocks keep it short).
+pub(crate) fn reduce_block(ne0: usize) -> (u32, u32, u32) {
+    let threads = if ne0 <= 256 {
+        WARP
+    } else if ne0 <= 2048 {
+        128
+    } else if ne0 <= 8192 {
+        256
+    } else {
+        MAX_BLOCK
+    };
+    (threads as u32, 1, 1)
+}
+
+/// Block for a per-row loop over `work` items: a multiple of 32, at most 256.
+pub(crate) fn loop_block(work: usize) -> (u32, u32, u32) {
+    ((work.next_multiple_of(WARP)).clamp(WARP, 256) as u32, 1, 1)
+}
+
+/// Grid and block of `for_each_element` kernels: dim 0 on grid.x * block.x, rows on
+/// grid.y (both strided in the kernel, so the sizes are capped).
+pub(crate) fn elementwise_grid(ne: [usize; 4]) -> ((u32, u32, u32), (u32, u32, u32)) {
+    let block = loop_block(ne[0]);
+    let gx = ne[0].div_ceil(block.0 as usize).min(1 << 16) as u32;
+    let rows = ne[1] * ne[2] * ne[3];
+    ((gx, rows.min(MAX_GRID_YZ) as u32, 1), block)
+}
+
+/// Grid and block of flat grid-stride loops over `n` elements.
+pub(crate) fn flat_grid(n: usize) -> ((u32, u32, u32), (u32, u32, u32)) {
+    (
+        (n.div_ceil(256).clamp(1, MAX_GRID_YZ) as u32, 1, 1),
+        (256, 1, 1),
+    )
+}
