@@ -12,6 +12,8 @@
 //! - [`backend`]: CPU and CUDA executors;
 //! - [`models`]: model graphs (Llama) defined with the public API only.
 
+#![deny(clippy::wildcard_enum_match_arm)]
+
 pub mod backend;
 pub mod error;
 pub mod graph;

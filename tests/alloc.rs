@@ -10,15 +10,18 @@
 //! wrong reuse shows up as a wrong value, and bytes outside every tensor must keep the
 //! poison.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 
+use common::oracle::unary_ref;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::{Backend, BackendExt};
 use graft::graph::alloc::ALIGN;
 use graft::graph::{
     AllocKind, BufferRef, DType, Flags, Graph, Loc, Operand, Plan, PlanOptions, TensorId,
 };
-use graft::ops::{RopeMode, RopeParams};
+use graft::ops::{RopeMode, RopeParams, UnaryOp};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -71,8 +74,7 @@ fn byte_offset(nb: [usize; 4], i: [usize; 4]) -> usize {
 #[derive(Clone, Copy, Debug)]
 enum Unary {
     Scale(f32),
-    Silu,
-    Gelu,
+    Op(UnaryOp),
 }
 
 /// A graph, the CPU backend holding its weight and state buffers, and the values every
@@ -217,17 +219,14 @@ impl Rig {
     fn unary(&mut self, a: TensorId, op: Unary) -> TensorId {
         let id = match op {
             Unary::Scale(s) => self.g.scale(a, s),
-            Unary::Silu => self.g.silu(a),
-            Unary::Gelu => self.g.gelu(a),
+            Unary::Op(op) => self.g.unary(op, a),
         }
         .unwrap();
-        let c = (2.0 / std::f64::consts::PI).sqrt();
         let v = self.vals[&a]
             .iter()
             .map(|&x| match op {
                 Unary::Scale(s) => x * f64::from(s),
-                Unary::Silu => x / (1.0 + (-x).exp()),
-                Unary::Gelu => 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()),
+                Unary::Op(op) => unary_ref(op, x),
             })
             .collect();
         self.base(id, v)
@@ -998,13 +997,17 @@ impl Rig {
                 self.tame(r)
             }
             5 => {
-                let r = self.unary(a, Unary::Silu);
+                let r = self.unary(a, Unary::Op(UnaryOp::Silu));
                 self.tame(r)
             }
             6 => {
                 // GELU's tanh form loses f32 precision below about -4 (1 + tanh cancels).
                 let min = self.vals[&a].iter().fold(0f64, |m, &x| m.min(x));
-                let op = if min < -4.0 { Unary::Silu } else { Unary::Gelu };
+                let op = if min < -4.0 {
+                    Unary::Op(UnaryOp::Silu)
+                } else {
+                    Unary::Op(UnaryOp::Gelu)
+                };
                 let r = self.unary(a, op);
                 self.tame(r)
             }
@@ -1042,7 +1045,7 @@ impl Rig {
                 };
                 self.rope(a, pos, n_dims, mode)
             }
-            9 => self.unary(a, Unary::Silu),
+            9 => self.unary(a, Unary::Op(UnaryOp::Silu)),
             10 | 11 => {
                 // x [k, n, x2, x3]; w [k, m, w2 | x2, w3 | x3]; w^T x -> [m, n, x2, x3].
                 let cands: Vec<TensorId> = pool
@@ -1277,9 +1280,9 @@ fn elementwise_chain_runs_in_place() {
     let bias = r.input(&[8]);
     let pos = r.ids(&[3], 32);
     let a = r.cont(x);
-    let b = r.unary(a, Unary::Silu);
+    let b = r.unary(a, Unary::Op(UnaryOp::Silu));
     let c = r.unary(b, Unary::Scale(1.5));
-    let d = r.unary(c, Unary::Gelu);
+    let d = r.unary(c, Unary::Op(UnaryOp::Gelu));
     let e = r.binary(d, bias, false);
     let f = r.binary(e, x, true);
     let h = r.rms_norm(f, 1e-5);
@@ -1304,7 +1307,7 @@ fn no_in_place_while_the_source_has_another_consumer() {
     let mut r = Rig::new(8);
     let x = r.input(&[16, 4]);
     let a = r.cont(x);
-    let b = r.unary(a, Unary::Silu); // a is still read by c: own block
+    let b = r.unary(a, Unary::Op(UnaryOp::Silu)); // a is still read by c: own block
     let c = r.unary(a, Unary::Scale(2.0)); // the last reader of a may take it over
     let out = r.binary(b, c, false);
     let plan = plan_check_run(&mut r, &[out], 0).unwrap();
@@ -1326,7 +1329,7 @@ fn no_in_place_while_the_source_has_a_live_view() {
     let a = r.cont(x);
     let nb1 = r.g.tensor(a).nb[1];
     let v = r.view(a, [8, 4, 1, 1], [4, nb1, nb1 * 4, nb1 * 4], 16); // columns 4..12
-    let b = r.unary(a, Unary::Silu);
+    let b = r.unary(a, Unary::Op(UnaryOp::Silu));
     let out = r.binary(b, v, false); // v read after b
     let plan = plan_check_run(&mut r, &[out], 0).unwrap();
     assert_eq!(kind(&plan, v), AllocKind::View(a));
@@ -1340,7 +1343,7 @@ fn no_in_place_while_the_source_has_a_live_view() {
     let x = r.input(&[8, 8]);
     let a = r.cont(x);
     let v = r.transpose(a);
-    let b = r.unary(a, Unary::Silu);
+    let b = r.unary(a, Unary::Op(UnaryOp::Silu));
     let out = r.binary(v, b, false); // reads the view after b
     let plan = plan_check_run(&mut r, &[out], 0).unwrap();
     let at = |id| plan.forward.order.iter().position(|&i| i == id).unwrap();
@@ -1353,7 +1356,7 @@ fn no_in_place_while_the_source_has_a_live_view() {
     let a = r.cont(x);
     let t = r.transpose(a);
     let w = r.cont(t); // the view's only reader, before b
-    let b = r.unary(a, Unary::Gelu);
+    let b = r.unary(a, Unary::Op(UnaryOp::Gelu));
     let wt = r.transpose(w);
     let out = r.binary(b, wt, false);
     let plan = plan_check_run(&mut r, &[w, out], 0).unwrap();
@@ -1370,12 +1373,12 @@ fn no_in_place_over_inputs_outputs_weights_or_state() {
     let s = r.external(&[8, 3], true);
     let a = r.cont(x);
     r.g.set_output(a).unwrap();
-    let ux = r.unary(x, Unary::Silu);
-    let uw = r.unary(w, Unary::Silu);
-    let us = r.unary(s, Unary::Silu);
-    let ua = r.unary(a, Unary::Silu);
+    let ux = r.unary(x, Unary::Op(UnaryOp::Silu));
+    let uw = r.unary(w, Unary::Op(UnaryOp::Silu));
+    let us = r.unary(s, Unary::Op(UnaryOp::Silu));
+    let ua = r.unary(a, Unary::Op(UnaryOp::Silu));
     let b = r.cont(x);
-    let ub = r.unary(b, Unary::Gelu); // b is a listed output
+    let ub = r.unary(b, Unary::Op(UnaryOp::Gelu)); // b is a listed output
     let sum = r.binary(ux, uw, false);
     let sum = r.binary(sum, us, false);
     let sum = r.binary(sum, ua, false);

@@ -15,10 +15,10 @@ mod common;
 use std::cell::{Cell, RefCell};
 use std::sync::Mutex;
 
-use common::case::OpCase;
 use common::strategies as st;
 use common::Case;
 use graft::backend::cpu::CpuBackend;
+use graft::graph::{BinaryOp, UnaryOp};
 use proptest::strategy::BoxedStrategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -83,29 +83,21 @@ fn prop_get_rows() {
     on_gpu("get_rows", st::get_rows(), 128);
 }
 
+/// Every [`BinaryOp`]: 128 cases per op.
 #[test]
-fn prop_add() {
-    on_gpu("add", st::binary(OpCase::Add), 128);
-}
-
-#[test]
-fn prop_mul() {
-    on_gpu("mul", st::binary(OpCase::Mul), 128);
+fn prop_binary() {
+    on_gpu("binary", st::binary(), 128 * BinaryOp::ALL.len() as u32);
 }
 
 #[test]
 fn prop_scale() {
-    on_gpu("scale", st::unary(OpCase::Scale(1.0)), 128);
+    on_gpu("scale", st::scale(), 128);
 }
 
+/// Every [`UnaryOp`]: 128 cases per op.
 #[test]
-fn prop_silu() {
-    on_gpu("silu", st::unary(OpCase::Silu), 128);
-}
-
-#[test]
-fn prop_gelu() {
-    on_gpu("gelu", st::unary(OpCase::Gelu), 128);
+fn prop_unary() {
+    on_gpu("unary", st::unary(), 128 * UnaryOp::ALL.len() as u32);
 }
 
 #[test]

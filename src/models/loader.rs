@@ -170,6 +170,7 @@ impl Checkpoint {
 }
 
 /// graft's dtype for a safetensors dtype, if supported for weights.
+#[allow(clippy::wildcard_enum_match_arm)] // safetensors' own dtype list: the rest is unsupported
 fn weight_dtype(d: Dtype) -> Option<DType> {
     match d {
         Dtype::F32 => Some(DType::F32),

@@ -108,7 +108,7 @@ impl HostTensor {
                     )
                 }
             }
-            dt => {
+            dt @ (DType::F32 | DType::F16 | DType::BF16 | DType::I32) => {
                 for (j, o) in out.iter_mut().enumerate() {
                     // SAFETY: element j of the row is inside the tensor.
                     *o = unsafe { load(base.add(j * nb0), dt) };

@@ -9,7 +9,7 @@ use std::fmt;
 
 use graft::backend::Backend;
 use graft::graph::{AllocKind, BufferId, BufferRef, DType, Graph, Plan, PlanOptions, TensorId};
-use graft::ops::RopeParams;
+use graft::ops::{BinaryOp, RopeParams, UnaryOp};
 use graft::{Error, Result};
 
 /// The values of a leaf, one per element in row-major order, exactly representable in the
@@ -80,11 +80,9 @@ pub struct Arg {
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpCase {
     GetRows,
-    Add,
-    Mul,
+    Binary(BinaryOp),
     Scale(f32),
-    Silu,
-    Gelu,
+    Unary(UnaryOp),
     RmsNorm(f32),
     Norm(f32),
     MulMat,
@@ -104,11 +102,9 @@ impl OpCase {
     pub fn name(&self) -> &'static str {
         match self {
             OpCase::GetRows => "get_rows",
-            OpCase::Add => "add",
-            OpCase::Mul => "mul",
+            OpCase::Binary(op) => op.name(),
             OpCase::Scale(_) => "scale",
-            OpCase::Silu => "silu",
-            OpCase::Gelu => "gelu",
+            OpCase::Unary(op) => op.name(),
             OpCase::RmsNorm(_) => "rms_norm",
             OpCase::Norm(_) => "norm",
             OpCase::MulMat => "mul_mat",
@@ -348,11 +344,9 @@ fn apply_steps(g: &mut Graph, mut t: TensorId, steps: &[ViewStep]) -> Result<Ten
 fn build_op(g: &mut Graph, op: &OpCase, a: &[TensorId]) -> Result<TensorId> {
     match *op {
         OpCase::GetRows => g.get_rows(a[0], a[1]),
-        OpCase::Add => g.add(a[0], a[1]),
-        OpCase::Mul => g.mul(a[0], a[1]),
+        OpCase::Binary(op) => g.binary(op, a[0], a[1]),
         OpCase::Scale(s) => g.scale(a[0], s),
-        OpCase::Silu => g.silu(a[0]),
-        OpCase::Gelu => g.gelu(a[0]),
+        OpCase::Unary(op) => g.unary(op, a[0]),
         OpCase::RmsNorm(eps) => g.rms_norm(a[0], eps),
         OpCase::Norm(eps) => g.norm(a[0], eps),
         OpCase::MulMat => g.mul_mat(a[0], a[1]),

@@ -5,7 +5,7 @@
 //! view chain on a byte layout (ne, nb, offset); every op is then a few plain loops.
 
 use graft::graph::DType;
-use graft::ops::{RopeMode, RopeParams};
+use graft::ops::{BinaryOp, RopeMode, RopeParams, UnaryOp};
 
 use super::case::{state_image, Case, Data, OpCase, Storage, ViewStep};
 
@@ -217,6 +217,26 @@ pub fn expected(case: &Case) -> Expected {
     }
 }
 
+/// The f64 definition of each [`UnaryOp`], written from the op's definition: the oracle's
+/// entry for an elementwise op (the strategies draw the ops from `UnaryOp::ALL`).
+pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Gelu => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+    }
+}
+
+/// The f64 definition of each [`BinaryOp`].
+pub fn binary_ref(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Mul => x * y,
+    }
+}
+
 /// The result of every op that produces a fresh tensor.
 fn compute(case: &Case, op: &OpCase) -> Vec<f64> {
     let (a, ne) = arg_values(case, 0);
@@ -232,7 +252,7 @@ fn compute(case: &Case, op: &OpCase) -> Vec<f64> {
             }
             out
         }
-        OpCase::Add | OpCase::Mul => {
+        OpCase::Binary(bop) => {
             let (b, nbe) = arg_values(case, 1);
             let mut out = Vec::with_capacity(a.len());
             for (i1, i2, i3) in rows(ne) {
@@ -240,17 +260,13 @@ fn compute(case: &Case, op: &OpCase) -> Vec<f64> {
                     let x = a[at(ne, [i0, i1, i2, i3])];
                     let bi = [i0 % nbe[0], i1 % nbe[1], i2 % nbe[2], i3 % nbe[3]];
                     let y = b[at(nbe, bi)];
-                    out.push(if *op == OpCase::Add { x + y } else { x * y });
+                    out.push(binary_ref(bop, x, y));
                 }
             }
             out
         }
         OpCase::Scale(s) => map(&|x| x * s as f64),
-        OpCase::Silu => map(&|x| x / (1.0 + (-x).exp())),
-        OpCase::Gelu => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            map(&|x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()))
-        }
+        OpCase::Unary(uop) => map(&|x| unary_ref(uop, x)),
         OpCase::RmsNorm(eps) => per_row(&a, ne[0], |r| {
             let ms = r.iter().map(|x| x * x).sum::<f64>() / r.len() as f64;
             let k = 1.0 / (ms + eps as f64).sqrt();

@@ -4,7 +4,7 @@
 //! leaf, or a permuted window), the storage (input, weight, state) and the values.
 
 use graft::graph::DType;
-use graft::ops::{Llama3Scaling, RopeMode, RopeParams};
+use graft::ops::{BinaryOp, Llama3Scaling, RopeMode, RopeParams, UnaryOp};
 use proptest::prelude::*;
 use proptest::strategy::BoxedStrategy;
 use rand::rngs::StdRng;
@@ -346,11 +346,9 @@ impl Gen {
     pub fn finish(mut self, op: OpCase, family: &'static str, read_back: bool) -> Case {
         let inplace = matches!(
             op,
-            OpCase::Add
-                | OpCase::Mul
+            OpCase::Binary(_)
                 | OpCase::Scale(_)
-                | OpCase::Silu
-                | OpCase::Gelu
+                | OpCase::Unary(_)
                 | OpCase::RmsNorm(_)
                 | OpCase::Norm(_)
                 | OpCase::Rope(_)
@@ -512,15 +510,17 @@ pub fn index_out_of_range(set_rows: bool) -> BoxedStrategy<Case> {
         .boxed()
 }
 
-/// add or mul: `b` broadcast over `a` with a random divisor per dim, any dtypes/layouts.
-pub fn binary(op: OpCase) -> BoxedStrategy<Case> {
+/// A [`BinaryOp`] (drawn from `BinaryOp::ALL`): `b` broadcast over `a` with a random
+/// divisor per dim, any dtypes/layouts.
+pub fn binary() -> BoxedStrategy<Case> {
     (
+        prop::sample::select(BinaryOp::ALL),
         shape([70, 24, 6, 3], 3000),
         float_dtype(),
         float_dtype(),
         any::<u64>(),
     )
-        .prop_map(move |(ne, da, db, seed)| {
+        .prop_map(move |(op, ne, da, db, seed)| {
             let mut g = Gen::new(seed);
             let nb = ne.map(|d| g.divisor(d));
             g.float_arg(
@@ -539,20 +539,30 @@ pub fn binary(op: OpCase) -> BoxedStrategy<Case> {
                 Shape::Any,
                 Mem::WeightSometimes(0.1),
             );
-            g.finish(op.clone(), "general", false)
+            g.finish(OpCase::Binary(op), "general", false)
         })
         .boxed()
 }
 
-/// scale, silu or gelu (`op` names which; scale gets a random factor).
-pub fn unary(op: OpCase) -> BoxedStrategy<Case> {
-    (
-        shape([70, 24, 6, 3], 4000),
-        float_dtype(),
-        -3.0f32..3.0,
-        any::<u64>(),
-    )
-        .prop_map(move |(ne, dt, s, seed)| {
+/// A case of one of the [`UnaryOp`]s (drawn from `UnaryOp::ALL`, so a new op is covered
+/// once the oracle knows it).
+pub fn unary() -> BoxedStrategy<Case> {
+    prop::sample::select(UnaryOp::ALL)
+        .prop_flat_map(|op| elementwise(OpCase::Unary(op)))
+        .boxed()
+}
+
+/// A case of scale by a drawn factor.
+pub fn scale() -> BoxedStrategy<Case> {
+    (-3.0f32..3.0)
+        .prop_flat_map(|s| elementwise(OpCase::Scale(s)))
+        .boxed()
+}
+
+/// A case of the one-operand elementwise `op`.
+fn elementwise(op: OpCase) -> BoxedStrategy<Case> {
+    (shape([70, 24, 6, 3], 4000), float_dtype(), any::<u64>())
+        .prop_map(move |(ne, dt, seed)| {
             let mut g = Gen::new(seed);
             g.float_arg(
                 "a",
@@ -562,11 +572,7 @@ pub fn unary(op: OpCase) -> BoxedStrategy<Case> {
                 Shape::Any,
                 Mem::WeightSometimes(0.1),
             );
-            let op = match op {
-                OpCase::Scale(_) => OpCase::Scale(s),
-                ref o => o.clone(),
-            };
-            g.finish(op, "general", false)
+            g.finish(op.clone(), "general", false)
         })
         .boxed()
 }
@@ -1190,11 +1196,9 @@ pub fn argmax() -> BoxedStrategy<Case> {
 pub fn any_op() -> BoxedStrategy<Case> {
     prop_oneof![
         get_rows(),
-        binary(OpCase::Add),
-        binary(OpCase::Mul),
-        unary(OpCase::Scale(1.0)),
-        unary(OpCase::Silu),
-        unary(OpCase::Gelu),
+        binary(),
+        scale(),
+        unary(),
         norm(true),
         norm(false),
         mul_mat(),

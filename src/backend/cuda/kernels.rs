@@ -152,6 +152,7 @@ fn module_error(ctx: &CudaContext, module: &str, e: result::DriverError) -> Erro
         .compute_capability()
         .map(|(a, b)| format!("sm_{a}{b}"))
         .unwrap_or_else(|_| "unknown".into());
+    #[allow(clippy::wildcard_enum_match_arm)] // the driver's error list: others get no hint
     let hint = match e.0 {
         sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU | sys::CUresult::CUDA_ERROR_INVALID_IMAGE => {
             format!(

@@ -700,7 +700,7 @@ impl Backend for CudaBackend {
                     }
                 }
             }
-            _ => {
+            GraphState::Captured(_) | GraphState::Fresh | GraphState::Failed => {
                 launcher.run_all(e)?;
                 self.stats.eager_runs += 1;
             }
