@@ -34,6 +34,7 @@ use crate::ops::RopeParams;
 use super::config::Config;
 use super::kv_cache::{KvCache, KV_DTYPE};
 use super::loader;
+use super::output::{Logits, Output};
 use super::sampler::Sampler;
 use super::weights::{LayerLeaves, Leaves, Weights};
 
@@ -57,26 +58,6 @@ pub fn default_ctx(cfg: &Config) -> usize {
 /// multiple of [`DECODE_BUCKET`], at most `ctx`.
 pub fn decode_bucket(pos: usize, ctx: usize) -> usize {
     ((pos + 1).div_ceil(DECODE_BUCKET) * DECODE_BUCKET).min(ctx)
-}
-
-/// Which logits a forward pass reads back to the host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// None: only the argmax of the last position (greedy decoding).
-    None,
-    /// The last position's logits.
-    Last,
-    /// Every position's logits (prefill only).
-    All,
-}
-
-/// What a forward pass returns.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Output {
-    /// The argmax of the last position's logits, computed on the device.
-    pub argmax: u32,
-    /// The logits asked for, `vocab` values per position (empty for [`Logits::None`]).
-    pub logits: Vec<f32>,
 }
 
 /// One graph of the model with its named inputs and outputs.

@@ -6,6 +6,7 @@
 //! - [`loader`]: safetensors checkpoints (single file or sharded) into that buffer;
 //! - [`kv_cache`]: the F16 KV cache (V stored transposed);
 //! - [`llama`]: the prefill and decode graphs and the [`Llama`] inference API;
+//! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
 //! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny).
@@ -14,6 +15,7 @@ pub mod config;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod output;
 pub mod presets;
 pub mod sampler;
 pub mod tokenizer;
@@ -21,7 +23,8 @@ pub mod weights;
 
 pub use config::Config;
 pub use kv_cache::KvCache;
-pub use llama::{Generation, Llama, LoadOptions, Logits, Output, Stop};
+pub use llama::{Generation, Llama, LoadOptions, Stop};
+pub use output::{Logits, Output};
 pub use sampler::Sampler;
 pub use tokenizer::Tokenizer;
 pub use weights::Weights;
