@@ -20,6 +20,9 @@ struct Gelu : UnaryFunctor {
         return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
     }
 };
+struct Tanh : UnaryFunctor {
+    static __device__ __forceinline__ float apply(float x) { return tanhf(x); }
+};
 
 template <typename F, typename T>
 __device__ void unary(const UnaryArgs& p) {

@@ -55,6 +55,8 @@ op_family! {
         Silu = "silu",
         /// GELU with the tanh approximation (GPT-2).
         Gelu = "gelu",
+        /// The hyperbolic tangent (logit softcapping: `c * tanh(x / c)`).
+        Tanh = "tanh",
     }
 }
 

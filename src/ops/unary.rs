@@ -49,6 +49,7 @@ impl UnaryOp {
             UnaryOp::Gelu => {
                 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
             }
+            UnaryOp::Tanh => x.tanh(),
         }
     }
 }

@@ -226,6 +226,7 @@ pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
             let c = (2.0 / std::f64::consts::PI).sqrt();
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
         }
+        UnaryOp::Tanh => x.tanh(),
     }
 }
 
