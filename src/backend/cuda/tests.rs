@@ -690,3 +690,29 @@ fn f16_round_trip_of_the_interpreter() {
     unsafe { store(b.as_mut_ptr(), DType::F16, 0.1) };
     assert_eq!(f16::from_le_bytes(b), f16::from_f32(0.1));
 }
+
+/// Every elementwise op has a kernel per float dtype, named after the op (the functor of
+/// the same name was instantiated), and the dtype-keyed sets answer for each dtype.
+#[test]
+fn elementwise_kernel_sets_cover_every_op() {
+    use crate::graph::{BinaryOp, UnaryOp};
+    for &op in UnaryOp::ALL {
+        let set = super::kernels::unary(op);
+        assert_eq!(set.name, op.name());
+        for dt in DType::FLOATS {
+            assert_eq!(set.get([dt]).unwrap().name, format!("{}_{}", op.name(), dt));
+        }
+        assert!(set.get([DType::I32]).is_err());
+    }
+    for &op in BinaryOp::ALL {
+        let set = super::kernels::binary(op);
+        for a in DType::FLOATS {
+            for b in DType::FLOATS {
+                assert_eq!(
+                    set.get([a, b]).unwrap().name,
+                    format!("{}_{a}_{b}", op.name())
+                );
+            }
+        }
+    }
+}
