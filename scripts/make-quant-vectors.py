@@ -13,10 +13,22 @@ so a newer gguf that quantizes more types adds their vectors on the next run. Q8
 covered in the Rust test through Q8_0 (same `d` and quants; `s` is checked from its
 definition).
 
+gguf-py cannot quantize to Q8_1 or the K-quants, so with `--ggml-src DIR` (a ggml source
+folder: the one that has src/ggml-quants.c and include/) the script also compiles ggml's
+own `quantize_row_*_ref` from that folder with the system C compiler, in a temporary
+folder outside the repository and with `-ffp-contract=off` (no fused multiply-adds, the
+reference semantics; an FMA build of ggml can differ in the last bit of a search), and
+writes their bytes for Q8_1, Q4_K, Q5_K and Q6_K too; it first checks that ggml's bytes
+equal gguf-py's for the five types both quantize. The committed vectors were made with the
+ggml 0.25.3 sources vendored in the llama-cpp-python 0.3.36 sdist
+(`pip download llama-cpp-python==0.3.36 --no-deps --no-binary llama-cpp-python`, then
+`--ggml-src <unpacked>/vendor/llama.cpp/ggml`).
+
 Output, under tests/fixtures/quant/ (all little-endian):
 - quantize-inputs.f32: ROWS x COLS f32 rows (random normal at several scales, outliers,
   all-equal rows, zero blocks, tiny and f16-subnormal magnitudes, exact rounding ties);
-- <type>.quantized.bin: gguf's quantization of those rows, ROWS x row_bytes(COLS) bytes;
+- <type>.quantized.bin: gguf's quantization of those rows, ROWS x row_bytes(COLS) bytes
+  (ggml's C reference for the types gguf-py cannot quantize);
 - <type>.blocks.bin: random *valid* blocks of the type (random bytes, every f16 field set
   to a finite value of a sane magnitude);
 - <type>.dequantized.f32: gguf's dequantization of those blocks;
@@ -25,11 +37,15 @@ Output, under tests/fixtures/quant/ (all little-endian):
 
 Re-run from the repository root (deterministic: same bytes for the same gguf/numpy):
     pip install gguf numpy
-    python3 scripts/make-quant-vectors.py
+    python3 scripts/make-quant-vectors.py [--ggml-src DIR]
 """
 
+import argparse
+import ctypes
 import json
 import os
+import subprocess
+import tempfile
 from importlib.metadata import version
 
 import numpy as np
@@ -52,6 +68,10 @@ TYPES = [
     (T.Q5_K, 16),
     (T.Q6_K, 16),
 ]
+
+# (elements, bytes) per block. gguf-py's table still gives Q8_1 its old layout with f32
+# `d` and `s` (40 bytes); ggml's block_q8_1 has been two f16 (36 bytes) for long.
+SIZES = {**quants.GGML_QUANT_SIZES, T.Q8_1: (32, 36)}
 
 # Byte offsets of the f16 fields in each block, and whether the field may be negative.
 F16_FIELDS = {
@@ -114,7 +134,7 @@ def input_rows(rng):
 
 def random_blocks(rng, qtype, n):
     """n random valid blocks: random bytes, f16 fields finite with sane magnitudes."""
-    _, size = quants.GGML_QUANT_SIZES[qtype]
+    _, size = SIZES[qtype]
     blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
     for off, signed in F16_FIELDS[qtype]:
         v = np.exp(rng.uniform(np.log(1e-4), np.log(2.0), n))
@@ -133,18 +153,83 @@ def try_op(fn, *args):
         return None
 
 
+# Stand-ins for the few ggml.c functions that ggml-quants.c links against; the reference
+# row quantizers never call them.
+GGML_STUBS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+void ggml_abort(const char *file, int line, const char *fmt, ...) {
+    fprintf(stderr, "ggml_abort at %s:%d\n", file, line);
+    abort();
+}
+size_t ggml_row_size(int type, long long ne) { (void) type; (void) ne; abort(); }
+size_t ggml_type_size(int type) { (void) type; abort(); }
+const char *ggml_type_name(int type) { (void) type; return "?"; }
+"""
+
+# The reference quantizers this script calls, by type.
+GGML_REF = {
+    T.Q4_0: "quantize_row_q4_0_ref",
+    T.Q4_1: "quantize_row_q4_1_ref",
+    T.Q5_0: "quantize_row_q5_0_ref",
+    T.Q5_1: "quantize_row_q5_1_ref",
+    T.Q8_0: "quantize_row_q8_0_ref",
+    T.Q8_1: "quantize_row_q8_1_ref",
+    T.Q4_K: "quantize_row_q4_K_ref",
+    T.Q5_K: "quantize_row_q5_K_ref",
+    T.Q6_K: "quantize_row_q6_K_ref",
+}
+
+
+def build_ggml_ref(src, tmp):
+    """Compiles src/ggml-quants.c of the ggml folder `src` into a shared library."""
+    stubs = os.path.join(tmp, "stubs.c")
+    with open(stubs, "w") as f:
+        f.write(GGML_STUBS)
+    lib = os.path.join(tmp, "libggml-quants-ref.so")
+    inc = [f"-I{os.path.join(src, d)}" for d in ("include", "src", os.path.join("src", "ggml-cpu"))]
+    cmd = ["cc", "-O2", "-ffp-contract=off", "-fPIC", "-shared", *inc,
+           os.path.join(src, "src", "ggml-quants.c"), stubs, "-o", lib, "-lm"]
+    subprocess.run(cmd, check=True)
+    return ctypes.CDLL(lib)
+
+
+def ggml_quantize(lib, qtype, x):
+    """ggml's reference quantization of the rows of x."""
+    block, size = SIZES[qtype]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(x.size // block * size, dtype=np.uint8)
+    fn = getattr(lib, GGML_REF[qtype])
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    fn(x.ctypes.data, out.ctypes.data, x.size)
+    return out.reshape(x.shape[0], -1)
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ggml-src", help="a ggml source folder, for the types gguf-py cannot quantize")
+    args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(SEED)
     x = input_rows(rng)
     x.astype("<f4").tofile(os.path.join(OUT, "quantize-inputs.f32"))
-    quantized, dequantized = [], []
+    tmp = tempfile.TemporaryDirectory()
+    lib = build_ggml_ref(args.ggml_src, tmp.name) if args.ggml_src else None
+    quantized, quantized_ggml, dequantized = [], [], []
     for qtype, n_blocks in TYPES:
         name = qtype.name.lower()
         q = try_op(quants.quantize, x, qtype)
+        ref = ggml_quantize(lib, qtype, x) if lib is not None else None
+        if q is not None and ref is not None and not np.array_equal(q, ref):
+            raise SystemExit(f"{name}: gguf-py and ggml's reference disagree")
+        if q is not None:
+            quantized.append(name)
+        elif ref is not None:
+            q = ref
+            quantized_ggml.append(name)
         if q is not None:
             q.astype(np.uint8).tofile(os.path.join(OUT, f"{name}.quantized.bin"))
-            quantized.append(name)
         blocks = random_blocks(rng, qtype, n_blocks)
         y = try_op(quants.dequantize, blocks, qtype)
         if y is not None:
@@ -159,6 +244,8 @@ def main():
         "rows": ROWS,
         "cols": COLS,
         "quantized": quantized,
+        "quantized_by_ggml_ref": quantized_ggml,
+        "ggml_ref_flags": "-O2 -ffp-contract=off" if lib is not None else None,
         "dequantized": dequantized,
     }
     with open(os.path.join(OUT, "manifest.json"), "w") as f:

@@ -189,17 +189,7 @@ impl QType {
     /// Bytes of a row of `n` elements, or an error when `n` is not a multiple of the
     /// block size.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
-        if n % self.block_size() != 0 {
-            return Err(Error::shape(
-                "quant",
-                format!(
-                    "{}: a row of {n} elements is not a multiple of the block size {}",
-                    self.name(),
-                    self.block_size()
-                ),
-            ));
-        }
-        Ok(n / self.block_size() * self.block_bytes())
+        row_bytes_for("row_bytes", self, n)
     }
 }
 
@@ -209,12 +199,24 @@ impl std::fmt::Display for QType {
     }
 }
 
+/// [`QType::row_bytes`], with `op` naming the caller in the error.
+fn row_bytes_for(op: &'static str, q: QType, n: usize) -> Result<usize> {
+    if n % q.block_size() != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{}: a row of {n} elements is not a multiple of the block size {}",
+                q.name(),
+                q.block_size()
+            ),
+        ));
+    }
+    Ok(n / q.block_size() * q.block_bytes())
+}
+
 /// Checks that `n` elements fill whole blocks of `q` and that `bytes` is their size.
 fn check_row(op: &'static str, q: QType, n: usize, bytes: usize) -> Result<()> {
-    let want = q.row_bytes(n).map_err(|e| match e {
-        Error::Shape { msg, .. } => Error::shape(op, msg),
-        other => other,
-    })?;
+    let want = row_bytes_for(op, q, n)?;
     if bytes != want {
         return Err(Error::shape(
             op,
