@@ -24,7 +24,7 @@
 //! [`vec_dot_f32`] is the dequantize-in-registers path: each block is dequantized exactly
 //! as [`super::dequantize_row`] does and dotted with the f32 activations.
 
-use super::kquants::{scale_min_k4, unpack_q4_k, unpack_q5_k, unpack_q6_k, QK_K};
+use super::kquants::{scale_min_k4, unpack_q6_k};
 use super::legacy::{unpack_5bit, unpack_nibbles};
 use super::{as_array, as_array_mut, legacy, read_f16, QType};
 
@@ -52,10 +52,8 @@ pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
         QType::Q5_1 => sum_blocks::<24, 36>(w, a, dot_q5_1),
         QType::Q8_0 => sum_blocks::<34, 36>(w, a, |w, a| dot_q8(read_f16(w, 0), &w[2..], a)),
         QType::Q8_1 => sum_blocks::<36, 36>(w, a, |w, a| dot_q8(read_f16(w, 0), &w[4..], a)),
-        QType::Q4_K => sum_blocks::<144, 288>(w, a, |w, a| dot_k4(w, &unpack_q4_k(&w[16..]), a)),
-        QType::Q5_K => sum_blocks::<176, 288>(w, a, |w, a| {
-            dot_k4(w, &unpack_q5_k(&w[16..48], &w[48..]), a)
-        }),
+        QType::Q4_K => sum_blocks::<144, 288>(w, a, |w, a| dot_k4::<false>(w, &w[16..], a)),
+        QType::Q5_K => sum_blocks::<176, 288>(w, a, |w, a| dot_k4::<true>(w, &w[48..], a)),
         QType::Q6_K => sum_blocks::<210, 288>(w, a, dot_q6_k),
     }
 }
@@ -97,41 +95,61 @@ fn sum_blocks<const W: usize, const A: usize>(
         .fold(0.0f32, |acc, (w, a)| acc + f(as_array(w), as_array(a)))
 }
 
-/// Dequantizes each block of `w` with `deq` and dots it with its slice of `x`.
+/// Dequantizes each block of `w` with `deq` and dots it with its slice of `x`, in
+/// [`LANES`] independent f32 sums kept across the whole row (so that the loop
+/// vectorizes), added up at the end.
 #[inline(always)]
 fn f32_blocks<const W: usize, const N: usize>(
     w: &[u8],
     x: &[f32],
-    deq: fn(&[u8; W], &mut [f32; N]),
+    deq: impl Fn(&[u8; W], &mut [f32; N]),
 ) -> f32 {
     let mut buf = [0.0f32; N];
-    let mut total = 0.0f32;
+    let mut acc = [0.0f32; LANES];
     for (wb, xb) in w.chunks_exact(W).zip(x.chunks_exact(N)) {
         deq(as_array(wb), as_array_mut(&mut buf));
-        total += dot_lanes(&buf, as_array(xb));
-    }
-    total
-}
-
-/// f32 dot product in 8 independent lanes (so that it vectorizes), lanes summed at the end.
-#[inline(always)]
-fn dot_lanes<const N: usize>(a: &[f32; N], b: &[f32; N]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for k in 0..8 {
-            acc[k] += ca[k] * cb[k];
+        for (bc, xc) in buf.chunks_exact(LANES).zip(xb.chunks_exact(LANES)) {
+            for k in 0..LANES {
+                acc[k] += bc[k] * xc[k];
+            }
         }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+    reduce_lanes(&acc)
 }
 
-/// `sum(q[i] * a[i])` in i32, with `a` the i8 quants of a Q8_1 block.
+/// Independent partial sums of [`f32_blocks`] (both block sizes are multiples).
+const LANES: usize = 16;
+
+/// The sum of the lanes, pairwise.
 #[inline(always)]
-fn isum<T: Copy + Into<i32>>(q: &[T], a: &[u8]) -> i32 {
-    q.iter()
-        .zip(a)
-        .map(|(&qi, &ai)| qi.into() * i32::from(ai as i8))
-        .sum()
+fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
+    let mut v = *acc;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for k in 0..width {
+            v[k] += v[k + width];
+        }
+        width /= 2;
+    }
+    v[0]
+}
+
+/// `sum(q[i] * a[i])` in i32 over `N` quants, with `a` the i8 quants of a Q8_1 block;
+/// the products of the 4- to 6-bit quants fit i16, the form that becomes `pmaddwd`.
+#[inline(always)]
+fn isum<const N: usize>(q: &[i8; N], a: &[u8]) -> i32 {
+    let a: &[u8; N] = as_array(&a[..N]);
+    let mut s = 0i32;
+    for i in 0..N {
+        s += i32::from(i16::from(q[i])) * i32::from(i16::from(a[i] as i8));
+    }
+    s
+}
+
+/// Quants known to lie in `0..=127` as i8 (a cast that keeps every value).
+#[inline(always)]
+fn as_i8<const N: usize>(q: [u8; N]) -> [i8; N] {
+    q.map(|v| v as i8)
 }
 
 /// The `d` and `s` fields of a Q8_1 block.
@@ -142,28 +160,28 @@ fn q8_1_ds(a: &[u8]) -> (f32, f32) {
 
 /// One Q4_0 block against one Q8_1 block.
 fn dot_q4_0(w: &[u8; 18], a: &[u8; 36]) -> f32 {
-    let sumi = isum(&unpack_nibbles(&w[2..]), &a[4..]);
+    let sumi = isum(&as_i8(unpack_nibbles(&w[2..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
     read_f16(w, 0) * (sumi as f32 * d8 - 8.0 * s8)
 }
 
 /// One Q4_1 block against one Q8_1 block.
 fn dot_q4_1(w: &[u8; 20], a: &[u8; 36]) -> f32 {
-    let sumi = isum(&unpack_nibbles(&w[4..]), &a[4..]);
+    let sumi = isum(&as_i8(unpack_nibbles(&w[4..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
     sumi as f32 * (read_f16(w, 0) * d8) + read_f16(w, 2) * s8
 }
 
 /// One Q5_0 block against one Q8_1 block.
 fn dot_q5_0(w: &[u8; 22], a: &[u8; 36]) -> f32 {
-    let sumi = isum(&unpack_5bit(&w[2..6], &w[6..]), &a[4..]);
+    let sumi = isum(&as_i8(unpack_5bit(&w[2..6], &w[6..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
     read_f16(w, 0) * (sumi as f32 * d8 - 16.0 * s8)
 }
 
 /// One Q5_1 block against one Q8_1 block.
 fn dot_q5_1(w: &[u8; 24], a: &[u8; 36]) -> f32 {
-    let sumi = isum(&unpack_5bit(&w[4..8], &w[8..]), &a[4..]);
+    let sumi = isum(&as_i8(unpack_5bit(&w[4..8], &w[8..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
     sumi as f32 * (read_f16(w, 0) * d8) + read_f16(w, 2) * s8
 }
@@ -176,22 +194,43 @@ fn dot_q8(dw: f32, qs: &[u8], a: &[u8; 36]) -> f32 {
     dw * read_f16(a, 0) * sumi as f32
 }
 
-/// One Q4_K / Q5_K super-block (header `w[0..16]`, quants `q`) against 8 Q8_1 blocks.
+/// One Q4_K (`FIVE = false`) or Q5_K (`FIVE = true`, `qh` at `w[16..48]`) super-block
+/// (header `w[0..16]`, nibbles `qs[128]`) against 8 Q8_1 blocks.
 #[inline(always)]
-fn dot_k4(w: &[u8], q: &[u8; QK_K], a: &[u8; 288]) -> f32 {
+fn dot_k4<const FIVE: bool>(w: &[u8], qs: &[u8], a: &[u8; 288]) -> f32 {
     let (mut sumf_d, mut sumf_m) = (0.0f32, 0.0f32);
-    for (j, (qj, aj)) in q
-        .chunks_exact(32)
-        .zip(a.chunks_exact(Q8_1_BYTES))
-        .enumerate()
-    {
-        let sumi = isum(qj, &aj[4..]);
-        let (sc, m) = scale_min_k4(j, &w[4..16]);
-        let (d8, s8) = q8_1_ds(aj);
-        sumf_d += d8 * (i32::from(sc) * sumi) as f32;
-        sumf_m += s8 * f32::from(m);
+    for c in 0..4 {
+        let sums = k4_pair_sums::<FIVE>(w, qs, c, &a[72 * c..72 * c + 72]);
+        for (k, sumi) in sums.into_iter().enumerate() {
+            let j = 2 * c + k;
+            let (sc, m) = scale_min_k4(j, &w[4..16]);
+            let (d8, s8) = q8_1_ds(&a[36 * j..]);
+            sumf_d += d8 * (i32::from(sc) * sumi) as f32;
+            sumf_m += s8 * f32::from(m);
+        }
     }
     read_f16(w, 0) * sumf_d - read_f16(w, 2) * sumf_m
+}
+
+/// The integer sums of sub-blocks `2c` (low nibbles of the 32 bytes `qs[32c..]`, plus
+/// bit `2c` of `qh` for Q5_K) and `2c + 1` (high nibbles, bit `2c + 1`) against their two
+/// Q8_1 blocks `a[0..72]`.
+#[inline(always)]
+fn k4_pair_sums<const FIVE: bool>(w: &[u8], qs: &[u8], c: usize, a: &[u8]) -> [i32; 2] {
+    let q: &[u8; 32] = as_array(&qs[32 * c..32 * c + 32]);
+    let (a0, a1): (&[u8; 32], &[u8; 32]) = (as_array(&a[4..36]), as_array(&a[40..72]));
+    let h: &[u8; 32] = as_array(&w[16..48]);
+    let (mut s0, mut s1) = (0i32, 0i32);
+    for i in 0..32 {
+        let (mut lo, mut hi) = (q[i] & 0x0f, q[i] >> 4);
+        if FIVE {
+            lo |= ((h[i] >> (2 * c)) & 1) << 4;
+            hi |= ((h[i] >> (2 * c + 1)) & 1) << 4;
+        }
+        s0 += i32::from(i16::from(lo)) * i32::from(i16::from(a0[i] as i8));
+        s1 += i32::from(i16::from(hi)) * i32::from(i16::from(a1[i] as i8));
+    }
+    [s0, s1]
 }
 
 /// One Q6_K super-block against 8 Q8_1 blocks.
@@ -203,8 +242,8 @@ fn dot_q6_k(w: &[u8; 210], a: &[u8; 288]) -> f32 {
         .zip(a.chunks_exact(Q8_1_BYTES))
         .enumerate()
     {
-        let sumi_a = isum(&qj[..16], &aj[4..20]);
-        let sumi_b = isum(&qj[16..], &aj[20..]);
+        let sumi_a = isum::<16>(as_array(&qj[..16]), &aj[4..20]);
+        let sumi_b = isum::<16>(as_array(&qj[16..]), &aj[20..]);
         let (sc_a, sc_b) = (
             i32::from(w[192 + 2 * j] as i8),
             i32::from(w[193 + 2 * j] as i8),

@@ -326,25 +326,23 @@ fn pack_q6_k(l: &[u8; QK_K], y: &mut [u8; 210]) {
     }
 }
 
-/// The 256 quants (0..=15) of Q4_K's `qs[128]`, in element order.
+/// The 32 quants (0..=15) of sub-block `j` of Q4_K's `qs[128]`: the low (even `j`) or
+/// high (odd `j`) nibbles of bytes `32 * (j / 2)..`.
 #[inline(always)]
-pub(crate) fn unpack_q4_k(qs: &[u8]) -> [u8; QK_K] {
-    let mut q = [0u8; QK_K];
-    for (c, chunk) in qs.chunks_exact(32).enumerate() {
-        for i in 0..32 {
-            q[64 * c + i] = chunk[i] & 0x0f;
-            q[64 * c + i + 32] = chunk[i] >> 4;
-        }
-    }
-    q
+pub(crate) fn q4_k_sub(qs: &[u8], j: usize) -> [u8; 32] {
+    let chunk: &[u8; 32] = as_array(&qs[32 * (j / 2)..32 * (j / 2) + 32]);
+    let shift = 4 * (j % 2);
+    chunk.map(|b| (b >> shift) & 0x0f)
 }
 
-/// The 256 quants (0..=31) of Q5_K's `qh[32]` and `qs[128]`, in element order.
+/// The 32 quants (0..=31) of sub-block `j` of Q5_K's `qh[32]` and `qs[128]`: the nibbles
+/// of [`q4_k_sub`] plus bit `j` of `qh[i]` as bit 4.
 #[inline(always)]
-pub(crate) fn unpack_q5_k(qh: &[u8], qs: &[u8]) -> [u8; QK_K] {
-    let mut q = unpack_q4_k(qs);
-    for (i, v) in q.iter_mut().enumerate() {
-        *v |= ((qh[i % 32] >> (i / 32)) & 1) << 4;
+pub(crate) fn q5_k_sub(qh: &[u8], qs: &[u8], j: usize) -> [u8; 32] {
+    let qh: &[u8; 32] = as_array(&qh[..32]);
+    let mut q = q4_k_sub(qs, j);
+    for (v, &h) in q.iter_mut().zip(qh) {
+        *v |= ((h >> j) & 1) << 4;
     }
     q
 }
@@ -367,30 +365,34 @@ pub(crate) fn unpack_q6_k(ql: &[u8], qh: &[u8]) -> [i8; QK_K] {
     q
 }
 
-/// Dequantizes Q4_K/Q5_K quants: `d * sc_j * q - dmin * m_j` per sub-block `j`.
+/// Dequantizes Q4_K/Q5_K: `d * sc_j * q - dmin * m_j` per sub-block `j`, with the quants
+/// of sub-block `j` from `sub(j)`.
 #[inline(always)]
-fn dequantize_k4(head: &[u8], q: &[u8; QK_K], y: &mut [f32; QK_K]) {
+fn dequantize_k4(head: &[u8], sub: impl Fn(usize) -> [u8; 32], y: &mut [f32; QK_K]) {
     let (d, dmin) = (read_f16(head, 0), read_f16(head, 2));
-    for (j, (ys, qs)) in y.chunks_exact_mut(32).zip(q.chunks_exact(32)).enumerate() {
+    for (j, ys) in y.chunks_exact_mut(32).enumerate() {
         let (sc, m) = scale_min_k4(j, &head[4..16]);
         let (dj, mj) = (d * f32::from(sc), dmin * f32::from(m));
-        for (v, &qi) in ys.iter_mut().zip(qs) {
+        for (v, qi) in ys.iter_mut().zip(sub(j)) {
             *v = dj * f32::from(qi) - mj;
         }
     }
 }
 
 /// Dequantizes one Q4_K super-block (ggml's `dequantize_row_q4_K`).
+#[inline]
 pub fn dequantize_q4_k(x: &[u8; 144], y: &mut [f32; QK_K]) {
-    dequantize_k4(x, &unpack_q4_k(&x[16..]), y);
+    dequantize_k4(x, |j| q4_k_sub(&x[16..], j), y);
 }
 
 /// Dequantizes one Q5_K super-block (ggml's `dequantize_row_q5_K`).
+#[inline]
 pub fn dequantize_q5_k(x: &[u8; 176], y: &mut [f32; QK_K]) {
-    dequantize_k4(x, &unpack_q5_k(&x[16..48], &x[48..]), y);
+    dequantize_k4(x, |j| q5_k_sub(&x[16..48], &x[48..], j), y);
 }
 
 /// Dequantizes one Q6_K super-block (ggml's `dequantize_row_q6_K`): `d * scale_j * q`.
+#[inline]
 pub fn dequantize_q6_k(x: &[u8; 210], y: &mut [f32; QK_K]) {
     let d = read_f16(x, 208);
     let q = unpack_q6_k(&x[..128], &x[128..192]);

@@ -90,10 +90,9 @@ pub(crate) fn unpack_nibbles(qs: &[u8]) -> [u8; QK] {
 /// The 32 quants of a 5-bit block: the nibbles of `qs` plus the bits of `qh` as bit 4.
 #[inline(always)]
 pub(crate) fn unpack_5bit(qh: &[u8], qs: &[u8]) -> [u8; QK] {
-    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     let mut q = unpack_nibbles(qs);
     for (i, v) in q.iter_mut().enumerate() {
-        *v |= (((h >> i) & 1) as u8) << 4;
+        *v |= ((qh[i / 8] >> (i % 8)) & 1) << 4;
     }
     q
 }
@@ -184,6 +183,7 @@ pub fn quantize_q8_1(x: &[f32; QK], y: &mut [u8; 36]) {
 }
 
 /// Dequantizes one Q4_0 block: `d * (q - 8)`.
+#[inline]
 pub fn dequantize_q4_0(x: &[u8; 18], y: &mut [f32; QK]) {
     let d = read_f16(x, 0);
     let q = unpack_nibbles(&x[2..]);
@@ -193,6 +193,7 @@ pub fn dequantize_q4_0(x: &[u8; 18], y: &mut [f32; QK]) {
 }
 
 /// Dequantizes one Q4_1 block: `d * q + m`.
+#[inline]
 pub fn dequantize_q4_1(x: &[u8; 20], y: &mut [f32; QK]) {
     let (d, m) = (read_f16(x, 0), read_f16(x, 2));
     let q = unpack_nibbles(&x[4..]);
@@ -202,6 +203,7 @@ pub fn dequantize_q4_1(x: &[u8; 20], y: &mut [f32; QK]) {
 }
 
 /// Dequantizes one Q5_0 block: `d * (q - 16)`.
+#[inline]
 pub fn dequantize_q5_0(x: &[u8; 22], y: &mut [f32; QK]) {
     let d = read_f16(x, 0);
     let q = unpack_5bit(&x[2..6], &x[6..]);
@@ -211,6 +213,7 @@ pub fn dequantize_q5_0(x: &[u8; 22], y: &mut [f32; QK]) {
 }
 
 /// Dequantizes one Q5_1 block: `d * q + m`.
+#[inline]
 pub fn dequantize_q5_1(x: &[u8; 24], y: &mut [f32; QK]) {
     let (d, m) = (read_f16(x, 0), read_f16(x, 2));
     let q = unpack_5bit(&x[4..8], &x[8..]);
@@ -220,6 +223,7 @@ pub fn dequantize_q5_1(x: &[u8; 24], y: &mut [f32; QK]) {
 }
 
 /// Dequantizes one Q8_0 block: `d * q`.
+#[inline]
 pub fn dequantize_q8_0(x: &[u8; 34], y: &mut [f32; QK]) {
     let d = read_f16(x, 0);
     for (v, &qi) in y.iter_mut().zip(&x[2..]) {
@@ -228,6 +232,7 @@ pub fn dequantize_q8_0(x: &[u8; 34], y: &mut [f32; QK]) {
 }
 
 /// Dequantizes one Q8_1 block: `d * q` (the `s` field is not needed).
+#[inline]
 pub fn dequantize_q8_1(x: &[u8; 36], y: &mut [f32; QK]) {
     let d = read_f16(x, 0);
     for (v, &qi) in y.iter_mut().zip(&x[4..]) {
