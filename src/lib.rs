@@ -10,10 +10,13 @@
 //!   order, the allocator, plans and dumps;
 //! - [`ops`]: the op set, one file per family (builder, shape inference, CPU kernel);
 //! - [`backend`]: CPU and CUDA executors;
-//! - [`models`]: model graphs (Llama) defined with the public API only.
+//! - [`models`]: model graphs (Llama) defined with the public API only;
+//! - [`gguf`]: llama.cpp's GGUF model files, read (memory-mapped, every field checked)
+//!   and written.
 
 pub mod backend;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod models;
 pub mod ops;
