@@ -680,3 +680,577 @@ proptest! {
         read_all(bytes);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The writer.
+
+use graft::gguf::{write_output, GgufWriter, Metadata, ValueType};
+
+/// One value of every type, extremes included, empty strings and arrays of every element
+/// type (empty too), and nested arrays of mixed element types and depths.
+fn every_value() -> Metadata {
+    let mut md = Metadata::new();
+    let scalars = [
+        Value::U8(u8::MAX),
+        Value::I8(i8::MIN),
+        Value::U16(u16::MAX),
+        Value::I16(i16::MIN),
+        Value::U32(u32::MAX),
+        Value::I32(i32::MIN),
+        Value::F32(f32::MIN_POSITIVE),
+        Value::Bool(true),
+        Value::String("ünïcode ✓ 你好\n\t\"".to_string()),
+        Value::U64(u64::MAX),
+        Value::I64(i64::MIN),
+        Value::F64(-f64::MAX),
+    ];
+    for (i, v) in scalars.into_iter().enumerate() {
+        md.insert(format!("scalar.{i}.{}", v.value_type()), v);
+    }
+    md.insert("scalar.empty_string", Value::String(String::new()));
+    md.insert("scalar.false", Value::Bool(false));
+    for t in ValueType::ALL {
+        md.insert(format!("empty.{t}"), Value::Array(Array::empty(t)));
+    }
+    let arrays = [
+        Array::U8(vec![0, 255]),
+        Array::I8(vec![-1, 1]),
+        Array::U16(vec![1, 2, 3]),
+        Array::I16(vec![-300]),
+        Array::U32(vec![u32::MAX, 0]),
+        Array::I32(vec![i32::MAX, i32::MIN]),
+        Array::F32(vec![0.5, -0.0, f32::MAX]),
+        Array::Bool(vec![false, true, true]),
+        Array::String(vec![String::new(), "a".into(), "▁b".into()]),
+        Array::U64(vec![u64::MAX]),
+        Array::I64(vec![i64::MIN, 0]),
+        Array::F64(vec![1e-300, 2.5]),
+    ];
+    for a in arrays {
+        md.insert(format!("array.{}", a.element_type()), Value::Array(a));
+    }
+    let nested = Array::Array(vec![
+        Array::U8(vec![1, 2]),
+        Array::String(vec!["x".into()]),
+        Array::Array(vec![Array::F64(vec![0.25]), Array::empty(ValueType::Bool)]),
+        Array::empty(ValueType::Array),
+    ]);
+    md.insert("array.nested", Value::Array(nested));
+    md
+}
+
+/// Tensors of several types: (name, dims, type, bytes).
+fn some_tensors() -> Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> {
+    let specs: [(&str, &[u64], GgmlType); 6] = [
+        ("token_embd.weight", &[4, 3], GgmlType::F32),
+        ("blk.0.attn_norm.weight", &[5], GgmlType::F16),
+        ("blk.0.attn_q.weight", &[64, 2], GgmlType::Q8_0),
+        ("blk.0.ffn_down.weight", &[256, 1, 1, 2], GgmlType::Q4_K),
+        ("blk.0.bias", &[3, 1, 2], GgmlType::BF16),
+        ("ids", &[1], GgmlType::I64),
+    ];
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, dims, ty))| {
+            let bytes =
+                dims.iter().skip(1).product::<u64>() * ty.row_bytes(dims[0]).expect("whole blocks");
+            let data = (0..bytes)
+                .map(|b| (b as u8).wrapping_mul(31) ^ i as u8)
+                .collect();
+            (name.to_string(), dims.to_vec(), ty, data)
+        })
+        .collect()
+}
+
+fn writer_with<'a>(
+    md: &Metadata,
+    tensors: &'a [(String, Vec<u64>, GgmlType, Vec<u8>)],
+) -> GgufWriter<'a> {
+    let mut w = GgufWriter::new();
+    for (k, v) in md.iter() {
+        w.metadata_mut().insert(k, v.clone());
+    }
+    for (name, dims, ty, data) in tensors {
+        w.add_tensor(name, dims, *ty, data.as_slice())
+            .expect("valid tensor");
+    }
+    w
+}
+
+/// The file reads back with the same metadata (in order) and tensors.
+fn assert_reads_back(
+    f: &GgufFile,
+    md: &Metadata,
+    tensors: &[(String, Vec<u64>, GgmlType, Vec<u8>)],
+) {
+    assert_eq!(f.version(), 3);
+    assert_eq!(f.metadata(), md);
+    assert_eq!(f.data_start() % f.alignment(), 0);
+    assert_eq!(f.tensors().len(), tensors.len());
+    for (t, (name, dims, ty, data)) in f.tensors().iter().zip(tensors) {
+        assert_eq!((&t.name, &t.dims, t.ty), (name, dims, *ty));
+        assert_eq!(t.offset % f.alignment(), 0, "{name}");
+        assert_eq!(
+            f.tensor_bytes(name).expect("bytes"),
+            data.as_slice(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn every_value_type_round_trips_at_every_alignment() {
+    let tensors = some_tensors();
+    for shift in 0..=8 {
+        let alignment = 1u32 << shift;
+        let mut md = every_value();
+        md.insert("general.alignment", Value::U32(alignment));
+        let mut w = writer_with(&md, &tensors);
+        w.set_alignment(alignment).expect("power of two");
+        let f = GgufFile::from_bytes("mem", w.to_bytes().expect("write")).expect("read");
+        assert_eq!(f.alignment(), u64::from(alignment));
+        assert_reads_back(&f, &md, &tensors);
+    }
+}
+
+#[test]
+fn empty_files_round_trip() {
+    let none =
+        GgufFile::from_bytes("empty", GgufWriter::new().to_bytes().expect("write")).expect("read");
+    assert!(none.metadata().is_empty() && none.tensors().is_empty());
+    let md = every_value();
+    let f =
+        GgufFile::from_bytes("md", writer_with(&md, &[]).to_bytes().expect("write")).expect("read");
+    assert_reads_back(&f, &md, &[]);
+    let tensors = some_tensors();
+    let f = GgufFile::from_bytes(
+        "t",
+        writer_with(&Metadata::new(), &tensors)
+            .to_bytes()
+            .expect("write"),
+    )
+    .expect("read");
+    assert_reads_back(&f, &Metadata::new(), &tensors);
+}
+
+/// graft's writer lays a file out exactly as llama.cpp's gguf package does: copying each
+/// gguf-py file through it gives the same bytes.
+#[test]
+fn rewriting_gguf_py_files_gives_the_same_bytes() {
+    for name in [
+        "all-values",
+        "all-ggml-types",
+        "aligned-1",
+        "aligned-64",
+        "aligned-256",
+    ] {
+        let path = fixture(&format!("{name}.gguf"));
+        let f = GgufFile::open(&path).expect("open");
+        let mut w = GgufWriter::new();
+        for (k, v) in f.metadata().iter() {
+            w.metadata_mut().insert(k, v.clone());
+        }
+        for t in f.tensors() {
+            let data = f.tensor_bytes(&t.name).expect("bytes");
+            w.add_tensor(&t.name, &t.dims, t.ty, data).expect("add");
+        }
+        let ours = w.to_bytes().expect("write");
+        assert!(
+            ours == std::fs::read(&path).expect("read"),
+            "{name}: bytes differ"
+        );
+    }
+}
+
+#[test]
+fn the_writer_refuses_inconsistent_tensors_and_alignments() {
+    let data = [0u8; 64];
+    let cases: [(&str, &[u64], GgmlType, usize, &str); 7] = [
+        ("no_dims", &[], GgmlType::F32, 0, "1 to 4 dims"),
+        (
+            "five_dims",
+            &[1, 1, 1, 1, 1],
+            GgmlType::F32,
+            4,
+            "1 to 4 dims",
+        ),
+        ("zero_dim", &[4, 0], GgmlType::F32, 0, "none zero"),
+        (
+            "short",
+            &[4, 2],
+            GgmlType::F32,
+            16,
+            "16 bytes given, F32 [4, 2] takes 32",
+        ),
+        (
+            "partial_block",
+            &[16],
+            GgmlType::Q8_0,
+            17,
+            "block size 32 of Q8_0",
+        ),
+        (
+            "overflow",
+            &[1 << 40, 1 << 40],
+            GgmlType::F32,
+            4,
+            "overflows i64",
+        ),
+        (
+            "a_name_longer_than_ggml_takes_which_is_sixty_three_bytes_at_most__",
+            &[1],
+            GgmlType::F32,
+            4,
+            "longer than 63",
+        ),
+    ];
+    let mut w = GgufWriter::new();
+    for (name, dims, ty, len, msg) in cases {
+        let e = w
+            .add_tensor(name, dims, ty, &data[..len])
+            .expect_err(name)
+            .to_string();
+        assert!(
+            e.contains(&format!("tensor '{name}'")) && e.contains(msg),
+            "{e}"
+        );
+    }
+    w.add_tensor("x", &[1], GgmlType::F32, &data[..4])
+        .expect("valid");
+    let e = w
+        .add_tensor("x", &[1], GgmlType::F32, &data[..4])
+        .expect_err("dup");
+    assert!(e.to_string().contains("duplicate name"), "{e}");
+    for a in [0, 3, 96] {
+        let e = w
+            .set_alignment(a)
+            .expect_err("not a power of two")
+            .to_string();
+        assert!(
+            e.contains("general.alignment") && e.contains("power of two"),
+            "{e}"
+        );
+    }
+    w.metadata_mut().insert("general.alignment", Value::I32(32));
+    let e = w.to_bytes().expect_err("an i32 alignment").to_string();
+    assert!(
+        e.contains("general.alignment") && e.contains("must be a u32, found i32"),
+        "{e}"
+    );
+}
+
+fn arb_array() -> impl Strategy<Value = Array> {
+    let leaf = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..4).prop_map(Array::U8),
+        prop::collection::vec(any::<i16>(), 0..4).prop_map(Array::I16),
+        prop::collection::vec(any::<u64>(), 0..4).prop_map(Array::U64),
+        prop::collection::vec(prop::num::f32::NORMAL, 0..4).prop_map(Array::F32),
+        prop::collection::vec(any::<bool>(), 0..4).prop_map(Array::Bool),
+        prop::collection::vec(".{0,6}", 0..4).prop_map(Array::String),
+    ];
+    leaf.prop_recursive(3, 16, 4, |inner| {
+        prop::collection::vec(inner, 0..4).prop_map(Array::Array)
+    })
+}
+
+fn arb_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i8>().prop_map(Value::I8),
+        any::<u32>().prop_map(Value::U32),
+        any::<i64>().prop_map(Value::I64),
+        prop::num::f64::NORMAL.prop_map(Value::F64),
+        ".{0,12}".prop_map(Value::String),
+        arb_array().prop_map(Value::Array),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_metadata_round_trips(
+        pairs in prop::collection::vec(("[a-z.]{1,10}", arb_value()), 0..8),
+        shift in 0u32..9,
+    ) {
+        let mut md = Metadata::new();
+        for (k, v) in pairs {
+            md.insert(k, v);
+        }
+        let mut w = writer_with(&md, &[]);
+        w.set_alignment(1 << shift).expect("power of two");
+        md.insert("general.alignment", Value::U32(1 << shift));
+        let f = GgufFile::from_bytes("mem", w.to_bytes().expect("write")).expect("read");
+        prop_assert_eq!(f.metadata(), &md);
+    }
+}
+
+#[test]
+fn write_file_replaces_regular_files_and_keeps_their_mode() {
+    let dir = tempdir("write");
+    let path = dir.join("model.gguf");
+    let tensors = some_tensors();
+    let md = every_value();
+    writer_with(&md, &tensors)
+        .write_file(&path)
+        .expect("new file");
+    assert_reads_back(&GgufFile::open(&path).expect("open"), &md, &tensors);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        writer_with(&Metadata::new(), &tensors)
+            .write_file(&path)
+            .expect("replace");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+        // A symlink stays a link; the file it points to gets the new content.
+        let link = dir.join("link.gguf");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        writer_with(&md, &[])
+            .write_file(&link)
+            .expect("through the link");
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("lstat")
+            .file_type()
+            .is_symlink());
+        assert_eq!(GgufFile::open(&path).expect("open").metadata(), &md);
+    }
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.to_string_lossy().contains(".tmp-")),
+        "{names:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_failed_write_leaves_the_target_untouched() {
+    let dir = tempdir("fail");
+    let path = dir.join("out.gguf");
+    std::fs::write(&path, b"precious").expect("write");
+    let e = write_output(&path, |w: &mut dyn std::io::Write| {
+        w.write_all(b"half")?;
+        Err(std::io::Error::other("disk on fire"))
+    })
+    .expect_err("the write fails");
+    assert!(e.to_string().contains("disk on fire"), "{e}");
+    assert_eq!(std::fs::read(&path).expect("read"), b"precious");
+    assert_eq!(
+        std::fs::read_dir(&dir).expect("ls").count(),
+        1,
+        "a temporary file was left"
+    );
+    let e = write_output(&dir, |_: &mut dyn std::io::Write| Ok(())).expect_err("a directory");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Devices and FIFOs are written in place, never replaced by a regular file.
+#[cfg(unix)]
+#[test]
+fn devices_and_fifos_are_written_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let tensors = some_tensors();
+    writer_with(&every_value(), &tensors)
+        .write_file("/dev/null")
+        .expect("/dev/null");
+    assert!(std::fs::metadata("/dev/null")
+        .expect("stat")
+        .file_type()
+        .is_char_device());
+    let dir = tempdir("fifo-out");
+    let fifo = dir.join("pipe.gguf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipped the FIFO case: mkfifo is not available");
+        return;
+    }
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).expect("read the FIFO"))
+    };
+    let w = writer_with(&every_value(), &tensors);
+    w.write_file(&fifo).expect("write the FIFO");
+    let got = reader.join().expect("reader thread");
+    assert_eq!(got, w.to_bytes().expect("bytes"));
+    assert!(std::fs::metadata(&fifo)
+        .expect("stat")
+        .file_type()
+        .is_fifo());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// llama.cpp's gguf package reads graft's files (skipped when python3 or gguf is missing).
+
+/// What gguf's reader reports as a field's types: the array types down the first elements.
+fn gguf_py_types(v: &Value) -> Vec<String> {
+    fn array_types(a: &Array, out: &mut Vec<String>) {
+        out.push("array".into());
+        match a {
+            Array::Array(v) => {
+                if let Some(first) = v.first() {
+                    array_types(first, out);
+                }
+            }
+            other if !other.is_empty() => out.push(other.element_type().name().into()),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    match v {
+        Value::Array(a) => array_types(a, &mut out),
+        other => out.push(other.value_type().name().into()),
+    }
+    out
+}
+
+/// What gguf's reader reports as a field's contents: scalars, or an array's leaf values
+/// flattened.
+fn gguf_py_contents(v: &Value) -> Json {
+    fn leaves(a: &Array, out: &mut Vec<Json>) {
+        match a {
+            Array::Array(v) => v.iter().for_each(|x| leaves(x, out)),
+            other => {
+                if let Json::Object(o) = array_json(other) {
+                    if let Some(Json::Array(items)) = o.get("items") {
+                        out.extend(items.iter().cloned());
+                    }
+                }
+            }
+        }
+    }
+    match v {
+        Value::Array(a) => {
+            let mut out = Vec::new();
+            leaves(a, &mut out);
+            Json::Array(out)
+        }
+        other => scalar_json(other),
+    }
+}
+
+/// Equal JSON, floats to 1e-15 relative (serde_json's float parsing may be off by an ulp).
+fn json_close(a: &Json, b: &Json) -> bool {
+    match (a, b) {
+        (Json::Number(x), Json::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= 1e-15 * x.abs().max(y.abs())
+        }
+        (Json::Array(x), Json::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_close(x, y))
+        }
+        _ => a == b,
+    }
+}
+
+#[test]
+fn gguf_py_reads_graft_files() {
+    let dir = tempdir("py");
+    let path = dir.join("graft.gguf");
+    // gguf's reader flattens nested arrays by the types of their first elements, so the
+    // nested arrays here keep one leaf type.
+    let mut md = every_value();
+    md.insert(
+        "array.nested",
+        Value::Array(Array::Array(vec![
+            Array::Array(vec![Array::I32(vec![1, 2])]),
+            Array::Array(vec![Array::I32(vec![3]), Array::I32(vec![])]),
+        ])),
+    );
+    md.insert("general.alignment", Value::U32(64));
+    let tensors = some_tensors();
+    writer_with(&md, &tensors).write_file(&path).expect("write");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-gguf-vectors.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("check")
+        .arg(&path)
+        .arg("--json")
+        .output();
+    let out = match out {
+        Ok(o) if o.status.success() => o,
+        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("gguf package is missing") => {
+            eprintln!("skipped: the python gguf package is not installed (pip install gguf numpy)");
+            return;
+        }
+        Ok(o) => panic!(
+            "gguf could not read graft's file: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            eprintln!("skipped: python3 cannot be run ({e})");
+            return;
+        }
+    };
+    let report: Json = serde_json::from_slice(&out.stdout).expect("JSON from the script");
+    assert_eq!(report["alignment"], json!(64));
+    let keys = report["metadata"].as_object().expect("metadata").len();
+    assert_eq!(keys, md.len());
+    for (key, v) in md.iter() {
+        let got = &report["metadata"][key];
+        assert_eq!(got["types"], json!(gguf_py_types(v)), "{key}");
+        let want = gguf_py_contents(v);
+        assert!(
+            json_close(&got["value"], &want),
+            "{key}: {} vs {want}",
+            got["value"]
+        );
+    }
+    let got = report["tensors"].as_array().expect("tensors");
+    assert_eq!(got.len(), tensors.len());
+    for (g, (name, dims, ty, data)) in got.iter().zip(&tensors) {
+        assert_eq!(g["name"], json!(name));
+        assert_eq!(g["type"], json!(ty.name()), "{name}");
+        assert_eq!(g["dims"], json!(dims), "{name}");
+        assert_eq!(g["data"], json!(hex(data)), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn inspect_lists_metadata_and_tensors() {
+    let path = fixture("all-values.gguf");
+    let text = graft::gguf::inspect(&path).expect("inspect");
+    let f = GgufFile::open(&path).expect("open");
+    assert!(
+        text.starts_with(&format!("{}: GGUF v3, ", path.display())),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().count(),
+        3 + f.metadata().len() + f.tensors().len()
+    );
+    for line in [
+        "  llama.block_count: u32 = 2",
+        "  test.string: string = \"héllo, wörld ✓ 你好\"",
+        "  test.array.string: array<string> = [string; 4] [\"<s>\", \"\", \"▁the\", \"日本\"]",
+        "  test.nested.i32: array<array> = [array; 3] [[i32; 3] [1, 2, 3], [i32; 1] [4], [i32; 2] [5, 6]]",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+    }
+    for t in f.tensors() {
+        let dims: Vec<String> = t.dims.iter().map(u64::to_string).collect();
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{} ", t.name)));
+        let row = row.unwrap_or_else(|| panic!("no row for {}:\n{text}", t.name));
+        let want = format!(
+            "[{}]  {}  offset {}  {} bytes",
+            dims.join(", "),
+            t.ty,
+            t.offset,
+            t.n_bytes
+        );
+        assert!(row.ends_with(&want), "{row:?} vs {want:?}");
+    }
+    let e = graft::gguf::inspect(fixture("big-endian.gguf")).expect_err("big-endian");
+    assert!(e.to_string().contains("big-endian"), "{e}");
+}

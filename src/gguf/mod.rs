@@ -1,4 +1,5 @@
-//! GGUF, llama.cpp's model file format: a reader ([`GgufFile`]).
+//! GGUF, llama.cpp's model file format: a reader ([`GgufFile`]) and a writer
+//! ([`GgufWriter`], which writes version 3 through [`write_output`]).
 //!
 //! # The format
 //! All numbers are little-endian (big-endian files exist and are refused). A file is:
@@ -31,16 +32,20 @@
 //! unknown value or tensor types, misaligned or overlapping tensor data and data past
 //! the end of the file are all refused. Strings must be UTF-8.
 
+mod output;
 mod reader;
 mod types;
 mod value;
+mod writer;
 
 use std::fmt;
 use std::path::Path;
 
+pub use output::write_output;
 pub use reader::{GgufFile, TensorInfo};
 pub use types::GgmlType;
 pub use value::{Array, Metadata, Value, ValueType};
+pub use writer::{GgufWriter, MAX_TENSOR_NAME, WRITE_VERSION};
 
 use crate::Result;
 
