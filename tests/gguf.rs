@@ -193,9 +193,7 @@ fn typed_getters_convert_integers_and_name_the_key() {
 
 #[test]
 fn big_endian_and_version_1_are_refused_and_version_2_is_read() {
-    let e = GgufFile::open(fixture("big-endian.gguf"))
-        .err()
-        .expect("big-endian");
+    let e = GgufFile::open(fixture("big-endian.gguf")).expect_err("big-endian");
     assert!(e.to_string().contains("big-endian"), "{e}");
     let good = std::fs::read(fixture("aligned-64.gguf")).expect("read");
     let with_version = |v: u32| {
@@ -208,37 +206,35 @@ fn big_endian_and_version_1_are_refused_and_version_2_is_read() {
     assert_eq!(v2.metadata(), v3.metadata());
     assert_eq!(v2.tensors(), v3.tensors());
     for (v, msg) in [(1, "version 1"), (0, "unsupported"), (4, "unsupported")] {
-        let e = with_version(v).err().expect("refused").to_string();
+        let e = with_version(v).expect_err("refused").to_string();
         assert!(e.contains("header version") && e.contains(msg), "{v}: {e}");
     }
 }
 
 #[test]
 fn only_regular_files_are_opened() {
-    let e = GgufFile::open(fixture_dir()).err().expect("a directory");
+    let e = GgufFile::open(fixture_dir()).expect_err("a directory");
     assert!(
         e.to_string().contains("not a regular file (a directory)"),
         "{e}"
     );
     #[cfg(unix)]
     {
-        let e = GgufFile::open("/dev/null").err().expect("a device");
+        let e = GgufFile::open("/dev/null").expect_err("a device");
         assert!(e.to_string().contains("a device"), "{e}");
         let dir = tempdir("fifo");
         let fifo = dir.join("pipe.gguf");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
         if made.is_ok_and(|s| s.success()) {
             // Opening a FIFO for reading would block until a writer came: it must not.
-            let e = GgufFile::open(&fifo).err().expect("a FIFO");
+            let e = GgufFile::open(&fifo).expect_err("a FIFO");
             assert!(e.to_string().contains("a FIFO"), "{e}");
         } else {
             eprintln!("skipped the FIFO case: mkfifo is not available");
         }
         let _ = std::fs::remove_dir_all(dir);
     }
-    let e = GgufFile::open(fixture("no-such-file.gguf"))
-        .err()
-        .expect("missing");
+    let e = GgufFile::open(fixture("no-such-file.gguf")).expect_err("missing");
     assert!(e.to_string().contains("no-such-file.gguf"), "{e}");
 }
 

@@ -18,7 +18,7 @@ const MAX_ARRAY_DEPTH: usize = 32;
 
 /// The most elements reserved up front for an array, whatever its count says; a longer
 /// array grows as its elements are actually read.
-const PREALLOC_MAX: usize = 1 << 16;
+const PREALLOC_MAX: usize = 1 << 12;
 
 /// The fewest bytes one tensor info takes: name length, n_dims, type and offset.
 const MIN_TENSOR_INFO: usize = 8 + 4 + 4 + 8;
@@ -192,6 +192,19 @@ impl GgufFile {
                 offset: self.data_start,
                 msg: "data range is outside the file".to_string(),
             })
+    }
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata_keys", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("alignment", &self.alignment)
+            .field("data_start", &self.data_start)
+            .finish()
     }
 }
 

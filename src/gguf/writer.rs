@@ -217,7 +217,7 @@ fn padded(n: u64, alignment: u64) -> u64 {
 
 /// Zeros up to the next multiple of `alignment`.
 fn pad(w: &mut Counter, alignment: u64) -> std::io::Result<()> {
-    let n = padded(w.n, alignment) - w.n;
+    let n = padded(w.n, alignment).saturating_sub(w.n);
     std::io::copy(&mut std::io::repeat(0).take(n), w).map(|_| ())
 }
 
