@@ -63,6 +63,20 @@ pub enum Error {
     #[error("{0}")]
     Model(String),
 
+    /// A GGUF file is malformed: the field that is wrong and its byte offset in the file.
+    #[error("{path}: {field} at byte {offset}: {msg}")]
+    Gguf {
+        path: String,
+        field: String,
+        offset: u64,
+        msg: String,
+    },
+
+    /// A GGUF value asked for or given is wrong: a metadata key that is missing or of
+    /// another type, a tensor given to the writer whose shape and bytes disagree.
+    #[error("{field}: {msg}")]
+    GgufInput { field: String, msg: String },
+
     /// An I/O error, with the path it concerns.
     #[error("{path}: {source}")]
     Io {

@@ -6,18 +6,21 @@
 //! capture and replay) executes the plan. Models live in [`models`].
 //!
 //! Layers, from the bottom:
-//! - [`graph`]: tensors (`dtype`, `ne[4]`, `nb[4]`), the arena of nodes, the execution
-//!   order, the allocator, plans and dumps;
-//! - [`ops`]: the op set, one file per family (builder, shape inference, CPU kernel);
-//! - [`backend`]: CPU and CUDA executors;
-//! - [`models`]: model graphs (Llama) defined with the public API only;
 //! - [`quant`]: ggml-compatible quantized block formats (quantize, dequantize, the dot
-//!   products of the quantized matrix-vector product), pure Rust.
+//!   products of the quantized matrix-vector product), pure Rust;
+//! - [`graph`]: tensors (`dtype`, `ne[4]`, `nb[4]`), the op set, the arena of nodes, the
+//!   execution order, the allocator, plans and dumps;
+//! - [`ops`]: one file per op family (builder, shape inference, CPU kernel);
+//! - [`backend`]: CPU and CUDA executors;
+//! - [`gguf`]: llama.cpp's GGUF model files, read (memory-mapped, every field checked)
+//!   and written;
+//! - [`models`]: model graphs (Llama) defined with the public API only.
 
 #![deny(clippy::wildcard_enum_match_arm)]
 
 pub mod backend;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod models;
 pub mod ops;
