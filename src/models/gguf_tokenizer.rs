@@ -180,7 +180,8 @@ enum PreKind {
     Qwen2,
 }
 
-const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 
 impl PreKind {
     fn from_pre(pre: Option<&str>) -> Result<PreKind> {
@@ -286,8 +287,8 @@ impl TokenizerSpec {
             .collect();
         let types = self.token_types.as_deref().unwrap_or(&[]);
         for (id, text) in self.tokens.iter().enumerate() {
-            let control = types.get(id).copied().and_then(TokenType::from_i32)
-                == Some(TokenType::Control);
+            let control =
+                types.get(id).copied().and_then(TokenType::from_i32) == Some(TokenType::Control);
             if control && END_OF_TURN_TEXTS.contains(&text.as_str()) {
                 ids.push(id as u32);
             }
@@ -405,9 +406,13 @@ impl TokenizerSpec {
             .patterns()
             .into_iter()
             .map(|p| {
-                Split::new(SplitPattern::Regex(p), SplitDelimiterBehavior::Isolated, false)
-                    .map(PreTokenizerWrapper::from)
-                    .map_err(|e| Error::tokenizer_spec(key::PRE, e.to_string()))
+                Split::new(
+                    SplitPattern::Regex(p),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map(PreTokenizerWrapper::from)
+                .map_err(|e| Error::tokenizer_spec(key::PRE, e.to_string()))
             })
             .collect::<Result<Vec<_>>>()?;
         splits.push(ByteLevel::new(false, false, false).into());
@@ -420,7 +425,10 @@ impl TokenizerSpec {
     /// `tokenizer.ggml.merges` as pairs, each side and the merged text a known token.
     fn parsed_merges(&self, vocab: &AHashMap<String, u32>) -> Result<Vec<(String, String)>> {
         let Some(merges) = &self.merges else {
-            return Err(Error::tokenizer_spec(key::MERGES, "missing for a 'gpt2' tokenizer"));
+            return Err(Error::tokenizer_spec(
+                key::MERGES,
+                "missing for a 'gpt2' tokenizer",
+            ));
         };
         merges
             .iter()
@@ -518,7 +526,12 @@ impl TokenizerSpec {
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
         ranked
             .into_iter()
-            .map(|(_, _, l, r)| (self.tokens[l as usize].clone(), self.tokens[r as usize].clone()))
+            .map(|(_, _, l, r)| {
+                (
+                    self.tokens[l as usize].clone(),
+                    self.tokens[r as usize].clone(),
+                )
+            })
             .collect()
     }
 
@@ -591,10 +604,16 @@ impl TokenizerSpec {
             return Ok(None);
         }
         let Some(id) = id else {
-            return Err(Error::tokenizer_spec(k, "missing, but the tokenizer must add it"));
+            return Err(Error::tokenizer_spec(
+                k,
+                "missing, but the tokenizer must add it",
+            ));
         };
         let text = self.token_text(Some(id)).ok_or_else(|| {
-            Error::tokenizer_spec(k, format!("token id {id} is out of range 0..{}", self.tokens.len()))
+            Error::tokenizer_spec(
+                k,
+                format!("token id {id} is out of range 0..{}", self.tokens.len()),
+            )
         })?;
         Ok(Some((text.to_string(), id)))
     }

@@ -48,7 +48,11 @@ impl Tokenizer {
             .map(|(&id, _)| id)
             .collect();
         stop.sort_unstable();
-        Ok(Tokenizer::from_parts(inner, path.display().to_string(), stop))
+        Ok(Tokenizer::from_parts(
+            inner,
+            path.display().to_string(),
+            stop,
+        ))
     }
 
     /// Wraps a built tokenizer; `stop` lists the ids that end generation.
