@@ -320,3 +320,23 @@ fn append_reports_a_rewritten_prefix() {
         Continuation::Suffix("<|im_start|>user\nde<|im_end|>\n".into())
     );
 }
+
+/// Streaming decoding of a tokenizer built from metadata gives the full decode, for
+/// byte-level tokens of multi-byte characters and for SentencePiece word spaces.
+#[test]
+fn streaming_decode_of_spec_tokenizers() {
+    for (name, text) in [
+        ("smollm2-135m-instruct", "Café 日本の灯台 🌊 at night."),
+        ("llama2-tiny-spm", "The river runs under the old bridge."),
+    ] {
+        let tok = load(name).spec.build().unwrap();
+        let ids = tok.encode(text).unwrap();
+        let mut stream = tok.stream(&ids[..1]).unwrap();
+        let mut out = tok.decode(&ids[..1]).unwrap();
+        for &id in &ids[1..] {
+            out.extend(stream.next(id).unwrap());
+        }
+        assert_eq!(out, tok.decode(&ids).unwrap(), "{name}");
+        assert_eq!(out, text, "{name}");
+    }
+}

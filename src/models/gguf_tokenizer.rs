@@ -224,6 +224,26 @@ impl PreKind {
         }
     }
 
+    /// The regular expressions as splits (matches and the text between them kept), then
+    /// the mapping of bytes to the byte-level alphabet.
+    fn pre_tokenizer(self) -> Result<PreSequence> {
+        let mut steps = self
+            .patterns()
+            .into_iter()
+            .map(|p| {
+                Split::new(
+                    SplitPattern::Regex(p),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map(PreTokenizerWrapper::from)
+                .map_err(|e| Error::tokenizer_spec(key::PRE, e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        steps.push(ByteLevel::new(false, false, false).into());
+        Ok(PreSequence::new(steps))
+    }
+
     /// Llama 3 vocabularies take a whole pre-token when it is a token (`ignore_merges`).
     fn ignores_merges(self) -> bool {
         match self {
@@ -402,22 +422,8 @@ impl TokenizerSpec {
             .ignore_merges(pre.ignores_merges())
             .build()
             .map_err(|e| Error::tokenizer_spec(key::MERGES, e.to_string()))?;
-        let mut splits = pre
-            .patterns()
-            .into_iter()
-            .map(|p| {
-                Split::new(
-                    SplitPattern::Regex(p),
-                    SplitDelimiterBehavior::Isolated,
-                    false,
-                )
-                .map(PreTokenizerWrapper::from)
-                .map_err(|e| Error::tokenizer_spec(key::PRE, e.to_string()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        splits.push(ByteLevel::new(false, false, false).into());
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(PreSequence::new(splits)));
+        inner.with_pre_tokenizer(Some(pre.pre_tokenizer()?));
         inner.with_decoder(Some(ByteLevel::default()));
         Ok(inner)
     }
@@ -622,4 +628,91 @@ impl TokenizerSpec {
 struct AddedTokens {
     special: Vec<AddedToken>,
     user: Vec<AddedToken>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        let seq = PreKind::from_pre(Some(pre))
+            .unwrap()
+            .pre_tokenizer()
+            .unwrap();
+        let mut s = PreTokenizedString::from(text);
+        seq.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(p, _, _)| p.to_string())
+            .collect()
+    }
+
+    /// Numbers: groups of up to three (Llama 3), one digit at a time (Qwen 2, SmolLM), whole
+    /// runs (GPT-2); contractions are case-insensitive only in the newer patterns.
+    #[test]
+    fn pre_tokenizer_types_split_as_llama_cpp() {
+        assert_eq!(pieces("llama-bpe", "12345"), ["123", "45"]);
+        assert_eq!(pieces("qwen2", "12345"), ["1", "2", "3", "4", "5"]);
+        assert_eq!(pieces("smollm", "12345"), ["1", "2", "3", "4", "5"]);
+        assert_eq!(pieces("gpt-2", "12345"), ["12345"]);
+        assert_eq!(pieces("llama-bpe", "IT'S"), ["IT", "'S"]);
+        assert_eq!(pieces("gpt-2", "IT'S"), ["IT", "'", "S"]);
+        // The byte-level alphabet: a space is 'Ġ'.
+        assert_eq!(pieces("gpt-2", "a b"), ["a", "Ġb"]);
+    }
+
+    fn spm(tokens: &[&str], scores: &[f32]) -> TokenizerSpec {
+        let types = tokens
+            .iter()
+            .map(|t| match *t {
+                "<unk>" => 2,
+                "<s>" | "</s>" => 3,
+                t if t.starts_with("<0x") => 6,
+                _ => 1,
+            })
+            .collect();
+        TokenizerSpec {
+            model: "llama".into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            scores: Some(scores.to_vec()),
+            token_types: Some(types),
+            ..TokenizerSpec::default()
+        }
+    }
+
+    const SPM_TOKENS: [&str; 10] = [
+        "<unk>", "<s>", "</s>", "<0x41>", "\u{2581}", "a", "b", "c", "ab", "bc",
+    ];
+
+    /// The pair whose merged piece scores higher merges first; BOS is added by default
+    /// and a `▁` goes in front of the text; characters without a piece use byte tokens.
+    #[test]
+    fn sentencepiece_merges_follow_scores() {
+        let ab_first = spm(&SPM_TOKENS, &[0., 0., 0., 0., -9., -9., -9., -9., -1., -2.]);
+        let tok = ab_first.build().unwrap();
+        assert_eq!(tok.encode("abc").unwrap(), [1, 4, 8, 7]);
+        let bc_first = spm(&SPM_TOKENS, &[0., 0., 0., 0., -9., -9., -9., -9., -2., -1.]);
+        let tok = bc_first.build().unwrap();
+        assert_eq!(tok.encode("abc").unwrap(), [1, 4, 5, 9]);
+        assert_eq!(tok.encode("A").unwrap(), [1, 4, 3]);
+        assert_eq!(tok.decode(&[1, 4, 5, 9, 4, 3]).unwrap(), "abc A");
+        let plain = TokenizerSpec {
+            add_bos: Some(false),
+            add_space_prefix: Some(false),
+            ..bc_first
+        };
+        assert_eq!(plain.build().unwrap().encode("abc").unwrap(), [5, 9]);
+    }
+
+    #[test]
+    fn stop_ids_cover_eos_eot_and_end_of_turn_controls() {
+        let mut spec = spm(&SPM_TOKENS, &[0.0; 10]);
+        spec.tokens[3] = "<|im_end|>".into();
+        spec.token_types.as_mut().unwrap()[3] = 3;
+        spec.eot = Some(7);
+        // EOS defaults to 2 for SentencePiece vocabularies.
+        assert_eq!(spec.stop_ids(), [2, 3, 7]);
+        assert_eq!(spec.build().unwrap().stop_ids(), [2, 3, 7]);
+    }
 }

@@ -180,6 +180,15 @@ mod tests {
         assert_eq!(l3.decode(&ids).unwrap(), "The keeper lit the lamp.");
     }
 
+    #[test]
+    fn stop_ids_are_the_end_tokens() {
+        let l2 = fixture("llama2-tiny-f32");
+        assert_eq!(l2.stop_ids(), [2], "</s>");
+        let l3 = fixture("llama3-tiny-bf16");
+        assert_eq!(l3.stop_ids(), [1, 2], "<|end_of_text|> and <|eot_id|>");
+        assert_eq!(l3.id_to_token(2).as_deref(), Some("<|eot_id|>"));
+    }
+
     /// Streaming yields exactly the text of a full decode, piece by piece, for words with
     /// leading spaces and for multi-byte characters split over byte-level tokens.
     #[test]
