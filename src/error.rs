@@ -77,6 +77,18 @@ pub enum Error {
     #[error("{field}: {msg}")]
     GgufInput { field: String, msg: String },
 
+    /// Tokenizer metadata (the GGUF `tokenizer.*` keys) that cannot describe a tokenizer:
+    /// `key` names the offending key.
+    #[error("{key}: {msg}")]
+    TokenizerSpec { key: &'static str, msg: String },
+
+    /// A chat template that cannot be parsed or rendered, or that raised an exception.
+    #[error("chat template: {problem}: {detail}")]
+    ChatTemplate {
+        problem: TemplateProblem,
+        detail: String,
+    },
+
     /// An I/O error, with the path it concerns.
     #[error("{path}: {source}")]
     Io {
@@ -84,6 +96,27 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What went wrong with a chat template (see [`Error::ChatTemplate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateProblem {
+    /// The template does not parse (a Jinja syntax error).
+    Syntax,
+    /// Rendering failed (an undefined function or filter, a type error, ...).
+    Render,
+    /// The template called `raise_exception` (it rejects the conversation).
+    Raised,
+}
+
+impl std::fmt::Display for TemplateProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TemplateProblem::Syntax => "syntax error",
+            TemplateProblem::Render => "render error",
+            TemplateProblem::Raised => "the template raised an exception",
+        })
+    }
 }
 
 impl Error {
@@ -98,6 +131,14 @@ impl Error {
     /// Shorthand for a planning error.
     pub fn plan(msg: impl Into<String>) -> Self {
         Error::Plan(msg.into())
+    }
+
+    /// Shorthand for a tokenizer metadata error naming its key.
+    pub fn tokenizer_spec(key: &'static str, msg: impl Into<String>) -> Self {
+        Error::TokenizerSpec {
+            key,
+            msg: msg.into(),
+        }
     }
 
     /// Shorthand for a model error.

@@ -9,9 +9,13 @@
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
+//! - [`gguf_tokenizer`]: tokenizers from GGUF metadata (`tokenizer.ggml.*`);
+//! - [`chat`]: chat templates (Jinja) rendered into prompts;
 //! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny).
 
+pub mod chat;
 pub mod config;
+pub mod gguf_tokenizer;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
@@ -21,7 +25,9 @@ pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatTemplate, Message};
 pub use config::Config;
+pub use gguf_tokenizer::TokenizerSpec;
 pub use kv_cache::KvCache;
 pub use llama::{Generation, Llama, LoadOptions, Stop};
 pub use output::{Logits, Output};

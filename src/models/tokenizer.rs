@@ -1,4 +1,5 @@
-//! Tokenizer glue: a model folder's `tokenizer.json` through the `tokenizers` crate.
+//! Tokenizer glue: a model folder's `tokenizer.json`, or GGUF tokenizer metadata (see
+//! [`super::gguf_tokenizer::TokenizerSpec`]), through the `tokenizers` crate.
 //!
 //! Encoding adds special tokens the way the file's post-processor says (a BOS in front
 //! for Llama 2 and 3). Decoding streams: [`TokenStream`] returns the text each new token
@@ -6,22 +7,31 @@
 //! multi-byte character) until the character is complete, and keeping earlier tokens as
 //! context so word-leading spaces come out right.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tokenizers::{
     DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
     PreTokenizerWrapper,
 };
 
+use super::gguf_tokenizer::END_OF_TURN_TEXTS;
 use crate::error::{Error, Result};
+
+/// Whether a special token's text marks the end of a text or of a turn.
+fn is_end_of_text(text: &str) -> bool {
+    END_OF_TURN_TEXTS.contains(&text) || matches!(text, "</s>" | "<|end_of_text|>")
+}
 
 /// File name of a Hugging Face tokenizer inside a model folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
-/// A Hugging Face tokenizer.
+/// A tokenizer: from a Hugging Face `tokenizer.json` or from GGUF metadata.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    path: PathBuf,
+    /// Where it came from (a path), for error messages.
+    origin: String,
+    /// Ids that end generation, sorted.
+    stop: Vec<u32>,
 }
 
 impl Tokenizer {
@@ -29,10 +39,51 @@ impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::model(format!("{}: cannot load tokenizer: {e}", path.display())))?;
-        Ok(Tokenizer {
+        // A tokenizer.json does not say which token is EOS: its special tokens whose text
+        // ends a turn in the known chat formats stand in.
+        let mut stop: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special && is_end_of_text(&t.content))
+            .map(|(&id, _)| id)
+            .collect();
+        stop.sort_unstable();
+        Ok(Tokenizer::from_parts(
             inner,
-            path: path.to_path_buf(),
-        })
+            path.display().to_string(),
+            stop,
+        ))
+    }
+
+    /// Wraps a built tokenizer; `stop` lists the ids that end generation.
+    pub(crate) fn from_parts(inner: tokenizers::Tokenizer, origin: String, stop: Vec<u32>) -> Self {
+        Tokenizer {
+            inner,
+            origin,
+            stop,
+        }
+    }
+
+    /// The ids that end generation (EOS, end of turn), sorted.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop
+    }
+
+    /// Number of token ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The text of token `id`, as stored in the vocabulary (byte-level or `▁` spelling).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Whether [`encode`](Self::encode) turns the text of special (control) tokens into
+    /// their ids, as `llama-tokenize` does by default (on), or tokenizes it as plain text
+    /// (off: for text typed by a user, so that it cannot fake a chat turn).
+    pub fn set_parse_special(&mut self, on: bool) {
+        self.inner.set_encode_special_tokens(!on);
     }
 
     /// The folder's tokenizer, or `None` when it has no `tokenizer.json`.
@@ -46,7 +97,7 @@ impl Tokenizer {
     }
 
     fn err(&self, what: &str, e: impl std::fmt::Display) -> Error {
-        Error::model(format!("{}: {what}: {e}", self.path.display()))
+        Error::model(format!("{}: {what}: {e}", self.origin))
     }
 
     /// Token ids of `text`, with the special tokens (BOS) the tokenizer adds.
@@ -127,6 +178,15 @@ mod tests {
         let ids = l3.encode("The keeper lit the lamp.").unwrap();
         assert_eq!(ids[0], 0, "Llama 3 style <|begin_of_text|>");
         assert_eq!(l3.decode(&ids).unwrap(), "The keeper lit the lamp.");
+    }
+
+    #[test]
+    fn stop_ids_are_the_end_tokens() {
+        let l2 = fixture("llama2-tiny-f32");
+        assert_eq!(l2.stop_ids(), [2], "</s>");
+        let l3 = fixture("llama3-tiny-bf16");
+        assert_eq!(l3.stop_ids(), [1, 2], "<|end_of_text|> and <|eot_id|>");
+        assert_eq!(l3.id_to_token(2).as_deref(), Some("<|eot_id|>"));
     }
 
     /// Streaming yields exactly the text of a full decode, piece by piece, for words with
