@@ -10,7 +10,9 @@
 //!   order, the allocator, plans and dumps;
 //! - [`ops`]: the op set, one file per family (builder, shape inference, CPU kernel);
 //! - [`backend`]: CPU and CUDA executors;
-//! - [`models`]: model graphs (Llama) defined with the public API only.
+//! - [`models`]: model graphs (Llama) defined with the public API only;
+//! - [`quant`]: ggml-compatible quantized block formats (quantize, dequantize, the dot
+//!   products of the quantized matrix-vector product), pure Rust.
 
 #![deny(clippy::wildcard_enum_match_arm)]
 
@@ -19,6 +21,7 @@ pub mod error;
 pub mod graph;
 pub mod models;
 pub mod ops;
+pub mod quant;
 
 pub use error::{Error, Result};
 

@@ -1,0 +1,215 @@
+//! Dot products of one quantized weight row with a row of activations: the inner loop
+//! of the quantized matrix-vector product.
+//!
+//! [`vec_dot_q8_1`] takes the activations quantized to Q8_1 and is the CPU oracle of
+//! ggml-cuda's `mul_mat_vec_q` path: products of quants summed in `i32` per 32-element
+//! block (per 16 elements under Q6_K's scales), then scaled in `f32`. A weight block's
+//! offset (Q4_0's `-8`, Q5_0's `-16`, Q4_1/Q5_1's `m`, the K-quants' mins) is applied once
+//! per block through the Q8_1 block's `s = d * sum(q)` field:
+//!
+//! | weights | one 32-element block (`d8`, `s8`: the Q8_1 block's fields) |
+//! |---------|-------------------------------------------------------------|
+//! | Q4_0 | `d4 * (sumi * d8 - 8 * s8)`, `sumi = sum(q4 * q8)` with `q4` in `0..16` |
+//! | Q4_1 | `sumi * (d4 * d8) + m4 * s8` |
+//! | Q5_0 | `d5 * (sumi * d8 - 16 * s8)`, `q5` in `0..32` |
+//! | Q5_1 | `sumi * (d5 * d8) + m5 * s8` |
+//! | Q8_0, Q8_1 | `(dw * d8) * sumi` |
+//!
+//! For Q4_K and Q5_K a super-block meets 8 Q8_1 blocks, one per sub-block `j`:
+//! `d * sum_j(d8_j * (sc_j * sumi_j)) - dmin * sum_j(s8_j * m_j)`. For Q6_K each Q8_1
+//! block covers two 16-element scale groups: `d * sum_j(d8_j * (sc_a * sumi_a + sc_b *
+//! sumi_b))` with the quants' `-32` applied before the integer products. Products of two
+//! f16 scales are taken in f32 (ggml-cuda's path for GPUs without fast f16 arithmetic).
+//!
+//! [`vec_dot_f32`] is the dequantize-in-registers path: each block is dequantized exactly
+//! as [`super::dequantize_row`] does and dotted with the f32 activations.
+
+use super::kquants::{scale_min_k4, unpack_q4_k, unpack_q5_k, unpack_q6_k, QK_K};
+use super::legacy::{unpack_5bit, unpack_nibbles};
+use super::{as_array, as_array_mut, legacy, read_f16, QType};
+
+/// Bytes of a Q8_1 block.
+const Q8_1_BYTES: usize = 36;
+
+/// Dot product of the quantized weight row `w` (blocks of `q`) with the activations `a`
+/// quantized to Q8_1 (one Q8_1 block per 32 weights; 8 per K-quant super-block).
+///
+/// # Panics
+/// If `w` is not a whole number of `q` blocks, or `a` does not hold one Q8_1 block per
+/// 32 weights of `w`: the caller sizes both from the same row length.
+pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / q.block_bytes() * q.block_size();
+    assert!(
+        w.len() % q.block_bytes() == 0 && a.len() == n / 32 * Q8_1_BYTES,
+        "vec_dot_q8_1 {q}: {} weight bytes and {} Q8_1 bytes do not describe one row",
+        w.len(),
+        a.len()
+    );
+    match q {
+        QType::Q4_0 => sum_blocks::<18, 36>(w, a, dot_q4_0),
+        QType::Q4_1 => sum_blocks::<20, 36>(w, a, dot_q4_1),
+        QType::Q5_0 => sum_blocks::<22, 36>(w, a, dot_q5_0),
+        QType::Q5_1 => sum_blocks::<24, 36>(w, a, dot_q5_1),
+        QType::Q8_0 => sum_blocks::<34, 36>(w, a, |w, a| dot_q8(read_f16(w, 0), &w[2..], a)),
+        QType::Q8_1 => sum_blocks::<36, 36>(w, a, |w, a| dot_q8(read_f16(w, 0), &w[4..], a)),
+        QType::Q4_K => sum_blocks::<144, 288>(w, a, |w, a| dot_k4(w, &unpack_q4_k(&w[16..]), a)),
+        QType::Q5_K => sum_blocks::<176, 288>(w, a, |w, a| {
+            dot_k4(w, &unpack_q5_k(&w[16..48], &w[48..]), a)
+        }),
+        QType::Q6_K => sum_blocks::<210, 288>(w, a, dot_q6_k),
+    }
+}
+
+/// Dot product of the quantized weight row `w` (blocks of `q`) with the f32 activations
+/// `x`: each block dequantized, then dotted in f32.
+///
+/// # Panics
+/// If `w` is not a whole number of `q` blocks or `x` does not hold one value per weight.
+pub fn vec_dot_f32(q: QType, w: &[u8], x: &[f32]) -> f32 {
+    assert!(
+        w.len() % q.block_bytes() == 0 && x.len() == w.len() / q.block_bytes() * q.block_size(),
+        "vec_dot_f32 {q}: {} weight bytes and {} activations do not describe one row",
+        w.len(),
+        x.len()
+    );
+    match q {
+        QType::Q4_0 => f32_blocks(w, x, legacy::dequantize_q4_0),
+        QType::Q4_1 => f32_blocks(w, x, legacy::dequantize_q4_1),
+        QType::Q5_0 => f32_blocks(w, x, legacy::dequantize_q5_0),
+        QType::Q5_1 => f32_blocks(w, x, legacy::dequantize_q5_1),
+        QType::Q8_0 => f32_blocks(w, x, legacy::dequantize_q8_0),
+        QType::Q8_1 => f32_blocks(w, x, legacy::dequantize_q8_1),
+        QType::Q4_K => f32_blocks(w, x, super::kquants::dequantize_q4_k),
+        QType::Q5_K => f32_blocks(w, x, super::kquants::dequantize_q5_k),
+        QType::Q6_K => f32_blocks(w, x, super::kquants::dequantize_q6_k),
+    }
+}
+
+/// Sums `f` over the pairs of weight blocks (`W` bytes) and their Q8_1 blocks (`A` bytes).
+#[inline(always)]
+fn sum_blocks<const W: usize, const A: usize>(
+    w: &[u8],
+    a: &[u8],
+    f: impl Fn(&[u8; W], &[u8; A]) -> f32,
+) -> f32 {
+    w.chunks_exact(W)
+        .zip(a.chunks_exact(A))
+        .fold(0.0f32, |acc, (w, a)| acc + f(as_array(w), as_array(a)))
+}
+
+/// Dequantizes each block of `w` with `deq` and dots it with its slice of `x`.
+#[inline(always)]
+fn f32_blocks<const W: usize, const N: usize>(
+    w: &[u8],
+    x: &[f32],
+    deq: fn(&[u8; W], &mut [f32; N]),
+) -> f32 {
+    let mut buf = [0.0f32; N];
+    let mut total = 0.0f32;
+    for (wb, xb) in w.chunks_exact(W).zip(x.chunks_exact(N)) {
+        deq(as_array(wb), as_array_mut(&mut buf));
+        total += dot_lanes(&buf, as_array(xb));
+    }
+    total
+}
+
+/// f32 dot product in 8 independent lanes (so that it vectorizes), lanes summed at the end.
+#[inline(always)]
+fn dot_lanes<const N: usize>(a: &[f32; N], b: &[f32; N]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for k in 0..8 {
+            acc[k] += ca[k] * cb[k];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// `sum(q[i] * a[i])` in i32, with `a` the i8 quants of a Q8_1 block.
+#[inline(always)]
+fn isum<T: Copy + Into<i32>>(q: &[T], a: &[u8]) -> i32 {
+    q.iter()
+        .zip(a)
+        .map(|(&qi, &ai)| qi.into() * i32::from(ai as i8))
+        .sum()
+}
+
+/// The `d` and `s` fields of a Q8_1 block.
+#[inline(always)]
+fn q8_1_ds(a: &[u8]) -> (f32, f32) {
+    (read_f16(a, 0), read_f16(a, 2))
+}
+
+/// One Q4_0 block against one Q8_1 block.
+fn dot_q4_0(w: &[u8; 18], a: &[u8; 36]) -> f32 {
+    let sumi = isum(&unpack_nibbles(&w[2..]), &a[4..]);
+    let (d8, s8) = q8_1_ds(a);
+    read_f16(w, 0) * (sumi as f32 * d8 - 8.0 * s8)
+}
+
+/// One Q4_1 block against one Q8_1 block.
+fn dot_q4_1(w: &[u8; 20], a: &[u8; 36]) -> f32 {
+    let sumi = isum(&unpack_nibbles(&w[4..]), &a[4..]);
+    let (d8, s8) = q8_1_ds(a);
+    sumi as f32 * (read_f16(w, 0) * d8) + read_f16(w, 2) * s8
+}
+
+/// One Q5_0 block against one Q8_1 block.
+fn dot_q5_0(w: &[u8; 22], a: &[u8; 36]) -> f32 {
+    let sumi = isum(&unpack_5bit(&w[2..6], &w[6..]), &a[4..]);
+    let (d8, s8) = q8_1_ds(a);
+    read_f16(w, 0) * (sumi as f32 * d8 - 16.0 * s8)
+}
+
+/// One Q5_1 block against one Q8_1 block.
+fn dot_q5_1(w: &[u8; 24], a: &[u8; 36]) -> f32 {
+    let sumi = isum(&unpack_5bit(&w[4..8], &w[8..]), &a[4..]);
+    let (d8, s8) = q8_1_ds(a);
+    sumi as f32 * (read_f16(w, 0) * d8) + read_f16(w, 2) * s8
+}
+
+/// One Q8_0 / Q8_1 weight block (scale `dw`, quants `qs`) against one Q8_1 block.
+#[inline(always)]
+fn dot_q8(dw: f32, qs: &[u8], a: &[u8; 36]) -> f32 {
+    let q: [i8; 32] = std::array::from_fn(|i| qs[i] as i8);
+    let sumi = isum(&q, &a[4..]);
+    dw * read_f16(a, 0) * sumi as f32
+}
+
+/// One Q4_K / Q5_K super-block (header `w[0..16]`, quants `q`) against 8 Q8_1 blocks.
+#[inline(always)]
+fn dot_k4(w: &[u8], q: &[u8; QK_K], a: &[u8; 288]) -> f32 {
+    let (mut sumf_d, mut sumf_m) = (0.0f32, 0.0f32);
+    for (j, (qj, aj)) in q
+        .chunks_exact(32)
+        .zip(a.chunks_exact(Q8_1_BYTES))
+        .enumerate()
+    {
+        let sumi = isum(qj, &aj[4..]);
+        let (sc, m) = scale_min_k4(j, &w[4..16]);
+        let (d8, s8) = q8_1_ds(aj);
+        sumf_d += d8 * (i32::from(sc) * sumi) as f32;
+        sumf_m += s8 * f32::from(m);
+    }
+    read_f16(w, 0) * sumf_d - read_f16(w, 2) * sumf_m
+}
+
+/// One Q6_K super-block against 8 Q8_1 blocks.
+fn dot_q6_k(w: &[u8; 210], a: &[u8; 288]) -> f32 {
+    let q = unpack_q6_k(&w[..128], &w[128..192]);
+    let mut sumf = 0.0f32;
+    for (j, (qj, aj)) in q
+        .chunks_exact(32)
+        .zip(a.chunks_exact(Q8_1_BYTES))
+        .enumerate()
+    {
+        let sumi_a = isum(&qj[..16], &aj[4..20]);
+        let sumi_b = isum(&qj[16..], &aj[20..]);
+        let (sc_a, sc_b) = (
+            i32::from(w[192 + 2 * j] as i8),
+            i32::from(w[193 + 2 * j] as i8),
+        );
+        sumf += read_f16(aj, 0) * (sc_a * sumi_a + sc_b * sumi_b) as f32;
+    }
+    read_f16(w, 208) * sumf
+}
