@@ -797,12 +797,21 @@ mod cuda {
 
         use super::{fail, Module};
 
-        /// Kernel-name suffixes naming a dtype, and the `DType` variant of each.
-        const DTYPES: [(&str, &str); 4] = [
+        /// Kernel-name suffixes naming a dtype, and the `DType` of each.
+        const DTYPES: [(&str, &str); 13] = [
             ("f32", "F32"),
             ("f16", "F16"),
             ("bf16", "BF16"),
             ("i32", "I32"),
+            ("q4_0", "Q4_0"),
+            ("q4_1", "Q4_1"),
+            ("q5_0", "Q5_0"),
+            ("q5_1", "Q5_1"),
+            ("q8_0", "Q8_0"),
+            ("q8_1", "Q8_1"),
+            ("q4_k", "Q4_K"),
+            ("q5_k", "Q5_K"),
+            ("q6_k", "Q6_K"),
         ];
 
         /// `(family, dtype variants)` of a kernel name: dtype suffixes are stripped from

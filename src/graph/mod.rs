@@ -81,6 +81,23 @@ pub fn shape4(op: &'static str, shape: &[usize]) -> Result<[usize; 4]> {
     Ok(ne)
 }
 
+/// Checks that rows of `ne[0]` elements of `dtype` are whole blocks (always true for
+/// plain dtypes); the error names the op, the tensor and the sizes.
+pub fn check_blocks(op: &'static str, name: &str, dtype: DType, ne: &[usize; 4]) -> Result<()> {
+    let bs = dtype.block_size();
+    if ne[0] % bs != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "'{name}' {} of {dtype}: ne[0] = {} is not a multiple of the {dtype} block of {bs} elements",
+                fmt_ne(ne),
+                ne[0]
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Graph {
     /// An empty graph.
     pub fn new() -> Self {
@@ -148,6 +165,7 @@ impl Graph {
     /// A new input leaf: contiguous, written by the caller before each run.
     pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<TensorId> {
         let ne = shape4("input", shape)?;
+        check_blocks("input", name, dtype, &ne)?;
         Ok(self.leaf(name, dtype, ne, Flags::INPUT, None))
     }
 
@@ -160,6 +178,7 @@ impl Graph {
         data: BufferRef,
     ) -> Result<TensorId> {
         let ne = shape4("weight", shape)?;
+        check_blocks("weight", name, dtype, &ne)?;
         Ok(self.leaf(name, dtype, ne, Flags::WEIGHT, Some(data)))
     }
 
@@ -172,6 +191,7 @@ impl Graph {
         data: BufferRef,
     ) -> Result<TensorId> {
         let ne = shape4("state", shape)?;
+        check_blocks("state", name, dtype, &ne)?;
         Ok(self.leaf(name, dtype, ne, Flags::STATE, Some(data)))
     }
 

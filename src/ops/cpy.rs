@@ -1,4 +1,6 @@
-//! Copies and conversions between F32, F16 and BF16 on any 4-d strides:
+//! Copies and conversions between F32, F16, BF16 and the quantized block types on any 4-d
+//! strides (a copy into a block type quantizes each row, a copy out of one dequantizes;
+//! rows are matched whole, so both sides then need the same `ne[0]`):
 //! - `cpy(a, dst)`: writes `a` into `dst`, a view of a state tensor (how K/V are written
 //!   into a cache at a position known when the graph is built);
 //! - `cont(a)` / `cast(a, dtype)`: a fresh contiguous copy, optionally converted;
@@ -6,7 +8,7 @@
 //!   replayed decode graph writes K/V at a position that changes between runs).
 
 use super::host::{for_each_row, unflatten_row, HostTensor};
-use super::{expect_dtype, CopyOp, Op};
+use super::{expect_dtype, expect_float_or_quant, CopyOp, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Flags, Graph, Step, TensorId};
 
@@ -34,8 +36,8 @@ impl Graph {
     /// The result is a view of `dst`'s memory.
     pub fn cpy(&mut self, a: TensorId, dst: TensorId) -> Result<TensorId> {
         let (ta, td) = (self.get(a)?, self.get(dst)?);
-        expect_dtype("cpy", &ta.name, ta.dtype, &DType::FLOATS)?;
-        expect_dtype("cpy", &td.name, td.dtype, &DType::FLOATS)?;
+        expect_float_or_quant("cpy", &ta.name, ta.dtype)?;
+        expect_float_or_quant("cpy", &td.name, td.dtype)?;
         if ta.nelements() != td.nelements() {
             return Err(Error::shape(
                 "cpy",
@@ -50,6 +52,21 @@ impl Graph {
                 ),
             ));
         }
+        let blocks = ta.dtype.quant().is_some() || td.dtype.quant().is_some();
+        if blocks && ta.ne[0] != td.ne[0] {
+            return Err(Error::shape(
+                "cpy",
+                format!(
+                    "'{}' {} ({}) into '{}' {} ({}): a copy from or to a block type matches whole rows, so ne[0] must agree",
+                    ta.name,
+                    fmt_ne(&ta.ne),
+                    ta.dtype,
+                    td.name,
+                    fmt_ne(&td.ne),
+                    td.dtype
+                ),
+            ));
+        }
         self.check_writable("cpy", dst)?;
         let (dtype, ne, nb) = (td.dtype, td.ne, td.nb);
         Ok(self.new_view_node(Op::Copy(CopyOp::Cpy), dst, dtype, ne, nb, 0, &[a, dst]))
@@ -61,22 +78,24 @@ impl Graph {
         self.cast(a, dtype)
     }
 
-    /// A contiguous copy of `a` converted to `dtype` (F32, F16 and BF16 convert into each
-    /// other; I32 only copies).
+    /// A contiguous copy of `a` converted to `dtype`: F32, F16, BF16 and the quantized
+    /// types convert into each other (quantizing or dequantizing whole rows, so `ne[0]`
+    /// must be a multiple of a block type's block); I32 only copies.
     pub fn cast(&mut self, a: TensorId, dtype: DType) -> Result<TensorId> {
         let t = self.get(a)?;
-        if t.dtype.is_float() != dtype.is_float() {
+        if (t.dtype == DType::I32) != (dtype == DType::I32) {
             return Err(Error::DType {
                 op: "cast",
                 operand: t.name.clone(),
                 found: t.dtype,
-                expected: if dtype.is_float() {
-                    "a float dtype".into()
-                } else {
+                expected: if dtype == DType::I32 {
                     "i32".into()
+                } else {
+                    "a float or quantized dtype".into()
                 },
             });
         }
+        crate::graph::check_blocks("cast", &t.name, dtype, &t.ne)?;
         let ne = t.ne;
         Ok(self.new_node(Op::Copy(CopyOp::Cont), dtype, ne, &[a]))
     }
@@ -87,7 +106,7 @@ impl Graph {
     /// against `rows` when the graph runs. The result is a view of all of `dst`.
     pub fn set_rows(&mut self, dst: TensorId, src: TensorId, ids: TensorId) -> Result<TensorId> {
         let (td, ts, ti) = (self.get(dst)?, self.get(src)?, self.get(ids)?);
-        expect_dtype("set_rows", &td.name, td.dtype, &DType::FLOATS)?;
+        expect_float_or_quant("set_rows", &td.name, td.dtype)?;
         expect_dtype("set_rows", &ts.name, ts.dtype, &DType::FLOATS)?;
         expect_dtype("set_rows", &ti.name, ti.dtype, &[DType::I32])?;
         let ok = ts.ne[0] == td.ne[0]
@@ -128,6 +147,21 @@ impl Graph {
 /// CPU reference for cpy and cont.
 pub(crate) fn cpu_copy(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
+    if a.ne != dst.ne && a.ne[0] == dst.ne[0] && a.dtype != DType::I32 {
+        // Whole rows matched in row-major order (block types always take this path).
+        let mut row = vec![0f32; dst.ne[0]];
+        for r in 0..a.ne[1] * a.ne[2] * a.ne[3] {
+            let (s1, s2, s3) = unflatten_row(a.ne, r);
+            let (d1, d2, d3) = unflatten_row(dst.ne, r);
+            // SAFETY: both row indices are inside their shapes (equal row counts); the
+            // plan guarantees valid memory and dst is written by this step only.
+            unsafe {
+                a.read_row(s1, s2, s3, &mut row);
+                dst.write_row(d1, d2, d3, &row);
+            }
+        }
+        return Ok(());
+    }
     if a.ne == dst.ne {
         let mut row = vec![0f32; dst.ne[0]];
         if a.dtype == DType::I32 {

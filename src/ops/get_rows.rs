@@ -2,7 +2,7 @@
 //! checked against the table's row count when the graph runs.
 
 use super::host::{for_each_row, HostTensor};
-use super::{expect_dtype, Op};
+use super::{expect_dtype, expect_float_or_quant, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, Step, TensorId};
 
@@ -11,7 +11,7 @@ impl Graph {
     /// F32 [ne0, n, t2, t3].
     pub fn get_rows(&mut self, table: TensorId, ids: TensorId) -> Result<TensorId> {
         let (tt, ti) = (self.get(table)?, self.get(ids)?);
-        expect_dtype("get_rows", &tt.name, tt.dtype, &DType::FLOATS)?;
+        expect_float_or_quant("get_rows", &tt.name, tt.dtype)?;
         expect_dtype("get_rows", &ti.name, ti.dtype, &[DType::I32])?;
         if ti.ne[1] != tt.ne[2] || ti.ne[2] != tt.ne[3] || ti.ne[3] != 1 {
             return Err(Error::shape(

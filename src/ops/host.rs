@@ -3,7 +3,9 @@
 //! A [`HostTensor`] is a pointer plus dtype, `ne` and `nb`: any strides, any dtype, and
 //! possibly the same memory as another operand (in-place ops), which is why kernels go
 //! through raw reads and writes rather than slices. Values are converted to and from
-//! `f32` element by element (F16/BF16 through `half`).
+//! `f32` element by element (F16/BF16 through `half`); rows of a quantized type are
+//! dequantized and quantized whole, block by block ([`crate::quant`]), so element access
+//! ([`HostTensor::get`], [`load`]) is for plain types only and row access for every type.
 
 use half::{bf16, f16};
 
@@ -98,6 +100,13 @@ impl HostTensor {
         let base = unsafe { self.ptr.add(self.offset([0, i1, i2, i3])) };
         let nb0 = self.nb[0];
         match self.dtype {
+            DType::Quant(q) => {
+                let bytes = self.dtype.row_bytes(out.len());
+                // SAFETY: a quantized row is `bytes` dense bytes (nb[0] is the block size)
+                // inside valid memory.
+                let row = unsafe { std::slice::from_raw_parts(base as *const u8, bytes) };
+                crate::quant::dequantize_row(q, row, out).expect("row sizes agree");
+            }
             DType::F32 if nb0 == 4 => {
                 // SAFETY: a dense f32 row of out.len() elements starts at base.
                 unsafe {
@@ -127,6 +136,14 @@ impl HostTensor {
         // SAFETY: the caller guarantees the row is valid memory.
         let base = unsafe { self.ptr.add(self.offset([0, i1, i2, i3])) };
         let nb0 = self.nb[0];
+        if let Some(q) = self.dtype.quant() {
+            let bytes = self.dtype.row_bytes(vals.len());
+            // SAFETY: a quantized row is `bytes` dense bytes inside valid memory that
+            // nothing else accesses concurrently.
+            let row = unsafe { std::slice::from_raw_parts_mut(base, bytes) };
+            crate::quant::quantize_row(q, vals, row).expect("row sizes agree");
+            return;
+        }
         for (j, &v) in vals.iter().enumerate() {
             // SAFETY: element j of the row is inside the tensor.
             unsafe { store(base.add(j * nb0), self.dtype, v) };
@@ -134,7 +151,8 @@ impl HostTensor {
     }
 }
 
-/// Loads one element of `dtype` at `p` as f32.
+/// Loads one element of `dtype` at `p` as f32 (plain dtypes; a block type has no
+/// addressable element, and the op builders keep them from element-wise kernels).
 ///
 /// # Safety
 /// `p` must point at a readable element of `dtype`.
@@ -147,11 +165,12 @@ pub unsafe fn load(p: *const u8, dtype: DType) -> f32 {
             DType::F16 => f16::from_bits((p as *const u16).read_unaligned()).to_f32(),
             DType::BF16 => bf16::from_bits((p as *const u16).read_unaligned()).to_f32(),
             DType::I32 => (p as *const i32).read_unaligned() as f32,
+            DType::Quant(q) => unreachable!("element load from a {} block", q.name()),
         }
     }
 }
 
-/// Stores `v` as one element of `dtype` at `p` (round to nearest even).
+/// Stores `v` as one element of `dtype` at `p` (round to nearest even; plain dtypes).
 ///
 /// # Safety
 /// `p` must point at a writable element of `dtype`.
@@ -164,6 +183,7 @@ pub unsafe fn store(p: *mut u8, dtype: DType, v: f32) {
             DType::F16 => (p as *mut u16).write_unaligned(f16::from_f32(v).to_bits()),
             DType::BF16 => (p as *mut u16).write_unaligned(bf16::from_f32(v).to_bits()),
             DType::I32 => (p as *mut i32).write_unaligned(v as i32),
+            DType::Quant(q) => unreachable!("element store into a {} block", q.name()),
         }
     }
 }

@@ -53,3 +53,22 @@ pub(crate) fn expect_dtype(
         })
     }
 }
+
+/// Checks that operand `operand` of `op` is a float or a quantized block type (weights,
+/// embedding tables, caches, conversions).
+pub(crate) fn expect_float_or_quant(
+    op: &'static str,
+    operand: &str,
+    found: crate::graph::DType,
+) -> crate::Result<()> {
+    if found.is_float() || found.quant().is_some() {
+        Ok(())
+    } else {
+        Err(crate::Error::DType {
+            op,
+            operand: operand.to_string(),
+            found,
+            expected: "f32, f16, bf16 or a quantized type".into(),
+        })
+    }
+}

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::host::HostTensor;
-use super::{expect_dtype, Op};
+use super::{expect_dtype, expect_float_or_quant, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
 
@@ -15,8 +15,13 @@ impl Graph {
     /// `a^T b` contracted over dim 0: [k, m, a2, a3] x [k, n, b2, b3] -> F32 [m, n, b2, b3].
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         let (ta, tb) = (self.get(a)?, self.get(b)?);
-        expect_dtype("mul_mat", &ta.name, ta.dtype, &DType::FLOATS)?;
-        expect_dtype("mul_mat", &tb.name, tb.dtype, &DType::FLOATS)?;
+        expect_float_or_quant("mul_mat", &ta.name, ta.dtype)?;
+        let b_types: &[DType] = if ta.dtype.quant().is_some() {
+            &[DType::F32]
+        } else {
+            &DType::FLOATS
+        };
+        expect_dtype("mul_mat", &tb.name, tb.dtype, b_types)?;
         if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
             return Err(Error::shape(
                 "mul_mat",

@@ -2,7 +2,7 @@
 //! source's memory and copy nothing; no backend runs a kernel for them.
 
 use crate::error::{Error, Result};
-use crate::graph::{fmt_ne, nbytes, shape4, Graph, TensorId};
+use crate::graph::{check_blocks, fmt_ne, nbytes, shape4, Graph, TensorId};
 use crate::ops::{Op, ViewOp};
 
 impl Graph {
@@ -50,7 +50,7 @@ impl Graph {
                 format!("view {} has an empty dimension", fmt_ne(ne)),
             ));
         }
-        Ok(())
+        check_blocks(op, &t.name, t.dtype, ne)
     }
 
     /// A general strided view: `ne` elements with byte strides `nb` from byte `offs` of
@@ -143,6 +143,7 @@ impl Graph {
                 ),
             ));
         }
+        check_blocks("reshape", &t.name, t.dtype, &ne)?;
         let n: usize = ne.iter().product();
         if n != t.nelements() {
             return Err(Error::shape(
@@ -176,6 +177,15 @@ impl Graph {
             }
             seen[ax] = true;
         }
+        if t.dtype.quant().is_some() && axes[0] != 0 {
+            return Err(Error::shape(
+                "permute",
+                format!(
+                    "'{}' is {}: its blocks run along dim 0, which must stay dim 0 (axes {axes:?})",
+                    t.name, t.dtype
+                ),
+            ));
+        }
         let mut ne = [0; 4];
         let mut nb = [0; 4];
         for i in 0..4 {
@@ -197,6 +207,15 @@ impl Graph {
     /// Swaps dims 0 and 1.
     pub fn transpose(&mut self, a: TensorId) -> Result<TensorId> {
         let t = self.get(a)?;
+        if t.dtype.quant().is_some() {
+            return Err(Error::shape(
+                "transpose",
+                format!(
+                    "'{}' is {}: its blocks run along dim 0, which cannot be transposed",
+                    t.name, t.dtype
+                ),
+            ));
+        }
         let mut ne = t.ne;
         let mut nb = t.nb;
         ne.swap(0, 1);

@@ -238,6 +238,7 @@ pub fn encode_value(dtype: DType, x: f32) -> Vec<u8> {
         DType::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
         DType::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
         DType::I32 => (x as i32).to_le_bytes().to_vec(),
+        DType::Quant(q) => panic!("{q} has no single-value encoding; quantize whole rows"),
     }
 }
 
@@ -248,6 +249,7 @@ pub fn decode_value(dtype: DType, bytes: &[u8]) -> f64 {
         DType::F16 => half::f16::from_le_bytes(bytes[..2].try_into().unwrap()).to_f64(),
         DType::BF16 => half::bf16::from_le_bytes(bytes[..2].try_into().unwrap()).to_f64(),
         DType::I32 => i32::from_le_bytes(bytes[..4].try_into().unwrap()) as f64,
+        DType::Quant(q) => panic!("{q} has no single-value decoding; dequantize whole rows"),
     }
 }
 

@@ -62,6 +62,7 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
         DType::F16 => half::f16::from_f32(x).to_f32(),
         DType::BF16 => half::bf16::from_f32(x).to_f32(),
         DType::F32 | DType::I32 => x,
+        DType::Quant(q) => panic!("values are not rounded to {q} one by one"),
     }
 }
 

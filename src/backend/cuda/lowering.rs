@@ -117,6 +117,9 @@ pub(crate) const fn elem_align(dt: DType) -> usize {
     match dt {
         DType::F32 | DType::I32 => 4,
         DType::F16 | DType::BF16 => 2,
+        // Every block type starts with (or, Q6_K, ends in) f16 fields and has an even
+        // size; kernels read its quants in 16-bit pieces.
+        DType::Quant(_) => 2,
     }
 }
 
