@@ -85,7 +85,18 @@ impl fmt::Display for GgufFile {
         for (key, value) in self.metadata().iter() {
             let t = match value {
                 Value::Array(a) => format!("array<{}>", a.element_type()),
-                other => other.value_type().to_string(),
+                other @ (Value::U8(_)
+                | Value::I8(_)
+                | Value::U16(_)
+                | Value::I16(_)
+                | Value::U32(_)
+                | Value::I32(_)
+                | Value::F32(_)
+                | Value::Bool(_)
+                | Value::String(_)
+                | Value::U64(_)
+                | Value::I64(_)
+                | Value::F64(_)) => other.value_type().to_string(),
             };
             writeln!(f, "  {key}: {t} = {}", value.short(SHORT_STRING))?;
         }

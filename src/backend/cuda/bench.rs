@@ -235,8 +235,8 @@ fn fill_inputs(be: &mut CudaBackend, exec: ExecId) -> Result<()> {
                 let v: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 97.0).collect();
                 be.set_input_f32(exec, io.operand.id, &v)?
             }
-            dt @ (DType::F16 | DType::BF16) => {
-                let bytes = vec![0u8; n * dt.block_bytes()];
+            dt @ (DType::F16 | DType::BF16 | DType::Quant(_)) => {
+                let bytes = vec![0u8; dt.row_bytes(n)];
                 be.set_input(exec, io.operand.id, &bytes)?
             }
         }

@@ -40,7 +40,7 @@ impl Gemm {
             DType::F32 => CUDA_R_32F,
             DType::F16 => CUDA_R_16F,
             DType::BF16 => CUDA_R_16BF,
-            DType::I32 => return Err("GEMM of I32 operands".into()),
+            dt @ (DType::I32 | DType::Quant(_)) => return Err(format!("GEMM of {dt} operands")),
         };
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let (alpha, beta) = (1f32, self.beta);
