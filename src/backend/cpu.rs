@@ -308,5 +308,6 @@ pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor], quant: QuantDo
         Op::Copy(CopyOp::SetRows) => ops::cpy::cpu_set_rows(step, dst, src),
         Op::Mask(op) => ops::softmax::cpu(op, dst, src),
         Op::Argmax => ops::argmax::cpu(dst, src),
+        Op::FlashAttnExt(ref p) => ops::attention::cpu(p, dst, src),
     }
 }

@@ -38,5 +38,6 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
+        Op::FlashAttnExt(_) => Err("flash_attn_ext has no CUDA kernel yet".into()),
     }
 }
