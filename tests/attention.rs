@@ -150,7 +150,7 @@ fn run(c: &Case) -> (Vec<f32>, Vec<f64>) {
     let mask = mask_values(c, &mut rng);
     let mut be = CpuBackend::new();
     let mut g = Graph::new();
-    let mut view = |g: &mut Graph, be: &mut CpuBackend, name: &str, bytes: &[u8]| {
+    let view = |g: &mut Graph, be: &mut CpuBackend, name: &str, bytes: &[u8]| {
         let buf = be.alloc_buffer(bytes.len()).unwrap();
         be.write_buffer(buf, 0, bytes).unwrap();
         let r = BufferRef {

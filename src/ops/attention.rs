@@ -86,9 +86,12 @@ impl Graph {
             ));
         }
         let finite = |x: f32| x.is_finite();
-        if !(finite(p.scale) && p.max_bias >= 0.0 && finite(p.max_bias))
-            || !(p.softcap >= 0.0 && finite(p.softcap))
-        {
+        let ok = finite(p.scale)
+            && p.max_bias >= 0.0
+            && finite(p.max_bias)
+            && p.softcap >= 0.0
+            && finite(p.softcap);
+        if !ok {
             return Err(Error::shape(
                 OP,
                 format!("scale, max_bias >= 0 and softcap >= 0 must be finite: {p}"),
@@ -194,16 +197,17 @@ fn attend(
     d_v: usize,
 ) -> Vec<f32> {
     let slope = p.slope(row.h, row.n_head);
-    let mut mrow = vec![0f32; mask.map_or(0, |m| m.ne[0])];
+    // The bias of every key: slope * mask, or 0 without a mask.
+    let mut bias = vec![0f32; row.n_kv];
     if let Some(m) = mask {
         // SAFETY: the mask broadcasts over heads and batches; the row index is inside it.
-        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], &mut mrow) };
+        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], &mut bias) };
+        bias.iter_mut().for_each(|b| *b *= slope);
     }
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
     let mut acc = vec![0f32; d_v];
     let (mut krow, mut vrow) = (vec![0f32; row.q.len()], vec![0f32; d_v]);
-    for j in 0..row.n_kv {
-        let bias = if mask.is_some() { slope * mrow[j] } else { 0.0 };
+    for (j, &bias) in bias.iter().enumerate() {
         if bias == f32::NEG_INFINITY {
             continue;
         }
