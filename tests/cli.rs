@@ -239,7 +239,8 @@ fn logits_writes_every_position() {
 fn dump_text_and_dot() {
     let dir = fixture("llama3-tiny-bf16");
     let d = dir.to_str().unwrap();
-    let text = ok(&["dump", "--model", d]);
+    // The classic attention chain (the reference path).
+    let text = ok(&["dump", "--model", d, "--flash-attn", "off"]);
     assert!(text.starts_with("# graft graph:"), "{text}");
     for needle in [
         "mul_mat",
@@ -252,11 +253,52 @@ fn dump_text_and_dot() {
         assert!(text.contains(needle), "prefill dump lacks {needle:?}");
     }
     assert!(!text.contains("set_rows"));
-    let dec = ok(&["dump", "--model", d, "--decode"]);
+    let dec = ok(&["dump", "--model", d, "--decode", "--flash-attn", "off"]);
     for needle in ["set_rows", "kq_mask", "soft_max", "[256,1,8,1]"] {
         assert!(dec.contains(needle), "decode dump lacks {needle:?}");
     }
     assert!(!dec.contains("diag_mask_inf"));
+    // The default: the fused attention node, a mask input, no score chain.
+    for args in [
+        &["dump", "--model", d][..],
+        &["dump", "--model", d, "--decode"][..],
+    ] {
+        let fa = ok(args);
+        assert!(
+            fa.contains("flash_attn_ext") && fa.contains("kq_mask"),
+            "{fa}"
+        );
+        assert!(
+            !fa.contains("soft_max") && !fa.contains("diag_mask_inf"),
+            "{fa}"
+        );
+    }
+    let q = ok(&[
+        "dump",
+        "--preset",
+        "llama2-7b",
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q4_0",
+    ]);
+    assert!(q.contains("q8_0") && q.contains("q4_0"), "{q}");
+    fails(
+        &["dump", "--model", d, "--cache-type-k", "q8_0"],
+        &["head size", "multiple of 32", "16"],
+    );
+    fails(
+        &[
+            "dump",
+            "--preset",
+            "llama2-7b",
+            "--flash-attn",
+            "off",
+            "--cache-type-v",
+            "q4_0",
+        ],
+        &["needs flash attention"],
+    );
     let dot = ok(&["dump", "--model", d, "--format", "dot"]);
     assert!(dot.starts_with("digraph graft {") && dot.trim_end().ends_with('}'));
     // A published shape without any weights: q|k|v of Llama 3 8B is 4096 + 2 * 1024 wide.

@@ -57,6 +57,7 @@ fn load_dir(dir: &Path) -> graft::Result<Llama> {
         &LoadOptions {
             ctx: Some(32),
             progress: false,
+            ..LoadOptions::default()
         },
     )
 }
@@ -349,6 +350,7 @@ fn api_errors() {
     let opts = LoadOptions {
         ctx: Some(20),
         progress: false,
+        ..LoadOptions::default()
     };
     let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     match m.prefill(be, &[0, 5, 512, 7], Logits::None) {

@@ -7,7 +7,7 @@ use serde_json::json;
 use graft::models::{Sampler, Stop, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, print_out, BackendKind};
+use super::{load_model, make_backend, print_out, BackendKind, CacheArgs};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
@@ -52,13 +52,15 @@ pub struct Args {
     /// No progress bar and no statistics on stderr.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(&a.model, be, a.ctx, a.quiet || a.json)?;
+    let mut model = load_model(&a.model, be, a.ctx, &a.cache, a.quiet || a.json)?;
     let tokenizer = Tokenizer::from_dir(&a.model)?;
     let prompt = match (&a.prompt, &a.token_ids) {
         (Some(text), _) => match &tokenizer {
