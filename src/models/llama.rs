@@ -22,7 +22,6 @@
 //! The model code uses graft's public graph API only and runs on any
 //! [`Backend`].
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -43,6 +42,10 @@ pub const DECODE_BUCKET: usize = 256;
 
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
 const MAX_PREFILL_PLANS: usize = 4;
+
+/// Decode plans (one per KV-length bucket) kept loaded; the least recently used one is
+/// unloaded first, so a long run holds a bounded number of captured graphs.
+pub const MAX_DECODE_PLANS: usize = 8;
 
 /// Bytes of an F32 element (every mul_mat result is F32).
 const F32_BYTES: usize = 4;
@@ -545,6 +548,53 @@ impl Compiled {
     }
 }
 
+/// Loaded plans by key, least recently used first, at most `cap` of them: the least
+/// recently used one is unloaded to make room, so a long run holds a bounded number of
+/// plans (and of captured CUDA graphs).
+struct PlanCache<K> {
+    cap: usize,
+    plans: Vec<(K, Compiled)>,
+}
+
+impl<K: PartialEq> PlanCache<K> {
+    fn new(cap: usize) -> Self {
+        PlanCache {
+            cap,
+            plans: Vec::new(),
+        }
+    }
+
+    /// The plan of `key`, and whether it was built now (with `build`) and loaded.
+    fn get_or_load(
+        &mut self,
+        key: K,
+        be: &mut dyn Backend,
+        build: impl FnOnce() -> Result<ModelGraph>,
+    ) -> Result<(Compiled, bool)> {
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            let entry = self.plans.remove(i);
+            let c = entry.1;
+            self.plans.push(entry);
+            return Ok((c, false));
+        }
+        if self.plans.len() == self.cap {
+            let (_, old) = self.plans.remove(0);
+            be.unload(old.exec)?;
+        }
+        let c = Compiled::load(be, &build()?)?;
+        self.plans.push((key, c));
+        Ok((c, true))
+    }
+
+    /// Unloads every plan.
+    fn release(&mut self, be: &mut dyn Backend) -> Result<()> {
+        for (_, c) in self.plans.drain(..) {
+            be.unload(c.exec)?;
+        }
+        Ok(())
+    }
+}
+
 /// How many plans a model has built (each built plan is loaded once and replayed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanCounts {
@@ -614,10 +664,10 @@ pub struct Llama {
     weights: Weights,
     cache: KvCache,
     n_past: usize,
-    /// Loaded prefill plans by `(n, n_past, all logits)`, least recently used first.
-    prefill: Vec<((usize, usize, bool), Compiled)>,
+    /// Loaded prefill plans by `(n, n_past, all logits)`.
+    prefill: PlanCache<(usize, usize, bool)>,
     /// Loaded decode plans by KV-length bucket.
-    decode: HashMap<usize, Compiled>,
+    decode: PlanCache<usize>,
     counts: PlanCounts,
 }
 
@@ -629,8 +679,8 @@ impl Llama {
             weights,
             cache,
             n_past: 0,
-            prefill: Vec::new(),
-            decode: HashMap::new(),
+            prefill: PlanCache::new(MAX_PREFILL_PLANS),
+            decode: PlanCache::new(MAX_DECODE_PLANS),
             counts: PlanCounts::default(),
         }
     }
@@ -693,6 +743,11 @@ impl Llama {
         self.counts
     }
 
+    /// Plans loaded now: (prefill, decode), each bounded ([`MAX_DECODE_PLANS`]).
+    pub fn loaded_plans(&self) -> (usize, usize) {
+        (self.prefill.plans.len(), self.decode.plans.len())
+    }
+
     /// Forgets the cached positions (the next prefill starts at position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;
@@ -704,13 +759,9 @@ impl Llama {
     }
 
     /// Releases the plans and buffers of this model on `be`.
-    pub fn release(self, be: &mut dyn Backend) -> Result<()> {
-        for (_, c) in &self.prefill {
-            be.unload(c.exec)?;
-        }
-        for c in self.decode.values() {
-            be.unload(c.exec)?;
-        }
+    pub fn release(mut self, be: &mut dyn Backend) -> Result<()> {
+        self.prefill.release(be)?;
+        self.decode.release(be)?;
         be.free_buffer(self.weights.buffer)?;
         be.free_buffer(self.cache.buffer)
     }
@@ -781,16 +832,7 @@ impl Llama {
         self.check_room(1)?;
         let pos = self.n_past;
         let n_kv = decode_bucket(pos, self.cache.ctx);
-        let c = match self.decode.get(&n_kv) {
-            Some(c) => *c,
-            None => {
-                let mg = build_decode(&self.config, &self.weights, &self.cache, n_kv)?;
-                let c = Compiled::load(be, &mg)?;
-                self.counts.decode += 1;
-                self.decode.insert(n_kv, c);
-                c
-            }
-        };
+        let c = self.decode_plan(be, n_kv)?;
         let mask: Vec<f32> = (0..n_kv)
             .map(|i| if i <= pos { 0.0 } else { f32::NEG_INFINITY })
             .collect();
@@ -804,6 +846,16 @@ impl Llama {
         self.read(be, &c, logits)
     }
 
+    /// The decode plan of the bucket `n_kv`, built and loaded on first use.
+    fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self
+            .decode
+            .get_or_load(n_kv, be, || build_decode(cfg, w, kv, n_kv))?;
+        self.counts.decode += usize::from(built);
+        Ok(c)
+    }
+
     /// The prefill plan for `(n, n_past, all)`, built and loaded on first use.
     fn prefill_plan(
         &mut self,
@@ -812,21 +864,11 @@ impl Llama {
         n_past: usize,
         all: bool,
     ) -> Result<Compiled> {
-        let key = (n, n_past, all);
-        if let Some(i) = self.prefill.iter().position(|(k, _)| *k == key) {
-            let entry = self.prefill.remove(i);
-            let c = entry.1;
-            self.prefill.push(entry);
-            return Ok(c);
-        }
-        if self.prefill.len() == MAX_PREFILL_PLANS {
-            let (_, old) = self.prefill.remove(0);
-            be.unload(old.exec)?;
-        }
-        let mg = build_prefill(&self.config, &self.weights, &self.cache, n, n_past, all)?;
-        let c = Compiled::load(be, &mg)?;
-        self.counts.prefill += 1;
-        self.prefill.push((key, c));
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self.prefill.get_or_load((n, n_past, all), be, || {
+            build_prefill(cfg, w, kv, n, n_past, all)
+        })?;
+        self.counts.prefill += usize::from(built);
         Ok(c)
     }
 
