@@ -479,3 +479,78 @@ fn errors_are_clear_and_never_panic() {
     let o = graft(&["generate", "--model", d, "--token-ids", "1,x"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// Negative numbers reach the option's own check (not "unexpected argument"), and a
+/// prompt can come from a file or standard input.
+#[test]
+fn negative_numbers_and_prompt_files() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "hi",
+            "--temperature",
+            "-1",
+        ],
+        &["temperature", "-1"],
+    );
+    for (flag, value) in [("-n", "-1"), ("--seed", "-3"), ("--ctx", "-5")] {
+        let o = graft(&["generate", "--model", d, "--prompt", "hi", flag, value]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(&format!("invalid value '{value}'")), "{err}");
+        assert!(!err.contains("unexpected argument"), "{err}");
+    }
+    let file = std::env::temp_dir().join(format!("graft-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, "Once upon a time").unwrap();
+    let f = file.to_str().unwrap();
+    let from_file = ok(&[
+        "generate", "--model", d, "-f", f, "-n", "4", "--json", "--quiet",
+    ]);
+    let from_arg = ok(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "Once upon a time",
+        "-n",
+        "4",
+        "--json",
+        "--quiet",
+    ]);
+    let ids = |s: &str| {
+        let v: serde_json::Value = serde_json::from_str(s).unwrap();
+        (v["prompt_ids"].clone(), v["generated_ids"].clone())
+    };
+    assert_eq!(ids(&from_file), ids(&from_arg));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args([
+            "generate", "--model", d, "-f", "-", "-n", "4", "--json", "--quiet",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Once upon a time")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(ids(&stdout(&o)), ids(&from_arg));
+    std::fs::remove_file(&file).unwrap();
+    fails(
+        &["generate", "--model", d, "-f", "/"],
+        &["not a regular file"],
+    );
+    fails(
+        &["generate", "--model", d, "-f", "/nonexistent/prompt.txt"],
+        &["/nonexistent/prompt.txt"],
+    );
+}

@@ -16,12 +16,12 @@ pub struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
-    #[arg(
-        long,
-        required_unless_present = "token_ids",
-        conflicts_with = "token_ids"
-    )]
+    #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
+    /// Read the prompt text from a file (`-` for standard input), for prompts longer than
+    /// a command line.
+    #[arg(short = 'f', long, conflicts_with = "token_ids")]
+    file: Option<PathBuf>,
     /// Prompt token ids, comma-separated (works without a tokenizer).
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
@@ -62,7 +62,12 @@ pub fn run(a: Args) -> Result<()> {
     let be = be.as_mut();
     let mut model = load_model(&a.model, be, a.ctx, &a.cache, a.quiet || a.json)?;
     let tokenizer = Tokenizer::from_dir(&a.model)?;
-    let prompt = match (&a.prompt, &a.token_ids) {
+    let text = match (&a.prompt, &a.file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(read_prompt(path)?),
+        (None, None) => None,
+    };
+    let prompt = match (&text, &a.token_ids) {
         (Some(text), _) => match &tokenizer {
             Some(t) => t.encode(text)?,
             None => {
@@ -73,7 +78,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         },
         (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(Error::model("give --prompt or --token-ids")),
+        (None, None) => return Err(Error::model("give --prompt, --file or --token-ids")),
     };
     let mut sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
     model.check_generation(&prompt, a.n)?;
@@ -151,4 +156,25 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The prompt text of `path` (`-` for standard input), as UTF-8.
+fn read_prompt(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::io("standard input", e))?;
+    } else {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::model(format!(
+                "--file {}: not a regular file (use - for standard input)",
+                path.display()
+            )));
+        }
+        text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(text)
 }

@@ -38,14 +38,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate a continuation of a prompt with a Hugging Face Llama model folder.
+    #[command(allow_negative_numbers = true)]
     Generate(generate::Args),
     /// Write the logits of every position of a token sequence (one prefill).
+    #[command(allow_negative_numbers = true)]
     Logits(logits::Args),
     /// Print the planned prefill (or decode) graph with arena offsets.
+    #[command(allow_negative_numbers = true)]
     Dump(dump::Args),
     /// Benchmark prompt processing and generation on a preset with random weights.
+    #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
+    #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
 }
 
