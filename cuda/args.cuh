@@ -169,10 +169,37 @@ struct SpinArgs {  // spin_wait: hold the stream for ns nanoseconds
 };
 static_assert(sizeof(SpinArgs) == 8, "SpinArgs layout");
 
+struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
+    Tensor4 q;             // F32 [d, n_q, n_head, batch]
+    Tensor4 k;             // [d, n_kv, n_head_kv, batch], any strides
+    Tensor4 v;             // [d, n_kv, n_head_kv, batch], as k
+    Tensor4 mask;          // F32 or F16 [n_kv, >= n_q, m2, m3]; data == nullptr: no mask
+    Tensor4 dst;           // F32 [d, n_head, n_q, batch], dense rows
+    float* part;           // fattn_vec with split > 1: (max, sum, acc[d]) per row and chunk
+    const float* slopes;   // the mask factor of each query head (ALiBi slope, else 1)
+    float scale;           // factor of q . k
+    float softcap;         // c of c * tanh(s / c); 0: none
+    int mask_f16;          // 1: the mask is F16, 0: F32
+    int kv_vec;            // 1: every K/V row starts 16-byte aligned (vector loads)
+    i64 group;             // query heads per KV head (GQA)
+    i64 split;             // fattn_vec: KV chunks (gridDim.x)
+    i64 chunk;             // fattn_vec: keys per chunk
+};
+static_assert(sizeof(FattnArgs) == 416, "FattnArgs layout");
+
 // Launch geometry of the mul_mat_vec_* and mul_mat_p021 kernels.
 
 constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_vec_*
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
+
+// Launch geometry of the flash attention kernels (cuda/fattn.cu).
+
+constexpr int FATTN_VEC_WARPS = 4;          // warps per block of fattn_vec_*
+constexpr int FATTN_VEC_ROWS = 8;           // query rows (heads x queries of one KV head) per block
+constexpr int FATTN_COMBINE_THREADS = 128;  // block of fattn_combine
+constexpr int FATTN_MMA_ROWS = 64;          // query rows per block of fattn_mma_* (head dims <= 128)
+constexpr int FATTN_MMA_ROWS_D256 = 32;     // query rows per block of fattn_mma_d256_*
+constexpr int FATTN_MMA_KEYS = 32;          // keys per shared-memory tile of fattn_mma_*
 
 // contract:end

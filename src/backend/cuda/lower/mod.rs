@@ -6,6 +6,7 @@
 //! [`Backend::supports`](crate::backend::Backend::supports).
 
 pub(crate) mod argmax;
+pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod cpy;
 pub(crate) mod get_rows;
@@ -38,6 +39,6 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
-        Op::FlashAttnExt(_) => Err("flash_attn_ext has no CUDA kernel yet".into()),
+        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, lw),
     }
 }
