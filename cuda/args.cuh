@@ -138,6 +138,25 @@ struct GemvArgs {
 };
 static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
 
+// Quantized matrix-vector products (mul_mat_vec_q_c*_*, mul_mat_vec_dq_c*_*):
+// dst[r, c] = sum_l a[l, r] * b[l, c] (+ add[r, c]) for c < ncols (at most 8), rows of
+// `a` dense blocks of its type, dst (and add) dense F32 [m, ncols].
+struct QGemvArgs {
+    const char* a;    // weight blocks: row r at a + r * a_nb1
+    const char* b;    // mul_mat_vec_q: Q8_1 blocks, mul_mat_vec_dq: F32; column c at b + c * b_nb1
+    char* dst;        // F32 [m, ncols], dense
+    const char* add;  // F32 [m, ncols], dense, added to the result (a fused residual add), or null
+    i64 k;            // row length in elements (a multiple of the block)
+    i64 m;            // rows of a
+    i64 ncols;        // columns of b and dst, 1..8 (at most the kernel's column count)
+    i64 a_nb1;        // byte stride between rows of a
+    i64 b_nb1;        // byte stride between columns of b
+    i64 vec;          // mul_mat_vec_dq: 1 when b and b_nb1 are 16-byte aligned
+    i64 prefetch;     // 1 when `a` is read-only in the plan: its first lines are pulled
+                      // into L2 before the previous kernel ends
+};
+static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
+
 struct FillRandomArgs {
     char* dst;
     i64 n;

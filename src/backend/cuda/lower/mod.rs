@@ -11,6 +11,7 @@ pub(crate) mod binary;
 pub(crate) mod cpy;
 pub(crate) mod get_rows;
 pub(crate) mod mul_mat;
+pub(crate) mod mul_mat_q;
 pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod softmax;
