@@ -57,6 +57,7 @@ fn load_dir(dir: &Path) -> graft::Result<Llama> {
         &LoadOptions {
             ctx: Some(32),
             progress: false,
+            quantize: None,
         },
     )
 }
@@ -213,7 +214,7 @@ fn wrong_dtype() {
     });
     expect_err(
         t.load(),
-        &["'model.layers.1.self_attn.k_proj.weight' has dtype I64, expected bf16"],
+        &["'model.layers.1.self_attn.k_proj.weight' has dtype I64; supported: F32, F16, BF16"],
     );
     let t = TempCopy::of("llama3-tiny-bf16");
     t.edit("model.safetensors", |m| {
@@ -349,6 +350,7 @@ fn api_errors() {
     let opts = LoadOptions {
         ctx: Some(20),
         progress: false,
+        quantize: None,
     };
     let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     match m.prefill(be, &[0, 5, 512, 7], Logits::None) {

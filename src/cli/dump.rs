@@ -9,7 +9,7 @@ use clap::ValueEnum;
 
 use graft::graph::{dump, BufferId, DType};
 use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_ctx};
-use graft::models::{presets, Config, KvCache, Weights};
+use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 
 use super::{print_out, DTypeArg};
@@ -50,8 +50,8 @@ pub struct Args {
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
-    /// Weight dtype (default: the config's dtype, else f32).
-    #[arg(long, value_enum)]
+    /// Weight dtype or quantization mix (default: the config's dtype, else f32).
+    #[arg(long, value_enum, alias = "quantize")]
     dtype: Option<DTypeArg>,
 }
 
@@ -70,9 +70,15 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(name)) => preset(name)?,
         (None, None) => return Err(Error::model("give --model or --preset")),
     };
-    let dtype = a.dtype.map(DType::from).or(cfg.dtype).unwrap_or(DType::F32);
+    let plan = match (a.dtype, cfg.dtype) {
+        (Some(d), _) => QuantPlan::from(d),
+        (None, Some(DType::F16)) => QuantPlan::F16,
+        (None, Some(DType::BF16)) => QuantPlan::BF16,
+        (None, Some(_) | None) => QuantPlan::F32,
+    };
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
-    let weights = Weights::layout(&cfg, dtype, BufferId::fresh());
+    let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
+    let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
     let cache = KvCache::layout(&cfg, ctx, BufferId::fresh());
     let mg = if a.decode {
         if a.n_past >= ctx {

@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
-use graft::graph::DType;
+use graft::models::QuantPlan;
 use graft::{Error, Result};
 
 /// graft: a compute-graph framework for LLM inference.
@@ -58,20 +58,52 @@ enum BackendKind {
     Cuda,
 }
 
-/// Weight dtypes accepted on the command line.
+/// Weight dtypes accepted on the command line: one type for every matrix, or one of
+/// ggml's K-quant mixes (see [`QuantPlan`]).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum DTypeArg {
     F32,
     F16,
     Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "q4_k")]
+    Q4_K,
+    #[value(name = "q5_k")]
+    Q5_K,
+    #[value(name = "q6_k")]
+    Q6_K,
+    #[value(name = "q4_k_m")]
+    Q4_K_M,
+    #[value(name = "q5_k_m")]
+    Q5_K_M,
 }
 
-impl From<DTypeArg> for DType {
-    fn from(d: DTypeArg) -> DType {
+impl From<DTypeArg> for QuantPlan {
+    fn from(d: DTypeArg) -> QuantPlan {
         match d {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::F16 => DType::F16,
-            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::F32 => QuantPlan::F32,
+            DTypeArg::F16 => QuantPlan::F16,
+            DTypeArg::Bf16 => QuantPlan::BF16,
+            DTypeArg::Q8_0 => QuantPlan::Q8_0,
+            DTypeArg::Q4_0 => QuantPlan::Q4_0,
+            DTypeArg::Q4_1 => QuantPlan::Q4_1,
+            DTypeArg::Q5_0 => QuantPlan::Q5_0,
+            DTypeArg::Q5_1 => QuantPlan::Q5_1,
+            DTypeArg::Q4_K => QuantPlan::Q4_K,
+            DTypeArg::Q5_K => QuantPlan::Q5_K,
+            DTypeArg::Q6_K => QuantPlan::Q6_K,
+            DTypeArg::Q4_K_M => QuantPlan::Q4_K_M,
+            DTypeArg::Q5_K_M => QuantPlan::Q5_K_M,
         }
     }
 }
@@ -95,9 +127,11 @@ fn load_model(
     dir: &std::path::Path,
     be: &mut dyn Backend,
     ctx: Option<usize>,
+    quantize: Option<DTypeArg>,
     quiet: bool,
 ) -> Result<graft::models::Llama> {
     let opts = graft::models::LoadOptions {
+        quantize: quantize.map(QuantPlan::from),
         ctx,
         progress: !quiet,
     };
