@@ -26,7 +26,8 @@ enum Format {
 /// Arguments of `graft dump`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model folder (only config.json is read).
+    /// Hugging Face model folder (only config.json is read) or GGUF file (only its
+    /// metadata is used).
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     model: Option<PathBuf>,
     /// A preset instead of a folder (tiny, llama2-7b, llama3-8b).
@@ -58,6 +59,9 @@ pub struct Args {
 /// Runs `graft dump`.
 pub fn run(a: Args) -> Result<()> {
     let cfg = match (&a.model, &a.preset) {
+        (Some(file), _) if file.is_file() => {
+            graft::models::gguf_model::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
+        }
         (Some(dir), _) => {
             if !dir.is_dir() {
                 return Err(Error::model(format!(

@@ -4,13 +4,15 @@
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
-//! - `bench-ops`: per-kernel figures of the CUDA backend.
+//! - `bench-ops`: per-kernel figures of the CUDA backend;
+//! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized).
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
 
 mod bench;
 mod bench_ops;
+mod convert;
 mod dump;
 mod generate;
 mod logits;
@@ -47,6 +49,8 @@ enum Command {
     Bench(bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     BenchOps(bench_ops::Args),
+    /// Write a Hugging Face Llama folder as a GGUF file (f32/f16/bf16 or quantized).
+    Convert(convert::Args),
 }
 
 /// Which backend runs the model.
@@ -162,6 +166,7 @@ pub fn main() -> ExitCode {
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchOps(a) => bench_ops::run(a),
+        Command::Convert(a) => convert::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

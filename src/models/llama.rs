@@ -28,10 +28,12 @@ use std::time::Instant;
 
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::graph::{DType, Graph, Plan, TensorId};
 use crate::ops::RopeParams;
 
 use super::config::Config;
+use super::gguf_model;
 use super::kv_cache::{KvCache, KV_DTYPE};
 use super::loader;
 use super::output::{Logits, Output};
@@ -557,20 +559,30 @@ impl Llama {
         }
     }
 
-    /// Loads a Hugging Face model folder (config.json and safetensors weights) onto `be`.
-    pub fn load(dir: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Llama> {
-        if !dir.is_dir() {
+    /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
+    /// weights) or a GGUF file of architecture `llama` (see [`gguf_model`]).
+    pub fn load(path: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Llama> {
+        let gguf = gguf_model::is_gguf_path(path);
+        if !gguf && !path.is_dir() {
             return Err(Error::model(format!(
-                "model folder {} does not exist or is not a folder",
-                dir.display()
+                "model {} does not exist or is neither a folder nor a GGUF file",
+                path.display()
             )));
         }
-        let config = Config::from_file(&dir.join("config.json"))?;
+        let (config, file) = if gguf {
+            let f = GgufFile::open(path)?;
+            (gguf_model::config_from_gguf(&f)?, Some(f))
+        } else {
+            (Config::from_file(&path.join("config.json"))?, None)
+        };
         let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
         if ctx == 0 {
             return Err(Error::model("the context length must be at least 1"));
         }
-        let weights = loader::load_weights(dir, &config, be, opts)?;
+        let weights = match &file {
+            Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
+            None => loader::load_weights(path, &config, be, opts)?,
+        };
         let cache = KvCache::alloc(&config, ctx, be)?;
         Ok(Llama::new(config, weights, cache))
     }

@@ -187,25 +187,17 @@ fn weight_dtype(d: Dtype) -> Option<DType> {
     }
 }
 
-/// One expected tensor found in the checkpoint.
-struct Source<'a> {
-    bytes: &'a [u8],
-    dtype: DType,
-}
-
-/// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`,
-/// converted as `opts.quantize` says (norms always to F32).
-pub fn load_weights(
+/// The tensors of the checkpoint in `dir` for `cfg` (each checked: present, supported
+/// dtype, expected shape, inside its file; no tensor left over), by role and layer,
+/// handed to `f` while the files are mapped.
+pub(crate) fn with_hf_tensors<T>(
     dir: &Path,
     cfg: &Config,
-    be: &mut dyn Backend,
-    opts: &LoadOptions,
-) -> Result<Weights> {
+    f: impl FnOnce(&HashMap<(Role, Option<usize>), (&[u8], DType)>) -> Result<T>,
+) -> Result<T> {
     let ckpt = Checkpoint::open(dir)?;
-    // Check everything before allocating anything: find every tensor with its dtype,
-    // lay the buffer out with the target dtypes, then check the shapes.
     let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
-    let mut found: HashMap<(Role, Option<usize>), Source> = HashMap::new();
+    let mut found = HashMap::new();
     for slot in probe.slots(cfg) {
         let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
             Error::model(format!(
@@ -232,13 +224,34 @@ pub fn load_weights(
             )));
         }
         let bytes = shard.bytes(&slot.name, info)?;
-        found.insert((slot.role, slot.layer), Source { bytes, dtype });
+        found.insert((slot.role, slot.layer), (bytes, dtype));
     }
     check_leftovers(&ckpt, &probe.slots(cfg), cfg)?;
+    f(&found)
+}
+
+/// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`,
+/// converted as `opts.quantize` says (norms always to F32).
+pub fn load_weights(
+    dir: &Path,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
+    with_hf_tensors(dir, cfg, |found| upload_all(found, cfg, be, opts))
+}
+
+/// Uploads every found tensor into a new weight buffer (see [`load_weights`]).
+fn upload_all(
+    found: &HashMap<(Role, Option<usize>), (&[u8], DType)>,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
     let target = |role: Role, layer: Option<usize>| match (role.is_norm(), opts.quantize) {
         (true, _) => DType::F32,
         (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
-        (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.dtype),
+        (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.1),
     };
     let layout = Weights::layout(cfg, &target, BufferId(0));
     if let (Some(plan), true) = (opts.quantize, opts.progress) {
@@ -249,8 +262,8 @@ pub fn load_weights(
     let weights = Weights::alloc(cfg, &target, be)?;
     let bar = progress_bar(layout.bytes as u64, opts.progress);
     for slot in weights.slots(cfg) {
-        let src = &found[&(slot.role, slot.layer)];
-        upload(be, &weights, &slot, src.bytes, src.dtype)?;
+        let (bytes, dtype) = found[&(slot.role, slot.layer)];
+        upload(be, &weights, &slot, bytes, dtype)?;
         bar.inc(slot.bytes() as u64);
     }
     bar.finish_and_clear();

@@ -6,6 +6,8 @@
 //! - [`quant_plan`]: which dtype each weight gets when quantized (one type, or ggml's
 //!   K-quant mixes), [`rows`]: converting rows between dtypes on the host;
 //! - [`loader`]: safetensors checkpoints (single file or sharded) into that buffer;
+//! - [`gguf_model`]: `llama` GGUF files (hyper-parameters, weights, rope layout);
+//! - [`convert`]: an HF folder written as a GGUF file (`graft convert`);
 //! - [`kv_cache`]: the F16 KV cache (V stored transposed);
 //! - [`llama`]: the prefill and decode graphs and the [`Llama`] inference API;
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
@@ -17,6 +19,8 @@
 
 pub mod chat;
 pub mod config;
+pub mod convert;
+pub mod gguf_model;
 pub mod gguf_tokenizer;
 pub mod kv_cache;
 pub mod llama;
