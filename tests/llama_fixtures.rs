@@ -213,7 +213,12 @@ fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Llama {
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", f.name));
-    assert_eq!(m.weights().dtype, f.dtype, "{}", f.name);
+    assert_eq!(
+        m.weights().matrix_dtype(m.config()),
+        Some(f.dtype),
+        "{}",
+        f.name
+    );
     m
 }
 

@@ -214,7 +214,7 @@ fn wrong_dtype() {
     });
     expect_err(
         t.load(),
-        &["'model.layers.1.self_attn.k_proj.weight' has dtype I64, expected bf16"],
+        &["'model.layers.1.self_attn.k_proj.weight' has dtype I64; supported: F32, F16, BF16"],
     );
     let t = TempCopy::of("llama3-tiny-bf16");
     t.edit("model.safetensors", |m| {

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::backend::profile_table;
-use graft::models::{Llama, Logits};
+use graft::models::{Llama, Logits, QuantPlan};
 use graft::Result;
 
 use super::dump::preset;
@@ -28,7 +28,8 @@ pub struct Args {
     /// Model shape: tiny, llama2-7b or llama3-8b.
     #[arg(long)]
     preset: String,
-    /// Weight dtype.
+    /// Weight dtype, or a quantization mix (block types are quantized on the device from
+    /// F32 random values).
     #[arg(long, value_enum, default_value_t = DTypeArg::F16)]
     dtype: DTypeArg,
     /// Prompt tokens per prefill.
@@ -87,7 +88,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
     let be = be.as_mut();
-    let dtype = a.dtype.into();
+    let dtype = QuantPlan::from(a.dtype);
     let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.cache.types(), a.seed, be)?;
     let mut rng = StdRng::seed_from_u64(a.seed);
     let prompt: Vec<u32> = (0..a.p)

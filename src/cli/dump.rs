@@ -9,7 +9,7 @@ use clap::ValueEnum;
 
 use graft::graph::{dump, BufferId, DType};
 use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_ctx};
-use graft::models::{presets, Config, KvCache, Weights};
+use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 
 use super::{print_out, CacheArgs, DTypeArg};
@@ -26,7 +26,8 @@ enum Format {
 /// Arguments of `graft dump`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model folder (only config.json is read).
+    /// Hugging Face model folder (only config.json is read) or GGUF file (only its
+    /// metadata is used).
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     model: Option<PathBuf>,
     /// A preset instead of a folder (tiny, llama2-7b, llama3-8b).
@@ -50,8 +51,8 @@ pub struct Args {
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
-    /// Weight dtype (default: the config's dtype, else f32).
-    #[arg(long, value_enum)]
+    /// Weight dtype or quantization mix (default: the config's dtype, else f32).
+    #[arg(long, value_enum, alias = "quantize")]
     dtype: Option<DTypeArg>,
     #[command(flatten)]
     cache: CacheArgs,
@@ -60,6 +61,9 @@ pub struct Args {
 /// Runs `graft dump`.
 pub fn run(a: Args) -> Result<()> {
     let cfg = match (&a.model, &a.preset) {
+        (Some(file), _) if file.is_file() => {
+            graft::models::gguf_model::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
+        }
         (Some(dir), _) => {
             if !dir.is_dir() {
                 return Err(Error::model(format!(
@@ -72,9 +76,15 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(name)) => preset(name)?,
         (None, None) => return Err(Error::model("give --model or --preset")),
     };
-    let dtype = a.dtype.map(DType::from).or(cfg.dtype).unwrap_or(DType::F32);
+    let plan = match (a.dtype, cfg.dtype) {
+        (Some(d), _) => QuantPlan::from(d),
+        (None, Some(DType::F16)) => QuantPlan::F16,
+        (None, Some(DType::BF16)) => QuantPlan::BF16,
+        (None, Some(_) | None) => QuantPlan::F32,
+    };
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
-    let weights = Weights::layout(&cfg, dtype, BufferId::fresh());
+    let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
+    let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
     a.cache.types().check(&cfg)?;
     let cache = KvCache::layout(&cfg, ctx, a.cache.types(), BufferId::fresh());
     let mg = if a.decode {

@@ -7,7 +7,7 @@ use serde_json::json;
 use graft::models::{Sampler, Stop, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, print_out, BackendKind, CacheArgs};
+use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
@@ -43,6 +43,10 @@ pub struct Args {
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
+    /// q4_k_m / q5_k_m mixes (norms stay F32).
+    #[arg(long, value_enum)]
+    quantize: Option<DTypeArg>,
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
@@ -60,7 +64,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(&a.model, be, a.ctx, &a.cache, a.quiet || a.json)?;
+    let mut model = load_model(&a.model, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
     let tokenizer = Tokenizer::from_dir(&a.model)?;
     let text = match (&a.prompt, &a.file) {
         (Some(text), _) => Some(text.clone()),

@@ -9,7 +9,7 @@ use safetensors::Dtype;
 use graft::models::Logits;
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind, CacheArgs};
+use super::{load_model, make_backend, BackendKind, CacheArgs, DTypeArg};
 
 /// Arguments of `graft logits`.
 #[derive(clap::Args)]
@@ -23,6 +23,10 @@ pub struct Args {
     /// Output safetensors file.
     #[arg(long)]
     out: PathBuf,
+    /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
+    /// q4_k_m / q5_k_m mixes (norms stay F32).
+    #[arg(long, value_enum)]
+    quantize: Option<DTypeArg>,
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
@@ -38,7 +42,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
     let n = a.token_ids.len();
-    let mut model = load_model(&a.model, be, Some(n.max(1)), &a.cache, a.quiet)?;
+    let mut model = load_model(&a.model, be, Some(n.max(1)), a.quantize, &a.cache, a.quiet)?;
     let out = model.prefill(be, &a.token_ids, Logits::All)?;
     let vocab = model.config().vocab_size;
     let bytes: &[u8] = bytemuck::cast_slice(&out.logits);

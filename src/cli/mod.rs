@@ -4,13 +4,15 @@
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
-//! - `bench-ops`: per-kernel figures of the CUDA backend.
+//! - `bench-ops`: per-kernel figures of the CUDA backend;
+//! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized).
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
 
 mod bench;
 mod bench_ops;
+mod convert;
 mod dump;
 mod generate;
 mod logits;
@@ -22,7 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
-use graft::graph::DType;
+use graft::models::QuantPlan;
 use graft::{Error, Result};
 
 /// graft: a compute-graph framework for LLM inference.
@@ -52,6 +54,8 @@ enum Command {
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
+    /// Write a Hugging Face Llama folder as a GGUF file (f32/f16/bf16 or quantized).
+    Convert(convert::Args),
 }
 
 /// Which backend runs the model.
@@ -63,20 +67,52 @@ enum BackendKind {
     Cuda,
 }
 
-/// Weight dtypes accepted on the command line.
+/// Weight dtypes accepted on the command line: one type for every matrix, or one of
+/// ggml's K-quant mixes (see [`QuantPlan`]).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum DTypeArg {
     F32,
     F16,
     Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "q4_k")]
+    Q4_K,
+    #[value(name = "q5_k")]
+    Q5_K,
+    #[value(name = "q6_k")]
+    Q6_K,
+    #[value(name = "q4_k_m")]
+    Q4_K_M,
+    #[value(name = "q5_k_m")]
+    Q5_K_M,
 }
 
-impl From<DTypeArg> for DType {
-    fn from(d: DTypeArg) -> DType {
+impl From<DTypeArg> for QuantPlan {
+    fn from(d: DTypeArg) -> QuantPlan {
         match d {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::F16 => DType::F16,
-            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::F32 => QuantPlan::F32,
+            DTypeArg::F16 => QuantPlan::F16,
+            DTypeArg::Bf16 => QuantPlan::BF16,
+            DTypeArg::Q8_0 => QuantPlan::Q8_0,
+            DTypeArg::Q4_0 => QuantPlan::Q4_0,
+            DTypeArg::Q4_1 => QuantPlan::Q4_1,
+            DTypeArg::Q5_0 => QuantPlan::Q5_0,
+            DTypeArg::Q5_1 => QuantPlan::Q5_1,
+            DTypeArg::Q4_K => QuantPlan::Q4_K,
+            DTypeArg::Q5_K => QuantPlan::Q5_K,
+            DTypeArg::Q6_K => QuantPlan::Q6_K,
+            DTypeArg::Q4_K_M => QuantPlan::Q4_K_M,
+            DTypeArg::Q5_K_M => QuantPlan::Q5_K_M,
         }
     }
 }
@@ -157,10 +193,12 @@ fn load_model(
     dir: &std::path::Path,
     be: &mut dyn Backend,
     ctx: Option<usize>,
+    quantize: Option<DTypeArg>,
     cache: &CacheArgs,
     quiet: bool,
 ) -> Result<graft::models::Llama> {
     let opts = graft::models::LoadOptions {
+        quantize: quantize.map(QuantPlan::from),
         ctx,
         progress: !quiet,
         cache: cache.types(),
@@ -192,6 +230,7 @@ pub fn main() -> ExitCode {
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchOps(a) => bench_ops::run(a),
+        Command::Convert(a) => convert::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

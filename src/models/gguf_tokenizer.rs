@@ -23,7 +23,7 @@
 //! end generation: EOS, EOT, EOM and the control tokens llama.cpp recognises as end of turn
 //! by their text.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use ahash::AHashMap;
 
@@ -630,6 +630,246 @@ struct AddedTokens {
     user: Vec<AddedToken>,
 }
 
+/// What a Hugging Face `tokenizer.json` says, read the way llama.cpp's converter reads it.
+struct HfTokenizer<'a> {
+    json: &'a serde_json::Value,
+    tokens: Vec<String>,
+    /// Ids of special and of non-special added tokens.
+    special: HashSet<u32>,
+    user: HashSet<u32>,
+    bos: Option<u32>,
+}
+
+impl TokenizerSpec {
+    /// The GGUF tokenizer metadata of a Hugging Face `tokenizer.json`, converted as
+    /// llama.cpp's `convert_hf_to_gguf.py` converts a vocabulary (and as
+    /// `scripts/make-tokenizer-vectors.py` does for the test vectors):
+    /// - byte-level BPE (Llama 3 style) becomes `"gpt2"`: tokens by id, merges as
+    ///   `"left right"`, control type for special added tokens, user-defined for the other
+    ///   added ones, the pre-tokenizer type from the file's pre-tokenizer (`gpt-2` for a
+    ///   plain ByteLevel, `llama-bpe` for Llama 3's split, `smollm` for single digits);
+    /// - SentencePiece-style BPE (a Metaspace pre-tokenizer or byte fallback, Llama 2
+    ///   style) becomes `"llama"`: a piece's score orders its merges (`-rank` of the merge
+    ///   that makes it, single characters below all merges), `<0xXX>` pieces are byte
+    ///   tokens, the unknown token has the unknown type.
+    ///
+    /// BOS is the post-processor's leading special token (`add_bos` when there is one);
+    /// `eos_ids` (config.json's `eos_token_id`) give EOS and, when there are two, EOT.
+    pub fn from_hf_tokenizer_json(text: &str, eos_ids: &[u32]) -> Result<TokenizerSpec> {
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::model(format!("tokenizer.json: not valid JSON: {e}")))?;
+        let hf = HfTokenizer::read(&json)?;
+        let model = &json["model"];
+        let spm = json["pre_tokenizer"]["type"] == "Metaspace" || model["byte_fallback"] == true;
+        let mut spec = if spm { hf.spm_spec()? } else { hf.bpe_spec()? };
+        spec.add_bos = Some(hf.bos.is_some());
+        spec.add_eos = Some(false);
+        if let Some(&e) = eos_ids.first() {
+            spec.eos = Some(e);
+        }
+        if !spm {
+            spec.eot = eos_ids.get(1).copied();
+        }
+        Ok(spec)
+    }
+}
+
+/// The merges of a BPE model as `"left right"` strings.
+fn hf_merges(model: &serde_json::Value) -> Result<Vec<String>> {
+    let bad = || Error::model("tokenizer.json: field 'model.merges' must be a list of pairs");
+    let list = model["merges"].as_array().ok_or_else(bad)?;
+    list.iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => Ok(s.clone()),
+            serde_json::Value::Array(p) => match (p.first(), p.get(1)) {
+                (Some(serde_json::Value::String(a)), Some(serde_json::Value::String(b))) => {
+                    Ok(format!("{a} {b}"))
+                }
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+impl<'a> HfTokenizer<'a> {
+    fn read(json: &'a serde_json::Value) -> Result<HfTokenizer<'a>> {
+        let bad = |msg: &str| Error::model(format!("tokenizer.json: {msg}"));
+        if json["model"]["type"] != "BPE" {
+            return Err(bad("only BPE models ('model.type': 'BPE') are supported"));
+        }
+        let vocab = json["model"]["vocab"]
+            .as_object()
+            .ok_or_else(|| bad("field 'model.vocab' is missing"))?;
+        let mut by_id: Vec<Option<String>> = Vec::new();
+        let mut put = |text: &str, id: u64| -> Result<()> {
+            let id = usize::try_from(id).map_err(|_| bad("token id too large"))?;
+            if id >= by_id.len() {
+                by_id.resize(id + 1, None);
+            }
+            by_id[id] = Some(text.to_string());
+            Ok(())
+        };
+        for (text, id) in vocab {
+            put(
+                text,
+                id.as_u64()
+                    .ok_or_else(|| bad("a vocab id is not an integer"))?,
+            )?;
+        }
+        let (mut special, mut user) = (HashSet::new(), HashSet::new());
+        for t in json["added_tokens"].as_array().into_iter().flatten() {
+            let (Some(id), Some(text)) = (t["id"].as_u64(), t["content"].as_str()) else {
+                return Err(bad("an added token lacks 'id' or 'content'"));
+            };
+            put(text, id)?;
+            let set = if t["special"] == true {
+                &mut special
+            } else {
+                &mut user
+            };
+            set.insert(id as u32);
+        }
+        let tokens: Vec<String> = by_id
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.ok_or_else(|| bad(&format!("token ids are not contiguous: no token {i}")))
+            })
+            .collect::<Result<_>>()?;
+        let bos = hf_bos(json, &tokens);
+        Ok(HfTokenizer {
+            json,
+            tokens,
+            special,
+            user,
+            bos,
+        })
+    }
+
+    fn bpe_spec(&self) -> Result<TokenizerSpec> {
+        let types = (0..self.tokens.len() as u32)
+            .map(|i| {
+                if self.special.contains(&i) {
+                    3
+                } else if self.user.contains(&i) {
+                    4
+                } else {
+                    1
+                }
+            })
+            .collect();
+        Ok(TokenizerSpec {
+            model: "gpt2".into(),
+            pre: Some(hf_pre_type(&self.json["pre_tokenizer"])?),
+            tokens: self.tokens.clone(),
+            token_types: Some(types),
+            merges: Some(hf_merges(&self.json["model"])?),
+            bos: Some(self.bos.unwrap_or(0)),
+            ..TokenizerSpec::default()
+        })
+    }
+
+    fn spm_spec(&self) -> Result<TokenizerSpec> {
+        let unk_text = self.json["model"]["unk_token"].as_str();
+        let types: Vec<i32> = (0..self.tokens.len())
+            .map(|i| {
+                let t = &self.tokens[i];
+                let byte = t.len() == 6
+                    && t.starts_with("<0x")
+                    && t.ends_with('>')
+                    && t[3..5]
+                        .chars()
+                        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_lowercase());
+                if Some(t.as_str()) == unk_text {
+                    2
+                } else if self.special.contains(&(i as u32)) {
+                    3
+                } else if self.user.contains(&(i as u32)) {
+                    4
+                } else if byte {
+                    6
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let merges = hf_merges(&self.json["model"])?;
+        let mut rank: HashMap<String, usize> = HashMap::new();
+        for (r, m) in merges.iter().enumerate() {
+            rank.entry(m.replacen(' ', "", 1)).or_insert(r);
+        }
+        let scores = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match (types[i], rank.get(t)) {
+                (1, Some(&r)) => -(r as f32),
+                (1, None) => -((merges.len() + i) as f32),
+                _ => 0.0,
+            });
+        let find = |s: &str| self.tokens.iter().position(|t| t == s).map(|i| i as u32);
+        Ok(TokenizerSpec {
+            model: "llama".into(),
+            tokens: self.tokens.clone(),
+            scores: Some(scores.collect()),
+            token_types: Some(types),
+            bos: Some(self.bos.unwrap_or(1)),
+            eos: find("</s>"),
+            unk: unk_text.and_then(find),
+            add_space_prefix: Some(true),
+            ..TokenizerSpec::default()
+        })
+    }
+}
+
+/// The post-processor's leading special token (the BOS it adds), looking inside a
+/// `Sequence` of processors too.
+fn hf_bos(json: &serde_json::Value, tokens: &[String]) -> Option<u32> {
+    let post = &json["post_processor"];
+    let template = match post["type"].as_str() {
+        Some("Sequence") => post["processors"]
+            .as_array()?
+            .iter()
+            .find(|p| p["type"] == "TemplateProcessing")?,
+        Some(_) | None => post,
+    };
+    let first = template["single"].as_array()?.first()?;
+    let name = first["SpecialToken"]["id"].as_str()?;
+    let id = template["special_tokens"][name]["ids"][0].as_u64();
+    id.map(|i| i as u32)
+        .or_else(|| tokens.iter().position(|t| t == name).map(|i| i as u32))
+}
+
+/// llama.cpp's pre-tokenizer type for a byte-level pre-tokenizer.
+fn hf_pre_type(pre: &serde_json::Value) -> Result<String> {
+    let ty = pre["type"].as_str().unwrap_or("");
+    let splits = || pre["pretokenizers"].as_array().into_iter().flatten();
+    let found = match ty {
+        "ByteLevel" if pre["use_regex"] != false => Some("gpt-2"),
+        "Sequence" if splits().any(|p| p["type"] == "Digits" && p["individual_digits"] == true) => {
+            Some("smollm")
+        }
+        "Sequence"
+            if splits().any(|p| {
+                p["pattern"]["Regex"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(r"\p{N}{1,3}"))
+            }) =>
+        {
+            Some("llama-bpe")
+        }
+        _ => None,
+    };
+    found.map(str::to_string).ok_or_else(|| {
+        let text = pre.to_string();
+        Error::model(format!(
+            "tokenizer.json: no GGUF pre-tokenizer type for pre_tokenizer {}",
+            &text[..text.len().min(200)]
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -714,5 +954,27 @@ mod tests {
         // EOS defaults to 2 for SentencePiece vocabularies.
         assert_eq!(spec.stop_ids(), [2, 3, 7]);
         assert_eq!(spec.build().unwrap().stop_ids(), [2, 3, 7]);
+    }
+
+    /// The committed test vectors' specs were made from the fixtures' tokenizer.json by
+    /// scripts/make-tokenizer-vectors.py; the Rust conversion gives the same metadata.
+    #[test]
+    fn hf_tokenizer_json_converts_like_the_vector_script() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        for (fixture, vectors, eos) in [
+            ("llama3-tiny-bf16", "llama3-tiny-gpt2", vec![1, 2]),
+            ("llama2-tiny-f32", "llama2-tiny-spm", vec![2]),
+        ] {
+            let text = std::fs::read_to_string(root.join(fixture).join("tokenizer.json")).unwrap();
+            let got = TokenizerSpec::from_hf_tokenizer_json(&text, &eos).unwrap();
+            let v: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(root.join(format!("tokenizer/{vectors}.json"))).unwrap(),
+            )
+            .unwrap();
+            let want: TokenizerSpec = serde_json::from_value(v["spec"].clone()).unwrap();
+            assert_eq!(got, want, "{fixture}");
+        }
+        let err = TokenizerSpec::from_hf_tokenizer_json("{}", &[]).unwrap_err();
+        assert!(err.to_string().contains("BPE"), "{err}");
     }
 }

@@ -27,15 +27,18 @@ use std::time::Instant;
 
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::graph::{DType, FlashAttnParams, Graph, Plan, TensorId};
 use crate::ops::RopeParams;
 
 use super::config::Config;
+use super::gguf_model;
 use super::kv_cache::{CacheTypes, KvCache};
 use super::loader;
 use super::output::{Logits, Output};
+use super::quant_plan::QuantPlan;
 use super::sampler::Sampler;
-use super::weights::{LayerLeaves, Leaves, Weights};
+use super::weights::{GateUpLeaves, LayerLeaves, Leaves, QkvLeaves, Weights};
 
 /// Positions per decode KV-length bucket (ggml pads the KV length the same way).
 pub const DECODE_BUCKET: usize = 256;
@@ -114,14 +117,12 @@ enum Mask {
 
 /// The q/k/v projections of one layer.
 struct Qkv {
-    /// q|k|v of every token: `[n_q + 2 * n_kv_dim, n]`.
-    qkv: TensorId,
     /// Roped queries: `[head_dim, n_head, n]`.
     q: TensorId,
     /// Roped keys: `[head_dim, n_kv_head, n]`.
     k: TensorId,
-    /// Byte offset of v inside each column of `qkv`.
-    v_offset: usize,
+    /// Values: `[n_kv_dim, n]` (a strided view of the fused result, or its own tensor).
+    v: TensorId,
 }
 
 /// Builds one graph of a model.
@@ -151,33 +152,41 @@ impl<'a> Builder<'a> {
         self.g.mul(cur, w)
     }
 
-    /// q, k and v of `n` tokens from one fused mul_mat; q and k roped at `pos`.
+    /// q, k and v of `n` tokens (one fused mul_mat, or three when their weights differ
+    /// in dtype); q and k roped at `pos`.
     fn qkv(&mut self, l: &LayerLeaves, cur: TensorId, pos: TensorId, n: usize) -> Result<Qkv> {
         let c = self.cfg;
-        let (hd, n_q) = (c.head_dim, c.n_q());
+        let (hd, n_q, n_kv_dim) = (c.head_dim, c.n_q(), c.n_kv_dim());
+        let (n_head, n_kv_head) = (c.num_attention_heads, c.num_key_value_heads);
         let g = &mut self.g;
-        // qkv: [n_q + 2 * n_kv_dim, n]
-        let qkv = g.mul_mat(l.attn_qkv, cur)?;
-        let row = g.tensor(qkv).nb[1];
-        // q: [hd, n_head, n], k: [hd, n_kv_head, n] (strided views of qkv's columns)
-        let q = g.view_3d(qkv, hd, c.num_attention_heads, n, hd * F32_BYTES, row, 0)?;
-        let k = g.view_3d(
-            qkv,
-            hd,
-            c.num_key_value_heads,
-            n,
-            hd * F32_BYTES,
-            row,
-            n_q * F32_BYTES,
-        )?;
+        let (q, k, v) = match l.qkv {
+            QkvLeaves::Fused(w) => {
+                // qkv: [n_q + 2 * n_kv_dim, n]
+                let qkv = g.mul_mat(w, cur)?;
+                let row = g.tensor(qkv).nb[1];
+                // q: [hd, n_head, n], k: [hd, n_kv_head, n] (strided views of qkv's columns)
+                let q = g.view_3d(qkv, hd, n_head, n, hd * F32_BYTES, row, 0)?;
+                let k_off = n_q * F32_BYTES;
+                let k = g.view_3d(qkv, hd, n_kv_head, n, hd * F32_BYTES, row, k_off)?;
+                // v: [n_kv_dim, n]
+                let v_off = (n_q + n_kv_dim) * F32_BYTES;
+                let v = g.view_2d(qkv, n_kv_dim, n, row, v_off)?;
+                (q, k, v)
+            }
+            QkvLeaves::Split { q, k, v } => {
+                // q: [n_q, n] -> [hd, n_head, n]; k: [n_kv_dim, n] -> [hd, n_kv_head, n]
+                let q = g.mul_mat(q, cur)?;
+                let q = g.reshape(q, &[hd, n_head, n])?;
+                let k = g.mul_mat(k, cur)?;
+                let k = g.reshape(k, &[hd, n_kv_head, n])?;
+                // v: [n_kv_dim, n]
+                let v = g.mul_mat(v, cur)?;
+                (q, k, v)
+            }
+        };
         let q = g.rope(q, pos, self.rope)?;
         let k = g.rope(k, pos, self.rope)?;
-        Ok(Qkv {
-            qkv,
-            q,
-            k,
-            v_offset: (n_q + c.n_kv_dim()) * F32_BYTES,
-        })
+        Ok(Qkv { q, k, v })
     }
 
     /// `softmax(K^T q / sqrt(hd) + mask) V` over the first `n_kv` cache positions, for
@@ -268,20 +277,17 @@ impl<'a> Builder<'a> {
         g.reshape(o, &[n_q, n])
     }
 
-    /// Writes `v` [n_kv_dim, n] (rows of the fused qkv result, `row` bytes apart, from
-    /// byte `v_offset`) into cache positions `n_past..n_past + n`; returns the write.
+    /// Writes `v` [n_kv_dim, n] into cache positions `n_past..n_past + n`; returns the
+    /// write.
     fn write_v_prefill(
         &mut self,
-        qkv: TensorId,
+        v: TensorId,
         v_cache: TensorId,
-        v_offset: usize,
         n: usize,
         n_past: usize,
     ) -> Result<TensorId> {
         let (n_kv_dim, ctx, dt) = (self.cfg.n_kv_dim(), self.ctx, self.cache.v);
         let g = &mut self.g;
-        let row = g.tensor(qkv).nb[1];
-        let v = g.view_2d(qkv, n_kv_dim, n, row, v_offset)?;
         if self.cache.flash_attn {
             // rows n_past..n_past + n of [n_kv_dim, ctx]
             let rb = dt.row_bytes(n_kv_dim);
@@ -308,12 +314,7 @@ impl<'a> Builder<'a> {
         n_past: usize,
         mask: Mask,
     ) -> Result<TensorId> {
-        let Qkv {
-            qkv,
-            q,
-            k,
-            v_offset,
-        } = self.qkv(l, cur, pos, n)?;
+        let Qkv { q, k, v } = self.qkv(l, cur, pos, n)?;
         let n_kv_dim = self.cfg.n_kv_dim();
         let rb = self.cache.k.row_bytes(n_kv_dim);
         let g = &mut self.g;
@@ -321,7 +322,7 @@ impl<'a> Builder<'a> {
         let k_rows = g.reshape(k, &[n_kv_dim, n])?;
         let k_dst = g.view_2d(k_cache, n_kv_dim, n, rb, n_past * rb)?;
         let k_write = g.cpy(k_rows, k_dst)?;
-        let v_write = self.write_v_prefill(qkv, v_cache, v_offset, n, n_past)?;
+        let v_write = self.write_v_prefill(v, v_cache, n, n_past)?;
         // read the caches after the writes
         let g = &mut self.g;
         let k_all = g.after(k_cache, &[k_write])?;
@@ -342,12 +343,7 @@ impl<'a> Builder<'a> {
         mask: TensorId,
         n_kv: usize,
     ) -> Result<TensorId> {
-        let Qkv {
-            qkv,
-            q,
-            k,
-            v_offset,
-        } = self.qkv(l, cur, pos, 1)?;
+        let Qkv { q, k, v } = self.qkv(l, cur, pos, 1)?;
         let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
         let by_position = self.cache.flash_attn;
         let vb = self.cache.v.block_bytes();
@@ -355,17 +351,16 @@ impl<'a> Builder<'a> {
         // K: row `pos` of [n_kv_dim, ctx]
         let k_row = g.reshape(k, &[n_kv_dim, 1])?;
         let k_all = g.set_rows(k_cache, k_row, pos)?;
-        let row = g.tensor(qkv).nb[1];
         let v_write = if by_position {
             // V: row `pos` of [n_kv_dim, ctx], like K
-            let v_row = g.view_2d(qkv, n_kv_dim, 1, row, v_offset)?;
-            g.set_rows(v_cache, v_row, pos)?
+            g.set_rows(v_cache, v, pos)?
         } else {
             // V: the transposed cache seen as [1, ctx, n_kv_dim] (row p of matrix c is
             // the element (p, c)), so writing row `pos` of every matrix writes column
             // `pos`; the source is v as [1, 1, n_kv_dim] and the id broadcasts over dim 2
             let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, vb, ctx * vb, 0)?;
-            let v_src = g.view_3d(qkv, 1, 1, n_kv_dim, row, F32_BYTES, v_offset)?;
+            let row = g.tensor(v).nb[1];
+            let v_src = g.view_3d(v, 1, 1, n_kv_dim, row, F32_BYTES, 0)?;
             g.set_rows(v_dst, v_src, pos)?
         };
         let v_all = g.after(v_cache, &[v_write])?;
@@ -374,16 +369,23 @@ impl<'a> Builder<'a> {
         self.g.mul_mat(l.attn_out, merged)
     }
 
-    /// SwiGLU: `down(silu(gate(x)) * up(x))`, gate|up in one mul_mat.
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`, gate|up in one mul_mat (two when their
+    /// weights differ in dtype).
     fn mlp(&mut self, l: &LayerLeaves, cur: TensorId, n: usize) -> Result<TensorId> {
         let n_ff = self.cfg.intermediate_size;
         let g = &mut self.g;
-        // gu: [2 * n_ff, n]
-        let gu = g.mul_mat(l.ffn_gate_up, cur)?;
-        let row = g.tensor(gu).nb[1];
-        // gate, up: [n_ff, n] (first and second half of each column)
-        let gate = g.view_2d(gu, n_ff, n, row, 0)?;
-        let up = g.view_2d(gu, n_ff, n, row, n_ff * F32_BYTES)?;
+        // gate, up: [n_ff, n]
+        let (gate, up) = match l.gate_up {
+            GateUpLeaves::Fused(w) => {
+                // gu: [2 * n_ff, n]; gate and up are the halves of each column
+                let gu = g.mul_mat(w, cur)?;
+                let row = g.tensor(gu).nb[1];
+                let gate = g.view_2d(gu, n_ff, n, row, 0)?;
+                let up = g.view_2d(gu, n_ff, n, row, n_ff * F32_BYTES)?;
+                (gate, up)
+            }
+            GateUpLeaves::Split { gate, up } => (g.mul_mat(gate, cur)?, g.mul_mat(up, cur)?),
+        };
         let h = g.silu(gate)?;
         let h = g.mul(h, up)?;
         // down: [n_embd, n]
@@ -607,6 +609,9 @@ pub struct PlanCounts {
 /// Options of [`Llama::load`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoadOptions {
+    /// Convert the matrices on the host while loading ([`QuantPlan`]: one type, or one
+    /// of ggml's K-quant mixes); `None` keeps each tensor's own dtype (norms become F32).
+    pub quantize: Option<QuantPlan>,
     /// KV-cache positions ([`default_ctx`] when `None`). A context longer than the
     /// model's `max_position_embeddings` is allowed (the caller may warn): nothing in
     /// graft limits it, but the model was not trained for it.
@@ -685,34 +690,46 @@ impl Llama {
         }
     }
 
-    /// Loads a Hugging Face model folder (config.json and safetensors weights) onto `be`.
-    pub fn load(dir: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Llama> {
-        if !dir.is_dir() {
+    /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
+    /// weights) or a GGUF file of architecture `llama` (see [`gguf_model`]).
+    pub fn load(path: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Llama> {
+        let gguf = gguf_model::is_gguf_path(path);
+        if !gguf && !path.is_dir() {
             return Err(Error::model(format!(
-                "model folder {} does not exist or is not a folder",
-                dir.display()
+                "model {} does not exist or is neither a folder nor a GGUF file",
+                path.display()
             )));
         }
-        let config = Config::from_file(&dir.join("config.json"))?;
+        let (config, file) = if gguf {
+            let f = GgufFile::open(path)?;
+            (gguf_model::config_from_gguf(&f)?, Some(f))
+        } else {
+            (Config::from_file(&path.join("config.json"))?, None)
+        };
         let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
         if ctx == 0 {
             return Err(Error::model("the context length must be at least 1"));
         }
-        let weights = loader::load_weights(dir, &config, be, opts.progress)?;
+        let weights = match &file {
+            Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
+            None => loader::load_weights(path, &config, be, opts)?,
+        };
         let cache = KvCache::alloc(&config, ctx, opts.cache, be)?;
         Ok(Llama::new(config, weights, cache))
     }
 
-    /// A model with seeded random weights made on the device (benchmarks).
+    /// A model with seeded random weights made on the device (benchmarks), in the
+    /// dtypes of `plan` (block types are quantized on the device from F32 values).
     pub fn random(
         config: Config,
-        dtype: DType,
+        plan: QuantPlan,
         ctx: usize,
         cache: CacheTypes,
         seed: u64,
         be: &mut dyn Backend,
     ) -> Result<Llama> {
-        let weights = Weights::alloc(&config, dtype, be)?;
+        let pick = |role, layer| plan.pick(role, layer, &config).dtype;
+        let weights = Weights::alloc(&config, &pick, be)?;
         weights.fill_random(&config, be, seed)?;
         let cache = KvCache::alloc(&config, ctx, cache, be)?;
         Ok(Llama::new(config, weights, cache))
@@ -958,6 +975,7 @@ mod tests {
     use super::*;
     use crate::graph::BufferId;
     use crate::models::presets;
+    use crate::models::weights::uniform;
 
     #[test]
     fn buckets() {
@@ -974,7 +992,7 @@ mod tests {
     fn graphs_plan_from_the_layout_alone() {
         for name in presets::NAMES {
             let cfg = presets::preset(name).unwrap();
-            let w = Weights::layout(&cfg, DType::F16, BufferId::fresh());
+            let w = Weights::layout(&cfg, &uniform(DType::F16), BufferId::fresh());
             let classic = CacheTypes {
                 flash_attn: false,
                 ..CacheTypes::default()
@@ -1017,10 +1035,39 @@ mod tests {
         }
     }
 
+    /// With Q4_K_M, the layers whose attn_v is Q6_K run q, k and v as three mul_mats;
+    /// the others keep the fused q|k|v (gate|up share Q4_K everywhere).
+    #[test]
+    fn mixed_dtypes_split_the_fused_mul_mats() {
+        let cfg = presets::preset("llama2-7b").unwrap();
+        let pick = |r, l| QuantPlan::Q4_K_M.pick(r, l, &cfg).dtype;
+        let w = Weights::layout(&cfg, &pick, BufferId::fresh());
+        let split = w.layers.iter().filter(|l| !l.qkv_fused()).count();
+        assert_eq!(split, 16);
+        let classic = CacheTypes {
+            flash_attn: false,
+            ..CacheTypes::default()
+        };
+        let kv = KvCache::layout(&cfg, 1024, classic, BufferId::fresh());
+        let l = cfg.num_hidden_layers;
+        for mg in [
+            build_prefill(&cfg, &w, &kv, 7, 3, false).unwrap(),
+            build_decode(&cfg, &w, &kv, 256).unwrap(),
+        ] {
+            let plan = mg.plan().unwrap();
+            let mm = plan
+                .steps
+                .iter()
+                .filter(|s| s.op.name() == "mul_mat")
+                .count();
+            assert_eq!(mm, 6 * l + 1 + 2 * split);
+        }
+    }
+
     #[test]
     fn graphs_reject_what_does_not_fit() {
         let cfg = presets::preset("tiny").unwrap();
-        let w = Weights::layout(&cfg, DType::F32, BufferId::fresh());
+        let w = Weights::layout(&cfg, &uniform(DType::F32), BufferId::fresh());
         let kv = KvCache::layout(&cfg, 64, CacheTypes::default(), BufferId::fresh());
         assert!(build_prefill(&cfg, &w, &kv, 60, 5, false).is_err());
         assert!(build_prefill(&cfg, &w, &kv, 0, 0, false).is_err());

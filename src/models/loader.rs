@@ -6,10 +6,14 @@
 //! time, so no second full copy of the model is ever made on the host.
 //!
 //! Everything is checked before the weight buffer is allocated: every expected tensor
-//! is present with its expected shape and a supported dtype (F32, F16 or BF16, the same
-//! for all tensors), no tensor is left over (derived rope buffers `*.rotary_emb.inv_freq`
+//! is present with its expected shape and a supported dtype (F32, F16 or BF16, each
+//! tensor its own), no tensor is left over (derived rope buffers `*.rotary_emb.inv_freq`
 //! of old checkpoints are ignored), and every tensor's bytes lie inside its file. Errors
 //! name the file, the tensor and what was expected.
+//!
+//! Norm weights are converted to F32. With a [`QuantPlan`] (`--quantize`), each matrix
+//! is converted on the host to the plan's dtype while loading (rows in parallel), one
+//! tensor at a time; otherwise matrices keep their dtype and are uploaded as they are.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -25,7 +29,10 @@ use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType};
 
 use super::config::Config;
-use super::weights::Weights;
+use super::llama::LoadOptions;
+use super::quant_plan::QuantPlan;
+use super::rows::convert_rows;
+use super::weights::{uniform, Role, Slot, Weights};
 
 /// The single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -180,47 +187,34 @@ fn weight_dtype(d: Dtype) -> Option<DType> {
     }
 }
 
-/// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`.
-pub fn load_weights(
+/// The tensors of the checkpoint in `dir` for `cfg` (each checked: present, supported
+/// dtype, expected shape, inside its file; no tensor left over), by role and layer,
+/// handed to `f` while the files are mapped.
+pub(crate) fn with_hf_tensors<T>(
     dir: &Path,
     cfg: &Config,
-    be: &mut dyn Backend,
-    progress: bool,
-) -> Result<Weights> {
+    f: impl FnOnce(&HashMap<(Role, Option<usize>), (&[u8], DType)>) -> Result<T>,
+) -> Result<T> {
     let ckpt = Checkpoint::open(dir)?;
-    let first = "model.embed_tokens.weight";
-    let (shard, info) = ckpt
-        .info(first)
-        .ok_or_else(|| Error::model(format!("{}: tensor '{first}' is missing", dir.display())))?;
-    let dtype = weight_dtype(info.dtype).ok_or_else(|| {
-        Error::model(format!(
-            "{}: tensor '{first}' has dtype {:?}; supported: F32, F16, BF16",
-            shard.path.display(),
-            info.dtype
-        ))
-    })?;
-
-    // Check everything against the layout before allocating anything.
-    let layout = Weights::layout(cfg, dtype, BufferId(0));
-    let slots = layout.slots(cfg);
-    let mut sources = Vec::with_capacity(slots.len());
-    for slot in &slots {
+    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
+    let mut found = HashMap::new();
+    for slot in probe.slots(cfg) {
         let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
             Error::model(format!(
-                "{}: tensor '{}' is missing (expected {:?} {dtype})",
+                "{}: tensor '{}' is missing (expected shape {:?})",
                 dir.display(),
                 slot.name,
                 slot.shape
             ))
         })?;
         let here = || format!("{}: tensor '{}'", shard.path.display(), slot.name);
-        if weight_dtype(info.dtype) != Some(dtype) {
-            return Err(Error::model(format!(
-                "{} has dtype {:?}, expected {dtype} like '{first}'",
+        let dtype = weight_dtype(info.dtype).ok_or_else(|| {
+            Error::model(format!(
+                "{} has dtype {:?}; supported: F32, F16, BF16",
                 here(),
                 info.dtype
-            )));
-        }
+            ))
+        })?;
         if info.shape != slot.shape {
             return Err(Error::model(format!(
                 "{} has shape {:?}, expected {:?}",
@@ -229,8 +223,100 @@ pub fn load_weights(
                 slot.shape
             )));
         }
-        sources.push(shard.bytes(&slot.name, info)?);
+        let bytes = shard.bytes(&slot.name, info)?;
+        found.insert((slot.role, slot.layer), (bytes, dtype));
     }
+    check_leftovers(&ckpt, &probe.slots(cfg), cfg)?;
+    f(&found)
+}
+
+/// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`,
+/// converted as `opts.quantize` says (norms always to F32).
+pub fn load_weights(
+    dir: &Path,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
+    with_hf_tensors(dir, cfg, |found| upload_all(found, cfg, be, opts))
+}
+
+/// Uploads every found tensor into a new weight buffer (see [`load_weights`]).
+fn upload_all(
+    found: &HashMap<(Role, Option<usize>), (&[u8], DType)>,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
+    let target = |role: Role, layer: Option<usize>| match (role.is_norm(), opts.quantize) {
+        (true, _) => DType::F32,
+        (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
+        (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.1),
+    };
+    let layout = Weights::layout(cfg, &target, BufferId(0));
+    if let (Some(plan), true) = (opts.quantize, opts.progress) {
+        for line in fallback_notes(plan, cfg) {
+            eprintln!("{line}");
+        }
+    }
+    let weights = Weights::alloc(cfg, &target, be)?;
+    let bar = progress_bar(layout.bytes as u64, opts.progress);
+    for slot in weights.slots(cfg) {
+        let (bytes, dtype) = found[&(slot.role, slot.layer)];
+        upload(be, &weights, &slot, bytes, dtype)?;
+        bar.inc(slot.bytes() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(weights)
+}
+
+/// Writes one tensor's bytes (of `from`) into its slot, converting on the host when the
+/// slot's dtype differs.
+pub(crate) fn upload(
+    be: &mut dyn Backend,
+    weights: &Weights,
+    slot: &Slot,
+    bytes: &[u8],
+    from: DType,
+) -> Result<()> {
+    if from == slot.at.dtype {
+        return be.write_buffer(weights.buffer, slot.at.offset, bytes);
+    }
+    let data = convert_rows(&slot.name, bytes, from, slot.at.dtype, slot.row_len())?;
+    be.write_buffer(weights.buffer, slot.at.offset, &data)
+}
+
+/// One line per kind of fallback a plan makes for `cfg` (rows that do not fit the
+/// wanted type's block): which tensors, which type instead of which.
+pub fn fallback_notes(plan: QuantPlan, cfg: &Config) -> Vec<String> {
+    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
+    let mut groups: BTreeMap<(String, String), (usize, Vec<usize>, String)> = BTreeMap::new();
+    for s in probe.slots(cfg) {
+        let pick = plan.pick(s.role, s.layer, cfg);
+        if let Some(wanted) = pick.fallback_from {
+            let e = groups
+                .entry((wanted.to_string(), pick.dtype.to_string()))
+                .or_insert((0, Vec::new(), s.gguf_name()));
+            e.0 += 1;
+            if !e.1.contains(&s.row_len()) {
+                e.1.push(s.row_len());
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .map(|((wanted, got), (n, rows, first))| {
+            let block = DType::parse(&wanted).map_or(0, DType::block_size);
+            format!(
+                "quantize {plan}: {n} matrices (first {first}) have rows of {rows:?} elements, not a multiple of {wanted}'s block of {block}: using {got} instead"
+            )
+        })
+        .collect()
+}
+
+/// Fails on a checkpoint tensor that is not part of the model (derived rope buffers
+/// `*.rotary_emb.inv_freq` of old checkpoints are ignored).
+fn check_leftovers(ckpt: &Checkpoint, slots: &[Slot], cfg: &Config) -> Result<()> {
     let expected: HashMap<&str, ()> = slots.iter().map(|s| (s.name.as_str(), ())).collect();
     if let Some((name, &i)) = ckpt.tensors.iter().find(|(name, _)| {
         !expected.contains_key(name.as_str()) && !name.ends_with(".rotary_emb.inv_freq")
@@ -246,15 +332,7 @@ pub fn load_weights(
             cfg.num_hidden_layers
         )));
     }
-
-    let weights = Weights::alloc(cfg, dtype, be)?;
-    let bar = progress_bar(layout.bytes as u64, progress);
-    for (slot, bytes) in slots.iter().zip(sources) {
-        be.write_buffer(weights.buffer, slot.offset, bytes)?;
-        bar.inc(bytes.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(weights)
+    Ok(())
 }
 
 /// A byte progress bar on stderr, hidden unless wanted and stderr is a terminal.

@@ -1,9 +1,13 @@
 //! Model graphs defined with graft's public graph API: Llama 2 and Llama 3.
 //!
 //! - [`config`]: hyper-parameters from a Hugging Face `config.json`;
-//! - [`weights`]: the layout of all weights in one backend buffer (fused q|k|v and
-//!   gate|up);
+//! - [`weights`]: the layout of all weights in one backend buffer (a dtype per tensor;
+//!   fused q|k|v and gate|up when the parts share it);
+//! - [`quant_plan`]: which dtype each weight gets when quantized (one type, or ggml's
+//!   K-quant mixes), [`rows`]: converting rows between dtypes on the host;
 //! - [`loader`]: safetensors checkpoints (single file or sharded) into that buffer;
+//! - [`gguf_model`]: `llama` GGUF files (hyper-parameters, weights, rope layout);
+//! - [`convert`]: an HF folder written as a GGUF file (`graft convert`);
 //! - [`kv_cache`]: the F16 KV cache (V stored transposed);
 //! - [`llama`]: the prefill and decode graphs and the [`Llama`] inference API;
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
@@ -15,12 +19,16 @@
 
 pub mod chat;
 pub mod config;
+pub mod convert;
+pub mod gguf_model;
 pub mod gguf_tokenizer;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
 pub mod output;
 pub mod presets;
+pub mod quant_plan;
+pub mod rows;
 pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
@@ -31,6 +39,7 @@ pub use gguf_tokenizer::TokenizerSpec;
 pub use kv_cache::{CacheTypes, KvCache};
 pub use llama::{Generation, Llama, LoadOptions, Stop};
 pub use output::{Logits, Output};
+pub use quant_plan::QuantPlan;
 pub use sampler::Sampler;
 pub use tokenizer::Tokenizer;
-pub use weights::Weights;
+pub use weights::{Role, Weights};

@@ -75,14 +75,14 @@ pub fn preset(name: &str) -> Option<Config> {
 mod tests {
     use super::*;
     use crate::graph::{BufferId, DType};
-    use crate::models::weights::Weights;
+    use crate::models::weights::{uniform, Weights};
 
     /// The published parameter counts: 6.74 B for Llama 2 7B, 8.03 B for Llama 3 8B.
     #[test]
     fn parameter_counts_match_the_published_models() {
         for (name, billions) in [("llama2-7b", 6.74), ("llama3-8b", 8.03)] {
             let cfg = preset(name).unwrap();
-            let w = Weights::layout(&cfg, DType::F16, BufferId(0));
+            let w = Weights::layout(&cfg, &uniform(DType::F16), BufferId(0));
             let params: usize = w.slots(&cfg).iter().map(|s| s.nelements()).sum();
             let b = params as f64 / 1e9;
             assert!((b - billions).abs() < 0.01, "{name}: {b} B parameters");

@@ -1,0 +1,232 @@
+//! Writing a Hugging Face Llama folder as a GGUF file that llama.cpp reads (`graft
+//! convert`): llama.cpp's metadata keys (`general.*`, `llama.*`, `tokenizer.ggml.*`),
+//! its tensor names, Q and K rows permuted to its rope layout, each matrix converted as
+//! a [`QuantPlan`] says (norms F32), data aligned to 32 bytes, written through
+//! [`write_output`](crate::gguf::write_output) (a temporary file renamed into place).
+//!
+//! The tokenizer comes from the folder's `tokenizer.json`, converted by
+//! [`TokenizerSpec::from_hf_tokenizer_json`]. Llama 3 rope scaling is written as
+//! llama.cpp's `rope_freqs.weight` tensor and, for graft, as the `graft.rope.llama3.*`
+//! keys (see [`gguf_model`](super::gguf_model)).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::gguf::{Array, GgmlType, GgufWriter, Metadata, Value};
+use crate::graph::{BufferId, DType};
+
+use super::config::Config;
+use super::gguf_model::{ggml_type, llama3_keys, rope_freq_divisors, ROPE_FREQS};
+use super::gguf_tokenizer::TokenizerSpec;
+use super::loader::{fallback_notes, with_hf_tensors};
+use super::quant_plan::QuantPlan;
+use super::rows::{convert_rows, permute_rope_rows};
+use super::weights::{Role, Weights};
+
+/// ggml's quantization version (`GGML_QNT_VERSION`), written with quantized files.
+const QNT_VERSION: u32 = 2;
+
+/// What [`convert`] wrote.
+#[derive(Clone, Debug)]
+pub struct Converted {
+    /// Tensors written.
+    pub tensors: usize,
+    /// Bytes of tensor data.
+    pub data_bytes: usize,
+    /// Notes on tensors that fell back to another type (one line each kind).
+    pub notes: Vec<String>,
+    /// Whether tokenizer metadata was written (the folder had a tokenizer.json).
+    pub tokenizer: bool,
+}
+
+/// Converts the HF Llama folder `dir` into the GGUF file `out`, matrices as `plan`
+/// says; `name` is `general.name` (default: the folder's name).
+pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> Result<Converted> {
+    let cfg = Config::from_file(&dir.join("config.json"))?;
+    let tok_path = dir.join("tokenizer.json");
+    let spec = if tok_path.is_file() {
+        let text = std::fs::read_to_string(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
+        Some(TokenizerSpec::from_hf_tokenizer_json(
+            &text,
+            &cfg.eos_token_ids,
+        )?)
+    } else {
+        None
+    };
+    let default_name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let name = name
+        .map(str::to_string)
+        .or(default_name)
+        .unwrap_or_else(|| "llama".into());
+    let mut w = GgufWriter::new();
+    w.set_alignment(32)?;
+    llama_metadata(w.metadata_mut(), &cfg, plan, &name);
+    if let Some(spec) = &spec {
+        tokenizer_metadata(w.metadata_mut(), spec);
+    }
+    let freqs: Option<Vec<u8>> = cfg.rope_scaling.map(|s| {
+        rope_freq_divisors(&cfg, s)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    });
+    if let Some(s) = cfg.rope_scaling {
+        let m = w.metadata_mut();
+        m.insert(llama3_keys::FACTOR, Value::F32(s.factor));
+        m.insert(llama3_keys::LOW, Value::F32(s.low_freq_factor));
+        m.insert(llama3_keys::HIGH, Value::F32(s.high_freq_factor));
+        m.insert(
+            llama3_keys::ORIGINAL,
+            Value::U32(s.original_max_position as u32),
+        );
+    }
+    with_hf_tensors(dir, &cfg, |found| {
+        let tensors = converted_tensors(found, &cfg, plan)?;
+        let (count, mut data_bytes) = (tensors.len(), 0);
+        for (gguf_name, ne, ty, data) in tensors {
+            data_bytes += data.len();
+            w.add_tensor(&gguf_name, &ne, ty, Cow::Owned(data))?;
+        }
+        if let Some(f) = &freqs {
+            let pairs = cfg.head_dim as u64 / 2;
+            w.add_tensor(
+                ROPE_FREQS,
+                &[pairs],
+                GgmlType::F32,
+                Cow::Borrowed(f.as_slice()),
+            )?;
+        }
+        w.write_file(out)?;
+        Ok(Converted {
+            tensors: count + usize::from(freqs.is_some()),
+            data_bytes,
+            notes: fallback_notes(plan, &cfg),
+            tokenizer: spec.is_some(),
+        })
+    })
+}
+
+/// One tensor to write: GGUF name, `ne`, type and data.
+type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
+
+/// Every tensor in its GGUF name, type and layout (Q/K rows permuted for ggml's rope).
+fn converted_tensors(
+    found: &HashMap<(Role, Option<usize>), (&[u8], DType)>,
+    cfg: &Config,
+    plan: QuantPlan,
+) -> Result<Vec<Tensor>> {
+    let pick = |role, layer| plan.pick(role, layer, cfg).dtype;
+    let layout = Weights::layout(cfg, &pick, BufferId(0));
+    let mut out = Vec::new();
+    for slot in layout.slots(cfg) {
+        let (bytes, from) = found[&(slot.role, slot.layer)];
+        let to = slot.at.dtype;
+        let name = slot.gguf_name();
+        let data = convert_rows(&name, bytes, from, to, slot.row_len())?;
+        let heads = match slot.role {
+            Role::AttnQ => Some(cfg.num_attention_heads),
+            Role::AttnK => Some(cfg.num_key_value_heads),
+            Role::TokEmbd
+            | Role::AttnNorm
+            | Role::AttnV
+            | Role::AttnOut
+            | Role::FfnNorm
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnDown
+            | Role::OutNorm
+            | Role::Output => None,
+        };
+        let data = match heads {
+            Some(n) => permute_rope_rows(&data, n, to.row_bytes(slot.row_len()), true),
+            None => data,
+        };
+        let ty = ggml_type(to)
+            .ok_or_else(|| Error::model(format!("tensor '{name}': no GGUF type for {to}")))?;
+        let ne = slot.role.ne(cfg).iter().map(|&d| d as u64).collect();
+        out.push((name, ne, ty, data));
+    }
+    Ok(out)
+}
+
+/// The `general.*` and `llama.*` keys.
+fn llama_metadata(m: &mut Metadata, cfg: &Config, plan: QuantPlan, name: &str) {
+    let u = |v: usize| Value::U32(v as u32);
+    m.insert("general.architecture", Value::String("llama".into()));
+    m.insert("general.name", Value::String(name.into()));
+    m.insert("general.file_type", Value::U32(plan.llama_ftype()));
+    if plan.base().quant().is_some() {
+        m.insert("general.quantization_version", Value::U32(QNT_VERSION));
+    }
+    m.insert("llama.context_length", u(cfg.max_position_embeddings));
+    m.insert("llama.embedding_length", u(cfg.hidden_size));
+    m.insert("llama.block_count", u(cfg.num_hidden_layers));
+    m.insert("llama.feed_forward_length", u(cfg.intermediate_size));
+    m.insert("llama.rope.dimension_count", u(cfg.head_dim));
+    m.insert("llama.attention.head_count", u(cfg.num_attention_heads));
+    m.insert("llama.attention.head_count_kv", u(cfg.num_key_value_heads));
+    m.insert("llama.attention.key_length", u(cfg.head_dim));
+    m.insert("llama.attention.value_length", u(cfg.head_dim));
+    m.insert(
+        "llama.attention.layer_norm_rms_epsilon",
+        Value::F32(cfg.rms_norm_eps),
+    );
+    m.insert("llama.rope.freq_base", Value::F32(cfg.rope_theta));
+    m.insert("llama.vocab_size", u(cfg.vocab_size));
+}
+
+/// The `tokenizer.ggml.*` keys of `spec`.
+fn tokenizer_metadata(m: &mut Metadata, spec: &TokenizerSpec) {
+    let t = "tokenizer.ggml";
+    m.insert(format!("{t}.model"), Value::String(spec.model.clone()));
+    if let Some(pre) = &spec.pre {
+        m.insert(format!("{t}.pre"), Value::String(pre.clone()));
+    }
+    m.insert(
+        format!("{t}.tokens"),
+        Value::Array(Array::String(spec.tokens.clone())),
+    );
+    if let Some(s) = &spec.scores {
+        m.insert(format!("{t}.scores"), Value::Array(Array::F32(s.clone())));
+    }
+    if let Some(tt) = &spec.token_types {
+        m.insert(
+            format!("{t}.token_type"),
+            Value::Array(Array::I32(tt.clone())),
+        );
+    }
+    if let Some(mg) = &spec.merges {
+        m.insert(
+            format!("{t}.merges"),
+            Value::Array(Array::String(mg.clone())),
+        );
+    }
+    let ids = [
+        ("bos_token_id", spec.bos),
+        ("eos_token_id", spec.eos),
+        ("eot_token_id", spec.eot),
+        ("eom_token_id", spec.eom),
+        ("unknown_token_id", spec.unk),
+        ("padding_token_id", spec.pad),
+    ];
+    for (key, id) in ids {
+        if let Some(id) = id {
+            m.insert(format!("{t}.{key}"), Value::U32(id));
+        }
+    }
+    let flags = [
+        ("add_bos_token", spec.add_bos),
+        ("add_eos_token", spec.add_eos),
+        ("add_space_prefix", spec.add_space_prefix),
+    ];
+    for (key, flag) in flags {
+        if let Some(b) = flag {
+            m.insert(format!("{t}.{key}"), Value::Bool(b));
+        }
+    }
+    if let Some(tpl) = &spec.chat_template {
+        m.insert("tokenizer.chat_template", Value::String(tpl.clone()));
+    }
+}

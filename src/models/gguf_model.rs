@@ -1,0 +1,421 @@
+//! Llama models from GGUF files (architecture `llama`, as llama.cpp's converter writes
+//! them): the hyper-parameters from the `llama.*` keys, the weights from the tensors
+//! `token_embd`, `blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,ffn_gate,
+//! ffn_up,ffn_down}`, `output_norm` and `output` (absent: tied to `token_embd`).
+//!
+//! **Rope layout.** llama.cpp's converter permutes the rows of every head of `attn_q`
+//! and `attn_k` so that the rotated pairs are adjacent (ggml's "normal" rope), while
+//! graft's Llama applies NeoX-style rope to the HF layout (pairs half a head apart).
+//! graft un-permutes Q and K rows while loading ([`permute_rope_rows`]): rows move whole,
+//! so this is exact in every dtype, and one graph (and one set of kernels) serves HF and
+//! GGUF models alike. `graft convert` applies the forward permutation, and the round trip
+//! HF -> GGUF -> graft gives the HF folder's logits (tests/gguf_model.rs).
+//!
+//! **Llama 3 rope scaling.** The converter stores it as a tensor `rope_freqs.weight` (a
+//! divisor of each pair's frequency) rather than as parameters. graft reads the
+//! parameters from the `graft.rope.llama3.*` keys that `graft convert` writes; without
+//! them it fits the Llama 3.1 parameters (low 1, high 4, original context 8192, factor
+//! the largest divisor) and accepts them only if they reproduce every divisor.
+//!
+//! Every key, tensor, type and shape is checked before the weight buffer is allocated;
+//! errors name the file and the key or tensor.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::gguf::{GgmlType, GgufFile};
+use crate::graph::{BufferId, DType};
+use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
+
+use super::config::{Config, DEFAULT_ROPE_THETA};
+use super::llama::LoadOptions;
+use super::loader::{fallback_notes, upload};
+use super::rows::permute_rope_rows;
+use super::weights::{uniform, Role, Weights};
+
+/// The keys `graft convert` writes for Llama 3 rope scaling (llama.cpp reads
+/// `rope_freqs.weight` instead and ignores these).
+pub mod llama3_keys {
+    /// `factor`.
+    pub const FACTOR: &str = "graft.rope.llama3.factor";
+    /// `low_freq_factor`.
+    pub const LOW: &str = "graft.rope.llama3.low_freq_factor";
+    /// `high_freq_factor`.
+    pub const HIGH: &str = "graft.rope.llama3.high_freq_factor";
+    /// `original_max_position_embeddings`.
+    pub const ORIGINAL: &str = "graft.rope.llama3.original_context_length";
+}
+
+/// The name of llama.cpp's rope frequency divisors tensor.
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// graft's dtype for a GGUF tensor type, if graft supports it for weights.
+pub fn weight_dtype(t: GgmlType) -> Option<DType> {
+    Some(match t {
+        GgmlType::F32 => DType::F32,
+        GgmlType::F16 => DType::F16,
+        GgmlType::BF16 => DType::BF16,
+        GgmlType::Q4_0 => DType::Q4_0,
+        GgmlType::Q4_1 => DType::Q4_1,
+        GgmlType::Q5_0 => DType::Q5_0,
+        GgmlType::Q5_1 => DType::Q5_1,
+        GgmlType::Q8_0 => DType::Q8_0,
+        GgmlType::Q4_K => DType::Q4_K,
+        GgmlType::Q5_K => DType::Q5_K,
+        GgmlType::Q6_K => DType::Q6_K,
+        GgmlType::Q8_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q8_K
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ1_S
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ3_S
+        | GgmlType::IQ2_S
+        | GgmlType::IQ4_XS
+        | GgmlType::I8
+        | GgmlType::I16
+        | GgmlType::I32
+        | GgmlType::I64
+        | GgmlType::F64
+        | GgmlType::IQ1_M
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0
+        | GgmlType::MXFP4
+        | GgmlType::NVFP4
+        | GgmlType::Q1_0 => return None,
+    })
+}
+
+/// The GGUF type of a graft weight dtype.
+pub fn ggml_type(d: DType) -> Option<GgmlType> {
+    let id = match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 30,
+        DType::I32 => return None,
+        DType::Quant(q) => q.ggml_type_id(),
+    };
+    GgmlType::from_id(id)
+}
+
+/// Typed access to the keys of one file, errors prefixed with the file.
+struct Keys<'a> {
+    f: &'a GgufFile,
+}
+
+impl Keys<'_> {
+    fn err(&self, e: Error) -> Error {
+        Error::model(format!("{}: {e}", self.f.path()))
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        let v = self.f.metadata().get_u64(key).map_err(|e| self.err(e))?;
+        if v == 0 {
+            return Err(self.err(Error::model(format!("metadata key '{key}' is 0"))));
+        }
+        usize::try_from(v).map_err(|_| self.err(Error::model(format!("'{key}' {v} is too large"))))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.f.metadata().contains_key(key) {
+            true => self.usize(key).map(Some),
+            false => Ok(None),
+        }
+    }
+
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.f.metadata().contains_key(key) {
+            true => self
+                .f
+                .metadata()
+                .get_f64(key)
+                .map(|v| Some(v as f32))
+                .map_err(|e| self.err(e)),
+            false => Ok(None),
+        }
+    }
+
+    fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.f.metadata().contains_key(key) {
+            true => self
+                .f
+                .metadata()
+                .get_u32(key)
+                .map(Some)
+                .map_err(|e| self.err(e)),
+            false => Ok(None),
+        }
+    }
+}
+
+/// The hyper-parameters of a `llama` GGUF file.
+pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
+    let k = Keys { f };
+    let bad = |msg: String| Error::model(format!("{}: {msg}", f.path()));
+    let arch = f
+        .metadata()
+        .get_str("general.architecture")
+        .map_err(|e| k.err(e))?;
+    if arch != "llama" {
+        return Err(bad(format!(
+            "metadata key 'general.architecture' is '{arch}'; graft runs 'llama' models"
+        )));
+    }
+    let hidden_size = k.usize("llama.embedding_length")?;
+    let n_head = k.usize("llama.attention.head_count")?;
+    let n_kv_head = k
+        .opt_usize("llama.attention.head_count_kv")?
+        .unwrap_or(n_head);
+    let head_dim = match k.opt_usize("llama.rope.dimension_count")? {
+        Some(d) => d,
+        None if hidden_size % n_head == 0 => hidden_size / n_head,
+        None => return Err(bad(format!("metadata key 'llama.rope.dimension_count' is missing and llama.embedding_length {hidden_size} is not a multiple of llama.attention.head_count {n_head}"))),
+    };
+    if n_head % n_kv_head != 0 || head_dim % 2 != 0 {
+        return Err(bad(format!("metadata keys 'llama.attention.head_count_kv' {n_kv_head} must divide 'llama.attention.head_count' {n_head}, and 'llama.rope.dimension_count' {head_dim} must be even")));
+    }
+    if let Some(kl) = k.opt_usize("llama.attention.key_length")? {
+        if kl != head_dim {
+            return Err(bad(format!("metadata key 'llama.attention.key_length' {kl} differs from the rotated head size {head_dim} (partial rope is not supported)")));
+        }
+    }
+    let rms_norm_eps = k
+        .opt_f32("llama.attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| {
+            bad("metadata key 'llama.attention.layer_norm_rms_epsilon' is missing".into())
+        })?;
+    if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+        return Err(bad(format!(
+            "metadata key 'llama.attention.layer_norm_rms_epsilon' {rms_norm_eps} must be > 0"
+        )));
+    }
+    let vocab_size = vocab_size(f, &k)?;
+    let bos = k.opt_u32("tokenizer.ggml.bos_token_id")?;
+    let mut eos_token_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(id) = k.opt_u32(key)? {
+            if id as usize >= vocab_size {
+                return Err(bad(format!(
+                    "metadata key '{key}': token {id} is outside the vocabulary of {vocab_size}"
+                )));
+            }
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+    let mut cfg = Config {
+        hidden_size,
+        intermediate_size: k.usize("llama.feed_forward_length")?,
+        num_hidden_layers: k.usize("llama.block_count")?,
+        num_attention_heads: n_head,
+        num_key_value_heads: n_kv_head,
+        head_dim,
+        rms_norm_eps,
+        vocab_size,
+        max_position_embeddings: k.usize("llama.context_length")?,
+        tie_word_embeddings: f.tensor("output.weight").is_none(),
+        bos_token_id: bos.filter(|&b| (b as usize) < vocab_size),
+        eos_token_ids,
+        dtype: None,
+        rope_theta: k
+            .opt_f32("llama.rope.freq_base")?
+            .unwrap_or(DEFAULT_ROPE_THETA),
+        rope_scaling: None,
+    };
+    cfg.rope_scaling = llama3_scaling(f, &k, &cfg)?;
+    Ok(cfg)
+}
+
+/// `llama.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of
+/// `token_embd.weight`.
+fn vocab_size(f: &GgufFile, k: &Keys) -> Result<usize> {
+    if let Some(v) = k.opt_usize("llama.vocab_size")? {
+        return Ok(v);
+    }
+    if let Some(crate::gguf::Value::Array(a)) = f.metadata().get("tokenizer.ggml.tokens") {
+        if !a.is_empty() {
+            return Ok(a.len());
+        }
+    }
+    match f.tensor("token_embd.weight").map(|t| t.dims.as_slice()) {
+        Some([_, rows]) => Ok(*rows as usize),
+        Some(_) | None => Err(Error::model(format!(
+            "{}: no vocabulary size: 'llama.vocab_size', 'tokenizer.ggml.tokens' and a 2-d 'token_embd.weight' are all missing",
+            f.path()
+        ))),
+    }
+}
+
+/// The Llama 3 rope scaling of the file, if it has `rope_freqs.weight` (see the module
+/// docs).
+fn llama3_scaling(f: &GgufFile, k: &Keys, cfg: &Config) -> Result<Option<Llama3Scaling>> {
+    let Some(info) = f.tensor(ROPE_FREQS) else {
+        return Ok(None);
+    };
+    let bad = |msg: String| Error::model(format!("{}: tensor '{ROPE_FREQS}' {msg}", f.path()));
+    let pairs = cfg.head_dim / 2;
+    if info.ty != GgmlType::F32 || info.dims != [pairs as u64] {
+        return Err(bad(format!(
+            "is {} {:?}, expected F32 [{pairs}]",
+            info.ty, info.dims
+        )));
+    }
+    let divisors: Vec<f32> = f
+        .tensor_bytes(ROPE_FREQS)?
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let given = match k.opt_f32(llama3_keys::FACTOR)? {
+        Some(factor) => Some(Llama3Scaling {
+            factor,
+            low_freq_factor: k.opt_f32(llama3_keys::LOW)?.unwrap_or(1.0),
+            high_freq_factor: k.opt_f32(llama3_keys::HIGH)?.unwrap_or(4.0),
+            original_max_position: k.opt_usize(llama3_keys::ORIGINAL)?.unwrap_or(8192),
+        }),
+        None => None,
+    };
+    let fitted = Llama3Scaling {
+        factor: divisors.iter().copied().fold(1.0, f32::max),
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 8192,
+    };
+    let s = given.unwrap_or(fitted);
+    let want = rope_freq_divisors(cfg, s);
+    let worst = want
+        .iter()
+        .zip(&divisors)
+        .map(|(a, b)| ((a - b) / a).abs())
+        .fold(0.0, f32::max);
+    if worst > 1e-3 {
+        return Err(bad(format!(
+            "does not match Llama 3 rope scaling {s:?} (relative difference {worst:.1e}); set the {} keys",
+            "graft.rope.llama3.*"
+        )));
+    }
+    Ok(Some(s))
+}
+
+/// llama.cpp's `rope_freqs` for Llama 3 scaling `s`: the divisor of each pair's
+/// frequency (1 for high frequencies, `factor` for low ones).
+pub fn rope_freq_divisors(cfg: &Config, s: Llama3Scaling) -> Vec<f32> {
+    let plain = RopeParams::new(RopeMode::Neox, cfg.head_dim, cfg.rope_theta);
+    let scaled = RopeParams {
+        llama3: Some(s),
+        ..plain
+    };
+    (0..cfg.head_dim / 2)
+        .map(|i| plain.inv_freq(i) / scaled.inv_freq(i))
+        .collect()
+}
+
+/// One tensor found in the file.
+struct Found<'a> {
+    bytes: &'a [u8],
+    dtype: DType,
+}
+
+/// Checks every tensor of the model in `f` against `cfg`: present, of a supported type,
+/// with the expected `ne`; and no tensor left over.
+fn find_tensors<'a>(
+    f: &'a GgufFile,
+    cfg: &Config,
+) -> Result<HashMap<(Role, Option<usize>), Found<'a>>> {
+    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
+    let bad =
+        |name: &str, msg: String| Error::model(format!("{}: tensor '{name}' {msg}", f.path()));
+    let mut found = HashMap::new();
+    let mut names = vec![ROPE_FREQS.to_string()];
+    for slot in probe.slots(cfg) {
+        let name = slot.gguf_name();
+        let want = slot.role.ne(cfg);
+        let info = f
+            .tensor(&name)
+            .ok_or_else(|| bad(&name, format!("is missing (expected ne {want:?})")))?;
+        let dtype = weight_dtype(info.ty).ok_or_else(|| {
+            bad(&name, format!("has type {}, which graft does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", info.ty))
+        })?;
+        let got: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
+        if got != want {
+            return Err(bad(&name, format!("has ne {got:?}, expected {want:?}")));
+        }
+        found.insert(
+            (slot.role, slot.layer),
+            Found {
+                bytes: f.tensor_bytes(&name)?,
+                dtype,
+            },
+        );
+        names.push(name);
+    }
+    if let Some(extra) = f.tensors().iter().find(|t| !names.contains(&t.name)) {
+        return Err(bad(
+            &extra.name,
+            format!(
+                "is not part of a Llama model with {} layers",
+                cfg.num_hidden_layers
+            ),
+        ));
+    }
+    Ok(found)
+}
+
+/// Loads the weights of GGUF file `f` (hyper-parameters `cfg`) into a new buffer on
+/// `be`: Q and K rows un-permuted to the HF rope layout, norms converted to F32, the
+/// matrices converted as `opts.quantize` says or kept in their type.
+pub fn load_gguf_weights(
+    f: &GgufFile,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
+    let found = find_tensors(f, cfg)?;
+    let target = |role: Role, layer: Option<usize>| match (role.is_norm(), opts.quantize) {
+        (true, _) => DType::F32,
+        (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
+        (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.dtype),
+    };
+    if let (Some(plan), true) = (opts.quantize, opts.progress) {
+        for line in fallback_notes(plan, cfg) {
+            eprintln!("{line}");
+        }
+    }
+    let weights = Weights::alloc(cfg, &target, be)?;
+    for slot in weights.slots(cfg) {
+        let src = &found[&(slot.role, slot.layer)];
+        let heads = match slot.role {
+            Role::AttnQ => Some(cfg.num_attention_heads),
+            Role::AttnK => Some(cfg.num_key_value_heads),
+            Role::TokEmbd
+            | Role::AttnNorm
+            | Role::AttnV
+            | Role::AttnOut
+            | Role::FfnNorm
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnDown
+            | Role::OutNorm
+            | Role::Output => None,
+        };
+        match heads {
+            Some(n) => {
+                let row = src.dtype.row_bytes(slot.row_len());
+                let hf = permute_rope_rows(src.bytes, n, row, false);
+                upload(be, &weights, &slot, &hf, src.dtype)?;
+            }
+            None => upload(be, &weights, &slot, src.bytes, src.dtype)?,
+        }
+    }
+    Ok(weights)
+}
+
+/// Whether `path` names a GGUF file rather than a model folder.
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.is_file()
+}

@@ -1,0 +1,117 @@
+//! The HF reference data of a committed model fixture (`reference.json` and
+//! `reference.safetensors`, made by scripts/make-fixtures.py) and the error measures the
+//! model tests compare with. Included as a module by the tests that need it.
+
+use std::path::PathBuf;
+
+use graft::models::Llama;
+
+/// One fixture folder and its reference data.
+pub struct Reference {
+    pub name: &'static str,
+    pub dir: PathBuf,
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// HF's greedy continuation.
+    pub greedy: Vec<u32>,
+    /// HF's top-1 minus top-2 logit at each greedy step.
+    pub margins: Vec<f32>,
+    /// HF float32 logits of every prompt position, `[n_tokens][vocab]` flattened.
+    pub logits: Vec<f32>,
+}
+
+/// The committed fixtures.
+pub const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
+
+/// Reads fixture `name`'s reference data.
+pub fn reference(name: &'static str) -> Reference {
+    let dir = super::fixtures::fixture(name);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        json[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let logits = st.tensor("logits").unwrap();
+    assert_eq!(logits.dtype(), safetensors::Dtype::F32);
+    Reference {
+        name,
+        tokens: ids("tokens"),
+        greedy: ids("greedy_tokens"),
+        margins: json["greedy_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect(),
+        logits: logits
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        dir,
+    }
+}
+
+/// `sum((a - b)^2) / sum(b^2)`, in f64.
+pub fn nmse(out: &[f32], reference: &[f32]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let mut err = 0f64;
+    let mut norm = 0f64;
+    for (&a, &b) in out.iter().zip(reference) {
+        assert!(a.is_finite(), "non-finite output {a}");
+        err += (a as f64 - b as f64).powi(2);
+        norm += (b as f64).powi(2);
+    }
+    err / norm
+}
+
+/// The root mean square of `v`.
+pub fn rms(v: &[f32]) -> f64 {
+    (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
+/// The largest absolute difference.
+pub fn max_abs(out: &[f32], reference: &[f32]) -> f32 {
+    out.iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Checks `m` against the reference: the prompt logits' NMSE (returned) and HF's greedy
+/// tokens on the leading steps whose margin is above a noise floor of 4x the RMS logit
+/// error seen on the prompt (a margin is a difference of two logits, whose error has
+/// about 1.4x the RMS: 4x is near 3 standard deviations). Returns the NMSE and the
+/// number of greedy steps compared.
+pub fn check_model(
+    be: &mut dyn graft::backend::Backend,
+    m: &mut Llama,
+    r: &Reference,
+) -> (f64, usize) {
+    m.reset();
+    let out = m
+        .prefill(be, &r.tokens, graft::models::Logits::All)
+        .unwrap();
+    let e = nmse(&out.logits, &r.logits);
+    let floor = 4.0 * (e * rms(&r.logits).powi(2)).sqrt() as f32;
+    let safe = r.margins.iter().take_while(|&&mg| mg > floor).count();
+    let mut sampler = graft::models::Sampler::greedy();
+    let g = m
+        .generate(be, &r.tokens, r.greedy.len(), &mut sampler, &mut |_| Ok(()))
+        .unwrap();
+    assert_eq!(
+        g.tokens[..safe],
+        r.greedy[..safe],
+        "{}: greedy tokens",
+        r.name
+    );
+    (e, safe)
+}
