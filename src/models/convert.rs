@@ -10,17 +10,16 @@
 //! keys (see [`gguf_model`](super::gguf_model)).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::gguf::{Array, GgmlType, GgufWriter, Metadata, Value};
-use crate::graph::{BufferId, DType};
+use crate::graph::BufferId;
 
 use super::config::Config;
 use super::gguf_model::{ggml_type, llama3_keys, rope_freq_divisors, ROPE_FREQS};
 use super::gguf_tokenizer::TokenizerSpec;
-use super::loader::{fallback_notes, with_hf_tensors};
+use super::loader::{fallback_notes, with_hf_tensors, Found};
 use super::quant_plan::QuantPlan;
 use super::rows::{convert_rows, permute_rope_rows};
 use super::weights::{Role, Weights};
@@ -112,11 +111,7 @@ pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> R
 type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
 
 /// Every tensor in its GGUF name, type and layout (Q/K rows permuted for ggml's rope).
-fn converted_tensors(
-    found: &HashMap<(Role, Option<usize>), (&[u8], DType)>,
-    cfg: &Config,
-    plan: QuantPlan,
-) -> Result<Vec<Tensor>> {
+fn converted_tensors(found: &Found, cfg: &Config, plan: QuantPlan) -> Result<Vec<Tensor>> {
     let pick = |role, layer| plan.pick(role, layer, cfg).dtype;
     let layout = Weights::layout(cfg, &pick, BufferId(0));
     let mut out = Vec::new();

@@ -685,9 +685,12 @@ fn hf_merges(model: &serde_json::Value) -> Result<Vec<String>> {
                 (Some(serde_json::Value::String(a)), Some(serde_json::Value::String(b))) => {
                     Ok(format!("{a} {b}"))
                 }
-                _ => Err(bad()),
+                (Some(_), Some(_)) | (None, _) | (Some(_), None) => Err(bad()),
             },
-            _ => Err(bad()),
+            serde_json::Value::Null
+            | serde_json::Value::Bool(_)
+            | serde_json::Value::Number(_)
+            | serde_json::Value::Object(_) => Err(bad()),
         })
         .collect()
 }

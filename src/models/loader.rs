@@ -187,13 +187,16 @@ fn weight_dtype(d: Dtype) -> Option<DType> {
     }
 }
 
+/// A model's tensors by role and layer: bytes and dtype.
+pub(crate) type Found<'a> = HashMap<(Role, Option<usize>), (&'a [u8], DType)>;
+
 /// The tensors of the checkpoint in `dir` for `cfg` (each checked: present, supported
 /// dtype, expected shape, inside its file; no tensor left over), by role and layer,
 /// handed to `f` while the files are mapped.
 pub(crate) fn with_hf_tensors<T>(
     dir: &Path,
     cfg: &Config,
-    f: impl FnOnce(&HashMap<(Role, Option<usize>), (&[u8], DType)>) -> Result<T>,
+    f: impl FnOnce(&Found) -> Result<T>,
 ) -> Result<T> {
     let ckpt = Checkpoint::open(dir)?;
     let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
@@ -243,7 +246,7 @@ pub fn load_weights(
 
 /// Uploads every found tensor into a new weight buffer (see [`load_weights`]).
 fn upload_all(
-    found: &HashMap<(Role, Option<usize>), (&[u8], DType)>,
+    found: &Found,
     cfg: &Config,
     be: &mut dyn Backend,
     opts: &LoadOptions,

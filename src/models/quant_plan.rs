@@ -71,7 +71,7 @@ pub struct Pick {
 /// third layer in between get more bits in the K-quant mixes.
 pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
     let eighth = n_layers / 8;
-    layer < eighth || layer >= 7 * n_layers / 8 || (layer >= eighth && (layer - eighth) % 3 == 2)
+    layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2
 }
 
 impl QuantPlan {
