@@ -48,6 +48,7 @@ fn load(be: &mut dyn Backend, path: &Path, quantize: Option<QuantPlan>) -> graft
         ctx: Some(64),
         progress: false,
         quantize,
+        ..LoadOptions::default()
     };
     Llama::load(path, be, &opts)
 }

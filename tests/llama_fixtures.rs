@@ -450,8 +450,8 @@ fn cache_types_and_flash_attention() {
                 };
                 let opts = LoadOptions {
                     ctx: Some(64),
-                    progress: false,
                     cache,
+                    ..LoadOptions::default()
                 };
                 let mut m = Llama::load(&f.dir, be, &opts).unwrap();
                 let out = m.prefill(be, &f.tokens, Logits::All).unwrap();

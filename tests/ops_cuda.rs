@@ -234,7 +234,10 @@ fn prop_flash_attn_ext() {
         }
         let bound = flash_attn_bound(c.kv);
         let want_cpu: Vec<f64> = on_cpu.got.iter().map(|&x| f64::from(x)).collect();
-        let (vs_cpu, vs_oracle) = (nmse(&on_gpu.got, &want_cpu), nmse(&on_gpu.got, &on_gpu.want));
+        let (vs_cpu, vs_oracle) = (
+            nmse(&on_gpu.got, &want_cpu),
+            nmse(&on_gpu.got, &on_gpu.want),
+        );
         if vs_cpu > bound || vs_oracle > bound {
             return Err(TestCaseError::fail(format!(
                 "cuda NMSE {vs_cpu:e} vs cpu, {vs_oracle:e} vs oracle (bound {bound:e})"

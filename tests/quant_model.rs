@@ -28,7 +28,7 @@ mod reference;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{presets, Llama, LoadOptions, Logits, QuantPlan};
+use graft::models::{presets, CacheTypes, Llama, LoadOptions, Logits, QuantPlan};
 
 use reference::{check_model, nmse, reference, FIXTURES};
 
@@ -52,6 +52,7 @@ fn load(be: &mut dyn Backend, name: &str, plan: Option<QuantPlan>) -> Llama {
         ctx: Some(64),
         progress: false,
         quantize: plan,
+        ..LoadOptions::default()
     };
     Llama::load(&fixtures::fixture(name), be, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -117,7 +118,15 @@ fn random_presets_quantize_on_the_backend() {
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
     let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
-    let mut f32_model = Llama::random(cfg.clone(), QuantPlan::F32, 16, 5, be).unwrap();
+    let mut f32_model = Llama::random(
+        cfg.clone(),
+        QuantPlan::F32,
+        16,
+        CacheTypes::default(),
+        5,
+        be,
+    )
+    .unwrap();
     let want = f32_model.prefill(be, &prompt, Logits::All).unwrap().logits;
     let f32_bytes = f32_model.weights().bytes_per_token(&cfg);
     f32_model.release(be).unwrap();
@@ -130,7 +139,7 @@ fn random_presets_quantize_on_the_backend() {
         (QuantPlan::Q6_K, 4e-3),
         (QuantPlan::Q4_K_M, 0.053),
     ] {
-        let mut m = Llama::random(cfg.clone(), plan, 16, 5, be).unwrap();
+        let mut m = Llama::random(cfg.clone(), plan, 16, CacheTypes::default(), 5, be).unwrap();
         let got = m.prefill(be, &prompt, Logits::All).unwrap().logits;
         let e = nmse(&got, &want);
         let bytes = m.weights().bytes_per_token(&cfg);

@@ -67,10 +67,7 @@ fn kv_values(rng: &mut StdRng, dt: DType, n: usize, row: usize) -> (Vec<u8>, Vec
             (bytes, back.iter().map(|&v| v as f64).collect())
         }
         None => {
-            let bytes: Vec<u8> = x
-                .iter()
-                .flat_map(|&v| encode_value(dt, v))
-                .collect();
+            let bytes: Vec<u8> = x.iter().flat_map(|&v| encode_value(dt, v)).collect();
             let vals = bytes
                 .chunks(dt.block_bytes())
                 .map(|c| decode_value(dt, c))
@@ -230,8 +227,10 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
                     // The padding rows are all -inf: no kernel may read them.
                     let mut padded = mask.clone();
                     padded.resize(c.n_kv * rows, f32::NEG_INFINITY);
-                    let bytes: Vec<u8> =
-                        padded.iter().flat_map(|&x| encode_value(mask_dt, x)).collect();
+                    let bytes: Vec<u8> = padded
+                        .iter()
+                        .flat_map(|&x| encode_value(mask_dt, x))
+                        .collect();
                     be.set_input(exec, m, &bytes)?;
                 }
                 be.compute(exec)?;
@@ -348,4 +347,3 @@ pub fn case() -> impl Strategy<Value = Case> {
             },
         )
 }
-

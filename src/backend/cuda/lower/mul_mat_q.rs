@@ -139,7 +139,12 @@ pub(crate) fn gemv(
         args.vec = i64::from(b_addr % 16 == 0 && (n == 1 || b.nb[1] % 16 == 0));
     }
     Some(row_grid(m.div_ceil(ROWS)).map(|grid| {
-        ops.push(DevOp::kernel(kernel, grid, ((ROWS * 32) as u32, 1, 1), &args));
+        ops.push(DevOp::kernel(
+            kernel,
+            grid,
+            ((ROWS * 32) as u32, 1, 1),
+            &args,
+        ));
         ops
     }))
 }
@@ -173,6 +178,11 @@ fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String>
     );
     Ok((
         addr,
-        DevOp::kernel(k::QUANTIZE_Q8_1_F32, grid, ((ROWS * 32) as u32, 1, 1), &args),
+        DevOp::kernel(
+            k::QUANTIZE_Q8_1_F32,
+            grid,
+            ((ROWS * 32) as u32, 1, 1),
+            &args,
+        ),
     ))
 }
