@@ -54,6 +54,12 @@ fn kernel_table_is_complete() {
         k::RMS_NORM_BF16,
         k::SET_ROWS_F32_F16,
         k::FILL_RANDOM_BF16,
+        k::QUANTIZE_Q8_1_F32,
+        k::MUL_MAT_VEC_Q_C1_Q4_0,
+        k::MUL_MAT_VEC_DQ_C8_Q6_K,
+        k::CPY_F32_Q4_K,
+        k::CPY_Q6_K_F16,
+        k::GET_ROWS_Q8_0,
     ] {
         assert_eq!(ALL[kernel.index], kernel);
         assert!(MODULES[kernel.module].image.len() > 1000);
@@ -61,7 +67,8 @@ fn kernel_table_is_complete() {
 }
 
 /// Every kernel of every module loads (CudaBackend::new looks each one up) and answers
-/// its attributes; the GEMV kernels use no local memory (no spills).
+/// its attributes; the GEMV kernels (block-quantized decode products and the Q8_1
+/// activation quantizer included) use no local memory (no spills).
 #[test]
 fn every_kernel_loads() {
     let Some(be) = gpu() else { return };
@@ -89,7 +96,10 @@ fn every_kernel_loads() {
         k::FATTN_MMA_D128_F16,
         k::FATTN_MMA_D128_BF16,
         k::FATTN_MMA_D64_F16,
-    ] {
+    ]
+    .into_iter()
+    .chain(quantized_decode_kernels())
+    {
         assert_eq!(
             be.kernel_resources(kernel).unwrap().1,
             0,
@@ -97,6 +107,29 @@ fn every_kernel_loads() {
             kernel.name
         );
     }
+}
+
+/// The hot kernels of decode with block-quantized weights: both decode paths for every
+/// column count and weight type, and the activation quantizer.
+fn quantized_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
+    use graft::backend::cuda::kernels::by;
+    let sets = [
+        by::MUL_MAT_VEC_Q_C1,
+        by::MUL_MAT_VEC_Q_C2,
+        by::MUL_MAT_VEC_Q_C4,
+        by::MUL_MAT_VEC_Q_C8,
+        by::MUL_MAT_VEC_DQ_C1,
+        by::MUL_MAT_VEC_DQ_C2,
+        by::MUL_MAT_VEC_DQ_C4,
+        by::MUL_MAT_VEC_DQ_C8,
+    ];
+    let mut v: Vec<_> = sets
+        .iter()
+        .flat_map(|s| s.entries.iter().map(|(_, k)| *k))
+        .collect();
+    assert_eq!(v.len(), 64, "8 weight types x 4 column counts x 2 paths");
+    v.push(k::QUANTIZE_Q8_1_F32);
+    v
 }
 
 /// fill_random on the GPU gives the CPU backend's bytes, bit for bit, for every float

@@ -1,8 +1,10 @@
 //! The op benchmark (`graft bench-ops`): the device's copy
-//! bandwidth, then each kernel path at Llama-7B decode and prefill sizes (fused attention
-//! included: the decode row's bandwidth is that of its K/V read, the prefill row's FLOP
-//! rate that of the unmasked half of a causal 512 x 512), then a graph of
-//! many small nodes run eagerly and replayed.
+//! bandwidth, then each kernel path at Llama-7B decode and prefill sizes (float weights,
+//! and block-quantized Q4_0 / Q4_K / Q8_0 weights on both decode paths, quantized on the
+//! device from seeded random values; the fused attention, whose decode row's bandwidth is
+//! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a causal
+//! 512 x 512), then a graph of many small nodes run eagerly and replayed. The bytes of a
+//! quantized product are those of its blocks.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
 //! (enough that the 50 MB L2 cannot hold them, for the memory-bound cases). Two times:
@@ -29,6 +31,7 @@ use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
 use crate::graph::{BufferRef, DType, Graph, TensorId};
 use crate::ops::{RopeMode, RopeParams};
+use crate::quant::QType;
 
 /// Options of [`run_bench_ops`].
 #[derive(Clone, Debug)]
@@ -226,6 +229,36 @@ fn random_leaf(
     }
 }
 
+/// A weight of block type `q` holding seeded random values quantized on the device (a
+/// plan of its own: `cpy` of a random F32 tensor into the quantized buffer).
+fn quant_leaf(
+    be: &mut CudaBackend,
+    g: &mut Graph,
+    name: &str,
+    q: QType,
+    shape: &[usize],
+    seed: u64,
+) -> Result<TensorId> {
+    let n: usize = shape.iter().product();
+    let dt = DType::Quant(q);
+    let rows = n / shape[0];
+    let buf = be.alloc_buffer(dt.row_bytes(shape[0]) * rows)?;
+    let src = be.alloc_buffer(n * 4)?;
+    be.fill_random(src, 0, DType::F32, n, seed, 0.5)?;
+    let at = |buffer| BufferRef { buffer, offset: 0 };
+    let mut q_graph = Graph::new();
+    let x = q_graph.weight("x", DType::F32, shape, at(src))?;
+    let y = q_graph.state("y", dt, shape, at(buf))?;
+    let done = q_graph.cpy(x, y)?;
+    let plan = q_graph.plan(&[done])?;
+    let exec = be.load(&plan)?;
+    be.compute(exec)?;
+    be.synchronize()?;
+    be.unload(exec)?;
+    be.free_buffer(src)?;
+    g.weight(name, dt, shape, at(buf))
+}
+
 /// Writes deterministic values into every input of a loaded plan.
 fn fill_inputs(be: &mut CudaBackend, exec: ExecId) -> Result<()> {
     let inputs = be.exec(exec)?.plan.inputs.clone();
@@ -387,6 +420,44 @@ fn gemv_case<'a>(dtype: DType, k: usize, m: usize) -> Case<'a> {
         build: Box::new(move |be, g, r| {
             let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
             let w = random_leaf(be, g, &format!("w{r}"), dtype, &[k, m], r as u64, false)?;
+            g.mul_mat(w, x)
+        }),
+    }
+}
+
+/// A decode product with block-quantized weights `w` [k, m] of `q` times an F32 vector,
+/// on the Q8_1 + dp4a path (`mmvq`) or the dequantize-in-registers path.
+fn qgemv_case<'a>(q: QType, k: usize, m: usize, mmvq: bool) -> Case<'a> {
+    let bytes = (DType::Quant(q).row_bytes(k) * m + 4 * (k + m)) as f64;
+    let path = if mmvq { "q8_1 + dp4a" } else { "dequantize" };
+    Case {
+        name: format!("mul_mat {q} [{k}, {m}] x f32 [{k}] (decode, {path})"),
+        reps: reps_for(bytes),
+        bytes,
+        flops: 2.0 * (k * m) as f64,
+        build: Box::new(move |be, g, r| {
+            // Lowering reads the switch when the plan loads, after every node is built.
+            be.set_mmvq(mmvq);
+            let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
+            let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
+            g.mul_mat(w, x)
+        }),
+    }
+}
+
+/// The prefill product with block-quantized weights [4096, 4096] times 512 F32 tokens:
+/// the weights dequantized to F16 in scratch, then cuBLAS.
+fn qprefill_case<'a>(q: QType) -> Case<'a> {
+    const D: usize = 4096;
+    const T: usize = 512;
+    Case {
+        name: format!("mul_mat {q} [{D}, {D}] x f32 [{D}, {T}] (prefill)"),
+        reps: 4,
+        bytes: (DType::Quant(q).row_bytes(D) * D + D * T * 4 + D * T * 4) as f64,
+        flops: 2.0 * (D * D * T) as f64,
+        build: Box::new(move |be, g, r| {
+            let x = g.input(&format!("x{r}"), DType::F32, &[D, T])?;
+            let w = quant_leaf(be, g, &format!("w{r}"), q, &[D, D], r as u64)?;
             g.mul_mat(w, x)
         }),
     }
@@ -660,10 +731,19 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
     cases.extend(flash_attn_cases());
     cases.extend(small_cases());
     cases.extend(prefill_cases());
+    for q in [QType::Q4_0, QType::Q4_K, QType::Q8_0] {
+        for mmvq in [true, false] {
+            for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
+                cases.push(qgemv_case(q, k, m, mmvq));
+            }
+        }
+    }
+    cases.extend([QType::Q4_0, QType::Q4_K, QType::Q8_0].map(qprefill_case));
     let mut rows = Vec::with_capacity(cases.len());
     for case in cases {
         rows.push(run_case(&mut be, copy_gb_s, opts.iters, case)?);
     }
+    be.set_mmvq(true);
     let graph = graph_case(&mut be, opts.iters)?;
     Ok(BenchReport {
         device,

@@ -1,0 +1,510 @@
+//! Cases of the ops on block-quantized tensors for the device tests: quantizing casts,
+//! dequantizing casts, get_rows from a quantized table, and mul_mat with quantized
+//! weights (decode widths 1..=8, optionally with a fused residual add, and prefill
+//! widths with broadcast batches). Weight rows may be strided (a view with padding
+//! blocks after each row); values mix gaussian-like numbers, outliers, zero blocks and
+//! all-equal blocks.
+//!
+//! [`run`] builds a case on any backend and returns the result bytes; [`oracle`] is the
+//! f64 result from the weights dequantized on the host (`graft::quant`).
+
+use graft::backend::Backend;
+use graft::graph::{BufferId, BufferRef, DType, Graph, TensorId};
+use graft::quant::{self, QType};
+use graft::Result;
+use proptest::prelude::*;
+
+/// The weight types (every block type but Q8_1, the activation format).
+pub const WEIGHT_TYPES: [QType; 8] = [
+    QType::Q4_0,
+    QType::Q4_1,
+    QType::Q5_0,
+    QType::Q5_1,
+    QType::Q8_0,
+    QType::Q4_K,
+    QType::Q5_K,
+    QType::Q6_K,
+];
+
+/// The op of a case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum QOp {
+    /// `cast(x, q)` of F32 rows.
+    Quantize,
+    /// `cast(w, F32 | F16)` of quantized rows.
+    Dequantize(DType),
+    /// `get_rows(w, ids)` into F32.
+    GetRows,
+    /// `mul_mat(w, x)`, then `add(r, that)` when `add`.
+    MulMat { add: bool },
+}
+
+/// One case: a quantized (or to-be-quantized) matrix stack `[k, rows, a2, a3]` whose rows
+/// are `pad` blocks longer in memory than they are in the view, and for get_rows /
+/// mul_mat the other operand's width `n` and batches `b2 = a2 * r2`, `b3 = a3 * r3`.
+#[derive(Clone, Debug)]
+pub struct QCase {
+    pub op: QOp,
+    pub q: QType,
+    pub k: usize,
+    pub rows: usize,
+    pub pad: usize,
+    pub n: usize,
+    pub a_batch: [usize; 2],
+    pub repeat: [usize; 2],
+    pub seed: u64,
+}
+
+impl QCase {
+    /// Elements of a row in memory (the view's `k` plus the padding blocks).
+    pub fn stride_elems(&self) -> usize {
+        self.k + self.pad * self.q.block_size()
+    }
+
+    /// Batches of the second operand / the result.
+    pub fn b_batch(&self) -> [usize; 2] {
+        [
+            self.a_batch[0] * self.repeat[0],
+            self.a_batch[1] * self.repeat[1],
+        ]
+    }
+
+    /// Rows of the whole weight stack.
+    pub fn weight_rows(&self) -> usize {
+        self.rows * self.a_batch[0] * self.a_batch[1]
+    }
+}
+
+/// A small deterministic generator (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15 | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// `len` values in blocks of 32: mostly gaussian-like, some blocks zero or all equal,
+/// rare outliers 30 times larger.
+pub fn values(seed: u64, len: usize) -> Vec<f32> {
+    values_with(seed, len, 30.0)
+}
+
+/// [`values`] with outliers `outlier` times larger.
+pub fn values_with(seed: u64, len: usize, outlier: f32) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        let kind = r.below(16);
+        let c = (r.unit() - 0.5) * 4.0;
+        for _ in 0..32.min(len - v.len()) {
+            let x = match kind {
+                0 => 0.0,
+                1 => c,
+                _ => {
+                    let g = (0..4).map(|_| r.unit()).sum::<f32>() - 2.0;
+                    if r.below(64) == 0 {
+                        g * outlier
+                    } else {
+                        g
+                    }
+                }
+            };
+            v.push(x);
+        }
+    }
+    v
+}
+
+/// The weight stack quantized row by row (padded rows, as stored).
+pub fn weight_bytes(c: &QCase) -> Vec<u8> {
+    let se = c.stride_elems();
+    let x = values(c.seed, se * c.weight_rows());
+    let rb = c.q.row_bytes(se).expect("whole blocks");
+    let mut out = vec![0u8; rb * c.weight_rows()];
+    for (src, dst) in x.chunks_exact(se).zip(out.chunks_exact_mut(rb)) {
+        quant::quantize_row(c.q, src, dst).expect("sizes agree");
+    }
+    out
+}
+
+/// The dequantized weight stack as the view sees it: `[k, rows, a2, a3]` dense.
+pub fn weights_dequantized(c: &QCase) -> Vec<f32> {
+    let se = c.stride_elems();
+    let rb = c.q.row_bytes(se).expect("whole blocks");
+    let bytes = weight_bytes(c);
+    let mut out = Vec::with_capacity(c.k * c.weight_rows());
+    let mut row = vec![0.0f32; se];
+    for chunk in bytes.chunks_exact(rb) {
+        quant::dequantize_row(c.q, chunk, &mut row).expect("sizes agree");
+        out.extend_from_slice(&row[..c.k]);
+    }
+    out
+}
+
+/// The F32 input of a Quantize case (`[stride_elems, rows]`, viewed as `[k, rows]`).
+pub fn quantize_input(c: &QCase) -> Vec<f32> {
+    values(c.seed, c.stride_elems() * c.rows)
+}
+
+/// The activations `[k, n, b2, b3]` of a MulMat case (outliers 8 times larger: one 30
+/// times larger would cost the other 31 values of its Q8_1 block most of their bits).
+pub fn activations(c: &QCase) -> Vec<f32> {
+    let [b2, b3] = c.b_batch();
+    values_with(c.seed.wrapping_add(1), c.k * c.n * b2 * b3, 8.0)
+}
+
+/// The exact result of the Q8_1 decode path of a MulMat case without batches: each
+/// column quantized to Q8_1 on the host, each weight row dotted with it by
+/// `graft::quant::vec_dot_q8_1` (the CPU oracle of the `__dp4a` kernels).
+pub fn oracle_q8_1(c: &QCase) -> Vec<f64> {
+    let x = activations(c);
+    let se = c.stride_elems();
+    let rb = c.q.row_bytes(se).expect("whole blocks");
+    let used = c.q.row_bytes(c.k).expect("whole blocks");
+    let w = weight_bytes(c);
+    let res = residual(c);
+    let mut out = Vec::with_capacity(c.rows * c.n);
+    for j in 0..c.n {
+        let mut a = vec![0u8; QType::Q8_1.row_bytes(c.k).expect("whole blocks")];
+        quant::quantize_row(QType::Q8_1, &x[j * c.k..(j + 1) * c.k], &mut a).expect("sizes");
+        for i in 0..c.rows {
+            let mut v = f64::from(quant::vec_dot_q8_1(c.q, &w[i * rb..i * rb + used], &a));
+            if matches!(c.op, QOp::MulMat { add: true }) {
+                v += f64::from(res[j * c.rows + i]);
+            }
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// The residual `[rows, n]` of a MulMat case with `add`.
+pub fn residual(c: &QCase) -> Vec<f32> {
+    values(c.seed.wrapping_add(2), c.rows * c.n)
+}
+
+/// The ids of a GetRows case.
+pub fn ids(c: &QCase) -> Vec<i32> {
+    let mut r = Rng::new(c.seed.wrapping_add(3));
+    (0..c.n).map(|_| r.below(c.rows) as i32).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The weight stack as a strided view of a padded weight leaf in `buf`.
+fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> {
+    let se = c.stride_elems();
+    let [a2, a3] = c.a_batch;
+    let dt = DType::Quant(c.q);
+    let r = BufferRef {
+        buffer: buf,
+        offset: 0,
+    };
+    let leaf = g.weight("w", dt, &[se, c.rows, a2, a3], r)?;
+    if c.pad == 0 {
+        return Ok(leaf);
+    }
+    let nb1 = dt.row_bytes(se);
+    g.view_4d(
+        leaf,
+        [c.k, c.rows, a2, a3],
+        nb1,
+        nb1 * c.rows,
+        nb1 * c.rows * a2,
+        0,
+    )
+}
+
+/// Builds the case on `be`, runs it, and returns the result's dtype and bytes.
+pub fn run(c: &QCase, be: &mut dyn Backend) -> Result<(DType, Vec<u8>)> {
+    let mut buffers = Vec::new();
+    let result = run_inner(c, be, &mut buffers);
+    for b in buffers {
+        be.free_buffer(b)?;
+    }
+    result
+}
+
+fn run_inner(
+    c: &QCase,
+    be: &mut dyn Backend,
+    buffers: &mut Vec<BufferId>,
+) -> Result<(DType, Vec<u8>)> {
+    let mut g = Graph::new();
+    let mut inputs: Vec<(TensorId, Vec<u8>)> = Vec::new();
+    let out = match c.op {
+        QOp::Quantize => {
+            let se = c.stride_elems();
+            let x = g.input("x", DType::F32, &[se, c.rows])?;
+            inputs.push((x, f32_bytes(&quantize_input(c))));
+            let v = g.view_2d(x, c.k, c.rows, se * 4, 0)?;
+            g.cast(v, DType::Quant(c.q))?
+        }
+        QOp::Dequantize(_) | QOp::GetRows | QOp::MulMat { .. } => {
+            let bytes = weight_bytes(c);
+            let buf = be.alloc_buffer(bytes.len())?;
+            buffers.push(buf);
+            be.write_buffer(buf, 0, &bytes)?;
+            let w = weight_view(&mut g, c, buf)?;
+            match c.op {
+                QOp::Dequantize(dt) => g.cast(w, dt)?,
+                QOp::GetRows => {
+                    let ids_t = g.input("ids", DType::I32, &[c.n])?;
+                    let v: Vec<u8> = ids(c).iter().flat_map(|i| i.to_le_bytes()).collect();
+                    inputs.push((ids_t, v));
+                    g.get_rows(w, ids_t)?
+                }
+                QOp::MulMat { add } => {
+                    let [b2, b3] = c.b_batch();
+                    let x = g.input("x", DType::F32, &[c.k, c.n, b2, b3])?;
+                    inputs.push((x, f32_bytes(&activations(c))));
+                    let y = g.mul_mat(w, x)?;
+                    if add {
+                        let r = g.input("r", DType::F32, &[c.rows, c.n])?;
+                        inputs.push((r, f32_bytes(&residual(c))));
+                        g.add(r, y)?
+                    } else {
+                        y
+                    }
+                }
+                QOp::Quantize => unreachable!("handled above"),
+            }
+        }
+    };
+    let plan = g.plan(&[out])?;
+    let io = plan.io(out).expect("the output").operand.clone();
+    let exec = be.load(&plan)?;
+    let mut bytes = vec![0u8; io.nbytes()];
+    let run = (|| {
+        // Twice: a backend may capture a graph on the first run and replay it.
+        for _ in 0..2 {
+            for (id, data) in &inputs {
+                be.set_input(exec, *id, data)?;
+            }
+            be.compute(exec)?;
+        }
+        be.get_output(exec, out, &mut bytes)
+    })();
+    be.unload(exec)?;
+    run.map(|()| (io.dtype, bytes))
+}
+
+/// The f64 result of a Dequantize, GetRows or MulMat case (dense, row-major).
+pub fn oracle(c: &QCase) -> Vec<f64> {
+    let w = weights_dequantized(c);
+    match c.op {
+        QOp::Quantize => panic!("quantize cases compare bytes"),
+        QOp::Dequantize(_) => w.iter().map(|&v| f64::from(v)).collect(),
+        QOp::GetRows => ids(c)
+            .iter()
+            .flat_map(|&i| {
+                let i = i as usize;
+                w[i * c.k..(i + 1) * c.k].iter().map(|&v| f64::from(v))
+            })
+            .collect(),
+        QOp::MulMat { add } => {
+            let x = activations(c);
+            let [b2, b3] = c.b_batch();
+            let [r2, r3] = c.repeat;
+            let (k, m, n) = (c.k, c.rows, c.n);
+            let mut out = Vec::with_capacity(m * n * b2 * b3);
+            for i3 in 0..b3 {
+                for i2 in 0..b2 {
+                    let a_mat = (i3 / r3) * c.a_batch[0] + i2 / r2;
+                    let wm = &w[a_mat * k * m..(a_mat + 1) * k * m];
+                    let xm = &x[(i3 * b2 + i2) * k * n..(i3 * b2 + i2 + 1) * k * n];
+                    for j in 0..n {
+                        for i in 0..m {
+                            let s: f64 = (0..k)
+                                .map(|l| f64::from(wm[i * k + l]) * f64::from(xm[j * k + l]))
+                                .sum();
+                            out.push(s);
+                        }
+                    }
+                }
+            }
+            if add {
+                for (o, r) in out.iter_mut().zip(residual(c)) {
+                    *o += f64::from(r);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// The values of result bytes of dtype `dt` (F32 or F16).
+pub fn decode(dt: DType, bytes: &[u8]) -> Vec<f64> {
+    match dt {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
+            .collect(),
+        other => panic!("no values of {other} results"),
+    }
+}
+
+/// Normalized mean squared error of `got` against `want`.
+pub fn nmse(got: &[f64], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (g, w) in got.iter().zip(want) {
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+fn qtype() -> impl Strategy<Value = QType> {
+    proptest::sample::select(WEIGHT_TYPES.to_vec())
+}
+
+/// Row lengths: 1..=12 blocks (often more for 32-element blocks).
+fn blocks(q: QType) -> BoxedStrategy<usize> {
+    let max = if q.block_size() == 32 { 160 } else { 20 };
+    (1usize..=max).prop_map(move |b| b * q.block_size()).boxed()
+}
+
+/// Quantizing casts of F32 rows (odd row counts, strided rows).
+pub fn quantize() -> BoxedStrategy<QCase> {
+    (qtype(), any::<u64>(), 1usize..=37, 0usize..=2)
+        .prop_flat_map(|(q, seed, rows, pad)| {
+            blocks(q).prop_map(move |k| QCase {
+                op: QOp::Quantize,
+                q,
+                k,
+                rows,
+                pad,
+                n: 1,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            })
+        })
+        .boxed()
+}
+
+/// Dequantizing casts to F32 and F16 of strided quantized rows.
+pub fn dequantize() -> BoxedStrategy<QCase> {
+    (
+        qtype(),
+        any::<u64>(),
+        1usize..=37,
+        0usize..=2,
+        proptest::sample::select(vec![DType::F32, DType::F16]),
+    )
+        .prop_flat_map(|(q, seed, rows, pad, dt)| {
+            blocks(q).prop_map(move |k| QCase {
+                op: QOp::Dequantize(dt),
+                q,
+                k,
+                rows,
+                pad,
+                n: 1,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            })
+        })
+        .boxed()
+}
+
+/// get_rows of 1..=20 ids from a strided quantized table.
+pub fn get_rows() -> BoxedStrategy<QCase> {
+    (qtype(), any::<u64>(), 1usize..=37, 0usize..=2, 1usize..=20)
+        .prop_flat_map(|(q, seed, rows, pad, n)| {
+            blocks(q).prop_map(move |k| QCase {
+                op: QOp::GetRows,
+                q,
+                k,
+                rows,
+                pad,
+                n,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            })
+        })
+        .boxed()
+}
+
+/// Decode products: 1..=8 columns, odd row counts, strided weight rows, half of them
+/// with a residual add (fused on the device).
+pub fn mul_mat_decode() -> BoxedStrategy<QCase> {
+    (
+        qtype(),
+        any::<u64>(),
+        1usize..=77,
+        0usize..=2,
+        1usize..=8,
+        any::<bool>(),
+    )
+        .prop_flat_map(|(q, seed, rows, pad, n, add)| {
+            blocks(q).prop_map(move |k| QCase {
+                op: QOp::MulMat { add },
+                q,
+                k,
+                rows,
+                pad,
+                n,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            })
+        })
+        .boxed()
+}
+
+/// Prefill products: 9..=600 columns, or fewer with broadcast batches.
+pub fn mul_mat_prefill() -> BoxedStrategy<QCase> {
+    (
+        qtype(),
+        any::<u64>(),
+        1usize..=70,
+        0usize..=1,
+        prop_oneof![9usize..=64, 65usize..=600, 1usize..=8],
+        (1usize..=2, 1usize..=2),
+        (1usize..=2, 1usize..=2),
+    )
+        .prop_flat_map(|(q, seed, rows, pad, n, (a2, a3), (r2, r3))| {
+            let max = if q.block_size() == 32 { 24 } else { 3 };
+            (1usize..=max).prop_map(move |b| {
+                let batched = n <= 8;
+                QCase {
+                    op: QOp::MulMat { add: false },
+                    q,
+                    k: b * q.block_size(),
+                    rows,
+                    pad,
+                    n,
+                    a_batch: if batched { [a2, a3] } else { [1, a3] },
+                    repeat: if batched { [r2.max(2), r3] } else { [r2, 1] },
+                    seed,
+                }
+            })
+        })
+        .boxed()
+}
