@@ -4,7 +4,8 @@
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
-//! - `bench-ops`: per-kernel figures of the CUDA backend.
+//! - `bench-ops`: per-kernel figures of the CUDA backend;
+//! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's).
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
@@ -14,6 +15,7 @@ mod bench_ops;
 mod dump;
 mod generate;
 mod logits;
+mod tokenize;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -47,6 +49,8 @@ enum Command {
     Bench(bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     BenchOps(bench_ops::Args),
+    /// Print the token ids of a text, like llama.cpp's llama-tokenize.
+    Tokenize(tokenize::Args),
 }
 
 /// Which backend runs the model.
@@ -128,6 +132,7 @@ pub fn main() -> ExitCode {
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchOps(a) => bench_ops::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
