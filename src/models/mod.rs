@@ -11,7 +11,8 @@
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
 //! - [`gguf_tokenizer`]: tokenizers from GGUF metadata (`tokenizer.ggml.*`);
 //! - [`chat`]: chat templates (Jinja) rendered into prompts;
-//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny).
+//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny);
+//! - [`pull`]: the default model (SmolLM2-135M-Instruct Q4_1) and its cache.
 
 pub mod chat;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod llama;
 pub mod loader;
 pub mod output;
 pub mod presets;
+pub mod pull;
 pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
