@@ -1,6 +1,8 @@
 //! Command-line parsing (clap derive) and the subcommands:
 //!
-//! - `generate`: stream a continuation of a prompt (text or token ids);
+//! - `generate`: stream a continuation of a prompt (text or token ids), or with `--chat`
+//!   one chat turn;
+//! - `chat`: an interactive multi-turn conversation;
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
@@ -13,6 +15,7 @@
 
 mod bench;
 mod bench_ops;
+mod chat;
 mod dump;
 mod generate;
 mod logits;
@@ -41,8 +44,11 @@ struct Cli {
 /// subcommand (such as per-op benchmarks of a backend) is one more variant and module.
 #[derive(Subcommand)]
 enum Command {
-    /// Generate a continuation of a prompt with a Hugging Face Llama model folder.
+    /// Generate a continuation of a prompt (or with --chat, a chat reply) with a Llama
+    /// model: a .gguf file or a Hugging Face folder (default: the default model).
     Generate(generate::Args),
+    /// Chat with a model on stdin/stdout, the conversation kept in the KV cache.
+    Chat(chat::Args),
     /// Write the logits of every position of a token sequence (one prefill).
     Logits(logits::Args),
     /// Print the planned prefill (or decode) graph with arena offsets.
@@ -133,6 +139,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
