@@ -21,6 +21,9 @@
 //! - `GRAFT_CUDA_ARCHS`: compute capabilities, e.g. `90` or `80,90` (default
 //!   `80,86,89,90`); SASS for each, PTX for the last.
 //! - `GRAFT_NVCC_FLAGS`: extra nvcc flags, e.g. `-lineinfo` or `-Xptxas=-v`.
+//!
+//! A `.cu` file whose first line is `// nvcc-flags: FLAGS` is compiled with those flags
+//! too (`cuda/quantize.cu` turns off fused multiply-adds to round like the CPU).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -152,6 +155,17 @@ mod cuda {
         pub name: String,
         fatbin: PathBuf,
         pub kernels: Vec<String>,
+        /// Flags of the file's `// nvcc-flags:` first line.
+        flags: Vec<String>,
+    }
+
+    /// The flags of a first line `// nvcc-flags: FLAGS`, if any.
+    fn file_flags(src: &str) -> Vec<String> {
+        src.lines()
+            .next()
+            .and_then(|l| l.strip_prefix("// nvcc-flags:"))
+            .map(|f| f.split_whitespace().map(String::from).collect())
+            .unwrap_or_default()
     }
 
     fn compile(
@@ -256,6 +270,7 @@ mod cuda {
                     fatbin: out_dir.join(format!("{name}.fatbin")),
                     name,
                     kernels,
+                    flags: file_flags(&text),
                 }
             })
             .collect();
@@ -275,7 +290,9 @@ mod cuda {
                     if i >= sources.len() {
                         break;
                     }
-                    let r = compile(&nvcc, &sources[i], &gen_dir, &modules[i].fatbin, &flags);
+                    let mut all = flags.clone();
+                    all.extend(modules[i].flags.iter().cloned());
+                    let r = compile(&nvcc, &sources[i], &gen_dir, &modules[i].fatbin, &all);
                     results.lock().expect("no panics while held").push((i, r));
                 });
             }

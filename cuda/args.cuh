@@ -138,6 +138,25 @@ struct GemvArgs {
 };
 static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
 
+// Quantized matrix-vector products (mul_mat_vec_q_c*_*, mul_mat_vec_dq_c*_*):
+// dst[r, c] = sum_l a[l, r] * b[l, c] (+ add[r, c]) for c < ncols (at most 8), rows of
+// `a` dense blocks of its type, dst (and add) dense F32 [m, ncols].
+struct QGemvArgs {
+    const char* a;    // weight blocks: row r at a + r * a_nb1
+    const char* b;    // mul_mat_vec_q: Q8_1 blocks, mul_mat_vec_dq: F32; column c at b + c * b_nb1
+    char* dst;        // F32 [m, ncols], dense
+    const char* add;  // F32 [m, ncols], dense, added to the result (a fused residual add), or null
+    i64 k;            // row length in elements (a multiple of the block)
+    i64 m;            // rows of a
+    i64 ncols;        // columns of b and dst, 1..8 (at most the kernel's column count)
+    i64 a_nb1;        // byte stride between rows of a
+    i64 b_nb1;        // byte stride between columns of b
+    i64 vec;          // mul_mat_vec_dq: 1 when b and b_nb1 are 16-byte aligned
+    i64 prefetch;     // 1 when `a` is read-only in the plan: its first lines are pulled
+                      // into L2 before the previous kernel ends
+};
+static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
+
 struct FillRandomArgs {
     char* dst;
     i64 n;
@@ -169,10 +188,37 @@ struct SpinArgs {  // spin_wait: hold the stream for ns nanoseconds
 };
 static_assert(sizeof(SpinArgs) == 8, "SpinArgs layout");
 
+struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
+    Tensor4 q;             // F32 [d, n_q, n_head, batch]
+    Tensor4 k;             // [d, n_kv, n_head_kv, batch], any strides
+    Tensor4 v;             // [d, n_kv, n_head_kv, batch], as k
+    Tensor4 mask;          // F32 or F16 [n_kv, >= n_q, m2, m3]; data == nullptr: no mask
+    Tensor4 dst;           // F32 [d, n_head, n_q, batch], dense rows
+    float* part;           // fattn_vec with split > 1: (max, sum, acc[d]) per row and chunk
+    const float* slopes;   // the mask factor of each query head (ALiBi slope, else 1)
+    float scale;           // factor of q . k
+    float softcap;         // c of c * tanh(s / c); 0: none
+    int mask_f16;          // 1: the mask is F16, 0: F32
+    int kv_vec;            // 1: every K/V row starts 16-byte aligned (vector loads)
+    i64 group;             // query heads per KV head (GQA)
+    i64 split;             // fattn_vec: KV chunks (gridDim.x)
+    i64 chunk;             // fattn_vec: keys per chunk
+};
+static_assert(sizeof(FattnArgs) == 416, "FattnArgs layout");
+
 // Launch geometry of the mul_mat_vec_* and mul_mat_p021 kernels.
 
 constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_vec_*
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
+
+// Launch geometry of the flash attention kernels (cuda/fattn.cu).
+
+constexpr int FATTN_VEC_WARPS = 4;          // warps per block of fattn_vec_*
+constexpr int FATTN_VEC_ROWS = 8;           // query rows (heads x queries of one KV head) per block
+constexpr int FATTN_COMBINE_THREADS = 128;  // block of fattn_combine
+constexpr int FATTN_MMA_ROWS = 64;          // query rows per block of fattn_mma_* (head dims <= 128)
+constexpr int FATTN_MMA_ROWS_D256 = 32;     // query rows per block of fattn_mma_d256_*
+constexpr int FATTN_MMA_KEYS = 32;          // keys per shared-memory tile of fattn_mma_*
 
 // contract:end

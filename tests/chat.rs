@@ -23,6 +23,7 @@ fn load(ctx: usize, be: &mut CpuBackend) -> Llama {
     let opts = LoadOptions {
         ctx: Some(ctx),
         progress: false,
+        ..LoadOptions::default()
     };
     Llama::load(&fixture(TINY), be, &opts).unwrap()
 }
@@ -268,6 +269,7 @@ fn default_model_answers_the_capital_of_france() {
     let opts = LoadOptions {
         ctx: Some(256),
         progress: false,
+        ..LoadOptions::default()
     };
     let mut model = match Llama::load(&path, &mut be, &opts) {
         Ok(m) => m,
@@ -290,6 +292,9 @@ fn default_model_answers_the_capital_of_france() {
     let t = s.turn("What is the capital of France?", |_| {}).unwrap();
     assert!(t.reply.contains("Paris"), "{:?}", t.reply);
     let t2 = s.turn("And of Germany?", |_| {}).unwrap();
-    assert!(!t2.from_scratch, "the second turn continues the cached conversation");
+    assert!(
+        !t2.from_scratch,
+        "the second turn continues the cached conversation"
+    );
     assert!(!t2.reply.trim().is_empty());
 }

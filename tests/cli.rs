@@ -239,7 +239,8 @@ fn logits_writes_every_position() {
 fn dump_text_and_dot() {
     let dir = fixture("llama3-tiny-bf16");
     let d = dir.to_str().unwrap();
-    let text = ok(&["dump", "--model", d]);
+    // The classic attention chain (the reference path).
+    let text = ok(&["dump", "--model", d, "--flash-attn", "off"]);
     assert!(text.starts_with("# graft graph:"), "{text}");
     for needle in [
         "mul_mat",
@@ -252,11 +253,52 @@ fn dump_text_and_dot() {
         assert!(text.contains(needle), "prefill dump lacks {needle:?}");
     }
     assert!(!text.contains("set_rows"));
-    let dec = ok(&["dump", "--model", d, "--decode"]);
+    let dec = ok(&["dump", "--model", d, "--decode", "--flash-attn", "off"]);
     for needle in ["set_rows", "kq_mask", "soft_max", "[256,1,8,1]"] {
         assert!(dec.contains(needle), "decode dump lacks {needle:?}");
     }
     assert!(!dec.contains("diag_mask_inf"));
+    // The default: the fused attention node, a mask input, no score chain.
+    for args in [
+        &["dump", "--model", d][..],
+        &["dump", "--model", d, "--decode"][..],
+    ] {
+        let fa = ok(args);
+        assert!(
+            fa.contains("flash_attn_ext") && fa.contains("kq_mask"),
+            "{fa}"
+        );
+        assert!(
+            !fa.contains("soft_max") && !fa.contains("diag_mask_inf"),
+            "{fa}"
+        );
+    }
+    let q = ok(&[
+        "dump",
+        "--preset",
+        "llama2-7b",
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q4_0",
+    ]);
+    assert!(q.contains("q8_0") && q.contains("q4_0"), "{q}");
+    fails(
+        &["dump", "--model", d, "--cache-type-k", "q8_0"],
+        &["head size", "multiple of 32", "16"],
+    );
+    fails(
+        &[
+            "dump",
+            "--preset",
+            "llama2-7b",
+            "--flash-attn",
+            "off",
+            "--cache-type-v",
+            "q4_0",
+        ],
+        &["needs flash attention"],
+    );
     let dot = ok(&["dump", "--model", d, "--format", "dot"]);
     assert!(dot.starts_with("digraph graft {") && dot.trim_end().ends_with('}'));
     // A published shape without any weights: q|k|v of Llama 3 8B is 4096 + 2 * 1024 wide.
@@ -439,4 +481,79 @@ fn errors_are_clear_and_never_panic() {
     assert_eq!(o.status.code(), Some(2));
     let o = graft(&["generate", "--model", d, "--token-ids", "1,x"]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// Negative numbers reach the option's own check (not "unexpected argument"), and a
+/// prompt can come from a file or standard input.
+#[test]
+fn negative_numbers_and_prompt_files() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    fails(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "hi",
+            "--temperature",
+            "-1",
+        ],
+        &["temperature", "-1"],
+    );
+    for (flag, value) in [("-n", "-1"), ("--seed", "-3"), ("--ctx", "-5")] {
+        let o = graft(&["generate", "--model", d, "--prompt", "hi", flag, value]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(&format!("invalid value '{value}'")), "{err}");
+        assert!(!err.contains("unexpected argument"), "{err}");
+    }
+    let file = std::env::temp_dir().join(format!("graft-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, "Once upon a time").unwrap();
+    let f = file.to_str().unwrap();
+    let from_file = ok(&[
+        "generate", "--model", d, "-f", f, "-n", "4", "--json", "--quiet",
+    ]);
+    let from_arg = ok(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "Once upon a time",
+        "-n",
+        "4",
+        "--json",
+        "--quiet",
+    ]);
+    let ids = |s: &str| {
+        let v: serde_json::Value = serde_json::from_str(s).unwrap();
+        (v["prompt_ids"].clone(), v["generated_ids"].clone())
+    };
+    assert_eq!(ids(&from_file), ids(&from_arg));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args([
+            "generate", "--model", d, "-f", "-", "-n", "4", "--json", "--quiet",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Once upon a time")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(ids(&stdout(&o)), ids(&from_arg));
+    std::fs::remove_file(&file).unwrap();
+    fails(
+        &["generate", "--model", d, "-f", "/"],
+        &["not a regular file"],
+    );
+    fails(
+        &["generate", "--model", d, "-f", "/nonexistent/prompt.txt"],
+        &["/nonexistent/prompt.txt"],
+    );
 }

@@ -19,7 +19,7 @@ fn gpu() -> Option<CudaBackend> {
 /// compile; this checks the parse of the sources found them all).
 #[test]
 fn kernel_table_is_complete() {
-    assert_eq!(MODULES.len(), 10, "one module per cuda/*.cu");
+    assert_eq!(MODULES.len(), 11, "one module per cuda/*.cu");
     let mut names = HashSet::new();
     for (i, kernel) in ALL.iter().enumerate() {
         assert_eq!(kernel.index, i);
@@ -66,6 +66,15 @@ fn every_kernel_loads() {
         k::MUL_MAT_VEC_F32,
         k::MUL_MAT_VEC_NC_F16_F32,
         k::MUL_MAT_P021_F16_F32,
+        k::FATTN_VEC_D128_F16,
+        k::FATTN_VEC_D128_BF16,
+        k::FATTN_VEC_D128_Q8_0,
+        k::FATTN_VEC_D128_Q4_0,
+        k::FATTN_VEC_D64_F16,
+        k::FATTN_COMBINE,
+        k::FATTN_MMA_D128_F16,
+        k::FATTN_MMA_D128_BF16,
+        k::FATTN_MMA_D64_F16,
     ] {
         assert_eq!(
             be.kernel_resources(kernel).unwrap().1,

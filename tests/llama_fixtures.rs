@@ -209,6 +209,7 @@ fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Llama {
         &LoadOptions {
             ctx: Some(ctx),
             progress: false,
+            ..LoadOptions::default()
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", f.name));
@@ -413,5 +414,77 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
         assert_ne!(a, run(&mut m, be, 12));
         assert!(a.iter().all(|&t| (t as usize) < m.config().vocab_size));
         m.release(be).unwrap();
+    }
+}
+
+/// Every cache type with flash attention on and off: the logits against HF's float32
+/// (an F32 cache removes the F16 rounding of K and V, so it matches at the backend's
+/// arithmetic precision), and the same greedy tokens with flash attention on and off
+/// wherever the reference margin is clear. Prints one NMSE row per configuration.
+#[test]
+fn cache_types_and_flash_attention() {
+    use graft::models::CacheTypes;
+    let configs = [
+        (DType::F32, true),
+        (DType::F32, false),
+        (DType::F16, true),
+        (DType::F16, false),
+        (DType::BF16, true),
+        (DType::BF16, false),
+    ];
+    for mut be in backends() {
+        let be = be.as_mut();
+        for name in FIXTURES {
+            let f = fixture(name);
+            let mut greedy: Vec<(String, Vec<u32>)> = Vec::new();
+            for (dt, flash_attn) in configs {
+                let cache = CacheTypes {
+                    k: dt,
+                    v: dt,
+                    flash_attn,
+                };
+                let opts = LoadOptions {
+                    ctx: Some(64),
+                    progress: false,
+                    cache,
+                };
+                let mut m = Llama::load(&f.dir, be, &opts).unwrap();
+                let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
+                let e = nmse(&out.logits, &f.logits);
+                let label = format!("{} {name} cache {dt} flash_attn {flash_attn}", be.name());
+                println!("{label}: NMSE vs HF f32 {e:.2e}");
+                // F32 cache: the backend's own precision; F16/BF16: their K/V rounding.
+                let limit = match (dt, be.name()) {
+                    (DType::F32, "cpu") => 1e-10, // measured <= 1.3e-12
+                    (DType::BF16, _) => 4e-4,     // measured <= 4e-5 on the CPU
+                    _ => nmse_limit(be.name()),
+                };
+                assert!(e < limit, "{label}: NMSE {e:e} >= {limit:e}");
+                m.reset();
+                let mut s = Sampler::greedy();
+                let g = m
+                    .generate(be, &f.tokens, 16, &mut s, &mut |_| Ok(()))
+                    .unwrap();
+                greedy.push((label, g.tokens));
+                m.release(be).unwrap();
+            }
+            // Flash attention on and off agree on every step with a clear margin.
+            let safe = f
+                .margins
+                .iter()
+                .take_while(|&&mg| mg > 0.05)
+                .count()
+                .min(16);
+            for pair in greedy.chunks(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                assert_eq!(
+                    a.1[..safe.min(a.1.len())],
+                    b.1[..safe.min(b.1.len())],
+                    "{} vs {}",
+                    a.0,
+                    b.0
+                );
+            }
+        }
     }
 }

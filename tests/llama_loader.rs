@@ -57,6 +57,7 @@ fn load_dir(dir: &Path) -> graft::Result<Llama> {
         &LoadOptions {
             ctx: Some(32),
             progress: false,
+            ..LoadOptions::default()
         },
     )
 }
@@ -349,6 +350,7 @@ fn api_errors() {
     let opts = LoadOptions {
         ctx: Some(20),
         progress: false,
+        ..LoadOptions::default()
     };
     let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     match m.prefill(be, &[0, 5, 512, 7], Logits::None) {
@@ -396,4 +398,29 @@ fn api_errors() {
         })
         .unwrap_err();
     assert_eq!(e.to_string(), "stop here");
+}
+
+/// A long generation crosses more KV buckets than the decode plan cache holds: old plans
+/// are unloaded (least recently used first), so the loaded plans stay bounded.
+#[test]
+fn decode_plans_stay_bounded_over_a_long_run() {
+    use graft::models::llama::{DECODE_BUCKET, MAX_DECODE_PLANS};
+    use graft::models::Sampler;
+    let mut be = CpuBackend::new();
+    let be: &mut dyn Backend = &mut be;
+    let n = DECODE_BUCKET * (MAX_DECODE_PLANS + 1) + 5;
+    let opts = LoadOptions {
+        ctx: Some(n + 1),
+        progress: false,
+        ..LoadOptions::default()
+    };
+    let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
+    let g = m
+        .generate(be, &[1], n, &mut Sampler::greedy(), &mut |_| Ok(()))
+        .unwrap();
+    assert_eq!(g.tokens.len(), n, "the run stopped early ({:?})", g.stop);
+    let built = m.plan_counts().decode;
+    assert!(built > MAX_DECODE_PLANS, "only {built} buckets reached");
+    assert_eq!(m.loaded_plans().1, MAX_DECODE_PLANS);
+    m.release(be).unwrap();
 }

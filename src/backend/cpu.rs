@@ -7,6 +7,7 @@ use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTim
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::host::{store, HostTensor};
+use crate::ops::mul_mat::QuantDot;
 use crate::ops::{self, CopyOp, Op};
 
 /// A loaded plan with its arena.
@@ -27,6 +28,8 @@ pub struct CpuBackend {
     stats: Stats,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
+    /// How block-typed weights are multiplied.
+    quant: QuantDot,
 }
 
 /// A zeroed allocation of at least `bytes` bytes, or an error naming the size.
@@ -49,6 +52,11 @@ impl CpuBackend {
     /// A CPU backend using rayon's global thread pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Picks how block-typed weights are multiplied (default [`QuantDot::Q8_1`]).
+    pub fn set_quant_dot(&mut self, quant: QuantDot) {
+        self.quant = quant;
     }
 
     fn buffer_mut(&mut self, buf: BufferId) -> Result<(&mut [u8], usize)> {
@@ -191,6 +199,7 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&mut self, exec: ExecId) -> Result<()> {
+        let quant = self.quant;
         let e = self
             .execs
             .get_mut(exec.0)
@@ -228,7 +237,7 @@ impl Backend for CpuBackend {
                 .map(|s| HostTensor::new(ptr(s.loc), s))
                 .collect();
             let start = std::time::Instant::now();
-            run_step(step, dst, &src)?;
+            run_step(step, dst, &src, quant)?;
             if let Some(p) = self.profile.as_mut() {
                 p.push(StepTime {
                     name: step.name.clone(),
@@ -283,8 +292,9 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Runs one step with the CPU reference kernels.
-pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
+/// Runs one step with the CPU reference kernels; `quant` picks how block-typed weights
+/// are multiplied.
+pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Result<()> {
     match step.op {
         Op::Leaf | Op::View(_) => Ok(()),
         Op::GetRows => ops::get_rows::cpu(step, dst, src),
@@ -292,11 +302,12 @@ pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor]) -> Result<()> 
         Op::Scale { s } => ops::unary::cpu_scale(s, dst, src),
         Op::Binary(op) => ops::binary::cpu(op, dst, src),
         Op::Norm(op) => ops::norm::cpu(op, dst, src),
-        Op::MulMat => ops::mul_mat::cpu(dst, src),
+        Op::MulMat => ops::mul_mat::cpu(dst, src, quant),
         Op::Rope(ref p) => ops::rope::cpu(p, dst, src),
         Op::Copy(CopyOp::Cpy | CopyOp::Cont) => ops::cpy::cpu_copy(dst, src),
         Op::Copy(CopyOp::SetRows) => ops::cpy::cpu_set_rows(step, dst, src),
         Op::Mask(op) => ops::softmax::cpu(op, dst, src),
         Op::Argmax => ops::argmax::cpu(dst, src),
+        Op::FlashAttnExt(ref p) => ops::attention::cpu(p, dst, src),
     }
 }

@@ -20,7 +20,7 @@ use graft::models::{Llama, Logits};
 use graft::Result;
 
 use super::dump::preset;
-use super::{make_backend, print_out, BackendKind, DTypeArg};
+use super::{make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
 
 /// Arguments of `graft bench`.
 #[derive(clap::Args)]
@@ -57,6 +57,8 @@ pub struct Args {
     /// where the time goes.
     #[arg(long)]
     profile: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// The backend, and the copy bandwidth to compare with: the one given, else measured on
@@ -86,7 +88,7 @@ pub fn run(a: Args) -> Result<()> {
     let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
     let be = be.as_mut();
     let dtype = a.dtype.into();
-    let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.seed, be)?;
+    let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.cache.types(), a.seed, be)?;
     let mut rng = StdRng::seed_from_u64(a.seed);
     let prompt: Vec<u32> = (0..a.p)
         .map(|_| rng.random_range(0..cfg.vocab_size as u32))

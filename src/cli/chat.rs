@@ -9,7 +9,7 @@ use graft::models::chat_session::{ChatSession, LlamaOn};
 use graft::models::{pull, tokenizer, Sampler, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind};
+use super::{load_model, make_backend, BackendKind, CacheArgs};
 
 /// Arguments of `graft chat`.
 #[derive(clap::Args)]
@@ -46,6 +46,8 @@ pub struct Args {
     /// No progress bar and no greeting on stderr.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// The model path: `--model`, or the default model (pulled first when missing).
@@ -75,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
     let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(&path, be, a.ctx, a.quiet)?;
+    let mut model = load_model(&path, be, a.ctx, &a.cache, a.quiet)?;
     let on = LlamaOn {
         model: &mut model,
         be,

@@ -12,7 +12,7 @@ use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_c
 use graft::models::{presets, Config, KvCache, Weights};
 use graft::{Error, Result};
 
-use super::{print_out, DTypeArg};
+use super::{print_out, CacheArgs, DTypeArg};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -53,6 +53,8 @@ pub struct Args {
     /// Weight dtype (default: the config's dtype, else f32).
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Runs `graft dump`.
@@ -73,7 +75,8 @@ pub fn run(a: Args) -> Result<()> {
     let dtype = a.dtype.map(DType::from).or(cfg.dtype).unwrap_or(DType::F32);
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
     let weights = Weights::layout(&cfg, dtype, BufferId::fresh());
-    let cache = KvCache::layout(&cfg, ctx, BufferId::fresh());
+    a.cache.types().check(&cfg)?;
+    let cache = KvCache::layout(&cfg, ctx, a.cache.types(), BufferId::fresh());
     let mg = if a.decode {
         if a.n_past >= ctx {
             return Err(Error::model(format!(

@@ -10,7 +10,7 @@ use graft::models::{tokenizer, Sampler, Stop};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
-use super::{load_model, make_backend, print_out, BackendKind};
+use super::{load_model, make_backend, print_out, BackendKind, CacheArgs};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
@@ -21,18 +21,18 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
-    #[arg(
-        long,
-        required_unless_present = "token_ids",
-        conflicts_with = "token_ids"
-    )]
+    #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
+    /// Read the prompt text from a file (`-` for standard input), for prompts longer than
+    /// a command line.
+    #[arg(short = 'f', long, conflicts_with = "token_ids")]
+    file: Option<PathBuf>,
     /// Prompt token ids, comma-separated (works without a tokenizer).
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
-    /// Treat --prompt as a user's chat message: render it with the model's chat template
+    /// Treat the prompt text (--prompt or --file) as a user's chat message: render it with the model's chat template
     /// and print the reply (up to -n tokens, or the end of the turn).
-    #[arg(long, requires = "prompt", conflicts_with_all = ["json", "token_ids"])]
+    #[arg(long, conflicts_with_all = ["json", "token_ids"])]
     chat: bool,
     /// With --chat: a system message before the prompt.
     #[arg(long, requires = "chat")]
@@ -64,6 +64,8 @@ pub struct Args {
     /// No progress bar and no statistics on stderr.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Runs `graft generate`.
@@ -74,9 +76,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(&path, be, a.ctx, a.quiet || a.json)?;
+    let mut model = load_model(&path, be, a.ctx, &a.cache, a.quiet || a.json)?;
     let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
-    let prompt = match (&a.prompt, &a.token_ids) {
+    let text = prompt_text(&a)?;
+    let prompt = match (&text, &a.token_ids) {
         (Some(text), _) => match &tokenizer {
             Some(t) => t.encode(text)?,
             None => {
@@ -87,7 +90,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         },
         (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(Error::model("give --prompt or --token-ids")),
+        (None, None) => return Err(Error::model("give --prompt, --file or --token-ids")),
     };
     let mut sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
     model.check_generation(&prompt, a.n)?;
@@ -173,15 +176,15 @@ fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(path, be, a.ctx, a.quiet)?;
+    let mut model = load_model(path, be, a.ctx, &a.cache, a.quiet)?;
     let on = LlamaOn {
         model: &mut model,
         be,
     };
     let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system.clone())?;
-    let prompt = a.prompt.as_deref().unwrap_or_default();
+    let prompt = prompt_text(a)?.unwrap_or_default();
     let mut failed = None;
-    let end = session.turn(prompt, |piece| {
+    let end = session.turn(&prompt, |piece| {
         if failed.is_none() {
             failed = print_out(piece).err();
         }
@@ -202,4 +205,34 @@ fn run_chat(a: &Args, path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The prompt text: `--prompt`, or the file of `--file`; `None` with `--token-ids`.
+fn prompt_text(a: &Args) -> Result<Option<String>> {
+    Ok(match (&a.prompt, &a.file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(read_prompt(path)?),
+        (None, None) => None,
+    })
+}
+
+/// The prompt text of `path` (`-` for standard input), as UTF-8.
+fn read_prompt(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::io("standard input", e))?;
+    } else {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::model(format!(
+                "--file {}: not a regular file (use - for standard input)",
+                path.display()
+            )));
+        }
+        text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(text)
 }

@@ -9,7 +9,7 @@ use safetensors::Dtype;
 use graft::models::Logits;
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind};
+use super::{load_model, make_backend, BackendKind, CacheArgs};
 
 /// Arguments of `graft logits`.
 #[derive(clap::Args)]
@@ -29,6 +29,8 @@ pub struct Args {
     /// No progress bar and no summary on stderr.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// Runs `graft logits`.
@@ -36,7 +38,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
     let n = a.token_ids.len();
-    let mut model = load_model(&a.model, be, Some(n.max(1)), a.quiet)?;
+    let mut model = load_model(&a.model, be, Some(n.max(1)), &a.cache, a.quiet)?;
     let out = model.prefill(be, &a.token_ids, Logits::All)?;
     let vocab = model.config().vocab_size;
     let bytes: &[u8] = bytemuck::cast_slice(&out.logits);

@@ -46,16 +46,22 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt (or with --chat, a chat reply) with a Llama
     /// model: a .gguf file or a Hugging Face folder (default: the default model).
+    #[command(allow_negative_numbers = true)]
     Generate(generate::Args),
     /// Chat with a model on stdin/stdout, the conversation kept in the KV cache.
+    #[command(allow_negative_numbers = true)]
     Chat(chat::Args),
     /// Write the logits of every position of a token sequence (one prefill).
+    #[command(allow_negative_numbers = true)]
     Logits(logits::Args),
     /// Print the planned prefill (or decode) graph with arena offsets.
+    #[command(allow_negative_numbers = true)]
     Dump(dump::Args),
     /// Benchmark prompt processing and generation on a preset with random weights.
+    #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
+    #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
     /// Print the token ids of a text, like llama.cpp's llama-tokenize.
     Tokenize(tokenize::Args),
@@ -91,6 +97,63 @@ impl From<DTypeArg> for DType {
     }
 }
 
+/// On or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// KV-cache types accepted on the command line (llama.cpp's `-ctk` / `-ctv` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CacheTypeArg {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl From<CacheTypeArg> for DType {
+    fn from(d: CacheTypeArg) -> DType {
+        match d {
+            CacheTypeArg::F32 => DType::F32,
+            CacheTypeArg::F16 => DType::F16,
+            CacheTypeArg::Bf16 => DType::BF16,
+            CacheTypeArg::Q8_0 => DType::Q8_0,
+            CacheTypeArg::Q4_0 => DType::Q4_0,
+        }
+    }
+}
+
+/// Attention and KV-cache options of the commands that run a model.
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct CacheArgs {
+    /// Attention as the fused flash_attn_ext op (on) or as the chain mul_mat, scale,
+    /// mask, soft_max, mul_mat (off, the reference path).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    flash_attn: OnOff,
+    /// Type of the K cache (q8_0 and q4_0 quantize on write).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", value_enum, default_value_t = CacheTypeArg::F16)]
+    cache_type_k: CacheTypeArg,
+    /// Type of the V cache (a quantized V cache needs --flash-attn on).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", value_enum, default_value_t = CacheTypeArg::F16)]
+    cache_type_v: CacheTypeArg,
+}
+
+impl CacheArgs {
+    /// The cache types these options ask for.
+    fn types(&self) -> graft::models::CacheTypes {
+        graft::models::CacheTypes {
+            k: self.cache_type_k.into(),
+            v: self.cache_type_v.into(),
+            flash_attn: self.flash_attn == OnOff::On,
+        }
+    }
+}
+
 /// Opens the backend asked for.
 fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
     match kind {
@@ -110,11 +173,13 @@ fn load_model(
     dir: &std::path::Path,
     be: &mut dyn Backend,
     ctx: Option<usize>,
+    cache: &CacheArgs,
     quiet: bool,
 ) -> Result<graft::models::Llama> {
     let opts = graft::models::LoadOptions {
         ctx,
         progress: !quiet,
+        cache: cache.types(),
     };
     let model = graft::models::Llama::load(dir, be, &opts)?;
     let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);

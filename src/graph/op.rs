@@ -217,6 +217,53 @@ pub enum Op {
     Mask(MaskOp),
     /// Index of the largest element of each row, as I32.
     Argmax,
+    /// Fused attention (ggml's flash_attn_ext): `softmax(scale * q k^T (+ slope * mask))
+    /// v` per query and head with an online softmax; `src` = q, k, v and an optional mask.
+    FlashAttnExt(FlashAttnParams),
+}
+
+/// Parameters of a fused attention op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashAttnParams {
+    /// Factor applied to `q . k` (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// ALiBi: the largest bias slope exponent (0 for none); head `h`'s mask is
+    /// multiplied by its slope.
+    pub max_bias: f32,
+    /// Logit softcapping `c * tanh(s / c)` of the scaled scores (0 for none).
+    pub softcap: f32,
+}
+
+impl FlashAttnParams {
+    /// The ALiBi slope of head `h` of `n_head` (1 when `max_bias` is 0), ggml's rule:
+    /// powers of `2^(-max_bias / n)` for the first `n` heads (`n` the largest power of two
+    /// <= `n_head`), odd powers of `2^(-max_bias / 2n)` for the rest.
+    pub fn slope(&self, h: usize, n_head: usize) -> f32 {
+        if self.max_bias <= 0.0 {
+            return 1.0;
+        }
+        let n = 1usize << (usize::BITS - 1 - n_head.max(1).leading_zeros());
+        let m0 = 2f32.powf(-self.max_bias / n as f32);
+        let m1 = 2f32.powf(-self.max_bias / 2.0 / n as f32);
+        if h < n {
+            m0.powi(h as i32 + 1)
+        } else {
+            m1.powi(2 * (h - n) as i32 + 1)
+        }
+    }
+}
+
+impl fmt::Display for FlashAttnParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scale={}", self.scale)?;
+        if self.max_bias != 0.0 {
+            write!(f, " max_bias={}", self.max_bias)?;
+        }
+        if self.softcap != 0.0 {
+            write!(f, " softcap={}", self.softcap)?;
+        }
+        Ok(())
+    }
 }
 
 /// Coarse grouping of ops, used to colour graph dumps.
@@ -252,6 +299,7 @@ impl Op {
             Op::Copy(c) => c.name(),
             Op::Mask(m) => m.name(),
             Op::Argmax => "argmax",
+            Op::FlashAttnExt(_) => "flash_attn_ext",
         }
     }
 
@@ -263,7 +311,7 @@ impl Op {
             Op::GetRows | Op::Copy(_) => OpKind::Data,
             Op::Unary(_) | Op::Scale { .. } | Op::Binary(_) => OpKind::Elementwise,
             Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax => OpKind::Row,
-            Op::MulMat => OpKind::MatMul,
+            Op::MulMat | Op::FlashAttnExt(_) => OpKind::MatMul,
         }
     }
 
@@ -294,7 +342,13 @@ impl Op {
             | Op::Norm(_)
             | Op::Rope(_)
             | Op::Mask(_) => true,
-            Op::Leaf | Op::View(_) | Op::GetRows | Op::MulMat | Op::Copy(_) | Op::Argmax => false,
+            Op::Leaf
+            | Op::View(_)
+            | Op::GetRows
+            | Op::MulMat
+            | Op::Copy(_)
+            | Op::Argmax
+            | Op::FlashAttnExt(_) => false,
         }
     }
 
@@ -307,6 +361,7 @@ impl Op {
             Op::Rope(p) => p.to_string(),
             Op::Mask(MaskOp::DiagMaskInf { n_past }) => format!("n_past={n_past}"),
             Op::Mask(MaskOp::SoftMax { scale }) => format!("scale={scale}"),
+            Op::FlashAttnExt(p) => p.to_string(),
             Op::View(ViewOp::View | ViewOp::Reshape | ViewOp::Transpose | ViewOp::After)
             | Op::Leaf
             | Op::GetRows

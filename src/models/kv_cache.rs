@@ -1,25 +1,85 @@
-//! The KV cache: per layer, one F16 K tensor and one F16 V tensor of `ctx` positions, in
-//! one zero-filled backend buffer.
+//! The KV cache: per layer, one K tensor and one V tensor of `ctx` positions, in one
+//! zero-filled backend buffer, of the types [`CacheTypes`] picks (F16 by default; F32,
+//! BF16, Q8_0 and Q4_0 too, llama.cpp's `-ctk` / `-ctv`).
 //!
 //! - K is stored by position: state ne `[n_kv_dim, ctx]` (row `p` holds the keys of all
 //!   KV heads at position `p`), so attention reads it as `[head_dim, n_kv, n_kv_head]`.
-//! - V is stored transposed: state ne `[ctx, n_kv_dim]` (row `c` holds channel `c` at
-//!   every position), so attention reads it as `[n_kv, head_dim, n_kv_head]` and the
-//!   weighted sum over positions is a plain mul_mat.
+//! - V is stored by position too when the model uses the fused attention op
+//!   (`flash_attn_ext` reads `[head_dim, n_kv, n_kv_head]`, like K); for the classic
+//!   chain of ops it is stored transposed, ne `[ctx, n_kv_dim]` (row `c` holds channel `c`
+//!   at every position), so the weighted sum over positions is a plain mul_mat. A
+//!   transposed V cannot hold blocks (a block runs along a row), so a quantized V cache
+//!   needs the fused op.
 //!
 //! The buffer starts zeroed and is only ever written with finite values, which is what
 //! lets a decode graph read a whole KV-length bucket and mask the positions it must not
 //! see (see [`super::llama`]).
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
 use super::config::Config;
 
-/// Element type of the cache.
-pub const KV_DTYPE: DType = DType::F16;
+/// The types a cache may have.
+pub const CACHE_TYPES: [DType; 5] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+];
+
+/// The cache's element types and the attention the model runs over it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheTypes {
+    /// Type of the K cache.
+    pub k: DType,
+    /// Type of the V cache.
+    pub v: DType,
+    /// Whether attention is the fused `flash_attn_ext` op (V stored by position) or the
+    /// classic chain of ops (V stored transposed).
+    pub flash_attn: bool,
+}
+
+impl Default for CacheTypes {
+    fn default() -> Self {
+        CacheTypes {
+            k: DType::F16,
+            v: DType::F16,
+            flash_attn: true,
+        }
+    }
+}
+
+impl CacheTypes {
+    /// Checks the types against the model: cache types from [`CACHE_TYPES`], whole blocks
+    /// per head for a block type, and no transposed block-typed V.
+    pub fn check(&self, cfg: &Config) -> Result<()> {
+        for (what, dt) in [("K", self.k), ("V", self.v)] {
+            if !CACHE_TYPES.contains(&dt) {
+                return Err(Error::model(format!(
+                    "{what} cache type {dt} is not one of f32, f16, bf16, q8_0, q4_0"
+                )));
+            }
+            if cfg.head_dim % dt.block_size() != 0 {
+                return Err(Error::model(format!(
+                    "a {dt} {what} cache needs a head size that is a multiple of {}; this model's is {}",
+                    dt.block_size(),
+                    cfg.head_dim
+                )));
+            }
+        }
+        if !self.flash_attn && self.v.quant().is_some() {
+            return Err(Error::model(format!(
+                "a {} V cache needs flash attention (--flash-attn on): without it V is stored transposed",
+                self.v
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// The KV cache of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,55 +92,77 @@ pub struct KvCache {
     pub n_kv_dim: usize,
     /// Layers.
     pub n_layer: usize,
+    /// Element types and attention kind.
+    pub types: CacheTypes,
 }
 
 impl KvCache {
     /// The layout of a cache of `ctx` positions for `cfg`, in `buffer`.
-    pub fn layout(cfg: &Config, ctx: usize, buffer: BufferId) -> KvCache {
+    pub fn layout(cfg: &Config, ctx: usize, types: CacheTypes, buffer: BufferId) -> KvCache {
         KvCache {
             buffer,
             ctx,
             n_kv_dim: cfg.n_kv_dim(),
             n_layer: cfg.num_hidden_layers,
+            types,
         }
     }
 
-    /// Allocates a zero-filled cache of `ctx` positions on `be`.
-    pub fn alloc(cfg: &Config, ctx: usize, be: &mut dyn Backend) -> Result<KvCache> {
-        let bytes = KvCache::layout(cfg, ctx, BufferId(0)).bytes();
+    /// Allocates a zero-filled cache of `ctx` positions on `be` (after checking `types`).
+    pub fn alloc(
+        cfg: &Config,
+        ctx: usize,
+        types: CacheTypes,
+        be: &mut dyn Backend,
+    ) -> Result<KvCache> {
+        types.check(cfg)?;
+        let bytes = KvCache::layout(cfg, ctx, types, BufferId(0)).bytes();
         let buffer = be.alloc_buffer(bytes)?;
-        Ok(KvCache::layout(cfg, ctx, buffer))
+        Ok(KvCache::layout(cfg, ctx, types, buffer))
     }
 
-    /// Bytes of one K or V tensor, aligned.
-    fn tensor_bytes(&self) -> usize {
-        (self.ctx * self.n_kv_dim * KV_DTYPE.block_bytes()).div_ceil(ALIGN) * ALIGN
+    /// Whether V is stored by position (the fused attention op) rather than transposed.
+    pub fn v_by_position(&self) -> bool {
+        self.types.flash_attn
+    }
+
+    /// Bytes of one K or V tensor of `dtype`, aligned.
+    fn tensor_bytes(&self, dtype: DType) -> usize {
+        (self.ctx * dtype.row_bytes(self.n_kv_dim)).div_ceil(ALIGN) * ALIGN
+    }
+
+    /// Bytes of one layer's K and V.
+    fn layer_bytes(&self) -> usize {
+        self.tensor_bytes(self.types.k) + self.tensor_bytes(self.types.v)
     }
 
     /// Size of the whole buffer.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layer * self.tensor_bytes()
+        self.n_layer * self.layer_bytes()
     }
 
     /// The K and V state leaves of `layer` in a graph: K `[n_kv_dim, ctx]`, V
-    /// `[ctx, n_kv_dim]`.
+    /// `[n_kv_dim, ctx]` (by position) or `[ctx, n_kv_dim]` (transposed).
     pub(crate) fn leaves(&self, g: &mut Graph, layer: usize) -> Result<(TensorId, TensorId)> {
-        let at = |k: usize| BufferRef {
+        let base = layer * self.layer_bytes();
+        let at = |offset: usize| BufferRef {
             buffer: self.buffer,
-            offset: (2 * layer + k) * self.tensor_bytes(),
+            offset,
         };
+        let (n, ctx) = (self.n_kv_dim, self.ctx);
         let k = g.state(
             &format!("cache_k.{layer}"),
-            KV_DTYPE,
-            &[self.n_kv_dim, self.ctx],
-            at(0),
+            self.types.k,
+            &[n, ctx],
+            at(base),
         )?;
-        let v = g.state(
-            &format!("cache_v.{layer}"),
-            KV_DTYPE,
-            &[self.ctx, self.n_kv_dim],
-            at(1),
-        )?;
+        let v_shape = if self.v_by_position() {
+            [n, ctx]
+        } else {
+            [ctx, n]
+        };
+        let v_at = at(base + self.tensor_bytes(self.types.k));
+        let v = g.state(&format!("cache_v.{layer}"), self.types.v, &v_shape, v_at)?;
         Ok((k, v))
     }
 }

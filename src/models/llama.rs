@@ -22,17 +22,16 @@
 //! The model code uses graft's public graph API only and runs on any
 //! [`Backend`].
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Graph, Plan, TensorId};
+use crate::graph::{DType, FlashAttnParams, Graph, Plan, TensorId};
 use crate::ops::RopeParams;
 
 use super::config::Config;
-use super::kv_cache::{KvCache, KV_DTYPE};
+use super::kv_cache::{CacheTypes, KvCache};
 use super::loader;
 use super::output::{Logits, Output};
 use super::sampler::Sampler;
@@ -44,10 +43,29 @@ pub const DECODE_BUCKET: usize = 256;
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
 const MAX_PREFILL_PLANS: usize = 4;
 
+/// Decode plans (one per KV-length bucket) kept loaded; the least recently used one is
+/// unloaded first, so a long run holds a bounded number of captured graphs.
+pub const MAX_DECODE_PLANS: usize = 8;
+
 /// Bytes of an F32 element (every mul_mat result is F32).
 const F32_BYTES: usize = 4;
-/// Bytes of a KV-cache element.
-const KV_BYTES: usize = KV_DTYPE.block_bytes();
+
+/// The additive causal mask of `n` queries at positions `n_past..`: `[n_past + n, n]`,
+/// query `i` sees keys `0..=n_past + i` (0) and not the later ones (-inf).
+fn causal_mask(n_past: usize, n: usize) -> Vec<f32> {
+    let n_kv = n_past + n;
+    (0..n)
+        .flat_map(|i| {
+            (0..n_kv).map(move |j| {
+                if j <= n_past + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect()
+}
 
 /// The context length used when none is given: the model's own, at most 4096.
 pub fn default_ctx(cfg: &Config) -> usize {
@@ -86,6 +104,7 @@ impl ModelGraph {
 }
 
 /// How attention scores are masked.
+#[derive(Clone, Copy)]
 enum Mask {
     /// Causal mask for queries at positions `n_past..` (prefill).
     Causal { n_past: usize },
@@ -111,15 +130,18 @@ struct Builder<'a> {
     cfg: &'a Config,
     ctx: usize,
     rope: RopeParams,
+    /// The cache's types; `cache.flash_attn` picks the fused attention op.
+    cache: CacheTypes,
 }
 
 impl<'a> Builder<'a> {
-    fn new(cfg: &'a Config, ctx: usize) -> Self {
+    fn new(cfg: &'a Config, cache: &KvCache) -> Self {
         Builder {
             g: Graph::new(),
             cfg,
-            ctx,
+            ctx: cache.ctx,
             rope: cfg.rope(),
+            cache: cache.types,
         }
     }
 
@@ -169,30 +191,17 @@ impl<'a> Builder<'a> {
         n: usize,
         mask: Mask,
     ) -> Result<TensorId> {
+        if self.cache.flash_attn {
+            return self.attend_flash(q, k_all, v_all, n_kv, n, mask);
+        }
         let c = self.cfg;
-        let (hd, n_kv_head, n_kv_dim) = (c.head_dim, c.num_key_value_heads, c.n_kv_dim());
+        let (hd, n_kv_head) = (c.head_dim, c.num_key_value_heads);
         let ctx = self.ctx;
+        let vb = self.cache.v.block_bytes();
+        let k = self.kv_view(k_all, self.cache.k, n_kv)?;
         let g = &mut self.g;
-        // k: [hd, n_kv, n_kv_head] (a head's slice of every position row of the K cache)
-        let k = g.view_3d(
-            k_all,
-            hd,
-            n_kv,
-            n_kv_head,
-            n_kv_dim * KV_BYTES,
-            hd * KV_BYTES,
-            0,
-        )?;
         // v: [n_kv, hd, n_kv_head] (channel rows of the transposed V cache)
-        let v = g.view_3d(
-            v_all,
-            n_kv,
-            hd,
-            n_kv_head,
-            ctx * KV_BYTES,
-            ctx * hd * KV_BYTES,
-            0,
-        )?;
+        let v = g.view_3d(v_all, n_kv, hd, n_kv_head, ctx * vb, ctx * hd * vb, 0)?;
         // qp: [hd, n, n_head]
         let qp = g.permute(q, [0, 2, 1, 3])?;
         // kq: [n_kv, n, n_head]; query head h reads KV head h / (n_head / n_kv_head)
@@ -218,8 +227,77 @@ impl<'a> Builder<'a> {
         g.reshape(merged, &[c.n_q(), n])
     }
 
+    /// `[hd, n_kv, n_kv_head]`: each KV head's slice of the first `n_kv` position rows of
+    /// a cache stored by position (`[n_kv_dim, ctx]` of `dtype`).
+    fn kv_view(&mut self, cache: TensorId, dtype: DType, n_kv: usize) -> Result<TensorId> {
+        let c = self.cfg;
+        let (hd, n_kv_head, n_kv_dim) = (c.head_dim, c.num_key_value_heads, c.n_kv_dim());
+        let (row, head) = (dtype.row_bytes(n_kv_dim), dtype.row_bytes(hd));
+        self.g.view_3d(cache, hd, n_kv, n_kv_head, row, head, 0)
+    }
+
+    /// The fused attention op over the first `n_kv` cache positions for `n` queries `q`
+    /// [hd, n_head, n]; the mask is an input (`Mask::Input`) of `[n_kv, n]`.
+    fn attend_flash(
+        &mut self,
+        q: TensorId,
+        k_all: TensorId,
+        v_all: TensorId,
+        n_kv: usize,
+        n: usize,
+        mask: Mask,
+    ) -> Result<TensorId> {
+        let Mask::Input(mask) = mask else {
+            return Err(Error::model(
+                "internal: the fused attention takes its causal mask as an input",
+            ));
+        };
+        let (hd, n_q) = (self.cfg.head_dim, self.cfg.n_q());
+        let k = self.kv_view(k_all, self.cache.k, n_kv)?;
+        let v = self.kv_view(v_all, self.cache.v, n_kv)?;
+        let g = &mut self.g;
+        // qp: [hd, n, n_head]
+        let qp = g.permute(q, [0, 2, 1, 3])?;
+        let p = FlashAttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            max_bias: 0.0,
+            softcap: 0.0,
+        };
+        // o: [hd, n_head, n] -> [n_q, n]
+        let o = g.flash_attn_ext(qp, k, v, Some(mask), p)?;
+        g.reshape(o, &[n_q, n])
+    }
+
+    /// Writes `v` [n_kv_dim, n] (rows of the fused qkv result, `row` bytes apart, from
+    /// byte `v_offset`) into cache positions `n_past..n_past + n`; returns the write.
+    fn write_v_prefill(
+        &mut self,
+        qkv: TensorId,
+        v_cache: TensorId,
+        v_offset: usize,
+        n: usize,
+        n_past: usize,
+    ) -> Result<TensorId> {
+        let (n_kv_dim, ctx, dt) = (self.cfg.n_kv_dim(), self.ctx, self.cache.v);
+        let g = &mut self.g;
+        let row = g.tensor(qkv).nb[1];
+        let v = g.view_2d(qkv, n_kv_dim, n, row, v_offset)?;
+        if self.cache.flash_attn {
+            // rows n_past..n_past + n of [n_kv_dim, ctx]
+            let rb = dt.row_bytes(n_kv_dim);
+            let v_dst = g.view_2d(v_cache, n_kv_dim, n, rb, n_past * rb)?;
+            return g.cpy(v, v_dst);
+        }
+        // v: [n_kv_dim, n] -> transposed [n, n_kv_dim] into columns n_past.. of [ctx, n_kv_dim]
+        let vb = dt.block_bytes();
+        let vt = g.transpose(v)?;
+        let v_dst = g.view_2d(v_cache, n, n_kv_dim, ctx * vb, n_past * vb)?;
+        g.cpy(vt, v_dst)
+    }
+
     /// Prefill attention: writes K/V of positions `n_past..n_past + n` with `cpy` into
     /// views of the cache, then attends over all `n_past + n` positions.
+    #[allow(clippy::too_many_arguments)] // the block's inputs, spelled out
     fn attention_prefill(
         &mut self,
         l: &LayerLeaves,
@@ -228,6 +306,7 @@ impl<'a> Builder<'a> {
         pos: TensorId,
         n: usize,
         n_past: usize,
+        mask: Mask,
     ) -> Result<TensorId> {
         let Qkv {
             qkv,
@@ -235,28 +314,19 @@ impl<'a> Builder<'a> {
             k,
             v_offset,
         } = self.qkv(l, cur, pos, n)?;
-        let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
+        let n_kv_dim = self.cfg.n_kv_dim();
+        let rb = self.cache.k.row_bytes(n_kv_dim);
         let g = &mut self.g;
         // K rows n_past..n_past + n of the cache [n_kv_dim, ctx]
         let k_rows = g.reshape(k, &[n_kv_dim, n])?;
-        let k_dst = g.view_2d(
-            k_cache,
-            n_kv_dim,
-            n,
-            n_kv_dim * KV_BYTES,
-            n_past * n_kv_dim * KV_BYTES,
-        )?;
+        let k_dst = g.view_2d(k_cache, n_kv_dim, n, rb, n_past * rb)?;
         let k_write = g.cpy(k_rows, k_dst)?;
-        // v: [n_kv_dim, n] -> transposed [n, n_kv_dim] into columns n_past.. of [ctx, n_kv_dim]
-        let row = g.tensor(qkv).nb[1];
-        let v = g.view_2d(qkv, n_kv_dim, n, row, v_offset)?;
-        let vt = g.transpose(v)?;
-        let v_dst = g.view_2d(v_cache, n, n_kv_dim, ctx * KV_BYTES, n_past * KV_BYTES)?;
-        let v_write = g.cpy(vt, v_dst)?;
+        let v_write = self.write_v_prefill(qkv, v_cache, v_offset, n, n_past)?;
         // read the caches after the writes
+        let g = &mut self.g;
         let k_all = g.after(k_cache, &[k_write])?;
         let v_all = g.after(v_cache, &[v_write])?;
-        let merged = self.attend(q, k_all, v_all, n_past + n, n, Mask::Causal { n_past })?;
+        let merged = self.attend(q, k_all, v_all, n_past + n, n, mask)?;
         // o: [n_embd, n]
         self.g.mul_mat(l.attn_out, merged)
     }
@@ -279,17 +349,25 @@ impl<'a> Builder<'a> {
             v_offset,
         } = self.qkv(l, cur, pos, 1)?;
         let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
+        let by_position = self.cache.flash_attn;
+        let vb = self.cache.v.block_bytes();
         let g = &mut self.g;
         // K: row `pos` of [n_kv_dim, ctx]
         let k_row = g.reshape(k, &[n_kv_dim, 1])?;
         let k_all = g.set_rows(k_cache, k_row, pos)?;
-        // V: the transposed cache seen as [1, ctx, n_kv_dim] (row p of matrix c is the
-        // element (p, c)), so writing row `pos` of every matrix writes column `pos`; the
-        // source is v as [1, 1, n_kv_dim] and the id broadcasts over dim 2
-        let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, KV_BYTES, ctx * KV_BYTES, 0)?;
         let row = g.tensor(qkv).nb[1];
-        let v_src = g.view_3d(qkv, 1, 1, n_kv_dim, row, F32_BYTES, v_offset)?;
-        let v_write = g.set_rows(v_dst, v_src, pos)?;
+        let v_write = if by_position {
+            // V: row `pos` of [n_kv_dim, ctx], like K
+            let v_row = g.view_2d(qkv, n_kv_dim, 1, row, v_offset)?;
+            g.set_rows(v_cache, v_row, pos)?
+        } else {
+            // V: the transposed cache seen as [1, ctx, n_kv_dim] (row p of matrix c is
+            // the element (p, c)), so writing row `pos` of every matrix writes column
+            // `pos`; the source is v as [1, 1, n_kv_dim] and the id broadcasts over dim 2
+            let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, vb, ctx * vb, 0)?;
+            let v_src = g.view_3d(qkv, 1, 1, n_kv_dim, row, F32_BYTES, v_offset)?;
+            g.set_rows(v_dst, v_src, pos)?
+        };
         let v_all = g.after(v_cache, &[v_write])?;
         let merged = self.attend(q, k_all, v_all, n_kv, 1, Mask::Input(mask))?;
         // o: [n_embd, 1]
@@ -391,19 +469,25 @@ pub fn build_prefill(
             cache.ctx
         )));
     }
-    let mut b = Builder::new(cfg, cache.ctx);
+    let mut b = Builder::new(cfg, cache);
     let leaves = weights.leaves(&mut b.g, cfg)?;
     let tokens = b.g.input("tokens", DType::I32, &[n])?;
     let pos = b.g.input("pos", DType::I32, &[n])?;
+    // kq_mask (fused attention): [n_past + n, n], query i sees keys 0..=n_past + i
+    let kq_mask = match cache.types.flash_attn {
+        true => Some(b.g.input("kq_mask", DType::F32, &[n_past + n, n])?),
+        false => None,
+    };
+    let mask = kq_mask.map_or(Mask::Causal { n_past }, Mask::Input);
     // x: [n_embd, n]
     let mut x = b.g.get_rows(leaves.tok_embd, tokens)?;
     for (i, l) in leaves.layers.iter().enumerate() {
         let kv = cache.leaves(&mut b.g, i)?;
         let cur = b.norm(x, l.attn_norm)?;
-        let attn = b.attention_prefill(l, kv, cur, pos, n, n_past)?;
+        let attn = b.attention_prefill(l, kv, cur, pos, n, n_past, mask)?;
         x = b.residual_mlp(l, x, attn, n)?;
     }
-    b.finish(&leaves, x, n, all, tokens, pos, None)
+    b.finish(&leaves, x, n, all, tokens, pos, kq_mask)
 }
 
 /// The decode graph of one token attending over `n_kv` cache positions (a bucket);
@@ -420,7 +504,7 @@ pub fn build_decode(
             cache.ctx
         )));
     }
-    let mut b = Builder::new(cfg, cache.ctx);
+    let mut b = Builder::new(cfg, cache);
     let leaves = weights.leaves(&mut b.g, cfg)?;
     let tokens = b.g.input("tokens", DType::I32, &[1])?;
     let pos = b.g.input("pos", DType::I32, &[1])?;
@@ -464,6 +548,53 @@ impl Compiled {
     }
 }
 
+/// Loaded plans by key, least recently used first, at most `cap` of them: the least
+/// recently used one is unloaded to make room, so a long run holds a bounded number of
+/// plans (and of captured CUDA graphs).
+struct PlanCache<K> {
+    cap: usize,
+    plans: Vec<(K, Compiled)>,
+}
+
+impl<K: PartialEq> PlanCache<K> {
+    fn new(cap: usize) -> Self {
+        PlanCache {
+            cap,
+            plans: Vec::new(),
+        }
+    }
+
+    /// The plan of `key`, and whether it was built now (with `build`) and loaded.
+    fn get_or_load(
+        &mut self,
+        key: K,
+        be: &mut dyn Backend,
+        build: impl FnOnce() -> Result<ModelGraph>,
+    ) -> Result<(Compiled, bool)> {
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            let entry = self.plans.remove(i);
+            let c = entry.1;
+            self.plans.push(entry);
+            return Ok((c, false));
+        }
+        if self.plans.len() == self.cap {
+            let (_, old) = self.plans.remove(0);
+            be.unload(old.exec)?;
+        }
+        let c = Compiled::load(be, &build()?)?;
+        self.plans.push((key, c));
+        Ok((c, true))
+    }
+
+    /// Unloads every plan.
+    fn release(&mut self, be: &mut dyn Backend) -> Result<()> {
+        for (_, c) in self.plans.drain(..) {
+            be.unload(c.exec)?;
+        }
+        Ok(())
+    }
+}
+
 /// How many plans a model has built (each built plan is loaded once and replayed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanCounts {
@@ -482,6 +613,8 @@ pub struct LoadOptions {
     pub ctx: Option<usize>,
     /// Whether to show a progress bar on stderr (only drawn on a terminal).
     pub progress: bool,
+    /// The KV cache's types and the attention the model runs (fused by default).
+    pub cache: CacheTypes,
 }
 
 /// Why generation stopped.
@@ -531,10 +664,10 @@ pub struct Llama {
     weights: Weights,
     cache: KvCache,
     n_past: usize,
-    /// Loaded prefill plans by `(n, n_past, all logits)`, least recently used first.
-    prefill: Vec<((usize, usize, bool), Compiled)>,
+    /// Loaded prefill plans by `(n, n_past, all logits)`.
+    prefill: PlanCache<(usize, usize, bool)>,
     /// Loaded decode plans by KV-length bucket.
-    decode: HashMap<usize, Compiled>,
+    decode: PlanCache<usize>,
     counts: PlanCounts,
 }
 
@@ -546,8 +679,8 @@ impl Llama {
             weights,
             cache,
             n_past: 0,
-            prefill: Vec::new(),
-            decode: HashMap::new(),
+            prefill: PlanCache::new(MAX_PREFILL_PLANS),
+            decode: PlanCache::new(MAX_DECODE_PLANS),
             counts: PlanCounts::default(),
         }
     }
@@ -566,7 +699,7 @@ impl Llama {
             return Err(Error::model("the context length must be at least 1"));
         }
         let weights = loader::load_weights(dir, &config, be, opts.progress)?;
-        let cache = KvCache::alloc(&config, ctx, be)?;
+        let cache = KvCache::alloc(&config, ctx, opts.cache, be)?;
         Ok(Llama::new(config, weights, cache))
     }
 
@@ -575,12 +708,13 @@ impl Llama {
         config: Config,
         dtype: DType,
         ctx: usize,
+        cache: CacheTypes,
         seed: u64,
         be: &mut dyn Backend,
     ) -> Result<Llama> {
         let weights = Weights::alloc(&config, dtype, be)?;
         weights.fill_random(&config, be, seed)?;
-        let cache = KvCache::alloc(&config, ctx, be)?;
+        let cache = KvCache::alloc(&config, ctx, cache, be)?;
         Ok(Llama::new(config, weights, cache))
     }
 
@@ -609,6 +743,11 @@ impl Llama {
         self.counts
     }
 
+    /// Plans loaded now: (prefill, decode), each bounded ([`MAX_DECODE_PLANS`]).
+    pub fn loaded_plans(&self) -> (usize, usize) {
+        (self.prefill.plans.len(), self.decode.plans.len())
+    }
+
     /// Forgets the cached positions (the next prefill starts at position 0).
     pub fn reset(&mut self) {
         self.n_past = 0;
@@ -620,13 +759,9 @@ impl Llama {
     }
 
     /// Releases the plans and buffers of this model on `be`.
-    pub fn release(self, be: &mut dyn Backend) -> Result<()> {
-        for (_, c) in &self.prefill {
-            be.unload(c.exec)?;
-        }
-        for c in self.decode.values() {
-            be.unload(c.exec)?;
-        }
+    pub fn release(mut self, be: &mut dyn Backend) -> Result<()> {
+        self.prefill.release(be)?;
+        self.decode.release(be)?;
         be.free_buffer(self.weights.buffer)?;
         be.free_buffer(self.cache.buffer)
     }
@@ -678,6 +813,9 @@ impl Llama {
         let pos: Vec<i32> = (p..p + n).map(|i| i as i32).collect();
         be.set_input_i32(c.exec, c.tokens, &ids)?;
         be.set_input_i32(c.exec, c.pos, &pos)?;
+        if let Some(m) = c.kq_mask {
+            be.set_input_f32(c.exec, m, &causal_mask(p, n))?;
+        }
         be.compute(c.exec)?;
         self.n_past += n;
         self.read(be, &c, logits != Logits::None)
@@ -694,16 +832,7 @@ impl Llama {
         self.check_room(1)?;
         let pos = self.n_past;
         let n_kv = decode_bucket(pos, self.cache.ctx);
-        let c = match self.decode.get(&n_kv) {
-            Some(c) => *c,
-            None => {
-                let mg = build_decode(&self.config, &self.weights, &self.cache, n_kv)?;
-                let c = Compiled::load(be, &mg)?;
-                self.counts.decode += 1;
-                self.decode.insert(n_kv, c);
-                c
-            }
-        };
+        let c = self.decode_plan(be, n_kv)?;
         let mask: Vec<f32> = (0..n_kv)
             .map(|i| if i <= pos { 0.0 } else { f32::NEG_INFINITY })
             .collect();
@@ -717,6 +846,16 @@ impl Llama {
         self.read(be, &c, logits)
     }
 
+    /// The decode plan of the bucket `n_kv`, built and loaded on first use.
+    fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self
+            .decode
+            .get_or_load(n_kv, be, || build_decode(cfg, w, kv, n_kv))?;
+        self.counts.decode += usize::from(built);
+        Ok(c)
+    }
+
     /// The prefill plan for `(n, n_past, all)`, built and loaded on first use.
     fn prefill_plan(
         &mut self,
@@ -725,21 +864,11 @@ impl Llama {
         n_past: usize,
         all: bool,
     ) -> Result<Compiled> {
-        let key = (n, n_past, all);
-        if let Some(i) = self.prefill.iter().position(|(k, _)| *k == key) {
-            let entry = self.prefill.remove(i);
-            let c = entry.1;
-            self.prefill.push(entry);
-            return Ok(c);
-        }
-        if self.prefill.len() == MAX_PREFILL_PLANS {
-            let (_, old) = self.prefill.remove(0);
-            be.unload(old.exec)?;
-        }
-        let mg = build_prefill(&self.config, &self.weights, &self.cache, n, n_past, all)?;
-        let c = Compiled::load(be, &mg)?;
-        self.counts.prefill += 1;
-        self.prefill.push((key, c));
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self.prefill.get_or_load((n, n_past, all), be, || {
+            build_prefill(cfg, w, kv, n, n_past, all)
+        })?;
+        self.counts.prefill += usize::from(built);
         Ok(c)
     }
 
@@ -846,7 +975,11 @@ mod tests {
         for name in presets::NAMES {
             let cfg = presets::preset(name).unwrap();
             let w = Weights::layout(&cfg, DType::F16, BufferId::fresh());
-            let kv = KvCache::layout(&cfg, 1024, BufferId::fresh());
+            let classic = CacheTypes {
+                flash_attn: false,
+                ..CacheTypes::default()
+            };
+            let kv = KvCache::layout(&cfg, 1024, classic, BufferId::fresh());
             let pre = build_prefill(&cfg, &w, &kv, 7, 3, false).unwrap();
             let plan = pre.plan().unwrap();
             let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
@@ -864,6 +997,23 @@ mod tests {
             assert_eq!(count("diag_mask_inf"), 0);
             assert_eq!(count("cont"), 0, "n == 1 needs no cont of the merged heads");
             assert_eq!(count("mul_mat"), 6 * l + 1);
+
+            // The fused attention: one op per layer instead of two products, a scale, a
+            // mask and a softmax; K and V both written by position.
+            let kv = KvCache::layout(&cfg, 1024, CacheTypes::default(), BufferId::fresh());
+            for mg in [
+                build_prefill(&cfg, &w, &kv, 7, 3, false).unwrap(),
+                build_decode(&cfg, &w, &kv, 512).unwrap(),
+            ] {
+                let plan = mg.plan().unwrap();
+                let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
+                let count = |op: &str| ops.iter().filter(|o| **o == op).count();
+                assert_eq!(count("flash_attn_ext"), l, "{name}: {ops:?}");
+                assert_eq!(count("mul_mat"), 4 * l + 1);
+                assert_eq!(count("soft_max") + count("diag_mask_inf"), 0);
+                assert_eq!(count("cpy") + count("set_rows"), 2 * l);
+                assert!(mg.kq_mask.is_some());
+            }
         }
     }
 
@@ -871,7 +1021,7 @@ mod tests {
     fn graphs_reject_what_does_not_fit() {
         let cfg = presets::preset("tiny").unwrap();
         let w = Weights::layout(&cfg, DType::F32, BufferId::fresh());
-        let kv = KvCache::layout(&cfg, 64, BufferId::fresh());
+        let kv = KvCache::layout(&cfg, 64, CacheTypes::default(), BufferId::fresh());
         assert!(build_prefill(&cfg, &w, &kv, 60, 5, false).is_err());
         assert!(build_prefill(&cfg, &w, &kv, 0, 0, false).is_err());
         assert!(build_decode(&cfg, &w, &kv, 65).is_err());

@@ -32,7 +32,7 @@ pub mod weights;
 pub use chat::{ChatTemplate, Message};
 pub use config::Config;
 pub use gguf_tokenizer::TokenizerSpec;
-pub use kv_cache::KvCache;
+pub use kv_cache::{CacheTypes, KvCache};
 pub use llama::{Generation, Llama, LoadOptions, Stop};
 pub use output::{Logits, Output};
 pub use sampler::Sampler;

@@ -16,8 +16,10 @@
 //! | [`cpy`] | cpy, cont / cast, set_rows |
 //! | [`softmax`] | diag_mask_inf, soft_max |
 //! | [`argmax`] | argmax |
+//! | [`attention`] | flash_attn_ext |
 
 pub mod argmax;
+pub mod attention;
 pub mod binary;
 pub mod cpy;
 pub mod get_rows;
@@ -30,8 +32,8 @@ pub mod unary;
 pub mod view;
 
 pub use crate::graph::{
-    BinaryOp, CopyOp, Llama3Scaling, MaskOp, NormOp, Op, OpKind, RopeMode, RopeParams, UnaryOp,
-    ViewOp,
+    BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind, RopeMode,
+    RopeParams, UnaryOp, ViewOp,
 };
 
 /// Checks that operand `operand` of `op` has one of the accepted dtypes.

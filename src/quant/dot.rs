@@ -28,6 +28,15 @@ use super::kquants::{scale_min_k4, unpack_q6_k};
 use super::legacy::{unpack_5bit, unpack_nibbles};
 use super::{as_array, as_array_mut, legacy, read_f16, QType};
 
+/// Whether the CPU runs the AVX2 + FMA copies of the dot products (detected once; std
+/// caches the answer). Those copies differ from the portable ones only in rounding where
+/// FMA contracts a multiply-add of the f32 scales.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
 /// Bytes of a Q8_1 block.
 const Q8_1_BYTES: usize = 36;
 
@@ -38,6 +47,25 @@ const Q8_1_BYTES: usize = 36;
 /// If `w` is not a whole number of `q` blocks, or `a` does not hold one Q8_1 block per
 /// 32 weights of `w`: the caller sizes both from the same row length.
 pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (checked by has_avx2).
+        return unsafe { vec_dot_q8_1_avx2(q, w, a) };
+    }
+    vec_dot_q8_1_any(q, w, a)
+}
+
+/// [`vec_dot_q8_1`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vec_dot_q8_1_avx2(q: QType, w: &[u8], a: &[u8]) -> f32 {
+    vec_dot_q8_1_any(q, w, a)
+}
+
+/// [`vec_dot_q8_1`] for any target: every helper below is inlined into it, so the
+/// AVX2 copy vectorizes the whole loop.
+#[inline(always)]
+fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
     let n = w.len() / q.block_bytes() * q.block_size();
     assert!(
         w.len() % q.block_bytes() == 0 && a.len() == n / 32 * Q8_1_BYTES,
@@ -64,6 +92,24 @@ pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
 /// # Panics
 /// If `w` is not a whole number of `q` blocks or `x` does not hold one value per weight.
 pub fn vec_dot_f32(q: QType, w: &[u8], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (checked by has_avx2).
+        return unsafe { vec_dot_f32_avx2(q, w, x) };
+    }
+    vec_dot_f32_any(q, w, x)
+}
+
+/// [`vec_dot_f32`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vec_dot_f32_avx2(q: QType, w: &[u8], x: &[f32]) -> f32 {
+    vec_dot_f32_any(q, w, x)
+}
+
+/// [`vec_dot_f32`] for any target (inlined into the AVX2 copy).
+#[inline(always)]
+fn vec_dot_f32_any(q: QType, w: &[u8], x: &[f32]) -> f32 {
     assert!(
         w.len() % q.block_bytes() == 0 && x.len() == w.len() / q.block_bytes() * q.block_size(),
         "vec_dot_f32 {q}: {} weight bytes and {} activations do not describe one row",
@@ -159,6 +205,7 @@ fn q8_1_ds(a: &[u8]) -> (f32, f32) {
 }
 
 /// One Q4_0 block against one Q8_1 block.
+#[inline(always)]
 fn dot_q4_0(w: &[u8; 18], a: &[u8; 36]) -> f32 {
     let sumi = isum(&as_i8(unpack_nibbles(&w[2..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
@@ -166,6 +213,7 @@ fn dot_q4_0(w: &[u8; 18], a: &[u8; 36]) -> f32 {
 }
 
 /// One Q4_1 block against one Q8_1 block.
+#[inline(always)]
 fn dot_q4_1(w: &[u8; 20], a: &[u8; 36]) -> f32 {
     let sumi = isum(&as_i8(unpack_nibbles(&w[4..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
@@ -173,6 +221,7 @@ fn dot_q4_1(w: &[u8; 20], a: &[u8; 36]) -> f32 {
 }
 
 /// One Q5_0 block against one Q8_1 block.
+#[inline(always)]
 fn dot_q5_0(w: &[u8; 22], a: &[u8; 36]) -> f32 {
     let sumi = isum(&as_i8(unpack_5bit(&w[2..6], &w[6..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
@@ -180,6 +229,7 @@ fn dot_q5_0(w: &[u8; 22], a: &[u8; 36]) -> f32 {
 }
 
 /// One Q5_1 block against one Q8_1 block.
+#[inline(always)]
 fn dot_q5_1(w: &[u8; 24], a: &[u8; 36]) -> f32 {
     let sumi = isum(&as_i8(unpack_5bit(&w[4..8], &w[8..])), &a[4..]);
     let (d8, s8) = q8_1_ds(a);
@@ -234,6 +284,7 @@ fn k4_pair_sums<const FIVE: bool>(w: &[u8], qs: &[u8], c: usize, a: &[u8]) -> [i
 }
 
 /// One Q6_K super-block against 8 Q8_1 blocks.
+#[inline(always)]
 fn dot_q6_k(w: &[u8; 210], a: &[u8; 288]) -> f32 {
     let q = unpack_q6_k(&w[..128], &w[128..192]);
     let mut sumf = 0.0f32;

@@ -480,7 +480,7 @@ fn run_with_buffers(
 
 /// Describes the arena bytes outside every tensor extent (arena blocks, in-place blocks,
 /// inputs) that no longer hold [`SENTINEL`], or None when all are intact.
-fn arena_violation(plan: &Plan, g: &Graph, arena: &[u8]) -> Option<String> {
+pub fn arena_violation(plan: &Plan, g: &Graph, arena: &[u8]) -> Option<String> {
     let mut covered = vec![false; arena.len()];
     let mut extents = Vec::new();
     for (id, info) in plan.alloc.info.iter() {

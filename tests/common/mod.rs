@@ -10,6 +10,7 @@
 //! Each test binary uses a part of the harness, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod attention;
 pub mod case;
 pub mod check;
 pub mod oracle;

@@ -1,5 +1,7 @@
 //! The op benchmark (`graft bench-ops`): the device's copy
-//! bandwidth, then each kernel path at Llama-7B decode and prefill sizes, then a graph of
+//! bandwidth, then each kernel path at Llama-7B decode and prefill sizes (fused attention
+//! included: the decode row's bandwidth is that of its K/V read, the prefill row's FLOP
+//! rate that of the unmasked half of a causal 512 x 512), then a graph of
 //! many small nodes run eagerly and replayed.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
@@ -440,6 +442,68 @@ fn attention_cases<'a>(n_kv: usize) -> [Case<'a>; 2] {
     [kq, kqv]
 }
 
+/// Fused attention (`flash_attn_ext`) over an F16 cache laid out as the model's,
+/// `[HD * HEADS, n_ctx]` viewed as `[HD, n_kv, HEADS]`, 32 heads of 128 (Llama-2-7B):
+/// decode (one query, 4096 keys; bandwidth of the K/V read) and a causal prefill of 512
+/// queries over 512 keys (FLOP rate of the unmasked half, the work a causal kernel must do).
+fn flash_attn_cases<'a>() -> Vec<Case<'a>> {
+    const HD: usize = 128;
+    const HEADS: usize = 32;
+    let p = crate::ops::FlashAttnParams {
+        scale: 1.0 / (HD as f32).sqrt(),
+        max_bias: 0.0,
+        softcap: 0.0,
+    };
+    let cache = |be: &mut CudaBackend, g: &mut Graph, name: &str, n: usize, r: usize| {
+        let c = random_leaf(be, g, name, DType::F16, &[HD * HEADS, n], r as u64, true)?;
+        g.view_3d(c, HD, n, HEADS, HD * HEADS * 2, HD * 2, 0)
+    };
+    let decode_kv = 4096;
+    let kv_bytes = (2 * decode_kv * HD * HEADS * 2) as f64;
+    let decode = Case {
+        name: format!("flash_attn_ext f16 K/V [{HD}, {decode_kv}, {HEADS}], 1 query (decode)"),
+        reps: reps_for(kv_bytes),
+        bytes: kv_bytes + (2 * HD * HEADS * 4) as f64,
+        flops: 4.0 * (decode_kv * HD * HEADS) as f64,
+        build: Box::new(move |be, g, r| {
+            let k = cache(be, g, &format!("k{r}"), decode_kv, 2 * r)?;
+            let v = cache(be, g, &format!("v{r}"), decode_kv, 2 * r + 1)?;
+            let q = g.input(&format!("q{r}"), DType::F32, &[HD, 1, HEADS])?;
+            g.flash_attn_ext(q, k, v, None, p)
+        }),
+    };
+    const T: usize = 512;
+    let prefill = Case {
+        name: format!("flash_attn_ext f16 K/V [{HD}, {T}, {HEADS}], {T} queries, causal (prefill)"),
+        reps: 8,
+        bytes: (2 * T * HD * HEADS * 2 + 2 * T * HD * HEADS * 4 + T * T * 2) as f64,
+        flops: 4.0 * (HD * HEADS * T * (T + 1) / 2) as f64,
+        build: Box::new(move |be, g, r| {
+            let k = cache(be, g, &format!("k{r}"), T, 2 * r)?;
+            let v = cache(be, g, &format!("v{r}"), T, 2 * r + 1)?;
+            let q = g.input(&format!("q{r}"), DType::F32, &[HD, T, HEADS])?;
+            // The causal mask as a weight (inputs get filler values): key j hidden from
+            // query i when j > i.
+            let mask: Vec<u8> = (0..T * T)
+                .flat_map(|e| {
+                    let (i, j) = (e / T, e % T);
+                    let x = if j > i { f32::NEG_INFINITY } else { 0.0 };
+                    half::f16::from_f32(x).to_le_bytes()
+                })
+                .collect();
+            let buf = be.alloc_buffer(mask.len())?;
+            be.write_buffer(buf, 0, &mask)?;
+            let data = BufferRef {
+                buffer: buf,
+                offset: 0,
+            };
+            let m = g.weight(&format!("mask{r}"), DType::F16, &[T, T], data)?;
+            g.flash_attn_ext(q, k, v, Some(m), p)
+        }),
+    };
+    vec![decode, prefill]
+}
+
 /// Small decode-size row ops (L2-resident; these measure the per-node cost).
 fn small_cases<'a>() -> Vec<Case<'a>> {
     const D: usize = 4096;
@@ -593,6 +657,7 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
     for n_kv in [512, 1024, 2048, 4096] {
         cases.extend(attention_cases(n_kv));
     }
+    cases.extend(flash_attn_cases());
     cases.extend(small_cases());
     cases.extend(prefill_cases());
     let mut rows = Vec::with_capacity(cases.len());

@@ -6,7 +6,7 @@
 //! | --- | --- |
 //! | `rms_norm(x)`, `mul(that, w)`, `w` one row broadcast | `rms_norm_mul_f32_*` |
 //! | `silu(gate)`, `mul(that, up)`, same shape | `swiglu_f32` |
-//! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` with `add = r` |
+//! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` (block weights: `mul_mat_vec_q_*` / `mul_mat_vec_dq_*`, 1..=8 columns) with `add = r` |
 //!
 //! The second step then has no launch of its own. (Folding the norm into the GEMV that
 //! reads it, each warp summing x^2 itself, measured no faster on an H100 and was dropped.) A fused kernel still reads the first
@@ -129,7 +129,7 @@ fn fuse(
     first: &Step,
     second: &Step,
     readers: &HashMap<TensorId, usize>,
-    lw: &Lowering,
+    lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
     let mid = &first.dst;
     if readers.get(&mid.id) != Some(&1) {
@@ -197,7 +197,7 @@ fn fuse(
                 dst: Some(y),
                 add: Some(residual),
             };
-            mul_mat::gemv(w, v, mid, extra, lw).map(|op| op.map(|op| vec![op]))
+            mul_mat::gemv(w, v, mid, extra, lw)
         }
         _ => None,
     }

@@ -65,6 +65,10 @@ pub(crate) struct Lowering<'a> {
     pub tag: i64,
     /// Buffers some step of the plan writes (the others are read-only while it runs).
     pub written: Vec<BufferId>,
+    /// Decode products with block-quantized weights take the Q8_1 + `__dp4a` path
+    /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
+    /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
+    pub mmvq: bool,
 }
 
 /// Alignment of every block in the constant and scratch regions.

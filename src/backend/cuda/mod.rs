@@ -17,7 +17,9 @@
 //!   `GRAFT_CUDA_GRAPHS=0` (or [`CudaBackend::set_graphs`]) runs eagerly every time; a
 //!   capture that fails falls back to eager runs for that plan with a warning
 //!   ([`CudaBackend::warnings`]). `GRAFT_CUDA_SYNC=1` synchronizes after every node so that
-//!   an asynchronous kernel fault names its node (graphs off).
+//!   an asynchronous kernel fault names its node (graphs off). `GRAFT_CUDA_MMVQ=0` (or
+//!   [`CudaBackend::set_mmvq`]) runs decode products with block-quantized weights on the
+//!   dequantize-in-registers kernels instead of the Q8_1 `__dp4a` ones.
 //! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
 //!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
 //!   [`Backend::read_buffer`], [`Backend::read_arena`]) returns
@@ -71,6 +73,10 @@ pub struct CudaBackend {
     /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
     /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
     pdl: bool,
+    /// Whether decode products with block-quantized weights quantize the activations to
+    /// Q8_1 and use `__dp4a` (`mul_mat_vec_q_*`, default) or dequantize the weights in
+    /// registers (`mul_mat_vec_dq_*`, `GRAFT_CUDA_MMVQ=0`).
+    mmvq: bool,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -170,6 +176,7 @@ impl CudaBackend {
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
+            mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             profile: None,
             warnings: Vec::new(),
             stream,
@@ -206,6 +213,14 @@ impl CudaBackend {
                 .ctx
                 .compute_capability()
                 .is_ok_and(|(major, _)| major >= 9);
+    }
+
+    /// Picks the decode path of products with block-quantized weights for plans loaded
+    /// from now on: `true` quantizes the activations to Q8_1 and runs the `__dp4a`
+    /// kernels `mul_mat_vec_q_*` (the default), `false` dequantizes the weights in
+    /// registers (`mul_mat_vec_dq_*`); `GRAFT_CUDA_MMVQ=0|1` sets the default.
+    pub fn set_mmvq(&mut self, on: bool) {
+        self.mmvq = on;
     }
 
     /// Turns CUDA-graph capture and replay on or off (default on unless
@@ -401,6 +416,7 @@ impl CudaBackend {
             err: self.index_err.ptr(),
             tag: 0,
             written: Vec::new(),
+            mmvq: self.mmvq,
         };
         let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
@@ -520,6 +536,7 @@ impl Backend for CudaBackend {
             err: 0,
             tag: 0,
             written: Vec::new(),
+            mmvq: self.mmvq,
         };
         lower_step(step, &mut lw).map(|_| ())
     }

@@ -50,6 +50,7 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
             err: 0,
             tag: 0,
             written: Vec::new(),
+            mmvq: true,
         };
         let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
             .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));

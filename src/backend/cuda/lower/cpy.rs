@@ -1,10 +1,12 @@
 //! Copies and conversions (`cuda/cpy.cu`): cpy, cont / cast, set_rows, and the scratch
-//! copies of other families (mul_mat's operands).
+//! copies of other families (mul_mat's operands). Copies from or to a block-quantized
+//! type go to `cuda/convert.cu` (`cpy_<q>_{f32,f16}`: one thread per 8 elements) and
+//! `cuda/quantize.cu` (`cpy_f32_<q>`: one thread per block), see [`block_copy`].
 
 use crate::backend::cuda::args::{
     CpyArgs, RowsArgs, Tensor4, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
 };
-use crate::backend::cuda::kernels::by;
+use crate::backend::cuda::kernels::{by, Kernel};
 use crate::backend::cuda::lowering::{expect_i32, flat_grid, DevOp, Lowering};
 use crate::graph::Operand;
 
@@ -18,6 +20,9 @@ pub(crate) fn copy_to(
 ) -> Result<DevOp, String> {
     let kernel = by::CPY.get([src.dtype, dst.dtype])?;
     let n = src.nelements();
+    if src.dtype.quant().is_some() || dst.dtype.quant().is_some() {
+        return block_copy(lw, kernel, src, dst, dst_addr);
+    }
     if n != dst.nelements() {
         return Err(format!(
             "cpy of {n} elements into {} elements",
@@ -39,6 +44,63 @@ pub(crate) fn copy_to(
     };
     let (grid, block) = flat_grid(n);
     Ok(DevOp::kernel(kernel, grid, block, &args))
+}
+
+/// A copy from or to a block-quantized type with `kernel` (one that exists: F32 -> block
+/// type, block type -> F32 / F16). The block side needs dense blocks along dim 0 (any
+/// row strides); quantizing needs the same shape on both sides, dequantizing matches
+/// elements in row-major order when the shapes differ.
+fn block_copy(
+    lw: &Lowering,
+    kernel: Kernel,
+    src: &Operand,
+    dst: &Operand,
+    dst_addr: u64,
+) -> Result<DevOp, String> {
+    let n = src.nelements();
+    if n != dst.nelements() {
+        return Err(format!(
+            "cpy of {n} elements into {} elements",
+            dst.nelements()
+        ));
+    }
+    let mut args = CpyArgs {
+        src: lw.t4(src),
+        dst: Tensor4::new(dst_addr, dst),
+        n: n as i64,
+        mode: if src.ne == dst.ne {
+            CPY_SAME_SHAPE
+        } else {
+            CPY_RESHAPE
+        },
+    };
+    match (src.dtype.quant(), dst.dtype.quant()) {
+        (Some(q), None) => {
+            if !src.rows_contiguous() {
+                return Err(format!(
+                    "dequantizing {q} needs dense blocks along dim 0 (nb[0] = {}), got {:?}",
+                    q.block_bytes(),
+                    src.nb
+                ));
+            }
+            let (grid, block) = flat_grid(n / 8);
+            Ok(DevOp::kernel(kernel, grid, block, &args))
+        }
+        (None, Some(q)) => {
+            if !dst.rows_contiguous() || src.ne != dst.ne {
+                return Err(format!(
+                    "quantizing to {q} needs the same shape on both sides and dense blocks \
+                     along dim 0 of the result, got {:?} into {:?} (nb {:?})",
+                    src.ne, dst.ne, dst.nb
+                ));
+            }
+            args.n = (n / q.block_size()) as i64;
+            let (grid, block) = flat_grid(args.n as usize);
+            Ok(DevOp::kernel(kernel, grid, block, &args))
+        }
+        (Some(a), Some(b)) => Err(format!("no copy between block types ({a} to {b})")),
+        (None, None) => Err("a block copy between plain dtypes".into()),
+    }
 }
 
 /// A copy of `src` into `dst` where `dst` lives.

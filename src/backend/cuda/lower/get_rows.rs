@@ -1,4 +1,5 @@
-//! get_rows (`cuda/get_rows.cu`): one block per result row.
+//! get_rows (`cuda/get_rows.cu`; block-quantized tables: `get_rows_<q>` in
+//! `cuda/convert.cu`): one block per result row.
 
 use crate::backend::cuda::args::RowsArgs;
 use crate::backend::cuda::kernels::by;
@@ -10,6 +11,12 @@ pub(crate) fn lower(src: &[Operand], dst: &Operand, lw: &Lowering) -> Result<Vec
     let (table, ids) = (&src[0], &src[1]);
     let kernel = by::GET_ROWS.get([table.dtype])?;
     expect_i32("get_rows ids", ids)?;
+    if table.dtype.quant().is_some() && !table.rows_contiguous() {
+        return Err(format!(
+            "get_rows from a {} table needs dense blocks along dim 0, got strides {:?}",
+            table.dtype, table.nb
+        ));
+    }
     if dst.dtype != DType::F32 {
         return Err(format!("get_rows needs an F32 result, got {}", dst.dtype));
     }

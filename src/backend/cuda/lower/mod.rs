@@ -6,10 +6,12 @@
 //! [`Backend::supports`](crate::backend::Backend::supports).
 
 pub(crate) mod argmax;
+pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod cpy;
 pub(crate) mod get_rows;
 pub(crate) mod mul_mat;
+pub(crate) mod mul_mat_q;
 pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod softmax;
@@ -38,5 +40,6 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
+        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, lw),
     }
 }

@@ -11,7 +11,9 @@
 //!    elements; channels (dim 2) broadcast GQA-style.
 //! 3. `mul_mat_vec_nc_f16_f32`: the same with longer rows (a transposed V-cache view
 //!    [n_kv, hd, n_kv_heads]).
-//! 4. Everything else: cuBLAS (`cublasGemmEx`, or `cublasGemmBatchedEx` with pointer
+//! 4. Block-quantized weights: see [`super::mul_mat_q`] (decode kernels for 1..=8
+//!    columns, otherwise the weights dequantized to F16 in scratch and case 5).
+//! 5. Everything else: cuBLAS (`cublasGemmEx`, or `cublasGemmBatchedEx` with pointer
 //!    arrays built here and uploaded with the plan's constants: the arena and buffers
 //!    never move), tensor cores for F16/BF16, f32 accumulation (`CUBLAS_COMPUTE_32F`, no
 //!    TF32). `b` of another dtype than `a` is converted into the plan's scratch first;
@@ -22,6 +24,7 @@
 //!    GEMV keeps them in f32; the split keeps about 16 bits.
 
 use super::cpy::copy_to;
+use super::mul_mat_q;
 use crate::backend::cuda::args::{
     GemvArgs, SplitArgs, Tensor4, GEMV_WARPS, P021_ROWS, P021_THREADS,
 };
@@ -42,6 +45,9 @@ fn to_i32(what: &str, v: usize) -> Result<i32, String> {
 /// Lowers a mul_mat step (see the module docs for the dispatch rules).
 pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
     let (a, b, dst) = (&step.src[0], &step.src[1], &step.dst);
+    if let Some(q) = a.dtype.quant() {
+        return mul_mat_q::lower(q, a, b, dst, lw);
+    }
     if !a.dtype.is_float() || !b.dtype.is_float() {
         return Err(format!("mul_mat of {} by {}", a.dtype, b.dtype));
     }
@@ -57,8 +63,8 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
-    if let Some(op) = gemv(a, b, dst, Gemv::default(), lw) {
-        return op.map(|op| vec![op]);
+    if let Some(ops) = gemv(a, b, dst, Gemv::default(), lw) {
+        return ops;
     }
 
     // 2, 3. Attention products over an F16 cache view.
@@ -84,8 +90,8 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
         }
     }
 
-    // 4. cuBLAS.
-    lower_gemm(a, b, dst, lw)
+    // 5. cuBLAS.
+    lower_gemm(a, a_addr, b, dst, lw, 0, Vec::new())
 }
 
 /// What a GEMV launch fuses into the product (see [`super::fuse`]).
@@ -97,16 +103,20 @@ pub(crate) struct Gemv<'a> {
     pub add: Option<&'a Operand>,
 }
 
-/// The decode GEMV launch computing `a b` into the dense F32 vector `dst` (or
-/// `extra.dst`), plus `extra.add`, or None when `a`, `b` are not its layout: n == 1, every
-/// other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense elements.
+/// The decode GEMV launches computing `a b` into the dense F32 `dst` (or `extra.dst`),
+/// plus `extra.add`, or None when `a`, `b` are not a decode layout. Float `a`: n == 1,
+/// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
+/// elements; block-quantized `a`: see [`mul_mat_q::gemv`].
 pub(crate) fn gemv(
     a: &Operand,
     b: &Operand,
     dst: &Operand,
     extra: Gemv,
-    lw: &Lowering,
-) -> Option<Result<DevOp, String>> {
+    lw: &mut Lowering,
+) -> Option<Result<Vec<DevOp>, String>> {
+    if a.dtype.quant().is_some() {
+        return mul_mat_q::gemv(a, b, dst, extra, lw);
+    }
     let (kk, m) = (a.ne[0], a.ne[1]);
     let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
     if !(kk < i32::MAX as usize
@@ -142,10 +152,14 @@ pub(crate) fn gemv(
         add: extra.add.map_or(0, |r| lw.addr(r)),
         prefetch: i64::from(lw.read_only(a)),
     };
-    Some(
-        row_grid(m.div_ceil(GEMV_ROWS))
-            .map(|grid| DevOp::kernel(kernel, grid, ((GEMV_ROWS * 32) as u32, 1, 1), &args)),
-    )
+    Some(row_grid(m.div_ceil(GEMV_ROWS)).map(|grid| {
+        vec![DevOp::kernel(
+            kernel,
+            grid,
+            ((GEMV_ROWS * 32) as u32, 1, 1),
+            &args,
+        )]
+    }))
 }
 
 /// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading
@@ -254,7 +268,7 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
 
 /// The layout of `x` as `dtype` with rows padded to 16 bytes (dense when a row is a
 /// multiple of 16 bytes already): what cuBLAS reads best, and always describable.
-fn padded(x: &Operand, dtype: DType) -> Operand {
+pub(crate) fn padded(x: &Operand, dtype: DType) -> Operand {
     let mut nb = contiguous_strides(dtype, &x.ne);
     nb[1] = dtype.row_bytes(x.ne[0]).next_multiple_of(16);
     nb[2] = nb[1] * x.ne[1];
@@ -302,17 +316,20 @@ fn split_to(
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }
 
-fn lower_gemm(
+/// The cuBLAS product of `a` (float, at `a_addr`: where it lives, or a scratch copy) and
+/// `b` into `dst`, after the launches `ops` that used scratch up to `offset`.
+pub(crate) fn lower_gemm(
     a: &Operand,
+    a_addr: u64,
     b: &Operand,
     dst: &Operand,
     lw: &mut Lowering,
+    mut offset: usize,
+    mut ops: Vec<DevOp>,
 ) -> Result<Vec<DevOp>, String> {
     let dtype = a.dtype;
     let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
-    let mut ops = Vec::new();
-    let mut offset = 0usize;
 
     // With BF16 weights, the activations go in as two BF16 halves (see the module docs).
     let split = dtype == DType::BF16 && b.dtype != DType::BF16;
@@ -335,7 +352,7 @@ fn lower_gemm(
             }
         }
     };
-    let aop = match describe(a, lw.addr(a), true) {
+    let aop = match describe(a, a_addr, true) {
         Some(d) => d,
         None => {
             let (addr, dense) = scratch_copy(lw, a, dtype, &mut offset, &mut ops)?;

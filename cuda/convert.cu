@@ -1,0 +1,95 @@
+// Dequantizing copies and get_rows from block-quantized tensors (cuda/quant.cuh's types):
+//   cpy_<q>_f32, cpy_<q>_f16: dst = dequantize(src). One thread per 8 consecutive
+//     elements of a block (flat grid-stride loop over nelements / 8 groups). src has
+//     dense blocks along dim 0 (nb[0] = block bytes) at any row strides; dst any strides.
+//     CPY_SAME_SHAPE writes element (i0, i1, i2, i3) of src to the same index of dst;
+//     otherwise (CPY_RESHAPE, CPY_CONTIGUOUS) elements are matched in row-major order.
+//     The values are the CPU's dequantize_row bits (then rounded to f16 for _f16).
+//   get_rows_<q>: F32 dst row (i1, i2, i3) = dequantized table row ids[i1, i2, i3] of
+//     matrix (i2, i3). One block per dst row, a thread per 8-element group; an id outside
+//     0..rows is recorded in the index-error record and its dst row zero-filled.
+#include "quant.cuh"
+
+__device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
+    idx[0] = i % ne[0];
+    i /= ne[0];
+    idx[1] = i % ne[1];
+    i /= ne[1];
+    idx[2] = i % ne[2];
+    idx[3] = i / ne[2];
+}
+
+template <typename Q, typename D>
+__device__ void cpy_deq(const CpyArgs& p) {
+    pdl_enter();
+    const i64 groups = p.n / 8;
+    for (i64 gi = blockIdx.x * (i64)blockDim.x + threadIdx.x; gi < groups; gi += (i64)gridDim.x * blockDim.x) {
+        i64 is[4];
+        unflatten(p.src.ne, gi * 8, is);
+        const char* blk = at(p.src, 0, is[1], is[2], is[3]) + (is[0] / Q::QK) * p.src.nb[0];
+        float v[8];
+        Q::deq8(blk, (int)((is[0] % Q::QK) / 8), v);
+        if (p.mode == CPY_SAME_SHAPE) {
+            char* d = at(p.dst, is[0], is[1], is[2], is[3]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) store<D>(d + i * p.dst.nb[0], v[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                i64 id[4];
+                unflatten(p.dst.ne, gi * 8 + i, id);
+                store<D>(at(p.dst, id[0], id[1], id[2], id[3]), v[i]);
+            }
+        }
+    }
+}
+
+template <typename Q>
+__device__ void get_rows_q(const RowsArgs& p) {
+    pdl_enter();
+    const RowIndex r = row_index(p.dst.ne, blockIdx.x);
+    const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2, r.i3, 0));
+    const i64 rows = p.src.ne[1];
+    char* d = at(p.dst, 0, r.i1, r.i2, r.i3);
+    const i64 ne0 = p.dst.ne[0];
+    if (id < 0 || id >= rows) {
+        if (threadIdx.x == 0) record_index_error(p.err, p.tag, id, r.i1, rows);
+        for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) store<float>(d + i0 * p.dst.nb[0], 0.0f);
+        return;
+    }
+    const char* s = at(p.src, 0, id, r.i2, r.i3);
+    for (i64 g = threadIdx.x; g < ne0 / 8; g += blockDim.x) {
+        float v[8];
+        Q::deq8(s + (g * 8 / Q::QK) * p.src.nb[0], (int)(g % (Q::QK / 8)), v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) store<float>(d + (g * 8 + i) * p.dst.nb[0], v[i]);
+    }
+}
+
+extern "C" __global__ void cpy_q4_0_f32(const CpyArgs p) { cpy_deq<BlockQ4_0, float>(p); }
+extern "C" __global__ void cpy_q4_0_f16(const CpyArgs p) { cpy_deq<BlockQ4_0, f16>(p); }
+extern "C" __global__ void get_rows_q4_0(const RowsArgs p) { get_rows_q<BlockQ4_0>(p); }
+extern "C" __global__ void cpy_q4_1_f32(const CpyArgs p) { cpy_deq<BlockQ4_1, float>(p); }
+extern "C" __global__ void cpy_q4_1_f16(const CpyArgs p) { cpy_deq<BlockQ4_1, f16>(p); }
+extern "C" __global__ void get_rows_q4_1(const RowsArgs p) { get_rows_q<BlockQ4_1>(p); }
+extern "C" __global__ void cpy_q5_0_f32(const CpyArgs p) { cpy_deq<BlockQ5_0, float>(p); }
+extern "C" __global__ void cpy_q5_0_f16(const CpyArgs p) { cpy_deq<BlockQ5_0, f16>(p); }
+extern "C" __global__ void get_rows_q5_0(const RowsArgs p) { get_rows_q<BlockQ5_0>(p); }
+extern "C" __global__ void cpy_q5_1_f32(const CpyArgs p) { cpy_deq<BlockQ5_1, float>(p); }
+extern "C" __global__ void cpy_q5_1_f16(const CpyArgs p) { cpy_deq<BlockQ5_1, f16>(p); }
+extern "C" __global__ void get_rows_q5_1(const RowsArgs p) { get_rows_q<BlockQ5_1>(p); }
+extern "C" __global__ void cpy_q8_0_f32(const CpyArgs p) { cpy_deq<BlockQ8_0, float>(p); }
+extern "C" __global__ void cpy_q8_0_f16(const CpyArgs p) { cpy_deq<BlockQ8_0, f16>(p); }
+extern "C" __global__ void get_rows_q8_0(const RowsArgs p) { get_rows_q<BlockQ8_0>(p); }
+extern "C" __global__ void cpy_q8_1_f32(const CpyArgs p) { cpy_deq<BlockQ8_1, float>(p); }
+extern "C" __global__ void cpy_q8_1_f16(const CpyArgs p) { cpy_deq<BlockQ8_1, f16>(p); }
+extern "C" __global__ void get_rows_q8_1(const RowsArgs p) { get_rows_q<BlockQ8_1>(p); }
+extern "C" __global__ void cpy_q4_k_f32(const CpyArgs p) { cpy_deq<BlockQ4_K, float>(p); }
+extern "C" __global__ void cpy_q4_k_f16(const CpyArgs p) { cpy_deq<BlockQ4_K, f16>(p); }
+extern "C" __global__ void get_rows_q4_k(const RowsArgs p) { get_rows_q<BlockQ4_K>(p); }
+extern "C" __global__ void cpy_q5_k_f32(const CpyArgs p) { cpy_deq<BlockQ5_K, float>(p); }
+extern "C" __global__ void cpy_q5_k_f16(const CpyArgs p) { cpy_deq<BlockQ5_K, f16>(p); }
+extern "C" __global__ void get_rows_q5_k(const RowsArgs p) { get_rows_q<BlockQ5_K>(p); }
+extern "C" __global__ void cpy_q6_k_f32(const CpyArgs p) { cpy_deq<BlockQ6_K, float>(p); }
+extern "C" __global__ void cpy_q6_k_f16(const CpyArgs p) { cpy_deq<BlockQ6_K, f16>(p); }
+extern "C" __global__ void get_rows_q6_k(const RowsArgs p) { get_rows_q<BlockQ6_K>(p); }

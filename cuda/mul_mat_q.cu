@@ -1,0 +1,184 @@
+// Decode products with block-quantized weights (types of cuda/quant.cuh), F32 results:
+// dst[r, c] = sum_l a[l, r] * b[l, c] (+ add[r, c]) for the ncols <= NC columns of b.
+// Both kernels run one warp per row of `a`, GEMV_WARPS rows per thread block (grid.x =
+// ceil(m / GEMV_WARPS)), read each weight once for all NC columns, reduce with warp
+// shuffles in a fixed order, and take an optional F32 `add` (a fused residual add).
+// Weights nothing in the plan writes are prefetched into L2 before the kernel waits for
+// its predecessor (programmatic dependent launch).
+//
+//   mul_mat_vec_q_c<NC>_<q>: b is the activations quantized to Q8_1 by quantize_q8_1_f32
+//     (one Q8_1 block per 32 elements, column c at b + c * b_nb1). Lane s takes 32-element
+//     sub-blocks s, s + 32, ...: its quants as 8 ints, integer dot products with __dp4a,
+//     then the block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
+//   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
+//     dequantized in registers, dotted in f32 with the activations (16-byte loads when
+//     vec, scalar otherwise).
+//
+// NC is 1, 2, 4 or 8; the launcher picks the smallest NC >= ncols.
+#include "quant.cuh"
+
+// Pulls the first 32 128-byte lines of a weight row into L2 (one line per lane).
+__device__ __forceinline__ void prefetch_row(const char* a, i64 bytes, int lane) {
+    const i64 off = (i64)lane * 128;
+    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
+}
+
+// Adds the warp's partial sums, then lane 0 writes column c of row `row`.
+template <int NC>
+__device__ __forceinline__ void write_row(const QGemvArgs& p, i64 row, float* acc, int lane) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c < p.ncols) {
+            float v = warp_sum(acc[c]);
+            if (lane == 0) {
+                const i64 at = c * p.m + row;
+                if (p.add) v += reinterpret_cast<const float*>(p.add)[at];
+                reinterpret_cast<float*>(p.dst)[at] = v;
+            }
+        }
+    }
+}
+
+template <typename Q, int NC>
+__device__ void mmvq(const QGemvArgs& p) {
+    pdl_launch_dependents();
+    const int lane = threadIdx.x % WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
+    if (row >= p.m) return;  // the whole warp
+    const char* a = p.a + row * p.a_nb1;
+    if (p.prefetch) prefetch_row(a, p.k / Q::QK * Q::BYTES, lane);
+    pdl_wait();
+    const int nsub = (int)(p.k / 32);
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+#pragma unroll 2
+    for (int s = lane; s < nsub; s += WARP_SIZE) {
+        typename Q::W w;
+        Q::load(a + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, w);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (c < p.ncols) {
+                Act y;
+                load_act(p.b + c * p.b_nb1 + s * 36, y);
+                acc[c] += Q::dot(w, y);
+            }
+        }
+    }
+    write_row<NC>(p, row, acc, lane);
+}
+
+// 8 consecutive floats at x: two 16-byte loads when vec, else scalar ones.
+__device__ __forceinline__ void load_x8(const float* x, bool vec, float* f) {
+    if (vec) {
+        const float4 u = __ldg(reinterpret_cast<const float4*>(x));
+        const float4 v = __ldg(reinterpret_cast<const float4*>(x) + 1);
+        f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w, f[4] = v.x, f[5] = v.y, f[6] = v.z, f[7] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = __ldg(x + i);
+    }
+}
+
+template <typename Q, int NC>
+__device__ void dmmv(const QGemvArgs& p) {
+    pdl_launch_dependents();
+    const int lane = threadIdx.x % WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
+    if (row >= p.m) return;  // the whole warp
+    const char* a = p.a + row * p.a_nb1;
+    if (p.prefetch) prefetch_row(a, p.k / Q::QK * Q::BYTES, lane);
+    pdl_wait();
+    constexpr int GPB = Q::QK / 8;  // 8-element groups per block
+    const int ngroups = (int)(p.k / 8);
+    const bool vec = p.vec != 0;
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+#pragma unroll 2
+    for (int g = lane; g < ngroups; g += WARP_SIZE) {
+        float v[8];
+        Q::deq8(a + (g / GPB) * Q::BYTES, g % GPB, v);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (c < p.ncols) {
+                float x[8];
+                load_x8(reinterpret_cast<const float*>(p.b + c * p.b_nb1) + 8 * g, vec, x);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[c] += v[i] * x[i];
+            }
+        }
+    }
+    write_row<NC>(p, row, acc, lane);
+}
+
+// __launch_bounds__: GEMV_WARPS * 32 threads (the launcher's block) and a minimum of
+// resident blocks per SM by column count (8 for 1-2 columns, 6 for 4, 4 for 8), which
+// caps registers so that the loads of several rows stay in flight without spilling the
+// NC accumulators.
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_1(const QGemvArgs p) { mmvq<BlockQ4_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_1(const QGemvArgs p) { mmvq<BlockQ4_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q4_1(const QGemvArgs p) { mmvq<BlockQ4_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q4_1(const QGemvArgs p) { mmvq<BlockQ4_1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q5_0(const QGemvArgs p) { mmvq<BlockQ5_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q5_0(const QGemvArgs p) { mmvq<BlockQ5_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q5_0(const QGemvArgs p) { mmvq<BlockQ5_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q5_0(const QGemvArgs p) { mmvq<BlockQ5_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 8>(p); }
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 8>(p); }

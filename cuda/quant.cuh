@@ -1,0 +1,361 @@
+// The ggml block types on the device: one traits struct per weight type, used by the
+// dequantizing copies (convert.cu), the quantized matrix-vector products (mul_mat_q.cu)
+// and the quantizing copies (quantize.cu). The byte layouts are those of src/quant/mod.rs.
+//
+// Every struct has:
+//   QK, BYTES, SUBS      elements and bytes of a block; SUBS = QK / 32, its 32-element
+//                        sub-blocks (one Q8_1 activation block each)
+//   W                    one sub-block in registers for the dp4a path: 8 ints of quants
+//                        (int k holds elements 4k..4k+3, one per byte, like a Q8_1
+//                        block's qs) and what scales them
+//   load(blk, sub, w)    reads sub-block `sub` of the block at blk
+//   dot(w, y)            the sub-block's dot product with one Q8_1 block, integer sums by
+//                        __dp4a, scales and offsets applied in f32 as src/quant/dot.rs does
+//   deq8(blk, g, v)      elements 8g..8g+7 of the block, dequantized exactly as
+//                        src/quant's dequantize_row (no fused multiply-add, same order)
+//
+// Blocks are 18, 20, 22, ... bytes, so a block is only 2-byte aligned: every read below is
+// a 16-bit load (or two of them forming a 32-bit word), never a wider unaligned one.
+// Adding a type is one more struct here plus its kernel instantiations.
+#pragma once
+
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------------------
+// 2-byte aligned reads of read-only data.
+
+__device__ __forceinline__ unsigned ld_u16(const char* p) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+
+// The 32-bit little-endian word at a 2-byte aligned address.
+__device__ __forceinline__ int ld_i32_a2(const char* p) {
+    return (int)(ld_u16(p) | (ld_u16(p + 2) << 16));
+}
+
+// Byte i of a 2-byte aligned array.
+__device__ __forceinline__ unsigned ld_u8(const char* p, int i) {
+    return (ld_u16(p + (i & ~1)) >> (8 * (i & 1))) & 0xffu;
+}
+
+// The f16 at a 2-byte aligned address, as f32.
+__device__ __forceinline__ float ld_f16(const char* p) { return __half2float(__ushort_as_half((unsigned short)ld_u16(p))); }
+
+// Four bits b0..b3 moved to bit 4 of bytes 0..3 (the fifth bit of four 5-bit quants).
+__device__ __forceinline__ int spread4(unsigned bits) {
+    return (int)(((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25));
+}
+
+// ---------------------------------------------------------------------------------------
+// Q8_1 activations (written by quantize_q8_1_f32 into 4-byte aligned scratch).
+
+struct Act {
+    int q[8];
+    float d, s;
+};
+
+__device__ __forceinline__ void load_act(const char* p, Act& y) {
+    const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(p));
+    y.d = ds.x;
+    y.s = ds.y;
+    const int* q = reinterpret_cast<const int*>(p + 4);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y.q[k] = q[k];
+}
+
+// sum of the byte products of w[from..to) and y.q[from..to) (signed bytes).
+template <int FROM, int TO>
+__device__ __forceinline__ int dp4a_sum(const int* w, const int* y) {
+    int s = 0;
+#pragma unroll
+    for (int k = FROM; k < TO; ++k) s = __dp4a(w[k], y[k], s);
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Exact dequantization helpers (no contraction into fma: the CPU rounds each step).
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+
+// ---------------------------------------------------------------------------------------
+// The 32-element types.
+
+// The 8 low (shift 0) or high (shift 4) nibbles of 8 bytes at p.
+__device__ __forceinline__ void nibbles8(const char* p, int shift, int* q) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const unsigned u = ld_u16(p + 2 * k);
+        q[2 * k] = (int)((u >> shift) & 15u);
+        q[2 * k + 1] = (int)((u >> (8 + shift)) & 15u);
+    }
+}
+
+// Quants of a 4-bit block at qs: low nibbles are elements 0..15, high 16..31.
+__device__ __forceinline__ void load_nibbles(const char* qs, int* q) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int v = ld_i32_a2(qs + 4 * k);
+        q[k] = v & 0x0f0f0f0f;
+        q[k + 4] = (v >> 4) & 0x0f0f0f0f;
+    }
+}
+
+// Quants of a 5-bit block: nibbles at qs, fifth bits in qh (bit i: element i).
+__device__ __forceinline__ void load_5bit(const char* qs, unsigned qh, int* q) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int v = ld_i32_a2(qs + 4 * k);
+        q[k] = (v & 0x0f0f0f0f) | spread4(qh >> (4 * k));
+        q[k + 4] = ((v >> 4) & 0x0f0f0f0f) | spread4(qh >> (16 + 4 * k));
+    }
+}
+
+// Elements 8g..8g+7 of a 4-bit block's quants (qs), plus the fifth bits of qh when FIVE.
+template <bool FIVE>
+__device__ __forceinline__ void quants8_legacy(const char* qs, unsigned qh, int g, int* q) {
+    nibbles8(qs + 8 * (g & 1), 4 * (g >> 1), q);
+    if (FIVE) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] |= (int)(((qh >> (8 * g + i)) & 1u) << 4);
+    }
+}
+
+struct BlockQ4_0 {
+    static constexpr int QK = 32, BYTES = 18, SUBS = 1;
+    struct W {
+        int q[8];
+        float d;
+    };
+    static __device__ __forceinline__ void load(const char* b, int, W& w) {
+        w.d = ld_f16(b);
+        load_nibbles(b + 2, w.q);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return w.d * ((float)s * y.d - 8.0f * y.s);
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const float d = ld_f16(b);
+        int q[8];
+        quants8_legacy<false>(b + 2, 0, g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
+    }
+};
+
+struct BlockQ4_1 {
+    static constexpr int QK = 32, BYTES = 20, SUBS = 1;
+    struct W {
+        int q[8];
+        float d, m;
+    };
+    static __device__ __forceinline__ void load(const char* b, int, W& w) {
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
+        load_nibbles(b + 4, w.q);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return (float)s * (w.d * y.d) + w.m * y.s;
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const float d = ld_f16(b), m = ld_f16(b + 2);
+        int q[8];
+        quants8_legacy<false>(b + 4, 0, g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(mul_rn((float)q[i], d), m);
+    }
+};
+
+struct BlockQ5_0 {
+    static constexpr int QK = 32, BYTES = 22, SUBS = 1;
+    struct W {
+        int q[8];
+        float d;
+    };
+    static __device__ __forceinline__ void load(const char* b, int, W& w) {
+        w.d = ld_f16(b);
+        load_5bit(b + 6, (unsigned)ld_i32_a2(b + 2), w.q);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return w.d * ((float)s * y.d - 16.0f * y.s);
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const float d = ld_f16(b);
+        int q[8];
+        quants8_legacy<true>(b + 6, (unsigned)ld_i32_a2(b + 2), g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 16), d);
+    }
+};
+
+struct BlockQ5_1 {
+    static constexpr int QK = 32, BYTES = 24, SUBS = 1;
+    struct W {
+        int q[8];
+        float d, m;
+    };
+    static __device__ __forceinline__ void load(const char* b, int, W& w) {
+        w.d = ld_f16(b);
+        w.m = ld_f16(b + 2);
+        load_5bit(b + 8, (unsigned)ld_i32_a2(b + 4), w.q);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return (float)s * (w.d * y.d) + w.m * y.s;
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const float d = ld_f16(b), m = ld_f16(b + 2);
+        int q[8];
+        quants8_legacy<true>(b + 8, (unsigned)ld_i32_a2(b + 4), g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(mul_rn((float)q[i], d), m);
+    }
+};
+
+// Q8_0 (scale at 0, quants at 2) and Q8_1 (scale at 0, sum at 2, quants at 4).
+template <int QS, int NBYTES>
+struct BlockQ8 {
+    static constexpr int QK = 32, BYTES = NBYTES, SUBS = 1;
+    struct W {
+        int q[8];
+        float d;
+    };
+    static __device__ __forceinline__ void load(const char* b, int, W& w) {
+        w.d = ld_f16(b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = ld_i32_a2(b + QS + 4 * k);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return w.d * y.d * (float)s;
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const float d = ld_f16(b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const unsigned u = ld_u16(b + QS + 8 * g + 2 * k);
+            v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
+            v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
+        }
+    }
+};
+typedef BlockQ8<2, 34> BlockQ8_0;
+typedef BlockQ8<4, 36> BlockQ8_1;
+
+// ---------------------------------------------------------------------------------------
+// The K-quants: 256-element super-blocks, 8 sub-blocks of 32.
+
+// The 6-bit scale and min of sub-block j from the 12 packed bytes at s.
+__device__ __forceinline__ void scale_min_k4(const char* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = (int)(ld_u8(s, j) & 63u);
+        m = (int)(ld_u8(s, j + 4) & 63u);
+    } else {
+        const unsigned b = ld_u8(s, j + 4);
+        sc = (int)((b & 0x0fu) | ((ld_u8(s, j - 4) >> 6) << 4));
+        m = (int)((b >> 4) | ((ld_u8(s, j) >> 6) << 4));
+    }
+}
+
+// Q4_K (FIVE false) and Q5_K (FIVE true): d, dmin, scales[12], [qh[32]], qs[128].
+template <bool FIVE>
+struct BlockK4 {
+    static constexpr int QK = 256, BYTES = FIVE ? 176 : 144, SUBS = 8;
+    static constexpr int QS = FIVE ? 48 : 16;
+    struct W {
+        int q[8];
+        int sc, m;
+        float d, dmin;
+    };
+    static __device__ __forceinline__ void load(const char* b, int j, W& w) {
+        w.d = ld_f16(b);
+        w.dmin = ld_f16(b + 2);
+        scale_min_k4(b + 4, j, w.sc, w.m);
+        const char* qs = b + QS + 32 * (j >> 1);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            int v = (ld_i32_a2(qs + 4 * k) >> shift) & 0x0f0f0f0f;
+            if (FIVE) v |= ((ld_i32_a2(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
+            w.q[k] = v;
+        }
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const int j = g >> 2, off = 8 * (g & 3);
+        int sc, m;
+        scale_min_k4(b + 4, j, sc, m);
+        const float dj = mul_rn(ld_f16(b), (float)sc), mj = mul_rn(ld_f16(b + 2), (float)m);
+        int q[8];
+        nibbles8(b + QS + 32 * (j >> 1) + off, 4 * (j & 1), q);
+        if (FIVE) {
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                const unsigned h = ld_u16(b + 16 + off + i);
+                q[i] |= (int)(((h >> j) & 1u) << 4);
+                q[i + 1] |= (int)(((h >> (8 + j)) & 1u) << 4);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(mul_rn(dj, (float)q[i]), mj);
+    }
+};
+typedef BlockK4<false> BlockQ4_K;
+typedef BlockK4<true> BlockQ5_K;
+
+// Q6_K: ql[128], qh[64], scales[16] (i8), d. Sub-block j = elements 32j..32j+31: half
+// c = j / 4 of the super-block, quarter t = j % 4 of that half.
+struct BlockQ6_K {
+    static constexpr int QK = 256, BYTES = 210, SUBS = 8;
+    struct W {
+        int q[8];
+        int sa, sb;
+        float d;
+    };
+    static __device__ __forceinline__ void load(const char* b, int j, W& w) {
+        const int c = j >> 2, t = j & 3;
+        const char* ql = b + 64 * c + 32 * (t & 1);
+        const char* qh = b + 128 + 32 * c;
+        const int nshift = 4 * (t >> 1), hshift = 2 * t;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int lo = (ld_i32_a2(ql + 4 * k) >> nshift) & 0x0f0f0f0f;
+            const int hi = ((ld_i32_a2(qh + 4 * k) >> hshift) & 0x03030303) << 4;
+            w.q[k] = (int)__vsub4((unsigned)(lo | hi), 0x20202020u);
+        }
+        const unsigned s = ld_u16(b + 192 + 2 * j);
+        w.sa = (int)(signed char)(s & 0xffu);
+        w.sb = (int)(signed char)(s >> 8);
+        w.d = ld_f16(b + 208);
+    }
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+        const int sa = dp4a_sum<0, 4>(w.q, y.q), sb = dp4a_sum<4, 8>(w.q, y.q);
+        return w.d * (y.d * (float)(w.sa * sa + w.sb * sb));
+    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
+        const int e = 8 * g, c = e >> 7, r = e & 127, t = r >> 5, l0 = r & 31;
+        const char* ql = b + 64 * c + 32 * (t & 1) + l0;
+        const char* qh = b + 128 + 32 * c + l0;
+        const int nshift = 4 * (t >> 1), hshift = 2 * t;
+        const float dj = mul_rn(ld_f16(b + 208), (float)(signed char)ld_u8(b + 192, e >> 4));
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+            const unsigned l = ld_u16(ql + i), h = ld_u16(qh + i);
+            const int q0 = (int)(((l >> nshift) & 15u) | (((h >> hshift) & 3u) << 4)) - 32;
+            const int q1 = (int)(((l >> (8 + nshift)) & 15u) | (((h >> (8 + hshift)) & 3u) << 4)) - 32;
+            v[i] = mul_rn(dj, (float)q0);
+            v[i + 1] = mul_rn(dj, (float)q1);
+        }
+    }
+};
+
+// The block of row element i0 (QK | i0) of a row at `row` with blocks `nb0` bytes apart.
+template <typename Q>
+__device__ __forceinline__ const char* block_of(const char* row, i64 i0, i64 nb0) {
+    return row + (i0 / Q::QK) * nb0;
+}

@@ -1,0 +1,189 @@
+//! Fused attention, `flash_attn_ext` (`cuda/fattn.cu`): up to [`DECODE_MAX_QUERIES`]
+//! queries the split-KV decode kernel `fattn_vec_d<D>_<kv>` (with `fattn_combine` when
+//! the keys are split over several blocks), beyond that the tensor-core prefill kernel
+//! `fattn_mma_d<D>_<kv>`. The ALiBi slope of every head goes into the constant region,
+//! the decode partials into scratch.
+
+use crate::backend::cuda::args::{
+    FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
+    FATTN_VEC_ROWS, FATTN_VEC_WARPS,
+};
+use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
+use crate::graph::{DType, FlashAttnParams, Operand};
+
+/// Queries up to which the decode kernel runs (it handles any count, slowly for many).
+pub(crate) const DECODE_MAX_QUERIES: usize = 8;
+/// Streaming multiprocessors the decode split aims to fill (an H100 SXM has 132).
+const SMS: usize = 132;
+/// Blocks per SM the decode split aims for.
+const BLOCKS_PER_SM: usize = 2;
+/// Fewest keys per decode block when the keys are split.
+const MIN_CHUNK: usize = 128;
+/// Most chunks of one row's keys.
+const MAX_SPLIT: usize = 64;
+
+// The prefill kernel turns pairs of 8-key score tiles into the 16-wide A operand of P.V,
+// and its blocks are whole warps of 16 query rows.
+const _: () = assert!(FATTN_MMA_KEYS % 16 == 0 && FATTN_MMA_ROWS % 16 == 0);
+const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
+
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
+pub(crate) fn lower(
+    p: &FlashAttnParams,
+    src: &[Operand],
+    dst: &Operand,
+    lw: &mut Lowering,
+) -> Result<Vec<DevOp>, String> {
+    let (q, kt, vt, mask) = (&src[0], &src[1], &src[2], src.get(3));
+    let d = check(q, kt, vt, dst)?;
+    let (n_q, n_head, batch) = (q.ne[1], q.ne[2], q.ne[3]);
+    let (n_kv, n_head_kv) = (kt.ne[1], kt.ne[2]);
+    let slopes: Vec<u8> = (0..n_head)
+        .flat_map(|h| p.slope(h, n_head).to_ne_bytes())
+        .collect();
+    let mut args = FattnArgs {
+        q: lw.t4(q),
+        k: lw.t4(kt),
+        v: lw.t4(vt),
+        mask: mask.map(|m| lw.t4(m)).unwrap_or_default(),
+        dst: lw.t4(dst),
+        part: 0,
+        slopes: lw.push_consts(&slopes),
+        scale: p.scale,
+        softcap: p.softcap,
+        mask_f16: i32::from(mask.is_some_and(|m| m.dtype == DType::F16)),
+        kv_vec: i32::from(vector_rows(lw, kt) && vector_rows(lw, vt)),
+        group: (n_head / n_head_kv) as i64,
+        split: 1,
+        chunk: n_kv as i64,
+    };
+    if n_q > DECODE_MAX_QUERIES {
+        let rows = if d > 128 {
+            FATTN_MMA_ROWS_D256
+        } else {
+            FATTN_MMA_ROWS
+        } as usize;
+        let grid = (n_q.div_ceil(rows) as u32, n_head as u32, batch as u32);
+        let kernel = family(d, true)?.get([kt.dtype])?;
+        let block = ((rows / 16 * WARP) as u32, 1, 1);
+        return Ok(vec![DevOp::kernel(kernel, grid, block, &args)]);
+    }
+    let row_blocks = (n_q * n_head / n_head_kv).div_ceil(FATTN_VEC_ROWS as usize);
+    if batch * row_blocks > MAX_GRID_YZ {
+        return Err(format!(
+            "flash_attn_ext: {batch} batches x {row_blocks} row blocks exceed the grid"
+        ));
+    }
+    let (split, chunk) = decode_split(n_kv, n_head_kv * batch * row_blocks);
+    args.split = split as i64;
+    args.chunk = chunk as i64;
+    let kernel = family(d, false)?.get([kt.dtype])?;
+    let block = ((FATTN_VEC_WARPS as usize * WARP) as u32, 1, 1);
+    let grid = (split as u32, n_head_kv as u32, (batch * row_blocks) as u32);
+    if split == 1 {
+        return Ok(vec![DevOp::kernel(kernel, grid, block, &args)]);
+    }
+    let rows = n_head * n_q * batch;
+    let mut offset = 0;
+    args.part = lw.reserve_scratch(&mut offset, rows * split * (d + 2) * 4);
+    Ok(vec![
+        DevOp::kernel(kernel, grid, block, &args),
+        DevOp::kernel(
+            k::FATTN_COMBINE,
+            row_grid(rows)?,
+            (FATTN_COMBINE_THREADS as u32, 1, 1),
+            &args,
+        ),
+    ])
+}
+
+/// Checks what the kernels assume beyond the builder's checks; returns the head dim.
+fn check(q: &Operand, kt: &Operand, vt: &Operand, dst: &Operand) -> Result<usize, String> {
+    let d = q.ne[0];
+    if vt.ne[0] != d {
+        return Err(format!(
+            "flash_attn_ext: value rows of {} differ from the head dim {d}",
+            vt.ne[0]
+        ));
+    }
+    if kt.dtype != vt.dtype {
+        return Err(format!(
+            "flash_attn_ext: K {} and V {} must have one dtype",
+            kt.dtype, vt.dtype
+        ));
+    }
+    if kt.dtype.quant().is_some() && d % 32 != 0 {
+        return Err(format!(
+            "flash_attn_ext: a {} cache needs whole blocks per row, not {d}",
+            kt.dtype
+        ));
+    }
+    for (name, t) in [("K", kt), ("V", vt)] {
+        if t.nb[0] != t.dtype.block_bytes() {
+            return Err(format!(
+                "flash_attn_ext: {name} rows must be dense (nb0 {} for {})",
+                t.nb[0], t.dtype
+            ));
+        }
+    }
+    if dst.ne[1] > MAX_GRID_YZ || kt.ne[2] > MAX_GRID_YZ || q.ne[3] > MAX_GRID_YZ {
+        return Err("flash_attn_ext: too many heads or batches for the grid".into());
+    }
+    Ok(d)
+}
+
+/// The kernel family of head dim `d`: prefill (`mma`) or decode.
+fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
+    let set = match (d, mma) {
+        (64, false) => by::FATTN_VEC_D64,
+        (80, false) => by::FATTN_VEC_D80,
+        (96, false) => by::FATTN_VEC_D96,
+        (112, false) => by::FATTN_VEC_D112,
+        (128, false) => by::FATTN_VEC_D128,
+        (256, false) => by::FATTN_VEC_D256,
+        (64, true) => by::FATTN_MMA_D64,
+        (80, true) => by::FATTN_MMA_D80,
+        (96, true) => by::FATTN_MMA_D96,
+        (112, true) => by::FATTN_MMA_D112,
+        (128, true) => by::FATTN_MMA_D128,
+        (256, true) => by::FATTN_MMA_D256,
+        (d, _) => {
+            return Err(format!(
+                "flash_attn_ext: no kernel for head dim {d} (64, 80, 96, 112, 128, 256)"
+            ))
+        }
+    };
+    Ok(set)
+}
+
+/// Whether every row of `t` starts 16-byte aligned (the kernels' vector loads).
+fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
+    lw.addr(t) % 16 == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] % 16 == 0)
+}
+
+/// Chunks and keys per chunk of the decode kernel: enough chunks that `blocks` blocks per
+/// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys.
+pub(crate) fn decode_split(n_kv: usize, blocks: usize) -> (usize, usize) {
+    let want = (SMS * BLOCKS_PER_SM).div_ceil(blocks.max(1));
+    let split = want.min(n_kv.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT);
+    let chunk = n_kv.div_ceil(split).max(1);
+    (n_kv.div_ceil(chunk).max(1), chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_split;
+
+    #[test]
+    fn decode_split_fills_the_gpu_with_whole_chunks() {
+        // Llama-2-7B decode: 32 KV heads, 4096 keys.
+        let (split, chunk) = decode_split(4096, 32);
+        assert_eq!((split, chunk), (9, 456));
+        assert!(split * chunk >= 4096 && (split - 1) * chunk < 4096);
+        assert_eq!(decode_split(1, 1), (1, 1));
+        assert_eq!(decode_split(100, 1), (1, 100));
+        let (s, c) = decode_split(1999, 8);
+        assert!(s * c >= 1999 && (s - 1) * c < 1999 && c >= 128);
+    }
+}

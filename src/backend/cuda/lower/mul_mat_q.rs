@@ -1,0 +1,188 @@
+//! mul_mat with block-quantized weights (`a` of a [`QType`](crate::quant::QType), dense
+//! blocks along dim 0 at any row stride) and F32 activations `b`, F32 dense result.
+//!
+//! 1. Decode (`b` has 1..=8 columns, no batches): one launch per product, one warp per
+//!    weight row, every column of `b` against each weight read once
+//!    (`cuda/mul_mat_q.cu`), in one of two ways chosen by [`Lowering::mmvq`]
+//!    (`GRAFT_CUDA_MMVQ`):
+//!    - `quantize_q8_1_f32` writes `b` as Q8_1 blocks into the plan's scratch, then
+//!      `mul_mat_vec_q_c<NC>_<q>` takes integer dot products with `__dp4a` (default);
+//!    - `mul_mat_vec_dq_c<NC>_<q>` dequantizes the weights in registers and dots them with
+//!      the F32 activations.
+//!
+//!    `NC` is the smallest of 1, 2, 4, 8 that holds the columns. A following residual add
+//!    can be fused into the launch (see [`super::super::fuse`]).
+//! 2. Everything else (prefill, batches): `cpy_<q>_f16` dequantizes the weights into
+//!    scratch as F16 rows padded to 16 bytes, then the cuBLAS path of
+//!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
+//!    The scratch is part of the loaded plan, so both stay inside a captured graph.
+
+use super::cpy::copy_to;
+use super::mul_mat::{lower_gemm, padded, Gemv};
+use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, GEMV_WARPS};
+use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ};
+use crate::graph::{DType, Operand};
+use crate::quant::QType;
+
+/// Most activation columns of the decode kernels.
+pub(crate) const MAX_DECODE_COLS: usize = 8;
+/// Rows (one per warp) per thread block of the decode kernels.
+const ROWS: usize = GEMV_WARPS as usize;
+/// Bytes of a Q8_1 block (the quantized activations).
+const Q8_1_BYTES: usize = 36;
+
+/// Lowers `dst = a b` with block-quantized `a` of type `q`.
+pub(crate) fn lower(
+    q: QType,
+    a: &Operand,
+    b: &Operand,
+    dst: &Operand,
+    lw: &mut Lowering,
+) -> Result<Vec<DevOp>, String> {
+    if b.dtype != DType::F32 {
+        return Err(format!(
+            "mul_mat of {q} weights needs F32 activations, got {}",
+            b.dtype
+        ));
+    }
+    if dst.dtype != DType::F32 || !dst.is_contiguous() {
+        return Err("mul_mat needs a dense F32 result".into());
+    }
+    if !a.rows_contiguous() {
+        return Err(format!(
+            "mul_mat of {q} weights needs dense blocks along dim 0, got strides {:?}",
+            a.nb
+        ));
+    }
+    let (kk, a2, a3) = (a.ne[0], a.ne[2], a.ne[3]);
+    if b.ne[0] != kk || b.ne[2] % a2 != 0 || b.ne[3] % a3 != 0 {
+        return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
+    }
+    if let Some(ops) = gemv(a, b, dst, Gemv::default(), lw) {
+        return ops;
+    }
+    // Prefill: F16 copy of the weights in scratch, then cuBLAS.
+    let dense = padded(a, DType::F16);
+    let mut offset = 0usize;
+    let addr = lw.reserve_scratch(&mut offset, dense.nbytes());
+    let ops = vec![copy_to(lw, a, &dense, addr)?];
+    lower_gemm(&dense, addr, b, dst, lw, offset, ops)
+}
+
+/// The decode kernel set for `ncols` columns on the chosen path.
+fn kernel_set(mmvq: bool, ncols: usize) -> KernelSet<1> {
+    match (mmvq, ncols) {
+        (true, 1) => by::MUL_MAT_VEC_Q_C1,
+        (true, 2) => by::MUL_MAT_VEC_Q_C2,
+        (true, 3 | 4) => by::MUL_MAT_VEC_Q_C4,
+        (true, _) => by::MUL_MAT_VEC_Q_C8,
+        (false, 1) => by::MUL_MAT_VEC_DQ_C1,
+        (false, 2) => by::MUL_MAT_VEC_DQ_C2,
+        (false, 3 | 4) => by::MUL_MAT_VEC_DQ_C4,
+        (false, _) => by::MUL_MAT_VEC_DQ_C8,
+    }
+}
+
+/// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
+/// `extra.dst`), plus `extra.add`, or None when the product is not a decode product:
+/// 1..=8 columns of `b` with dense elements, no batches, a type with decode kernels.
+pub(crate) fn gemv(
+    a: &Operand,
+    b: &Operand,
+    dst: &Operand,
+    extra: Gemv,
+    lw: &mut Lowering,
+) -> Option<Result<Vec<DevOp>, String>> {
+    let q = a.dtype.quant()?;
+    let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
+    if !((1..=MAX_DECODE_COLS).contains(&n)
+        && kk < i32::MAX as usize
+        && kk % q.block_size() == 0
+        && b.dtype == DType::F32
+        && b.ne[0] == kk
+        && b.rows_contiguous()
+        && a.rows_contiguous()
+        && single(a)
+        && single(b))
+    {
+        return None;
+    }
+    // Types without decode kernels (Q8_1 weights) take the prefill path.
+    let kernel = kernel_set(lw.mmvq, n).get([a.dtype]).ok()?;
+    let a_addr = lw.addr(a);
+    let mut args = QGemvArgs {
+        a: a_addr,
+        b: lw.addr(b),
+        dst: lw.addr(extra.dst.unwrap_or(dst)),
+        add: extra.add.map_or(0, |r| lw.addr(r)),
+        k: kk as i64,
+        m: m as i64,
+        ncols: n as i64,
+        a_nb1: a.nb[1] as i64,
+        b_nb1: b.nb[1] as i64,
+        vec: 0,
+        prefetch: i64::from(lw.read_only(a)),
+    };
+    let mut ops = Vec::with_capacity(2);
+    if lw.mmvq {
+        let (addr, op) = match quantize_q8_1(b, lw) {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e)),
+        };
+        ops.push(op);
+        args.b = addr;
+        args.b_nb1 = (kk / 32 * Q8_1_BYTES) as i64;
+    } else {
+        let b_addr = lw.addr(b);
+        args.vec = i64::from(b_addr % 16 == 0 && (n == 1 || b.nb[1] % 16 == 0));
+    }
+    Some(row_grid(m.div_ceil(ROWS)).map(|grid| {
+        ops.push(DevOp::kernel(
+            kernel,
+            grid,
+            ((ROWS * 32) as u32, 1, 1),
+            &args,
+        ));
+        ops
+    }))
+}
+
+/// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (dense Q8_1 rows):
+/// the scratch address and the launch.
+fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
+    let (kk, n) = (b.ne[0], b.ne[1]);
+    let row = kk / 32 * Q8_1_BYTES;
+    let mut offset = 0usize;
+    let addr = lw.reserve_scratch(&mut offset, row * n);
+    let args = CpyArgs {
+        src: lw.t4(b),
+        dst: Tensor4 {
+            data: addr,
+            ne: [kk as i64, n as i64, 1, 1],
+            nb: [
+                Q8_1_BYTES as i64,
+                row as i64,
+                (row * n) as i64,
+                (row * n) as i64,
+            ],
+        },
+        n: 0,
+        mode: 0,
+    };
+    let grid = (
+        u32::try_from((kk / 32).div_ceil(ROWS)).map_err(|_| format!("{kk} elements per row"))?,
+        n.min(MAX_GRID_YZ) as u32,
+        1,
+    );
+    Ok((
+        addr,
+        DevOp::kernel(
+            k::QUANTIZE_Q8_1_F32,
+            grid,
+            ((ROWS * 32) as u32, 1, 1),
+            &args,
+        ),
+    ))
+}

@@ -1,0 +1,349 @@
+//! The flash_attn_ext cases shared by `tests/attention.rs` (the CPU backend against an
+//! f64 oracle) and `tests/ops_cuda.rs` (CUDA against the CPU on the same inputs): the
+//! case strategy (head dims from the kernels' list, query and key counts that are not
+//! multiples of any tile, GQA ratios 1, 2, 4, 8, causal and arbitrary masks with fully
+//! masked rows, F32 or F16 masks with padding rows, softcapping and ALiBi on and off, K/V
+//! as views into a larger cache at an offset, F32/F16/BF16/Q8_0/Q4_0 K/V), the oracle,
+//! and [`run`], which runs a case on any backend with the arena poisoned by
+//! [`SENTINEL`] and guard bytes after every block, and checks the sentinels after.
+
+use graft::backend::{Backend, BackendExt};
+use graft::graph::{BufferRef, DType, FlashAttnParams, Graph, PlanOptions};
+use graft::quant::{dequantize_row, quantize_row};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::case::{arena_violation, decode_value, encode_value, SENTINEL};
+use super::GUARD_BYTES;
+
+/// Head sizes the kernels are written for.
+pub const HEAD_DIMS: [usize; 6] = [64, 80, 96, 112, 128, 256];
+
+/// One drawn case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub d: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub n_head_kv: usize,
+    pub group: usize,
+    pub batch: usize,
+    /// Keys of the cache the K/V views live in (>= n_kv), and the first key viewed.
+    pub ctx: usize,
+    pub first: usize,
+    pub kv: DType,
+    pub mask: MaskKind,
+    /// The mask is F16 (else F32).
+    pub mask_f16: bool,
+    /// Mask rows beyond n_q (ggml pads the mask's rows).
+    pub mask_pad: usize,
+    pub p: FlashAttnParams,
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MaskKind {
+    None,
+    /// Query `i` sees keys `0..=n_kv - n_q + i`.
+    Causal,
+    /// Random entries of -inf (some rows entirely) and small biases.
+    Arbitrary,
+}
+
+/// Values of `n` elements of `dt` as the backend stores them, and as f64 after the
+/// rounding or quantization (what the oracle multiplies). Rows of `row` elements.
+fn kv_values(rng: &mut StdRng, dt: DType, n: usize, row: usize) -> (Vec<u8>, Vec<f64>) {
+    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    match dt.quant() {
+        Some(q) => {
+            let rb = dt.row_bytes(row);
+            let mut bytes = vec![0u8; n / row * rb];
+            let mut back = vec![0f32; n];
+            for (r, (xr, br)) in x.chunks(row).zip(bytes.chunks_mut(rb)).enumerate() {
+                quantize_row(q, xr, br).unwrap();
+                dequantize_row(q, br, &mut back[r * row..(r + 1) * row]).unwrap();
+            }
+            (bytes, back.iter().map(|&v| v as f64).collect())
+        }
+        None => {
+            let bytes: Vec<u8> = x.iter().flat_map(|&v| encode_value(dt, v)).collect();
+            let vals = bytes
+                .chunks(dt.block_bytes())
+                .map(|c| decode_value(dt, c))
+                .collect();
+            (bytes, vals)
+        }
+    }
+}
+
+/// The mask [n_kv, n_q] of a case (F32 values; -inf hides a key).
+fn mask_values(c: &Case, rng: &mut StdRng) -> Vec<f32> {
+    let mut m = vec![0f32; c.n_kv * c.n_q];
+    for i in 0..c.n_q {
+        let fully_masked = c.mask == MaskKind::Arbitrary && rng.random_bool(0.1);
+        for j in 0..c.n_kv {
+            m[i * c.n_kv + j] = match c.mask {
+                MaskKind::None => 0.0,
+                MaskKind::Causal if j + c.n_q > c.n_kv + i => f32::NEG_INFINITY,
+                MaskKind::Causal => 0.0,
+                MaskKind::Arbitrary if fully_masked || rng.random_bool(0.3) => f32::NEG_INFINITY,
+                MaskKind::Arbitrary => rng.random_range(-2.0..2.0),
+            };
+        }
+    }
+    if c.mask_f16 {
+        // The oracle multiplies the values the backends read.
+        m.iter_mut()
+            .for_each(|x| *x = decode_value(DType::F16, &encode_value(DType::F16, *x)) as f32);
+    }
+    m
+}
+
+/// The f64 oracle: result [d, n_head, n_q, batch].
+fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
+    let n_head = c.n_head_kv * c.group;
+    let mut out = vec![0f64; c.d * n_head * c.n_q * c.batch];
+    for b in 0..c.batch {
+        for h in 0..n_head {
+            let hk = h / c.group;
+            let slope = c.p.slope(h, n_head) as f64;
+            for i in 0..c.n_q {
+                let qrow = &q[((b * n_head + h) * c.n_q + i) * c.d..][..c.d];
+                let scores: Vec<f64> = (0..c.n_kv)
+                    .map(|j| {
+                        let key = &k[((b * c.n_head_kv + hk) * c.ctx + c.first + j) * c.d..][..c.d];
+                        let mut s = c.p.scale as f64
+                            * qrow.iter().zip(key).map(|(x, y)| x * y).sum::<f64>();
+                        if c.p.softcap > 0.0 {
+                            let cap = c.p.softcap as f64;
+                            s = cap * (s / cap).tanh();
+                        }
+                        match c.mask {
+                            MaskKind::None => s,
+                            MaskKind::Causal | MaskKind::Arbitrary => {
+                                s + slope * mask[i * c.n_kv + j] as f64
+                            }
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let o = &mut out[((b * c.n_q + i) * n_head + h) * c.d..][..c.d];
+                if max == f64::NEG_INFINITY {
+                    continue;
+                }
+                let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                for (j, wj) in w.iter().enumerate() {
+                    let val = &v[((b * c.n_head_kv + hk) * c.ctx + c.first + j) * c.d..][..c.d];
+                    for (a, x) in o.iter_mut().zip(val) {
+                        *a += wj / sum * x;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What one backend made of a case.
+pub struct Ran {
+    /// The result [d, n_head, n_q, batch].
+    pub got: Vec<f32>,
+    /// The f64 oracle's result.
+    pub want: Vec<f64>,
+}
+
+/// Runs a case on `be` twice (a backend may replay a captured graph the second time),
+/// the arena poisoned with [`SENTINEL`] before each run, with guard bytes after every
+/// arena block; fails when a byte outside every tensor changed or an output element
+/// still holds the sentinel (a row no kernel wrote).
+pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
+    let mut rng = StdRng::seed_from_u64(c.seed);
+    let n_head = c.n_head_kv * c.group;
+    let q: Vec<f32> = (0..c.d * c.n_q * n_head * c.batch)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let cache = c.d * c.ctx * c.n_head_kv * c.batch;
+    let (kb, kf) = kv_values(&mut rng, c.kv, cache, c.d);
+    let (vb, vf) = kv_values(&mut rng, c.kv, cache, c.d);
+    let mask = mask_values(c, &mut rng);
+    let mut g = Graph::new();
+    let mut buffers = Vec::new();
+    let e = |e: graft::Error| e.to_string();
+    let mut view = |g: &mut Graph, be: &mut dyn Backend, name: &str, bytes: &[u8]| {
+        let buf = be.alloc_buffer(bytes.len()).map_err(e)?;
+        buffers.push(buf);
+        be.write_buffer(buf, 0, bytes).map_err(e)?;
+        let r = BufferRef {
+            buffer: buf,
+            offset: 0,
+        };
+        let whole = g
+            .weight(name, c.kv, &[c.d, c.ctx, c.n_head_kv, c.batch], r)
+            .map_err(e)?;
+        let nb1 = c.kv.row_bytes(c.d);
+        let t = g.tensor(whole).nb;
+        g.view_4d(
+            whole,
+            [c.d, c.n_kv, c.n_head_kv, c.batch],
+            nb1,
+            t[2],
+            t[3],
+            c.first * nb1,
+        )
+        .map_err(e)
+    };
+    let result = (|| {
+        let k = view(&mut g, be, "k", &kb)?;
+        let v = view(&mut g, be, "v", &vb)?;
+        let qi = g
+            .input("q", DType::F32, &[c.d, c.n_q, n_head, c.batch])
+            .map_err(e)?;
+        let mask_dt = if c.mask_f16 { DType::F16 } else { DType::F32 };
+        let rows = c.n_q + c.mask_pad;
+        let mi = match c.mask {
+            MaskKind::None => None,
+            MaskKind::Causal | MaskKind::Arbitrary => {
+                Some(g.input("mask", mask_dt, &[c.n_kv, rows]).map_err(e)?)
+            }
+        };
+        let y = g.flash_attn_ext(qi, k, v, mi, c.p).map_err(e)?;
+        let plan = g
+            .plan_with(
+                &[y],
+                &PlanOptions {
+                    guard_bytes: GUARD_BYTES,
+                },
+            )
+            .map_err(e)?;
+        let exec = be.load(&plan).map_err(e)?;
+        let n_out = c.d * n_head * c.n_q * c.batch;
+        let ran = (|| {
+            for _ in 0..2 {
+                be.fill_arena(exec, SENTINEL)?;
+                be.set_input_f32(exec, qi, &q)?;
+                if let Some(m) = mi {
+                    // The padding rows are all -inf: no kernel may read them.
+                    let mut padded = mask.clone();
+                    padded.resize(c.n_kv * rows, f32::NEG_INFINITY);
+                    let bytes: Vec<u8> = padded
+                        .iter()
+                        .flat_map(|&x| encode_value(mask_dt, x))
+                        .collect();
+                    be.set_input(exec, m, &bytes)?;
+                }
+                be.compute(exec)?;
+            }
+            let got = be.get_output_f32(exec, y, n_out)?;
+            let arena = be.read_arena(exec)?;
+            Ok::<_, graft::Error>((got, arena))
+        })();
+        let unloaded = be.unload(exec);
+        let (got, arena) = ran.map_err(e)?;
+        unloaded.map_err(e)?;
+        if let Some(v) = arena_violation(&plan, &g, &arena) {
+            return Err(format!("sentinel overwritten: {v}"));
+        }
+        let poison = f32::from_ne_bytes([SENTINEL; 4]);
+        if let Some(i) = got.iter().position(|x| x.to_bits() == poison.to_bits()) {
+            return Err(format!("output element {i} was never written"));
+        }
+        let qf: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+        Ok(Ran {
+            got,
+            want: oracle(c, &qf, &kf, &vf, &mask),
+        })
+    })();
+    for buf in buffers {
+        be.free_buffer(buf).map_err(e)?;
+    }
+    result
+}
+
+pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
+    let err: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|w| w * w).sum();
+    if norm == 0.0 {
+        err
+    } else {
+        err / norm
+    }
+}
+
+pub fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(HEAD_DIMS.to_vec()),
+        // Half the cases in the decode range of the CUDA lowering.
+        prop_oneof![1usize..9, 9usize..300],
+        1usize..2000,
+        1usize..3,
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        1usize..3,
+        (0usize..40, 0usize..40),
+        prop::sample::select(vec![
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ]),
+        prop::sample::select(vec![MaskKind::None, MaskKind::Causal, MaskKind::Arbitrary]),
+        (prop::bool::ANY, prop::bool::ANY),
+        (any::<u64>(), prop::bool::ANY, 0usize..4),
+    )
+        .prop_map(
+            |(
+                d,
+                n_q,
+                n_kv,
+                n_head_kv,
+                group,
+                batch,
+                (extra, first),
+                kv,
+                mask,
+                (cap, alibi),
+                (seed, mask_f16, mask_pad),
+            )| {
+                // Keep each case to a few million multiply-adds: shrink n_q and n_kv together.
+                let work = d * n_head_kv * group * batch;
+                let n_kv = n_kv.min(4_000_000 / (work * n_q.min(64)).max(1)).max(1);
+                let n_q = n_q.min(4_000_000 / (work * n_kv).max(1)).max(1);
+                // The quantized caches need whole 32-element blocks per row.
+                let kv = if kv.quant().is_some() && d % 32 != 0 {
+                    DType::F16
+                } else {
+                    kv
+                };
+                Case {
+                    d,
+                    n_q,
+                    n_kv,
+                    n_head_kv,
+                    group,
+                    batch,
+                    ctx: n_kv + first + extra,
+                    first,
+                    kv,
+                    mask,
+                    mask_f16,
+                    mask_pad,
+                    p: FlashAttnParams {
+                        scale: 1.0 / (d as f32).sqrt(),
+                        max_bias: if alibi && mask != MaskKind::None {
+                            8.0
+                        } else {
+                            0.0
+                        },
+                        softcap: if cap { 2.5 } else { 0.0 },
+                    },
+                    seed,
+                }
+            },
+        )
+}
