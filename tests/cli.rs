@@ -473,9 +473,12 @@ fn errors_are_clear_and_never_panic() {
         &["without CUDA support"],
     );
     // Usage errors are clap's: exit status 2 with a usage message.
-    let o = graft(&["generate", "--prompt", "x"]);
+    // (Without --model, generate uses the default model: a missing prompt is the error.)
+    let o = graft(&["generate", "--model", d]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--model"));
+    assert!(stderr(&o).contains("--prompt"));
+    let o = graft(&["generate", "--model", d, "--token-ids", "1", "--chat"]);
+    assert_eq!(o.status.code(), Some(2));
     let o = graft(&["generate", "--model", d, "--token-ids", "1,x"]);
     assert_eq!(o.status.code(), Some(2));
 }

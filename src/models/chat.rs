@@ -110,6 +110,11 @@ impl ChatTemplate {
         )
     }
 
+    /// The text the template sees as `bos_token`.
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
     /// The prompt text of `messages`; with `add_generation_prompt` it ends where the
     /// assistant's reply starts.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {

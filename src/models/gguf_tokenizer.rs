@@ -1,6 +1,6 @@
-//! Tokenizers described by GGUF metadata (the `tokenizer.ggml.*` keys llama.cpp writes),
-//! independent of any file reader: whoever reads a GGUF file fills a [`TokenizerSpec`] and
-//! calls [`TokenizerSpec::build`].
+//! Tokenizers described by GGUF metadata (the `tokenizer.ggml.*` keys llama.cpp writes):
+//! [`TokenizerSpec::from_gguf`] reads the keys of a GGUF file's metadata (a spec can also
+//! be filled by hand or from JSON), [`TokenizerSpec::build`] makes the tokenizer.
 //!
 //! Two kinds of `tokenizer.ggml.model` are supported, both built on the `tokenizers` crate:
 //!
@@ -45,6 +45,7 @@ use tokenizers::{
 
 use super::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
+use crate::gguf::{Array, Metadata};
 
 /// The GGUF keys a [`TokenizerSpec`] mirrors, for error messages.
 mod key {
@@ -60,6 +61,10 @@ mod key {
     pub const EOM: &str = "tokenizer.ggml.eom_token_id";
     pub const UNK: &str = "tokenizer.ggml.unknown_token_id";
     pub const PAD: &str = "tokenizer.ggml.padding_token_id";
+    pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+    pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+    pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
+    pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 }
 
 /// Tokenizer metadata as llama.cpp stores it in a GGUF file (`tokenizer.ggml.*` and
@@ -259,6 +264,35 @@ impl PreKind {
 }
 
 impl TokenizerSpec {
+    /// Reads llama.cpp's tokenizer keys from GGUF metadata. `tokenizer.ggml.model` and
+    /// `tokenizer.ggml.tokens` are required; every other key is optional. A key of the
+    /// wrong type (a string where an id belongs, scores that are not `f32`, ...) is an
+    /// error naming the key. Nothing is checked against the token list here: that is
+    /// [`build`](Self::build)'s job.
+    pub fn from_gguf(md: &Metadata) -> Result<TokenizerSpec> {
+        let opt_str = |k: &str| optional(md, k, Metadata::get_str).map(|v| v.map(String::from));
+        let opt_id = |k: &str| optional(md, k, Metadata::get_u32);
+        let opt_bool = |k: &str| optional(md, k, Metadata::get_bool);
+        Ok(TokenizerSpec {
+            model: md.get_str(key::MODEL)?.to_string(),
+            pre: opt_str(key::PRE)?,
+            tokens: md.get_array_str(key::TOKENS)?.to_vec(),
+            scores: optional(md, key::SCORES, Metadata::get_array_f32)?.map(<[f32]>::to_vec),
+            token_types: token_types(md, key::TOKEN_TYPE)?,
+            merges: optional(md, key::MERGES, Metadata::get_array_str)?.map(<[String]>::to_vec),
+            bos: opt_id(key::BOS)?,
+            eos: opt_id(key::EOS)?,
+            eot: opt_id(key::EOT)?,
+            eom: opt_id(key::EOM)?,
+            unk: opt_id(key::UNK)?,
+            pad: opt_id(key::PAD)?,
+            add_bos: opt_bool(key::ADD_BOS)?,
+            add_eos: opt_bool(key::ADD_EOS)?,
+            add_space_prefix: opt_bool(key::ADD_SPACE_PREFIX)?,
+            chat_template: opt_str(key::CHAT_TEMPLATE)?,
+        })
+    }
+
     /// Builds the tokenizer, checking every id, length and merge against the token list.
     pub fn build(&self) -> Result<Tokenizer> {
         let kind = match self.model.as_str() {
@@ -623,6 +657,56 @@ impl TokenizerSpec {
         })?;
         Ok(Some((text.to_string(), id)))
     }
+}
+
+/// The value of an optional key read by `get`: `None` when absent, an error when present
+/// with the wrong type.
+fn optional<'m, T>(
+    md: &'m Metadata,
+    k: &str,
+    get: impl Fn(&'m Metadata, &str) -> Result<T>,
+) -> Result<Option<T>> {
+    if md.contains_key(k) {
+        get(md, k).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// `tokenizer.ggml.token_type`: `i32` as llama.cpp writes it; other integer arrays
+/// (some converters write `u32` or `i8`) are accepted when every value fits `i32`.
+fn token_types(md: &Metadata, k: &str) -> Result<Option<Vec<i32>>> {
+    if !md.contains_key(k) {
+        return Ok(None);
+    }
+    let bad = |found: String| Error::GgufInput {
+        field: format!("metadata key '{k}'"),
+        msg: format!("expected an array of i32 token types, found {found}"),
+    };
+    fn narrow<T: Copy + Into<i128>>(v: &[T], bad: impl Fn(String) -> Error) -> Result<Vec<i32>> {
+        v.iter()
+            .map(|&x| {
+                let x: i128 = x.into();
+                i32::try_from(x).map_err(|_| bad(format!("the value {x}")))
+            })
+            .collect()
+    }
+    let types = match md.get_array(k)? {
+        Array::I32(v) => v.clone(),
+        Array::U8(v) => narrow(v, bad)?,
+        Array::I8(v) => narrow(v, bad)?,
+        Array::U16(v) => narrow(v, bad)?,
+        Array::I16(v) => narrow(v, bad)?,
+        Array::U32(v) => narrow(v, bad)?,
+        Array::U64(v) => narrow(v, bad)?,
+        Array::I64(v) => narrow(v, bad)?,
+        other @ (Array::F32(_)
+        | Array::Bool(_)
+        | Array::String(_)
+        | Array::Array(_)
+        | Array::F64(_)) => return Err(bad(format!("an array of {}", other.element_type()))),
+    };
+    Ok(Some(types))
 }
 
 struct AddedTokens {

@@ -15,9 +15,12 @@
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
 //! - [`gguf_tokenizer`]: tokenizers from GGUF metadata (`tokenizer.ggml.*`);
 //! - [`chat`]: chat templates (Jinja) rendered into prompts;
-//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny).
+//! - [`chat_session`]: the multi-turn chat loop over the KV cache (`graft chat`);
+//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, tiny);
+//! - [`pull`]: the default model (SmolLM2-135M-Instruct Q4_1) and its cache.
 
 pub mod chat;
+pub mod chat_session;
 pub mod config;
 pub mod convert;
 pub mod gguf_model;
@@ -27,6 +30,7 @@ pub mod llama;
 pub mod loader;
 pub mod output;
 pub mod presets;
+pub mod pull;
 pub mod quant_plan;
 pub mod rows;
 pub mod sampler;

@@ -6,6 +6,10 @@
 //! adds, holding back pieces that end inside a UTF-8 sequence (byte-level tokens of a
 //! multi-byte character) until the character is complete, and keeping earlier tokens as
 //! context so word-leading spaces come out right.
+//!
+//! [`for_model`] finds a model's tokenizer and chat template wherever the model keeps
+//! them: the metadata of a `.gguf` file (only the metadata is read, no weights), or a
+//! folder's `tokenizer.json` and `tokenizer_config.json`.
 
 use std::path::Path;
 
@@ -14,8 +18,10 @@ use tokenizers::{
     PreTokenizerWrapper,
 };
 
-use super::gguf_tokenizer::END_OF_TURN_TEXTS;
+use super::chat::ChatTemplate;
+use super::gguf_tokenizer::{TokenizerSpec, END_OF_TURN_TEXTS};
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 
 /// Whether a special token's text marks the end of a text or of a turn.
 fn is_end_of_text(text: &str) -> bool {
@@ -24,6 +30,12 @@ fn is_end_of_text(text: &str) -> bool {
 
 /// File name of a Hugging Face tokenizer inside a model folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// File name of the Hugging Face tokenizer settings (chat template, BOS/EOS texts).
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// The GGUF key that names the tokenizer kind; a file without it has no tokenizer.
+const GGUF_TOKENIZER_KEY: &str = "tokenizer.ggml.model";
 
 /// A tokenizer: from a Hugging Face `tokenizer.json` or from GGUF metadata.
 pub struct Tokenizer {
@@ -102,11 +114,25 @@ impl Tokenizer {
 
     /// Token ids of `text`, with the special tokens (BOS) the tokenizer adds.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, true)
+    }
+
+    /// Token ids of `text`; the special tokens the tokenizer adds around a text (BOS,
+    /// EOS) only when `add_special` (off for text that continues a sequence).
+    pub fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let enc = self
             .inner
-            .encode(text, true)
+            .encode(text, add_special)
             .map_err(|e| self.err("cannot encode", e))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Whether `id` is a special (control) token such as BOS or `<|im_end|>`.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
     }
 
     /// The text of `ids`, without special tokens.
@@ -150,6 +176,118 @@ impl TokenStream<'_> {
             .step(id)
             .map_err(|e| self.tok.err("cannot decode", e))
     }
+}
+
+/// The chat template of a model, not yet compiled: its source (ChatML when `None`) and
+/// the BOS/EOS texts it sees.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateSource {
+    /// The Jinja source; `None` for the built-in ChatML.
+    pub source: Option<String>,
+    /// The text of the BOS token (`bos_token` in the template).
+    pub bos_token: String,
+    /// The text of the EOS token (`eos_token` in the template).
+    pub eos_token: String,
+}
+
+impl TemplateSource {
+    /// Compiles the template.
+    pub fn compile(&self) -> Result<ChatTemplate> {
+        ChatTemplate::new(self.source.as_deref(), &self.bos_token, &self.eos_token)
+    }
+}
+
+/// A model's tokenizer and chat template (see [`for_model`]).
+pub struct ModelTokenizer {
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template (compiled on demand: a model whose template does not parse can
+    /// still be tokenized).
+    pub template: TemplateSource,
+}
+
+/// The tokenizer of the model at `path`: from the GGUF metadata when `path` is a file
+/// (only the metadata is read; a file that is not GGUF is an error), from `tokenizer.json`
+/// when it is a folder, with the chat template of `tokenizer_config.json` (ChatML when it
+/// has none). `None` when the model carries no tokenizer.
+pub fn for_model(path: &Path) -> Result<Option<ModelTokenizer>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        return from_folder(path);
+    }
+    let file = GgufFile::open(path)?;
+    let md = file.metadata();
+    if !md.contains_key(GGUF_TOKENIZER_KEY) {
+        return Ok(None);
+    }
+    let spec = TokenizerSpec::from_gguf(md)?;
+    let tokenizer = spec.build()?;
+    let template = TemplateSource {
+        source: spec.chat_template.clone(),
+        bos_token: spec.bos_text().unwrap_or("").to_string(),
+        eos_token: spec.eos_text().unwrap_or("").to_string(),
+    };
+    Ok(Some(ModelTokenizer {
+        tokenizer,
+        template,
+    }))
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` of a Hugging Face model folder.
+fn from_folder(dir: &Path) -> Result<Option<ModelTokenizer>> {
+    let Some(tokenizer) = Tokenizer::from_dir(dir)? else {
+        return Ok(None);
+    };
+    let config = dir.join(TOKENIZER_CONFIG_FILE);
+    let template = if config.is_file() {
+        template_of_config(&config)?
+    } else {
+        TemplateSource::default()
+    };
+    Ok(Some(ModelTokenizer {
+        tokenizer,
+        template,
+    }))
+}
+
+/// The chat template and BOS/EOS texts of a `tokenizer_config.json`. `chat_template` is
+/// a string or a list of `{"name", "template"}` (the one named `default` is used);
+/// `bos_token`/`eos_token` are strings or `{"content": ...}` objects.
+fn template_of_config(path: &Path) -> Result<TemplateSource> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |what: &str| Error::model(format!("{}: {what}", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(&format!("not valid JSON: {e}")))?;
+    let source = match v.get("chat_template") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(list)) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(name))
+                    .and_then(|t| t.get("template"))
+                    .and_then(|t| t.as_str())
+            };
+            Some(
+                named("default")
+                    .ok_or_else(|| bad("chat_template lists no template named 'default'"))?
+                    .to_string(),
+            )
+        }
+        Some(_) => return Err(bad("chat_template is neither a string nor a list")),
+    };
+    let token = |k: &str| {
+        let t = v.get(k);
+        t.and_then(|t| t.as_str())
+            .or_else(|| t.and_then(|t| t.get("content")).and_then(|c| c.as_str()))
+            .unwrap_or("")
+            .to_string()
+    };
+    Ok(TemplateSource {
+        source,
+        bos_token: token("bos_token"),
+        eos_token: token("eos_token"),
+    })
 }
 
 #[cfg(test)]
@@ -224,5 +362,61 @@ mod tests {
             "{pieces:?}"
         );
         assert_eq!(pieces.last().unwrap().as_deref(), Some("日"));
+    }
+
+    fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("graft-tokcfg-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(TOKENIZER_CONFIG_FILE);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// `chat_template` as a string or as a named list; BOS/EOS as strings or objects.
+    #[test]
+    fn tokenizer_config_templates() {
+        let path = config_file(
+            "str",
+            r#"{"chat_template": "{{ bos_token }}x", "bos_token": "<s>",
+                "eos_token": {"content": "</s>", "special": true}}"#,
+        );
+        let t = template_of_config(&path).unwrap();
+        assert_eq!(t.source.as_deref(), Some("{{ bos_token }}x"));
+        assert_eq!(
+            (t.bos_token.as_str(), t.eos_token.as_str()),
+            ("<s>", "</s>")
+        );
+        assert_eq!(t.compile().unwrap().render(&[], false).unwrap(), "<s>x");
+        let path = config_file(
+            "list",
+            r#"{"chat_template": [{"name": "tool_use", "template": "t"},
+                {"name": "default", "template": "d"}]}"#,
+        );
+        assert_eq!(
+            template_of_config(&path).unwrap().source.as_deref(),
+            Some("d")
+        );
+        let path = config_file("none", "{}");
+        assert_eq!(
+            template_of_config(&path).unwrap(),
+            TemplateSource::default()
+        );
+        let path = config_file("bad", "{\"chat_template\": 3}");
+        assert!(template_of_config(&path).is_err());
+        let path = config_file("json", "{");
+        let e = template_of_config(&path).unwrap_err().to_string();
+        assert!(e.contains(TOKENIZER_CONFIG_FILE), "{e}");
+    }
+
+    /// A folder without tokenizer.json has no tokenizer; one with it gets ChatML.
+    #[test]
+    fn for_model_reads_folders() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama3-tiny-bf16");
+        let found = for_model(&dir).unwrap().unwrap();
+        assert_eq!(found.template, TemplateSource::default());
+        assert_eq!(found.tokenizer.stop_ids(), [1, 2]);
+        let empty = std::env::temp_dir().join(format!("graft-tokcfg-{}-empty", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        assert!(for_model(&empty).unwrap().is_none());
     }
 }

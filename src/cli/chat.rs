@@ -1,0 +1,97 @@
+//! `graft chat`: an interactive conversation on stdin/stdout (see
+//! `graft::models::chat_session`).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use graft::models::chat::ChatTemplate;
+use graft::models::chat_session::{ChatSession, LlamaOn};
+use graft::models::{pull, tokenizer, Sampler, Tokenizer};
+use graft::{Error, Result};
+
+use super::{load_model, make_backend, BackendKind, CacheArgs};
+
+/// Arguments of `graft chat`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A `.gguf` file or a Hugging Face model folder (default: the default model,
+    /// SmolLM2-135M-Instruct Q4_1, pulled into the cache on first use).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A system message that opens the conversation (and survives /reset).
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    n: usize,
+    /// KV-cache positions: the whole conversation must fit (default:
+    /// max_position_embeddings, at most 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    backend: BackendKind,
+    /// No progress bar and no greeting on stderr.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+/// The model path: `--model`, or the default model (pulled first when missing).
+pub fn model_path(model: Option<PathBuf>) -> Result<PathBuf> {
+    match model {
+        Some(p) => Ok(p),
+        None => pull::default_model(),
+    }
+}
+
+/// The tokenizer and compiled chat template of the model at `path`.
+pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
+    let found = tokenizer::for_model(path)?.ok_or_else(|| {
+        Error::model(format!(
+            "{}: chat needs the model's tokenizer (tokenizer.json, or tokenizer.ggml.* metadata)",
+            path.display()
+        ))
+    })?;
+    let template = found.template.compile()?;
+    Ok((found.tokenizer, template))
+}
+
+/// Runs `graft chat`.
+pub fn run(a: Args) -> Result<()> {
+    let path = model_path(a.model)?;
+    let (tok, template) = chat_parts(&path)?;
+    let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    let mut be = make_backend(a.backend)?;
+    let be = be.as_mut();
+    let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
+    let on = LlamaOn {
+        model: &mut model,
+        be,
+    };
+    let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system)?;
+    let stdin = std::io::stdin();
+    if !a.quiet && stdin.is_terminal() {
+        eprintln!(
+            "chatting with {} (context {} tokens). /reset starts a new conversation, /exit or Ctrl-D quits.",
+            path.display(),
+            session.model().model.cache().ctx
+        );
+    }
+    let mut input = stdin.lock();
+    let mut out = std::io::stdout().lock();
+    session.repl(&mut input, &mut out)
+}

@@ -1,0 +1,300 @@
+//! The chat loop ([`ChatSession`]) on the tiny Llama 3 fixture (random weights, no chat
+//! template: ChatML) on the CPU: each turn prefills only the text it adds, the cache
+//! then holds what a whole prefill would, `/reset` and `/exit`, and a full context.
+//! Then `graft generate --chat` and `graft chat` end to end, and the real default model
+//! when it is in the cache.
+
+#[path = "support/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
+use fixtures::fixture;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use graft::backend::cpu::CpuBackend;
+use graft::models::chat::{Continuation, Message};
+use graft::models::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
+use graft::models::{pull, tokenizer, Llama, LoadOptions, Logits, Sampler};
+
+const TINY: &str = "llama3-tiny-bf16";
+
+fn load(ctx: usize, be: &mut CpuBackend) -> Llama {
+    let opts = LoadOptions {
+        ctx: Some(ctx),
+        progress: false,
+        ..LoadOptions::default()
+    };
+    Llama::load(&fixture(TINY), be, &opts).unwrap()
+}
+
+fn session<'a>(
+    model: &'a mut Llama,
+    be: &'a mut CpuBackend,
+    max_tokens: usize,
+    system: Option<&str>,
+) -> ChatSession<LlamaOn<'a>> {
+    let found = tokenizer::for_model(&fixture(TINY)).unwrap().unwrap();
+    let template = found.template.compile().unwrap();
+    let on = LlamaOn { model, be };
+    let system = system.map(String::from);
+    ChatSession::new(
+        on,
+        found.tokenizer,
+        template,
+        Sampler::greedy(),
+        max_tokens,
+        system,
+    )
+    .unwrap()
+}
+
+/// Forward passes a turn ran: the prefill's tokens and one decode step per sampled
+/// token but the last (left pending).
+fn positions(t: &TurnEnd) -> usize {
+    let stopped = usize::from(t.reason == EndReason::Stop);
+    t.prefilled + t.tokens.len() + stopped - 1
+}
+
+/// Turn 2 prefills the pending token and the tokens of the text the template adds, no
+/// more; the cache then gives the same next token as one prefill of everything.
+#[test]
+fn second_turn_prefills_only_the_new_tokens() {
+    let mut be = CpuBackend::new();
+    let mut model = load(256, &mut be);
+    let mut s = session(&mut model, &mut be, 6, None);
+    let mut streamed = String::new();
+    let t1 = s.turn("Hello there!", |p| streamed.push_str(p)).unwrap();
+    assert!(t1.from_scratch);
+    assert_eq!(streamed, t1.reply);
+    let first = s.messages()[..1].to_vec();
+    let template = tokenizer::for_model(&fixture(TINY))
+        .unwrap()
+        .unwrap()
+        .template
+        .compile()
+        .unwrap();
+    let prompt1 = template.render(&first, true).unwrap();
+    let ids1 = s.tokenizer().encode(&prompt1).unwrap();
+    assert_eq!(t1.prefilled, ids1.len());
+    assert_eq!(s.model().model.n_past(), positions(&t1));
+    assert_eq!(s.pending().len(), 1);
+
+    let n_past1 = s.model().model.n_past();
+    let seen1 = s.seen().to_string();
+    let pending1 = s.pending().to_vec();
+    let mut next = s.messages().to_vec();
+    next.push(Message::new("user", "Tell me more."));
+    let Continuation::Suffix(suffix) = template.append(&seen1, &next, true).unwrap() else {
+        panic!("ChatML extends the earlier rendering");
+    };
+    let suffix_ids = s.tokenizer().encode_with(&suffix, false).unwrap();
+    let t2 = s.turn("Tell me more.", |_| {}).unwrap();
+    assert!(!t2.from_scratch);
+    assert_eq!(
+        t2.prefilled,
+        1 + suffix_ids.len(),
+        "pending token + new text"
+    );
+    assert_eq!(s.model().model.n_past(), n_past1 + positions(&t2));
+    assert_eq!(s.messages().len(), 4);
+    let whole = template.render(s.messages(), false).unwrap();
+    assert!(whole.starts_with(s.seen()), "{whole:?}\n{:?}", s.seen());
+    drop(s);
+
+    // The same tokens in one prefill from an empty cache give turn 2's first token: the
+    // reply's tokens that were run, the pending one (the last reply token here, or the
+    // stop token), the new text.
+    let decoded = n_past1 - ids1.len();
+    let mut all = ids1;
+    all.extend(&t1.tokens[..decoded]);
+    all.extend(&pending1);
+    all.extend(&suffix_ids);
+    model.reset();
+    let out = model.prefill(&mut be, &all, Logits::None).unwrap();
+    assert_eq!(out.argmax, t2.tokens[0]);
+}
+
+/// The interactive loop: `/reset` forgets the conversation (the system message stays),
+/// so the same message gets the same reply; unknown commands are said; `/exit` ends
+/// the loop before the rest of the input.
+#[test]
+fn repl_reset_and_exit() {
+    let mut be = CpuBackend::new();
+    let mut model = load(256, &mut be);
+    let mut s = session(&mut model, &mut be, 5, Some("Be brief."));
+    let input = "Hello!\n\n/reset\n/what\nHello!\n/exit\nNever read.\n";
+    let mut out = Vec::new();
+    s.repl(&mut input.as_bytes(), &mut out).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("[new conversation]"), "{out}");
+    assert!(out.contains("[unknown command /what"), "{out}");
+    let replies: Vec<&str> = out
+        .split("> ")
+        .filter(|chunk| chunk.contains("[reply cut"))
+        .collect();
+    assert_eq!(replies.len(), 2, "{out}");
+    assert_eq!(replies[0], replies[1]);
+    let roles: Vec<&str> = s.messages().iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant"]);
+    assert!(!s.seen().contains("Never read."));
+    // End of input ends the loop as /exit does.
+    s.repl(&mut "".as_bytes(), &mut Vec::new()).unwrap();
+}
+
+/// A reply that fills the context is cut and said so; the next message does not fit and
+/// changes nothing; `/reset` makes room again.
+#[test]
+fn full_context_is_reported_and_reset_recovers() {
+    let mut be = CpuBackend::new();
+    let prompt_len = {
+        let found = tokenizer::for_model(&fixture(TINY)).unwrap().unwrap();
+        let t = found.template.compile().unwrap();
+        let text = t.render(&[Message::new("user", "Hi")], true).unwrap();
+        found.tokenizer.encode(&text).unwrap().len()
+    };
+    let ctx = prompt_len + 3;
+    let mut model = load(ctx, &mut be);
+    let mut s = session(&mut model, &mut be, 100, None);
+    let t1 = s.turn("Hi", |_| {}).unwrap();
+    assert_eq!(t1.reason, EndReason::ContextFull);
+    assert_eq!(
+        t1.tokens.len(),
+        4,
+        "tokens sampled until the cache was full"
+    );
+    assert_eq!(s.model().model.n_past(), ctx);
+    let note = s.note(&t1).unwrap();
+    assert!(
+        note.contains("context full") && note.contains("/reset"),
+        "{note}"
+    );
+
+    let before = s.messages().to_vec();
+    let t2 = s.turn("And then?", |_| {}).unwrap();
+    assert_eq!((t2.reason, t2.prefilled), (EndReason::ContextFull, 0));
+    assert_eq!(
+        s.messages(),
+        before,
+        "a turn that does not fit changes nothing"
+    );
+    let note = s.note(&t2).unwrap();
+    assert!(
+        note.contains("does not fit") && note.contains("/reset"),
+        "{note}"
+    );
+
+    let mut out = Vec::new();
+    s.repl(&mut "More?\n/reset\nHi\n".as_bytes(), &mut out)
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(out.matches("context full").count(), 2, "{out}");
+    assert!(out.contains("does not fit"), "{out}");
+    assert_eq!(s.messages().len(), 2, "after /reset the turn ran");
+}
+
+fn graft() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_graft"))
+}
+
+/// `generate --chat` gives the reply of one session turn; `graft chat` reads stdin.
+#[test]
+fn chat_commands_end_to_end() {
+    let mut be = CpuBackend::new();
+    let mut model = load(512, &mut be);
+    let want = session(&mut model, &mut be, 7, None)
+        .turn("What is the capital of France?", |_| {})
+        .unwrap();
+    let dir = fixture(TINY);
+    let model = dir.to_str().unwrap();
+    let o = graft()
+        .args(["generate", "--chat", "--model", model, "-n", "7", "--quiet"])
+        .args(["--prompt", "What is the capital of France?"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap(),
+        format!("{}\n", want.reply)
+    );
+
+    let mut child = graft()
+        .args(["chat", "--model", model, "-n", "7", "--quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"What is the capital of France?\n/reset\n")
+        .unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.starts_with(&format!("> {}\n", want.reply)), "{out:?}");
+    assert!(out.contains("[new conversation]"), "{out}");
+
+    // A prompt larger than the context is an error, not a silent empty reply.
+    let o = graft()
+        .args(["generate", "--chat", "--model", model, "--ctx", "4"])
+        .args(["--prompt", "What is the capital of France?"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not fit the context"), "{err}");
+}
+
+/// The default model answers in English. Skips (saying so) when the model is not in the
+/// cache (`graft pull` puts it there; CI pulls it) or when the loader cannot read it yet.
+#[test]
+fn default_model_answers_the_capital_of_france() {
+    let Ok(dir) = pull::cache_dir() else {
+        eprintln!("skipped: no cache folder");
+        return;
+    };
+    let path = pull::cached_path(&pull::DEFAULT_MODEL, &dir);
+    let stamp_ok = pull::cached(&pull::DEFAULT_MODEL, &dir, &mut |_| {});
+    if !matches!(stamp_ok, Ok(Some(_))) {
+        eprintln!(
+            "skipped: {} is not in the cache (run `cargo run --release -- pull`)",
+            path.display()
+        );
+        return;
+    }
+    let mut be = CpuBackend::new();
+    let opts = LoadOptions {
+        ctx: Some(256),
+        progress: false,
+        ..LoadOptions::default()
+    };
+    let mut model = match Llama::load(&path, &mut be, &opts) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "skipped: this build cannot load {} yet: {e}",
+                path.display()
+            );
+            return;
+        }
+    };
+    let found = tokenizer::for_model(&path).unwrap().unwrap();
+    let template = found.template.compile().unwrap();
+    let on = LlamaOn {
+        model: &mut model,
+        be: &mut be,
+    };
+    let mut s =
+        ChatSession::new(on, found.tokenizer, template, Sampler::greedy(), 32, None).unwrap();
+    let t = s.turn("What is the capital of France?", |_| {}).unwrap();
+    assert!(t.reply.contains("Paris"), "{:?}", t.reply);
+    let t2 = s.turn("And of Germany?", |_| {}).unwrap();
+    assert!(
+        !t2.from_scratch,
+        "the second turn continues the cached conversation"
+    );
+    assert!(!t2.reply.trim().is_empty());
+}
