@@ -557,3 +557,35 @@ fn negative_numbers_and_prompt_files() {
         &["/nonexistent/prompt.txt"],
     );
 }
+
+/// `bench --model` runs a model's own weights (a folder or a GGUF file) instead of a
+/// preset; `--preset` and `--model` exclude each other.
+#[test]
+fn bench_takes_a_model() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    let out = ok(&[
+        "bench", "--model", d, "-p", "4", "-n", "2", "--reps", "1", "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["model"], d);
+    assert_eq!(v["dtype"], "as stored");
+    assert!(v["gen_tokens_per_s"].as_f64().unwrap() > 0.0, "{out}");
+    let q = ok(&[
+        "bench",
+        "--model",
+        d,
+        "--quantize",
+        "q8_0",
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "--reps",
+        "1",
+        "--json",
+    ]);
+    assert!(q.contains("\"dtype\":\"q8_0\""), "{q}");
+    let o = graft(&["bench", "--model", d, "--preset", "tiny"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

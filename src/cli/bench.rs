@@ -20,14 +20,21 @@ use graft::models::{Llama, Logits, QuantPlan};
 use graft::Result;
 
 use super::dump::preset;
-use super::{make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
+use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
 
 /// Arguments of `graft bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, llama2-7b or llama3-8b.
+    /// Model shape: tiny, llama2-7b or llama3-8b (seeded random weights).
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    preset: Option<String>,
+    /// A model file or folder (a `.gguf` file or an HF folder) instead of a preset: its
+    /// own weights, in the types it stores (or `--quantize`d).
     #[arg(long)]
-    preset: String,
+    model: Option<std::path::PathBuf>,
+    /// With --model: quantize its weights while loading.
+    #[arg(long, value_enum, requires = "model")]
+    quantize: Option<DTypeArg>,
     /// Weight dtype, or a quantization mix (block types are quantized on the device from
     /// F32 random values).
     #[arg(long, value_enum, default_value_t = DTypeArg::F16)]
@@ -82,14 +89,30 @@ fn open_backend(
 
 /// Runs `graft bench`.
 pub fn run(a: Args) -> Result<()> {
-    let cfg = preset(&a.preset)?;
     if a.p == 0 || a.n == 0 || a.reps == 0 {
         return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
     }
     let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
     let be = be.as_mut();
-    let dtype = QuantPlan::from(a.dtype);
-    let mut model = Llama::random(cfg.clone(), dtype, a.p + a.n, a.cache.types(), a.seed, be)?;
+    let ctx =
+        a.p.checked_add(a.n)
+            .ok_or_else(|| graft::Error::model("-p + -n overflows"))?;
+    let (mut model, label, dtype) = match (&a.model, &a.preset) {
+        (Some(path), _) => {
+            let m = load_model(path, be, Some(ctx), a.quantize, &a.cache, true)?;
+            let dtype = a.quantize.map_or("as stored".to_string(), |q| {
+                QuantPlan::from(q).name().to_string()
+            });
+            (m, path.display().to_string(), dtype)
+        }
+        (None, Some(name)) => {
+            let plan = QuantPlan::from(a.dtype);
+            let m = Llama::random(preset(name)?, plan, ctx, a.cache.types(), a.seed, be)?;
+            (m, name.clone(), plan.name().to_string())
+        }
+        (None, None) => return Err(graft::Error::model("give --preset or --model")),
+    };
+    let cfg = model.config().clone();
     let mut rng = StdRng::seed_from_u64(a.seed);
     let prompt: Vec<u32> = (0..a.p)
         .map(|_| rng.random_range(0..cfg.vocab_size as u32))
@@ -140,8 +163,8 @@ pub fn run(a: Args) -> Result<()> {
     let roofline = copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
     if a.json {
         let obj = json!({
-            "preset": a.preset,
-            "dtype": dtype.name(),
+            "model": label,
+            "dtype": dtype,
             "backend": be.name(),
             "n_prompt": a.p,
             "n_gen": a.n,
@@ -178,7 +201,7 @@ pub fn run(a: Args) -> Result<()> {
              \x20 generation  {:>10.1} tok/s\n\
              \x20 roofline    {roof}\n\
              \x20 plans       {} prefill, {} decode; {} captures, {} replays, {} eager runs\n",
-            a.preset,
+            label,
             dtype,
             be.name(),
             a.p,
