@@ -85,8 +85,10 @@ pub fn run(a: Args) -> Result<()> {
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
     let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
     let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
-    a.cache.types().check(&cfg)?;
-    let cache = KvCache::layout(&cfg, ctx, a.cache.types(), BufferId::fresh());
+    // The graph the CPU backend would run (the CUDA one differs only in auto attention).
+    let types = a.cache.types("cpu");
+    types.check(&cfg)?;
+    let cache = KvCache::layout(&cfg, ctx, types, BufferId::fresh());
     let mg = if a.decode {
         if a.n_past >= ctx {
             return Err(Error::model(format!(

@@ -134,9 +134,12 @@ impl From<DTypeArg> for QuantPlan {
     }
 }
 
-/// On or off.
+/// Whether attention is the fused op: on, off, or the faster one for the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum OnOff {
+enum FlashAttn {
+    /// The fused op on the CPU; on CUDA the chain of ops, which its fused kernels do not
+    /// beat yet (docs/benchmarks.md has the figures).
+    Auto,
     On,
     Off,
 }
@@ -169,9 +172,10 @@ impl From<CacheTypeArg> for DType {
 #[derive(clap::Args, Clone, Copy, Debug)]
 struct CacheArgs {
     /// Attention as the fused flash_attn_ext op (on) or as the chain mul_mat, scale,
-    /// mask, soft_max, mul_mat (off, the reference path).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    flash_attn: OnOff,
+    /// mask, soft_max, mul_mat (off, the reference path); auto: on for the CPU backend,
+    /// off for CUDA.
+    #[arg(long, value_enum, default_value_t = FlashAttn::Auto)]
+    flash_attn: FlashAttn,
     /// Type of the K cache (q8_0 and q4_0 quantize on write).
     #[arg(long = "cache-type-k", visible_alias = "ctk", value_enum, default_value_t = CacheTypeArg::F16)]
     cache_type_k: CacheTypeArg,
@@ -181,12 +185,17 @@ struct CacheArgs {
 }
 
 impl CacheArgs {
-    /// The cache types these options ask for.
-    fn types(&self) -> graft::models::CacheTypes {
+    /// The cache types these options ask for on the backend named `backend`.
+    fn types(&self, backend: &str) -> graft::models::CacheTypes {
+        let flash_attn = match self.flash_attn {
+            FlashAttn::On => true,
+            FlashAttn::Off => false,
+            FlashAttn::Auto => backend != "cuda",
+        };
         graft::models::CacheTypes {
             k: self.cache_type_k.into(),
             v: self.cache_type_v.into(),
-            flash_attn: self.flash_attn == OnOff::On,
+            flash_attn,
         }
     }
 }
@@ -218,7 +227,7 @@ fn load_model(
         quantize: quantize.map(QuantPlan::from),
         ctx,
         progress: !quiet,
-        cache: cache.types(),
+        cache: cache.types(be.name()),
     };
     let model = graft::models::Llama::load(dir, be, &opts)?;
     let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);
