@@ -24,6 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
+use graft::graph::DType;
 use graft::models::QuantPlan;
 use graft::{Error, Result};
 
