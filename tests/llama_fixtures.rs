@@ -452,6 +452,7 @@ fn cache_types_and_flash_attention() {
                     ctx: Some(64),
                     progress: false,
                     cache,
+                    ..LoadOptions::default()
                 };
                 let mut m = Llama::load(&f.dir, be, &opts).unwrap();
                 let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
