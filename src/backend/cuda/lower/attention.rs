@@ -7,7 +7,7 @@
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
-    FATTN_VEC_ROWS, FATTN_VEC_WARPS,
+    FATTN_VEC_ROWS, FATTN_VEC_UNROLL, FATTN_VEC_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
@@ -29,6 +29,9 @@ const MAX_SPLIT: usize = 64;
 // and its blocks are whole warps of 16 query rows.
 const _: () = assert!(FATTN_MMA_KEYS % 16 == 0 && FATTN_MMA_ROWS % 16 == 0);
 const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
+// A decode chunk of MIN_CHUNK keys is at least one whole step of the head-dim-128 kernel
+// (FATTN_VEC_WARPS warps x 2 key groups x FATTN_VEC_UNROLL keys).
+const _: () = assert!(MIN_CHUNK >= (FATTN_VEC_WARPS * 2 * FATTN_VEC_UNROLL) as usize);
 
 /// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
 pub(crate) fn lower(
@@ -197,10 +200,10 @@ fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
 }
 
 /// Chunks and keys per chunk of the decode kernel: enough chunks that `blocks` blocks per
-/// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys.
+/// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys (fewer keys: one chunk).
 pub(crate) fn decode_split(n_kv: usize, blocks: usize) -> (usize, usize) {
     let want = (SMS * BLOCKS_PER_SM).div_ceil(blocks.max(1));
-    let split = want.min(n_kv.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT);
+    let split = want.min(n_kv / MIN_CHUNK).clamp(1, MAX_SPLIT);
     let chunk = n_kv.div_ceil(split).max(1);
     (n_kv.div_ceil(chunk).max(1), chunk)
 }
