@@ -216,6 +216,7 @@ constexpr int P021_THREADS = 128;  // block of mul_mat_p021
 
 constexpr int FATTN_VEC_WARPS = 4;          // warps per block of fattn_vec_*
 constexpr int FATTN_VEC_ROWS = 8;           // query rows (heads x queries of one KV head) per block
+constexpr int FATTN_VEC_UNROLL = 4;         // keys per lane group per step of fattn_vec_* (loads in flight)
 constexpr int FATTN_COMBINE_THREADS = 128;  // block of fattn_combine
 constexpr int FATTN_MMA_ROWS = 64;          // query rows per block of fattn_mma_* (head dims <= 128)
 constexpr int FATTN_MMA_ROWS_D256 = 32;     // query rows per block of fattn_mma_d256_*

@@ -1,16 +1,19 @@
 // Flash attention (flash_attn_ext): softmax(scale * q k^T (+ slope * mask)) v per query
 // row and head, with the online softmax of FlashAttention and no score tensor in memory.
 // K and V have one dtype (F32, F16, BF16, Q8_0, Q4_0, dequantized in registers; see
-// fattn_common.cuh) and the head dim D is a template parameter (64, 80, 96, 112, 128, 256).
+// fattn_common.cuh) and the head dim D is a template parameter (16, 32, 64, 80, 96, 112, 128, 256).
 //
 //   fattn_vec_d<D>_<kv>  (decode, flash-decoding) grid (split, n_head_kv,
 //     batch * ceil(group * n_q / FATTN_VEC_ROWS)), block FATTN_VEC_WARPS * 32. A block
 //     takes one chunk of keys of one KV head and up to FATTN_VEC_ROWS query rows of the
 //     heads sharing that KV head (GQA: each K/V row is read once for all of them). Lanes
 //     work in groups of L = D/8 rounded up to a power of two, each lane owning 8 elements
-//     of the row, one group per key; each group keeps its own running (max, sum, acc)
-//     per row, merged at the end by shuffles across groups and shared memory across
-//     warps. With split == 1 the block writes the normalized result, otherwise the
+//     of the row, one group per key; a step takes FATTN_VEC_UNROLL keys per group, all
+//     their K/V loads (16 bytes per lane for F16) and mask reads issued before the first
+//     use, and rescales the running state once per step. Each group keeps its own running
+//     (max, sum, acc) per row, merged at the end by shuffles across groups and shared
+//     memory across warps. fattn_vec1_d<D>_<kv> is the same kernel for one row per block
+//     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split == 1 the block writes the normalized result, otherwise the
 //     partial (max, sum, acc[D]) of its chunk into p.part for fattn_combine.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row, rescaling each by exp(max_i - max).
@@ -32,7 +35,7 @@
 // Lanes per key group of fattn_vec: D / 8 rounded up to a power of two.
 template <int D>
 __host__ __device__ constexpr int vec_lanes() {
-    return D <= 64 ? 8 : D <= 128 ? 16 : 32;
+    return D <= 16 ? 2 : D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32;
 }
 
 // The running softmax state of one row merged with another (m, l, acc).
@@ -48,12 +51,48 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float acc[8], fl
     m = mx;
 }
 
-template <int D, typename T>
+// 8 elements of a K/V row as loaded: F16 and BF16 stay packed in one 16-byte register
+// quad until used (so a lane can hold several keys' rows in flight), the other types are
+// converted at load.
+template <typename T>
+struct Piece {
+    float f[8];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = 0.0f;
+    }
+    __device__ __forceinline__ void load(const char* row, int e0, bool vec) { load8<T>(row, e0, vec, f); }
+    __device__ __forceinline__ float get(int i) const { return f[i]; }
+};
+
+template <typename H>
+struct Piece16 {
+    uint4 u;
+    __device__ __forceinline__ void zero() { u = make_uint4(0, 0, 0, 0); }
+    __device__ __forceinline__ void load(const char* row, int e0, bool vec) {
+        const H* p = reinterpret_cast<const H*>(row) + e0;
+        if (vec) {
+            u = *reinterpret_cast<const uint4*>(p);
+        } else {
+            H* h = reinterpret_cast<H*>(&u);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) h[i] = p[i];
+        }
+    }
+    __device__ __forceinline__ float get(int i) const { return to_f32(reinterpret_cast<const H*>(&u)[i]); }
+};
+template <>
+struct Piece<f16> : Piece16<f16> {};
+template <>
+struct Piece<bf16> : Piece16<bf16> {};
+
+// R: query rows per block (1 for one query of one head per KV head, else FATTN_VEC_ROWS).
+template <int D, int R, typename T>
 __device__ void fattn_vec(const FattnArgs& p) {
     constexpr int L = vec_lanes<D>();
-    constexpr int KPW = WARP_SIZE / L;  // keys per warp per step
+    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
     constexpr int NW = FATTN_VEC_WARPS;
-    constexpr int R = FATTN_VEC_ROWS;
+    constexpr int U = FATTN_VEC_UNROLL;  // keys per lane group per step, loaded together
     constexpr int DP = L * 8;  // D padded to whole lane groups
     __shared__ __align__(16) float qs[R][DP];
     __shared__ float sacc[R][DP];
@@ -98,40 +137,61 @@ __device__ void fattn_vec(const FattnArgs& p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[r][i] = 0.0f;
     }
+    const char* kbase = at(p.k, 0, 0, hk, b);
+    const char* vbase = at(p.v, 0, 0, hk, b);
+    const i64 kstride = p.k.nb[1], vstride = p.v.nb[1];
 
+    // A step: U keys per lane group, key j0 + (u * NW + warp) * KPW + sub; every K and V
+    // load and mask read of the step is issued before the first use.
     const i64 j_begin = split * p.chunk, j_end = min(n_kv, j_begin + p.chunk);
-    for (i64 j0 = j_begin; j0 < j_end; j0 += NW * KPW) {
-        const i64 j = j0 + warp * KPW + sub;
-        const bool valid = j < j_end;
-        float bias[R];
-        bool any = false;
+    for (i64 j0 = j_begin; j0 < j_end; j0 += U * NW * KPW) {
+        Piece<T> kp[U], vp[U];
+        float bias[U][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            bias[r] = -INFINITY;
-            if (r < nrows && valid) bias[r] = mask_bias(p, smrow[r], sslope[r], j);
-            any |= bias[r] != -INFINITY;
-        }
-        float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (any && active) {
-            load8<T>(at(p.k, 0, j, hk, b), e0, vec, kf);
-            load8<T>(at(p.v, 0, j, hk, b), e0, vec, vf);
+        for (int u = 0; u < U; ++u) {
+            const i64 j = j0 + (u * NW + warp) * KPW + sub;
+            const bool valid = j < j_end;
+            kp[u].zero();
+            vp[u].zero();
+            if (valid && active) {
+                kp[u].load(kbase + j * kstride, e0, vec);
+                vp[u].load(vbase + j * vstride, e0, vec);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                bias[u][r] = -INFINITY;
+                if (r < nrows && valid) bias[u][r] = mask_bias(p, smrow[r], sslope[r], j);
+            }
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if (r >= nrows) break;  // uniform over the block
             const float4 qa = *reinterpret_cast<const float4*>(&qs[r][e0]);
             const float4 qb = *reinterpret_cast<const float4*>(&qs[r][e0 + 4]);
-            float dot = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                        qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+            float s[U];
+            float mx = m[r];
 #pragma unroll
-            for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-            if (bias[r] == -INFINITY) continue;
-            const float s = score(p, dot, bias[r]);
-            const float mx = fmaxf(m[r], s);
-            const float c = expf(m[r] - mx), w = expf(s - mx);
-            l[r] = l[r] * c + w;
+            for (int u = 0; u < U; ++u) {
+                float dot = qa.x * kp[u].get(0) + qa.y * kp[u].get(1) + qa.z * kp[u].get(2) +
+                            qa.w * kp[u].get(3) + qb.x * kp[u].get(4) + qb.y * kp[u].get(5) +
+                            qb.z * kp[u].get(6) + qb.w * kp[u].get(7);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[r][i] = acc[r][i] * c + w * vf[i];
+                for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+                s[u] = bias[u][r] == -INFINITY ? -INFINITY : score(p, dot, bias[u][r]);
+                mx = fmaxf(mx, s[u]);
+            }
+            if (mx == -INFINITY) continue;  // every key so far masked
+            const float c = expf(m[r] - mx);
+            l[r] *= c;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][i] *= c;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float w = expf(s[u] - mx);  // 0 for a masked key
+                l[r] += w;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[r][i] += w * vp[u].get(i);
+            }
             m[r] = mx;
         }
     }
@@ -415,33 +475,84 @@ __device__ void fattn_mma(const FattnArgs& p) {
     }
 }
 
-// The kernels: every head dim with every K/V dtype (K and V of one dtype).
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f32(const FattnArgs p) { fattn_vec<64, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f16(const FattnArgs p) { fattn_vec<64, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_bf16(const FattnArgs p) { fattn_vec<64, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q8_0(const FattnArgs p) { fattn_vec<64, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q4_0(const FattnArgs p) { fattn_vec<64, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f32(const FattnArgs p) { fattn_vec<80, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f16(const FattnArgs p) { fattn_vec<80, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_bf16(const FattnArgs p) { fattn_vec<80, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f32(const FattnArgs p) { fattn_vec<96, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f16(const FattnArgs p) { fattn_vec<96, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_bf16(const FattnArgs p) { fattn_vec<96, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q8_0(const FattnArgs p) { fattn_vec<96, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q4_0(const FattnArgs p) { fattn_vec<96, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f32(const FattnArgs p) { fattn_vec<112, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f16(const FattnArgs p) { fattn_vec<112, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_bf16(const FattnArgs p) { fattn_vec<112, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f32(const FattnArgs p) { fattn_vec<128, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f16(const FattnArgs p) { fattn_vec<128, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_bf16(const FattnArgs p) { fattn_vec<128, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q8_0(const FattnArgs p) { fattn_vec<128, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q4_0(const FattnArgs p) { fattn_vec<128, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f32(const FattnArgs p) { fattn_vec<256, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f16(const FattnArgs p) { fattn_vec<256, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_bf16(const FattnArgs p) { fattn_vec<256, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q8_0(const FattnArgs p) { fattn_vec<256, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q4_0(const FattnArgs p) { fattn_vec<256, KvQ4_0>(p); }
+// The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
+// is fattn_vec for one query row per KV head (R = 1).
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f16(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_bf16(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q8_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q4_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f32(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f16(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_bf16(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q8_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q4_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f32(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f16(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_bf16(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f32(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f16(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_bf16(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q8_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q4_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f32(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f16(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_bf16(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f32(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f16(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_bf16(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q8_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q4_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f32(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f16(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_bf16(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q8_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q4_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_f32(const FattnArgs p) { fattn_vec<16, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_f16(const FattnArgs p) { fattn_vec<16, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_bf16(const FattnArgs p) { fattn_vec<16, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_f32(const FattnArgs p) { fattn_vec<32, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_f16(const FattnArgs p) { fattn_vec<32, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_bf16(const FattnArgs p) { fattn_vec<32, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_q8_0(const FattnArgs p) { fattn_vec<32, 1, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_q4_0(const FattnArgs p) { fattn_vec<32, 1, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_f32(const FattnArgs p) { fattn_vec<64, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_f16(const FattnArgs p) { fattn_vec<64, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_bf16(const FattnArgs p) { fattn_vec<64, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_q8_0(const FattnArgs p) { fattn_vec<64, 1, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_q4_0(const FattnArgs p) { fattn_vec<64, 1, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_f32(const FattnArgs p) { fattn_vec<80, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_f16(const FattnArgs p) { fattn_vec<80, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_bf16(const FattnArgs p) { fattn_vec<80, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_f32(const FattnArgs p) { fattn_vec<96, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_f16(const FattnArgs p) { fattn_vec<96, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_bf16(const FattnArgs p) { fattn_vec<96, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_q8_0(const FattnArgs p) { fattn_vec<96, 1, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_q4_0(const FattnArgs p) { fattn_vec<96, 1, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_f32(const FattnArgs p) { fattn_vec<112, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_f16(const FattnArgs p) { fattn_vec<112, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_bf16(const FattnArgs p) { fattn_vec<112, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_f32(const FattnArgs p) { fattn_vec<128, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_f16(const FattnArgs p) { fattn_vec<128, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_bf16(const FattnArgs p) { fattn_vec<128, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_q8_0(const FattnArgs p) { fattn_vec<128, 1, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_q4_0(const FattnArgs p) { fattn_vec<128, 1, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_f32(const FattnArgs p) { fattn_vec<256, 1, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_f16(const FattnArgs p) { fattn_vec<256, 1, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_bf16(const FattnArgs p) { fattn_vec<256, 1, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_q8_0(const FattnArgs p) { fattn_vec<256, 1, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_q4_0(const FattnArgs p) { fattn_vec<256, 1, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_f32(const FattnArgs p) { fattn_mma<16, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_f16(const FattnArgs p) { fattn_mma<16, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_bf16(const FattnArgs p) { fattn_mma<16, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_f32(const FattnArgs p) { fattn_mma<32, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_f16(const FattnArgs p) { fattn_mma<32, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_bf16(const FattnArgs p) { fattn_mma<32, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_q8_0(const FattnArgs p) { fattn_mma<32, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_q4_0(const FattnArgs p) { fattn_mma<32, KvQ4_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_f32(const FattnArgs p) { fattn_mma<64, float>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_f16(const FattnArgs p) { fattn_mma<64, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_bf16(const FattnArgs p) { fattn_mma<64, bf16>(p); }

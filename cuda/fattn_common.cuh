@@ -3,7 +3,7 @@
 // key's score from q . k.
 //
 // A K/V row is `d` elements starting at at(t, 0, j, hk, b). Every head dim the kernels
-// take (64, 80, 96, 112, 128, 256) is a multiple of 16, so a row splits into whole
+// take (16, 32, 64, 80, 96, 112, 128, 256) is a multiple of 16, so a row splits into whole
 // 8-element pieces; the quantized types need d % 32 == 0 (whole blocks per row), which the
 // lowering checks. Piece `e0` (a multiple of 8) of a row:
 //   F32, F16, BF16: 32 or 16 bytes at e0 (16-byte vector loads when `vec`, which the

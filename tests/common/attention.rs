@@ -18,7 +18,7 @@ use super::case::{arena_violation, decode_value, encode_value, SENTINEL};
 use super::GUARD_BYTES;
 
 /// Head sizes the kernels are written for.
-pub const HEAD_DIMS: [usize; 6] = [64, 80, 96, 112, 128, 256];
+pub const HEAD_DIMS: [usize; 8] = [16, 32, 64, 80, 96, 112, 128, 256];
 
 /// One drawn case.
 #[derive(Clone, Debug)]

@@ -529,20 +529,34 @@ fn flash_attn_cases<'a>() -> Vec<Case<'a>> {
         let c = random_leaf(be, g, name, DType::F16, &[HD * HEADS, n], r as u64, true)?;
         g.view_3d(c, HD, n, HEADS, HD * HEADS * 2, HD * 2, 0)
     };
-    let decode_kv = 4096;
-    let kv_bytes = (2 * decode_kv * HD * HEADS * 2) as f64;
-    let decode = Case {
-        name: format!("flash_attn_ext f16 K/V [{HD}, {decode_kv}, {HEADS}], 1 query (decode)"),
-        reps: reps_for(kv_bytes),
-        bytes: kv_bytes + (2 * HD * HEADS * 4) as f64,
-        flops: 4.0 * (decode_kv * HD * HEADS) as f64,
-        build: Box::new(move |be, g, r| {
-            let k = cache(be, g, &format!("k{r}"), decode_kv, 2 * r)?;
-            let v = cache(be, g, &format!("v{r}"), decode_kv, 2 * r + 1)?;
-            let q = g.input(&format!("q{r}"), DType::F32, &[HD, 1, HEADS])?;
-            g.flash_attn_ext(q, k, v, None, p)
-        }),
+    // Decode: one query over n_kv keys, MHA (32 KV heads) and GQA (8 KV heads, as
+    // Llama-3-8B); the bytes are the K/V rows read.
+    let decode = |n_kv: usize, heads_kv: usize| {
+        let kv_bytes = (2 * n_kv * HD * heads_kv * 2) as f64;
+        Case {
+            name: format!(
+                "flash_attn_ext f16 K/V [{HD}, {n_kv}, {heads_kv}], {HEADS} heads, 1 query (decode)"
+            ),
+            reps: reps_for(kv_bytes),
+            bytes: kv_bytes + (2 * HD * HEADS * 4) as f64,
+            flops: 4.0 * (n_kv * HD * HEADS) as f64,
+            build: Box::new(move |be, g, r| {
+                let cache = |be: &mut CudaBackend, g: &mut Graph, name: &str, r: usize| {
+                    let c = random_leaf(be, g, name, DType::F16, &[HD * heads_kv, n_kv], r as u64, true)?;
+                    g.view_3d(c, HD, n_kv, heads_kv, HD * heads_kv * 2, HD * 2, 0)
+                };
+                let k = cache(be, g, &format!("k{r}"), 2 * r)?;
+                let v = cache(be, g, &format!("v{r}"), 2 * r + 1)?;
+                let q = g.input(&format!("q{r}"), DType::F32, &[HD, 1, HEADS])?;
+                g.flash_attn_ext(q, k, v, None, p)
+            }),
+        }
     };
+    let mut cases: Vec<Case<'a>> = [512, 1024, 2048, 4096, 16384]
+        .into_iter()
+        .map(|n| decode(n, HEADS))
+        .collect();
+    cases.extend([4096, 16384].map(|n| decode(n, 8)));
     const T: usize = 512;
     let prefill = Case {
         name: format!("flash_attn_ext f16 K/V [{HD}, {T}, {HEADS}], {T} queries, causal (prefill)"),
@@ -572,7 +586,8 @@ fn flash_attn_cases<'a>() -> Vec<Case<'a>> {
             g.flash_attn_ext(q, k, v, Some(m), p)
         }),
     };
-    vec![decode, prefill]
+    cases.push(prefill);
+    cases
 }
 
 /// Small decode-size row ops (L2-resident; these measure the per-node cost).
@@ -725,7 +740,7 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
         gemv_case(DType::BF16, 4096, 4096),
         gemv_case(DType::F32, 4096, 4096),
     ];
-    for n_kv in [512, 1024, 2048, 4096] {
+    for n_kv in [512, 1024, 2048, 4096, 16384] {
         cases.extend(attention_cases(n_kv));
     }
     cases.extend(flash_attn_cases());

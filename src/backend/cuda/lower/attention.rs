@@ -1,12 +1,13 @@
 //! Fused attention, `flash_attn_ext` (`cuda/fattn.cu`): up to [`DECODE_MAX_QUERIES`]
-//! queries the split-KV decode kernel `fattn_vec_d<D>_<kv>` (with `fattn_combine` when
+//! queries the split-KV decode kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` when
+//! each KV head has a single query row: MHA decode) (with `fattn_combine` when
 //! the keys are split over several blocks), beyond that the tensor-core prefill kernel
 //! `fattn_mma_d<D>_<kv>`. The ALiBi slope of every head goes into the constant region,
 //! the decode partials into scratch.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
-    FATTN_VEC_ROWS, FATTN_VEC_WARPS,
+    FATTN_VEC_ROWS, FATTN_VEC_UNROLL, FATTN_VEC_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
@@ -16,10 +17,11 @@ use crate::graph::{DType, FlashAttnParams, Operand};
 pub(crate) const DECODE_MAX_QUERIES: usize = 8;
 /// Streaming multiprocessors the decode split aims to fill (an H100 SXM has 132).
 const SMS: usize = 132;
-/// Blocks per SM the decode split aims for.
-const BLOCKS_PER_SM: usize = 2;
+/// Blocks per SM the decode split aims for: a block of 4 warps keeps 4 keys' K and V
+/// rows per lane group in flight, and 4 such blocks per SM hide the memory latency.
+const BLOCKS_PER_SM: usize = 4;
 /// Fewest keys per decode block when the keys are split.
-const MIN_CHUNK: usize = 128;
+const MIN_CHUNK: usize = 64;
 /// Most chunks of one row's keys.
 const MAX_SPLIT: usize = 64;
 
@@ -27,6 +29,9 @@ const MAX_SPLIT: usize = 64;
 // and its blocks are whole warps of 16 query rows.
 const _: () = assert!(FATTN_MMA_KEYS % 16 == 0 && FATTN_MMA_ROWS % 16 == 0);
 const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
+// A decode chunk of MIN_CHUNK keys is at least one whole step of the head-dim-128 kernel
+// (FATTN_VEC_WARPS warps x 2 key groups x FATTN_VEC_UNROLL keys).
+const _: () = assert!(MIN_CHUNK >= (FATTN_VEC_WARPS * 2 * FATTN_VEC_UNROLL) as usize);
 
 /// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
 pub(crate) fn lower(
@@ -69,7 +74,11 @@ pub(crate) fn lower(
         let block = ((rows / 16 * WARP) as u32, 1, 1);
         return Ok(vec![DevOp::kernel(kernel, grid, block, &args)]);
     }
-    let row_blocks = (n_q * n_head / n_head_kv).div_ceil(FATTN_VEC_ROWS as usize);
+    // One query row per KV head (MHA decode): the one-row kernel, whose registers hold
+    // one accumulator instead of FATTN_VEC_ROWS.
+    let rows_per_kv = n_q * n_head / n_head_kv;
+    let one = rows_per_kv == 1;
+    let row_blocks = rows_per_kv.div_ceil(if one { 1 } else { FATTN_VEC_ROWS as usize });
     if batch * row_blocks > MAX_GRID_YZ {
         return Err(format!(
             "flash_attn_ext: {batch} batches x {row_blocks} row blocks exceed the grid"
@@ -78,7 +87,12 @@ pub(crate) fn lower(
     let (split, chunk) = decode_split(n_kv, n_head_kv * batch * row_blocks);
     args.split = split as i64;
     args.chunk = chunk as i64;
-    let kernel = family(d, false)?.get([kt.dtype])?;
+    let kernel = if one {
+        vec1_family(d)?
+    } else {
+        family(d, false)?
+    }
+    .get([kt.dtype])?;
     let block = ((FATTN_VEC_WARPS as usize * WARP) as u32, 1, 1);
     let grid = (split as u32, n_head_kv as u32, (batch * row_blocks) as u32);
     if split == 1 {
@@ -136,12 +150,16 @@ fn check(q: &Operand, kt: &Operand, vt: &Operand, dst: &Operand) -> Result<usize
 /// The kernel family of head dim `d`: prefill (`mma`) or decode.
 fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
     let set = match (d, mma) {
+        (16, false) => by::FATTN_VEC_D16,
+        (32, false) => by::FATTN_VEC_D32,
         (64, false) => by::FATTN_VEC_D64,
         (80, false) => by::FATTN_VEC_D80,
         (96, false) => by::FATTN_VEC_D96,
         (112, false) => by::FATTN_VEC_D112,
         (128, false) => by::FATTN_VEC_D128,
         (256, false) => by::FATTN_VEC_D256,
+        (16, true) => by::FATTN_MMA_D16,
+        (32, true) => by::FATTN_MMA_D32,
         (64, true) => by::FATTN_MMA_D64,
         (80, true) => by::FATTN_MMA_D80,
         (96, true) => by::FATTN_MMA_D96,
@@ -150,11 +168,30 @@ fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
         (256, true) => by::FATTN_MMA_D256,
         (d, _) => {
             return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (64, 80, 96, 112, 128, 256)"
+                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
             ))
         }
     };
     Ok(set)
+}
+
+/// The one-row decode kernels of head dim `d`.
+fn vec1_family(d: usize) -> Result<KernelSet<1>, String> {
+    Ok(match d {
+        16 => by::FATTN_VEC1_D16,
+        32 => by::FATTN_VEC1_D32,
+        64 => by::FATTN_VEC1_D64,
+        80 => by::FATTN_VEC1_D80,
+        96 => by::FATTN_VEC1_D96,
+        112 => by::FATTN_VEC1_D112,
+        128 => by::FATTN_VEC1_D128,
+        256 => by::FATTN_VEC1_D256,
+        d => {
+            return Err(format!(
+                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
+            ))
+        }
+    })
 }
 
 /// Whether every row of `t` starts 16-byte aligned (the kernels' vector loads).
@@ -163,10 +200,10 @@ fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
 }
 
 /// Chunks and keys per chunk of the decode kernel: enough chunks that `blocks` blocks per
-/// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys.
+/// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys (fewer keys: one chunk).
 pub(crate) fn decode_split(n_kv: usize, blocks: usize) -> (usize, usize) {
     let want = (SMS * BLOCKS_PER_SM).div_ceil(blocks.max(1));
-    let split = want.min(n_kv.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT);
+    let split = want.min(n_kv / MIN_CHUNK).clamp(1, MAX_SPLIT);
     let chunk = n_kv.div_ceil(split).max(1);
     (n_kv.div_ceil(chunk).max(1), chunk)
 }
@@ -179,11 +216,11 @@ mod tests {
     fn decode_split_fills_the_gpu_with_whole_chunks() {
         // Llama-2-7B decode: 32 KV heads, 4096 keys.
         let (split, chunk) = decode_split(4096, 32);
-        assert_eq!((split, chunk), (9, 456));
+        assert_eq!((split, chunk), (17, 241));
         assert!(split * chunk >= 4096 && (split - 1) * chunk < 4096);
         assert_eq!(decode_split(1, 1), (1, 1));
         assert_eq!(decode_split(100, 1), (1, 100));
         let (s, c) = decode_split(1999, 8);
-        assert!(s * c >= 1999 && (s - 1) * c < 1999 && c >= 128);
+        assert!(s * c >= 1999 && (s - 1) * c < 1999 && c >= 64);
     }
 }
