@@ -8,6 +8,9 @@
 #[allow(dead_code)]
 mod fixtures;
 use fixtures::fixture;
+#[path = "support/default_model.rs"]
+mod default_model;
+use default_model::cached_default_model;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -15,7 +18,7 @@ use std::process::{Command, Stdio};
 use graft::backend::cpu::CpuBackend;
 use graft::models::chat::{Continuation, Message};
 use graft::models::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
-use graft::models::{pull, tokenizer, Llama, LoadOptions, Logits, Sampler};
+use graft::models::{tokenizer, Llama, LoadOptions, Logits, Sampler};
 
 const TINY: &str = "llama3-tiny-bf16";
 
@@ -252,19 +255,9 @@ fn chat_commands_end_to_end() {
 /// the cache (`graft pull` puts it there; CI pulls it).
 #[test]
 fn default_model_answers_the_capital_of_france() {
-    let Ok(dir) = pull::cache_dir() else {
-        eprintln!("skipped: no cache folder");
+    let Some(path) = cached_default_model() else {
         return;
     };
-    let path = pull::cached_path(&pull::DEFAULT_MODEL, &dir);
-    let stamp_ok = pull::cached(&pull::DEFAULT_MODEL, &dir, &mut |_| {});
-    if !matches!(stamp_ok, Ok(Some(_))) {
-        eprintln!(
-            "skipped: {} is not in the cache (run `cargo run --release -- pull`)",
-            path.display()
-        );
-        return;
-    }
     let mut be = CpuBackend::new();
     let opts = LoadOptions {
         ctx: Some(256),
