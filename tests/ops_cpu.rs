@@ -98,6 +98,9 @@ impl Backend for Refusing {
     fn name(&self) -> &'static str {
         "refusing"
     }
+    fn free_memory(&mut self) -> Result<Option<usize>> {
+        self.0.free_memory()
+    }
     fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
         self.0.alloc_buffer(bytes)
     }

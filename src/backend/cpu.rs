@@ -102,6 +102,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn free_memory(&mut self) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
     fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
         let id = BufferId::fresh();
         self.buffers.insert(id, words(bytes)?);

@@ -82,6 +82,10 @@ pub trait Backend {
     /// Releases a buffer. Plans that use it must not run afterwards.
     fn free_buffer(&mut self, buf: BufferId) -> Result<()>;
 
+    /// Bytes this backend can still allocate where it has a memory of its own (a GPU),
+    /// `None` where buffers come from the host's memory.
+    fn free_memory(&mut self) -> Result<Option<usize>>;
+
     /// Copies `data` into `buf` at byte `offset`.
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()>;
 

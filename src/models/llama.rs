@@ -35,6 +35,7 @@ use super::config::Config;
 use super::gguf_model;
 use super::kv_cache::{CacheTypes, KvCache};
 use super::loader;
+use super::memory;
 use super::output::{Logits, Output};
 use super::quant_plan::QuantPlan;
 use super::sampler::Sampler;
@@ -714,6 +715,8 @@ impl Llama {
             Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
             None => loader::load_weights(path, &config, be, opts)?,
         };
+        opts.cache.check(&config)?;
+        memory::check_backend(&config, &weights, ctx, opts.cache, be)?;
         let cache = KvCache::alloc(&config, ctx, opts.cache, be)?;
         Ok(Llama::new(config, weights, cache))
     }
@@ -731,6 +734,8 @@ impl Llama {
         let pick = |role, layer| plan.pick(role, layer, &config).dtype;
         let weights = Weights::alloc(&config, &pick, be)?;
         weights.fill_random(&config, be, seed)?;
+        cache.check(&config)?;
+        memory::check_backend(&config, &weights, ctx, cache, be)?;
         let cache = KvCache::alloc(&config, ctx, cache, be)?;
         Ok(Llama::new(config, weights, cache))
     }

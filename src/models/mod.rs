@@ -8,7 +8,9 @@
 //! - [`loader`]: safetensors checkpoints (single file or sharded) into that buffer;
 //! - [`gguf_model`]: `llama` GGUF files (hyper-parameters, weights, rope layout);
 //! - [`convert`]: an HF folder written as a GGUF file (`graft convert`);
-//! - [`kv_cache`]: the F16 KV cache (V stored transposed);
+//! - [`kv_cache`]: the KV cache (F32/F16/BF16/Q8_0/Q4_0; V transposed or, for the fused
+//!   attention, by position);
+//! - [`memory`]: whether the cache and plans fit the device's memory, checked at load;
 //! - [`llama`]: the prefill and decode graphs and the [`Llama`] inference API;
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
@@ -28,6 +30,7 @@ pub mod gguf_tokenizer;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod memory;
 pub mod output;
 pub mod presets;
 pub mod pull;

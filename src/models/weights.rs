@@ -375,6 +375,7 @@ impl Weights {
         be: &mut dyn Backend,
     ) -> Result<Weights> {
         let bytes = Weights::layout(cfg, dtype_of, BufferId(0)).bytes;
+        crate::models::memory::check_weights(bytes, be)?;
         let buffer = be.alloc_buffer(bytes)?;
         Ok(Weights::layout(cfg, dtype_of, buffer))
     }

@@ -448,6 +448,13 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn free_memory(&mut self) -> Result<Option<usize>> {
+        self.bind()?;
+        let (free, _total) =
+            result::mem_get_info().map_err(|e| driver_error("reading the free memory", e))?;
+        Ok(Some(free))
+    }
+
     fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
         self.bind()?;
         let mem = DeviceMem::alloc(&self.ctx, bytes, "a buffer")?;
