@@ -184,6 +184,9 @@ fn every_cache_type_matches_transformers_within_its_bound() {
         };
         let worst = check_cases(&path, QuantDot::F32, cache);
         eprintln!("cache {dt}: worst last-position logits NMSE {worst:.3e}");
-        assert!(worst < bound, "cache {dt}: logits NMSE {worst:.3e} >= {bound:e}");
+        assert!(
+            worst < bound,
+            "cache {dt}: logits NMSE {worst:.3e} >= {bound:e}"
+        );
     }
 }
