@@ -1,5 +1,6 @@
 // argmax: the index of the largest element of each row as I32, one row per block. Ties go
-// to the lowest index; NaN never wins over a number; a row of NaN gives 0 (like the CPU).
+// to the lowest index; a row holding a NaN or an infinity gives -1 (like the CPU), so a
+// caller that reads only the argmax still sees non-finite logits.
 #include "common.cuh"
 
 // Whether candidate (v, i) beats (bv, bi); an index of -1 means "nothing found yet".
@@ -17,8 +18,10 @@ __device__ void argmax(const ArgmaxArgs& p) {
     const i64 ne0 = p.src.ne[0];
     float bv = 0.0f;
     int bi = -1;
+    int bad = 0;
     for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
         const float v = load<T>(x + i0 * p.src.nb[0]);
+        bad |= !isfinite(v);
         if (!isnan(v) && (bi < 0 || v > bv)) {  // indices rise, so ties keep the first
             bv = v;
             bi = (int)i0;
@@ -55,8 +58,10 @@ __device__ void argmax(const ArgmaxArgs& p) {
             }
         }
     }
+    // Every thread of the block reaches this (the branch above is uniform).
+    bad = __syncthreads_or(bad);
     if (threadIdx.x == 0) {
-        *reinterpret_cast<int*>(at(p.dst, r.i1, r.i2, r.i3, 0)) = bi < 0 ? 0 : bi;
+        *reinterpret_cast<int*>(at(p.dst, r.i1, r.i2, r.i3, 0)) = bad ? -1 : (bi < 0 ? 0 : bi);
     }
 }
 

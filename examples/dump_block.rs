@@ -184,12 +184,8 @@ fn main() -> Result<()> {
     print!("{}", graft::graph::dump::text(&g, &plan));
     println!("out[0..8] = {:?}", &out[..8]);
     let path = "block.dot";
-    std::fs::write(path, graft::graph::dump::dot(&g, &plan)).map_err(|source| {
-        graft::Error::Io {
-            path: path.into(),
-            source,
-        }
-    })?;
+    let dot = graft::graph::dump::dot(&g, &plan);
+    graft::files::write_output(path.as_ref(), |w| w.write_all(dot.as_bytes()))?;
     println!("wrote {path}; render it with: dot -Tsvg {path} -o block.svg");
     Ok(())
 }

@@ -89,6 +89,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// A forward pass produced logits that are not finite (NaN or an infinity: weights
+    /// holding NaN/Inf, or an overflow), at the token position named; generation stops
+    /// rather than sample from them.
+    #[error("non-finite logits (NaN or infinity) at token position {position} ({step}): the weights hold NaN/Inf or the computation overflowed")]
+    NonFinite {
+        /// The token position whose logits are not finite.
+        position: usize,
+        /// The step: `prefill` or `decode`.
+        step: &'static str,
+    },
+
     /// The default model could not be pulled into the cache: python3 or pip missing, the
     /// download failed, or the file's hash is wrong.
     #[error("pull: {0}")]

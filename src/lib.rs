@@ -14,12 +14,16 @@
 //! - [`backend`]: CPU and CUDA executors;
 //! - [`gguf`]: llama.cpp's GGUF model files, read (memory-mapped, every field checked)
 //!   and written;
-//! - [`models`]: model graphs (Llama) defined with the public API only.
+//! - [`models`]: model graphs (Llama) defined with the public API only;
+//! - [`files`]: outputs written without losing data, inputs opened only when regular;
+//! - [`fuzz`]: the loaders' fuzzing entry points (bytes in, `Result` out).
 
 #![deny(clippy::wildcard_enum_match_arm)]
 
 pub mod backend;
 pub mod error;
+pub mod files;
+pub mod fuzz;
 pub mod gguf;
 pub mod graph;
 pub mod models;

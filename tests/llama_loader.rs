@@ -194,6 +194,7 @@ fn misshaped_tensor() {
         &[
             "model.safetensors",
             "'model.layers.0.self_attn.q_proj.weight' has shape [64, 128], expected [128, 64]",
+            "'num_attention_heads'",
         ],
     );
 }
@@ -210,7 +211,10 @@ fn config_does_not_match_the_weights() {
     .unwrap();
     expect_err(
         t.load(),
-        &["mlp.gate_proj.weight' has shape [192, 64], expected [128, 64]"],
+        &[
+            "'intermediate_size'",
+            "mlp.gate_proj.weight' has shape [192, 64], expected [128, 64]",
+        ],
     );
 }
 

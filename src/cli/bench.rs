@@ -92,6 +92,11 @@ pub fn run(a: Args) -> Result<()> {
     if a.p == 0 || a.n == 0 || a.reps == 0 {
         return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
     }
+    if let Some(bw) = a.copy_bw.filter(|bw| !(bw.is_finite() && *bw > 0.0)) {
+        return Err(graft::Error::model(format!(
+            "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
+        )));
+    }
     let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
     let be = be.as_mut();
     let ctx =
@@ -127,7 +132,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // Prompt processing: warm up, then time replays of the same plan.
     model.prefill(be, &prompt, Logits::None)?;
-    let mut secs = Vec::with_capacity(a.reps);
+    let mut secs = Vec::new();
     for _ in 0..a.reps {
         model.reset();
         let t = Instant::now();

@@ -32,7 +32,7 @@ pub fn run(a: Args) -> Result<()> {
     let json = serde_json::to_string_pretty(&report)
         .map_err(|e| graft::Error::plan(format!("bench-ops: cannot serialize the report: {e}")))?;
     if let Some(path) = &a.json_out {
-        std::fs::write(path, &json).map_err(|e| graft::Error::io(path, e))?;
+        graft::files::write_output(path, |w| std::io::Write::write_all(w, json.as_bytes()))?;
     }
     super::print_out(&if a.json {
         json + "\n"

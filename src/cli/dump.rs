@@ -7,8 +7,10 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
+use graft::files::{check_output, write_output_guarded};
 use graft::graph::{dump, BufferId, DType};
 use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_ctx};
+use graft::models::loader::input_files;
 use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 
@@ -39,7 +41,8 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
-    /// Write to this file instead of stdout.
+    /// Write to this file instead of stdout (a temporary file renamed into place; never
+    /// one of the model's files).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Prompt tokens of the prefill graph.
@@ -60,8 +63,12 @@ pub struct Args {
 
 /// Runs `graft dump`.
 pub fn run(a: Args) -> Result<()> {
+    let inputs = a.model.as_deref().map(input_files).unwrap_or_default();
+    if let Some(path) = &a.out {
+        check_output(path, &inputs)?;
+    }
     let cfg = match (&a.model, &a.preset) {
-        (Some(file), _) if file.is_file() => {
+        (Some(file), _) if graft::models::gguf_model::is_gguf_path(file) => {
             graft::models::gguf_model::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
         }
         (Some(dir), _) => {
@@ -88,6 +95,7 @@ pub fn run(a: Args) -> Result<()> {
     // The graph the CPU backend would run (the CUDA one differs only in auto attention).
     let types = a.cache.types("cpu");
     types.check(&cfg)?;
+    KvCache::check_ctx(&cfg, ctx, types)?;
     let cache = KvCache::layout(&cfg, ctx, types, BufferId::fresh());
     let mg = if a.decode {
         if a.n_past >= ctx {
@@ -98,6 +106,12 @@ pub fn run(a: Args) -> Result<()> {
         }
         build_decode(&cfg, &weights, &cache, decode_bucket(a.n_past, ctx))?
     } else {
+        if a.n_past.checked_add(a.n_tokens).is_none_or(|end| end > ctx) {
+            return Err(Error::model(format!(
+                "--n-past {} + --n-tokens {} exceeds the context of {ctx} tokens (--ctx)",
+                a.n_past, a.n_tokens
+            )));
+        }
         build_prefill(&cfg, &weights, &cache, a.n_tokens, a.n_past, false)?
     };
     let plan = mg.plan()?;
@@ -106,7 +120,7 @@ pub fn run(a: Args) -> Result<()> {
         Format::Dot => dump::dot(&mg.graph, &plan),
     };
     match &a.out {
-        Some(path) => std::fs::write(path, text).map_err(|e| Error::io(path, e)),
+        Some(path) => write_output_guarded(path, &inputs, |w| w.write_all(text.as_bytes())),
         None => print_out(&text),
     }
 }

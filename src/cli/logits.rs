@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
+use graft::files::{check_output, write_output_guarded};
 use graft::models::Logits;
 use graft::{Error, Result};
 
@@ -20,7 +21,7 @@ pub struct Args {
     /// Token ids, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     token_ids: Vec<u32>,
-    /// Output safetensors file.
+    /// Output safetensors file (`-` for standard output; never one of the model's files).
     #[arg(long)]
     out: PathBuf,
     /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
@@ -39,6 +40,8 @@ pub struct Args {
 
 /// Runs `graft logits`.
 pub fn run(a: Args) -> Result<()> {
+    let inputs = graft::models::loader::input_files(&a.model);
+    check_output(&a.out, &inputs)?;
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
     let n = a.token_ids.len();
@@ -50,8 +53,9 @@ pub fn run(a: Args) -> Result<()> {
         .map_err(|e| Error::model(format!("logits [{n}, {vocab}]: {e}")))?;
     let meta =
         std::collections::HashMap::from([("token_ids".to_string(), format!("{:?}", a.token_ids))]);
-    safetensors::serialize_to_file([("logits", view)], Some(meta), &a.out)
-        .map_err(|e| Error::model(format!("{}: cannot write: {e}", a.out.display())))?;
+    let bytes = safetensors::serialize([("logits", view)], Some(meta))
+        .map_err(|e| Error::model(format!("{}: cannot serialize: {e}", a.out.display())))?;
+    write_output_guarded(&a.out, &inputs, |w| w.write_all(&bytes))?;
     if !a.quiet {
         eprintln!(
             "wrote logits [{n}, {vocab}] F32 to {} (argmax of the last position: {})",

@@ -32,7 +32,6 @@
 //! unknown value or tensor types, misaligned or overlapping tensor data and data past
 //! the end of the file are all refused. Strings must be UTF-8.
 
-mod output;
 mod reader;
 mod types;
 mod value;
@@ -41,7 +40,7 @@ mod writer;
 use std::fmt;
 use std::path::Path;
 
-pub use output::write_output;
+pub use crate::files::{write_output, write_output_guarded};
 pub use reader::{GgufFile, TensorInfo};
 pub use types::GgmlType;
 pub use value::{Array, Metadata, Value, ValueType};

@@ -2,7 +2,6 @@
 //! that are there, and gives the metadata, the tensor infos and each tensor's bytes.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -10,6 +9,7 @@ use memmap2::Mmap;
 use super::types::GgmlType;
 use super::value::{Array, Metadata, Value, ValueType};
 use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::files::open_regular;
 use crate::{Error, Result};
 
 /// How deep arrays of arrays may nest (each level costs only 12 bytes of file, so the
@@ -205,53 +205,6 @@ impl std::fmt::Debug for GgufFile {
             .field("alignment", &self.alignment)
             .field("data_start", &self.data_start)
             .finish()
-    }
-}
-
-/// Opens `path` for reading if it is a regular file (following symlinks).
-fn open_regular(path: &Path) -> Result<File> {
-    let not_regular = |kind: &str| {
-        Error::io(
-            path,
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("not a regular file ({kind})"),
-            ),
-        )
-    };
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(not_regular(file_kind(&meta)));
-    }
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    // Checked again on the open file, in case the path changed in between.
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(not_regular(file_kind(&meta)));
-    }
-    Ok(file)
-}
-
-/// A word for the kind of a file that is not regular.
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        let t = meta.file_type();
-        if t.is_fifo() {
-            return "a FIFO";
-        }
-        if t.is_char_device() || t.is_block_device() {
-            return "a device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    if meta.is_dir() {
-        "a directory"
-    } else {
-        "not a plain file"
     }
 }
 

@@ -6,11 +6,11 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::Path;
 
-use super::output::write_output;
 use super::reader::tensor_bytes;
 use super::types::GgmlType;
 use super::value::{Array, Metadata, Value};
 use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::files::write_output_guarded;
 use crate::{Error, Result};
 
 /// The version this writer produces.
@@ -150,11 +150,21 @@ impl<'a> GgufWriter<'a> {
         Ok(out)
     }
 
-    /// Writes the file to `path` through [`write_output`]: a regular file or a new path is
+    /// Writes the file to `path` through [`write_output`](crate::files::write_output): a regular file or a new path is
     /// replaced only once the file is complete; a device or FIFO is written in place.
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.write_file_guarded(path, &[])
+    }
+
+    /// [`write_file`](Self::write_file), refusing a `path` that is one of `inputs` (see
+    /// [`write_output_guarded`]).
+    pub fn write_file_guarded(
+        &self,
+        path: impl AsRef<Path>,
+        inputs: &[std::path::PathBuf],
+    ) -> Result<()> {
         let alignment = self.alignment()?;
-        write_output(path.as_ref(), |w| self.emit(w, alignment))
+        write_output_guarded(path.as_ref(), inputs, |w| self.emit(w, alignment))
     }
 
     /// Header, metadata, tensor infos, padding and data.

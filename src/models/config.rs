@@ -57,7 +57,7 @@ pub struct Config {
 impl Config {
     /// Reads and checks `config.json` at `path`.
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::files::read_regular_to_string(path)?;
         Config::from_json_str(&text, &path.display().to_string())
     }
 
@@ -235,7 +235,9 @@ impl Fields<'_> {
         }
     }
 
+    /// `dtype`, else `torch_dtype`; both are checked when both are present.
     fn dtype(&self) -> Result<Option<DType>> {
+        let mut found = None;
         for field in ["dtype", "torch_dtype"] {
             if let Some(v) = self.get(field) {
                 let dt = match v.as_str() {
@@ -249,10 +251,10 @@ impl Fields<'_> {
                         ))
                     }
                 };
-                return Ok(Some(dt));
+                found = found.or(Some(dt));
             }
         }
-        Ok(None)
+        Ok(found)
     }
 
     /// Rejects settings this implementation would silently get wrong.
@@ -277,6 +279,8 @@ impl Fields<'_> {
 
     /// `(rope_theta, llama3 scaling)` from either form of the rope settings.
     fn rope(&self) -> Result<(f32, Option<Llama3Scaling>)> {
+        // Checked even where rope_parameters overrides it: a bad field is never ignored.
+        let top_theta = self.opt_f32("rope_theta")?;
         let (prefix, obj, theta) = match self.get("rope_parameters") {
             Some(Value::Object(rp)) => {
                 let f = Fields {
@@ -287,7 +291,7 @@ impl Fields<'_> {
                     Some(_) => f
                         .f32("rope_theta")
                         .map_err(|_| self.bad("rope_parameters.rope_theta", "must be a number"))?,
-                    None => self.opt_f32("rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA),
+                    None => top_theta.unwrap_or(DEFAULT_ROPE_THETA),
                 };
                 ("rope_parameters", Some(rp), theta)
             }
@@ -295,7 +299,7 @@ impl Fields<'_> {
                 return Err(self.bad("rope_parameters", format!("must be an object, found {v}")))
             }
             None => {
-                let theta = self.opt_f32("rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA);
+                let theta = top_theta.unwrap_or(DEFAULT_ROPE_THETA);
                 match self.get("rope_scaling") {
                     None => ("rope_scaling", None, theta),
                     Some(Value::Object(rs)) => ("rope_scaling", Some(rs), theta),

@@ -45,8 +45,8 @@ pub struct Converted {
 pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> Result<Converted> {
     let cfg = Config::from_file(&dir.join("config.json"))?;
     let tok_path = dir.join("tokenizer.json");
-    let spec = if tok_path.is_file() {
-        let text = std::fs::read_to_string(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
+    let spec = if tok_path.exists() {
+        let text = crate::files::read_regular_to_string(&tok_path)?;
         Some(TokenizerSpec::from_hf_tokenizer_json(
             &text,
             &cfg.eos_token_ids,
@@ -97,7 +97,7 @@ pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> R
                 Cow::Borrowed(f.as_slice()),
             )?;
         }
-        w.write_file(out)?;
+        w.write_file_guarded(out, &crate::models::loader::input_files(dir))?;
         Ok(Converted {
             tensors: count + usize::from(freqs.is_some()),
             data_bytes,

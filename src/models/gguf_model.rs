@@ -33,7 +33,7 @@ use super::config::{Config, DEFAULT_ROPE_THETA};
 use super::llama::LoadOptions;
 use super::loader::{fallback_notes, upload};
 use super::rows::permute_rope_rows;
-use super::weights::{uniform, Role, Weights};
+use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Weights};
 
 /// The keys `graft convert` writes for Llama 3 rope scaling (llama.cpp reads
 /// `rope_freqs.weight` instead and ignores these).
@@ -327,9 +327,22 @@ fn find_tensors<'a>(
     f: &'a GgufFile,
     cfg: &Config,
 ) -> Result<HashMap<(Role, Option<usize>), Found<'a>>> {
-    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
     let bad =
         |name: &str, msg: String| Error::model(format!("{}: tensor '{name}' {msg}", f.path()));
+    let layers = layers_named(f.tensors().iter().map(|t| t.name.as_str()), "blk.");
+    let ne_of = |role: Role| {
+        let name = role.gguf_name(Some(0));
+        let info = f
+            .tensor(&name)
+            .ok_or_else(|| bad(&name, "is missing".into()))?;
+        let ne = info
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d).unwrap_or(usize::MAX));
+        Ok((format!("tensor '{name}'"), ne.collect()))
+    };
+    check_sizes(cfg, SizeFields::GGUF, f.path(), layers, &ne_of)?;
+    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
     let mut found = HashMap::new();
     let mut names = vec![ROPE_FREQS.to_string()];
     for slot in probe.slots(cfg) {
@@ -416,6 +429,8 @@ pub fn load_gguf_weights(
 }
 
 /// Whether `path` names a GGUF file rather than a model folder.
+/// Anything that exists and is not a folder counts as a file, so that a FIFO or a device
+/// gets the reader's "not a regular file" error rather than "does not exist".
 pub fn is_gguf_path(path: &Path) -> bool {
-    path.is_file()
+    path.exists() && !path.is_dir()
 }

@@ -81,6 +81,9 @@ impl CacheTypes {
     }
 }
 
+/// The longest context: positions are I32 inputs on the device.
+pub const MAX_CTX: usize = i32::MAX as usize;
+
 /// The KV cache of a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvCache {
@@ -108,7 +111,35 @@ impl KvCache {
         }
     }
 
-    /// Allocates a zero-filled cache of `ctx` positions on `be` (after checking `types`).
+    /// Checks a context of `ctx` positions before anything is sized by it: at least 1, at
+    /// most [`MAX_CTX`] (positions are I32 on the device), and a cache whose bytes can be
+    /// counted without overflow. Returns those bytes; errors name `--ctx`.
+    pub fn check_ctx(cfg: &Config, ctx: usize, types: CacheTypes) -> Result<usize> {
+        if ctx == 0 || ctx > MAX_CTX {
+            return Err(Error::model(format!(
+                "--ctx {ctx}: the context length must be 1 to {MAX_CTX} (positions are 32-bit)"
+            )));
+        }
+        let tensor = |dt: DType| {
+            ctx.checked_mul(dt.row_bytes(cfg.n_kv_dim()))
+                .and_then(|b| b.checked_next_multiple_of(ALIGN))
+        };
+        tensor(types.k)
+            .zip(tensor(types.v))
+            .and_then(|(k, v)| k.checked_add(v))
+            .and_then(|l| l.checked_mul(cfg.num_hidden_layers))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::model(format!(
+                    "--ctx {ctx}: a KV cache of {ctx} positions x {} layers x {} values is too large to address",
+                    cfg.num_hidden_layers,
+                    cfg.n_kv_dim()
+                ))
+            })
+    }
+
+    /// Allocates a zero-filled cache of `ctx` positions on `be` (after checking `types`
+    /// and the size, see [`KvCache::check_ctx`]).
     pub fn alloc(
         cfg: &Config,
         ctx: usize,
@@ -116,7 +147,7 @@ impl KvCache {
         be: &mut dyn Backend,
     ) -> Result<KvCache> {
         types.check(cfg)?;
-        let bytes = KvCache::layout(cfg, ctx, types, BufferId(0)).bytes();
+        let bytes = KvCache::check_ctx(cfg, ctx, types)?;
         let buffer = be.alloc_buffer(bytes)?;
         Ok(KvCache::layout(cfg, ctx, types, buffer))
     }

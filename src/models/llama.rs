@@ -708,9 +708,7 @@ impl Llama {
             (Config::from_file(&path.join("config.json"))?, None)
         };
         let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
-        if ctx == 0 {
-            return Err(Error::model("the context length must be at least 1"));
-        }
+        KvCache::check_ctx(&config, ctx, opts.cache)?;
         let weights = match &file {
             Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
             None => loader::load_weights(path, &config, be, opts)?,
@@ -805,7 +803,11 @@ impl Llama {
 
     /// Checks that `n` more positions fit in the cache.
     fn check_room(&self, n: usize) -> Result<()> {
-        if self.n_past + n > self.cache.ctx {
+        if self
+            .n_past
+            .checked_add(n)
+            .is_none_or(|t| t > self.cache.ctx)
+        {
             return Err(Error::model(format!(
                 "context full: {} cached + {n} new tokens exceed the context of {} tokens (--ctx)",
                 self.n_past, self.cache.ctx
@@ -840,7 +842,7 @@ impl Llama {
         }
         be.compute(c.exec)?;
         self.n_past += n;
-        self.read(be, &c, logits != Logits::None)
+        self.read(be, &c, logits != Logits::None, "prefill")
     }
 
     /// Runs one token at position `n_past` with the decode plan of its bucket.
@@ -865,7 +867,7 @@ impl Llama {
         }
         be.compute(c.exec)?;
         self.n_past += 1;
-        self.read(be, &c, logits)
+        self.read(be, &c, logits, "decode")
     }
 
     /// The decode plan of the bucket `n_kv`, built and loaded on first use.
@@ -894,17 +896,35 @@ impl Llama {
         Ok(c)
     }
 
-    fn read(&self, be: &mut dyn Backend, c: &Compiled, logits: bool) -> Result<Output> {
+    /// Reads back the argmax and, if asked, the logits of a run of `step` that ended at
+    /// position `n_past - 1`; non-finite logits are an [`Error::NonFinite`] naming the
+    /// first such position (the device argmax says so for the last one, which is all
+    /// greedy decoding reads).
+    fn read(
+        &self,
+        be: &mut dyn Backend,
+        c: &Compiled,
+        logits: bool,
+        step: &'static str,
+    ) -> Result<Output> {
+        let last = self.n_past - 1;
         let argmax = be.get_output_i32(c.exec, c.argmax, 1)?[0];
         let logits = if logits {
-            be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?
+            let v = be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?;
+            let mut rows = v.chunks(self.config.vocab_size.max(1));
+            if let Some(row) = rows.position(|r| r.iter().any(|x| !x.is_finite())) {
+                let position = last + 1 - c.n_out + row;
+                return Err(Error::NonFinite { position, step });
+            }
+            v
         } else {
             Vec::new()
         };
-        Ok(Output {
-            argmax: argmax as u32,
-            logits,
-        })
+        let argmax = u32::try_from(argmax).map_err(|_| Error::NonFinite {
+            position: last,
+            step,
+        })?;
+        Ok(Output { argmax, logits })
     }
 
     /// Checks, without running anything, that [`Llama::generate`] can take `prompt` and
@@ -914,11 +934,14 @@ impl Llama {
         if prompt.is_empty() {
             return Err(Error::model("empty prompt: give at least one token"));
         }
-        if prompt.len() + n > self.cache.ctx {
+        if prompt
+            .len()
+            .checked_add(n)
+            .is_none_or(|t| t > self.cache.ctx)
+        {
             return Err(Error::model(format!(
-                "prompt ({} tokens) + generation ({n} tokens) = {} tokens exceeds the context of {} tokens (--ctx)",
+                "prompt ({} tokens) + generation ({n} tokens, -n) exceeds the context of {} tokens (--ctx)",
                 prompt.len(),
-                prompt.len() + n,
                 self.cache.ctx
             )));
         }
@@ -945,7 +968,7 @@ impl Llama {
         let out = self.prefill(be, prompt, mode)?;
         let prompt_secs = t0.elapsed().as_secs_f64();
         let mut next = sampler.pick(&out);
-        let mut tokens = Vec::with_capacity(n);
+        let mut tokens = Vec::new();
         let mut stop = Stop::Length;
         let (mut decode_steps, mut decode_secs) = (0, 0.0);
         while tokens.len() < n {

@@ -16,7 +16,6 @@
 //! tensor at a time; otherwise matrices keep their dtype and are uploaded as they are.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -26,23 +25,65 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::files::{join_inside, open_regular, read_regular_to_string};
 use crate::graph::{BufferId, DType};
 
 use super::config::Config;
 use super::llama::LoadOptions;
 use super::quant_plan::QuantPlan;
 use super::rows::convert_rows;
-use super::weights::{uniform, Role, Slot, Weights};
+use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Slot, Weights};
 
 /// The single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";
 /// The sharded checkpoint index name.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// One memory-mapped safetensors file.
+/// The files a model at `path` is read from, for refusing to overwrite them: the file
+/// itself for a GGUF file; for a folder, those of its config, checkpoint (every
+/// `*.safetensors` file and the index) and tokenizer that exist.
+pub fn input_files(path: &Path) -> Vec<PathBuf> {
+    if !path.is_dir() {
+        return vec![path.to_path_buf()];
+    }
+    let named = [
+        "config.json",
+        INDEX_FILE,
+        crate::models::tokenizer::TOKENIZER_FILE,
+        crate::models::tokenizer::TOKENIZER_CONFIG_FILE,
+    ];
+    let mut files: Vec<PathBuf> = named.iter().map(|n| path.join(n)).collect();
+    if let Ok(entries) = std::fs::read_dir(path) {
+        files.extend(
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors")),
+        );
+    }
+    files.retain(|p| p.exists());
+    files
+}
+
+/// The bytes of a safetensors file: memory-mapped, or in memory (fuzzing).
+enum Bytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// One safetensors file (memory-mapped).
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     /// File offset of the data section (after the 8-byte length and the header).
     data_start: usize,
     meta: Metadata,
@@ -50,11 +91,17 @@ struct Shard {
 
 impl Shard {
     fn open(path: &Path) -> Result<Shard> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = open_regular(path)?;
         // SAFETY: the file is opened read-only and only read through the mapping; like
         // every memory-mapped reader we rely on no other process truncating or rewriting
         // the checkpoint while it is being loaded.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Shard::parse(path, Bytes::Map(map))
+    }
+
+    /// Reads the header of the safetensors bytes `map` (from `path`): its length checked
+    /// against the bytes, then the JSON (every tensor's offsets checked by safetensors).
+    fn parse(path: &Path, map: Bytes) -> Result<Shard> {
         let bad = |msg: String| Error::model(format!("{}: {msg}", path.display()));
         let len_bytes: [u8; 8] = map
             .get(..8)
@@ -65,9 +112,10 @@ impl Shard {
                     map.len()
                 ))
             })?;
-        let n = u64::from_le_bytes(len_bytes) as usize;
-        let data_start = n
-            .checked_add(8)
+        let n = u64::from_le_bytes(len_bytes);
+        let data_start = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_add(8))
             .filter(|&end| end <= map.len())
             .ok_or_else(|| {
                 bad(format!(
@@ -75,8 +123,11 @@ impl Shard {
                     map.len()
                 ))
             })?;
-        let meta: Metadata = serde_json::from_slice(&map[8..data_start])
-            .map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+        let header = &map[8..data_start];
+        let meta: Metadata = serde_json::from_slice(header).map_err(|e| {
+            let why = explain_header(header).unwrap_or_default();
+            bad(format!("bad safetensors header: {e}{why}"))
+        })?;
         Ok(Shard {
             path: path.to_path_buf(),
             map,
@@ -88,16 +139,66 @@ impl Shard {
     /// The bytes of a tensor, checked against the file's length.
     fn bytes(&self, name: &str, info: &TensorInfo) -> Result<&[u8]> {
         let (s, e) = info.data_offsets;
-        let (fs, fe) = (self.data_start + s, self.data_start + e);
-        if fe > self.map.len() {
-            return Err(Error::model(format!(
-                "{} is truncated: tensor '{name}' needs file bytes {fs}..{fe}, the file has {} bytes",
+        let at = |o: usize| {
+            self.data_start
+                .checked_add(o)
+                .filter(|&x| x <= self.map.len())
+        };
+        match (at(s), at(e)) {
+            (Some(fs), Some(fe)) if fs <= fe => Ok(&self.map[fs..fe]),
+            (Some(_) | None, Some(_) | None) => Err(Error::model(format!(
+                "{} is truncated: tensor '{name}' needs data bytes {s}..{e} after the header ({} bytes), the file has {} bytes",
                 self.path.display(),
+                self.data_start,
                 self.map.len()
-            )));
+            ))),
         }
-        Ok(&self.map[fs..fe])
     }
+}
+
+/// Why safetensors refused a `header`, naming the tensor (its message does not): a
+/// missing or unknown dtype, a bad shape or offsets, data that does not match its shape,
+/// or offsets that do not tile the data section. `None` when no such reason is found.
+fn explain_header(header: &[u8]) -> Option<String> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut spans = Vec::new();
+    for (name, t) in map.iter().filter(|(n, _)| *n != "__metadata__") {
+        let field = |key: &str| t.get(key).cloned().unwrap_or_default();
+        let why = |msg: String| Some(format!(" (tensor '{name}': {msg})"));
+        let Ok(dtype) = serde_json::from_value::<Dtype>(field("dtype")) else {
+            return why(format!("unknown dtype {}", field("dtype")));
+        };
+        let Ok(shape) = serde_json::from_value::<Vec<usize>>(field("shape")) else {
+            return why(format!("shape {} is not a list of sizes", field("shape")));
+        };
+        let Ok([start, end]) = serde_json::from_value::<[usize; 2]>(field("data_offsets")) else {
+            return why(format!(
+                "data_offsets {} is not [start, end]",
+                field("data_offsets")
+            ));
+        };
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.bitsize(), |a, &d| a.checked_mul(d))
+            .map(|bits| bits.div_ceil(8));
+        if start > end || bytes != Some(end - start) {
+            return why(format!(
+                "shape {shape:?} of {dtype:?} does not match data_offsets [{start}, {end}]"
+            ));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort();
+    let mut at = 0;
+    for (start, end, name) in spans {
+        if start != at {
+            return Some(format!(
+                " (tensor '{name}': data_offsets start at {start}, expected {at}: the tensors must tile the data without gaps or overlaps)"
+            ));
+        }
+        at = end;
+    }
+    None
 }
 
 /// A checkpoint's files and which one holds each tensor.
@@ -111,9 +212,9 @@ impl Checkpoint {
     fn open(dir: &Path) -> Result<Checkpoint> {
         let index = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
-        if index.is_file() {
+        if index.exists() {
             Checkpoint::open_index(dir, &index)
-        } else if single.is_file() {
+        } else if single.exists() {
             let shard = Shard::open(&single)?;
             let tensors = shard.meta.tensors().into_keys().map(|n| (n, 0)).collect();
             Ok(Checkpoint {
@@ -129,7 +230,7 @@ impl Checkpoint {
     }
 
     fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
-        let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+        let text = read_regular_to_string(index)?;
         let bad = |msg: String| Error::model(format!("{}: {msg}", index.display()));
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
@@ -149,7 +250,8 @@ impl Checkpoint {
             let i = match by_file.get(file) {
                 Some(&i) => i,
                 None => {
-                    shards.push(Shard::open(&dir.join(file))?);
+                    let what = format!("weight_map entry '{name}'");
+                    shards.push(Shard::open(&join_inside(dir, file, &what)?)?);
                     by_file.insert(file.to_string(), shards.len() - 1);
                     shards.len() - 1
                 }
@@ -168,6 +270,23 @@ impl Checkpoint {
             }
         }
         Ok(Checkpoint { shards, tensors })
+    }
+
+    /// Checks `cfg`'s sizes against the tensors present (see [`check_sizes`]) before
+    /// anything is laid out from them.
+    fn check_sizes(&self, dir: &Path, cfg: &Config) -> Result<()> {
+        let layers = layers_named(self.tensors.keys().map(String::as_str), "model.layers.");
+        let ne_of = |role: Role| {
+            let name = role.hf_name(Some(0));
+            let (shard, info) = self.info(&name).ok_or_else(|| {
+                Error::model(format!("{}: tensor '{name}' is missing", dir.display()))
+            })?;
+            shard.bytes(&name, info)?;
+            let label = format!("{}: tensor '{name}'", shard.path.display());
+            Ok((label, info.shape.iter().rev().copied().collect()))
+        };
+        let source = dir.join("config.json").display().to_string();
+        check_sizes(cfg, SizeFields::HF, &source, layers, &ne_of)
     }
 
     fn info(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
@@ -198,39 +317,73 @@ pub(crate) fn with_hf_tensors<T>(
     cfg: &Config,
     f: impl FnOnce(&Found) -> Result<T>,
 ) -> Result<T> {
-    let ckpt = Checkpoint::open(dir)?;
-    let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
-    let mut found = HashMap::new();
-    for slot in probe.slots(cfg) {
-        let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
-            Error::model(format!(
-                "{}: tensor '{}' is missing (expected shape {:?})",
-                dir.display(),
-                slot.name,
-                slot.shape
-            ))
-        })?;
-        let here = || format!("{}: tensor '{}'", shard.path.display(), slot.name);
-        let dtype = weight_dtype(info.dtype).ok_or_else(|| {
-            Error::model(format!(
-                "{} has dtype {:?}; supported: F32, F16, BF16",
-                here(),
-                info.dtype
-            ))
-        })?;
-        if info.shape != slot.shape {
-            return Err(Error::model(format!(
-                "{} has shape {:?}, expected {:?}",
-                here(),
-                info.shape,
-                slot.shape
-            )));
+    Checkpoint::open(dir)?.with_tensors(dir, cfg, f)
+}
+
+/// Loads the weights of one safetensors file held in memory (`bytes`, named `name` in
+/// errors) for `cfg`, with every check of [`load_weights`]: the fuzzing entry point of
+/// the safetensors header and config pairing.
+pub fn load_weights_from_bytes(
+    name: &str,
+    bytes: Vec<u8>,
+    cfg: &Config,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+) -> Result<Weights> {
+    let shard = Shard::parse(Path::new(name), Bytes::Owned(bytes))?;
+    let tensors = shard.meta.tensors().into_keys().map(|n| (n, 0)).collect();
+    let ckpt = Checkpoint {
+        shards: vec![shard],
+        tensors,
+    };
+    ckpt.with_tensors(Path::new(name), cfg, |found| {
+        upload_all(found, cfg, be, opts)
+    })
+}
+
+impl Checkpoint {
+    /// The tensors of this checkpoint (from `dir`) for `cfg`: see [`with_hf_tensors`].
+    fn with_tensors<T>(
+        &self,
+        dir: &Path,
+        cfg: &Config,
+        f: impl FnOnce(&Found) -> Result<T>,
+    ) -> Result<T> {
+        let ckpt = self;
+        ckpt.check_sizes(dir, cfg)?;
+        let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
+        let mut found = HashMap::new();
+        for slot in probe.slots(cfg) {
+            let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
+                Error::model(format!(
+                    "{}: tensor '{}' is missing (expected shape {:?})",
+                    dir.display(),
+                    slot.name,
+                    slot.shape
+                ))
+            })?;
+            let here = || format!("{}: tensor '{}'", shard.path.display(), slot.name);
+            let dtype = weight_dtype(info.dtype).ok_or_else(|| {
+                Error::model(format!(
+                    "{} has dtype {:?}; supported: F32, F16, BF16",
+                    here(),
+                    info.dtype
+                ))
+            })?;
+            if info.shape != slot.shape {
+                return Err(Error::model(format!(
+                    "{} has shape {:?}, expected {:?}",
+                    here(),
+                    info.shape,
+                    slot.shape
+                )));
+            }
+            let bytes = shard.bytes(&slot.name, info)?;
+            found.insert((slot.role, slot.layer), (bytes, dtype));
         }
-        let bytes = shard.bytes(&slot.name, info)?;
-        found.insert((slot.role, slot.layer), (bytes, dtype));
+        check_leftovers(ckpt, &probe.slots(cfg), cfg)?;
+        f(&found)
     }
-    check_leftovers(&ckpt, &probe.slots(cfg), cfg)?;
-    f(&found)
 }
 
 /// Loads the weights of the checkpoint in `dir` for `cfg` into a new buffer on `be`,

@@ -49,7 +49,8 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Reads a `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let bytes = crate::files::read_regular(path)?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| Error::model(format!("{}: cannot load tokenizer: {e}", path.display())))?;
         // A tokenizer.json does not say which token is EOS: its special tokens whose text
         // ends a turn in the known chat formats stand in.
@@ -101,7 +102,7 @@ impl Tokenizer {
     /// The folder's tokenizer, or `None` when it has no `tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Option<Tokenizer>> {
         let path = dir.join(TOKENIZER_FILE);
-        if path.is_file() {
+        if path.exists() {
             Tokenizer::from_file(&path).map(Some)
         } else {
             Ok(None)
@@ -239,7 +240,7 @@ fn from_folder(dir: &Path) -> Result<Option<ModelTokenizer>> {
         return Ok(None);
     };
     let config = dir.join(TOKENIZER_CONFIG_FILE);
-    let template = if config.is_file() {
+    let template = if config.exists() {
         template_of_config(&config)?
     } else {
         TemplateSource::default()
@@ -254,10 +255,13 @@ fn from_folder(dir: &Path) -> Result<Option<ModelTokenizer>> {
 /// a string or a list of `{"name", "template"}` (the one named `default` is used);
 /// `bos_token`/`eos_token` are strings or `{"content": ...}` objects.
 fn template_of_config(path: &Path) -> Result<TemplateSource> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::files::read_regular_to_string(path)?;
     let bad = |what: &str| Error::model(format!("{}: {what}", path.display()));
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(&format!("not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(bad("expected a JSON object"));
+    }
     let source = match v.get("chat_template") {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(s)) => Some(s.clone()),

@@ -21,7 +21,7 @@
 //! projection is the embedding table (same bytes).
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
@@ -313,6 +313,110 @@ impl Cursor<'_> {
 /// The dtype of every tensor of a model whose matrices are all `dtype`.
 pub fn uniform(dtype: DType) -> impl Fn(Role, Option<usize>) -> DType {
     move |role, _| if role.is_norm() { DType::F32 } else { dtype }
+}
+
+/// The names a file format gives the size fields of a config, for errors.
+#[derive(Clone, Copy, Debug)]
+pub struct SizeFields {
+    /// The layer count (`num_hidden_layers`, `llama.block_count`).
+    pub layers: &'static str,
+    /// The residual width (`hidden_size`, `llama.embedding_length`).
+    pub hidden: &'static str,
+    /// The vocabulary size.
+    pub vocab: &'static str,
+    /// The query heads (times the head size: the width of `q`).
+    pub heads: &'static str,
+    /// The key/value heads (times the head size: the width of `k` and `v`).
+    pub kv_heads: &'static str,
+    /// The MLP width.
+    pub intermediate: &'static str,
+    /// Whether the format lists dimensions outermost first (safetensors' `shape`) rather
+    /// than innermost first (ggml's `ne`), for the messages.
+    pub outermost_first: bool,
+}
+
+impl SizeFields {
+    /// The fields of a Hugging Face `config.json`.
+    pub const HF: SizeFields = SizeFields {
+        layers: "num_hidden_layers",
+        hidden: "hidden_size",
+        vocab: "vocab_size",
+        heads: "num_attention_heads",
+        kv_heads: "num_key_value_heads",
+        intermediate: "intermediate_size",
+        outermost_first: true,
+    };
+    /// The metadata keys of a `llama` GGUF file.
+    pub const GGUF: SizeFields = SizeFields {
+        layers: "llama.block_count",
+        hidden: "llama.embedding_length",
+        vocab: "llama.vocab_size",
+        heads: "llama.attention.head_count",
+        kv_heads: "llama.attention.head_count_kv",
+        intermediate: "llama.feed_forward_length",
+        outermost_first: false,
+    };
+}
+
+/// The number of layers whose tensors are named in `names` (`{prefix}{layer}.…`): one
+/// more than the highest layer index found.
+pub fn layers_named<'a>(names: impl Iterator<Item = &'a str>, prefix: &str) -> usize {
+    names
+        .filter_map(|n| {
+            n.strip_prefix(prefix)?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|l| l.saturating_add(1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Checks `cfg`'s sizes against the tensors a file actually holds, before anything is
+/// sized by them: the layer count against `layers_found`, and the widths against the
+/// embedding table and layer 0's `q`, `k` and `gate` matrices (`ne_of(role)`: a label
+/// naming that tensor and its `ne`, an error when it is missing). Errors (in `source`)
+/// name the field and the tensor.
+pub fn check_sizes(
+    cfg: &Config,
+    fields: SizeFields,
+    source: &str,
+    layers_found: usize,
+    ne_of: &dyn Fn(Role) -> Result<(String, Vec<usize>)>,
+) -> Result<()> {
+    if cfg.num_hidden_layers > layers_found {
+        return Err(Error::model(format!(
+            "{source}: field '{}' is {} but the weights have tensors for {layers_found} layers",
+            fields.layers, cfg.num_hidden_layers
+        )));
+    }
+    let checks = [
+        (Role::TokEmbd, 0, fields.hidden, cfg.hidden_size),
+        (Role::TokEmbd, 1, fields.vocab, cfg.vocab_size),
+        (Role::AttnQ, 1, fields.heads, cfg.n_q()),
+        (Role::AttnK, 1, fields.kv_heads, cfg.n_kv_dim()),
+        (Role::FfnGate, 1, fields.intermediate, cfg.intermediate_size),
+    ];
+    for (role, dim, field, want) in checks {
+        let (label, ne) = ne_of(role)?;
+        if ne.len() != 2 || ne[dim] != want {
+            let (mut got, mut expected) = (ne, role.ne(cfg));
+            let word = match fields.outermost_first {
+                true => {
+                    got.reverse();
+                    expected.reverse();
+                    "shape"
+                }
+                false => "ne",
+            };
+            return Err(Error::model(format!(
+                "{source}: field '{field}' gives a size of {want}, but {label} has {word} {got:?}, expected {expected:?}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Weights {

@@ -1,6 +1,7 @@
 //! argmax: the index of the largest element of each row, as I32 (greedy sampling on the
-//! device without copying the logits back). Ties go to the lowest index; NaN is never
-//! picked over a number.
+//! device without copying the logits back). Ties go to the lowest index. A row holding a
+//! NaN or an infinity gives -1, so that a caller reading only the argmax still learns
+//! that the logits are garbage (the model checks it: no silent token 0).
 
 use super::host::{for_each_row, HostTensor};
 use super::{expect_dtype, Op};
@@ -8,7 +9,8 @@ use crate::error::Result;
 use crate::graph::{DType, Graph, TensorId};
 
 impl Graph {
-    /// I32 [ne1, ne2, ne3] holding the argmax of each row of `a` [ne0, ne1, ne2, ne3].
+    /// I32 [ne1, ne2, ne3] holding the argmax of each row of `a` [ne0, ne1, ne2, ne3], or
+    /// -1 for a row holding a non-finite value.
     pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
         let t = self.get(a)?;
         expect_dtype("argmax", &t.name, t.dtype, &DType::FLOATS)?;
@@ -16,6 +18,18 @@ impl Graph {
         Ok(self.new_node(Op::Argmax, DType::I32, ne, &[a]))
     }
 }
+
+/// The op's value for `row`: the index of its first maximum, or -1 when it holds a NaN
+/// or an infinity.
+pub fn argmax_op_row(row: &[f32]) -> i32 {
+    match row.iter().all(|v| v.is_finite()) {
+        true => argmax_row(row) as i32,
+        false => NON_FINITE,
+    }
+}
+
+/// What argmax gives for a row holding a NaN or an infinity.
+pub const NON_FINITE: i32 = -1;
 
 /// Index of the first maximum of `row` (NaN entries are skipped; 0 if all are NaN).
 pub fn argmax_row(row: &[f32]) -> usize {
@@ -40,7 +54,7 @@ pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
         // SAFETY: (i1, i2, i3) is inside a; dst is [ne1, ne2, ne3] written by this step only.
         unsafe {
             a.read_row(i1, i2, i3, &mut row);
-            dst.set_i32([i1, i2, i3, 0], argmax_row(&row) as i32);
+            dst.set_i32([i1, i2, i3, 0], argmax_op_row(&row));
         }
     });
     Ok(())

@@ -1,0 +1,6 @@
+//! Fuzz target: `graft::fuzz::gguf_tokenizer` (errors are fine; a panic, abort or hang is a finding).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _ = graft::fuzz::gguf_tokenizer(data);
+});
