@@ -55,6 +55,13 @@ pub struct Args {
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
+    /// When the context is full, keep its last half (prefilled again) and go on, so that
+    /// -n may exceed --ctx; without it, prompt + -n must fit the context.
+    #[arg(long, conflicts_with = "chat")]
+    context_shift: bool,
+    /// Go on past end-of-sequence tokens to -n tokens.
+    #[arg(long, conflicts_with = "chat")]
+    ignore_eos: bool,
     /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
     /// q4_k_m / q5_k_m mixes (norms stay F32).
     #[arg(long, value_enum)]
@@ -97,6 +104,8 @@ pub fn run(a: Args) -> Result<()> {
         (None, None) => return Err(Error::model("give --prompt, --file or --token-ids")),
     };
     let mut sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    model.set_context_shift(a.context_shift);
+    model.set_ignore_eos(a.ignore_eos);
     model.check_generation(&prompt, a.n)?;
 
     // Streaming: the prompt first, then each piece of text (or id) as it comes.

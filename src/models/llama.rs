@@ -675,6 +675,11 @@ pub struct Llama {
     /// Loaded decode plans by KV-length bucket.
     decode: PlanCache<usize>,
     counts: PlanCounts,
+    /// Whether [`Llama::generate`] goes on past a full context (see
+    /// [`Llama::set_context_shift`]).
+    context_shift: bool,
+    /// Whether [`Llama::generate`] goes on past end-of-sequence tokens.
+    ignore_eos: bool,
 }
 
 impl Llama {
@@ -688,7 +693,24 @@ impl Llama {
             prefill: PlanCache::new(MAX_PREFILL_PLANS),
             decode: PlanCache::new(MAX_DECODE_PLANS),
             counts: PlanCounts::default(),
+            context_shift: false,
+            ignore_eos: false,
         }
+    }
+
+    /// With `on`, [`Llama::generate`] treats end-of-sequence tokens as any other and runs
+    /// to its length (benchmarks and long runs).
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.ignore_eos = on;
+    }
+
+    /// With `on`, [`Llama::generate`] may run past the context: when the cache is full it
+    /// keeps the last half of the context's tokens (prompt and generated), prefills them
+    /// again from an empty cache and goes on, so a generation of any length runs in the
+    /// memory of one context (llama.cpp's context shift, by recomputation). Off (the
+    /// default), prompt plus generation must fit the context.
+    pub fn set_context_shift(&mut self, on: bool) {
+        self.context_shift = on;
     }
 
     /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
@@ -934,6 +956,9 @@ impl Llama {
         if prompt.is_empty() {
             return Err(Error::model("empty prompt: give at least one token"));
         }
+        if self.context_shift && prompt.len() < self.cache.ctx {
+            return self.check_tokens("prompt", prompt);
+        }
         if prompt
             .len()
             .checked_add(n)
@@ -946,6 +971,21 @@ impl Llama {
             )));
         }
         self.check_tokens("prompt", prompt)
+    }
+
+    /// The context shift of [`Llama::set_context_shift`]: the last half of the context's
+    /// tokens of `prompt` + `tokens` (whose last one is about to be decoded) prefilled
+    /// again into an empty cache, all but that last one.
+    fn shift(&mut self, be: &mut dyn Backend, prompt: &[u32], tokens: &[u32]) -> Result<()> {
+        let keep = (self.cache.ctx / 2).max(1);
+        let total = prompt.len() + tokens.len();
+        let from = total - keep.min(total);
+        let kept: Vec<u32> = prompt.iter().chain(tokens).skip(from).copied().collect();
+        self.reset();
+        if kept.len() > 1 {
+            self.prefill(be, &kept[..kept.len() - 1], Logits::None)?;
+        }
+        Ok(())
     }
 
     /// Generates up to `n` tokens after `prompt` (from an empty cache), calling
@@ -972,7 +1012,7 @@ impl Llama {
         let mut stop = Stop::Length;
         let (mut decode_steps, mut decode_secs) = (0, 0.0);
         while tokens.len() < n {
-            if self.config.is_eos(next) {
+            if !self.ignore_eos && self.config.is_eos(next) {
                 stop = Stop::Eos;
                 break;
             }
@@ -982,6 +1022,9 @@ impl Llama {
                 break;
             }
             let t = Instant::now();
+            if self.n_past == self.cache.ctx {
+                self.shift(be, prompt, &tokens)?;
+            }
             let out = self.decode_step(be, next, !greedy)?;
             decode_secs += t.elapsed().as_secs_f64();
             decode_steps += 1;
