@@ -28,8 +28,8 @@ use super::kquants::{scale_min_k4, unpack_q6_k};
 use super::legacy::{unpack_5bit, unpack_nibbles};
 use super::{as_array, as_array_mut, legacy, read_f16, QType};
 
-/// Whether the CPU runs the AVX2 + FMA copies of the dot products (detected once; std
-/// caches the answer). Those copies differ from the portable ones only in rounding where
+/// Whether the CPU runs the AVX2 + FMA copy of [`vec_dot_f32`] (detected once; std
+/// caches the answer). That copy differs from the portable one only in rounding where
 /// FMA contracts a multiply-add of the f32 scales.
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -47,32 +47,54 @@ const Q8_1_BYTES: usize = 36;
 /// If `w` is not a whole number of `q` blocks, or `a` does not hold one Q8_1 block per
 /// 32 weights of `w`: the caller sizes both from the same row length.
 pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked by has_avx2).
-        return unsafe { vec_dot_q8_1_avx2(q, w, a) };
-    }
-    vec_dot_q8_1_any(q, w, a)
+    let mut out = [0.0f32];
+    vec_dot_q8_1_cols(q, w, a, &mut out);
+    out[0]
 }
 
-/// [`vec_dot_q8_1`] compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn vec_dot_q8_1_avx2(q: QType, w: &[u8], a: &[u8]) -> f32 {
-    vec_dot_q8_1_any(q, w, a)
-}
-
-/// [`vec_dot_q8_1`] for any target: every helper below is inlined into it, so the
-/// AVX2 copy vectorizes the whole loop.
-#[inline(always)]
-fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
+/// Dot products of the quantized weight row `w` (blocks of `q`) with `out.len()`
+/// activation rows quantized to Q8_1, stored one after the other in `a`:
+/// `out[c] = vec_dot_q8_1(q, w, &a[c * r..(c + 1) * r])` with `r = a.len() / out.len()`.
+/// On x86-64 CPUs with AVX2, FMA and F16C the weight blocks are unpacked once for up to
+/// four columns by the intrinsics of [`super::avx2`]; elsewhere each column goes through
+/// the portable code. Both give the same integer sums; the f32 sums of the block terms
+/// are added in different orders.
+///
+/// # Panics
+/// If `w` is not a whole number of `q` blocks, or `a` does not hold `out.len()` rows of
+/// one Q8_1 block per 32 weights of `w`.
+pub fn vec_dot_q8_1_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
     let n = w.len() / q.block_bytes() * q.block_size();
     assert!(
-        w.len() % q.block_bytes() == 0 && a.len() == n / 32 * Q8_1_BYTES,
-        "vec_dot_q8_1 {q}: {} weight bytes and {} Q8_1 bytes do not describe one row",
+        w.len() % q.block_bytes() == 0 && a.len() == out.len() * (n / 32 * Q8_1_BYTES),
+        "vec_dot_q8_1 {q}: {} weight bytes and {} Q8_1 bytes do not describe {} row(s)",
         w.len(),
-        a.len()
+        a.len(),
+        out.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; the lengths were checked above.
+        unsafe { super::avx2::dot_cols(q, w, a, out) };
+        return;
+    }
+    vec_dot_q8_1_cols_portable(q, w, a, out);
+}
+
+/// [`vec_dot_q8_1_cols`] without SIMD intrinsics, one column at a time (the reference of
+/// the intrinsics' tests). Same length checks as [`vec_dot_q8_1_cols`].
+pub(crate) fn vec_dot_q8_1_cols_portable(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let n = w.len() / q.block_bytes() * q.block_size();
+    let r = n / 32 * Q8_1_BYTES;
+    assert!(w.len() % q.block_bytes() == 0 && a.len() == out.len() * r);
+    for (o, ac) in out.iter_mut().zip(a.chunks_exact(r.max(1))) {
+        *o = vec_dot_q8_1_any(q, w, ac);
+    }
+}
+
+/// One column of [`vec_dot_q8_1_cols_portable`].
+#[inline(always)]
+fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
     match q {
         QType::Q4_0 => sum_blocks::<18, 36>(w, a, dot_q4_0),
         QType::Q4_1 => sum_blocks::<20, 36>(w, a, dot_q4_1),

@@ -542,7 +542,15 @@ fn flash_attn_cases<'a>() -> Vec<Case<'a>> {
             flops: 4.0 * (n_kv * HD * HEADS) as f64,
             build: Box::new(move |be, g, r| {
                 let cache = |be: &mut CudaBackend, g: &mut Graph, name: &str, r: usize| {
-                    let c = random_leaf(be, g, name, DType::F16, &[HD * heads_kv, n_kv], r as u64, true)?;
+                    let c = random_leaf(
+                        be,
+                        g,
+                        name,
+                        DType::F16,
+                        &[HD * heads_kv, n_kv],
+                        r as u64,
+                        true,
+                    )?;
                     g.view_3d(c, HD, n_kv, heads_kv, HD * heads_kv * 2, HD * 2, 0)
                 };
                 let k = cache(be, g, &format!("k{r}"), 2 * r)?;

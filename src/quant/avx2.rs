@@ -1,0 +1,456 @@
+//! AVX2 kernels of [`super::vec_dot_q8_1_cols`]: one quantized weight row against one to
+//! four activation columns quantized to Q8_1, with `std::arch` intrinsics.
+//!
+//! Each weight block is unpacked once into 32 unsigned quants (one `__m256i`), then, for
+//! every column, multiplied by the column's 32 signed Q8_1 quants with `vpmaddubsw`
+//! (pairs summed into i16; no pair can saturate: at most `2 * 63 * 128`) and `vpmaddwd`
+//! (pairs of i16 summed into i32, or weighted by a sub-block scale), converted to f32
+//! and accumulated with the block's scales in eight f32 lanes. Offsets (Q4_0's `-8`,
+//! Q5_0's `-16`, Q4_1/Q5_1's `m`, the K-quants' mins) are applied per block through the
+//! Q8_1 block's `s = d * sum(q)` field, as in the portable [`super::dot`] code; Q6_K's
+//! `-32` (per 16-element scale group, finer than `s`) is taken off in i16 by subtracting
+//! `32 * a` pair sums. Q8_0/Q8_1 weights are signed, so they use the sign trick:
+//! `|w| * (a * sign(w))`.
+//!
+//! The integer sums are those of the portable code, exactly; only the order in which the
+//! f32 terms are added differs (eight lanes per column, summed at the end).
+
+use std::arch::x86_64::*;
+
+use super::kquants::scale_min_k4;
+use super::QType;
+
+/// Bytes of a Q8_1 block.
+const Q8: usize = 36;
+
+/// Whether this CPU runs these kernels (std caches the detection).
+#[inline]
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// `out[c]` = the dot product of the weight row `w` (blocks of `q`) with the Q8_1 row
+/// `a[c * row..(c + 1) * row]`, `row = a.len() / out.len()`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C ([`available`]); `w` is whole blocks of `q` and `a`
+/// holds `out.len()` Q8_1 rows of one block per 32 weights of `w` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    let row = a.len() / n;
+    let mut c = 0;
+    while c + 4 <= n {
+        cols::<4>(q, w, a[c * row..].as_ptr(), row, &mut out[c..c + 4]);
+        c += 4;
+    }
+    let rest = &mut out[c..];
+    let a = a[c * row..].as_ptr();
+    match rest.len() {
+        3 => cols::<3>(q, w, a, row, rest),
+        2 => cols::<2>(q, w, a, row, rest),
+        1 => cols::<1>(q, w, a, row, rest),
+        _ => {}
+    }
+}
+
+// The legacy block types, as const parameters.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+const Q8_1: u8 = 5;
+
+/// `NC` columns starting at `a`, `row` bytes apart.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn cols<const NC: usize>(q: QType, w: &[u8], a: *const u8, row: usize, out: &mut [f32]) {
+    let nb = w.len() / q.block_bytes();
+    let w = w.as_ptr();
+    let r: [f32; NC] = match q {
+        QType::Q4_0 => legacy::<Q4_0, NC>(w, nb, a, row),
+        QType::Q4_1 => legacy::<Q4_1, NC>(w, nb, a, row),
+        QType::Q5_0 => legacy::<Q5_0, NC>(w, nb, a, row),
+        QType::Q5_1 => legacy::<Q5_1, NC>(w, nb, a, row),
+        QType::Q8_0 => legacy::<Q8_0, NC>(w, nb, a, row),
+        QType::Q8_1 => legacy::<Q8_1, NC>(w, nb, a, row),
+        QType::Q4_K => k4::<false, NC>(w, nb, a, row),
+        QType::Q5_K => k4::<true, NC>(w, nb, a, row),
+        QType::Q6_K => q6_k::<NC>(w, nb, a, row),
+    };
+    out.copy_from_slice(&r);
+}
+
+/// The two little-endian f16 at `p` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The little-endian f16 at `p` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x1(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The sum of the eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// The 32 quants of 16 packed bytes at `p`: low nibbles (elements 0..16), then high.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let qs = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(qs, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `i` = 0x10 where bit `i` of `qh` is set, else 0 (the fifth bit of Q5_0/Q5_1).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fifth_bits(qh: u32) -> __m256i {
+    let v = _mm256_set1_epi32(qh as i32);
+    // Byte i takes byte i / 8 of qh (each 128-bit lane holds all four).
+    let spread = _mm256_shuffle_epi8(
+        v,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Block bytes of a legacy type.
+const fn legacy_bytes(t: u8) -> usize {
+    match t {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        Q8_0 => 34,
+        _ => 36,
+    }
+}
+
+/// One legacy weight block at `p`: its 32 quants (unsigned for the 4/5-bit types, signed
+/// for Q8_0/Q8_1), its scale `d`, and the factor of the Q8_1 block's `s` in the block's
+/// dot product (`-8 d`, `-16 d`, `m` or 0).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_block<const T: u8>(p: *const u8) -> (__m256i, f32, f32) {
+    match T {
+        Q4_0 => {
+            let d = f16x1(p);
+            (nibbles(p.add(2)), d, -8.0 * d)
+        }
+        Q4_1 => {
+            let (d, m) = f16x2(p);
+            (nibbles(p.add(4)), d, m)
+        }
+        Q5_0 => {
+            let d = f16x1(p);
+            let qh = (p.add(2) as *const u32).read_unaligned();
+            let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
+            (q, d, -16.0 * d)
+        }
+        Q5_1 => {
+            let (d, m) = f16x2(p);
+            let qh = (p.add(4) as *const u32).read_unaligned();
+            let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh));
+            (q, d, m)
+        }
+        Q8_0 => (
+            _mm256_loadu_si256(p.add(2) as *const __m256i),
+            f16x1(p),
+            0.0,
+        ),
+        _ => (
+            _mm256_loadu_si256(p.add(4) as *const __m256i),
+            f16x1(p),
+            0.0,
+        ),
+    }
+}
+
+/// One legacy weight row of `nb` blocks at `w` against `NC` Q8_1 columns.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy<const T: u8, const NC: usize>(
+    w: *const u8,
+    nb: usize,
+    a: *const u8,
+    row: usize,
+) -> [f32; NC] {
+    let signed = T == Q8_0 || T == Q8_1;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut offs = [0.0f32; NC];
+    for b in 0..nb {
+        let (q, d, m) = legacy_block::<T>(w.add(b * legacy_bytes(T)));
+        let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
+        for c in 0..NC {
+            let ab = a.add(c * row + b * Q8);
+            let (d8, s8) = f16x2(ab);
+            let mut av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
+            if signed {
+                av = _mm256_sign_epi8(av, q);
+            }
+            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, av), ones);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+            offs[c] += m * s8;
+        }
+    }
+    let mut r = [0.0f32; NC];
+    for c in 0..NC {
+        r[c] = hsum(acc[c]) + offs[c];
+    }
+    r
+}
+
+/// One Q4_K (`FIVE = false`) or Q5_K row of `nb` super-blocks at `w` against `NC` Q8_1
+/// columns (8 Q8_1 blocks per super-block).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4<const FIVE: bool, const NC: usize>(
+    w: *const u8,
+    nb: usize,
+    a: *const u8,
+    row: usize,
+) -> [f32; NC] {
+    let bytes = if FIVE { 176 } else { 144 };
+    let low = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut offs = [0.0f32; NC];
+    for b in 0..nb {
+        let wb = w.add(b * bytes);
+        let (d, dmin) = f16x2(wb);
+        let scales = std::slice::from_raw_parts(wb.add(4), 12);
+        let qs = wb.add(if FIVE { 48 } else { 16 });
+        let qh = if FIVE {
+            _mm256_loadu_si256(wb.add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, scales);
+            let raw = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
+            let mut q = if j % 2 == 0 {
+                _mm256_and_si256(raw, low)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
+            };
+            if FIVE {
+                let bit = _mm256_set1_epi8((1u8 << j) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+            }
+            let scv = _mm256_set1_epi16(i16::from(sc));
+            let (dm, mf) = (d, dmin * f32::from(m));
+            for c in 0..NC {
+                let ab = a.add(c * row + (8 * b + j) * Q8);
+                let (d8, s8) = f16x2(ab);
+                let av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
+                let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), scv);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dm * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+                offs[c] -= mf * s8;
+            }
+        }
+    }
+    let mut r = [0.0f32; NC];
+    for c in 0..NC {
+        r[c] = hsum(acc[c]) + offs[c];
+    }
+    r
+}
+
+/// The 2-bit field `t` (bits `2t..2t + 2`) of every byte of `qh`, moved to bits 4..6.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6_high(qh: __m256i, t: usize) -> __m256i {
+    let three = _mm256_set1_epi8(3);
+    let f = match t {
+        0 => qh,
+        1 => _mm256_srli_epi16::<2>(qh),
+        2 => _mm256_srli_epi16::<4>(qh),
+        _ => _mm256_srli_epi16::<6>(qh),
+    };
+    // Each byte holds 0..=3 after the mask, so the 16-bit shift stays inside its byte.
+    _mm256_slli_epi16::<4>(_mm256_and_si256(f, three))
+}
+
+/// One Q6_K row of `nb` super-blocks at `w` against `NC` Q8_1 columns.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: *const u8, row: usize) -> [f32; NC] {
+    let low = _mm256_set1_epi8(0x0f);
+    let m32 = _mm256_set1_epi8(32);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for b in 0..nb {
+        let wb = w.add(b * 210);
+        let d = f16x1(wb.add(208));
+        let scales = wb.add(192) as *const i8;
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(wb.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(wb.add(128 + 32 * h) as *const __m256i);
+            for t in 0..4 {
+                // Elements 128h + 32t.. : ql0/ql1 low nibbles (t = 0, 1), high (t = 2, 3).
+                let ql = if t % 2 == 0 { ql0 } else { ql1 };
+                let lo = if t < 2 {
+                    _mm256_and_si256(ql, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low)
+                };
+                let q = _mm256_or_si256(lo, q6_high(qh, t));
+                let j = 4 * h + t;
+                let scv = _mm256_set_m128i(
+                    _mm_set1_epi16(i16::from(*scales.add(2 * j + 1))),
+                    _mm_set1_epi16(i16::from(*scales.add(2 * j))),
+                );
+                for c in 0..NC {
+                    let ab = a.add(c * row + (8 * b + j) * Q8);
+                    let d8 = f16x1(ab);
+                    let av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
+                    // (q - 32) * a summed in pairs, in i16: |sum| <= 2 * 32 * 128.
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q, av),
+                        _mm256_maddubs_epi16(m32, av),
+                    );
+                    let sumi = _mm256_madd_epi16(p, scv);
+                    acc[c] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
+                }
+            }
+        }
+    }
+    let mut r = [0.0f32; NC];
+    for c in 0..NC {
+        r[c] = hsum(acc[c]);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::dot::vec_dot_q8_1_cols_portable;
+    use super::super::{quantize_row, QType};
+
+    const TYPES: [QType; 9] = [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+        QType::Q8_1,
+        QType::Q4_K,
+        QType::Q5_K,
+        QType::Q6_K,
+    ];
+
+    /// Values in `[-scale, scale)` from a small LCG (the row content does not matter,
+    /// only that every quant value and sign occurs).
+    fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn quantized(q: QType, x: &[f32]) -> Vec<u8> {
+        let mut out = vec![0u8; q.row_bytes(x.len()).unwrap()];
+        quantize_row(q, x, &mut out).unwrap();
+        out
+    }
+
+    /// The intrinsics against the portable code on `cols` columns of `blocks` blocks:
+    /// equal up to the order of the f32 additions.
+    fn check(q: QType, blocks: usize, cols: usize, seed: u64) -> Result<(), TestCaseError> {
+        if !super::available() {
+            return Ok(());
+        }
+        let n = blocks * q.block_size();
+        // Weights with a per-block offset (so the mins and the `s` terms matter) and
+        // activations whose magnitude changes from block to block.
+        let mut x = values(seed, n, 1.0);
+        for (i, v) in x.iter_mut().enumerate() {
+            *v += 0.3 * ((i / 32) % 3) as f32;
+        }
+        let w = quantized(q, &x);
+        let mut a = Vec::new();
+        let mut mag = 0.0f32;
+        for c in 0..cols {
+            let mut y = values(seed ^ (c as u64 + 1) * 0x9e37, n, 1.0);
+            for (i, v) in y.iter_mut().enumerate() {
+                *v *= 1.0 + ((i / 32 + c) % 4) as f32;
+            }
+            mag = mag.max(y.iter().map(|v| v.abs()).sum());
+            a.extend(quantized(QType::Q8_1, &y));
+        }
+        let mut want = vec![0.0f32; cols];
+        let mut got = vec![0.0f32; cols];
+        vec_dot_q8_1_cols_portable(q, &w, &a, &mut want);
+        // SAFETY: available() was checked; the lengths describe `cols` rows.
+        unsafe { super::dot_cols(q, &w, &a, &mut got) };
+        // The weights are below 2 in magnitude: every term and partial sum is below
+        // 2 * mag, and each of the ~`blocks * 9` f32 roundings is within 2^-23 of it.
+        let tol = 2.0 * mag * (blocks * 9 + 8) as f32 * f32::EPSILON;
+        for c in 0..cols {
+            prop_assert!(
+                (got[c] - want[c]).abs() <= tol,
+                "{q} blocks={blocks} cols={cols} column {c}: avx2 {} vs portable {} (tol {tol:e})",
+                got[c],
+                want[c]
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_type_and_column_count() {
+        for q in TYPES {
+            for cols in 1..=9 {
+                check(q, 3, cols, 42 + cols as u64).unwrap();
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn avx2_matches_portable(t in 0usize..9, blocks in 1usize..=7, cols in 1usize..=11, seed in any::<u64>()) {
+            let q = TYPES[t];
+            let blocks = if q.block_size() == 256 { blocks.div_ceil(2) } else { blocks };
+            check(q, blocks, cols, seed)?;
+        }
+    }
+}
