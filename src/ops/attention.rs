@@ -16,10 +16,11 @@
 //! key `j` is `s = scale * q . k_j`, then `softcap * tanh(s / softcap)` when softcapping,
 //! then `+ slope_h * mask[j, i]` (ALiBi slopes when `max_bias > 0`, else 1).
 //!
-//! The CPU reference is FlashAttention's online softmax: a running maximum `M` and sum
-//! `S` per row and an accumulator of `v` rows, rescaled by `exp(M_old - M_new)` whenever
-//! the maximum grows, so each key is visited once. A row whose keys are all masked
-//! (`-inf`) gives zeros.
+//! The CPU kernel reads K and V once into dense f32 rows, then per query row computes
+//! every key's score (a row of `n_kv` floats, where the GPU's online softmax keeps a
+//! running maximum instead), the maximum `M`, the weights `exp(s - M)`, their sum `S`
+//! and `sum_j exp(s_j - M) v_j / S`. Masked keys (`-inf`) are skipped; a row whose keys
+//! are all masked gives zeros.
 
 use rayon::prelude::*;
 
@@ -140,99 +141,121 @@ impl Graph {
     }
 }
 
-/// CPU reference: the online softmax, one task per (query, head, batch) row.
+/// Query rows handled per parallel task.
+const ROWS_PER_TASK: usize = 4;
+
+/// CPU kernel: K and V read once into dense f32 (`[d, n_kv]` per KV head and batch), then
+/// one task per [`ROWS_PER_TASK`] (query, head, batch) rows, each row scored against every
+/// unmasked key, softmaxed and multiplied by V.
 pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3).copied();
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let group = n_head / n_head_kv;
+    let kf = dense_rows(k, d);
+    let vf = dense_rows(v, d_v);
+    let (kf, vf) = (&kf, &vf);
     let rows = n_q * n_head * batch;
-    let results: Vec<(usize, Vec<f32>)> = (0..rows)
+    (0..rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
-        .map(|r| {
-            let (i, h, b) = (r % n_q, (r / n_q) % n_head, r / (n_q * n_head));
+        .for_each(|t| {
             let mut qrow = vec![0f32; d];
-            // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
-            unsafe { q.read_row(i, h, b, &mut qrow) };
-            let row = Row {
-                q: &qrow,
-                i,
-                h,
-                b,
-                hk: h / group,
-                n_kv,
-                n_head,
-            };
-            (r, attend(p, &row, k, v, mask, d_v))
-        })
-        .collect();
-    for (r, out) in results {
-        let (i, h, b) = (r % n_q, (r / n_q) % n_head, r / (n_q * n_head));
-        // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and each
-        // row is written once.
-        unsafe { dst.write_row(h, i, b, &out) };
-    }
+            let mut scores = vec![0f32; n_kv];
+            let mut acc = vec![0f32; d_v];
+            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+                // Row r is query i of head h in batch b, heads of one query adjacent.
+                let (h, i, b) = (r % n_head, (r / n_head) % n_q, r / (n_q * n_head));
+                // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
+                unsafe { q.read_row(i, h, b, &mut qrow) };
+                let kv = h / group + n_head_kv * b;
+                let row = Row {
+                    q: &qrow,
+                    i,
+                    h,
+                    b,
+                    n_head,
+                    k: &kf[kv * n_kv * d..(kv + 1) * n_kv * d],
+                    v: &vf[kv * n_kv * d_v..(kv + 1) * n_kv * d_v],
+                };
+                attend(p, &row, mask, &mut scores, &mut acc);
+                // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
+                // each row is written by one task only.
+                unsafe { dst.write_row(h, i, b, &acc) };
+            }
+        });
     Ok(())
 }
 
-/// One query row of one head.
+/// Every row of `t` ([`n`, rows, heads, batch]) as dense f32, in order: one `n`-element
+/// row per (row, head, batch), read by all cores.
+fn dense_rows(t: HostTensor, n: usize) -> Vec<f32> {
+    let (rows, heads) = (t.ne[1], t.ne[2]);
+    let mut out = vec![0f32; n * rows * heads * t.ne[3]];
+    out.par_chunks_mut(n * rows)
+        .enumerate()
+        .for_each(|(hb, chunk)| {
+            for (j, row) in chunk.chunks_exact_mut(n).enumerate() {
+                // SAFETY: (j, hb % heads, hb / heads) is inside t's shape.
+                unsafe { t.read_row(j, hb % heads, hb / heads, row) };
+            }
+        });
+    out
+}
+
+/// One query row of one head, with the dense f32 K and V rows of its KV head.
 struct Row<'a> {
     q: &'a [f32],
     i: usize,
     h: usize,
     b: usize,
-    hk: usize,
-    n_kv: usize,
     n_head: usize,
+    k: &'a [f32],
+    v: &'a [f32],
 }
 
-/// The attention output of one query row: the online softmax over every key.
+/// The attention output of one query row into `acc`: the scores of every key into
+/// `scores` (`-inf` where masked), their softmax, and the weighted sum of the V rows.
 fn attend(
     p: &FlashAttnParams,
     row: &Row,
-    k: HostTensor,
-    v: HostTensor,
     mask: Option<HostTensor>,
-    d_v: usize,
-) -> Vec<f32> {
+    scores: &mut [f32],
+    acc: &mut [f32],
+) {
     let slope = p.slope(row.h, row.n_head);
-    // The bias of every key: slope * mask, or 0 without a mask.
-    let mut bias = vec![0f32; row.n_kv];
     if let Some(m) = mask {
         // SAFETY: the mask broadcasts over heads and batches; the row index is inside it.
-        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], &mut bias) };
-        bias.iter_mut().for_each(|b| *b *= slope);
+        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], scores) };
+    } else {
+        scores.fill(0.0);
     }
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-    let mut acc = vec![0f32; d_v];
-    let (mut krow, mut vrow) = (vec![0f32; row.q.len()], vec![0f32; d_v]);
-    for (j, &bias) in bias.iter().enumerate() {
-        if bias == f32::NEG_INFINITY {
+    let d = row.q.len();
+    let mut max = f32::NEG_INFINITY;
+    for (s, krow) in scores.iter_mut().zip(row.k.chunks_exact(d)) {
+        if *s == f32::NEG_INFINITY {
             continue;
         }
-        // SAFETY: key j of KV head hk in batch b is inside k.
-        unsafe { k.read_row(j, row.hk, row.b, &mut krow) };
-        let mut s = p.scale * super::mul_mat::dot_f32(row.q, &krow);
+        let bias = slope * *s;
+        let mut x = p.scale * super::mul_mat::dot_f32(row.q, krow);
         if p.softcap > 0.0 {
-            s = p.softcap * (s / p.softcap).tanh();
+            x = p.softcap * (x / p.softcap).tanh();
         }
-        s += bias;
-        if s > max {
-            // The running maximum grows: rescale what was summed so far.
-            let c = (max - s).exp();
-            sum *= c;
-            acc.iter_mut().for_each(|a| *a *= c);
-            max = s;
+        *s = x + bias;
+        max = max.max(*s);
+    }
+    acc.fill(0.0);
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f32;
+    for (&s, vrow) in scores.iter().zip(row.v.chunks_exact(acc.len())) {
+        if s == f32::NEG_INFINITY {
+            continue;
         }
         let w = (s - max).exp();
-        // SAFETY: value row j of KV head hk in batch b is inside v.
-        unsafe { v.read_row(j, row.hk, row.b, &mut vrow) };
-        acc.iter_mut().zip(&vrow).for_each(|(a, x)| *a += w * x);
         sum += w;
+        acc.iter_mut().zip(vrow).for_each(|(a, x)| *a += w * x);
     }
-    if sum > 0.0 {
-        acc.iter_mut().for_each(|a| *a /= sum);
-    }
-    acc
+    acc.iter_mut().for_each(|a| *a /= sum);
 }

@@ -7,6 +7,7 @@
 //! dequantized and quantized whole, block by block ([`crate::quant`]), so element access
 //! ([`HostTensor::get`], [`load`]) is for plain types only and row access for every type.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::graph::{DType, Operand};
@@ -116,6 +117,12 @@ impl HostTensor {
                         out.len() * 4,
                     )
                 }
+            }
+            DType::F16 if nb0 == 2 && base as usize % 2 == 0 => {
+                // SAFETY: a dense, aligned f16 row of out.len() elements starts at base.
+                let row = unsafe { std::slice::from_raw_parts(base as *const f16, out.len()) };
+                // F16C conversion where the CPU has it (half detects it at run time).
+                row.convert_to_f32_slice(out);
             }
             dt @ (DType::F32 | DType::F16 | DType::BF16 | DType::I32) => {
                 for (j, o) in out.iter_mut().enumerate() {
