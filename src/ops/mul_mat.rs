@@ -169,6 +169,9 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let q8_bytes = DType::Q8_1.row_bytes(k);
     let mut col = vec![0f32; k];
     let mut cols_q8 = vec![0u8; n * q8_bytes];
+    // The d and s of every Q8_1 block as f32, converted once for all weight rows.
+    let ds_per_col = q8_bytes / 36 * 2;
+    let mut cols_ds = vec![0f32; n * ds_per_col];
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             for (j, out) in cols_q8.chunks_exact_mut(q8_bytes).enumerate() {
@@ -176,18 +179,20 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                 unsafe { b.read_row(j, i2, i3, &mut col) };
                 quant::quantize_row(QType::Q8_1, &col, out).expect("k is whole Q8_1 blocks");
             }
+            quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
             let (i02, i03) = (i2 / r2, i3 / r3);
-            let cols_q8 = &cols_q8;
+            let (cols_q8, cols_ds) = (&cols_q8, &cols_ds);
             let task = |t: usize| {
                 let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
                 let mut out = [0f32; COLS_PER_GROUP];
                 for j0 in (0..n).step_by(COLS_PER_GROUP) {
                     let nc = COLS_PER_GROUP.min(n - j0);
                     let group = &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes];
+                    let group_ds = &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col];
                     for i in rows.clone() {
                         // SAFETY: i < m, (i02, i03) inside a's batch dims; a is read-only here.
                         let w = unsafe { quant_row(&a, i, i02, i03, w_bytes) };
-                        quant::vec_dot_q8_1_cols(q, w, group, &mut out[..nc]);
+                        quant::dot::vec_dot_q8_1_cols_scaled(q, w, group, group_ds, &mut out[..nc]);
                         for (c, &v) in out[..nc].iter().enumerate() {
                             // SAFETY: (i, j0 + c, i2, i3) is inside dst; each task writes
                             // its own rows.

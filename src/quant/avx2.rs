@@ -32,30 +32,56 @@ pub(crate) fn available() -> bool {
 }
 
 /// `out[c]` = the dot product of the weight row `w` (blocks of `q`) with the Q8_1 row
-/// `a[c * row..(c + 1) * row]`, `row = a.len() / out.len()`.
+/// `a[c * row..(c + 1) * row]`, `row = a.len() / out.len()`; `ds` holds the `d` and `s`
+/// of every Q8_1 block of `a`, in order, as f32 (see [`super::dot::q8_1_scales`]).
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C ([`available`]); `w` is whole blocks of `q` and `a`
-/// holds `out.len()` Q8_1 rows of one block per 32 weights of `w` (checked by the caller).
+/// The CPU has AVX2, FMA and F16C ([`available`]); `w` is whole blocks of `q`, `a` holds
+/// `out.len()` Q8_1 rows of one block per 32 weights of `w` and `ds` two floats per
+/// block of `a` (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mut [f32]) {
     let n = out.len();
     if n == 0 {
         return;
     }
     let row = a.len() / n;
+    let cols = |c: usize| Cols {
+        q: a[c * row..].as_ptr(),
+        ds: ds[c * row / Q8 * 2..].as_ptr(),
+        row,
+    };
     let mut c = 0;
     while c + 4 <= n {
-        cols::<4>(q, w, a[c * row..].as_ptr(), row, &mut out[c..c + 4]);
+        run::<4>(q, w, cols(c), &mut out[c..c + 4]);
         c += 4;
     }
     let rest = &mut out[c..];
-    let a = a[c * row..].as_ptr();
     match rest.len() {
-        3 => cols::<3>(q, w, a, row, rest),
-        2 => cols::<2>(q, w, a, row, rest),
-        1 => cols::<1>(q, w, a, row, rest),
+        3 => run::<3>(q, w, cols(c), rest),
+        2 => run::<2>(q, w, cols(c), rest),
+        1 => run::<1>(q, w, cols(c), rest),
         _ => {}
+    }
+}
+
+/// Q8_1 activation columns: their blocks (`row` bytes per column) and the blocks' `d`
+/// and `s` as f32 pairs (`row / 36 * 2` floats per column).
+#[derive(Clone, Copy)]
+struct Cols {
+    q: *const u8,
+    ds: *const f32,
+    row: usize,
+}
+
+impl Cols {
+    /// The 32 quants, `d` and `s` of Q8_1 block `blk` of column `c`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn block(&self, c: usize, blk: usize) -> (__m256i, f32, f32) {
+        let at = c * self.row / Q8 + blk;
+        let qv = _mm256_loadu_si256(self.q.add(at * Q8 + 4) as *const __m256i);
+        (qv, *self.ds.add(2 * at), *self.ds.add(2 * at + 1))
     }
 }
 
@@ -67,27 +93,28 @@ const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
 const Q8_1: u8 = 5;
 
-/// `NC` columns starting at `a`, `row` bytes apart.
+/// `NC` columns of `a` against the weight row `w`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn cols<const NC: usize>(q: QType, w: &[u8], a: *const u8, row: usize, out: &mut [f32]) {
+unsafe fn run<const NC: usize>(q: QType, w: &[u8], a: Cols, out: &mut [f32]) {
     let nb = w.len() / q.block_bytes();
     let w = w.as_ptr();
     let r: [f32; NC] = match q {
-        QType::Q4_0 => legacy::<Q4_0, NC>(w, nb, a, row),
-        QType::Q4_1 => legacy::<Q4_1, NC>(w, nb, a, row),
-        QType::Q5_0 => legacy::<Q5_0, NC>(w, nb, a, row),
-        QType::Q5_1 => legacy::<Q5_1, NC>(w, nb, a, row),
-        QType::Q8_0 => legacy::<Q8_0, NC>(w, nb, a, row),
-        QType::Q8_1 => legacy::<Q8_1, NC>(w, nb, a, row),
-        QType::Q4_K => k4::<false, NC>(w, nb, a, row),
-        QType::Q5_K => k4::<true, NC>(w, nb, a, row),
-        QType::Q6_K => q6_k::<NC>(w, nb, a, row),
+        QType::Q4_0 => legacy::<Q4_0, NC>(w, nb, a),
+        QType::Q4_1 => legacy::<Q4_1, NC>(w, nb, a),
+        QType::Q5_0 => legacy::<Q5_0, NC>(w, nb, a),
+        QType::Q5_1 => legacy::<Q5_1, NC>(w, nb, a),
+        QType::Q8_0 => legacy::<Q8_0, NC>(w, nb, a),
+        QType::Q8_1 => legacy::<Q8_1, NC>(w, nb, a),
+        QType::Q4_K => k4::<false, NC>(w, nb, a),
+        QType::Q5_K => k4::<true, NC>(w, nb, a),
+        QType::Q6_K => q6_k::<NC>(w, nb, a),
     };
     out.copy_from_slice(&r);
 }
 
-/// The two little-endian f16 at `p` as f32.
+/// The two little-endian f16 at `p` as f32 (a 4-byte load into a zeroed register: no
+/// dependency on an older register's contents).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f16x2(p: *const u8) -> (f32, f32) {
@@ -95,12 +122,42 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The little-endian f16 at `p` as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn f16x1(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+/// Per-column accumulators: eight f32 lanes of scaled integer sums, and a scalar for
+/// the offset terms. Kernels keep two sets and alternate between them block by block,
+/// so that consecutive blocks do not wait on each other's additions.
+#[derive(Clone, Copy)]
+struct Acc<const NC: usize> {
+    v: [__m256; NC],
+    offs: [f32; NC],
+}
+
+impl<const NC: usize> Acc<NC> {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn new() -> Self {
+        Self {
+            v: [_mm256_setzero_ps(); NC],
+            offs: [0.0; NC],
+        }
+    }
+
+    /// `acc[c] += scale * sumi` (sumi: eight i32 partial sums).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn add(&mut self, c: usize, scale: f32, sumi: __m256i) {
+        self.v[c] = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sumi), self.v[c]);
+    }
+
+    /// The totals of two sets of accumulators.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sum(self, other: Self) -> [f32; NC] {
+        let mut r = [0.0f32; NC];
+        for c in 0..NC {
+            r[c] = hsum(_mm256_add_ps(self.v[c], other.v[c])) + (self.offs[c] + other.offs[c]);
+        }
+        r
+    }
 }
 
 /// The sum of the eight lanes.
@@ -157,133 +214,137 @@ const fn legacy_bytes(t: u8) -> usize {
 
 /// One legacy weight block at `p`: its 32 quants (unsigned for the 4/5-bit types, signed
 /// for Q8_0/Q8_1), its scale `d`, and the factor of the Q8_1 block's `s` in the block's
-/// dot product (`-8 d`, `-16 d`, `m` or 0).
+/// dot product (`-8 d`, `-16 d`, `m`; unused for Q8_0/Q8_1). Every block is at least 4
+/// bytes past its `d`, so the scales are read 4 bytes at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn legacy_block<const T: u8>(p: *const u8) -> (__m256i, f32, f32) {
+    let (d, m) = f16x2(p);
     match T {
-        Q4_0 => {
-            let d = f16x1(p);
-            (nibbles(p.add(2)), d, -8.0 * d)
-        }
-        Q4_1 => {
-            let (d, m) = f16x2(p);
-            (nibbles(p.add(4)), d, m)
-        }
+        Q4_0 => (nibbles(p.add(2)), d, -8.0 * d),
+        Q4_1 => (nibbles(p.add(4)), d, m),
         Q5_0 => {
-            let d = f16x1(p);
             let qh = (p.add(2) as *const u32).read_unaligned();
             let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
             (q, d, -16.0 * d)
         }
         Q5_1 => {
-            let (d, m) = f16x2(p);
             let qh = (p.add(4) as *const u32).read_unaligned();
             let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh));
             (q, d, m)
         }
-        Q8_0 => (
-            _mm256_loadu_si256(p.add(2) as *const __m256i),
-            f16x1(p),
-            0.0,
-        ),
-        _ => (
-            _mm256_loadu_si256(p.add(4) as *const __m256i),
-            f16x1(p),
-            0.0,
-        ),
+        Q8_0 => (_mm256_loadu_si256(p.add(2) as *const __m256i), d, 0.0),
+        _ => (_mm256_loadu_si256(p.add(4) as *const __m256i), d, 0.0),
+    }
+}
+
+/// Legacy weight block `b` of the row at `w` against `NC` columns, into `acc`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_step<const T: u8, const NC: usize>(
+    w: *const u8,
+    b: usize,
+    a: Cols,
+    acc: &mut Acc<NC>,
+) {
+    let signed = T == Q8_0 || T == Q8_1;
+    let ones = _mm256_set1_epi16(1);
+    let (q, d, m) = legacy_block::<T>(w.add(b * legacy_bytes(T)));
+    let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
+    for c in 0..NC {
+        let (mut av, d8, s8) = a.block(c, b);
+        if signed {
+            av = _mm256_sign_epi8(av, q);
+        }
+        acc.add(
+            c,
+            d * d8,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(qa, av), ones),
+        );
+        if !signed {
+            acc.offs[c] += m * s8;
+        }
     }
 }
 
 /// One legacy weight row of `nb` blocks at `w` against `NC` Q8_1 columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn legacy<const T: u8, const NC: usize>(
-    w: *const u8,
-    nb: usize,
-    a: *const u8,
-    row: usize,
-) -> [f32; NC] {
-    let signed = T == Q8_0 || T == Q8_1;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NC];
-    let mut offs = [0.0f32; NC];
-    for b in 0..nb {
-        let (q, d, m) = legacy_block::<T>(w.add(b * legacy_bytes(T)));
-        let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
-        for c in 0..NC {
-            let ab = a.add(c * row + b * Q8);
-            let (d8, s8) = f16x2(ab);
-            let mut av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
-            if signed {
-                av = _mm256_sign_epi8(av, q);
-            }
-            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, av), ones);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
-            offs[c] += m * s8;
-        }
+unsafe fn legacy<const T: u8, const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    let (mut even, mut odd) = (Acc::<NC>::new(), Acc::<NC>::new());
+    let mut b = 0;
+    while b + 2 <= nb {
+        legacy_step::<T, NC>(w, b, a, &mut even);
+        legacy_step::<T, NC>(w, b + 1, a, &mut odd);
+        b += 2;
     }
-    let mut r = [0.0f32; NC];
+    if b < nb {
+        legacy_step::<T, NC>(w, b, a, &mut even);
+    }
+    even.sum(odd)
+}
+
+/// Sub-block `j` of the Q4_K (`FIVE = false`) or Q5_K super-block `b` at `wb` against
+/// `NC` columns, into `acc`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_step<const FIVE: bool, const NC: usize>(
+    wb: *const u8,
+    b: usize,
+    j: usize,
+    (d, dmin, qh): (f32, f32, __m256i),
+    a: Cols,
+    acc: &mut Acc<NC>,
+) {
+    let low = _mm256_set1_epi8(0x0f);
+    let scales = std::slice::from_raw_parts(wb.add(4), 12);
+    let qs = wb.add(if FIVE { 48 } else { 16 });
+    let (sc, m) = scale_min_k4(j, scales);
+    let raw = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
+    let mut q = if j % 2 == 0 {
+        _mm256_and_si256(raw, low)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
+    };
+    if FIVE {
+        let bit = _mm256_set1_epi8((1u8 << j) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    let scv = _mm256_set1_epi16(i16::from(sc));
+    let mf = dmin * f32::from(m);
     for c in 0..NC {
-        r[c] = hsum(acc[c]) + offs[c];
+        let (av, d8, s8) = a.block(c, 8 * b + j);
+        acc.add(
+            c,
+            d * d8,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), scv),
+        );
+        acc.offs[c] -= mf * s8;
     }
-    r
 }
 
 /// One Q4_K (`FIVE = false`) or Q5_K row of `nb` super-blocks at `w` against `NC` Q8_1
 /// columns (8 Q8_1 blocks per super-block).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn k4<const FIVE: bool, const NC: usize>(
-    w: *const u8,
-    nb: usize,
-    a: *const u8,
-    row: usize,
-) -> [f32; NC] {
+unsafe fn k4<const FIVE: bool, const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
     let bytes = if FIVE { 176 } else { 144 };
-    let low = _mm256_set1_epi8(0x0f);
-    let mut acc = [_mm256_setzero_ps(); NC];
-    let mut offs = [0.0f32; NC];
+    let (mut even, mut odd) = (Acc::<NC>::new(), Acc::<NC>::new());
     for b in 0..nb {
         let wb = w.add(b * bytes);
         let (d, dmin) = f16x2(wb);
-        let scales = std::slice::from_raw_parts(wb.add(4), 12);
-        let qs = wb.add(if FIVE { 48 } else { 16 });
         let qh = if FIVE {
             _mm256_loadu_si256(wb.add(16) as *const __m256i)
         } else {
             _mm256_setzero_si256()
         };
-        for j in 0..8 {
-            let (sc, m) = scale_min_k4(j, scales);
-            let raw = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
-            let mut q = if j % 2 == 0 {
-                _mm256_and_si256(raw, low)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)
-            };
-            if FIVE {
-                let bit = _mm256_set1_epi8((1u8 << j) as i8);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-            }
-            let scv = _mm256_set1_epi16(i16::from(sc));
-            let (dm, mf) = (d, dmin * f32::from(m));
-            for c in 0..NC {
-                let ab = a.add(c * row + (8 * b + j) * Q8);
-                let (d8, s8) = f16x2(ab);
-                let av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
-                let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), scv);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dm * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
-                offs[c] -= mf * s8;
-            }
+        for j in (0..8).step_by(2) {
+            k4_step::<FIVE, NC>(wb, b, j, (d, dmin, qh), a, &mut even);
+            k4_step::<FIVE, NC>(wb, b, j + 1, (d, dmin, qh), a, &mut odd);
         }
     }
-    let mut r = [0.0f32; NC];
-    for c in 0..NC {
-        r[c] = hsum(acc[c]) + offs[c];
-    }
-    r
+    even.sum(odd)
 }
 
 /// The 2-bit field `t` (bits `2t..2t + 2`) of every byte of `qh`, moved to bits 4..6.
@@ -301,63 +362,67 @@ unsafe fn q6_high(qh: __m256i, t: usize) -> __m256i {
     _mm256_slli_epi16::<4>(_mm256_and_si256(f, three))
 }
 
+/// Quarter `t` (elements `128h + 32t..`) of half `h` of the Q6_K super-block `b` at
+/// `wb` (scale `d`) against `NC` columns, into `acc`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6_k_step<const NC: usize>(
+    wb: *const u8,
+    b: usize,
+    (h, t): (usize, usize),
+    d: f32,
+    a: Cols,
+    acc: &mut Acc<NC>,
+) {
+    let low = _mm256_set1_epi8(0x0f);
+    let m32 = _mm256_set1_epi8(32);
+    // ql[64h..] low nibbles (t = 0), ql[64h + 32..] low (t = 1), then their high ones.
+    let ql = _mm256_loadu_si256(wb.add(64 * h + 32 * (t % 2)) as *const __m256i);
+    let qh = _mm256_loadu_si256(wb.add(128 + 32 * h) as *const __m256i);
+    let lo = if t < 2 {
+        _mm256_and_si256(ql, low)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low)
+    };
+    let q = _mm256_or_si256(lo, q6_high(qh, t));
+    let j = 4 * h + t;
+    let scales = wb.add(192) as *const i8;
+    let scv = _mm256_set_m128i(
+        _mm_set1_epi16(i16::from(*scales.add(2 * j + 1))),
+        _mm_set1_epi16(i16::from(*scales.add(2 * j))),
+    );
+    for c in 0..NC {
+        let (av, d8, _) = a.block(c, 8 * b + j);
+        // (q - 32) * a summed in pairs, in i16: |sum| <= 2 * 32 * 128.
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, av), _mm256_maddubs_epi16(m32, av));
+        acc.add(c, d * d8, _mm256_madd_epi16(p, scv));
+    }
+}
+
 /// One Q6_K row of `nb` super-blocks at `w` against `NC` Q8_1 columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: *const u8, row: usize) -> [f32; NC] {
-    let low = _mm256_set1_epi8(0x0f);
-    let m32 = _mm256_set1_epi8(32);
-    let mut acc = [_mm256_setzero_ps(); NC];
+unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    let (mut even, mut odd) = (Acc::<NC>::new(), Acc::<NC>::new());
     for b in 0..nb {
         let wb = w.add(b * 210);
-        let d = f16x1(wb.add(208));
-        let scales = wb.add(192) as *const i8;
+        // d is the last two bytes of the block: read 4 bytes ending there.
+        let d = f16x2(wb.add(206)).1;
         for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(wb.add(64 * h) as *const __m256i);
-            let ql1 = _mm256_loadu_si256(wb.add(64 * h + 32) as *const __m256i);
-            let qh = _mm256_loadu_si256(wb.add(128 + 32 * h) as *const __m256i);
-            for t in 0..4 {
-                // Elements 128h + 32t.. : ql0/ql1 low nibbles (t = 0, 1), high (t = 2, 3).
-                let ql = if t % 2 == 0 { ql0 } else { ql1 };
-                let lo = if t < 2 {
-                    _mm256_and_si256(ql, low)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low)
-                };
-                let q = _mm256_or_si256(lo, q6_high(qh, t));
-                let j = 4 * h + t;
-                let scv = _mm256_set_m128i(
-                    _mm_set1_epi16(i16::from(*scales.add(2 * j + 1))),
-                    _mm_set1_epi16(i16::from(*scales.add(2 * j))),
-                );
-                for c in 0..NC {
-                    let ab = a.add(c * row + (8 * b + j) * Q8);
-                    let d8 = f16x1(ab);
-                    let av = _mm256_loadu_si256(ab.add(4) as *const __m256i);
-                    // (q - 32) * a summed in pairs, in i16: |sum| <= 2 * 32 * 128.
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(q, av),
-                        _mm256_maddubs_epi16(m32, av),
-                    );
-                    let sumi = _mm256_madd_epi16(p, scv);
-                    acc[c] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(d * d8), _mm256_cvtepi32_ps(sumi), acc[c]);
-                }
+            for t in (0..4).step_by(2) {
+                q6_k_step::<NC>(wb, b, (h, t), d, a, &mut even);
+                q6_k_step::<NC>(wb, b, (h, t + 1), d, a, &mut odd);
             }
         }
     }
-    let mut r = [0.0f32; NC];
-    for c in 0..NC {
-        r[c] = hsum(acc[c]);
-    }
-    r
+    even.sum(odd)
 }
 
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::dot::vec_dot_q8_1_cols_portable;
+    use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable};
     use super::super::{quantize_row, QType};
 
     const TYPES: [QType; 9] = [
@@ -419,8 +484,10 @@ mod tests {
         let mut want = vec![0.0f32; cols];
         let mut got = vec![0.0f32; cols];
         vec_dot_q8_1_cols_portable(q, &w, &a, &mut want);
+        let mut ds = vec![0.0f32; a.len() / 36 * 2];
+        q8_1_scales(&a, &mut ds);
         // SAFETY: available() was checked; the lengths describe `cols` rows.
-        unsafe { super::dot_cols(q, &w, &a, &mut got) };
+        unsafe { super::dot_cols(q, &w, &a, &ds, &mut got) };
         // The weights are below 2 in magnitude: every term and partial sum is below
         // 2 * mag, and each of the ~`blocks * 9` f32 roundings is within 2^-23 of it.
         let tol = 2.0 * mag * (blocks * 9 + 8) as f32 * f32::EPSILON;

@@ -64,21 +64,43 @@ pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
 /// If `w` is not a whole number of `q` blocks, or `a` does not hold `out.len()` rows of
 /// one Q8_1 block per 32 weights of `w`.
 pub fn vec_dot_q8_1_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let mut ds = vec![0.0f32; a.len() / Q8_1_BYTES * 2];
+    q8_1_scales(a, &mut ds);
+    vec_dot_q8_1_cols_scaled(q, w, a, &ds, out);
+}
+
+/// [`vec_dot_q8_1_cols`] with the `d` and `s` of every Q8_1 block of `a` already in `ds`
+/// as f32 ([`q8_1_scales`]), as mul_mat prepares them once for all weight rows.
+///
+/// # Panics
+/// As [`vec_dot_q8_1_cols`], or if `ds` does not hold two floats per block of `a`.
+pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mut [f32]) {
     let n = w.len() / q.block_bytes() * q.block_size();
     assert!(
-        w.len() % q.block_bytes() == 0 && a.len() == out.len() * (n / 32 * Q8_1_BYTES),
-        "vec_dot_q8_1 {q}: {} weight bytes and {} Q8_1 bytes do not describe {} row(s)",
+        w.len() % q.block_bytes() == 0
+            && a.len() == out.len() * (n / 32 * Q8_1_BYTES)
+            && ds.len() == a.len() / Q8_1_BYTES * 2,
+        "vec_dot_q8_1 {q}: {} weight bytes, {} Q8_1 bytes and {} scales do not describe {} row(s)",
         w.len(),
         a.len(),
+        ds.len(),
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C; the lengths were checked above.
-        unsafe { super::avx2::dot_cols(q, w, a, out) };
+        unsafe { super::avx2::dot_cols(q, w, a, ds, out) };
         return;
     }
     vec_dot_q8_1_cols_portable(q, w, a, out);
+}
+
+/// The `d` and `s` fields of every Q8_1 block of `a` as f32 pairs into `ds`.
+pub fn q8_1_scales(a: &[u8], ds: &mut [f32]) {
+    for (blk, pair) in a.chunks_exact(Q8_1_BYTES).zip(ds.chunks_exact_mut(2)) {
+        let (d, s) = q8_1_ds(blk);
+        pair.copy_from_slice(&[d, s]);
+    }
 }
 
 /// [`vec_dot_q8_1_cols`] without SIMD intrinsics, one column at a time (the reference of

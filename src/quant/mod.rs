@@ -87,7 +87,9 @@ pub mod dot;
 pub mod kquants;
 pub mod legacy;
 
-pub use dot::{vec_dot_f32, vec_dot_q8_1, vec_dot_q8_1_cols};
+pub use dot::{
+    q8_1_scales, vec_dot_f32, vec_dot_q8_1, vec_dot_q8_1_cols, vec_dot_q8_1_cols_scaled,
+};
 
 use crate::error::{Error, Result};
 use half::f16;
