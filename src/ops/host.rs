@@ -151,6 +151,18 @@ impl HostTensor {
             crate::quant::quantize_row(q, vals, row).expect("row sizes agree");
             return;
         }
+        if self.dtype == DType::F32 && nb0 == 4 {
+            // SAFETY: a dense f32 row of vals.len() elements starts at base; `vals` is the
+            // caller's own buffer, so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    vals.as_ptr() as *const u8,
+                    base,
+                    vals.len() * 4,
+                )
+            };
+            return;
+        }
         for (j, &v) in vals.iter().enumerate() {
             // SAFETY: element j of the row is inside the tensor.
             unsafe { store(base.add(j * nb0), self.dtype, v) };

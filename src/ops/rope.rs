@@ -70,13 +70,22 @@ pub(crate) fn cpu(p: &RopeParams, dst: HostTensor, src: &[HostTensor]) -> Result
     let freqs = p.inv_freqs();
     let half = p.n_dims / 2;
     let mut row = vec![0f32; dst.ne[0]];
+    // sin and cos of every frequency at the position of the current i2 (all heads of a
+    // position share them; rows come with i1, the head, fastest).
+    let mut sin_cos = vec![(0f32, 0f32); freqs.len()];
+    let mut at = None;
     for_each_row(dst.ne, |i1, i2, i3| {
-        // SAFETY: i2 < a.ne[2] == pos.ne[0]; the plan guarantees valid memory.
-        let t = unsafe { pos.get_i32([i2, 0, 0, 0]) } as f32;
+        if at != Some(i2) {
+            // SAFETY: i2 < a.ne[2] == pos.ne[0]; the plan guarantees valid memory.
+            let t = unsafe { pos.get_i32([i2, 0, 0, 0]) } as f32;
+            for (sc, &f) in sin_cos.iter_mut().zip(&freqs) {
+                *sc = (t * f).sin_cos();
+            }
+            at = Some(i2);
+        }
         // SAFETY: indices come from dst.ne == a.ne.
         unsafe { a.read_row(i1, i2, i3, &mut row) };
-        for (i, &f) in freqs.iter().enumerate() {
-            let (s, c) = (t * f).sin_cos();
+        for (i, &(s, c)) in sin_cos.iter().enumerate() {
             let (j0, j1) = match p.mode {
                 RopeMode::Normal => (2 * i, 2 * i + 1),
                 RopeMode::Neox => (i, i + half),
