@@ -155,11 +155,7 @@ impl HostTensor {
             // SAFETY: a dense f32 row of vals.len() elements starts at base; `vals` is the
             // caller's own buffer, so the two do not overlap.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    vals.as_ptr() as *const u8,
-                    base,
-                    vals.len() * 4,
-                )
+                std::ptr::copy_nonoverlapping(vals.as_ptr() as *const u8, base, vals.len() * 4)
             };
             return;
         }

@@ -23,6 +23,9 @@ use super::QType;
 /// Bytes of a Q8_1 block.
 const Q8: usize = 36;
 
+/// Column counts from which kernels use one accumulator set (see [`Acc`]).
+const SPLIT_BELOW: usize = 3;
+
 /// Whether this CPU runs these kernels (std caches the detection).
 #[inline]
 pub(crate) fn available() -> bool {
@@ -123,8 +126,10 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
 }
 
 /// Per-column accumulators: eight f32 lanes of scaled integer sums, and a scalar for
-/// the offset terms. Kernels keep two sets and alternate between them block by block,
-/// so that consecutive blocks do not wait on each other's additions.
+/// the offset terms. With fewer than [`SPLIT_BELOW`] columns kernels keep two sets and
+/// alternate between them block by block, so that consecutive blocks do not wait on each
+/// other's additions; with more, the columns are independent enough, and a second set
+/// would not fit the 16 vector registers.
 #[derive(Clone, Copy)]
 struct Acc<const NC: usize> {
     v: [__m256; NC],
@@ -272,6 +277,12 @@ unsafe fn legacy_step<const T: u8, const NC: usize>(
 #[inline]
 unsafe fn legacy<const T: u8, const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
     let (mut even, mut odd) = (Acc::<NC>::new(), Acc::<NC>::new());
+    if NC >= SPLIT_BELOW {
+        for b in 0..nb {
+            legacy_step::<T, NC>(w, b, a, &mut even);
+        }
+        return even.sum(odd);
+    }
     let mut b = 0;
     while b + 2 <= nb {
         legacy_step::<T, NC>(w, b, a, &mut even);
@@ -341,7 +352,12 @@ unsafe fn k4<const FIVE: bool, const NC: usize>(w: *const u8, nb: usize, a: Cols
         };
         for j in (0..8).step_by(2) {
             k4_step::<FIVE, NC>(wb, b, j, (d, dmin, qh), a, &mut even);
-            k4_step::<FIVE, NC>(wb, b, j + 1, (d, dmin, qh), a, &mut odd);
+            let other = if NC >= SPLIT_BELOW {
+                &mut even
+            } else {
+                &mut odd
+            };
+            k4_step::<FIVE, NC>(wb, b, j + 1, (d, dmin, qh), a, other);
         }
     }
     even.sum(odd)
@@ -411,7 +427,12 @@ unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
         for h in 0..2 {
             for t in (0..4).step_by(2) {
                 q6_k_step::<NC>(wb, b, (h, t), d, a, &mut even);
-                q6_k_step::<NC>(wb, b, (h, t + 1), d, a, &mut odd);
+                let other = if NC >= SPLIT_BELOW {
+                    &mut even
+                } else {
+                    &mut odd
+                };
+                q6_k_step::<NC>(wb, b, (h, t + 1), d, a, other);
             }
         }
     }
