@@ -229,6 +229,35 @@ pub fn for_each_row(ne: [usize; 4], mut f: impl FnMut(usize, usize, usize)) {
     }
 }
 
+/// Elements from which [`par_for_each_row`] splits the rows over rayon's threads
+/// (below, the hand-off costs more than it saves).
+pub const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// [`for_each_row`] with the rows split over rayon's threads when `ne` holds at least
+/// [`PAR_MIN_ELEMS`] elements; `f` gets a scratch value made by `init` once per thread's
+/// run of rows. Each row must be independent of the others (every row op is: it reads
+/// its source rows and writes its own destination row).
+pub fn par_for_each_row<T>(
+    ne: [usize; 4],
+    init: impl Fn() -> T + Sync + Send,
+    f: impl Fn(&mut T, usize, usize, usize) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    let rows = ne[1] * ne[2] * ne[3];
+    if rows < 2 || ne[0] * rows < PAR_MIN_ELEMS {
+        let mut t = init();
+        for_each_row(ne, |i1, i2, i3| f(&mut t, i1, i2, i3));
+        return;
+    }
+    (0..rows)
+        .into_par_iter()
+        .with_min_len(rows.div_ceil(8))
+        .for_each_init(init, |t, r| {
+            let (i1, i2, i3) = unflatten_row(ne, r);
+            f(t, i1, i2, i3);
+        });
+}
+
 /// The row index `(i1, i2, i3)` of flat row number `r` in `ne`.
 #[inline]
 pub fn unflatten_row(ne: [usize; 4], r: usize) -> (usize, usize, usize) {

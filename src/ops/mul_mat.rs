@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::host::HostTensor;
+use super::host::{HostTensor, PAR_MIN_ELEMS};
 use super::{expect_dtype, expect_float_or_quant, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -167,17 +167,27 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let w_bytes = a.dtype.row_bytes(k);
     let q8_bytes = DType::Q8_1.row_bytes(k);
-    let mut col = vec![0f32; k];
     let mut cols_q8 = vec![0u8; n * q8_bytes];
     // The d and s of every Q8_1 block as f32, converted once for all weight rows.
     let ds_per_col = q8_bytes / 36 * 2;
     let mut cols_ds = vec![0f32; n * ds_per_col];
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
-            for (j, out) in cols_q8.chunks_exact_mut(q8_bytes).enumerate() {
+            let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
                 // SAFETY: (j, i2, i3) is inside b's shape; the plan guarantees valid memory.
-                unsafe { b.read_row(j, i2, i3, &mut col) };
-                quant::quantize_row(QType::Q8_1, &col, out).expect("k is whole Q8_1 blocks");
+                unsafe { b.read_row(j, i2, i3, col) };
+                quant::quantize_row(QType::Q8_1, col, out).expect("k is whole Q8_1 blocks");
+            };
+            if n * k >= PAR_MIN_ELEMS {
+                cols_q8
+                    .par_chunks_exact_mut(q8_bytes)
+                    .enumerate()
+                    .for_each_init(|| vec![0f32; k], quantize);
+            } else {
+                let mut col = vec![0f32; k];
+                for c in cols_q8.chunks_exact_mut(q8_bytes).enumerate() {
+                    quantize(&mut col, c);
+                }
             }
             quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
             let (i02, i03) = (i2 / r2, i3 / r3);
