@@ -129,9 +129,10 @@ pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Resul
     Ok(())
 }
 
-/// Activation columns dotted with each weight row at once on the Q8_1 path (the weight
-/// blocks are unpacked once per group; see [`quant::vec_dot_q8_1_cols`]).
-const COLS_PER_GROUP: usize = 4;
+/// Activation columns handed to one call of the row kernel on the Q8_1 path (which
+/// walks them in groups of four against every row of the task; see
+/// [`quant::vec_dot_q8_1_cols`]).
+const COLS_PER_CALL: usize = 32;
 
 /// mul_mat with block-typed `a` [k, m, a2, a3] (whole blocks along dim 0, any row
 /// strides) and F32 `b` [k, n, b2, b3]: each column of `b` is read (and, for
@@ -160,7 +161,7 @@ unsafe fn quant_row<'a>(
 
 /// [`QuantDot::Q8_1`]: the columns of `b` quantized to Q8_1 once per batch, then each
 /// task takes [`ROWS_PER_TASK`] rows of `a` and walks the columns in groups of
-/// [`COLS_PER_GROUP`], so that a group's activations and the task's weight rows stay in
+/// [`COLS_PER_CALL`], so that a group's activations and the task's weight rows stay in
 /// the L1 cache while every pair is dotted.
 fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
@@ -194,19 +195,31 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
             let (cols_q8, cols_ds) = (&cols_q8, &cols_ds);
             let task = |t: usize| {
                 let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
-                let mut out = [0f32; COLS_PER_GROUP];
-                for j0 in (0..n).step_by(COLS_PER_GROUP) {
-                    let nc = COLS_PER_GROUP.min(n - j0);
-                    let group = &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes];
-                    let group_ds = &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col];
-                    for i in rows.clone() {
-                        // SAFETY: i < m, (i02, i03) inside a's batch dims; a is read-only here.
-                        let w = unsafe { quant_row(&a, i, i02, i03, w_bytes) };
-                        quant::dot::vec_dot_q8_1_cols_scaled(q, w, group, group_ds, &mut out[..nc]);
-                        for (c, &v) in out[..nc].iter().enumerate() {
-                            // SAFETY: (i, j0 + c, i2, i3) is inside dst; each task writes
-                            // its own rows.
-                            unsafe { dst.set([i, j0 + c, i2, i3], v) };
+                let mut out = [0f32; ROWS_PER_TASK * COLS_PER_CALL];
+                for j0 in (0..n).step_by(COLS_PER_CALL) {
+                    let nc = COLS_PER_CALL.min(n - j0);
+                    let out = &mut out[..rows.len() * nc];
+                    // SAFETY: rows.start < m and (i02, i03) is inside a's batch dims; each
+                    // row is whole blocks along dim 0 that nothing writes during the step.
+                    unsafe {
+                        let w = a.ptr.add(a.offset([0, rows.start, i02, i03]));
+                        quant::dot::vec_dot_q8_1_rows(
+                            q,
+                            (w, a.nb[1], w_bytes),
+                            &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
+                            &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
+                            nc,
+                            out,
+                        )
+                    };
+                    for (r, vals) in out.chunks_exact(nc).enumerate() {
+                        for (c, &v) in vals.iter().enumerate() {
+                            // SAFETY: (rows.start + r, j0 + c, i2, i3) is inside dst (F32);
+                            // each task writes its own rows.
+                            unsafe {
+                                let at = dst.offset([rows.start + r, j0 + c, i2, i3]);
+                                (dst.ptr.add(at) as *mut f32).write_unaligned(v)
+                            };
                         }
                     }
                 }

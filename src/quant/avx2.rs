@@ -68,6 +68,92 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
     }
 }
 
+/// `out[r * ncols + c]` = the dot product of weight row `r` (at `w + r * w_stride`,
+/// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
+/// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
+/// row, so that a group's activations stay in the L1 cache.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; every weight row is `nb` whole blocks of valid memory;
+/// `a` holds `ncols` Q8_1 rows of `nb * q.block_size() / 32` blocks, `ds` two floats per
+/// block of `a`, and `out.len()` is a multiple of `ncols` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_rows(
+    q: QType,
+    (w, w_stride, nb): (*const u8, usize, usize),
+    a: &[u8],
+    ds: &[f32],
+    ncols: usize,
+    out: &mut [f32],
+) {
+    if ncols == 0 {
+        return;
+    }
+    let nrows = out.len() / ncols;
+    let row = a.len() / ncols;
+    let mut c0 = 0;
+    while c0 < ncols {
+        let cols = Cols {
+            q: a[c0 * row..].as_ptr(),
+            ds: ds[c0 * row / Q8 * 2..].as_ptr(),
+            row,
+        };
+        let rows = Rows {
+            w,
+            w_stride,
+            nb,
+            nrows,
+            ncols,
+            c0,
+        };
+        match ncols - c0 {
+            1 => rows.run::<1>(q, cols, out),
+            2 => rows.run::<2>(q, cols, out),
+            3 => rows.run::<3>(q, cols, out),
+            _ => rows.run::<4>(q, cols, out),
+        }
+        c0 += 4;
+    }
+}
+
+/// The weight rows of [`dot_rows`] and where a column group's results go.
+struct Rows {
+    w: *const u8,
+    w_stride: usize,
+    nb: usize,
+    nrows: usize,
+    ncols: usize,
+    c0: usize,
+}
+
+impl Rows {
+    /// Every row against the `NC` columns of `a`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn run<const NC: usize>(&self, q: QType, a: Cols, out: &mut [f32]) {
+        macro_rules! each_row {
+            ($kernel:expr) => {
+                for r in 0..self.nrows {
+                    let v: [f32; NC] = $kernel(self.w.add(r * self.w_stride), self.nb, a);
+                    let at = r * self.ncols + self.c0;
+                    out[at..at + NC].copy_from_slice(&v);
+                }
+            };
+        }
+        match q {
+            QType::Q4_0 => each_row!(legacy::<Q4_0, NC>),
+            QType::Q4_1 => each_row!(legacy::<Q4_1, NC>),
+            QType::Q5_0 => each_row!(legacy::<Q5_0, NC>),
+            QType::Q5_1 => each_row!(legacy::<Q5_1, NC>),
+            QType::Q8_0 => each_row!(legacy::<Q8_0, NC>),
+            QType::Q8_1 => each_row!(legacy::<Q8_1, NC>),
+            QType::Q4_K => each_row!(k4::<false, NC>),
+            QType::Q5_K => each_row!(k4::<true, NC>),
+            QType::Q6_K => each_row!(q6_k::<NC>),
+        }
+    }
+}
+
 /// Q8_1 activation columns: their blocks (`row` bytes per column) and the blocks' `d`
 /// and `s` as f32 pairs (`row / 36 * 2` floats per column).
 #[derive(Clone, Copy)]
@@ -521,6 +607,54 @@ mod tests {
             );
         }
         Ok(())
+    }
+
+    /// [`super::dot_rows`] on `nrows` rows `pad` bytes apart beyond their length, against
+    /// the portable code row by row.
+    fn check_rows(q: QType, blocks: usize, nrows: usize, ncols: usize, pad: usize, seed: u64) {
+        if !super::available() {
+            return;
+        }
+        let n = blocks * q.block_size();
+        let row_bytes = q.row_bytes(n).unwrap();
+        let stride = row_bytes + pad;
+        let mut w = vec![0u8; stride * nrows];
+        for r in 0..nrows {
+            let x = values(seed + r as u64, n, 1.0 + r as f32);
+            w[r * stride..r * stride + row_bytes].copy_from_slice(&quantized(q, &x));
+        }
+        let mut a = Vec::new();
+        for c in 0..ncols {
+            a.extend(quantized(
+                QType::Q8_1,
+                &values(seed ^ (77 + c as u64), n, 2.0),
+            ));
+        }
+        let mut ds = vec![0.0f32; a.len() / 36 * 2];
+        q8_1_scales(&a, &mut ds);
+        let mut got = vec![0.0f32; nrows * ncols];
+        // SAFETY: available() was checked; the rows lie in `w`; the lengths agree.
+        unsafe { super::dot_rows(q, (w.as_ptr(), stride, blocks), &a, &ds, ncols, &mut got) };
+        for r in 0..nrows {
+            let mut want = vec![0.0f32; ncols];
+            vec_dot_q8_1_cols_portable(q, &w[r * stride..r * stride + row_bytes], &a, &mut want);
+            for c in 0..ncols {
+                let (g, e) = (got[r * ncols + c], want[c]);
+                assert!(
+                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()) * blocks as f32,
+                    "{q} row {r} of {nrows}, column {c} of {ncols}: {g} vs {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rows_with_strides_and_odd_counts() {
+        for q in TYPES {
+            for (nrows, ncols) in [(1, 1), (3, 5), (7, 4), (5, 9), (2, 13)] {
+                check_rows(q, 2, nrows, ncols, 6 * nrows % 5, 7 + nrows as u64);
+            }
+        }
     }
 
     #[test]

@@ -95,6 +95,52 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
     vec_dot_q8_1_cols_portable(q, w, a, out);
 }
 
+/// Dot products of `nrows` weight rows (row `r` at `w + r * w_stride`, `row_bytes` whole
+/// blocks of `q`) with `ncols` activation columns quantized to Q8_1 (`a`, scales in `ds`
+/// as [`vec_dot_q8_1_cols_scaled`] takes them): `out[r * ncols + c]`. mul_mat's inner
+/// loop: the checks and the choice of kernel are made once for all the rows.
+///
+/// # Safety
+/// Every weight row is `row_bytes` bytes of valid memory that nothing writes meanwhile.
+///
+/// # Panics
+/// If `row_bytes` is not whole blocks, `a` does not hold `ncols` Q8_1 rows of one block
+/// per 32 weights, `ds` two floats per block of `a`, or `out` `nrows * ncols` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn vec_dot_q8_1_rows(
+    q: QType,
+    (w, w_stride, row_bytes): (*const u8, usize, usize),
+    a: &[u8],
+    ds: &[f32],
+    ncols: usize,
+    out: &mut [f32],
+) {
+    let nb = row_bytes / q.block_bytes();
+    let q8_row = nb * q.block_size() / 32 * Q8_1_BYTES;
+    assert!(
+        row_bytes % q.block_bytes() == 0
+            && a.len() == ncols * q8_row
+            && ds.len() == a.len() / Q8_1_BYTES * 2
+            && out.len() % ncols.max(1) == 0,
+        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results",
+        a.len(),
+        ds.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; the rows are valid (caller) and the
+        // other lengths were checked above.
+        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), a, ds, ncols, out) };
+        return;
+    }
+    for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {
+        // SAFETY: row r is row_bytes bytes of valid memory (caller).
+        let wr = unsafe { std::slice::from_raw_parts(w.add(r * w_stride), row_bytes) };
+        vec_dot_q8_1_cols_portable(q, wr, a, o);
+    }
+}
+
 /// The `d` and `s` fields of every Q8_1 block of `a` as f32 pairs into `ds`.
 pub fn q8_1_scales(a: &[u8], ds: &mut [f32]) {
     for (blk, pair) in a.chunks_exact(Q8_1_BYTES).zip(ds.chunks_exact_mut(2)) {
