@@ -24,7 +24,7 @@
 
 use rayon::prelude::*;
 
-use super::host::HostTensor;
+use super::host::{HostTensor, PAR_MIN_ELEMS};
 use super::{expect_dtype, FlashAttnParams, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -153,9 +153,10 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let group = n_head / n_head_kv;
-    let kf = dense_rows(k, d);
-    let vf = dense_rows(v, d_v);
-    let (kf, vf) = (&kf, &vf);
+    let mut kv = SCRATCH.with(|s| s.take());
+    dense_rows(k, d, &mut kv.0);
+    dense_rows(v, d_v, &mut kv.1);
+    let (kf, vf) = (&kv.0, &kv.1);
     let rows = n_q * n_head * batch;
     (0..rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
@@ -178,29 +179,41 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
                     k: &kf[kv * n_kv * d..(kv + 1) * n_kv * d],
                     v: &vf[kv * n_kv * d_v..(kv + 1) * n_kv * d_v],
                 };
-                attend(p, &row, mask, &mut scores, &mut acc);
+                attend_fast(p, &row, mask, &mut scores, &mut acc);
                 // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
                 // each row is written by one task only.
                 unsafe { dst.write_row(h, i, b, &acc) };
             }
         });
+    SCRATCH.with(|s| s.replace(kv));
     Ok(())
 }
 
-/// Every row of `t` ([`n`, rows, heads, batch]) as dense f32, in order: one `n`-element
-/// row per (row, head, batch), read by all cores.
-fn dense_rows(t: HostTensor, n: usize) -> Vec<f32> {
+thread_local! {
+    /// The dense K and V of the last call on this thread, kept so that the next call
+    /// (the next layer) reuses the allocations.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> = const {
+        std::cell::Cell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// Every row of `t` ([`n`, rows, heads, batch]) as dense f32 into `out`, in order: one
+/// `n`-element row per (row, head, batch), split over rayon's threads when large.
+fn dense_rows(t: HostTensor, n: usize, out: &mut Vec<f32>) {
     let (rows, heads) = (t.ne[1], t.ne[2]);
-    let mut out = vec![0f32; n * rows * heads * t.ne[3]];
-    out.par_chunks_mut(n * rows)
-        .enumerate()
-        .for_each(|(hb, chunk)| {
-            for (j, row) in chunk.chunks_exact_mut(n).enumerate() {
-                // SAFETY: (j, hb % heads, hb / heads) is inside t's shape.
-                unsafe { t.read_row(j, hb % heads, hb / heads, row) };
-            }
-        });
-    out
+    out.clear();
+    out.resize(n * rows * heads * t.ne[3], 0.0);
+    let fill = |(hb, chunk): (usize, &mut [f32])| {
+        for (j, row) in chunk.chunks_exact_mut(n).enumerate() {
+            // SAFETY: (j, hb % heads, hb / heads) is inside t's shape.
+            unsafe { t.read_row(j, hb % heads, hb / heads, row) };
+        }
+    };
+    if out.len() >= 8 * PAR_MIN_ELEMS {
+        out.par_chunks_mut(n * rows).enumerate().for_each(fill);
+    } else {
+        out.chunks_mut(n * rows).enumerate().for_each(fill);
+    }
 }
 
 /// One query row of one head, with the dense f32 K and V rows of its KV head.
@@ -214,8 +227,38 @@ struct Row<'a> {
     v: &'a [f32],
 }
 
+/// [`attend`] compiled for AVX2 and FMA where the CPU has them (the same operations in
+/// the same order: only the vector width of the loops differs, not the result).
+fn attend_fast(
+    p: &FlashAttnParams,
+    row: &Row,
+    mask: Option<HostTensor>,
+    scores: &mut [f32],
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        /// [`attend`] with AVX2 and FMA enabled.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn attend_avx2(
+            p: &FlashAttnParams,
+            row: &Row,
+            mask: Option<HostTensor>,
+            scores: &mut [f32],
+            acc: &mut [f32],
+        ) {
+            attend(p, row, mask, scores, acc);
+        }
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { attend_avx2(p, row, mask, scores, acc) };
+        return;
+    }
+    attend(p, row, mask, scores, acc);
+}
+
 /// The attention output of one query row into `acc`: the scores of every key into
 /// `scores` (`-inf` where masked), their softmax, and the weighted sum of the V rows.
+#[inline(always)]
 fn attend(
     p: &FlashAttnParams,
     row: &Row,

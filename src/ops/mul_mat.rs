@@ -41,7 +41,7 @@ impl Graph {
 }
 
 /// Dot product with eight independent f32 accumulators (vectorizes well).
-#[inline]
+#[inline(always)]
 pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
     debug_assert_eq!(x.len(), y.len());
     let mut acc = [0f32; 8];
