@@ -159,6 +159,14 @@ impl HostTensor {
             };
             return;
         }
+        if self.dtype == DType::F16 && nb0 == 2 && base as usize % 2 == 0 {
+            // SAFETY: a dense, aligned f16 row of vals.len() elements starts at base, and
+            // `vals` is the caller's own buffer.
+            let row = unsafe { std::slice::from_raw_parts_mut(base as *mut f16, vals.len()) };
+            // F16C conversion (round to nearest even, as `f16::from_f32`) where available.
+            row.convert_from_f32_slice(vals);
+            return;
+        }
         for (j, &v) in vals.iter().enumerate() {
             // SAFETY: element j of the row is inside the tensor.
             unsafe { store(base.add(j * nb0), self.dtype, v) };
