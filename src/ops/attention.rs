@@ -16,7 +16,7 @@
 //! key `j` is `s = scale * q . k_j`, then `softcap * tanh(s / softcap)` when softcapping,
 //! then `+ slope_h * mask[j, i]` (ALiBi slopes when `max_bias > 0`, else 1).
 //!
-//! The CPU kernel reads K and V once into dense f32 rows, then per query row computes
+//! The CPU kernel reads K and V (of the keys some query may see) once into dense f32 rows, then per query row computes
 //! every key's score (a row of `n_kv` floats, where the GPU's online softmax keeps a
 //! running maximum instead), the maximum `M`, the weights `exp(s - M)`, their sum `S`
 //! and `sum_j exp(s_j - M) v_j / S`. Masked keys (`-inf`) are skipped; a row whose keys
@@ -24,7 +24,7 @@
 
 use rayon::prelude::*;
 
-use super::host::{HostTensor, PAR_MIN_ELEMS};
+use super::host::HostTensor;
 use super::{expect_dtype, FlashAttnParams, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -141,11 +141,9 @@ impl Graph {
     }
 }
 
-/// Query rows handled per parallel task.
-const ROWS_PER_TASK: usize = 4;
-
-/// CPU kernel: K and V read once into dense f32 (`[d, n_kv]` per KV head and batch), then
-/// one task per [`ROWS_PER_TASK`] (query, head, batch) rows, each row scored against every
+/// CPU kernel: the K and V rows of every key that some query row may see read once
+/// into dense f32 (`[d, n_head_kv, n_kv, batch]`: a key's heads side by side), then the
+/// (query, head, batch) rows split over rayon's threads, each row scored against every
 /// unmasked key, softmaxed and multiplied by V.
 pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (q, k, v) = (src[0], src[1], src[2]);
@@ -154,30 +152,36 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let group = n_head / n_head_kv;
     let mut kv = SCRATCH.with(|s| s.take());
-    dense_rows(k, d, &mut kv.0);
-    dense_rows(v, d_v, &mut kv.1);
+    visible_keys(mask, n_q, &mut kv.2);
+    dense_rows(k, &kv.2, &mut kv.0);
+    dense_rows(v, &kv.2, &mut kv.1);
     let (kf, vf) = (&kv.0, &kv.1);
     let rows = n_q * n_head * batch;
-    (0..rows.div_ceil(ROWS_PER_TASK))
+    // Small tasks for a decode step's few rows, a few dozen tasks for a prompt's.
+    let per_task = rows.div_ceil(64);
+    (0..rows.div_ceil(per_task))
         .into_par_iter()
         .for_each(|t| {
             let mut qrow = vec![0f32; d];
             let mut scores = vec![0f32; n_kv];
             let mut acc = vec![0f32; d_v];
-            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+            for r in t * per_task..((t + 1) * per_task).min(rows) {
                 // Row r is query i of head h in batch b, heads of one query adjacent.
                 let (h, i, b) = (r % n_head, (r / n_head) % n_q, r / (n_q * n_head));
                 // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
                 unsafe { q.read_row(i, h, b, &mut qrow) };
-                let kv = h / group + n_head_kv * b;
+                let hk = h / group;
+                let (kb, vb) = (n_kv * n_head_kv * d * b, n_kv * n_head_kv * d_v * b);
                 let row = Row {
                     q: &qrow,
                     i,
                     h,
                     b,
                     n_head,
-                    k: &kf[kv * n_kv * d..(kv + 1) * n_kv * d],
-                    v: &vf[kv * n_kv * d_v..(kv + 1) * n_kv * d_v],
+                    k: &kf[kb + hk * d..kb + n_kv * n_head_kv * d],
+                    v: &vf[vb + hk * d_v..vb + n_kv * n_head_kv * d_v],
+                    k_stride: n_head_kv * d,
+                    v_stride: n_head_kv * d_v,
                 };
                 attend_fast(p, &row, mask, &mut scores, &mut acc);
                 // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
@@ -190,29 +194,65 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
 }
 
 thread_local! {
-    /// The dense K and V of the last call on this thread, kept so that the next call
-    /// (the next layer) reuses the allocations.
-    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> = const {
-        std::cell::Cell::new((Vec::new(), Vec::new()))
+    /// The dense K and V (and the visible keys) of the last call on this thread, kept so
+    /// that the next call (the next layer) reuses the allocations.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>, Vec<bool>)> = const {
+        std::cell::Cell::new((Vec::new(), Vec::new(), Vec::new()))
     };
 }
 
-/// Every row of `t` ([`n`, rows, heads, batch]) as dense f32 into `out`, in order: one
-/// `n`-element row per (row, head, batch), split over rayon's threads when large.
-fn dense_rows(t: HostTensor, n: usize, out: &mut Vec<f32>) {
-    let (rows, heads) = (t.ne[1], t.ne[2]);
-    out.clear();
-    out.resize(n * rows * heads * t.ne[3], 0.0);
-    let fill = |(hb, chunk): (usize, &mut [f32])| {
-        for (j, row) in chunk.chunks_exact_mut(n).enumerate() {
-            // SAFETY: (j, hb % heads, hb / heads) is inside t's shape.
-            unsafe { t.read_row(j, hb % heads, hb / heads, row) };
-        }
+/// Into `seen`, for every key: whether some query row of the mask (any of its heads and
+/// batches) does not mask it with `-inf`; every key without a mask. A decode step's mask
+/// hides the unused end of its KV-length bucket, whose rows need not be read.
+fn visible_keys(mask: Option<HostTensor>, n_q: usize, seen: &mut Vec<bool>) {
+    let Some(m) = mask else {
+        seen.clear();
+        return;
     };
-    if out.len() >= 8 * PAR_MIN_ELEMS {
-        out.par_chunks_mut(n * rows).enumerate().for_each(fill);
-    } else {
-        out.chunks_mut(n * rows).enumerate().for_each(fill);
+    seen.clear();
+    seen.resize(m.ne[0], false);
+    let mut row = vec![0f32; m.ne[0]];
+    for i3 in 0..m.ne[3] {
+        for i2 in 0..m.ne[2] {
+            for i in 0..n_q {
+                // SAFETY: i < n_q <= m.ne[1]; i2, i3 inside the mask's shape.
+                unsafe { m.read_row(i, i2, i3, &mut row) };
+                for (s, &x) in seen.iter_mut().zip(&row) {
+                    *s |= x != f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// The rows of `t` ([`n`, keys, heads, batch]) as dense f32 into `out`, laid out
+/// [`n`, heads, keys, batch] (a key's heads side by side); only the keys marked in `seen`
+/// (all when `seen` is empty) are read, the others stay zero. When a key's heads lie
+/// side by side in `t` too (a KV cache row), they are read as one row.
+fn dense_rows(t: HostTensor, seen: &[bool], out: &mut Vec<f32>) {
+    let (n, keys, heads, batch) = (t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
+    out.clear();
+    out.resize(n * heads * keys * batch, 0.0);
+    let merged =
+        (t.nb[0] == t.dtype.block_bytes() && t.dtype.row_bytes(n) == t.nb[2]) || heads == 1;
+    let whole = HostTensor {
+        ne: [n * heads, keys, 1, batch],
+        ..t
+    };
+    for (kb, key) in out.chunks_exact_mut(n * heads).enumerate() {
+        let (j, b) = (kb % keys, kb / keys);
+        if !seen.is_empty() && !seen[j] {
+            continue;
+        }
+        if merged {
+            // SAFETY: key j of batch b is inside t, its heads contiguous (checked above).
+            unsafe { whole.read_row(j, 0, b, key) };
+        } else {
+            for (h, row) in key.chunks_exact_mut(n).enumerate() {
+                // SAFETY: (j, h, b) is inside t's shape.
+                unsafe { t.read_row(j, h, b, row) };
+            }
+        }
     }
 }
 
@@ -223,8 +263,11 @@ struct Row<'a> {
     h: usize,
     b: usize,
     n_head: usize,
+    /// Key `j`'s K row at `k[j * k_stride..][..d]` (V likewise).
     k: &'a [f32],
     v: &'a [f32],
+    k_stride: usize,
+    v_stride: usize,
 }
 
 /// [`attend`] compiled for AVX2 and FMA where the CPU has them (the same operations in
@@ -275,10 +318,11 @@ fn attend(
     }
     let d = row.q.len();
     let mut max = f32::NEG_INFINITY;
-    for (s, krow) in scores.iter_mut().zip(row.k.chunks_exact(d)) {
+    for (j, s) in scores.iter_mut().enumerate() {
         if *s == f32::NEG_INFINITY {
             continue;
         }
+        let krow = &row.k[j * row.k_stride..j * row.k_stride + d];
         let bias = slope * *s;
         let mut x = p.scale * super::mul_mat::dot_f32(row.q, krow);
         if p.softcap > 0.0 {
@@ -292,10 +336,12 @@ fn attend(
         return;
     }
     let mut sum = 0f32;
-    for (&s, vrow) in scores.iter().zip(row.v.chunks_exact(acc.len())) {
+    let d_v = acc.len();
+    for (j, &s) in scores.iter().enumerate() {
         if s == f32::NEG_INFINITY {
             continue;
         }
+        let vrow = &row.v[j * row.v_stride..j * row.v_stride + d_v];
         let w = (s - max).exp();
         sum += w;
         acc.iter_mut().zip(vrow).for_each(|(a, x)| *a += w * x);
