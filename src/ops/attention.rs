@@ -227,11 +227,12 @@ fn visible_keys(mask: Option<HostTensor>, n_q: usize, seen: &mut Vec<bool>) {
 
 /// The rows of `t` ([`n`, keys, heads, batch]) as dense f32 into `out`, laid out
 /// [`n`, heads, keys, batch] (a key's heads side by side); only the keys marked in `seen`
-/// (all when `seen` is empty) are read, the others stay zero. When a key's heads lie
+/// (all when `seen` is empty) are read, the others are left as they were. When a key's heads lie
 /// side by side in `t` too (a KV cache row), they are read as one row.
 fn dense_rows(t: HostTensor, seen: &[bool], out: &mut Vec<f32>) {
     let (n, keys, heads, batch) = (t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
-    out.clear();
+    // Rows of keys not in `seen` are never read: what an earlier call left there stays
+    // (no clearing of the whole buffer, layer after layer).
     out.resize(n * heads * keys * batch, 0.0);
     let merged =
         (t.nb[0] == t.dtype.block_bytes() && t.dtype.row_bytes(n) == t.nb[2]) || heads == 1;
