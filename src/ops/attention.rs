@@ -159,36 +159,34 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
     let rows = n_q * n_head * batch;
     // Small tasks for a decode step's few rows, a few dozen tasks for a prompt's.
     let per_task = rows.div_ceil(64);
-    (0..rows.div_ceil(per_task))
-        .into_par_iter()
-        .for_each(|t| {
-            let mut qrow = vec![0f32; d];
-            let mut scores = vec![0f32; n_kv];
-            let mut acc = vec![0f32; d_v];
-            for r in t * per_task..((t + 1) * per_task).min(rows) {
-                // Row r is query i of head h in batch b, heads of one query adjacent.
-                let (h, i, b) = (r % n_head, (r / n_head) % n_q, r / (n_q * n_head));
-                // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
-                unsafe { q.read_row(i, h, b, &mut qrow) };
-                let hk = h / group;
-                let (kb, vb) = (n_kv * n_head_kv * d * b, n_kv * n_head_kv * d_v * b);
-                let row = Row {
-                    q: &qrow,
-                    i,
-                    h,
-                    b,
-                    n_head,
-                    k: &kf[kb + hk * d..kb + n_kv * n_head_kv * d],
-                    v: &vf[vb + hk * d_v..vb + n_kv * n_head_kv * d_v],
-                    k_stride: n_head_kv * d,
-                    v_stride: n_head_kv * d_v,
-                };
-                attend_fast(p, &row, mask, &mut scores, &mut acc);
-                // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
-                // each row is written by one task only.
-                unsafe { dst.write_row(h, i, b, &acc) };
-            }
-        });
+    (0..rows.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let mut qrow = vec![0f32; d];
+        let mut scores = vec![0f32; n_kv];
+        let mut acc = vec![0f32; d_v];
+        for r in t * per_task..((t + 1) * per_task).min(rows) {
+            // Row r is query i of head h in batch b, heads of one query adjacent.
+            let (h, i, b) = (r % n_head, (r / n_head) % n_q, r / (n_q * n_head));
+            // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
+            unsafe { q.read_row(i, h, b, &mut qrow) };
+            let hk = h / group;
+            let (kb, vb) = (n_kv * n_head_kv * d * b, n_kv * n_head_kv * d_v * b);
+            let row = Row {
+                q: &qrow,
+                i,
+                h,
+                b,
+                n_head,
+                k: &kf[kb + hk * d..kb + n_kv * n_head_kv * d],
+                v: &vf[vb + hk * d_v..vb + n_kv * n_head_kv * d_v],
+                k_stride: n_head_kv * d,
+                v_stride: n_head_kv * d_v,
+            };
+            attend_fast(p, &row, mask, &mut scores, &mut acc);
+            // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
+            // each row is written by one task only.
+            unsafe { dst.write_row(h, i, b, &acc) };
+        }
+    });
     SCRATCH.with(|s| s.replace(kv));
     Ok(())
 }

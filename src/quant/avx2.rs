@@ -244,8 +244,8 @@ impl<const NC: usize> Acc<NC> {
     #[inline]
     unsafe fn sum(self, other: Self) -> [f32; NC] {
         let mut r = [0.0f32; NC];
-        for c in 0..NC {
-            r[c] = hsum(_mm256_add_ps(self.v[c], other.v[c])) + (self.offs[c] + other.offs[c]);
+        for (c, t) in r.iter_mut().enumerate() {
+            *t = hsum(_mm256_add_ps(self.v[c], other.v[c])) + (self.offs[c] + other.offs[c]);
         }
         r
     }
@@ -581,7 +581,7 @@ mod tests {
         let mut a = Vec::new();
         let mut mag = 0.0f32;
         for c in 0..cols {
-            let mut y = values(seed ^ (c as u64 + 1) * 0x9e37, n, 1.0);
+            let mut y = values(seed ^ ((c as u64 + 1) * 0x9e37), n, 1.0);
             for (i, v) in y.iter_mut().enumerate() {
                 *v *= 1.0 + ((i / 32 + c) % 4) as f32;
             }

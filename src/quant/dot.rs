@@ -106,7 +106,6 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
 /// # Panics
 /// If `row_bytes` is not whole blocks, `a` does not hold `ncols` Q8_1 rows of one block
 /// per 32 weights, `ds` two floats per block of `a`, or `out` `nrows * ncols` floats.
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn vec_dot_q8_1_rows(
     q: QType,
     (w, w_stride, row_bytes): (*const u8, usize, usize),
