@@ -159,7 +159,7 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
     let rows = n_q * n_head * batch;
     // Small tasks for a decode step's few rows, a few dozen tasks for a prompt's.
     let per_task = rows.div_ceil(64);
-    (0..rows.div_ceil(per_task)).into_par_iter().for_each(|t| {
+    let task = |t: usize| {
         let mut qrow = vec![0f32; d];
         let mut scores = vec![0f32; n_kv];
         let mut acc = vec![0f32; d_v];
@@ -186,10 +186,20 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
             // each row is written by one task only.
             unsafe { dst.write_row(h, i, b, &acc) };
         }
-    });
+    };
+    let tasks = rows.div_ceil(per_task);
+    if rows * n_kv * (d + d_v) < SERIAL_WORK {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
     SCRATCH.with(|s| s.replace(kv));
     Ok(())
 }
+
+/// Multiply-adds (rows x keys x (d + d_v)) below which the rows run on the calling
+/// thread: a decode step's few rows cost less than handing them to another thread.
+const SERIAL_WORK: usize = 1 << 19;
 
 thread_local! {
     /// The dense K and V (and the visible keys) of the last call on this thread, kept so
