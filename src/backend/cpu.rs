@@ -10,6 +10,15 @@ use crate::ops::host::{store, HostTensor};
 use crate::ops::mul_mat::QuantDot;
 use crate::ops::{self, CopyOp, Op};
 
+/// A pointer that may cross to another thread (the arena's base, handed to the rayon
+/// thread that runs a plan while the backend is borrowed for the call).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+
+// SAFETY: the pointer is only used while `compute` holds the backend mutably, and the
+// thread it is sent to is done with it before `compute` returns.
+unsafe impl Send for SendPtr {}
+
 /// A loaded plan with its arena.
 struct CpuExec {
     plan: Plan,
@@ -220,37 +229,44 @@ impl Backend for CpuBackend {
                 io.name
             )));
         }
-        let arena = as_bytes_mut(&mut e.arena).as_mut_ptr();
+        let arena = SendPtr(as_bytes_mut(&mut e.arena).as_mut_ptr());
         let buffers = &mut self.buffers;
-        let mut ptr = |loc: Loc| -> *mut u8 {
-            match loc {
-                // SAFETY: load() checked that every arena offset lies inside the arena.
-                Loc::Arena(off) => unsafe { arena.add(off) },
-                Loc::Buffer(b, off) => {
-                    let v = buffers.get_mut(&b).expect("validated at load");
-                    // SAFETY: load() checked the extent against the buffer's size.
-                    unsafe { as_bytes_mut(v).as_mut_ptr().add(off) }
+        let profile = &mut self.profile;
+        let steps = &e.plan.steps;
+        // The whole plan runs on a thread of rayon's pool, so that each op's parallel
+        // loop shares its work with the pool's other threads directly instead of waking
+        // them and putting the calling thread to sleep, op after op.
+        rayon::scope(move |_| -> Result<()> {
+            let arena = arena;
+            let mut ptr = |loc: Loc| -> *mut u8 {
+                match loc {
+                    // SAFETY: load() checked that every arena offset lies inside the arena.
+                    Loc::Arena(off) => unsafe { arena.0.add(off) },
+                    Loc::Buffer(b, off) => {
+                        let v = buffers.get_mut(&b).expect("validated at load");
+                        // SAFETY: load() checked the extent against the buffer's size.
+                        unsafe { as_bytes_mut(v).as_mut_ptr().add(off) }
+                    }
+                }
+            };
+            let mut src: Vec<HostTensor> = Vec::with_capacity(4);
+            for step in steps {
+                let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
+                src.clear();
+                src.extend(step.src.iter().map(|s| HostTensor::new(ptr(s.loc), s)));
+                let start = std::time::Instant::now();
+                run_step(step, dst, &src, quant)?;
+                if let Some(p) = profile.as_mut() {
+                    p.push(StepTime {
+                        name: step.name.clone(),
+                        op: step.op.name(),
+                        kernels: step.op.name().to_string(),
+                        us: start.elapsed().as_secs_f64() * 1e6,
+                    });
                 }
             }
-        };
-        for step in &e.plan.steps {
-            let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
-            let src: Vec<HostTensor> = step
-                .src
-                .iter()
-                .map(|s| HostTensor::new(ptr(s.loc), s))
-                .collect();
-            let start = std::time::Instant::now();
-            run_step(step, dst, &src, quant)?;
-            if let Some(p) = self.profile.as_mut() {
-                p.push(StepTime {
-                    name: step.name.clone(),
-                    op: step.op.name(),
-                    kernels: step.op.name().to_string(),
-                    us: start.elapsed().as_secs_f64() * 1e6,
-                });
-            }
-        }
+            Ok(())
+        })?;
         self.stats.eager_runs += 1;
         Ok(())
     }

@@ -16,10 +16,11 @@
 //! key `j` is `s = scale * q . k_j`, then `softcap * tanh(s / softcap)` when softcapping,
 //! then `+ slope_h * mask[j, i]` (ALiBi slopes when `max_bias > 0`, else 1).
 //!
-//! The CPU reference is FlashAttention's online softmax: a running maximum `M` and sum
-//! `S` per row and an accumulator of `v` rows, rescaled by `exp(M_old - M_new)` whenever
-//! the maximum grows, so each key is visited once. A row whose keys are all masked
-//! (`-inf`) gives zeros.
+//! The CPU kernel reads K and V (of the keys some query may see) once into dense f32 rows, then per query row computes
+//! every key's score (a row of `n_kv` floats, where the GPU's online softmax keeps a
+//! running maximum instead), the maximum `M`, the weights `exp(s - M)`, their sum `S`
+//! and `sum_j exp(s_j - M) v_j / S`. Masked keys (`-inf`) are skipped; a row whose keys
+//! are all masked gives zeros.
 
 use rayon::prelude::*;
 
@@ -140,99 +141,219 @@ impl Graph {
     }
 }
 
-/// CPU reference: the online softmax, one task per (query, head, batch) row.
+/// CPU kernel: the K and V rows of every key that some query row may see read once
+/// into dense f32 (`[d, n_head_kv, n_kv, batch]`: a key's heads side by side), then the
+/// (query, head, batch) rows split over rayon's threads, each row scored against every
+/// unmasked key, softmaxed and multiplied by V.
 pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3).copied();
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let group = n_head / n_head_kv;
+    let mut kv = SCRATCH.with(|s| s.take());
+    visible_keys(mask, n_q, &mut kv.2);
+    dense_rows(k, &kv.2, &mut kv.0);
+    dense_rows(v, &kv.2, &mut kv.1);
+    let (kf, vf) = (&kv.0, &kv.1);
     let rows = n_q * n_head * batch;
-    let results: Vec<(usize, Vec<f32>)> = (0..rows)
-        .into_par_iter()
-        .map(|r| {
-            let (i, h, b) = (r % n_q, (r / n_q) % n_head, r / (n_q * n_head));
-            let mut qrow = vec![0f32; d];
+    // Small tasks for a decode step's few rows, a few dozen tasks for a prompt's.
+    let per_task = rows.div_ceil(64);
+    let task = |t: usize| {
+        let mut qrow = vec![0f32; d];
+        let mut scores = vec![0f32; n_kv];
+        let mut acc = vec![0f32; d_v];
+        for r in t * per_task..((t + 1) * per_task).min(rows) {
+            // Row r is query i of head h in batch b, heads of one query adjacent.
+            let (h, i, b) = (r % n_head, (r / n_head) % n_q, r / (n_q * n_head));
             // SAFETY: (i, h, b) is inside q's shape; the plan guarantees valid memory.
             unsafe { q.read_row(i, h, b, &mut qrow) };
+            let hk = h / group;
+            let (kb, vb) = (n_kv * n_head_kv * d * b, n_kv * n_head_kv * d_v * b);
             let row = Row {
                 q: &qrow,
                 i,
                 h,
                 b,
-                hk: h / group,
-                n_kv,
                 n_head,
+                k: &kf[kb + hk * d..kb + n_kv * n_head_kv * d],
+                v: &vf[vb + hk * d_v..vb + n_kv * n_head_kv * d_v],
+                k_stride: n_head_kv * d,
+                v_stride: n_head_kv * d_v,
             };
-            (r, attend(p, &row, k, v, mask, d_v))
-        })
-        .collect();
-    for (r, out) in results {
-        let (i, h, b) = (r % n_q, (r / n_q) % n_head, r / (n_q * n_head));
-        // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and each
-        // row is written once.
-        unsafe { dst.write_row(h, i, b, &out) };
+            attend_fast(p, &row, mask, &mut scores, &mut acc);
+            // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
+            // each row is written by one task only.
+            unsafe { dst.write_row(h, i, b, &acc) };
+        }
+    };
+    let tasks = rows.div_ceil(per_task);
+    if rows * n_kv * (d + d_v) < SERIAL_WORK {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
     }
+    SCRATCH.with(|s| s.replace(kv));
     Ok(())
 }
 
-/// One query row of one head.
+/// Multiply-adds (rows x keys x (d + d_v)) below which the rows run on the calling
+/// thread: a decode step's few rows cost less than handing them to another thread.
+const SERIAL_WORK: usize = 1 << 19;
+
+thread_local! {
+    /// The dense K and V (and the visible keys) of the last call on this thread, kept so
+    /// that the next call (the next layer) reuses the allocations.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>, Vec<bool>)> = const {
+        std::cell::Cell::new((Vec::new(), Vec::new(), Vec::new()))
+    };
+}
+
+/// Into `seen`, for every key: whether some query row of the mask (any of its heads and
+/// batches) does not mask it with `-inf`; every key without a mask. A decode step's mask
+/// hides the unused end of its KV-length bucket, whose rows need not be read.
+fn visible_keys(mask: Option<HostTensor>, n_q: usize, seen: &mut Vec<bool>) {
+    let Some(m) = mask else {
+        seen.clear();
+        return;
+    };
+    seen.clear();
+    seen.resize(m.ne[0], false);
+    let mut row = vec![0f32; m.ne[0]];
+    for i3 in 0..m.ne[3] {
+        for i2 in 0..m.ne[2] {
+            for i in 0..n_q {
+                // SAFETY: i < n_q <= m.ne[1]; i2, i3 inside the mask's shape.
+                unsafe { m.read_row(i, i2, i3, &mut row) };
+                for (s, &x) in seen.iter_mut().zip(&row) {
+                    *s |= x != f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// The rows of `t` ([`n`, keys, heads, batch]) as dense f32 into `out`, laid out
+/// [`n`, heads, keys, batch] (a key's heads side by side); only the keys marked in `seen`
+/// (all when `seen` is empty) are read, the others are left as they were. When a key's heads lie
+/// side by side in `t` too (a KV cache row), they are read as one row.
+fn dense_rows(t: HostTensor, seen: &[bool], out: &mut Vec<f32>) {
+    let (n, keys, heads, batch) = (t.ne[0], t.ne[1], t.ne[2], t.ne[3]);
+    // Rows of keys not in `seen` are never read: what an earlier call left there stays
+    // (no clearing of the whole buffer, layer after layer).
+    out.resize(n * heads * keys * batch, 0.0);
+    let merged =
+        (t.nb[0] == t.dtype.block_bytes() && t.dtype.row_bytes(n) == t.nb[2]) || heads == 1;
+    let whole = HostTensor {
+        ne: [n * heads, keys, 1, batch],
+        ..t
+    };
+    for (kb, key) in out.chunks_exact_mut(n * heads).enumerate() {
+        let (j, b) = (kb % keys, kb / keys);
+        if !seen.is_empty() && !seen[j] {
+            continue;
+        }
+        if merged {
+            // SAFETY: key j of batch b is inside t, its heads contiguous (checked above).
+            unsafe { whole.read_row(j, 0, b, key) };
+        } else {
+            for (h, row) in key.chunks_exact_mut(n).enumerate() {
+                // SAFETY: (j, h, b) is inside t's shape.
+                unsafe { t.read_row(j, h, b, row) };
+            }
+        }
+    }
+}
+
+/// One query row of one head, with the dense f32 K and V rows of its KV head.
 struct Row<'a> {
     q: &'a [f32],
     i: usize,
     h: usize,
     b: usize,
-    hk: usize,
-    n_kv: usize,
     n_head: usize,
+    /// Key `j`'s K row at `k[j * k_stride..][..d]` (V likewise).
+    k: &'a [f32],
+    v: &'a [f32],
+    k_stride: usize,
+    v_stride: usize,
 }
 
-/// The attention output of one query row: the online softmax over every key.
+/// [`attend`] compiled for AVX2 and FMA where the CPU has them (the same operations in
+/// the same order: only the vector width of the loops differs, not the result).
+fn attend_fast(
+    p: &FlashAttnParams,
+    row: &Row,
+    mask: Option<HostTensor>,
+    scores: &mut [f32],
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        /// [`attend`] with AVX2 and FMA enabled.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn attend_avx2(
+            p: &FlashAttnParams,
+            row: &Row,
+            mask: Option<HostTensor>,
+            scores: &mut [f32],
+            acc: &mut [f32],
+        ) {
+            attend(p, row, mask, scores, acc);
+        }
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { attend_avx2(p, row, mask, scores, acc) };
+        return;
+    }
+    attend(p, row, mask, scores, acc);
+}
+
+/// The attention output of one query row into `acc`: the scores of every key into
+/// `scores` (`-inf` where masked), their softmax, and the weighted sum of the V rows.
+#[inline(always)]
 fn attend(
     p: &FlashAttnParams,
     row: &Row,
-    k: HostTensor,
-    v: HostTensor,
     mask: Option<HostTensor>,
-    d_v: usize,
-) -> Vec<f32> {
+    scores: &mut [f32],
+    acc: &mut [f32],
+) {
     let slope = p.slope(row.h, row.n_head);
-    // The bias of every key: slope * mask, or 0 without a mask.
-    let mut bias = vec![0f32; row.n_kv];
     if let Some(m) = mask {
         // SAFETY: the mask broadcasts over heads and batches; the row index is inside it.
-        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], &mut bias) };
-        bias.iter_mut().for_each(|b| *b *= slope);
+        unsafe { m.read_row(row.i, row.h % m.ne[2], row.b % m.ne[3], scores) };
+    } else {
+        scores.fill(0.0);
     }
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-    let mut acc = vec![0f32; d_v];
-    let (mut krow, mut vrow) = (vec![0f32; row.q.len()], vec![0f32; d_v]);
-    for (j, &bias) in bias.iter().enumerate() {
-        if bias == f32::NEG_INFINITY {
+    let d = row.q.len();
+    let mut max = f32::NEG_INFINITY;
+    for (j, s) in scores.iter_mut().enumerate() {
+        if *s == f32::NEG_INFINITY {
             continue;
         }
-        // SAFETY: key j of KV head hk in batch b is inside k.
-        unsafe { k.read_row(j, row.hk, row.b, &mut krow) };
-        let mut s = p.scale * super::mul_mat::dot_f32(row.q, &krow);
+        let krow = &row.k[j * row.k_stride..j * row.k_stride + d];
+        let bias = slope * *s;
+        let mut x = p.scale * super::mul_mat::dot_f32(row.q, krow);
         if p.softcap > 0.0 {
-            s = p.softcap * (s / p.softcap).tanh();
+            x = p.softcap * (x / p.softcap).tanh();
         }
-        s += bias;
-        if s > max {
-            // The running maximum grows: rescale what was summed so far.
-            let c = (max - s).exp();
-            sum *= c;
-            acc.iter_mut().for_each(|a| *a *= c);
-            max = s;
+        *s = x + bias;
+        max = max.max(*s);
+    }
+    acc.fill(0.0);
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f32;
+    let d_v = acc.len();
+    for (j, &s) in scores.iter().enumerate() {
+        if s == f32::NEG_INFINITY {
+            continue;
         }
+        let vrow = &row.v[j * row.v_stride..j * row.v_stride + d_v];
         let w = (s - max).exp();
-        // SAFETY: value row j of KV head hk in batch b is inside v.
-        unsafe { v.read_row(j, row.hk, row.b, &mut vrow) };
-        acc.iter_mut().zip(&vrow).for_each(|(a, x)| *a += w * x);
         sum += w;
+        acc.iter_mut().zip(vrow).for_each(|(a, x)| *a += w * x);
     }
-    if sum > 0.0 {
-        acc.iter_mut().for_each(|a| *a /= sum);
-    }
-    acc
+    acc.iter_mut().for_each(|a| *a /= sum);
 }

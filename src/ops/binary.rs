@@ -1,7 +1,7 @@
 //! add and mul: elementwise with broadcasting of the second operand over all four
 //! dimensions by ggml's rule `y[i % ky]` (each `b.ne[i]` must divide `a.ne[i]`).
 
-use super::host::{for_each_row, HostTensor};
+use super::host::{par_for_each_row, HostTensor};
 use super::{expect_dtype, BinaryOp, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -55,21 +55,29 @@ impl BinaryOp {
 /// CPU reference for the [`BinaryOp`]s.
 pub(crate) fn cpu(op: BinaryOp, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (a, b) = (src[0], src[1]);
-    let n0 = dst.ne[0];
-    let mut ra = vec![0f32; n0];
-    let mut rb = vec![0f32; b.ne[0]];
-    for_each_row(dst.ne, |i1, i2, i3| {
-        // SAFETY: row indices come from dst.ne, which equals a.ne; b's row is taken
-        // modulo its own shape; the plan guarantees the memory is valid.
-        unsafe {
-            a.read_row(i1, i2, i3, &mut ra);
-            b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], &mut rb);
-        }
-        for (j, x) in ra.iter_mut().enumerate() {
-            *x = op.apply(*x, rb[j % rb.len()]);
-        }
-        // SAFETY: as above; this step is the only writer of dst.
-        unsafe { dst.write_row(i1, i2, i3, &ra) };
-    });
+    let (n0, nb0) = (dst.ne[0], b.ne[0]);
+    par_for_each_row(
+        dst.ne,
+        || (vec![0f32; n0], vec![0f32; nb0]),
+        |(ra, rb), i1, i2, i3| {
+            // SAFETY: row indices come from dst.ne, which equals a.ne; b's row is taken
+            // modulo its own shape; the plan guarantees the memory is valid.
+            unsafe {
+                a.read_row(i1, i2, i3, ra);
+                b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], rb);
+            }
+            if rb.len() == ra.len() {
+                for (x, &y) in ra.iter_mut().zip(rb.iter()) {
+                    *x = op.apply(*x, y);
+                }
+            } else {
+                for (j, x) in ra.iter_mut().enumerate() {
+                    *x = op.apply(*x, rb[j % rb.len()]);
+                }
+            }
+            // SAFETY: as above; this row is written by this call only.
+            unsafe { dst.write_row(i1, i2, i3, ra) };
+        },
+    );
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! dequantized and quantized whole, block by block ([`crate::quant`]), so element access
 //! ([`HostTensor::get`], [`load`]) is for plain types only and row access for every type.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::graph::{DType, Operand};
@@ -117,6 +118,12 @@ impl HostTensor {
                     )
                 }
             }
+            DType::F16 if nb0 == 2 && base as usize % 2 == 0 => {
+                // SAFETY: a dense, aligned f16 row of out.len() elements starts at base.
+                let row = unsafe { std::slice::from_raw_parts(base as *const f16, out.len()) };
+                // F16C conversion where the CPU has it (half detects it at run time).
+                row.convert_to_f32_slice(out);
+            }
             dt @ (DType::F32 | DType::F16 | DType::BF16 | DType::I32) => {
                 for (j, o) in out.iter_mut().enumerate() {
                     // SAFETY: element j of the row is inside the tensor.
@@ -142,6 +149,22 @@ impl HostTensor {
             // nothing else accesses concurrently.
             let row = unsafe { std::slice::from_raw_parts_mut(base, bytes) };
             crate::quant::quantize_row(q, vals, row).expect("row sizes agree");
+            return;
+        }
+        if self.dtype == DType::F32 && nb0 == 4 {
+            // SAFETY: a dense f32 row of vals.len() elements starts at base; `vals` is the
+            // caller's own buffer, so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(vals.as_ptr() as *const u8, base, vals.len() * 4)
+            };
+            return;
+        }
+        if self.dtype == DType::F16 && nb0 == 2 && base as usize % 2 == 0 {
+            // SAFETY: a dense, aligned f16 row of vals.len() elements starts at base, and
+            // `vals` is the caller's own buffer.
+            let row = unsafe { std::slice::from_raw_parts_mut(base as *mut f16, vals.len()) };
+            // F16C conversion (round to nearest even, as `f16::from_f32`) where available.
+            row.convert_from_f32_slice(vals);
             return;
         }
         for (j, &v) in vals.iter().enumerate() {
@@ -212,6 +235,35 @@ pub fn for_each_row(ne: [usize; 4], mut f: impl FnMut(usize, usize, usize)) {
             }
         }
     }
+}
+
+/// Elements from which [`par_for_each_row`] splits the rows over rayon's threads
+/// (below, the hand-off costs more than it saves).
+pub const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// [`for_each_row`] with the rows split over rayon's threads when `ne` holds at least
+/// [`PAR_MIN_ELEMS`] elements; `f` gets a scratch value made by `init` once per thread's
+/// run of rows. Each row must be independent of the others (every row op is: it reads
+/// its source rows and writes its own destination row).
+pub fn par_for_each_row<T>(
+    ne: [usize; 4],
+    init: impl Fn() -> T + Sync + Send,
+    f: impl Fn(&mut T, usize, usize, usize) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    let rows = ne[1] * ne[2] * ne[3];
+    if rows < 2 || ne[0] * rows < PAR_MIN_ELEMS {
+        let mut t = init();
+        for_each_row(ne, |i1, i2, i3| f(&mut t, i1, i2, i3));
+        return;
+    }
+    (0..rows)
+        .into_par_iter()
+        .with_min_len(rows.div_ceil(8))
+        .for_each_init(init, |t, r| {
+            let (i1, i2, i3) = unflatten_row(ne, r);
+            f(t, i1, i2, i3);
+        });
 }
 
 /// The row index `(i1, i2, i3)` of flat row number `r` in `ne`.

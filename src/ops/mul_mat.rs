@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::host::HostTensor;
+use super::host::{HostTensor, PAR_MIN_ELEMS};
 use super::{expect_dtype, expect_float_or_quant, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -41,7 +41,7 @@ impl Graph {
 }
 
 /// Dot product with eight independent f32 accumulators (vectorizes well).
-#[inline]
+#[inline(always)]
 pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
     debug_assert_eq!(x.len(), y.len());
     let mut acc = [0f32; 8];
@@ -129,57 +129,133 @@ pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Resul
     Ok(())
 }
 
+/// Activation columns handed to one call of the row kernel on the Q8_1 path (which
+/// walks them in groups of four against every row of the task; see
+/// [`quant::vec_dot_q8_1_cols`]).
+const COLS_PER_CALL: usize = 32;
+
 /// mul_mat with block-typed `a` [k, m, a2, a3] (whole blocks along dim 0, any row
 /// strides) and F32 `b` [k, n, b2, b3]: each column of `b` is read (and, for
 /// [`QuantDot::Q8_1`], quantized) once per batch, rows of `a` are dotted in place.
 fn cpu_quant(q: QType, path: QuantDot, dst: HostTensor, a: HostTensor, b: HostTensor) {
+    match path {
+        QuantDot::Q8_1 => cpu_quant_q8_1(q, dst, a, b),
+        QuantDot::F32 => cpu_quant_f32(q, dst, a, b),
+    }
+}
+
+/// Row `i` of batch (`i02`, `i03`) of the block-typed `a`: `w_bytes` dense bytes.
+///
+/// # Safety
+/// (`i`, `i02`, `i03`) is inside `a`'s shape, and nothing writes `a` during the step.
+unsafe fn quant_row<'a>(
+    a: &HostTensor,
+    i: usize,
+    i02: usize,
+    i03: usize,
+    w_bytes: usize,
+) -> &'a [u8] {
+    // SAFETY: the row is whole blocks along dim 0 (dense) inside a's memory (caller).
+    unsafe { std::slice::from_raw_parts(a.ptr.add(a.offset([0, i, i02, i03])), w_bytes) }
+}
+
+/// [`QuantDot::Q8_1`]: the columns of `b` quantized to Q8_1 once per batch, then each
+/// task takes [`ROWS_PER_TASK`] rows of `a` and walks the columns in groups of
+/// [`COLS_PER_CALL`], so that a group's activations and the task's weight rows stay in
+/// the L1 cache while every pair is dotted.
+fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let w_bytes = a.dtype.row_bytes(k);
     let q8_bytes = DType::Q8_1.row_bytes(k);
-    let mut cols = vec![0f32; n * k];
-    let mut cols_q8 = vec![
-        0u8;
-        if path == QuantDot::Q8_1 {
-            n * q8_bytes
-        } else {
-            0
+    let mut cols_q8 = vec![0u8; n * q8_bytes];
+    // The d and s of every Q8_1 block as f32, converted once for all weight rows.
+    let ds_per_col = q8_bytes / 36 * 2;
+    let mut cols_ds = vec![0f32; n * ds_per_col];
+    for i3 in 0..b.ne[3] {
+        for i2 in 0..b.ne[2] {
+            let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
+                // SAFETY: (j, i2, i3) is inside b's shape; the plan guarantees valid memory.
+                unsafe { b.read_row(j, i2, i3, col) };
+                quant::quantize_row(QType::Q8_1, col, out).expect("k is whole Q8_1 blocks");
+            };
+            if n * k >= PAR_MIN_ELEMS {
+                cols_q8
+                    .par_chunks_exact_mut(q8_bytes)
+                    .enumerate()
+                    .for_each_init(|| vec![0f32; k], quantize);
+            } else {
+                let mut col = vec![0f32; k];
+                for c in cols_q8.chunks_exact_mut(q8_bytes).enumerate() {
+                    quantize(&mut col, c);
+                }
+            }
+            quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
+            let (i02, i03) = (i2 / r2, i3 / r3);
+            let (cols_q8, cols_ds) = (&cols_q8, &cols_ds);
+            let task = |t: usize| {
+                let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
+                let mut out = [0f32; ROWS_PER_TASK * COLS_PER_CALL];
+                for j0 in (0..n).step_by(COLS_PER_CALL) {
+                    let nc = COLS_PER_CALL.min(n - j0);
+                    let out = &mut out[..rows.len() * nc];
+                    // SAFETY: rows.start < m and (i02, i03) is inside a's batch dims; each
+                    // row is whole blocks along dim 0 that nothing writes during the step.
+                    unsafe {
+                        let w = a.ptr.add(a.offset([0, rows.start, i02, i03]));
+                        quant::dot::vec_dot_q8_1_rows(
+                            q,
+                            (w, a.nb[1], w_bytes),
+                            &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
+                            &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
+                            nc,
+                            out,
+                        )
+                    };
+                    for (r, vals) in out.chunks_exact(nc).enumerate() {
+                        for (c, &v) in vals.iter().enumerate() {
+                            // SAFETY: (rows.start + r, j0 + c, i2, i3) is inside dst (F32);
+                            // each task writes its own rows.
+                            unsafe {
+                                let at = dst.offset([rows.start + r, j0 + c, i2, i3]);
+                                (dst.ptr.add(at) as *mut f32).write_unaligned(v)
+                            };
+                        }
+                    }
+                }
+            };
+            let tasks = m.div_ceil(ROWS_PER_TASK);
+            if tasks == 1 {
+                task(0);
+            } else {
+                (0..tasks).into_par_iter().for_each(task);
+            }
         }
-    ];
+    }
+}
+
+/// [`QuantDot::F32`]: each weight block dequantized and dotted with the f32 columns.
+fn cpu_quant_f32(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
+    let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let w_bytes = a.dtype.row_bytes(k);
+    let mut cols = vec![0f32; n * k];
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             for (j, col) in cols.chunks_exact_mut(k).enumerate() {
                 // SAFETY: (j, i2, i3) is inside b's shape; the plan guarantees valid memory.
                 unsafe { b.read_row(j, i2, i3, col) };
             }
-            for (col, out) in cols.chunks_exact(k).zip(cols_q8.chunks_exact_mut(q8_bytes)) {
-                quant::quantize_row(QType::Q8_1, col, out).expect("k is whole Q8_1 blocks");
-            }
             let (i02, i03) = (i2 / r2, i3 / r3);
-            let (cols, cols_q8) = (&cols, &cols_q8);
+            let cols = &cols;
             (0..m.div_ceil(ROWS_PER_TASK))
                 .into_par_iter()
                 .for_each(|task| {
                     for i in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m) {
-                        // SAFETY: row (i, i02, i03) of a is `w_bytes` dense bytes (whole
-                        // blocks along dim 0) that nothing writes during this step.
-                        let w = unsafe {
-                            std::slice::from_raw_parts(
-                                a.ptr.add(a.offset([0, i, i02, i03])),
-                                w_bytes,
-                            )
-                        };
-                        for j in 0..n {
-                            let v = match path {
-                                QuantDot::Q8_1 => quant::vec_dot_q8_1(
-                                    q,
-                                    w,
-                                    &cols_q8[j * q8_bytes..(j + 1) * q8_bytes],
-                                ),
-                                QuantDot::F32 => {
-                                    quant::vec_dot_f32(q, w, &cols[j * k..(j + 1) * k])
-                                }
-                            };
+                        // SAFETY: i < m, (i02, i03) inside a's batch dims; a is read-only here.
+                        let w = unsafe { quant_row(&a, i, i02, i03, w_bytes) };
+                        for (j, col) in cols.chunks_exact(k).enumerate() {
+                            let v = quant::vec_dot_f32(q, w, col);
                             // SAFETY: (i, j, i2, i3) is inside dst; each task writes its own rows.
                             unsafe { dst.set([i, j, i2, i3], v) };
                         }

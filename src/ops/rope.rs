@@ -2,7 +2,7 @@
 //! pairs `i`, `i + n_dims/2`, as in HF Llama checkpoints) modes, positions from an I32
 //! tensor, a frequency base, linear frequency scaling and the Llama 3 frequency scaling.
 
-use super::host::{for_each_row, HostTensor};
+use super::host::{par_for_each_row, HostTensor};
 use super::{expect_dtype, Op, RopeMode, RopeParams};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -69,14 +69,22 @@ pub(crate) fn cpu(p: &RopeParams, dst: HostTensor, src: &[HostTensor]) -> Result
     let (a, pos) = (src[0], src[1]);
     let freqs = p.inv_freqs();
     let half = p.n_dims / 2;
-    let mut row = vec![0f32; dst.ne[0]];
-    for_each_row(dst.ne, |i1, i2, i3| {
-        // SAFETY: i2 < a.ne[2] == pos.ne[0]; the plan guarantees valid memory.
-        let t = unsafe { pos.get_i32([i2, 0, 0, 0]) } as f32;
+    let (n0, freqs) = (dst.ne[0], &freqs);
+    // Per thread: the row, and the sin and cos of every frequency at the position of the
+    // last i2 seen (all heads of a position share them; i1, the head, varies fastest).
+    let init = || (vec![0f32; n0], vec![(0f32, 0f32); freqs.len()], None);
+    par_for_each_row(dst.ne, init, |(row, sin_cos, at), i1, i2, i3| {
+        if *at != Some(i2) {
+            // SAFETY: i2 < a.ne[2] == pos.ne[0]; the plan guarantees valid memory.
+            let t = unsafe { pos.get_i32([i2, 0, 0, 0]) } as f32;
+            for (sc, &f) in sin_cos.iter_mut().zip(freqs) {
+                *sc = (t * f).sin_cos();
+            }
+            *at = Some(i2);
+        }
         // SAFETY: indices come from dst.ne == a.ne.
-        unsafe { a.read_row(i1, i2, i3, &mut row) };
-        for (i, &f) in freqs.iter().enumerate() {
-            let (s, c) = (t * f).sin_cos();
+        unsafe { a.read_row(i1, i2, i3, row) };
+        for (i, &(s, c)) in sin_cos.iter().enumerate() {
             let (j0, j1) = match p.mode {
                 RopeMode::Normal => (2 * i, 2 * i + 1),
                 RopeMode::Neox => (i, i + half),
@@ -85,8 +93,8 @@ pub(crate) fn cpu(p: &RopeParams, dst: HostTensor, src: &[HostTensor]) -> Result
             row[j0] = x0 * c - x1 * s;
             row[j1] = x0 * s + x1 * c;
         }
-        // SAFETY: as above; this step is the only writer of dst.
-        unsafe { dst.write_row(i1, i2, i3, &row) };
+        // SAFETY: as above; this row is written by this call only.
+        unsafe { dst.write_row(i1, i2, i3, row) };
     });
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Elementwise unary ops: scale, and the [`UnaryOp`] functions (silu, gelu, ...). Each
 //! function's scalar definition is [`UnaryOp::apply`]; the CPU kernel maps it over rows.
 
-use super::host::{for_each_row, HostTensor};
+use super::host::{par_for_each_row, HostTensor};
 use super::{expect_dtype, Op, UnaryOp};
 use crate::error::Result;
 use crate::graph::{DType, Graph, TensorId};
@@ -55,18 +55,22 @@ impl UnaryOp {
 }
 
 /// Maps `f` over every element of `src[0]` into `dst` (same shape).
-fn map(dst: HostTensor, src: &[HostTensor], f: impl Fn(f32) -> f32) -> Result<()> {
+fn map(dst: HostTensor, src: &[HostTensor], f: impl Fn(f32) -> f32 + Sync + Send) -> Result<()> {
     let a = src[0];
-    let mut row = vec![0f32; dst.ne[0]];
-    for_each_row(dst.ne, |i1, i2, i3| {
-        // SAFETY: indices come from dst.ne == a.ne; the plan guarantees valid memory.
-        unsafe { a.read_row(i1, i2, i3, &mut row) };
-        for x in row.iter_mut() {
-            *x = f(*x);
-        }
-        // SAFETY: as above; this step is the only writer of dst.
-        unsafe { dst.write_row(i1, i2, i3, &row) };
-    });
+    let n0 = dst.ne[0];
+    par_for_each_row(
+        dst.ne,
+        || vec![0f32; n0],
+        |row, i1, i2, i3| {
+            // SAFETY: indices come from dst.ne == a.ne; the plan guarantees valid memory.
+            unsafe { a.read_row(i1, i2, i3, row) };
+            for x in row.iter_mut() {
+                *x = f(*x);
+            }
+            // SAFETY: as above; this row is written by this call only.
+            unsafe { dst.write_row(i1, i2, i3, row) };
+        },
+    );
     Ok(())
 }
 

@@ -28,8 +28,8 @@ use super::kquants::{scale_min_k4, unpack_q6_k};
 use super::legacy::{unpack_5bit, unpack_nibbles};
 use super::{as_array, as_array_mut, legacy, read_f16, QType};
 
-/// Whether the CPU runs the AVX2 + FMA copies of the dot products (detected once; std
-/// caches the answer). Those copies differ from the portable ones only in rounding where
+/// Whether the CPU runs the AVX2 + FMA copy of [`vec_dot_f32`] (detected once; std
+/// caches the answer). That copy differs from the portable one only in rounding where
 /// FMA contracts a multiply-add of the f32 scales.
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -47,32 +47,121 @@ const Q8_1_BYTES: usize = 36;
 /// If `w` is not a whole number of `q` blocks, or `a` does not hold one Q8_1 block per
 /// 32 weights of `w`: the caller sizes both from the same row length.
 pub fn vec_dot_q8_1(q: QType, w: &[u8], a: &[u8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked by has_avx2).
-        return unsafe { vec_dot_q8_1_avx2(q, w, a) };
-    }
-    vec_dot_q8_1_any(q, w, a)
+    let mut out = [0.0f32];
+    vec_dot_q8_1_cols(q, w, a, &mut out);
+    out[0]
 }
 
-/// [`vec_dot_q8_1`] compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn vec_dot_q8_1_avx2(q: QType, w: &[u8], a: &[u8]) -> f32 {
-    vec_dot_q8_1_any(q, w, a)
+/// Dot products of the quantized weight row `w` (blocks of `q`) with `out.len()`
+/// activation rows quantized to Q8_1, stored one after the other in `a`:
+/// `out[c] = vec_dot_q8_1(q, w, &a[c * r..(c + 1) * r])` with `r = a.len() / out.len()`.
+/// On x86-64 CPUs with AVX2, FMA and F16C the weight blocks are unpacked once for up to
+/// four columns by the intrinsics of [`super::avx2`]; elsewhere each column goes through
+/// the portable code. Both give the same integer sums; the f32 sums of the block terms
+/// are added in different orders.
+///
+/// # Panics
+/// If `w` is not a whole number of `q` blocks, or `a` does not hold `out.len()` rows of
+/// one Q8_1 block per 32 weights of `w`.
+pub fn vec_dot_q8_1_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let mut ds = vec![0.0f32; a.len() / Q8_1_BYTES * 2];
+    q8_1_scales(a, &mut ds);
+    vec_dot_q8_1_cols_scaled(q, w, a, &ds, out);
 }
 
-/// [`vec_dot_q8_1`] for any target: every helper below is inlined into it, so the
-/// AVX2 copy vectorizes the whole loop.
-#[inline(always)]
-fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
+/// [`vec_dot_q8_1_cols`] with the `d` and `s` of every Q8_1 block of `a` already in `ds`
+/// as f32 ([`q8_1_scales`]), as mul_mat prepares them once for all weight rows.
+///
+/// # Panics
+/// As [`vec_dot_q8_1_cols`], or if `ds` does not hold two floats per block of `a`.
+pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mut [f32]) {
     let n = w.len() / q.block_bytes() * q.block_size();
     assert!(
-        w.len() % q.block_bytes() == 0 && a.len() == n / 32 * Q8_1_BYTES,
-        "vec_dot_q8_1 {q}: {} weight bytes and {} Q8_1 bytes do not describe one row",
+        w.len() % q.block_bytes() == 0
+            && a.len() == out.len() * (n / 32 * Q8_1_BYTES)
+            && ds.len() == a.len() / Q8_1_BYTES * 2,
+        "vec_dot_q8_1 {q}: {} weight bytes, {} Q8_1 bytes and {} scales do not describe {} row(s)",
         w.len(),
-        a.len()
+        a.len(),
+        ds.len(),
+        out.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; the lengths were checked above.
+        unsafe { super::avx2::dot_cols(q, w, a, ds, out) };
+        return;
+    }
+    vec_dot_q8_1_cols_portable(q, w, a, out);
+}
+
+/// Dot products of `nrows` weight rows (row `r` at `w + r * w_stride`, `row_bytes` whole
+/// blocks of `q`) with `ncols` activation columns quantized to Q8_1 (`a`, scales in `ds`
+/// as [`vec_dot_q8_1_cols_scaled`] takes them): `out[r * ncols + c]`. mul_mat's inner
+/// loop: the checks and the choice of kernel are made once for all the rows.
+///
+/// # Safety
+/// Every weight row is `row_bytes` bytes of valid memory that nothing writes meanwhile.
+///
+/// # Panics
+/// If `row_bytes` is not whole blocks, `a` does not hold `ncols` Q8_1 rows of one block
+/// per 32 weights, `ds` two floats per block of `a`, or `out` `nrows * ncols` floats.
+pub(crate) unsafe fn vec_dot_q8_1_rows(
+    q: QType,
+    (w, w_stride, row_bytes): (*const u8, usize, usize),
+    a: &[u8],
+    ds: &[f32],
+    ncols: usize,
+    out: &mut [f32],
+) {
+    let nb = row_bytes / q.block_bytes();
+    let q8_row = nb * q.block_size() / 32 * Q8_1_BYTES;
+    assert!(
+        row_bytes % q.block_bytes() == 0
+            && a.len() == ncols * q8_row
+            && ds.len() == a.len() / Q8_1_BYTES * 2
+            && out.len() % ncols.max(1) == 0,
+        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results",
+        a.len(),
+        ds.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; the rows are valid (caller) and the
+        // other lengths were checked above.
+        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), a, ds, ncols, out) };
+        return;
+    }
+    for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {
+        // SAFETY: row r is row_bytes bytes of valid memory (caller).
+        let wr = unsafe { std::slice::from_raw_parts(w.add(r * w_stride), row_bytes) };
+        vec_dot_q8_1_cols_portable(q, wr, a, o);
+    }
+}
+
+/// The `d` and `s` fields of every Q8_1 block of `a` as f32 pairs into `ds`.
+pub fn q8_1_scales(a: &[u8], ds: &mut [f32]) {
+    for (blk, pair) in a.chunks_exact(Q8_1_BYTES).zip(ds.chunks_exact_mut(2)) {
+        let (d, s) = q8_1_ds(blk);
+        pair.copy_from_slice(&[d, s]);
+    }
+}
+
+/// [`vec_dot_q8_1_cols`] without SIMD intrinsics, one column at a time (the reference of
+/// the intrinsics' tests). Same length checks as [`vec_dot_q8_1_cols`].
+pub(crate) fn vec_dot_q8_1_cols_portable(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let n = w.len() / q.block_bytes() * q.block_size();
+    let r = n / 32 * Q8_1_BYTES;
+    assert!(w.len() % q.block_bytes() == 0 && a.len() == out.len() * r);
+    for (o, ac) in out.iter_mut().zip(a.chunks_exact(r.max(1))) {
+        *o = vec_dot_q8_1_any(q, w, ac);
+    }
+}
+
+/// One column of [`vec_dot_q8_1_cols_portable`].
+#[inline(always)]
+fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
     match q {
         QType::Q4_0 => sum_blocks::<18, 36>(w, a, dot_q4_0),
         QType::Q4_1 => sum_blocks::<20, 36>(w, a, dot_q4_1),

@@ -69,7 +69,9 @@
 //! [`vec_dot_q8_1`] is the CPU oracle of the GPU's `__dp4a` path: one weight row against
 //! activations quantized to Q8_1, integer sums per 32-element block (per 16 for Q6_K's
 //! scales) in `i32`, scales and offsets applied in `f32` the way ggml-cuda's
-//! `vec_dot_*_q8_1` functions combine them. [`vec_dot_f32`] is the
+//! `vec_dot_*_q8_1` functions combine them; [`vec_dot_q8_1_cols`] takes several
+//! activation columns at once and, on x86-64 with AVX2, runs hand-written intrinsics
+//! (`avx2.rs`) that unpack each weight block once for up to four columns. [`vec_dot_f32`] is the
 //! dequantize-in-registers path: each block dequantized and dotted with f32 activations.
 //!
 //! # Adding a type
@@ -79,11 +81,15 @@
 //! dispatch of [`quantize_row`] and [`dequantize_row`] and in both dot products, and its
 //! test vectors to `scripts/make-quant-vectors.py`.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod dot;
 pub mod kquants;
 pub mod legacy;
 
-pub use dot::{vec_dot_f32, vec_dot_q8_1};
+pub use dot::{
+    q8_1_scales, vec_dot_f32, vec_dot_q8_1, vec_dot_q8_1_cols, vec_dot_q8_1_cols_scaled,
+};
 
 use crate::error::{Error, Result};
 use half::f16;
