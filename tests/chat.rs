@@ -274,7 +274,10 @@ fn default_model_answers_the_capital_of_france() {
     };
     let mut s =
         ChatSession::new(on, found.tokenizer, template, Sampler::greedy(), 32, None).unwrap();
-    let t = s.turn("What is the capital of France?", |_| {}).unwrap();
+    // This question's greedy answer has clear margins in transformers' float32 run (the
+    // smallest before "Paris." is 1.02 logits); "What is the capital of France?" starts
+    // with a near-tie (0.08) that quantization error decides either way.
+    let t = s.turn("Name the capital of France.", |_| {}).unwrap();
     assert!(t.reply.contains("Paris"), "{:?}", t.reply);
     let t2 = s.turn("And of Germany?", |_| {}).unwrap();
     assert!(
