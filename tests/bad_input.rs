@@ -931,3 +931,28 @@ fn non_finite_logits_stop_every_command() {
         assert!(stderr(&o).contains("non-finite logits"), "{}", stderr(&o));
     }
 }
+
+/// `dump` lays a graph out from a config alone (no tensors to check it against): a
+/// config with more layers or parameters than any model is refused by name, not laid out.
+#[test]
+fn dump_refuses_configs_no_model_has() {
+    for (field, value, needle) in [
+        (
+            "num_hidden_layers",
+            1_000_000_000u64,
+            "num_hidden_layers 1000000000",
+        ),
+        ("hidden_size", 1 << 30, "parameters"),
+    ] {
+        let t = config_field(field, Value::from(value));
+        for f in std::fs::read_dir(t.path(".")).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|e| e == "safetensors") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let dir = t.path(".");
+        let dir = dir.to_str().unwrap();
+        fails(&["dump", "--model", dir], &[needle]);
+    }
+}

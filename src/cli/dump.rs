@@ -89,6 +89,7 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(DType::BF16)) => QuantPlan::BF16,
         (None, Some(_) | None) => QuantPlan::F32,
     };
+    check_dump_size(&cfg)?;
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
     let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
     let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
@@ -123,6 +124,38 @@ pub fn run(a: Args) -> Result<()> {
         Some(path) => write_output_guarded(path, &inputs, |w| w.write_all(text.as_bytes())),
         None => print_out(&text),
     }
+}
+
+/// Most parameters a dumped model may have (2^44, 17.6 trillion): `dump` lays out a graph
+/// from a config alone, with no tensors to check its sizes against.
+const MAX_DUMP_PARAMS: f64 = (1u64 << 44) as f64;
+/// Most layers a dumped model may have (the graph holds a node set per layer).
+const MAX_DUMP_LAYERS: usize = 1 << 16;
+
+/// Refuses a config whose layer count or parameter count no real model has (a corrupt
+/// or hostile file), before anything is laid out from it.
+fn check_dump_size(cfg: &Config) -> Result<()> {
+    if cfg.num_hidden_layers > MAX_DUMP_LAYERS {
+        return Err(Error::model(format!(
+            "num_hidden_layers {} is more than {MAX_DUMP_LAYERS}: the config is not one dump can lay out",
+            cfg.num_hidden_layers
+        )));
+    }
+    // In f64: no product of these fields can overflow it.
+    let (h, i, v) = (
+        cfg.hidden_size as f64,
+        cfg.intermediate_size as f64,
+        cfg.vocab_size as f64,
+    );
+    let params = cfg.num_hidden_layers as f64 * (4.0 * h * h + 3.0 * h * i) + 2.0 * v * h;
+    if params > MAX_DUMP_PARAMS {
+        return Err(Error::model(format!(
+            "hidden_size {}, intermediate_size {}, vocab_size {} and num_hidden_layers {} \
+             make about {params:.3e} parameters, more than {MAX_DUMP_PARAMS:.3e}",
+            cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
+        )));
+    }
+    Ok(())
 }
 
 /// A preset's config, or an error listing the presets.
