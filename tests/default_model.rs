@@ -25,7 +25,7 @@ use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
 use graft::models::{tokenizer, CacheTypes, Llama, LoadOptions, Logits};
 use graft::ops::mul_mat::QuantDot;
-use reference::nmse;
+use reference::{f32_data, nmse};
 use serde::Deserialize;
 
 /// A greedy step whose reference margin is below this (in logits) may flip under the
@@ -63,14 +63,9 @@ fn load_reference() -> (Reference, Vec<Vec<f32>>) {
     let bytes = std::fs::read(dir.join("logits.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
-    assert_eq!(t.dtype(), safetensors::Dtype::F32);
     assert_eq!(t.shape()[0], r.cases.len());
     let vocab = t.shape()[1];
-    let all: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let all = f32_data(&t);
     let logits = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
     (r, logits)
 }

@@ -40,6 +40,10 @@
 //! F16 K/V and 2e-5 between two graft paths (ggml's matmul tolerance, 5e-4, would hide a
 //! real error ten times larger).
 
+#[path = "support/reference.rs"]
+#[allow(dead_code)]
+mod reference;
+use reference::{f32_data, nmse};
 #[path = "support/fixtures.rs"]
 #[allow(dead_code)] // only the fixture paths are used here, not the scratch copies
 mod fixtures;
@@ -85,16 +89,7 @@ fn fixture(name: &'static str) -> Fixture {
     };
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |k: &str| -> Option<Vec<f32>> {
-        let t = st.tensor(k).ok()?;
-        assert_eq!(t.dtype(), safetensors::Dtype::F32);
-        Some(
-            t.data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        )
-    };
+    let f32s = |k: &str| st.tensor(k).ok().map(|t| f32_data(&t));
     let dtype = match json["dtype"].as_str().unwrap() {
         "float32" => DType::F32,
         "bfloat16" => DType::BF16,
@@ -167,18 +162,6 @@ fn consistency_limit(backend: &str) -> f64 {
     } else {
         2e-5
     }
-}
-
-fn nmse(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let mut err = 0f64;
-    let mut norm = 0f64;
-    for (&a, &b) in out.iter().zip(reference) {
-        assert!(a.is_finite(), "non-finite output {a}");
-        err += (a as f64 - b as f64).powi(2);
-        norm += (b as f64).powi(2);
-    }
-    err / norm
 }
 
 fn max_abs(out: &[f32], reference: &[f32]) -> f32 {

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use graft::models::chat::ChatTemplate;
 use graft::models::chat_session::{ChatSession, LlamaOn};
-use graft::models::{pull, tokenizer, Sampler, Tokenizer};
+use graft::models::{pull, tokenizer, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind, CacheArgs};
+use super::{load_model, make_backend, BackendKind, CacheArgs, SamplingArgs};
 
 /// Arguments of `graft chat`.
 #[derive(clap::Args)]
@@ -28,18 +28,8 @@ pub struct Args {
     /// max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
@@ -74,7 +64,7 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
 pub fn run(a: Args) -> Result<()> {
     let path = model_path(a.model)?;
     let (tok, template) = chat_parts(&path)?;
-    let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    let sampler = a.sampling.sampler()?;
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
     let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use graft::models::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::{tokenizer, Sampler, Stop};
+use graft::models::{tokenizer, Stop};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
-use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
+use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg, SamplingArgs};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
@@ -40,18 +40,8 @@ pub struct Args {
     /// Tokens to generate (fewer if an end-of-sequence token comes first).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     n: usize,
-    /// Sampling temperature; 0 is greedy (the on-device argmax).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
@@ -103,7 +93,7 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(ids)) => ids.clone(),
         (None, None) => return Err(Error::model("give --prompt, --file or --token-ids")),
     };
-    let mut sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    let mut sampler = a.sampling.sampler()?;
     model.set_context_shift(a.context_shift);
     model.set_ignore_eos(a.ignore_eos);
     model.check_generation(&prompt, a.n)?;
@@ -186,7 +176,7 @@ pub fn run(a: Args) -> Result<()> {
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
 fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
-    let sampler = Sampler::new(a.temperature, a.top_k, a.top_p, a.seed)?;
+    let sampler = a.sampling.sampler()?;
     let mut be = make_backend(a.backend)?;
     let be = be.as_mut();
     let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;

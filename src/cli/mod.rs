@@ -184,6 +184,30 @@ struct CacheArgs {
     cache_type_v: CacheTypeArg,
 }
 
+/// Sampling options of `generate` and `chat`.
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy (the on-device argmax).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    /// The sampler these options ask for (or the error naming a bad value).
+    fn sampler(&self) -> Result<graft::models::Sampler> {
+        graft::models::Sampler::new(self.temperature, self.top_k, self.top_p, self.seed)
+    }
+}
+
 impl CacheArgs {
     /// The cache types these options ask for on the backend named `backend`.
     fn types(&self, backend: &str) -> graft::models::CacheTypes {

@@ -40,7 +40,6 @@ pub fn reference(name: &'static str) -> Reference {
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let logits = st.tensor("logits").unwrap();
-    assert_eq!(logits.dtype(), safetensors::Dtype::F32);
     Reference {
         name,
         tokens: ids("tokens"),
@@ -51,13 +50,18 @@ pub fn reference(name: &'static str) -> Reference {
             .iter()
             .map(|v| v.as_f64().unwrap() as f32)
             .collect(),
-        logits: logits
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        logits: f32_data(&logits),
         dir,
     }
+}
+
+/// The values of an F32 safetensors tensor.
+pub fn f32_data(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// `sum((a - b)^2) / sum(b^2)`, in f64.
