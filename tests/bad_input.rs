@@ -720,7 +720,7 @@ fn a_huge_layer_count_is_a_named_error_not_an_abort() {
     let t = config_field("num_hidden_layers", json!(1_000_000_000u64));
     let mut be = graft::backend::cpu::CpuBackend::new();
     let opts = graft::models::LoadOptions::default();
-    let e = graft::models::Llama::load(Path::new(t.dir()), &mut be, &opts)
+    let e = graft::models::Model::load(Path::new(t.dir()), &mut be, &opts)
         .err()
         .expect("a huge layer count must fail");
     let msg = e.to_string();

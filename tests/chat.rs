@@ -1,4 +1,4 @@
-//! The chat loop ([`ChatSession`]) on the tiny Llama 3 fixture (random weights, no chat
+//! The chat loop ([`ChatSession`]) on the tiny Model 3 fixture (random weights, no chat
 //! template: ChatML) on the CPU: each turn prefills only the text it adds, the cache
 //! then holds what a whole prefill would, `/reset` and `/exit`, and a full context.
 //! Then `graft generate --chat` and `graft chat` end to end, and the real default model
@@ -18,21 +18,21 @@ use std::process::{Command, Stdio};
 use graft::backend::cpu::CpuBackend;
 use graft::models::chat::{Continuation, Message};
 use graft::models::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
-use graft::models::{tokenizer, Llama, LoadOptions, Logits, Sampler};
+use graft::models::{tokenizer, LoadOptions, Logits, Model, Sampler};
 
 const TINY: &str = "llama3-tiny-bf16";
 
-fn load(ctx: usize, be: &mut CpuBackend) -> Llama {
+fn load(ctx: usize, be: &mut CpuBackend) -> Model {
     let opts = LoadOptions {
         ctx: Some(ctx),
         progress: false,
         ..LoadOptions::default()
     };
-    Llama::load(&fixture(TINY), be, &opts).unwrap()
+    Model::load(&fixture(TINY), be, &opts).unwrap()
 }
 
 fn session<'a>(
-    model: &'a mut Llama,
+    model: &'a mut Model,
     be: &'a mut CpuBackend,
     max_tokens: usize,
     system: Option<&str>,
@@ -265,7 +265,7 @@ fn default_model_answers_the_capital_of_france() {
         ..LoadOptions::default()
     };
     let mut model =
-        Llama::load(&path, &mut be, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Model::load(&path, &mut be, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let found = tokenizer::for_model(&path).unwrap().unwrap();
     let template = found.template.compile().unwrap();
     let on = LlamaOn {

@@ -301,7 +301,7 @@ fn dump_text_and_dot() {
     );
     let dot = ok(&["dump", "--model", d, "--format", "dot"]);
     assert!(dot.starts_with("digraph graft {") && dot.trim_end().ends_with('}'));
-    // A published shape without any weights: q|k|v of Llama 3 8B is 4096 + 2 * 1024 wide.
+    // A published shape without any weights: q|k|v of Model 3 8B is 4096 + 2 * 1024 wide.
     let big = ok(&[
         "dump",
         "--preset",

@@ -1,28 +1,28 @@
-//! Generation past the context with [`Llama::set_context_shift`]: the run keeps going in
+//! Generation past the context with [`Model::set_context_shift`]: the run keeps going in
 //! the memory of one context, and what it generates after a shift is what a fresh run
-//! from the kept tokens generates (CPU, tiny Llama 3 fixture, greedy).
+//! from the kept tokens generates (CPU, tiny Model 3 fixture, greedy).
 
 #[path = "support/fixtures.rs"]
 #[allow(dead_code)]
 mod fixtures;
 
 use graft::backend::cpu::CpuBackend;
-use graft::models::{Llama, LoadOptions, Sampler};
+use graft::models::{LoadOptions, Model, Sampler};
 
 const CTX: usize = 16;
 
-fn load(be: &mut CpuBackend) -> Llama {
+fn load(be: &mut CpuBackend) -> Model {
     let opts = LoadOptions {
         ctx: Some(CTX),
         progress: false,
         ..LoadOptions::default()
     };
-    let mut m = Llama::load(&fixtures::fixture("llama3-tiny-bf16"), be, &opts).unwrap();
+    let mut m = Model::load(&fixtures::fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     m.set_ignore_eos(true);
     m
 }
 
-fn greedy(m: &mut Llama, be: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
+fn greedy(m: &mut Model, be: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
     m.generate(be, prompt, n, &mut Sampler::greedy(), &mut |_| Ok(()))
         .unwrap()
         .tokens

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use default_model::cached_default_model;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
-use graft::models::{tokenizer, CacheTypes, Llama, LoadOptions, Logits};
+use graft::models::{tokenizer, CacheTypes, LoadOptions, Logits, Model};
 use graft::ops::mul_mat::QuantDot;
 use reference::{f32_data, nmse};
 use serde::Deserialize;
@@ -107,7 +107,7 @@ fn check_cases(path: &Path, dot: QuantDot, cache: CacheTypes) -> f64 {
         cache,
         ..LoadOptions::default()
     };
-    let mut model = Llama::load(path, &mut be, &opts).unwrap();
+    let mut model = Model::load(path, &mut be, &opts).unwrap();
     let mut worst = 0f64;
     for (c, want) in r.cases.iter().zip(&logits) {
         model.reset();

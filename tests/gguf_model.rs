@@ -1,5 +1,5 @@
 //! GGUF models: the committed HF fixtures converted by `graft convert` and loaded back
-//! (`Llama::load` on a `.gguf` path), and GGUF files with a missing tensor, a wrong
+//! (`Model::load` on a `.gguf` path), and GGUF files with a missing tensor, a wrong
 //! shape, an unsupported type or a missing key.
 //!
 //! The round trip goes through llama.cpp's layout (Q/K rows permuted for its rope,
@@ -23,7 +23,7 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::gguf::{GgmlType, GgufFile, GgufWriter};
 use graft::models::convert::convert;
-use graft::models::{Llama, LoadOptions, Logits, QuantPlan};
+use graft::models::{LoadOptions, Logits, Model, QuantPlan};
 
 use reference::{nmse, reference, FIXTURES};
 
@@ -43,14 +43,14 @@ impl Drop for Scratch {
     }
 }
 
-fn load(be: &mut dyn Backend, path: &Path, quantize: Option<QuantPlan>) -> graft::Result<Llama> {
+fn load(be: &mut dyn Backend, path: &Path, quantize: Option<QuantPlan>) -> graft::Result<Model> {
     let opts = LoadOptions {
         ctx: Some(64),
         progress: false,
         quantize,
         ..LoadOptions::default()
     };
-    Llama::load(path, be, &opts)
+    Model::load(path, be, &opts)
 }
 
 /// The prompt logits of the model at `path`.
@@ -181,7 +181,7 @@ fn rewrite(
     w.write_file(dst).unwrap();
 }
 
-fn expect_err(r: graft::Result<Llama>, needles: &[&str]) {
+fn expect_err(r: graft::Result<Model>, needles: &[&str]) {
     let msg = match r {
         Ok(_) => panic!("loading succeeded, expected an error mentioning {needles:?}"),
         Err(e) => e.to_string(),

@@ -1,4 +1,4 @@
-//! Golden tests: graft's Llama against Hugging Face transformers on the tiny fixtures
+//! Golden tests: graft's Model against Hugging Face transformers on the tiny fixtures
 //! made by `scripts/make-fixtures.py` (random weights, HF's own logits and greedy tokens).
 //!
 //! Every test runs on each available backend: the CPU always, CUDA with `--features cuda`
@@ -52,7 +52,7 @@ use std::path::PathBuf;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{Llama, LoadOptions, Logits, Sampler, Stop};
+use graft::models::{LoadOptions, Logits, Model, Sampler, Stop};
 
 /// One fixture folder and its reference data.
 struct Fixture {
@@ -173,7 +173,7 @@ fn max_abs(out: &[f32], reference: &[f32]) -> f32 {
 
 /// Runs `check` on every fixture, loaded with a context of `ctx` positions, on every
 /// available backend, releasing each model afterwards.
-fn each_model(ctx: usize, mut check: impl FnMut(&mut dyn Backend, &str, &Fixture, &mut Llama)) {
+fn each_model(ctx: usize, mut check: impl FnMut(&mut dyn Backend, &str, &Fixture, &mut Model)) {
     for mut be in backends() {
         let be = be.as_mut();
         for name in FIXTURES {
@@ -185,8 +185,8 @@ fn each_model(ctx: usize, mut check: impl FnMut(&mut dyn Backend, &str, &Fixture
     }
 }
 
-fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Llama {
-    let m = Llama::load(
+fn load(f: &Fixture, be: &mut dyn Backend, ctx: usize) -> Model {
+    let m = Model::load(
         &f.dir,
         be,
         &LoadOptions {
@@ -373,7 +373,7 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
         let mut cfg = m.config().clone();
         cfg.eos_token_ids = vec![f.greedy[i]];
         let (w, kv) = (m.weights().clone(), m.cache().clone());
-        let mut m = Llama::new(cfg, w, kv);
+        let mut m = Model::new(cfg, w, kv);
         let mut seen = Vec::new();
         let g = m
             .generate(be, &f.tokens, 20, &mut Sampler::greedy(), &mut |t| {
@@ -391,7 +391,7 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
             .unwrap();
         assert_eq!((g.stop, &g.tokens[..]), (Stop::Eos, &f.greedy[..i]));
 
-        let run = |m: &mut Llama, be: &mut dyn Backend, seed| {
+        let run = |m: &mut Model, be: &mut dyn Backend, seed| {
             let mut s = Sampler::new(1.0, Some(40), Some(0.9), seed).unwrap();
             m.generate(be, &f.tokens, 12, &mut s, &mut |_| Ok(()))
                 .unwrap()
@@ -436,7 +436,7 @@ fn cache_types_and_flash_attention() {
                     cache,
                     ..LoadOptions::default()
                 };
-                let mut m = Llama::load(&f.dir, be, &opts).unwrap();
+                let mut m = Model::load(&f.dir, be, &opts).unwrap();
                 let out = m.prefill(be, &f.tokens, Logits::All).unwrap();
                 let e = nmse(&out.logits, &f.logits);
                 let label = format!("{} {name} cache {dt} flash_attn {flash_attn}", be.name());

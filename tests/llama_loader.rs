@@ -12,7 +12,7 @@ use std::path::Path;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
-use graft::models::{Llama, LoadOptions, Logits, Sampler};
+use graft::models::{LoadOptions, Logits, Model, Sampler};
 use graft::Error;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -44,14 +44,14 @@ impl TempCopy {
         .unwrap();
     }
 
-    fn load(&self) -> graft::Result<Llama> {
+    fn load(&self) -> graft::Result<Model> {
         load_dir(Path::new(self.dir()))
     }
 }
 
-fn load_dir(dir: &Path) -> graft::Result<Llama> {
+fn load_dir(dir: &Path) -> graft::Result<Model> {
     let mut be = CpuBackend::new();
-    Llama::load(
+    Model::load(
         dir,
         &mut be,
         &LoadOptions {
@@ -63,7 +63,7 @@ fn load_dir(dir: &Path) -> graft::Result<Llama> {
 }
 
 /// The error message of a load that must fail, checked to contain every `needle`.
-fn expect_err(r: graft::Result<Llama>, needles: &[&str]) -> String {
+fn expect_err(r: graft::Result<Model>, needles: &[&str]) -> String {
     let msg = match r {
         Ok(_) => panic!("loading succeeded, expected an error mentioning {needles:?}"),
         Err(e) => e.to_string(),
@@ -88,19 +88,20 @@ fn weights_land_at_their_slots() {
         ),
     ] {
         let mut be = CpuBackend::new();
-        let m = Llama::load(&fixture(name), &mut be, &LoadOptions::default()).unwrap();
+        let m = Model::load(&fixture(name), &mut be, &LoadOptions::default()).unwrap();
         let w = m.weights();
         let mut checked = 0;
         for file in files {
             let bytes = std::fs::read(fixture(name).join(file)).unwrap();
             let st = SafeTensors::deserialize(&bytes).unwrap();
             for slot in w.slots(m.config()) {
-                let Ok(t) = st.tensor(&slot.name) else {
+                let hf = (m.config().arch.spec().hf_source)(slot.role, slot.layer).name;
+                let Ok(t) = st.tensor(&hf) else {
                     continue;
                 };
                 // Matrices are uploaded as they are; norms are widened to F32 (exactly).
                 let want: Vec<u8> = match t.dtype() {
-                    Dtype::F16 if slot.is_norm() => t
+                    Dtype::F16 if slot.is_vector() => t
                         .data()
                         .chunks_exact(2)
                         .flat_map(|c| {
@@ -369,7 +370,7 @@ fn api_errors() {
         progress: false,
         ..LoadOptions::default()
     };
-    let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
+    let mut m = Model::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     match m.prefill(be, &[0, 5, 512, 7], Logits::None) {
         Err(Error::IndexOutOfRange {
             index,
@@ -421,8 +422,8 @@ fn api_errors() {
 /// are unloaded (least recently used first), so the loaded plans stay bounded.
 #[test]
 fn decode_plans_stay_bounded_over_a_long_run() {
-    use graft::models::llama::{DECODE_BUCKET, MAX_DECODE_PLANS};
     use graft::models::Sampler;
+    use graft::models::{blocks::DECODE_BUCKET, model::MAX_DECODE_PLANS};
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
     let n = DECODE_BUCKET * (MAX_DECODE_PLANS + 1) + 5;
@@ -431,7 +432,7 @@ fn decode_plans_stay_bounded_over_a_long_run() {
         progress: false,
         ..LoadOptions::default()
     };
-    let mut m = Llama::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
+    let mut m = Model::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     let g = m
         .generate(be, &[1], n, &mut Sampler::greedy(), &mut |_| Ok(()))
         .unwrap();

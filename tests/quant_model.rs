@@ -28,7 +28,7 @@ mod reference;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{presets, CacheTypes, Llama, LoadOptions, Logits, QuantPlan};
+use graft::models::{presets, CacheTypes, LoadOptions, Logits, Model, QuantPlan, Role};
 
 use reference::{check_model, nmse, reference, FIXTURES};
 
@@ -47,14 +47,14 @@ const PLANS: [(QuantPlan, f64); 10] = [
     (QuantPlan::Q5_K_M, 0.25), // 0.030 .. 0.063
 ];
 
-fn load(be: &mut dyn Backend, name: &str, plan: Option<QuantPlan>) -> Llama {
+fn load(be: &mut dyn Backend, name: &str, plan: Option<QuantPlan>) -> Model {
     let opts = LoadOptions {
         ctx: Some(64),
         progress: false,
         quantize: plan,
         ..LoadOptions::default()
     };
-    Llama::load(&fixtures::fixture(name), be, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+    Model::load(&fixtures::fixture(name), be, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// Every fixture with every `--quantize` type: NMSE against HF within the type's limit,
@@ -88,25 +88,31 @@ fn quantize_picks_ggml_types_with_fallbacks() {
     let be: &mut dyn Backend = &mut be;
     let m = load(be, "llama2-tiny-f32", Some(QuantPlan::Q4_K_M));
     let w = m.weights();
-    let (l0, l1) = (&w.layers[0], &w.layers[1]);
-    assert_eq!(l0.attn_q.dtype, DType::Q5_0, "Q4_K falls back to Q5_0");
-    assert_eq!(l0.attn_v.dtype, DType::Q5_0);
-    assert_eq!(l1.attn_v.dtype, DType::Q8_0, "Q6_K falls back to Q8_0");
-    assert_eq!(l1.ffn_down.dtype, DType::Q8_0);
-    assert!(l0.qkv_fused() && !l1.qkv_fused());
+    let dt = |r, l| w.get(r, l).unwrap().dtype;
+    let (l0, l1) = (Some(0), Some(1));
+    assert_eq!(dt(Role::AttnQ, l0), DType::Q5_0, "Q4_K falls back to Q5_0");
+    assert_eq!(dt(Role::AttnV, l0), DType::Q5_0);
+    assert_eq!(dt(Role::AttnV, l1), DType::Q8_0, "Q6_K falls back to Q8_0");
+    assert_eq!(dt(Role::FfnDown, l1), DType::Q8_0);
+    assert_ne!(
+        dt(Role::AttnQ, l1),
+        dt(Role::AttnV, l1),
+        "layer 1 splits q|k|v"
+    );
     assert_eq!(
-        w.output.dtype,
+        dt(Role::Output, None),
         DType::Q8_0,
         "the head's rows do not fit Q6_K"
     );
-    assert_eq!(w.tok_embd.dtype, DType::Q5_0);
-    assert_eq!(l0.attn_norm.dtype, DType::F32);
+    assert_eq!(dt(Role::TokEmbd, None), DType::Q5_0);
+    assert_eq!(dt(Role::AttnNorm, l0), DType::F32);
     let q8 = load(be, "llama3-tiny-bf16", Some(QuantPlan::Q8_0));
     assert_eq!(q8.weights().matrix_dtype(q8.config()), Some(DType::Q8_0));
     // Without --quantize, matrices keep their dtype and norms become F32.
     let bf = load(be, "llama3-tiny-bf16", None);
     assert_eq!(bf.weights().matrix_dtype(bf.config()), Some(DType::BF16));
-    assert_eq!(bf.weights().out_norm.dtype, DType::F32);
+    let out_norm = bf.weights().get(Role::OutNorm, None).unwrap();
+    assert_eq!(out_norm.dtype, DType::F32);
 }
 
 /// Random `tiny` preset models in each block type, quantized on the backend from the
@@ -118,7 +124,7 @@ fn random_presets_quantize_on_the_backend() {
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
     let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
-    let mut f32_model = Llama::random(
+    let mut f32_model = Model::random(
         cfg.clone(),
         QuantPlan::F32,
         16,
@@ -139,7 +145,7 @@ fn random_presets_quantize_on_the_backend() {
         (QuantPlan::Q6_K, 4e-3),
         (QuantPlan::Q4_K_M, 0.053),
     ] {
-        let mut m = Llama::random(cfg.clone(), plan, 16, CacheTypes::default(), 5, be).unwrap();
+        let mut m = Model::random(cfg.clone(), plan, 16, CacheTypes::default(), 5, be).unwrap();
         let got = m.prefill(be, &prompt, Logits::All).unwrap().logits;
         let e = nmse(&got, &want);
         let bytes = m.weights().bytes_per_token(&cfg);

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::backend::profile_table;
-use graft::models::{Llama, Logits, QuantPlan};
+use graft::models::{Logits, Model, QuantPlan};
 use graft::Result;
 
 use super::dump::preset;
@@ -112,7 +112,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, Some(name)) => {
             let plan = QuantPlan::from(a.dtype);
-            let m = Llama::random(
+            let m = Model::random(
                 preset(name)?,
                 plan,
                 ctx,

@@ -9,8 +9,9 @@ use clap::ValueEnum;
 
 use graft::files::{check_output, write_output_guarded};
 use graft::graph::{dump, BufferId, DType};
-use graft::models::llama::{build_decode, build_prefill, decode_bucket, default_ctx};
+use graft::models::blocks::{build_decode, build_prefill, decode_bucket};
 use graft::models::loader::input_files;
+use graft::models::model::default_ctx;
 use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 

@@ -47,7 +47,7 @@ struct Cli {
 /// subcommand (such as per-op benchmarks of a backend) is one more variant and module.
 #[derive(Subcommand)]
 enum Command {
-    /// Generate a continuation of a prompt (or with --chat, a chat reply) with a Llama
+    /// Generate a continuation of a prompt (or with --chat, a chat reply) with a
     /// model: a .gguf file or a Hugging Face folder (default: the default model).
     #[command(allow_negative_numbers = true)]
     Generate(generate::Args),
@@ -246,14 +246,14 @@ fn load_model(
     quantize: Option<DTypeArg>,
     cache: &CacheArgs,
     quiet: bool,
-) -> Result<graft::models::Llama> {
+) -> Result<graft::models::Model> {
     let opts = graft::models::LoadOptions {
         quantize: quantize.map(QuantPlan::from),
         ctx,
         progress: !quiet,
         cache: cache.types(be.name()),
     };
-    let model = graft::models::Llama::load(dir, be, &opts)?;
+    let model = graft::models::Model::load(dir, be, &opts)?;
     let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);
     if ctx > max {
         eprintln!(

@@ -18,7 +18,7 @@
 use std::io::{BufRead, Write};
 
 use super::chat::{ChatTemplate, Continuation, Message};
-use super::llama::Llama;
+use super::model::Model;
 use super::output::{Logits, Output};
 use super::sampler::Sampler;
 use super::tokenizer::Tokenizer;
@@ -42,10 +42,10 @@ pub trait ChatModel {
     fn is_eos(&self, token: u32) -> bool;
 }
 
-/// A [`Llama`] with the backend it lives on.
+/// A [`Model`] with the backend it lives on.
 pub struct LlamaOn<'a> {
     /// The model.
-    pub model: &'a mut Llama,
+    pub model: &'a mut Model,
     /// Its backend.
     pub be: &'a mut dyn Backend,
 }

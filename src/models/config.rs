@@ -1,4 +1,7 @@
-//! The Llama hyper-parameters, read from a Hugging Face `config.json`.
+//! A model's hyper-parameters, read from a Hugging Face `config.json`: the architecture
+//! from `model_type` (see [`Arch`]; Llama when absent), the sizes under the names that
+//! architecture's configs use ([`HfKeys`](super::arch::HfKeys): `hidden_size` or GPT-2's
+//! `n_embd`, ...), and Mistral's `sliding_window`.
 //!
 //! Both forms of the rope settings are understood: the classic `rope_theta` +
 //! `rope_scaling` (`{"rope_type" | "type": "llama3", factor, low_freq_factor,
@@ -16,12 +19,16 @@ use crate::error::{Error, Result};
 use crate::graph::DType;
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
+use super::arch::Arch;
+
 /// Default `rope_theta` of transformers' `LlamaConfig`, used when the file has none.
 pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
 
-/// Llama hyper-parameters (names follow the HF config).
+/// Model hyper-parameters (names follow the HF Llama config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// The architecture: which blocks the layers use and how files name things.
+    pub arch: Arch,
     /// Width of the residual stream (`n_embd`).
     pub hidden_size: usize,
     /// Width of the MLP (`n_ff`).
@@ -34,8 +41,8 @@ pub struct Config {
     pub num_key_value_heads: usize,
     /// Dimension of one head (`hidden_size / num_attention_heads` unless given).
     pub head_dim: usize,
-    /// Epsilon of every RMSNorm.
-    pub rms_norm_eps: f32,
+    /// Epsilon of every norm (RMSNorm or LayerNorm, as the architecture says).
+    pub norm_eps: f32,
     /// Rows of the embedding table and of the output projection.
     pub vocab_size: usize,
     /// The longest context the model was trained for.
@@ -52,6 +59,9 @@ pub struct Config {
     pub rope_theta: f32,
     /// Llama 3 rope frequency scaling, if any.
     pub rope_scaling: Option<Llama3Scaling>,
+    /// Sliding-window attention (Mistral): a query at position `i` sees keys
+    /// `i - window < j <= i`.
+    pub sliding_window: Option<usize>,
 }
 
 impl Config {
@@ -69,20 +79,24 @@ impl Config {
             return Err(Error::model(format!("{source}: expected a JSON object")));
         };
         let f = Fields { map: &map, source };
-        f.check_supported()?;
+        let arch = f.arch()?;
+        let spec = arch.spec();
+        let keys = spec.hf_keys;
+        f.check_supported(arch)?;
 
-        let hidden_size = f.usize("hidden_size")?;
-        let num_attention_heads = f.usize("num_attention_heads")?;
-        let num_key_value_heads = f
-            .opt_usize("num_key_value_heads")?
-            .unwrap_or(num_attention_heads);
+        let hidden_size = f.usize(keys.hidden)?;
+        let num_attention_heads = f.usize(keys.heads)?;
+        let num_key_value_heads = match keys.kv_heads {
+            Some(k) => f.opt_usize(k)?.unwrap_or(num_attention_heads),
+            None => num_attention_heads,
+        };
         let head_dim = match f.opt_usize("head_dim")? {
             Some(d) => d,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(f.bad(
                         "head_dim",
-                        format!("is missing and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}"),
+                        format!("is missing and {} {hidden_size} is not a multiple of {} {num_attention_heads}", keys.hidden, keys.heads),
                     ));
                 }
                 hidden_size / num_attention_heads
@@ -90,9 +104,10 @@ impl Config {
         };
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(f.bad(
-                "num_key_value_heads",
+                keys.kv_heads.unwrap_or(keys.heads),
                 format!(
-                    "{num_key_value_heads} must divide num_attention_heads {num_attention_heads}"
+                    "{num_key_value_heads} must divide {} {num_attention_heads}",
+                    keys.heads
                 ),
             ));
         }
@@ -102,27 +117,38 @@ impl Config {
                 format!("{head_dim} must be even (rope rotates pairs)"),
             ));
         }
-        let rms_norm_eps = f.f32("rms_norm_eps")?;
-        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
-            return Err(f.bad("rms_norm_eps", format!("{rms_norm_eps} must be > 0")));
+        let norm_eps = f.f32(keys.eps)?;
+        if !(norm_eps.is_finite() && norm_eps > 0.0) {
+            return Err(f.bad(keys.eps, format!("{norm_eps} must be > 0")));
         }
+        let intermediate_size = match (f.opt_usize(keys.intermediate)?, keys.ff_default_4x) {
+            (Some(n), _) => n,
+            (None, true) => hidden_size
+                .checked_mul(4)
+                .ok_or_else(|| f.bad(keys.hidden, format!("{hidden_size} is too large")))?,
+            (None, false) => return Err(f.bad(keys.intermediate, "is missing")),
+        };
         let (rope_theta, rope_scaling) = f.rope()?;
         let config = Config {
+            arch,
             hidden_size,
-            intermediate_size: f.usize("intermediate_size")?,
-            num_hidden_layers: f.usize("num_hidden_layers")?,
+            intermediate_size,
+            num_hidden_layers: f.usize(keys.layers)?,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps,
+            norm_eps,
             vocab_size: f.usize("vocab_size")?,
-            max_position_embeddings: f.usize("max_position_embeddings")?,
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            max_position_embeddings: f.usize(keys.max_pos)?,
+            tie_word_embeddings: f
+                .opt_bool("tie_word_embeddings")?
+                .unwrap_or(arch == Arch::Gpt2),
             bos_token_id: f.opt_token("bos_token_id")?,
             eos_token_ids: f.eos()?,
             dtype: f.dtype()?,
             rope_theta,
             rope_scaling,
+            sliding_window: f.sliding_window(arch)?,
         };
         if let Some(b) = config.bos_token_id {
             config.check_token_field("bos_token_id", b, source)?;
@@ -257,24 +283,62 @@ impl Fields<'_> {
         Ok(found)
     }
 
+    /// The architecture named by `model_type` (Llama when the field is absent).
+    fn arch(&self) -> Result<Arch> {
+        match self.get("model_type") {
+            None => Ok(Arch::Llama),
+            Some(v) => v
+                .as_str()
+                .and_then(Arch::from_hf_model_type)
+                .ok_or_else(|| {
+                    self.bad("model_type", format!("is {v}; supported: {}", Arch::list()))
+                }),
+        }
+    }
+
     /// Rejects settings this implementation would silently get wrong.
-    fn check_supported(&self) -> Result<()> {
-        if let Some(v) = self.get("model_type") {
-            if v.as_str() != Some("llama") {
-                return Err(self.bad("model_type", format!("is {v}; only \"llama\" is supported")));
+    fn check_supported(&self, arch: Arch) -> Result<()> {
+        let spec = arch.spec();
+        for field in ["hidden_act", "activation_function"] {
+            if let Some(v) = self.get(field) {
+                if !v.as_str().is_some_and(|a| spec.hf_acts.contains(&a)) {
+                    return Err(self.bad(
+                        field,
+                        format!("is {v}; {arch} runs {}", spec.hf_acts.join(", ")),
+                    ));
+                }
             }
         }
-        if let Some(v) = self.get("hidden_act") {
-            if v.as_str() != Some("silu") {
-                return Err(self.bad("hidden_act", format!("is {v}; only \"silu\" is supported")));
-            }
-        }
-        for field in ["attention_bias", "mlp_bias"] {
-            if self.opt_bool(field)? == Some(true) {
-                return Err(self.bad(field, "is true; biases are not supported"));
+        let biases = [
+            ("attention_bias", spec.qkv_bias && spec.out_bias),
+            ("mlp_bias", spec.mlp_bias),
+        ];
+        for (field, has) in biases {
+            if self.opt_bool(field)? == Some(true) && !has {
+                return Err(self.bad(
+                    field,
+                    format!("is true; {arch} models have no such biases in graft"),
+                ));
             }
         }
         Ok(())
+    }
+
+    /// The sliding window: Mistral's `sliding_window`; Qwen's only when
+    /// `use_sliding_window` is true, which graft does not run (its windows depend on the
+    /// layer).
+    fn sliding_window(&self, arch: Arch) -> Result<Option<usize>> {
+        match arch {
+            Arch::Mistral => self.opt_usize("sliding_window"),
+            Arch::Qwen2 | Arch::Qwen3 => match self.opt_bool("use_sliding_window")? {
+                Some(true) => Err(self.bad(
+                    "use_sliding_window",
+                    "is true; per-layer sliding windows (max_window_layers) are not supported",
+                )),
+                Some(false) | None => Ok(None),
+            },
+            Arch::Llama | Arch::Gpt2 => Ok(None),
+        }
     }
 
     /// `(rope_theta, llama3 scaling)` from either form of the rope settings.
@@ -430,6 +494,45 @@ mod tests {
     }
 
     #[test]
+    fn gpt2_keys_and_defaults() {
+        let c = Config::from_json_str(
+            r#"{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+            "n_positions": 128, "layer_norm_epsilon": 1e-5, "vocab_size": 512,
+            "activation_function": "gelu_new"}"#,
+            "g/config.json",
+        )
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gpt2);
+        assert_eq!(
+            (c.hidden_size, c.intermediate_size),
+            (64, 256),
+            "n_inner: 4 x n_embd"
+        );
+        assert_eq!((c.num_key_value_heads, c.head_dim), (4, 16));
+        assert_eq!(c.max_position_embeddings, 128);
+        assert!(c.tie_word_embeddings, "GPT-2 ties by default");
+        let relu = r#"{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+            "n_positions": 128, "layer_norm_epsilon": 1e-5, "vocab_size": 512,
+            "activation_function": "relu"}"#;
+        let e = Config::from_json_str(relu, "g/config.json").unwrap_err();
+        assert!(e.to_string().contains("'activation_function'"), "{e}");
+    }
+
+    #[test]
+    fn mistral_window_and_qwen_types() {
+        let m = parse(r#", "model_type": "mistral", "sliding_window": 4096"#).unwrap();
+        assert_eq!((m.arch, m.sliding_window), (Arch::Mistral, Some(4096)));
+        let m = parse(r#", "model_type": "mistral", "sliding_window": null"#).unwrap();
+        assert_eq!(m.sliding_window, None);
+        let q = parse(
+            r#", "model_type": "qwen3", "sliding_window": 4096, "use_sliding_window": false"#,
+        )
+        .unwrap();
+        assert_eq!((q.arch, q.sliding_window), (Arch::Qwen3, None));
+        assert_eq!(parse("").unwrap().arch, Arch::Llama);
+    }
+
+    #[test]
     fn bad_fields_are_named() {
         let missing = Config::from_json_str(r#"{"hidden_size": 8}"#, "x/config.json").unwrap_err();
         assert!(missing.to_string().contains("x/config.json"), "{missing}");
@@ -452,7 +555,9 @@ mod tests {
         assert!(err(r#", "torch_dtype": "int8""#).contains("'torch_dtype'"));
         assert!(err(r#", "hidden_act": "gelu""#).contains("'hidden_act'"));
         assert!(err(r#", "attention_bias": true"#).contains("'attention_bias'"));
-        assert!(err(r#", "model_type": "gpt2""#).contains("'model_type'"));
+        assert!(err(r#", "model_type": "bert""#).contains("'model_type'"));
+        let qwen_window = r#", "model_type": "qwen2", "use_sliding_window": true"#;
+        assert!(err(qwen_window).contains("'use_sliding_window'"));
         assert!(err(r#", "rms_norm_eps": -1"#).contains("'rms_norm_eps'"));
     }
 }

@@ -1,6 +1,8 @@
-//! Writing a Hugging Face Llama folder as a GGUF file that llama.cpp reads (`graft
-//! convert`): llama.cpp's metadata keys (`general.*`, `llama.*`, `tokenizer.ggml.*`),
-//! its tensor names, Q and K rows permuted to its rope layout, each matrix converted as
+//! Writing a Hugging Face folder as a GGUF file that llama.cpp reads (`graft convert`):
+//! llama.cpp's architecture name and metadata keys (`general.*`, `{arch}.*`,
+//! `tokenizer.ggml.*`), its tensor names (GPT-2's q, k and v fused into `attn_qkv`), Q
+//! and K rows permuted to its rope layout where its `llama` architecture wants them,
+//! each matrix converted as
 //! a [`QuantPlan`] says (norms F32), data aligned to 32 bytes, written through
 //! [`write_output`](crate::gguf::write_output) (a temporary file renamed into place).
 //!
@@ -16,13 +18,14 @@ use crate::error::{Error, Result};
 use crate::gguf::{Array, GgmlType, GgufWriter, Metadata, Value};
 use crate::graph::BufferId;
 
+use super::arch::{NormKind, Positions};
 use super::config::Config;
-use super::gguf_model::{ggml_type, llama3_keys, rope_freq_divisors, ROPE_FREQS};
+use super::gguf_model::{ggml_type, llama3_keys, permuted_heads, rope_freq_divisors, ROPE_FREQS};
 use super::gguf_tokenizer::TokenizerSpec;
 use super::loader::{fallback_notes, with_hf_tensors, Found};
 use super::quant_plan::QuantPlan;
 use super::rows::{convert_rows, permute_rope_rows};
-use super::weights::{Role, Weights};
+use super::weights::Weights;
 
 /// ggml's quantization version (`GGML_QNT_VERSION`), written with quantized files.
 const QNT_VERSION: u32 = 2;
@@ -40,7 +43,7 @@ pub struct Converted {
     pub tokenizer: bool,
 }
 
-/// Converts the HF Llama folder `dir` into the GGUF file `out`, matrices as `plan`
+/// Converts the HF folder `dir` into the GGUF file `out`, matrices as `plan`
 /// says; `name` is `general.name` (default: the folder's name).
 pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> Result<Converted> {
     let cfg = Config::from_file(&dir.join("config.json"))?;
@@ -58,10 +61,10 @@ pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> R
     let name = name
         .map(str::to_string)
         .or(default_name)
-        .unwrap_or_else(|| "llama".into());
+        .unwrap_or_else(|| cfg.arch.name().into());
     let mut w = GgufWriter::new();
     w.set_alignment(32)?;
-    llama_metadata(w.metadata_mut(), &cfg, plan, &name);
+    model_metadata(w.metadata_mut(), &cfg, plan, &name);
     if let Some(spec) = &spec {
         tokenizer_metadata(w.metadata_mut(), spec);
     }
@@ -110,66 +113,82 @@ pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> R
 /// One tensor to write: GGUF name, `ne`, type and data.
 type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
 
-/// Every tensor in its GGUF name, type and layout (Q/K rows permuted for ggml's rope).
+/// Every tensor in its GGUF name, type and layout (Q/K rows permuted for ggml's rope
+/// where llama.cpp does; the parts of a fused tensor such as GPT-2's `attn_qkv`
+/// concatenated, in one type).
 fn converted_tensors(found: &Found, cfg: &Config, plan: QuantPlan) -> Result<Vec<Tensor>> {
+    let spec = cfg.arch.spec();
     let pick = |role, layer| plan.pick(role, layer, cfg).dtype;
     let layout = Weights::layout(cfg, &pick, BufferId(0));
-    let mut out = Vec::new();
+    let mut out: Vec<Tensor> = Vec::new();
     for slot in layout.slots(cfg) {
-        let (bytes, from) = found[&(slot.role, slot.layer)];
+        let (bytes, from) = &found[&(slot.role, slot.layer)];
         let to = slot.at.dtype;
-        let name = slot.gguf_name();
-        let data = convert_rows(&name, bytes, from, to, slot.row_len())?;
-        let heads = match slot.role {
-            Role::AttnQ => Some(cfg.num_attention_heads),
-            Role::AttnK => Some(cfg.num_key_value_heads),
-            Role::TokEmbd
-            | Role::AttnNorm
-            | Role::AttnV
-            | Role::AttnOut
-            | Role::FfnNorm
-            | Role::FfnGate
-            | Role::FfnUp
-            | Role::FfnDown
-            | Role::OutNorm
-            | Role::Output => None,
-        };
-        let data = match heads {
+        let src = spec.gguf_source(slot.role, slot.layer);
+        let data = convert_rows(&src.name, bytes, *from, to, slot.row_len())?;
+        let data = match permuted_heads(cfg, slot.role) {
             Some(n) => permute_rope_rows(&data, n, to.row_bytes(slot.row_len()), true),
             None => data,
         };
         let ty = ggml_type(to)
-            .ok_or_else(|| Error::model(format!("tensor '{name}': no GGUF type for {to}")))?;
-        let ne = slot.role.ne(cfg).iter().map(|&d| d as u64).collect();
-        out.push((name, ne, ty, data));
+            .ok_or_else(|| Error::model(format!("tensor '{}': no GGUF type for {to}", src.name)))?;
+        let mut ne: Vec<u64> = slot.role.ne(cfg).iter().map(|&d| d as u64).collect();
+        match (src.rows, out.last_mut()) {
+            (Some((i, _)), Some(last)) if i > 0 && last.0 == src.name => {
+                if last.2 != ty {
+                    return Err(Error::model(format!(
+                        "tensor '{}': its parts have types {} and {ty}; a fused tensor needs one",
+                        src.name, last.2
+                    )));
+                }
+                *last.1.last_mut().unwrap_or(&mut 0) += *ne.last().unwrap_or(&0);
+                last.3.extend_from_slice(&data);
+            }
+            // a whole tensor, or the first part of a fused one (the later parts grow it)
+            (_, _) => out.push((src.name, std::mem::take(&mut ne), ty, data)),
+        }
     }
     Ok(out)
 }
 
-/// The `general.*` and `llama.*` keys.
-fn llama_metadata(m: &mut Metadata, cfg: &Config, plan: QuantPlan, name: &str) {
+/// The `general.*` and `{arch}.*` keys (llama.cpp's names).
+fn model_metadata(m: &mut Metadata, cfg: &Config, plan: QuantPlan, name: &str) {
+    let spec = cfg.arch.spec();
     let u = |v: usize| Value::U32(v as u32);
-    m.insert("general.architecture", Value::String("llama".into()));
+    let a = spec.gguf_arch;
+    let key = |s: &str| format!("{a}.{s}");
+    m.insert("general.architecture", Value::String(a.into()));
     m.insert("general.name", Value::String(name.into()));
     m.insert("general.file_type", Value::U32(plan.llama_ftype()));
     if plan.base().quant().is_some() {
         m.insert("general.quantization_version", Value::U32(QNT_VERSION));
     }
-    m.insert("llama.context_length", u(cfg.max_position_embeddings));
-    m.insert("llama.embedding_length", u(cfg.hidden_size));
-    m.insert("llama.block_count", u(cfg.num_hidden_layers));
-    m.insert("llama.feed_forward_length", u(cfg.intermediate_size));
-    m.insert("llama.rope.dimension_count", u(cfg.head_dim));
-    m.insert("llama.attention.head_count", u(cfg.num_attention_heads));
-    m.insert("llama.attention.head_count_kv", u(cfg.num_key_value_heads));
-    m.insert("llama.attention.key_length", u(cfg.head_dim));
-    m.insert("llama.attention.value_length", u(cfg.head_dim));
-    m.insert(
-        "llama.attention.layer_norm_rms_epsilon",
-        Value::F32(cfg.rms_norm_eps),
-    );
-    m.insert("llama.rope.freq_base", Value::F32(cfg.rope_theta));
-    m.insert("llama.vocab_size", u(cfg.vocab_size));
+    m.insert(key("context_length"), u(cfg.max_position_embeddings));
+    m.insert(key("embedding_length"), u(cfg.hidden_size));
+    m.insert(key("block_count"), u(cfg.num_hidden_layers));
+    m.insert(key("feed_forward_length"), u(cfg.intermediate_size));
+    m.insert(key("attention.head_count"), u(cfg.num_attention_heads));
+    m.insert(key("attention.head_count_kv"), u(cfg.num_key_value_heads));
+    match spec.norm {
+        NormKind::Rms => m.insert(
+            key("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.norm_eps),
+        ),
+        NormKind::Layer => m.insert(
+            key("attention.layer_norm_epsilon"),
+            Value::F32(cfg.norm_eps),
+        ),
+    }
+    if spec.positions == Positions::Rope {
+        m.insert(key("rope.dimension_count"), u(cfg.head_dim));
+        m.insert(key("attention.key_length"), u(cfg.head_dim));
+        m.insert(key("attention.value_length"), u(cfg.head_dim));
+        m.insert(key("rope.freq_base"), Value::F32(cfg.rope_theta));
+    }
+    if let Some(w) = cfg.sliding_window {
+        m.insert(key("attention.sliding_window"), u(w));
+    }
+    m.insert(key("vocab_size"), u(cfg.vocab_size));
 }
 
 /// The `tokenizer.ggml.*` keys of `spec`.

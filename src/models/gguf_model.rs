@@ -1,10 +1,12 @@
-//! Llama models from GGUF files (architecture `llama`, as llama.cpp's converter writes
-//! them): the hyper-parameters from the `llama.*` keys, the weights from the tensors
-//! `token_embd`, `blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,ffn_gate,
-//! ffn_up,ffn_down}`, `output_norm` and `output` (absent: tied to `token_embd`).
+//! Models from GGUF files as llama.cpp's converter writes them (architectures `llama`,
+//! `qwen2`, `qwen3`, `gpt2`; Mistral is a `llama` file with a sliding window): the
+//! hyper-parameters from the `{arch}.*` keys, the weights from llama.cpp's tensor names
+//! (`token_embd`, `position_embd`, `blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_qkv,
+//! attn_q_norm,attn_k_norm,attn_output,ffn_norm,ffn_gate,ffn_up,ffn_down}` with `.weight`
+//! and `.bias`, `output_norm`, and `output`, absent when tied to `token_embd`).
 //!
-//! **Rope layout.** llama.cpp's converter permutes the rows of every head of `attn_q`
-//! and `attn_k` so that the rotated pairs are adjacent (ggml's "normal" rope), while
+//! **Rope layout.** For its `llama` architecture, llama.cpp's converter permutes the rows
+//! of every head of `attn_q` and `attn_k` so that the rotated pairs are adjacent (ggml's "normal" rope), while
 //! graft's Llama applies NeoX-style rope to the HF layout (pairs half a head apart).
 //! graft un-permutes Q and K rows while loading ([`permute_rope_rows`]): rows move whole,
 //! so this is exact in every dtype, and one graph (and one set of kernels) serves HF and
@@ -20,6 +22,7 @@
 //! Every key, tensor, type and shape is checked before the weight buffer is allocated;
 //! errors name the file and the key or tensor.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -29,10 +32,11 @@ use crate::gguf::{GgmlType, GgufFile};
 use crate::graph::{BufferId, DType};
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
+use super::arch::{Arch, NormKind};
 use super::config::{Config, DEFAULT_ROPE_THETA};
-use super::llama::LoadOptions;
 use super::loader::{fallback_notes, upload};
-use super::rows::permute_rope_rows;
+use super::model::LoadOptions;
+use super::rows::{permute_rope_rows, source_bytes, source_shape};
 use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Weights};
 
 /// The keys `graft convert` writes for Llama 3 rope scaling (llama.cpp reads
@@ -153,48 +157,48 @@ impl Keys<'_> {
     }
 }
 
-/// The hyper-parameters of a `llama` GGUF file.
+/// The hyper-parameters of a GGUF file of a supported architecture (see [`Arch`]):
+/// `{arch}.*` keys, llama.cpp's names. A `llama` file with
+/// `llama.attention.sliding_window` is a Mistral model.
 pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
     let k = Keys { f };
     let bad = |msg: String| Error::model(format!("{}: {msg}", f.path()));
-    let arch = f
+    let name = f
         .metadata()
         .get_str("general.architecture")
         .map_err(|e| k.err(e))?;
-    if arch != "llama" {
-        return Err(bad(format!(
-            "metadata key 'general.architecture' is '{arch}'; graft runs 'llama' models"
-        )));
+    let mut arch = Arch::from_gguf(name).ok_or_else(|| {
+        bad(format!(
+            "metadata key 'general.architecture' is '{name}'; graft runs llama, qwen2, qwen3 and gpt2 files (Mistral is written as llama)"
+        ))
+    })?;
+    let key = |s: &str| format!("{name}.{s}");
+    let sliding_window = k.opt_usize(&key("attention.sliding_window"))?;
+    if sliding_window.is_some() && arch == Arch::Llama {
+        arch = Arch::Mistral;
     }
-    let hidden_size = k.usize("llama.embedding_length")?;
-    let n_head = k.usize("llama.attention.head_count")?;
+    let hidden_size = k.usize(&key("embedding_length"))?;
+    let n_head = k.usize(&key("attention.head_count"))?;
     let n_kv_head = k
-        .opt_usize("llama.attention.head_count_kv")?
+        .opt_usize(&key("attention.head_count_kv"))?
         .unwrap_or(n_head);
-    let head_dim = match k.opt_usize("llama.rope.dimension_count")? {
-        Some(d) => d,
-        None if hidden_size % n_head == 0 => hidden_size / n_head,
-        None => return Err(bad(format!("metadata key 'llama.rope.dimension_count' is missing and llama.embedding_length {hidden_size} is not a multiple of llama.attention.head_count {n_head}"))),
-    };
+    let head_dim = head_dim(&k, name, hidden_size, n_head)?;
     if n_head % n_kv_head != 0 || head_dim % 2 != 0 {
-        return Err(bad(format!("metadata keys 'llama.attention.head_count_kv' {n_kv_head} must divide 'llama.attention.head_count' {n_head}, and 'llama.rope.dimension_count' {head_dim} must be even")));
+        return Err(bad(format!("metadata keys '{name}.attention.head_count_kv' {n_kv_head} must divide '{name}.attention.head_count' {n_head}, and the head size {head_dim} must be even")));
     }
-    if let Some(kl) = k.opt_usize("llama.attention.key_length")? {
-        if kl != head_dim {
-            return Err(bad(format!("metadata key 'llama.attention.key_length' {kl} differs from the rotated head size {head_dim} (partial rope is not supported)")));
-        }
-    }
-    let rms_norm_eps = k
-        .opt_f32("llama.attention.layer_norm_rms_epsilon")?
-        .ok_or_else(|| {
-            bad("metadata key 'llama.attention.layer_norm_rms_epsilon' is missing".into())
-        })?;
-    if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+    let eps_key = match arch.spec().norm {
+        NormKind::Rms => key("attention.layer_norm_rms_epsilon"),
+        NormKind::Layer => key("attention.layer_norm_epsilon"),
+    };
+    let norm_eps = k
+        .opt_f32(&eps_key)?
+        .ok_or_else(|| bad(format!("metadata key '{eps_key}' is missing")))?;
+    if !(norm_eps.is_finite() && norm_eps > 0.0) {
         return Err(bad(format!(
-            "metadata key 'llama.attention.layer_norm_rms_epsilon' {rms_norm_eps} must be > 0"
+            "metadata key '{eps_key}' {norm_eps} must be > 0"
         )));
     }
-    let vocab_size = vocab_size(f, &k)?;
+    let vocab_size = vocab_size(f, &k, &key("vocab_size"))?;
     let bos = k.opt_u32("tokenizer.ggml.bos_token_id")?;
     let mut eos_token_ids = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
@@ -210,32 +214,52 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
         }
     }
     let mut cfg = Config {
+        arch,
         hidden_size,
-        intermediate_size: k.usize("llama.feed_forward_length")?,
-        num_hidden_layers: k.usize("llama.block_count")?,
+        intermediate_size: k.usize(&key("feed_forward_length"))?,
+        num_hidden_layers: k.usize(&key("block_count"))?,
         num_attention_heads: n_head,
         num_key_value_heads: n_kv_head,
         head_dim,
-        rms_norm_eps,
+        norm_eps,
         vocab_size,
-        max_position_embeddings: k.usize("llama.context_length")?,
+        max_position_embeddings: k.usize(&key("context_length"))?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         bos_token_id: bos.filter(|&b| (b as usize) < vocab_size),
         eos_token_ids,
         dtype: None,
         rope_theta: k
-            .opt_f32("llama.rope.freq_base")?
+            .opt_f32(&key("rope.freq_base"))?
             .unwrap_or(DEFAULT_ROPE_THETA),
         rope_scaling: None,
+        sliding_window,
     };
     cfg.rope_scaling = llama3_scaling(f, &k, &cfg)?;
     Ok(cfg)
 }
 
-/// `llama.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of
-/// `token_embd.weight`.
-fn vocab_size(f: &GgufFile, k: &Keys) -> Result<usize> {
-    if let Some(v) = k.opt_usize("llama.vocab_size")? {
+/// The head size: `{arch}.attention.key_length` (Qwen3's explicit head size), else
+/// `{arch}.rope.dimension_count`, else hidden / heads; the rotated part must be the
+/// whole head.
+fn head_dim(k: &Keys, name: &str, hidden: usize, n_head: usize) -> Result<usize> {
+    let bad = |msg: String| Error::model(format!("{}: {msg}", k.f.path()));
+    let key_len = k.opt_usize(&format!("{name}.attention.key_length"))?;
+    let rot = k.opt_usize(&format!("{name}.rope.dimension_count"))?;
+    let head_dim = match (key_len, rot) {
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) if hidden % n_head == 0 => hidden / n_head,
+        (None, None) => return Err(bad(format!("metadata keys '{name}.attention.key_length' and '{name}.rope.dimension_count' are missing and {name}.embedding_length {hidden} is not a multiple of {name}.attention.head_count {n_head}"))),
+    };
+    if let Some(r) = rot.filter(|&r| r != head_dim) {
+        return Err(bad(format!("metadata key '{name}.rope.dimension_count' {r} differs from the head size {head_dim} (partial rope is not supported)")));
+    }
+    Ok(head_dim)
+}
+
+/// `{arch}.vocab_size` (`key`), else the length of `tokenizer.ggml.tokens`, else the
+/// rows of `token_embd.weight`.
+fn vocab_size(f: &GgufFile, k: &Keys, key: &str) -> Result<usize> {
+    if let Some(v) = k.opt_usize(key)? {
         return Ok(v);
     }
     if let Some(crate::gguf::Value::Array(a)) = f.metadata().get("tokenizer.ggml.tokens") {
@@ -246,7 +270,7 @@ fn vocab_size(f: &GgufFile, k: &Keys) -> Result<usize> {
     match f.tensor("token_embd.weight").map(|t| t.dims.as_slice()) {
         Some([_, rows]) => Ok(*rows as usize),
         Some(_) | None => Err(Error::model(format!(
-            "{}: no vocabulary size: 'llama.vocab_size', 'tokenizer.ggml.tokens' and a 2-d 'token_embd.weight' are all missing",
+            "{}: no vocabulary size: '{key}', 'tokenizer.ggml.tokens' and a 2-d 'token_embd.weight' are all missing",
             f.path()
         ))),
     }
@@ -317,7 +341,7 @@ pub fn rope_freq_divisors(cfg: &Config, s: Llama3Scaling) -> Vec<f32> {
 
 /// One tensor found in the file.
 struct Found<'a> {
-    bytes: &'a [u8],
+    bytes: Cow<'a, [u8]>,
     dtype: DType,
 }
 
@@ -327,11 +351,12 @@ fn find_tensors<'a>(
     f: &'a GgufFile,
     cfg: &Config,
 ) -> Result<HashMap<(Role, Option<usize>), Found<'a>>> {
+    let spec = cfg.arch.spec();
     let bad =
         |name: &str, msg: String| Error::model(format!("{}: tensor '{name}' {msg}", f.path()));
     let layers = layers_named(f.tensors().iter().map(|t| t.name.as_str()), "blk.");
     let ne_of = |role: Role| {
-        let name = role.gguf_name(Some(0));
+        let name = spec.gguf_source(role, Some(0)).name;
         let info = f
             .tensor(&name)
             .ok_or_else(|| bad(&name, "is missing".into()))?;
@@ -341,47 +366,58 @@ fn find_tensors<'a>(
             .map(|&d| usize::try_from(d).unwrap_or(usize::MAX));
         Ok((format!("tensor '{name}'"), ne.collect()))
     };
-    check_sizes(cfg, SizeFields::GGUF, f.path(), layers, &ne_of)?;
+    check_sizes(cfg, &SizeFields::gguf(cfg), f.path(), layers, &ne_of)?;
     let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
     let mut found = HashMap::new();
     let mut names = vec![ROPE_FREQS.to_string()];
     for slot in probe.slots(cfg) {
-        let name = slot.gguf_name();
-        let want = slot.role.ne(cfg);
+        let src = spec.gguf_source(slot.role, slot.layer);
+        let name = src.name.as_str();
+        let mut want = source_shape(&slot.shape, &src);
+        want.reverse();
         let info = f
-            .tensor(&name)
-            .ok_or_else(|| bad(&name, format!("is missing (expected ne {want:?})")))?;
+            .tensor(name)
+            .ok_or_else(|| bad(name, format!("is missing (expected ne {want:?})")))?;
         let dtype = weight_dtype(info.ty).ok_or_else(|| {
-            bad(&name, format!("has type {}, which graft does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", info.ty))
+            bad(name, format!("has type {}, which graft does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", info.ty))
         })?;
         let got: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
         if got != want {
-            return Err(bad(&name, format!("has ne {got:?}, expected {want:?}")));
+            return Err(bad(name, format!("has ne {got:?}, expected {want:?}")));
         }
-        found.insert(
-            (slot.role, slot.layer),
-            Found {
-                bytes: f.tensor_bytes(&name)?,
-                dtype,
-            },
-        );
-        names.push(name);
+        let bytes = source_bytes(f.tensor_bytes(name)?, dtype, &slot.shape, &src)?;
+        found.insert((slot.role, slot.layer), Found { bytes, dtype });
+        names.push(src.name);
     }
     if let Some(extra) = f.tensors().iter().find(|t| !names.contains(&t.name)) {
         return Err(bad(
             &extra.name,
             format!(
-                "is not part of a Llama model with {} layers",
-                cfg.num_hidden_layers
+                "is not part of a {} model with {} layers",
+                cfg.arch, cfg.num_hidden_layers
             ),
         ));
     }
     Ok(found)
 }
 
+/// The heads of `role` whose rows llama.cpp's converter permuted for its rope (q and
+/// k of architectures that use its interleaved rope), if any.
+pub(crate) fn permuted_heads(cfg: &Config, role: Role) -> Option<usize> {
+    if !cfg.arch.spec().gguf_rope_permuted {
+        return None;
+    }
+    match role {
+        Role::AttnQ => Some(cfg.num_attention_heads),
+        Role::AttnK => Some(cfg.num_key_value_heads),
+        _ => None,
+    }
+}
+
 /// Loads the weights of GGUF file `f` (hyper-parameters `cfg`) into a new buffer on
-/// `be`: Q and K rows un-permuted to the HF rope layout, norms converted to F32, the
-/// matrices converted as `opts.quantize` says or kept in their type.
+/// `be`: Q and K rows un-permuted to the HF rope layout where llama.cpp permutes them,
+/// vectors converted to F32, the matrices converted as `opts.quantize` says or kept in
+/// their type.
 pub fn load_gguf_weights(
     f: &GgufFile,
     cfg: &Config,
@@ -389,7 +425,7 @@ pub fn load_gguf_weights(
     opts: &LoadOptions,
 ) -> Result<Weights> {
     let found = find_tensors(f, cfg)?;
-    let target = |role: Role, layer: Option<usize>| match (role.is_norm(), opts.quantize) {
+    let target = |role: Role, layer: Option<usize>| match (role.is_vector(), opts.quantize) {
         (true, _) => DType::F32,
         (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
         (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.dtype),
@@ -402,27 +438,13 @@ pub fn load_gguf_weights(
     let weights = Weights::alloc(cfg, &target, be)?;
     for slot in weights.slots(cfg) {
         let src = &found[&(slot.role, slot.layer)];
-        let heads = match slot.role {
-            Role::AttnQ => Some(cfg.num_attention_heads),
-            Role::AttnK => Some(cfg.num_key_value_heads),
-            Role::TokEmbd
-            | Role::AttnNorm
-            | Role::AttnV
-            | Role::AttnOut
-            | Role::FfnNorm
-            | Role::FfnGate
-            | Role::FfnUp
-            | Role::FfnDown
-            | Role::OutNorm
-            | Role::Output => None,
-        };
-        match heads {
+        match permuted_heads(cfg, slot.role) {
             Some(n) => {
                 let row = src.dtype.row_bytes(slot.row_len());
-                let hf = permute_rope_rows(src.bytes, n, row, false);
+                let hf = permute_rope_rows(&src.bytes, n, row, false);
                 upload(be, &weights, &slot, &hf, src.dtype)?;
             }
-            None => upload(be, &weights, &slot, src.bytes, src.dtype)?,
+            None => upload(be, &weights, &slot, &src.bytes, src.dtype)?,
         }
     }
     Ok(weights)

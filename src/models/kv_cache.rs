@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
+use super::arch::Positions;
 use super::config::Config;
 
 /// The types a cache may have.
@@ -118,6 +119,13 @@ impl KvCache {
         if ctx == 0 || ctx > MAX_CTX {
             return Err(Error::model(format!(
                 "--ctx {ctx}: the context length must be 1 to {MAX_CTX} (positions are 32-bit)"
+            )));
+        }
+        let learned = cfg.arch.spec().positions == Positions::Learned;
+        if learned && ctx > cfg.max_position_embeddings {
+            return Err(Error::model(format!(
+                "--ctx {ctx}: {} has learned positions for {} tokens only (its position table); use --ctx {} or less",
+                cfg.arch, cfg.max_position_embeddings, cfg.max_position_embeddings
             )));
         }
         let tensor = |dt: DType| {

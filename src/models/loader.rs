@@ -15,6 +15,7 @@
 //! is converted on the host to the plan's dtype while loading (rows in parallel), one
 //! tensor at a time; otherwise matrices keep their dtype and are uploaded as they are.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -29,9 +30,9 @@ use crate::files::{join_inside, open_regular, read_regular_to_string};
 use crate::graph::{BufferId, DType};
 
 use super::config::Config;
-use super::llama::LoadOptions;
+use super::model::LoadOptions;
 use super::quant_plan::QuantPlan;
-use super::rows::convert_rows;
+use super::rows::{convert_rows, source_bytes, source_shape};
 use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Slot, Weights};
 
 /// The single-file checkpoint name.
@@ -275,23 +276,47 @@ impl Checkpoint {
     /// Checks `cfg`'s sizes against the tensors present (see [`check_sizes`]) before
     /// anything is laid out from them.
     fn check_sizes(&self, dir: &Path, cfg: &Config) -> Result<()> {
-        let layers = layers_named(self.tensors.keys().map(String::as_str), "model.layers.");
+        let spec = cfg.arch.spec();
+        let prefix = spec.hf_layer_prefix();
+        let short = prefix
+            .strip_prefix(spec.hf_optional_prefix)
+            .unwrap_or(&prefix);
+        let names = || self.tensors.keys().map(String::as_str);
+        let layers = layers_named(names(), &prefix).max(layers_named(names(), short));
         let ne_of = |role: Role| {
-            let name = role.hf_name(Some(0));
-            let (shard, info) = self.info(&name).ok_or_else(|| {
-                Error::model(format!("{}: tensor '{name}' is missing", dir.display()))
+            let src = (spec.hf_source)(role, Some(0));
+            let (name, shard, info) = self.find(&src.name, cfg).ok_or_else(|| {
+                Error::model(format!(
+                    "{}: tensor '{}' is missing",
+                    dir.display(),
+                    src.name
+                ))
             })?;
-            shard.bytes(&name, info)?;
+            shard.bytes(name, info)?;
             let label = format!("{}: tensor '{name}'", shard.path.display());
-            Ok((label, info.shape.iter().rev().copied().collect()))
+            let mut ne = info.shape.clone();
+            if !src.transposed {
+                ne.reverse();
+            }
+            Ok((label, ne))
         };
         let source = dir.join("config.json").display().to_string();
-        check_sizes(cfg, SizeFields::HF, &source, layers, &ne_of)
+        check_sizes(cfg, &SizeFields::hf(cfg), &source, layers, &ne_of)
     }
 
-    fn info(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
-        let s = &self.shards[*self.tensors.get(name)?];
-        s.meta.info(name).map(|info| (s, info))
+    /// The tensor `name`, or `name` without the architecture's optional prefix: its
+    /// name in the checkpoint, shard and info.
+    fn find<'s>(
+        &'s self,
+        name: &str,
+        cfg: &Config,
+    ) -> Option<(&'s str, &'s Shard, &'s TensorInfo)> {
+        let short = name.strip_prefix(cfg.arch.spec().hf_optional_prefix);
+        [Some(name), short].into_iter().flatten().find_map(|n| {
+            let (key, &i) = self.tensors.get_key_value(n)?;
+            let s = &self.shards[i];
+            s.meta.info(n).map(|info| (key.as_str(), s, info))
+        })
     }
 }
 
@@ -306,8 +331,9 @@ fn weight_dtype(d: Dtype) -> Option<DType> {
     }
 }
 
-/// A model's tensors by role and layer: bytes and dtype.
-pub(crate) type Found<'a> = HashMap<(Role, Option<usize>), (&'a [u8], DType)>;
+/// A model's tensors by role and layer: bytes (in graft's `[out, in]` layout, a part of a
+/// fused file tensor cut out) and dtype.
+pub(crate) type Found<'a> = HashMap<(Role, Option<usize>), (Cow<'a, [u8]>, DType)>;
 
 /// The tensors of the checkpoint in `dir` for `cfg` (each checked: present, supported
 /// dtype, expected shape, inside its file; no tensor left over), by role and layer,
@@ -349,20 +375,21 @@ impl Checkpoint {
         cfg: &Config,
         f: impl FnOnce(&Found) -> Result<T>,
     ) -> Result<T> {
-        let ckpt = self;
-        ckpt.check_sizes(dir, cfg)?;
+        self.check_sizes(dir, cfg)?;
         let probe = Weights::layout(cfg, &uniform(DType::F32), BufferId(0));
         let mut found = HashMap::new();
+        let mut used = Vec::new();
         for slot in probe.slots(cfg) {
-            let (shard, info) = ckpt.info(&slot.name).ok_or_else(|| {
+            let src = (cfg.arch.spec().hf_source)(slot.role, slot.layer);
+            let want = source_shape(&slot.shape, &src);
+            let (name, shard, info) = self.find(&src.name, cfg).ok_or_else(|| {
                 Error::model(format!(
-                    "{}: tensor '{}' is missing (expected shape {:?})",
+                    "{}: tensor '{}' is missing (expected shape {want:?})",
                     dir.display(),
-                    slot.name,
-                    slot.shape
+                    src.name,
                 ))
             })?;
-            let here = || format!("{}: tensor '{}'", shard.path.display(), slot.name);
+            let here = || format!("{}: tensor '{name}'", shard.path.display());
             let dtype = weight_dtype(info.dtype).ok_or_else(|| {
                 Error::model(format!(
                     "{} has dtype {:?}; supported: F32, F16, BF16",
@@ -370,18 +397,18 @@ impl Checkpoint {
                     info.dtype
                 ))
             })?;
-            if info.shape != slot.shape {
+            if info.shape != want {
                 return Err(Error::model(format!(
-                    "{} has shape {:?}, expected {:?}",
+                    "{} has shape {:?}, expected {want:?}",
                     here(),
                     info.shape,
-                    slot.shape
                 )));
             }
-            let bytes = shard.bytes(&slot.name, info)?;
+            let bytes = source_bytes(shard.bytes(name, info)?, dtype, &slot.shape, &src)?;
             found.insert((slot.role, slot.layer), (bytes, dtype));
+            used.push(name.to_string());
         }
-        check_leftovers(ckpt, &probe.slots(cfg), cfg)?;
+        check_leftovers(self, &used, cfg)?;
         f(&found)
     }
 }
@@ -404,7 +431,7 @@ fn upload_all(
     be: &mut dyn Backend,
     opts: &LoadOptions,
 ) -> Result<Weights> {
-    let target = |role: Role, layer: Option<usize>| match (role.is_norm(), opts.quantize) {
+    let target = |role: Role, layer: Option<usize>| match (role.is_vector(), opts.quantize) {
         (true, _) => DType::F32,
         (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
         (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.1),
@@ -418,8 +445,8 @@ fn upload_all(
     let weights = Weights::alloc(cfg, &target, be)?;
     let bar = progress_bar(layout.bytes as u64, opts.progress);
     for slot in weights.slots(cfg) {
-        let (bytes, dtype) = found[&(slot.role, slot.layer)];
-        upload(be, &weights, &slot, bytes, dtype)?;
+        let (bytes, dtype) = &found[&(slot.role, slot.layer)];
+        upload(be, &weights, &slot, bytes, *dtype)?;
         bar.inc(slot.bytes() as u64);
     }
     bar.finish_and_clear();
@@ -470,21 +497,25 @@ pub fn fallback_notes(plan: QuantPlan, cfg: &Config) -> Vec<String> {
         .collect()
 }
 
-/// Fails on a checkpoint tensor that is not part of the model (derived rope buffers
-/// `*.rotary_emb.inv_freq` of old checkpoints are ignored).
-fn check_leftovers(ckpt: &Checkpoint, slots: &[Slot], cfg: &Config) -> Result<()> {
-    let expected: HashMap<&str, ()> = slots.iter().map(|s| (s.name.as_str(), ())).collect();
+/// Fails on a checkpoint tensor that is not part of the model (`used`): derived
+/// buffers the architecture lists (`*.rotary_emb.inv_freq` of old Llama checkpoints,
+/// GPT-2's causal-mask `attn.bias`) are ignored.
+fn check_leftovers(ckpt: &Checkpoint, used: &[String], cfg: &Config) -> Result<()> {
+    let spec = cfg.arch.spec();
+    let expected: HashMap<&str, ()> = used.iter().map(|s| (s.as_str(), ())).collect();
     if let Some((name, &i)) = ckpt.tensors.iter().find(|(name, _)| {
-        !expected.contains_key(name.as_str()) && !name.ends_with(".rotary_emb.inv_freq")
+        !expected.contains_key(name.as_str())
+            && !spec.hf_ignored_suffixes.iter().any(|s| name.ends_with(s))
     }) {
-        let hint = if name == "lm_head.weight" && cfg.tie_word_embeddings {
+        let hint = if name.ends_with("lm_head.weight") && cfg.tie_word_embeddings {
             " (config.json has tie_word_embeddings = true)"
         } else {
             ""
         };
         return Err(Error::model(format!(
-            "{}: unexpected tensor '{name}' for a Llama model with {} layers{hint}",
+            "{}: unexpected tensor '{name}' for a {} model with {} layers{hint}",
             ckpt.shards[i].path.display(),
+            cfg.arch,
             cfg.num_hidden_layers
         )));
     }

@@ -6,9 +6,9 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::graph::BufferId;
+use crate::models::blocks::{build_decode, build_prefill, decode_bucket};
 use crate::models::config::Config;
 use crate::models::kv_cache::{CacheTypes, KvCache};
-use crate::models::llama::{build_decode, build_prefill, decode_bucket};
 use crate::models::weights::Weights;
 
 /// Device memory left free beyond the planned buffers: cuBLAS workspaces, captured

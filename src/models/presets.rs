@@ -1,24 +1,34 @@
 //! Named model shapes for benchmarks (`graft bench --preset NAME`): the published
-//! configurations of Llama 2 7B and Llama 3 8B, and a tiny Llama 3 style model that runs
-//! anywhere. Benchmarks fill them with seeded random weights on the device.
+//! configurations of Llama 2 7B, Llama 3 8B, Qwen3 8B, Mistral 7B (v0.1, with its 4096
+//! sliding window) and GPT-2 XL, and a tiny Llama 3 style model that runs anywhere.
+//! Benchmarks fill them with seeded random weights on the device.
 
 use crate::ops::Llama3Scaling;
 
+use super::arch::Arch;
 use super::config::Config;
 
 /// Every preset name.
-pub const NAMES: [&str; 3] = ["tiny", "llama2-7b", "llama3-8b"];
+pub const NAMES: [&str; 6] = [
+    "tiny",
+    "llama2-7b",
+    "llama3-8b",
+    "qwen3-8b",
+    "mistral-7b",
+    "gpt2-xl",
+];
 
 /// The configuration of preset `name`, if it exists.
 pub fn preset(name: &str) -> Option<Config> {
     let llama2_7b = Config {
+        arch: Arch::Llama,
         hidden_size: 4096,
         intermediate_size: 11008,
         num_hidden_layers: 32,
         num_attention_heads: 32,
         num_key_value_heads: 32,
         head_dim: 128,
-        rms_norm_eps: 1e-5,
+        norm_eps: 1e-5,
         vocab_size: 32000,
         max_position_embeddings: 4096,
         tie_word_embeddings: false,
@@ -27,6 +37,7 @@ pub fn preset(name: &str) -> Option<Config> {
         dtype: None,
         rope_theta: 10_000.0,
         rope_scaling: None,
+        sliding_window: None,
     };
     match name {
         "llama2-7b" => Some(llama2_7b),
@@ -44,6 +55,42 @@ pub fn preset(name: &str) -> Option<Config> {
                 high_freq_factor: 4.0,
                 original_max_position: 8192,
             }),
+            ..llama2_7b
+        }),
+        "qwen3-8b" => Some(Config {
+            arch: Arch::Qwen3,
+            intermediate_size: 12288,
+            num_hidden_layers: 36,
+            num_key_value_heads: 8,
+            norm_eps: 1e-6,
+            vocab_size: 151_936,
+            max_position_embeddings: 40_960,
+            bos_token_id: Some(151_643),
+            eos_token_ids: vec![151_645, 151_643],
+            rope_theta: 1_000_000.0,
+            ..llama2_7b
+        }),
+        "mistral-7b" => Some(Config {
+            arch: Arch::Mistral,
+            intermediate_size: 14336,
+            num_key_value_heads: 8,
+            max_position_embeddings: 32_768,
+            sliding_window: Some(4096),
+            ..llama2_7b
+        }),
+        "gpt2-xl" => Some(Config {
+            arch: Arch::Gpt2,
+            hidden_size: 1600,
+            intermediate_size: 6400,
+            num_hidden_layers: 48,
+            num_attention_heads: 25,
+            num_key_value_heads: 25,
+            head_dim: 64,
+            vocab_size: 50_257,
+            max_position_embeddings: 1024,
+            tie_word_embeddings: true,
+            bos_token_id: Some(50_256),
+            eos_token_ids: vec![50_256],
             ..llama2_7b
         }),
         "tiny" => Some(Config {
@@ -77,10 +124,18 @@ mod tests {
     use crate::graph::{BufferId, DType};
     use crate::models::weights::{uniform, Weights};
 
-    /// The published parameter counts: 6.74 B for Llama 2 7B, 8.03 B for Llama 3 8B.
+    /// The published parameter counts: 6.74 B for Llama 2 7B, 8.03 B for Llama 3 8B,
+    /// 8.19 B for Qwen3 8B, 7.24 B for Mistral 7B, 1.56 B for GPT-2 XL.
     #[test]
     fn parameter_counts_match_the_published_models() {
-        for (name, billions) in [("llama2-7b", 6.74), ("llama3-8b", 8.03)] {
+        let published = [
+            ("llama2-7b", 6.74),
+            ("llama3-8b", 8.03),
+            ("qwen3-8b", 8.19),
+            ("mistral-7b", 7.24),
+            ("gpt2-xl", 1.56),
+        ];
+        for (name, billions) in published {
             let cfg = preset(name).unwrap();
             let w = Weights::layout(&cfg, &uniform(DType::F16), BufferId(0));
             let params: usize = w.slots(&cfg).iter().map(|s| s.nelements()).sum();

@@ -1,7 +1,7 @@
 //! Which dtype each weight of a model gets when it is converted or quantized:
 //! [`QuantPlan`], graft's names for llama.cpp's file types.
 //!
-//! Norm weights always stay F32. The float plans (`f32`, `f16`, `bf16`) and the single
+//! Vectors (norm weights, biases) always stay F32. The float plans (`f32`, `f16`, `bf16`) and the single
 //! block types (`q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `q4_k`, `q5_k`, `q6_k`) give every
 //! matrix the same type, the embedding table and the output head included (what
 //! `llama-quantize --pure` does; llama-quantize's own Q4_0 .. Q6_K also put the output
@@ -166,9 +166,14 @@ impl QuantPlan {
             dtype: DType::F32,
             fallback_from: None,
         };
-        if role.is_norm() {
+        if role.is_vector() {
             return plain;
         }
+        // A file that fuses q|k|v (GPT-2's attn_qkv) stores them in one type: v's.
+        let role = match (cfg.arch.spec().gguf_fused_qkv, role) {
+            (true, Role::AttnQ | Role::AttnK) => Role::AttnV,
+            (_, role) => role,
+        };
         let row = role.row_len(cfg);
         let is_output = role == Role::Output || (role == Role::TokEmbd && cfg.tie_word_embeddings);
         let wanted = if !self.is_mix() {
@@ -187,6 +192,7 @@ impl QuantPlan {
             match role {
                 Role::AttnV | Role::FfnDown if more => DType::Q6_K,
                 Role::TokEmbd
+                | Role::PosEmbd
                 | Role::AttnQ
                 | Role::AttnK
                 | Role::AttnV
@@ -196,8 +202,19 @@ impl QuantPlan {
                 | Role::FfnDown
                 | Role::Output
                 | Role::AttnNorm
+                | Role::AttnNormB
+                | Role::AttnQB
+                | Role::AttnKB
+                | Role::AttnVB
+                | Role::AttnQNorm
+                | Role::AttnKNorm
+                | Role::AttnOutB
                 | Role::FfnNorm
-                | Role::OutNorm => self.base(),
+                | Role::FfnNormB
+                | Role::FfnUpB
+                | Role::FfnDownB
+                | Role::OutNorm
+                | Role::OutNormB => self.base(),
             }
         };
         fit(wanted, row)

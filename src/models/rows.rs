@@ -2,12 +2,16 @@
 //! types), rows in parallel with rayon: what loading with `--quantize` and `graft convert`
 //! do to each tensor, and the row permutation between HF's and llama.cpp's rope layouts.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::graph::DType;
 use crate::quant::{dequantize_row, quantize_row};
+
+use super::arch::Source;
 
 /// Decodes one row of `dtype` (bytes) into f32 values.
 fn decode_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
@@ -118,9 +122,117 @@ pub fn permute_rope_rows(data: &[u8], n_head: usize, row_bytes: usize, to_ggml: 
     out
 }
 
+/// The file shape (outermost first) that holds the weight of `shape` (outermost first,
+/// `[out, in]` for a matrix) as `src` describes it: transposed (`[in, out]`) and/or one
+/// of `n` equal parts of the outermost dimension (the rows of a matrix, the elements of
+/// a vector).
+pub fn source_shape(shape: &[usize], src: &Source) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if let Some((_, n)) = src.rows {
+        s[0] *= n;
+    }
+    if src.transposed && s.len() == 2 {
+        s.reverse();
+    }
+    s
+}
+
+/// The bytes of the weight `src` describes inside its file tensor `data` (of `dtype`,
+/// already checked to have [`source_shape`]): transposed back to `[out, in]` if the file
+/// stores it `[in, out]` (float dtypes only), then part `i` of `n` of the rows.
+pub fn source_bytes<'a>(
+    data: &'a [u8],
+    dtype: DType,
+    shape: &[usize],
+    src: &Source,
+) -> Result<Cow<'a, [u8]>> {
+    let (rows, row_len) = match shape {
+        [n] => (1, *n),
+        [r, c] => (*r, *c),
+        _ => {
+            return Err(Error::model(format!(
+                "tensor '{}': not a matrix or vector",
+                src.name
+            )))
+        }
+    };
+    let full_rows = src.rows.map_or(rows, |(_, n)| rows * n);
+    let mut out = Cow::Borrowed(data);
+    if src.transposed && shape.len() == 2 {
+        let es = match dtype {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::Quant(_) => {
+                return Err(Error::model(format!(
+                    "tensor '{}': a transposed {dtype} matrix cannot be read (float only)",
+                    src.name
+                )))
+            }
+        };
+        // file [row_len, full_rows] -> [full_rows, row_len]
+        let mut t = vec![0u8; data.len()];
+        for i in 0..row_len {
+            for j in 0..full_rows {
+                let from = (i * full_rows + j) * es;
+                let to = (j * row_len + i) * es;
+                t[to..to + es].copy_from_slice(&data[from..from + es]);
+            }
+        }
+        out = Cow::Owned(t);
+    }
+    let Some((i, n)) = src.rows else {
+        return Ok(out);
+    };
+    let part = out.len() / n;
+    Ok(match out {
+        Cow::Borrowed(b) => Cow::Borrowed(&b[i * part..(i + 1) * part]),
+        Cow::Owned(v) => Cow::Owned(v[i * part..(i + 1) * part].to_vec()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transposed, fused `[in, 3 * out]` tensor (GPT-2's `c_attn`) gives each part
+    /// back as `[out, in]` rows.
+    #[test]
+    fn sources_transpose_and_split() {
+        // weight [out 2, in 3] per part, 3 parts; file [in 3, 6] holds w_p[o][i] at
+        // file[i][p * 2 + o]
+        let w = |p: usize, o: usize, i: usize| (100 * p + 10 * o + i) as f32;
+        let mut file = vec![0f32; 18];
+        for p in 0..3 {
+            for o in 0..2 {
+                for i in 0..3 {
+                    file[i * 6 + p * 2 + o] = w(p, o, i);
+                }
+            }
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(&file);
+        for p in 0..3 {
+            let src = Source {
+                name: "c_attn".into(),
+                rows: Some((p, 3)),
+                transposed: true,
+            };
+            assert_eq!(source_shape(&[2, 3], &src), [3, 6]);
+            let got = source_bytes(bytes, DType::F32, &[2, 3], &src).unwrap();
+            let got: &[f32] = bytemuck::cast_slice(&got);
+            let want: Vec<f32> = (0..2)
+                .flat_map(|o| (0..3).map(move |i| w(p, o, i)))
+                .collect();
+            assert_eq!(got, want.as_slice());
+        }
+        let bias = Source {
+            name: "b".into(),
+            rows: Some((1, 3)),
+            transposed: false,
+        };
+        let v: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let got = source_bytes(bytemuck::cast_slice(&v), DType::F32, &[2], &bias).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&got), &[2.0, 3.0]);
+    }
 
     #[test]
     fn conversions_round_trip_within_the_type() {

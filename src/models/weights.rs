@@ -1,13 +1,17 @@
-//! Where every Llama weight lives in backend memory: one buffer for the whole model,
-//! each tensor at an aligned byte offset with its own dtype.
+//! Where every weight of a model lives in backend memory: one buffer for the whole
+//! model, each tensor at an aligned byte offset with its own dtype.
 //!
-//! Norm weights are F32; each matrix has its own dtype (F32, F16, BF16 or a block type,
-//! see [`QuantPlan`](super::quant_plan::QuantPlan)). Two layouts differ from the HF
+//! Which tensors a model has follows from its architecture's spec ([`tensor_groups`]):
+//! every model has the embedding table, per-layer norms, q/k/v, the attention output,
+//! the MLP and the output norm; biases, LayerNorm biases, per-head q/k norms, the gate
+//! and learned positions come with the architectures that have them. Vectors (norm
+//! weights, biases) are F32; each matrix has its own dtype (F32, F16, BF16 or a block
+//! type, see [`QuantPlan`](super::quant_plan::QuantPlan)). Two layouts differ from a
 //! checkpoint's list of tensors when the parts share one dtype:
-//! - `q_proj | k_proj | v_proj` are stored as adjacent rows of one tensor
-//!   `attn_qkv` [n_embd, n_q + 2 * n_kv_dim], so one mul_mat computes q, k and v (the
-//!   graph then takes them as strided views of the result);
-//! - `gate_proj | up_proj` likewise form `ffn_gate_up` [n_embd, 2 * n_ff].
+//! - `q | k | v` are stored as adjacent rows of one tensor `attn_qkv`
+//!   [n_embd, n_q + 2 * n_kv_dim], so one mul_mat computes q, k and v (the graph then
+//!   takes them as strided views of the result); their biases likewise form one vector;
+//! - `gate | up` likewise form `ffn_gate_up` [n_embd, 2 * n_ff].
 //!
 //! When the parts differ (ggml's Q4_K_M gives `attn_v` Q6_K in half the layers), they
 //! are separate tensors and the graph runs one mul_mat each ([`QkvLeaves::Split`],
@@ -25,53 +29,135 @@ use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
+use super::arch::{MlpKind, NormKind, Positions};
 use super::config::Config;
 
 /// What a weight tensor is: picks its dtype and names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
-    /// `embed_tokens` / `token_embd` [n_embd, vocab].
+    /// `token_embd` [n_embd, vocab].
     TokEmbd,
-    /// `input_layernorm` / `attn_norm` [n_embd].
+    /// `position_embd` [n_embd, n_ctx_train] (learned positions).
+    PosEmbd,
+    /// `attn_norm` [n_embd].
     AttnNorm,
-    /// `q_proj` / `attn_q` [n_embd, n_q].
+    /// `attn_norm.bias` [n_embd] (LayerNorm).
+    AttnNormB,
+    /// `attn_q` [n_embd, n_q].
     AttnQ,
-    /// `k_proj` / `attn_k` [n_embd, n_kv_dim].
+    /// `attn_k` [n_embd, n_kv_dim].
     AttnK,
-    /// `v_proj` / `attn_v` [n_embd, n_kv_dim].
+    /// `attn_v` [n_embd, n_kv_dim].
     AttnV,
-    /// `o_proj` / `attn_output` [n_q, n_embd].
+    /// `attn_q.bias` [n_q].
+    AttnQB,
+    /// `attn_k.bias` [n_kv_dim].
+    AttnKB,
+    /// `attn_v.bias` [n_kv_dim].
+    AttnVB,
+    /// `attn_q_norm` [head_dim] (per-head RMSNorm of q).
+    AttnQNorm,
+    /// `attn_k_norm` [head_dim] (per-head RMSNorm of k).
+    AttnKNorm,
+    /// `attn_output` [n_q, n_embd].
     AttnOut,
-    /// `post_attention_layernorm` / `ffn_norm` [n_embd].
+    /// `attn_output.bias` [n_embd].
+    AttnOutB,
+    /// `ffn_norm` [n_embd].
     FfnNorm,
-    /// `gate_proj` / `ffn_gate` [n_embd, n_ff].
+    /// `ffn_norm.bias` [n_embd] (LayerNorm).
+    FfnNormB,
+    /// `ffn_gate` [n_embd, n_ff].
     FfnGate,
-    /// `up_proj` / `ffn_up` [n_embd, n_ff].
+    /// `ffn_up` [n_embd, n_ff].
     FfnUp,
-    /// `down_proj` / `ffn_down` [n_ff, n_embd].
+    /// `ffn_up.bias` [n_ff].
+    FfnUpB,
+    /// `ffn_down` [n_ff, n_embd].
     FfnDown,
-    /// `norm` / `output_norm` [n_embd].
+    /// `ffn_down.bias` [n_embd].
+    FfnDownB,
+    /// `output_norm` [n_embd].
     OutNorm,
-    /// `lm_head` / `output` [n_embd, vocab].
+    /// `output_norm.bias` [n_embd] (LayerNorm).
+    OutNormB,
+    /// `output` [n_embd, vocab].
     Output,
 }
 
 impl Role {
-    /// Whether this is a norm weight (a vector).
-    pub fn is_norm(self) -> bool {
-        matches!(self, Role::AttnNorm | Role::FfnNorm | Role::OutNorm)
+    /// Whether this is a vector (a norm weight or a bias), always F32.
+    pub fn is_vector(self) -> bool {
+        self.ne_rank() == 1
     }
 
-    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[n]` for a norm.
+    fn ne_rank(self) -> usize {
+        match self {
+            Role::TokEmbd
+            | Role::PosEmbd
+            | Role::AttnQ
+            | Role::AttnK
+            | Role::AttnV
+            | Role::AttnOut
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnDown
+            | Role::Output => 2,
+            Role::AttnNorm
+            | Role::AttnNormB
+            | Role::AttnQB
+            | Role::AttnKB
+            | Role::AttnVB
+            | Role::AttnQNorm
+            | Role::AttnKNorm
+            | Role::AttnOutB
+            | Role::FfnNorm
+            | Role::FfnNormB
+            | Role::FfnUpB
+            | Role::FfnDownB
+            | Role::OutNorm
+            | Role::OutNormB => 1,
+        }
+    }
+
+    /// Whether this is a bias (named `.bias` in files).
+    pub fn is_bias(self) -> bool {
+        matches!(
+            self,
+            Role::AttnNormB
+                | Role::AttnQB
+                | Role::AttnKB
+                | Role::AttnVB
+                | Role::AttnOutB
+                | Role::FfnNormB
+                | Role::FfnUpB
+                | Role::FfnDownB
+                | Role::OutNormB
+        )
+    }
+
+    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[n]` for a vector.
     pub fn ne(self, cfg: &Config) -> Vec<usize> {
         let (n_embd, vocab, n_ff) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         match self {
             Role::TokEmbd | Role::Output => vec![n_embd, vocab],
-            Role::AttnNorm | Role::FfnNorm | Role::OutNorm => vec![n_embd],
+            Role::PosEmbd => vec![n_embd, cfg.max_position_embeddings],
+            Role::AttnNorm
+            | Role::AttnNormB
+            | Role::FfnNorm
+            | Role::FfnNormB
+            | Role::OutNorm
+            | Role::OutNormB
+            | Role::AttnOutB
+            | Role::FfnDownB => vec![n_embd],
             Role::AttnQ => vec![n_embd, cfg.n_q()],
             Role::AttnK | Role::AttnV => vec![n_embd, cfg.n_kv_dim()],
+            Role::AttnQB => vec![cfg.n_q()],
+            Role::AttnKB | Role::AttnVB => vec![cfg.n_kv_dim()],
+            Role::AttnQNorm | Role::AttnKNorm => vec![cfg.head_dim],
             Role::AttnOut => vec![cfg.n_q(), n_embd],
             Role::FfnGate | Role::FfnUp => vec![n_embd, n_ff],
+            Role::FfnUpB => vec![n_ff],
             Role::FfnDown => vec![n_ff, n_embd],
         }
     }
@@ -81,48 +167,76 @@ impl Role {
         self.ne(cfg)[0]
     }
 
-    /// The HF tensor name (`model.layers.0.self_attn.q_proj.weight`).
-    pub fn hf_name(self, layer: Option<usize>) -> String {
-        let l = layer.unwrap_or(0);
-        match self {
-            Role::TokEmbd => "model.embed_tokens.weight".into(),
-            Role::OutNorm => "model.norm.weight".into(),
-            Role::Output => "lm_head.weight".into(),
-            Role::AttnNorm => format!("model.layers.{l}.input_layernorm.weight"),
-            Role::AttnQ => format!("model.layers.{l}.self_attn.q_proj.weight"),
-            Role::AttnK => format!("model.layers.{l}.self_attn.k_proj.weight"),
-            Role::AttnV => format!("model.layers.{l}.self_attn.v_proj.weight"),
-            Role::AttnOut => format!("model.layers.{l}.self_attn.o_proj.weight"),
-            Role::FfnNorm => format!("model.layers.{l}.post_attention_layernorm.weight"),
-            Role::FfnGate => format!("model.layers.{l}.mlp.gate_proj.weight"),
-            Role::FfnUp => format!("model.layers.{l}.mlp.up_proj.weight"),
-            Role::FfnDown => format!("model.layers.{l}.mlp.down_proj.weight"),
-        }
-    }
-
-    /// The ggml (GGUF) base name without `.weight` (`blk.0.attn_q`).
+    /// The ggml (GGUF) base name without `.weight` / `.bias` (`blk.0.attn_q`).
     pub fn ggml_base(self, layer: Option<usize>) -> String {
         let l = layer.unwrap_or(0);
+        let blk = |s: &str| format!("blk.{l}.{s}");
         match self {
             Role::TokEmbd => "token_embd".into(),
-            Role::OutNorm => "output_norm".into(),
+            Role::PosEmbd => "position_embd".into(),
+            Role::OutNorm | Role::OutNormB => "output_norm".into(),
             Role::Output => "output".into(),
-            Role::AttnNorm => format!("blk.{l}.attn_norm"),
-            Role::AttnQ => format!("blk.{l}.attn_q"),
-            Role::AttnK => format!("blk.{l}.attn_k"),
-            Role::AttnV => format!("blk.{l}.attn_v"),
-            Role::AttnOut => format!("blk.{l}.attn_output"),
-            Role::FfnNorm => format!("blk.{l}.ffn_norm"),
-            Role::FfnGate => format!("blk.{l}.ffn_gate"),
-            Role::FfnUp => format!("blk.{l}.ffn_up"),
-            Role::FfnDown => format!("blk.{l}.ffn_down"),
+            Role::AttnNorm | Role::AttnNormB => blk("attn_norm"),
+            Role::AttnQ | Role::AttnQB => blk("attn_q"),
+            Role::AttnK | Role::AttnKB => blk("attn_k"),
+            Role::AttnV | Role::AttnVB => blk("attn_v"),
+            Role::AttnQNorm => blk("attn_q_norm"),
+            Role::AttnKNorm => blk("attn_k_norm"),
+            Role::AttnOut | Role::AttnOutB => blk("attn_output"),
+            Role::FfnNorm | Role::FfnNormB => blk("ffn_norm"),
+            Role::FfnGate => blk("ffn_gate"),
+            Role::FfnUp | Role::FfnUpB => blk("ffn_up"),
+            Role::FfnDown | Role::FfnDownB => blk("ffn_down"),
         }
     }
 
-    /// The GGUF tensor name (`blk.0.attn_q.weight`).
+    /// The GGUF tensor name (`blk.0.attn_q.weight`, `blk.0.attn_q.bias`).
     pub fn gguf_name(self, layer: Option<usize>) -> String {
-        format!("{}.weight", self.ggml_base(layer))
+        let suffix = if self.is_bias() { "bias" } else { "weight" };
+        format!("{}.{suffix}", self.ggml_base(layer))
     }
+}
+
+/// The tensors of a model shaped `cfg`, in buffer order, as groups laid out adjacently
+/// (q|k|v, their biases, gate|up): the globals before the layers (`None`), each layer's
+/// (`Some(layer)`, the same list for every layer), and the globals after them.
+pub fn tensor_groups(cfg: &Config) -> [Vec<&'static [Role]>; 3] {
+    let spec = cfg.arch.spec();
+    let layer_norm = spec.norm == NormKind::Layer;
+    let mut head: Vec<&'static [Role]> = vec![&[Role::TokEmbd]];
+    if spec.positions == Positions::Learned {
+        head.push(&[Role::PosEmbd]);
+    }
+    let mut layer: Vec<&'static [Role]> = vec![&[Role::AttnNorm]];
+    let opt = |v: &mut Vec<&'static [Role]>, on: bool, g: &'static [Role]| {
+        if on {
+            v.push(g);
+        }
+    };
+    opt(&mut layer, layer_norm, &[Role::AttnNormB]);
+    layer.push(&[Role::AttnQ, Role::AttnK, Role::AttnV]);
+    opt(
+        &mut layer,
+        spec.qkv_bias,
+        &[Role::AttnQB, Role::AttnKB, Role::AttnVB],
+    );
+    opt(&mut layer, spec.qk_norm, &[Role::AttnQNorm]);
+    opt(&mut layer, spec.qk_norm, &[Role::AttnKNorm]);
+    layer.push(&[Role::AttnOut]);
+    opt(&mut layer, spec.out_bias, &[Role::AttnOutB]);
+    layer.push(&[Role::FfnNorm]);
+    opt(&mut layer, layer_norm, &[Role::FfnNormB]);
+    match spec.mlp {
+        MlpKind::SwiGlu => layer.push(&[Role::FfnGate, Role::FfnUp]),
+        MlpKind::Gelu => layer.push(&[Role::FfnUp]),
+    }
+    opt(&mut layer, spec.mlp_bias, &[Role::FfnUpB]);
+    layer.push(&[Role::FfnDown]);
+    opt(&mut layer, spec.mlp_bias, &[Role::FfnDownB]);
+    let mut tail: Vec<&'static [Role]> = vec![&[Role::OutNorm]];
+    opt(&mut tail, layer_norm, &[Role::OutNormB]);
+    opt(&mut tail, !cfg.tie_word_embeddings, &[Role::Output]);
+    [head, layer, tail]
 }
 
 /// One weight tensor in the buffer: where it starts and its dtype.
@@ -134,53 +248,16 @@ pub struct WeightRef {
     pub dtype: DType,
 }
 
-/// One block's weights inside the weight buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LayerWeights {
-    /// `input_layernorm` `[n_embd]`, F32.
-    pub attn_norm: WeightRef,
-    /// `q_proj` [n_embd, n_q]; `k_proj` and `v_proj` follow it directly when the three
-    /// share a dtype (then they form `attn_qkv` [n_embd, n_q + 2 * n_kv_dim]).
-    pub attn_q: WeightRef,
-    /// `k_proj` [n_embd, n_kv_dim].
-    pub attn_k: WeightRef,
-    /// `v_proj` [n_embd, n_kv_dim].
-    pub attn_v: WeightRef,
-    /// `o_proj` [n_q, n_embd].
-    pub attn_out: WeightRef,
-    /// `post_attention_layernorm` `[n_embd]`, F32.
-    pub ffn_norm: WeightRef,
-    /// `gate_proj` [n_embd, n_ff]; `up_proj` follows it directly when both share a dtype
-    /// (then they form `ffn_gate_up` [n_embd, 2 * n_ff]).
-    pub ffn_gate: WeightRef,
-    /// `up_proj` [n_embd, n_ff].
-    pub ffn_up: WeightRef,
-    /// `down_proj` [n_ff, n_embd].
-    pub ffn_down: WeightRef,
-}
-
-impl LayerWeights {
-    /// Whether q, k and v form one fused tensor (they share a dtype).
-    pub fn qkv_fused(&self) -> bool {
-        self.attn_q.dtype == self.attn_k.dtype && self.attn_k.dtype == self.attn_v.dtype
-    }
-
-    /// Whether gate and up form one fused tensor (they share a dtype).
-    pub fn gate_up_fused(&self) -> bool {
-        self.ffn_gate.dtype == self.ffn_up.dtype
-    }
-}
-
-/// One tensor of the checkpoint and where it goes.
+/// One tensor of the model and where it goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slot {
-    /// The HF name (`model.layers.0.self_attn.q_proj.weight`).
+    /// The GGUF-style name (`blk.0.attn_q.weight`), used in messages.
     pub name: String,
     /// What the tensor is.
     pub role: Role,
     /// Its block, for the per-layer tensors.
     pub layer: Option<usize>,
-    /// The HF shape, outermost first (`[out, in]` for a matrix).
+    /// The shape outermost first (`[out, in]` for a matrix, as HF writes it).
     pub shape: Vec<usize>,
     /// Where it is and its dtype.
     pub at: WeightRef,
@@ -192,9 +269,9 @@ impl Slot {
         self.shape.iter().product()
     }
 
-    /// Whether this is a norm weight (a vector), not a matrix.
-    pub fn is_norm(&self) -> bool {
-        self.role.is_norm()
+    /// Whether this is a vector (norm weight or bias), not a matrix.
+    pub fn is_vector(&self) -> bool {
+        self.role.is_vector()
     }
 
     /// Elements of one row (the innermost dimension).
@@ -202,7 +279,7 @@ impl Slot {
         self.shape[self.shape.len() - 1]
     }
 
-    /// Rows of the tensor (1 for a norm).
+    /// Rows of the tensor (1 for a vector).
     pub fn rows(&self) -> usize {
         self.nelements() / self.row_len()
     }
@@ -218,26 +295,22 @@ impl Slot {
     }
 }
 
-/// The weights of a Llama model in one backend buffer.
+/// The weights of a model in one backend buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Weights {
     /// The buffer holding every weight.
     pub buffer: BufferId,
     /// Size of the buffer.
     pub bytes: usize,
-    /// `embed_tokens` [n_embd, vocab].
-    pub tok_embd: WeightRef,
-    /// `lm_head` [n_embd, vocab] (equal to `tok_embd` when tied).
-    pub output: WeightRef,
-    /// `norm` `[n_embd]`, F32.
-    pub out_norm: WeightRef,
-    /// Per-block weights.
-    pub layers: Vec<LayerWeights>,
+    /// The model-wide tensors (embeddings, output norm, output head), by role.
+    pub globals: Vec<(Role, WeightRef)>,
+    /// Per-block tensors, by role.
+    pub layers: Vec<Vec<(Role, WeightRef)>>,
 }
 
-/// q, k and v of one block in a graph.
+/// q, k and v (or their biases) of one block in a graph.
 pub(crate) enum QkvLeaves {
-    /// `attn_qkv` [n_embd, n_q + 2 * n_kv_dim].
+    /// `attn_qkv` [n_embd, n_q + 2 * n_kv_dim] (biases: [n_q + 2 * n_kv_dim]).
     Fused(TensorId),
     /// `attn_q` [n_embd, n_q], `attn_k` and `attn_v` [n_embd, n_kv_dim].
     Split {
@@ -253,23 +326,39 @@ pub(crate) enum GateUpLeaves {
     Fused(TensorId),
     /// `ffn_gate` and `ffn_up` [n_embd, n_ff].
     Split { gate: TensorId, up: TensorId },
+    /// `ffn_up` alone (an MLP without gate).
+    Up(TensorId),
+}
+
+/// A norm's weight and, for LayerNorm, its bias.
+#[derive(Clone, Copy)]
+pub(crate) struct NormLeaves {
+    pub w: TensorId,
+    pub b: Option<TensorId>,
 }
 
 /// The weight leaves of one block in a graph.
 pub(crate) struct LayerLeaves {
-    pub attn_norm: TensorId,
+    pub attn_norm: NormLeaves,
     pub qkv: QkvLeaves,
+    pub qkv_b: Option<QkvLeaves>,
+    pub q_norm: Option<TensorId>,
+    pub k_norm: Option<TensorId>,
     pub attn_out: TensorId,
-    pub ffn_norm: TensorId,
+    pub attn_out_b: Option<TensorId>,
+    pub ffn_norm: NormLeaves,
     pub gate_up: GateUpLeaves,
+    pub ffn_up_b: Option<TensorId>,
     pub ffn_down: TensorId,
+    pub ffn_down_b: Option<TensorId>,
 }
 
 /// The weight leaves of one graph.
 pub(crate) struct Leaves {
     pub tok_embd: TensorId,
+    pub pos_embd: Option<TensorId>,
     pub output: TensorId,
-    pub out_norm: TensorId,
+    pub out_norm: NormLeaves,
     pub layers: Vec<LayerLeaves>,
 }
 
@@ -281,14 +370,9 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
-    /// Room for one tensor.
-    fn take(&mut self, role: Role, layer: Option<usize>) -> WeightRef {
-        self.take_group(&[role], layer)[0]
-    }
-
     /// Room for tensors of the same row length: adjacent rows of one tensor when they
     /// share a dtype, separate aligned tensors otherwise.
-    fn take_group(&mut self, roles: &[Role], layer: Option<usize>) -> Vec<WeightRef> {
+    fn take_group(&mut self, roles: &[Role], layer: Option<usize>) -> Vec<(Role, WeightRef)> {
         let dtypes: Vec<DType> = roles.iter().map(|&r| (self.dtype_of)(r, layer)).collect();
         let fused = dtypes.windows(2).all(|p| p[0] == p[1]);
         let mut out = Vec::with_capacity(roles.len());
@@ -296,10 +380,13 @@ impl Cursor<'_> {
             let ne = role.ne(self.cfg);
             let rows: usize = ne[1..].iter().product();
             let bytes = rows * dtype.row_bytes(ne[0]);
-            out.push(WeightRef {
-                offset: self.end,
-                dtype,
-            });
+            out.push((
+                role,
+                WeightRef {
+                    offset: self.end,
+                    dtype,
+                },
+            ));
             self.end += bytes;
             if !fused {
                 self.end = self.end.div_ceil(ALIGN) * ALIGN;
@@ -308,54 +395,69 @@ impl Cursor<'_> {
         self.end = self.end.div_ceil(ALIGN) * ALIGN;
         out
     }
+
+    fn take_all(&mut self, groups: &[&[Role]], layer: Option<usize>) -> Vec<(Role, WeightRef)> {
+        groups
+            .iter()
+            .flat_map(|g| self.take_group(g, layer))
+            .collect()
+    }
 }
 
 /// The dtype of every tensor of a model whose matrices are all `dtype`.
 pub fn uniform(dtype: DType) -> impl Fn(Role, Option<usize>) -> DType {
-    move |role, _| if role.is_norm() { DType::F32 } else { dtype }
+    move |role, _| if role.is_vector() { DType::F32 } else { dtype }
 }
 
 /// The names a file format gives the size fields of a config, for errors.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SizeFields {
     /// The layer count (`num_hidden_layers`, `llama.block_count`).
-    pub layers: &'static str,
+    pub layers: String,
     /// The residual width (`hidden_size`, `llama.embedding_length`).
-    pub hidden: &'static str,
+    pub hidden: String,
     /// The vocabulary size.
-    pub vocab: &'static str,
+    pub vocab: String,
     /// The query heads (times the head size: the width of `q`).
-    pub heads: &'static str,
-    /// The key/value heads (times the head size: the width of `k` and `v`).
-    pub kv_heads: &'static str,
+    pub heads: String,
+    /// The key/value heads (times the head size: the width of `k` and `v`), if the
+    /// architecture has them.
+    pub kv_heads: Option<String>,
     /// The MLP width.
-    pub intermediate: &'static str,
+    pub intermediate: String,
     /// Whether the format lists dimensions outermost first (safetensors' `shape`) rather
     /// than innermost first (ggml's `ne`), for the messages.
     pub outermost_first: bool,
 }
 
 impl SizeFields {
-    /// The fields of a Hugging Face `config.json`.
-    pub const HF: SizeFields = SizeFields {
-        layers: "num_hidden_layers",
-        hidden: "hidden_size",
-        vocab: "vocab_size",
-        heads: "num_attention_heads",
-        kv_heads: "num_key_value_heads",
-        intermediate: "intermediate_size",
-        outermost_first: true,
-    };
-    /// The metadata keys of a `llama` GGUF file.
-    pub const GGUF: SizeFields = SizeFields {
-        layers: "llama.block_count",
-        hidden: "llama.embedding_length",
-        vocab: "llama.vocab_size",
-        heads: "llama.attention.head_count",
-        kv_heads: "llama.attention.head_count_kv",
-        intermediate: "llama.feed_forward_length",
-        outermost_first: false,
-    };
+    /// The fields of a Hugging Face `config.json` of `cfg`'s architecture.
+    pub fn hf(cfg: &Config) -> SizeFields {
+        let k = cfg.arch.spec().hf_keys;
+        SizeFields {
+            layers: k.layers.into(),
+            hidden: k.hidden.into(),
+            vocab: "vocab_size".into(),
+            heads: k.heads.into(),
+            kv_heads: k.kv_heads.map(Into::into),
+            intermediate: k.intermediate.into(),
+            outermost_first: true,
+        }
+    }
+
+    /// The metadata keys of a GGUF file of `cfg`'s architecture.
+    pub fn gguf(cfg: &Config) -> SizeFields {
+        let a = cfg.arch.spec().gguf_arch;
+        SizeFields {
+            layers: format!("{a}.block_count"),
+            hidden: format!("{a}.embedding_length"),
+            vocab: format!("{a}.vocab_size"),
+            heads: format!("{a}.attention.head_count"),
+            kv_heads: Some(format!("{a}.attention.head_count_kv")),
+            intermediate: format!("{a}.feed_forward_length"),
+            outermost_first: false,
+        }
+    }
 }
 
 /// The number of layers whose tensors are named in `names` (`{prefix}{layer}.…`): one
@@ -376,12 +478,12 @@ pub fn layers_named<'a>(names: impl Iterator<Item = &'a str>, prefix: &str) -> u
 
 /// Checks `cfg`'s sizes against the tensors a file actually holds, before anything is
 /// sized by them: the layer count against `layers_found`, and the widths against the
-/// embedding table and layer 0's `q`, `k` and `gate` matrices (`ne_of(role)`: a label
-/// naming that tensor and its `ne`, an error when it is missing). Errors (in `source`)
-/// name the field and the tensor.
+/// embedding table and layer 0's `q`, `k` (or the attention output where files fuse
+/// q|k|v) and first MLP matrices (`ne_of(role)`: a label naming that tensor and its `ne`, an error when
+/// it is missing). Errors (in `source`) name the field and the tensor.
 pub fn check_sizes(
     cfg: &Config,
-    fields: SizeFields,
+    fields: &SizeFields,
     source: &str,
     layers_found: usize,
     ne_of: &dyn Fn(Role) -> Result<(String, Vec<usize>)>,
@@ -392,13 +494,25 @@ pub fn check_sizes(
             fields.layers, cfg.num_hidden_layers
         )));
     }
-    let checks = [
-        (Role::TokEmbd, 0, fields.hidden, cfg.hidden_size),
-        (Role::TokEmbd, 1, fields.vocab, cfg.vocab_size),
-        (Role::AttnQ, 1, fields.heads, cfg.n_q()),
-        (Role::AttnK, 1, fields.kv_heads, cfg.n_kv_dim()),
-        (Role::FfnGate, 1, fields.intermediate, cfg.intermediate_size),
+    let spec = cfg.arch.spec();
+    // q (and k) where files store them alone, else the output projection's input width
+    let heads = match spec.gguf_fused_qkv {
+        false => (Role::AttnQ, 1, &fields.heads, cfg.n_q()),
+        true => (Role::AttnOut, 0, &fields.heads, cfg.n_q()),
+    };
+    let mut checks = vec![
+        (Role::TokEmbd, 0, &fields.hidden, cfg.hidden_size),
+        (Role::TokEmbd, 1, &fields.vocab, cfg.vocab_size),
+        heads,
     ];
+    if let (Some(kv), false) = (&fields.kv_heads, spec.gguf_fused_qkv) {
+        checks.push((Role::AttnK, 1, kv, cfg.n_kv_dim()));
+    }
+    let ff = match spec.mlp {
+        MlpKind::SwiGlu => Role::FfnGate,
+        MlpKind::Gelu => Role::FfnUp,
+    };
+    checks.push((ff, 1, &fields.intermediate, cfg.intermediate_size));
     for (role, dim, field, want) in checks {
         let (label, ne) = ne_of(role)?;
         if ne.len() != 2 || ne[dim] != want {
@@ -421,52 +535,28 @@ pub fn check_sizes(
 
 impl Weights {
     /// The layout of `cfg`'s weights with the dtype `dtype_of(role, layer)` per tensor
-    /// (norms should be F32), in `buffer` (which need not exist yet: a graph can be
+    /// (vectors should be F32), in `buffer` (which need not exist yet: a graph can be
     /// built and planned against the layout alone, e.g. for a dump).
     pub fn layout(
         cfg: &Config,
         dtype_of: &dyn Fn(Role, Option<usize>) -> DType,
         buffer: BufferId,
     ) -> Weights {
+        let [head, layer, tail] = tensor_groups(cfg);
         let mut c = Cursor {
             end: 0,
             cfg,
             dtype_of,
         };
-        let tok_embd = c.take(Role::TokEmbd, None);
+        let mut globals = c.take_all(&head, None);
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| {
-                let l = Some(i);
-                let attn_norm = c.take(Role::AttnNorm, l);
-                let qkv = c.take_group(&[Role::AttnQ, Role::AttnK, Role::AttnV], l);
-                let attn_out = c.take(Role::AttnOut, l);
-                let ffn_norm = c.take(Role::FfnNorm, l);
-                let gu = c.take_group(&[Role::FfnGate, Role::FfnUp], l);
-                LayerWeights {
-                    attn_norm,
-                    attn_q: qkv[0],
-                    attn_k: qkv[1],
-                    attn_v: qkv[2],
-                    attn_out,
-                    ffn_norm,
-                    ffn_gate: gu[0],
-                    ffn_up: gu[1],
-                    ffn_down: c.take(Role::FfnDown, l),
-                }
-            })
+            .map(|i| c.take_all(&layer, Some(i)))
             .collect();
-        let out_norm = c.take(Role::OutNorm, None);
-        let output = if cfg.tie_word_embeddings {
-            tok_embd
-        } else {
-            c.take(Role::Output, None)
-        };
+        globals.extend(c.take_all(&tail, None));
         Weights {
             buffer,
             bytes: c.end,
-            tok_embd,
-            output,
-            out_norm,
+            globals,
             layers,
         }
     }
@@ -484,51 +574,60 @@ impl Weights {
         Ok(Weights::layout(cfg, dtype_of, buffer))
     }
 
+    /// The tensor `role` of `layer` (`None`: a global), if the model has it. The output
+    /// head of a model with tied embeddings is the embedding table.
+    pub fn get(&self, role: Role, layer: Option<usize>) -> Option<WeightRef> {
+        let list = match layer {
+            Some(l) => self.layers.get(l)?,
+            None => &self.globals,
+        };
+        let found = list.iter().find(|(r, _)| *r == role).map(|(_, w)| *w);
+        match (found, role, layer) {
+            (None, Role::Output, None) => self.get(Role::TokEmbd, None),
+            (found, _, _) => found,
+        }
+    }
+
     /// The dtype shared by every matrix, if there is one.
     pub fn matrix_dtype(&self, cfg: &Config) -> Option<DType> {
         let slots = self.slots(cfg);
-        let mut m = slots.iter().filter(|s| !s.is_norm()).map(|s| s.at.dtype);
+        let mut m = slots.iter().filter(|s| !s.is_vector()).map(|s| s.at.dtype);
         let first = m.next()?;
         m.all(|d| d == first).then_some(first)
     }
 
-    /// Every tensor of the checkpoint with its shape, offset and dtype, in buffer order.
+    /// Every tensor of the model with its shape, offset and dtype, in buffer order.
     pub fn slots(&self, cfg: &Config) -> Vec<Slot> {
         let slot = |role: Role, layer: Option<usize>, at: WeightRef| {
             let mut shape = role.ne(cfg);
             shape.reverse();
             Slot {
-                name: role.hf_name(layer),
+                name: role.gguf_name(layer),
                 role,
                 layer,
                 shape,
                 at,
             }
         };
-        let mut v = vec![slot(Role::TokEmbd, None, self.tok_embd)];
+        let n_head = self
+            .globals
+            .iter()
+            .take_while(|(r, _)| *r != Role::OutNorm)
+            .count();
+        let (head, tail) = self.globals.split_at(n_head);
+        let mut v: Vec<Slot> = head.iter().map(|&(r, at)| slot(r, None, at)).collect();
         for (i, l) in self.layers.iter().enumerate() {
-            let at = Some(i);
-            v.push(slot(Role::AttnNorm, at, l.attn_norm));
-            v.push(slot(Role::AttnQ, at, l.attn_q));
-            v.push(slot(Role::AttnK, at, l.attn_k));
-            v.push(slot(Role::AttnV, at, l.attn_v));
-            v.push(slot(Role::AttnOut, at, l.attn_out));
-            v.push(slot(Role::FfnNorm, at, l.ffn_norm));
-            v.push(slot(Role::FfnGate, at, l.ffn_gate));
-            v.push(slot(Role::FfnUp, at, l.ffn_up));
-            v.push(slot(Role::FfnDown, at, l.ffn_down));
+            v.extend(l.iter().map(|&(r, at)| slot(r, Some(i), at)));
         }
-        v.push(slot(Role::OutNorm, None, self.out_norm));
-        if !cfg.tie_word_embeddings {
-            v.push(slot(Role::Output, None, self.output));
-        }
+        v.extend(tail.iter().map(|&(r, at)| slot(r, None, at)));
         v
     }
 
     /// Fills every weight with seeded uniform values made on the device (benchmarks):
-    /// norm weights in [-1, 1), matrices in [-1/sqrt(in), 1/sqrt(in)). A block-typed
-    /// matrix gets F32 values in a temporary buffer first, quantized into its place by a
-    /// one-op graph ([`quantize_on_backend`]), so the same code runs on every backend.
+    /// norm weights in [-1, 1), matrices and biases in [-1/sqrt(in), 1/sqrt(in)). A
+    /// block-typed matrix gets F32 values in a temporary buffer first, quantized into its
+    /// place by a one-op graph ([`quantize_on_backend`]), so the same code runs on every
+    /// backend.
     pub fn fill_random(&self, cfg: &Config, be: &mut dyn Backend, seed: u64) -> Result<()> {
         let slots = self.slots(cfg);
         let scratch = slots
@@ -555,7 +654,7 @@ impl Weights {
         tmp: Option<BufferId>,
     ) -> Result<()> {
         for (i, s) in slots.iter().enumerate() {
-            let scale = if s.is_norm() {
+            let scale = if s.is_vector() {
                 1.0
             } else {
                 1.0 / (s.row_len() as f32).sqrt()
@@ -579,21 +678,25 @@ impl Weights {
         Ok(())
     }
 
-    /// Bytes of weights read to decode one token: everything but the embedding table,
-    /// of which one row is read (unless it is also the output projection).
+    /// Bytes of weights read to decode one token: everything but the embedding tables,
+    /// of which one row each is read (unless the token table is also the output head).
     pub fn bytes_per_token(&self, cfg: &Config) -> usize {
-        let total: usize = self.slots(cfg).iter().map(Slot::bytes).sum();
-        if cfg.tie_word_embeddings {
-            total
-        } else {
-            let row = self.tok_embd.dtype.row_bytes(cfg.hidden_size);
-            total - cfg.vocab_size * row + row
-        }
+        let row_only = |s: &Slot| match s.role {
+            Role::TokEmbd => !cfg.tie_word_embeddings,
+            Role::PosEmbd => true,
+            _ => false,
+        };
+        self.slots(cfg)
+            .iter()
+            .map(|s| match row_only(s) {
+                true => s.at.dtype.row_bytes(s.row_len()),
+                false => s.bytes(),
+            })
+            .sum()
     }
 
     /// Weight leaves of a graph (ggml-style names).
     pub(crate) fn leaves(&self, g: &mut Graph, cfg: &Config) -> Result<Leaves> {
-        let n_embd = cfg.hidden_size;
         let leaf = |g: &mut Graph, name: &str, at: WeightRef, ne: &[usize]| {
             let data = BufferRef {
                 buffer: self.buffer,
@@ -601,52 +704,131 @@ impl Weights {
             };
             g.weight(name, at.dtype, ne, data)
         };
-        let tok_embd = leaf(g, "token_embd", self.tok_embd, &Role::TokEmbd.ne(cfg))?;
-        let output = if cfg.tie_word_embeddings {
-            tok_embd
-        } else {
-            leaf(g, "output", self.output, &Role::Output.ne(cfg))?
+        let one = |g: &mut Graph, r: Role, layer: Option<usize>| -> Result<Option<TensorId>> {
+            match self.get(r, layer) {
+                Some(at) => Ok(Some(leaf(g, &r.ggml_base(layer), at, &r.ne(cfg))?)),
+                None => Ok(None),
+            }
         };
-        let out_norm = leaf(g, "output_norm", self.out_norm, &[n_embd])?;
+        let need = |g: &mut Graph, r: Role, layer: Option<usize>| -> Result<TensorId> {
+            one(g, r, layer)?
+                .ok_or_else(|| Error::model(format!("internal: no tensor {}", r.gguf_name(layer))))
+        };
+        let tok_embd = need(g, Role::TokEmbd, None)?;
+        let output = match cfg.tie_word_embeddings {
+            true => tok_embd,
+            false => need(g, Role::Output, None)?,
+        };
+        let out_norm = NormLeaves {
+            w: need(g, Role::OutNorm, None)?,
+            b: one(g, Role::OutNormB, None)?,
+        };
+        let pos_embd = one(g, Role::PosEmbd, None)?;
         let mut layers = Vec::with_capacity(self.layers.len());
-        for (i, l) in self.layers.iter().enumerate() {
-            let name = |r: Role| r.ggml_base(Some(i));
-            let one = |g: &mut Graph, r: Role, at: WeightRef| leaf(g, &name(r), at, &r.ne(cfg));
-            let qkv = if l.qkv_fused() {
-                let rows = cfg.n_q() + 2 * cfg.n_kv_dim();
-                let nm = format!("blk.{i}.attn_qkv");
-                QkvLeaves::Fused(leaf(g, &nm, l.attn_q, &[n_embd, rows])?)
-            } else {
-                QkvLeaves::Split {
-                    q: one(g, Role::AttnQ, l.attn_q)?,
-                    k: one(g, Role::AttnK, l.attn_k)?,
-                    v: one(g, Role::AttnV, l.attn_v)?,
-                }
-            };
-            let gate_up = if l.gate_up_fused() {
-                let nm = format!("blk.{i}.ffn_gate_up");
-                let ne = [n_embd, 2 * cfg.intermediate_size];
-                GateUpLeaves::Fused(leaf(g, &nm, l.ffn_gate, &ne)?)
-            } else {
-                GateUpLeaves::Split {
-                    gate: one(g, Role::FfnGate, l.ffn_gate)?,
-                    up: one(g, Role::FfnUp, l.ffn_up)?,
-                }
+        for i in 0..self.layers.len() {
+            let l = Some(i);
+            let norm = |g: &mut Graph, w: Role, b: Role| -> Result<NormLeaves> {
+                Ok(NormLeaves {
+                    w: need(g, w, l)?,
+                    b: one(g, b, l)?,
+                })
             };
             layers.push(LayerLeaves {
-                attn_norm: one(g, Role::AttnNorm, l.attn_norm)?,
-                qkv,
-                attn_out: one(g, Role::AttnOut, l.attn_out)?,
-                ffn_norm: one(g, Role::FfnNorm, l.ffn_norm)?,
-                gate_up,
-                ffn_down: one(g, Role::FfnDown, l.ffn_down)?,
+                attn_norm: norm(g, Role::AttnNorm, Role::AttnNormB)?,
+                qkv: self.qkv_leaves(g, cfg, i, [Role::AttnQ, Role::AttnK, Role::AttnV])?,
+                qkv_b: match self.get(Role::AttnQB, l) {
+                    Some(_) => Some(self.qkv_leaves(
+                        g,
+                        cfg,
+                        i,
+                        [Role::AttnQB, Role::AttnKB, Role::AttnVB],
+                    )?),
+                    None => None,
+                },
+                q_norm: one(g, Role::AttnQNorm, l)?,
+                k_norm: one(g, Role::AttnKNorm, l)?,
+                attn_out: need(g, Role::AttnOut, l)?,
+                attn_out_b: one(g, Role::AttnOutB, l)?,
+                ffn_norm: norm(g, Role::FfnNorm, Role::FfnNormB)?,
+                gate_up: self.gate_up_leaves(g, cfg, i)?,
+                ffn_up_b: one(g, Role::FfnUpB, l)?,
+                ffn_down: need(g, Role::FfnDown, l)?,
+                ffn_down_b: one(g, Role::FfnDownB, l)?,
             });
         }
         Ok(Leaves {
             tok_embd,
+            pos_embd,
             output,
             out_norm,
             layers,
+        })
+    }
+
+    /// The leaf or leaves of q|k|v (`roles`: the matrices or their biases) of layer `i`:
+    /// one fused tensor when the three are adjacent rows of one dtype.
+    fn qkv_leaves(
+        &self,
+        g: &mut Graph,
+        cfg: &Config,
+        i: usize,
+        roles: [Role; 3],
+    ) -> Result<QkvLeaves> {
+        let l = Some(i);
+        let at = |r: Role| {
+            self.get(r, l)
+                .ok_or_else(|| Error::model(format!("internal: no tensor {}", r.gguf_name(l))))
+        };
+        let (q, k, v) = (at(roles[0])?, at(roles[1])?, at(roles[2])?);
+        let buf = |at: WeightRef| BufferRef {
+            buffer: self.buffer,
+            offset: at.offset,
+        };
+        if q.dtype == k.dtype && k.dtype == v.dtype {
+            let rows = cfg.n_q() + 2 * cfg.n_kv_dim();
+            let (name, ne) = match roles[0].is_vector() {
+                true => (format!("blk.{i}.attn_qkv.bias"), vec![rows]),
+                false => (format!("blk.{i}.attn_qkv"), vec![cfg.hidden_size, rows]),
+            };
+            return Ok(QkvLeaves::Fused(g.weight(&name, q.dtype, &ne, buf(q))?));
+        }
+        let mut leaf =
+            |r: Role, w: WeightRef| g.weight(&r.ggml_base(l), w.dtype, &r.ne(cfg), buf(w));
+        Ok(QkvLeaves::Split {
+            q: leaf(roles[0], q)?,
+            k: leaf(roles[1], k)?,
+            v: leaf(roles[2], v)?,
+        })
+    }
+
+    /// The leaf or leaves of the MLP's input projections of layer `i`.
+    fn gate_up_leaves(&self, g: &mut Graph, cfg: &Config, i: usize) -> Result<GateUpLeaves> {
+        let l = Some(i);
+        let buf = |at: WeightRef| BufferRef {
+            buffer: self.buffer,
+            offset: at.offset,
+        };
+        let up = self
+            .get(Role::FfnUp, l)
+            .ok_or_else(|| Error::model(format!("internal: no tensor blk.{i}.ffn_up")))?;
+        let mut leaf =
+            |r: Role, w: WeightRef| g.weight(&r.ggml_base(l), w.dtype, &r.ne(cfg), buf(w));
+        let Some(gate) = self.get(Role::FfnGate, l) else {
+            return Ok(GateUpLeaves::Up(leaf(Role::FfnUp, up)?));
+        };
+        if gate.dtype == up.dtype {
+            let ne = [cfg.hidden_size, 2 * cfg.intermediate_size];
+            let nm = format!("blk.{i}.ffn_gate_up");
+            return Ok(GateUpLeaves::Fused(g.weight(
+                &nm,
+                gate.dtype,
+                &ne,
+                buf(gate),
+            )?));
+        }
+        Ok(GateUpLeaves::Split {
+            gate: leaf(Role::FfnGate, gate)?,
+            up: leaf(Role::FfnUp, up)?,
         })
     }
 }
@@ -705,17 +887,23 @@ mod tests {
                 }
                 assert!(spans.last().unwrap().1 <= w.bytes);
                 // q|k|v and gate|up are adjacent rows of one tensor when fused.
-                let l = &w.layers[0];
-                if l.qkv_fused() {
-                    assert_eq!(s[3].at.offset, s[2].at.offset + s[2].bytes());
-                    assert_eq!(s[4].at.offset, s[3].at.offset + s[3].bytes());
+                let at = |r| w.get(r, Some(0)).unwrap();
+                let gated = w.get(Role::FfnGate, Some(0)).is_some();
+                let end = |r: Role| {
+                    let ne = r.ne(&cfg);
+                    at(r).offset + ne[1] * at(r).dtype.row_bytes(ne[0])
+                };
+                let (q, k, v) = (at(Role::AttnQ), at(Role::AttnK), at(Role::AttnV));
+                if q.dtype == k.dtype && k.dtype == v.dtype {
+                    assert_eq!(k.offset, end(Role::AttnQ));
+                    assert_eq!(v.offset, end(Role::AttnK));
                 }
-                if l.gate_up_fused() {
-                    assert_eq!(s[8].at.offset, s[7].at.offset + s[7].bytes());
+                if gated && at(Role::FfnGate).dtype == at(Role::FfnUp).dtype {
+                    assert_eq!(at(Role::FfnUp).offset, end(Role::FfnGate));
                 }
                 assert!(s
                     .iter()
-                    .filter(|s| s.is_norm())
+                    .filter(|s| s.is_vector())
                     .all(|s| s.at.dtype == DType::F32));
             }
         }
@@ -728,11 +916,13 @@ mod tests {
         let cfg = presets::preset("llama2-7b").unwrap();
         let pick = |r, l| QuantPlan::Q4_K_M.pick(r, l, &cfg).dtype;
         let w = Weights::layout(&cfg, &pick, BufferId(0));
-        assert!(!w.layers[0].qkv_fused());
-        assert!(w.layers[4].qkv_fused());
-        assert!(w.layers.iter().all(LayerWeights::gate_up_fused));
-        assert_eq!(w.layers[0].ffn_down.dtype, DType::Q6_K);
-        assert_eq!(w.output.dtype, DType::Q6_K);
+        let dt = |r, l| w.get(r, l).unwrap().dtype;
+        assert_ne!(dt(Role::AttnQ, Some(0)), dt(Role::AttnV, Some(0)));
+        assert_eq!(dt(Role::AttnQ, Some(4)), dt(Role::AttnV, Some(4)));
+        assert!((0..cfg.num_hidden_layers)
+            .all(|l| dt(Role::FfnGate, Some(l)) == dt(Role::FfnUp, Some(l))));
+        assert_eq!(dt(Role::FfnDown, Some(0)), DType::Q6_K);
+        assert_eq!(dt(Role::Output, None), DType::Q6_K);
         // Fewer bytes than Q6_K everywhere, more than Q4_K everywhere.
         let bytes = |d| Weights::layout(&cfg, &uniform(d), BufferId(0)).bytes_per_token(&cfg);
         let mixed = w.bytes_per_token(&cfg);
@@ -749,7 +939,7 @@ mod tests {
             let mut out = vec![0u8; s.nelements() * 4];
             be.read_buffer(w.buffer, s.at.offset, &mut out).unwrap();
             let vals: &[f32] = bytemuck::cast_slice(&out);
-            let bound = if s.is_norm() {
+            let bound = if s.is_vector() {
                 1.0
             } else {
                 1.0 / (s.row_len() as f32).sqrt()

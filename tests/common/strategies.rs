@@ -835,7 +835,7 @@ pub fn mul_mat_prefill() -> BoxedStrategy<Case> {
         .boxed()
 }
 
-/// rope: normal and NeoX, partial rotation, random base, sometimes linear and Llama 3
+/// rope: normal and NeoX, partial rotation, random base, sometimes linear and Model 3
 /// frequency scaling; positions from a (possibly strided) I32 vector.
 pub fn rope() -> BoxedStrategy<Case> {
     let scale = prop_oneof![2 => Just(1.0f32), 1 => 0.1f32..1.0];

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use graft::models::Llama;
+use graft::models::Model;
 
 /// One fixture folder and its reference data.
 pub struct Reference {
@@ -97,7 +97,7 @@ pub fn max_abs(out: &[f32], reference: &[f32]) -> f32 {
 /// number of greedy steps compared.
 pub fn check_model(
     be: &mut dyn graft::backend::Backend,
-    m: &mut Llama,
+    m: &mut Model,
     r: &Reference,
 ) -> (f64, usize) {
     m.reset();

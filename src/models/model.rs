@@ -1,0 +1,619 @@
+//! The inference API every architecture shares: a [`Model`] on a backend (weights, KV
+//! cache, the loaded plans of [`blocks`](super::blocks)' graphs), prefill and decode
+//! steps, the generation loop with its stop rules and context shift, and traces of every
+//! named intermediate (`graft trace`).
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::backend::{Backend, BackendExt, ExecId};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::graph::TensorId;
+
+use super::blocks::{
+    attention_mask, build_decode, build_prefill, build_trace, decode_bucket, ModelGraph,
+};
+use super::config::Config;
+use super::gguf_model;
+use super::kv_cache::{CacheTypes, KvCache};
+use super::loader;
+use super::memory;
+use super::output::{Logits, Output};
+use super::quant_plan::QuantPlan;
+use super::sampler::Sampler;
+use super::weights::Weights;
+
+/// Prefill plans kept loaded; the least recently used one is unloaded first.
+const MAX_PREFILL_PLANS: usize = 4;
+
+/// Decode plans (one per KV-length bucket) kept loaded; the least recently used one is
+/// unloaded first, so a long run holds a bounded number of captured graphs.
+pub const MAX_DECODE_PLANS: usize = 8;
+
+/// The context length used when none is given: the model's own, at most 4096.
+pub fn default_ctx(cfg: &Config) -> usize {
+    cfg.max_position_embeddings.min(4096)
+}
+
+/// A model graph loaded into a backend.
+#[derive(Clone, Copy, Debug)]
+struct Compiled {
+    exec: ExecId,
+    tokens: TensorId,
+    pos: TensorId,
+    kq_mask: Option<TensorId>,
+    logits: TensorId,
+    argmax: TensorId,
+    n_out: usize,
+}
+
+impl Compiled {
+    fn load(be: &mut dyn Backend, mg: &ModelGraph) -> Result<Compiled> {
+        let exec = be.load(&mg.plan()?)?;
+        Ok(Compiled {
+            exec,
+            tokens: mg.tokens,
+            pos: mg.pos,
+            kq_mask: mg.kq_mask,
+            logits: mg.logits,
+            argmax: mg.argmax,
+            n_out: mg.n_out,
+        })
+    }
+}
+
+/// Loaded plans by key, least recently used first, at most `cap` of them: the least
+/// recently used one is unloaded to make room, so a long run holds a bounded number of
+/// plans (and of captured CUDA graphs).
+struct PlanCache<K> {
+    cap: usize,
+    plans: Vec<(K, Compiled)>,
+}
+
+impl<K: PartialEq> PlanCache<K> {
+    fn new(cap: usize) -> Self {
+        PlanCache {
+            cap,
+            plans: Vec::new(),
+        }
+    }
+
+    /// The plan of `key`, and whether it was built now (with `build`) and loaded.
+    fn get_or_load(
+        &mut self,
+        key: K,
+        be: &mut dyn Backend,
+        build: impl FnOnce() -> Result<ModelGraph>,
+    ) -> Result<(Compiled, bool)> {
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            let entry = self.plans.remove(i);
+            let c = entry.1;
+            self.plans.push(entry);
+            return Ok((c, false));
+        }
+        if self.plans.len() == self.cap {
+            let (_, old) = self.plans.remove(0);
+            be.unload(old.exec)?;
+        }
+        let c = Compiled::load(be, &build()?)?;
+        self.plans.push((key, c));
+        Ok((c, true))
+    }
+
+    /// Unloads every plan.
+    fn release(&mut self, be: &mut dyn Backend) -> Result<()> {
+        for (_, c) in self.plans.drain(..) {
+            be.unload(c.exec)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many plans a model has built (each built plan is loaded once and replayed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanCounts {
+    /// Prefill plans (one per `(n, n_past, all logits)` seen).
+    pub prefill: usize,
+    /// Decode plans (one per KV-length bucket reached).
+    pub decode: usize,
+}
+
+/// Options of [`Model::load`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Convert the matrices on the host while loading ([`QuantPlan`]: one type, or one
+    /// of ggml's K-quant mixes); `None` keeps each tensor's own dtype (norms become F32).
+    pub quantize: Option<QuantPlan>,
+    /// KV-cache positions ([`default_ctx`] when `None`). A context longer than the
+    /// model's `max_position_embeddings` is allowed (the caller may warn): nothing in
+    /// graft limits it, but the model was not trained for it.
+    pub ctx: Option<usize>,
+    /// Whether to show a progress bar on stderr (only drawn on a terminal).
+    pub progress: bool,
+    /// The KV cache's types and the attention the model runs (fused by default).
+    pub cache: CacheTypes,
+}
+
+/// One intermediate tensor of a trace ([`Model::trace`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceTensor {
+    /// Its name (`blk.0.q`, see [`TRACE_NAMES`](super::blocks::TRACE_NAMES)).
+    pub name: String,
+    /// Its shape, outermost first (tokens first).
+    pub shape: Vec<usize>,
+    /// Its values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// An end-of-sequence token was sampled (not included in the output).
+    Eos,
+    /// The requested number of tokens was generated.
+    Length,
+}
+
+/// The result of [`Model::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The generated tokens (without the prompt and without a final EOS).
+    pub tokens: Vec<u32>,
+    /// Why generation stopped.
+    pub stop: Stop,
+    /// Prompt tokens processed by the prefill.
+    pub prompt_tokens: usize,
+    /// Seconds spent in the prefill (including reading back its result).
+    pub prompt_secs: f64,
+    /// Decode steps run.
+    pub decode_steps: usize,
+    /// Seconds spent in decode steps.
+    pub decode_secs: f64,
+}
+
+impl Generation {
+    /// Prompt-processing speed.
+    pub fn prompt_tokens_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_secs
+    }
+
+    /// Generation speed (decode steps per second), if any step ran.
+    pub fn gen_tokens_per_s(&self) -> Option<f64> {
+        (self.decode_steps > 0).then(|| self.decode_steps as f64 / self.decode_secs)
+    }
+}
+
+/// A model of any supported architecture on a backend: weights, KV cache and the
+/// loaded plans.
+///
+/// Every method takes the backend the model was created on; passing another one is an
+/// error (its buffers are unknown there) or, for plans, undefined.
+pub struct Model {
+    config: Config,
+    weights: Weights,
+    cache: KvCache,
+    n_past: usize,
+    /// Loaded prefill plans by `(n, n_past, all logits)`.
+    prefill: PlanCache<(usize, usize, bool)>,
+    /// Loaded decode plans by KV-length bucket.
+    decode: PlanCache<usize>,
+    counts: PlanCounts,
+    /// Whether [`Model::generate`] goes on past a full context (see
+    /// [`Model::set_context_shift`]).
+    context_shift: bool,
+    /// Whether [`Model::generate`] goes on past end-of-sequence tokens.
+    ignore_eos: bool,
+}
+
+impl Model {
+    /// A model from its parts (weights uploaded, cache allocated on the same backend).
+    pub fn new(config: Config, weights: Weights, cache: KvCache) -> Model {
+        Model {
+            config,
+            weights,
+            cache,
+            n_past: 0,
+            prefill: PlanCache::new(MAX_PREFILL_PLANS),
+            decode: PlanCache::new(MAX_DECODE_PLANS),
+            counts: PlanCounts::default(),
+            context_shift: false,
+            ignore_eos: false,
+        }
+    }
+
+    /// With `on`, [`Model::generate`] treats end-of-sequence tokens as any other and runs
+    /// to its length (benchmarks and long runs).
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.ignore_eos = on;
+    }
+
+    /// With `on`, [`Model::generate`] may run past the context: when the cache is full it
+    /// keeps the last half of the context's tokens (prompt and generated), prefills them
+    /// again from an empty cache and goes on, so a generation of any length runs in the
+    /// memory of one context (llama.cpp's context shift, by recomputation). Off (the
+    /// default), prompt plus generation must fit the context.
+    pub fn set_context_shift(&mut self, on: bool) {
+        self.context_shift = on;
+    }
+
+    /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
+    /// weights) or a GGUF file of architecture `llama` (see [`gguf_model`]).
+    pub fn load(path: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Model> {
+        let gguf = gguf_model::is_gguf_path(path);
+        if !gguf && !path.is_dir() {
+            return Err(Error::model(format!(
+                "model {} does not exist or is neither a folder nor a GGUF file",
+                path.display()
+            )));
+        }
+        let (config, file) = if gguf {
+            let f = GgufFile::open(path)?;
+            (gguf_model::config_from_gguf(&f)?, Some(f))
+        } else {
+            (Config::from_file(&path.join("config.json"))?, None)
+        };
+        let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
+        KvCache::check_ctx(&config, ctx, opts.cache)?;
+        let weights = match &file {
+            Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
+            None => loader::load_weights(path, &config, be, opts)?,
+        };
+        opts.cache.check(&config)?;
+        memory::check_backend(&config, &weights, ctx, opts.cache, be)?;
+        let cache = KvCache::alloc(&config, ctx, opts.cache, be)?;
+        Ok(Model::new(config, weights, cache))
+    }
+
+    /// A model with seeded random weights made on the device (benchmarks), in the
+    /// dtypes of `plan` (block types are quantized on the device from F32 values).
+    pub fn random(
+        config: Config,
+        plan: QuantPlan,
+        ctx: usize,
+        cache: CacheTypes,
+        seed: u64,
+        be: &mut dyn Backend,
+    ) -> Result<Model> {
+        let pick = |role, layer| plan.pick(role, layer, &config).dtype;
+        let weights = Weights::alloc(&config, &pick, be)?;
+        weights.fill_random(&config, be, seed)?;
+        cache.check(&config)?;
+        memory::check_backend(&config, &weights, ctx, cache, be)?;
+        let cache = KvCache::alloc(&config, ctx, cache, be)?;
+        Ok(Model::new(config, weights, cache))
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The weight layout.
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Positions held in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Plans built so far.
+    pub fn plan_counts(&self) -> PlanCounts {
+        self.counts
+    }
+
+    /// Plans loaded now: (prefill, decode), each bounded ([`MAX_DECODE_PLANS`]).
+    pub fn loaded_plans(&self) -> (usize, usize) {
+        (self.prefill.plans.len(), self.decode.plans.len())
+    }
+
+    /// Forgets the cached positions (the next prefill starts at position 0).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Rewinds the cache to its first `n` positions (no effect if it holds fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Releases the plans and buffers of this model on `be`.
+    pub fn release(mut self, be: &mut dyn Backend) -> Result<()> {
+        self.prefill.release(be)?;
+        self.decode.release(be)?;
+        be.free_buffer(self.weights.buffer)?;
+        be.free_buffer(self.cache.buffer)
+    }
+
+    /// Checks token ids on the host before they reach the device.
+    fn check_tokens(&self, what: &'static str, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().position(|&t| t as usize >= vocab) {
+            None => Ok(()),
+            Some(i) => Err(Error::IndexOutOfRange {
+                op: what,
+                node: "token ids".into(),
+                index: tokens[i] as i64,
+                position: i,
+                limit: vocab,
+            }),
+        }
+    }
+
+    /// Checks that `n` more positions fit in the cache.
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self
+            .n_past
+            .checked_add(n)
+            .is_none_or(|t| t > self.cache.ctx)
+        {
+            return Err(Error::model(format!(
+                "context full: {} cached + {n} new tokens exceed the context of {} tokens (--ctx)",
+                self.n_past, self.cache.ctx
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` through the model at positions `n_past..`, appending them to the
+    /// cache. Returns the argmax of the last position and the logits asked for.
+    pub fn prefill(
+        &mut self,
+        be: &mut dyn Backend,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Output> {
+        if tokens.is_empty() {
+            return Err(Error::model(
+                "prefill needs at least one token (empty prompt)",
+            ));
+        }
+        self.check_tokens("prefill", tokens)?;
+        self.check_room(tokens.len())?;
+        let (n, p) = (tokens.len(), self.n_past);
+        let c = self.prefill_plan(be, n, p, logits == Logits::All)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (p..p + n).map(|i| i as i32).collect();
+        be.set_input_i32(c.exec, c.tokens, &ids)?;
+        be.set_input_i32(c.exec, c.pos, &pos)?;
+        if let Some(m) = c.kq_mask {
+            let window = self.config.sliding_window;
+            be.set_input_f32(c.exec, m, &attention_mask(p..p + n, p + n, window))?;
+        }
+        be.compute(c.exec)?;
+        self.n_past += n;
+        self.read(be, &c, logits != Logits::None, "prefill")
+    }
+
+    /// Runs one token at position `n_past` with the decode plan of its bucket.
+    pub fn decode_step(
+        &mut self,
+        be: &mut dyn Backend,
+        token: u32,
+        logits: bool,
+    ) -> Result<Output> {
+        self.check_tokens("decode", &[token])?;
+        self.check_room(1)?;
+        let pos = self.n_past;
+        let n_kv = decode_bucket(pos, self.cache.ctx);
+        let c = self.decode_plan(be, n_kv)?;
+        let mask = attention_mask(pos..pos + 1, n_kv, self.config.sliding_window);
+        be.set_input_i32(c.exec, c.tokens, &[token as i32])?;
+        be.set_input_i32(c.exec, c.pos, &[pos as i32])?;
+        if let Some(m) = c.kq_mask {
+            be.set_input_f32(c.exec, m, &mask)?;
+        }
+        be.compute(c.exec)?;
+        self.n_past += 1;
+        self.read(be, &c, logits, "decode")
+    }
+
+    /// The decode plan of the bucket `n_kv`, built and loaded on first use.
+    fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self
+            .decode
+            .get_or_load(n_kv, be, || build_decode(cfg, w, kv, n_kv))?;
+        self.counts.decode += usize::from(built);
+        Ok(c)
+    }
+
+    /// The prefill plan for `(n, n_past, all)`, built and loaded on first use.
+    fn prefill_plan(
+        &mut self,
+        be: &mut dyn Backend,
+        n: usize,
+        n_past: usize,
+        all: bool,
+    ) -> Result<Compiled> {
+        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (c, built) = self.prefill.get_or_load((n, n_past, all), be, || {
+            build_prefill(cfg, w, kv, n, n_past, all)
+        })?;
+        self.counts.prefill += usize::from(built);
+        Ok(c)
+    }
+
+    /// Reads back the argmax and, if asked, the logits of a run of `step` that ended at
+    /// position `n_past - 1`; non-finite logits are an [`Error::NonFinite`] naming the
+    /// first such position (the device argmax says so for the last one, which is all
+    /// greedy decoding reads).
+    fn read(
+        &self,
+        be: &mut dyn Backend,
+        c: &Compiled,
+        logits: bool,
+        step: &'static str,
+    ) -> Result<Output> {
+        let last = self.n_past - 1;
+        let argmax = be.get_output_i32(c.exec, c.argmax, 1)?[0];
+        let logits = if logits {
+            let v = be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?;
+            let mut rows = v.chunks(self.config.vocab_size.max(1));
+            if let Some(row) = rows.position(|r| r.iter().any(|x| !x.is_finite())) {
+                let position = last + 1 - c.n_out + row;
+                return Err(Error::NonFinite { position, step });
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        let argmax = u32::try_from(argmax).map_err(|_| Error::NonFinite {
+            position: last,
+            step,
+        })?;
+        Ok(Output { argmax, logits })
+    }
+
+    /// Runs `tokens` from an empty cache through the trace graph
+    /// ([`build_trace`]) and reads back every named intermediate, in execution order
+    /// (`graft trace`). The cache then holds the tokens, as after a prefill.
+    pub fn trace(&mut self, be: &mut dyn Backend, tokens: &[u32]) -> Result<Vec<TraceTensor>> {
+        if tokens.is_empty() {
+            return Err(Error::model(
+                "trace needs at least one token (empty prompt)",
+            ));
+        }
+        self.check_tokens("trace", tokens)?;
+        self.reset();
+        self.check_room(tokens.len())?;
+        let n = tokens.len();
+        let mg = build_trace(&self.config, &self.weights, &self.cache, n)?;
+        let exec = be.load(&mg.plan()?)?;
+        let run = self.run_trace(be, exec, &mg, tokens);
+        be.unload(exec)?;
+        self.n_past = n;
+        run
+    }
+
+    fn run_trace(
+        &self,
+        be: &mut dyn Backend,
+        exec: ExecId,
+        mg: &ModelGraph,
+        tokens: &[u32],
+    ) -> Result<Vec<TraceTensor>> {
+        let n = tokens.len();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (0..n as i32).collect();
+        be.set_input_i32(exec, mg.tokens, &ids)?;
+        be.set_input_i32(exec, mg.pos, &pos)?;
+        if let Some(m) = mg.kq_mask {
+            be.set_input_f32(
+                exec,
+                m,
+                &attention_mask(0..n, n, self.config.sliding_window),
+            )?;
+        }
+        be.compute(exec)?;
+        mg.traced
+            .iter()
+            .map(|t| {
+                let len = t.shape.iter().product();
+                Ok(TraceTensor {
+                    name: t.name.clone(),
+                    shape: t.shape.clone(),
+                    data: be.get_output_f32(exec, t.id, len)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Checks, without running anything, that [`Model::generate`] can take `prompt` and
+    /// `n` new tokens: a non-empty prompt of ids inside the vocabulary, and prompt plus
+    /// generation within the context.
+    pub fn check_generation(&self, prompt: &[u32], n: usize) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(Error::model("empty prompt: give at least one token"));
+        }
+        if self.context_shift && prompt.len() < self.cache.ctx {
+            return self.check_tokens("prompt", prompt);
+        }
+        if prompt
+            .len()
+            .checked_add(n)
+            .is_none_or(|t| t > self.cache.ctx)
+        {
+            return Err(Error::model(format!(
+                "prompt ({} tokens) + generation ({n} tokens, -n) exceeds the context of {} tokens (--ctx)",
+                prompt.len(),
+                self.cache.ctx
+            )));
+        }
+        self.check_tokens("prompt", prompt)
+    }
+
+    /// The context shift of [`Model::set_context_shift`]: the last half of the context's
+    /// tokens of `prompt` + `tokens` (whose last one is about to be decoded) prefilled
+    /// again into an empty cache, all but that last one.
+    fn shift(&mut self, be: &mut dyn Backend, prompt: &[u32], tokens: &[u32]) -> Result<()> {
+        let keep = (self.cache.ctx / 2).max(1);
+        let total = prompt.len() + tokens.len();
+        let from = total - keep.min(total);
+        let kept: Vec<u32> = prompt.iter().chain(tokens).skip(from).copied().collect();
+        self.reset();
+        if kept.len() > 1 {
+            self.prefill(be, &kept[..kept.len() - 1], Logits::None)?;
+        }
+        Ok(())
+    }
+
+    /// Generates up to `n` tokens after `prompt` (from an empty cache), calling
+    /// `on_token` with each one as soon as it is known; stops early at an EOS token.
+    /// Greedy sampling reads back only the on-device argmax; other samplers read the
+    /// last logits.
+    pub fn generate(
+        &mut self,
+        be: &mut dyn Backend,
+        prompt: &[u32],
+        n: usize,
+        sampler: &mut Sampler,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<Generation> {
+        self.check_generation(prompt, n)?;
+        self.reset();
+        let greedy = sampler.is_greedy();
+        let mode = if greedy { Logits::None } else { Logits::Last };
+        let t0 = Instant::now();
+        let out = self.prefill(be, prompt, mode)?;
+        let prompt_secs = t0.elapsed().as_secs_f64();
+        let mut next = sampler.pick(&out);
+        let mut tokens = Vec::new();
+        let mut stop = Stop::Length;
+        let (mut decode_steps, mut decode_secs) = (0, 0.0);
+        while tokens.len() < n {
+            if !self.ignore_eos && self.config.is_eos(next) {
+                stop = Stop::Eos;
+                break;
+            }
+            tokens.push(next);
+            on_token(next)?;
+            if tokens.len() == n {
+                break;
+            }
+            let t = Instant::now();
+            if self.n_past == self.cache.ctx {
+                self.shift(be, prompt, &tokens)?;
+            }
+            let out = self.decode_step(be, next, !greedy)?;
+            decode_secs += t.elapsed().as_secs_f64();
+            decode_steps += 1;
+            next = sampler.pick(&out);
+        }
+        Ok(Generation {
+            tokens,
+            stop,
+            prompt_tokens: prompt.len(),
+            prompt_secs,
+            decode_steps,
+            decode_secs,
+        })
+    }
+}
