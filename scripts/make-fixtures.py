@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""Makes the tiny Llama test fixtures under tests/fixtures/ with HF transformers.
+"""Makes the tiny test fixtures under tests/fixtures/ with HF transformers: Llama, Qwen3,
+Qwen2, Mistral and GPT-2.
 
-The fixtures are the reference graft is tested against: small random Llama models
-written the way Hugging Face writes checkpoints (config.json, safetensors, tokenizer.json),
-plus what transformers itself computes for them (logits, greedy continuations).
+The fixtures are the reference graft is tested against: small random models written the
+way Hugging Face writes checkpoints (config.json, safetensors, tokenizer.json), plus what
+transformers itself computes for them (logits, greedy continuations, a trace).
 
-    /path/to/python scripts/make-fixtures.py      # torch, transformers >= 5, tokenizers
+    /path/to/python scripts/make-fixtures.py [NAME ...]   # torch, transformers >= 5, tokenizers
+    /path/to/python scripts/make-fixtures.py --traces-only [NAME ...]
 
-Everything is seeded; re-running the script rewrites identical files. Weights are
-N(0, 0.2) with norm weights around 1, and each model's seed is the first (from a fixed
-base) whose greedy continuation has no EOS and wins every step by a logit margin of at
-least 0.1, far above numerical noise, so tests can compare every greedy step. Fixtures:
+With no NAME it makes all of them; --traces-only rewrites only trace.safetensors, from
+the folders as they are. Everything is seeded; re-running the script with the same torch
+and transformers rewrites identical files. (With other versions the weights, tokenizers,
+seeds and greedy tokens come out the same, but config.json's transformers_version,
+reference.json's made_with and the float32 logits (at the 1e-6 level) differ, so remake
+only the fixtures you change: the llama ones were made with torch 2.11 and transformers
+5.17, the others, and every trace.safetensors, with torch 2.15 and transformers 5.23, so
+the llama traces' logits are ~5e-6 off their reference.safetensors.) Weights are N(0, 0.2) with norm
+weights around 1 and biases N(0, 0.2) (HF initialises biases to zero, which would hide
+one that graft leaves out), and each model's seed is the first (from a fixed base) whose
+greedy continuation has no EOS and wins every step by a logit margin of at least 0.1, far
+above numerical noise, so tests can compare every greedy step. Fixtures:
 
 - llama2-tiny-f32:  Llama 2 style: multi-head attention, untied lm_head, F32, rope_theta
                     1e4; config in the classic form (rope_theta + rope_scaling: null,
@@ -24,32 +34,96 @@ least 0.1, far above numerical noise, so tests can compare every greedy step. Fi
 - llama3-tiny-f16:  the same architecture in F16 with other weights, config in the
                     classic form with a llama3 rope_scaling dict, stored as two shards
                     with model.safetensors.index.json.
+- qwen3-tiny-f32:   Qwen3ForCausalLM: GQA (8 query heads, 2 KV heads, head_dim 16 set
+                    explicitly: 8 * 16 = 128 != hidden_size 64), RMSNorm of each q and k
+                    head over head_dim before rope (self_attn.q_norm / k_norm, weights
+                    around 1), no biases, tied embeddings, rope_theta 1e6, eps 1e-6; F32;
+                    classic config form (head_dim kept, as Qwen3 configs have it). The
+                    tokenizer is Qwen's kind of byte-level BPE: NFC, Qwen's regex Split,
+                    ByteLevel without regex, specials <|endoftext|> <|im_start|>
+                    <|im_end|>, nothing added in front (no BOS in the prompt); bos is
+                    <|endoftext|>, eos <|im_end|>.
+- qwen3-tiny-bf16:  Qwen3 with 4 query heads of head_dim 32 (2 KV heads), untied lm_head,
+                    BF16, config in the transformers 5 form; other weights.
+- qwen2-tiny-f32:   Qwen2ForCausalLM: Llama plus biases on q_proj, k_proj and v_proj
+                    (always on in Qwen2, no config key; o_proj has none), GQA (4 query
+                    heads, 2 KV heads), untied, rope_theta 1e6, F32, the Qwen tokenizer
+                    (eos <|endoftext|>). The config reads like the published Qwen2.5 ones:
+                    no layer_types, sliding_window 32 with use_sliding_window false and
+                    max_window_layers 1, which transformers turns into no window at all
+                    (sliding_window None, every layer full causal): a loader that applies
+                    sliding_window without looking at use_sliding_window gets layer 1's
+                    long_logits wrong.
+- mistral-tiny-f32: MistralForCausalLM: Llama with GQA (4 query heads, 2 KV heads) and a
+                    sliding window of 48 in every layer, rope_theta 1e4, untied, F32,
+                    the Llama 2 tokenizer (<s> in front). Window W means: query i sees
+                    key j iff i - W < j <= i, i.e. itself and the W - 1 positions before
+                    it (transformers' sliding_window_overlay, kv_idx > q_idx - W, and'ed
+                    with causal kv_idx <= q_idx; checked numerically: hf-trace's attention
+                    recomputed from q/k/v with this mask reproduces the eager result, with
+                    W - 1 or W + 1 it does not). Prompt + greedy (39 tokens) stay inside
+                    one window; the 280-token long sequence does not, and the script
+                    checks that dropping the window (sliding_window=None) leaves positions
+                    < 48 bit-identical and changes position 100 and long_logits.
+- gpt2-tiny-f32:    GPT2LMHeadModel: n_embd 64, 2 layers, 4 heads (multi-head), n_inner
+                    null (so 4 * 64 = 256), n_positions 512 (learned position embeddings
+                    added to the token embeddings), LayerNorm eps 1e-5 with weights around
+                    1 and biases, gelu_new (the tanh approximation), biases on every
+                    Conv1D (c_attn, c_proj, c_fc; Conv1D weights are [in, out]), lm_head
+                    tied to transformer.wte; F32; names with the "transformer." prefix as
+                    GPT2LMHeadModel's state_dict has them (parameters only). A byte-level
+                    BPE (GPT-2's ByteLevel regex) with <|endoftext|> as bos and eos and
+                    nothing added in front.
 
 Each folder also holds reference.json and reference.safetensors:
-- tokens: a prompt encoded with the fixture's tokenizer (BOS included); prompt_text;
+- tokens: a prompt encoded with the fixture's tokenizer (with the BOS it adds, if any:
+  Llama and Mistral add one, Qwen and GPT-2 none); prompt_text;
 - logits [n_tokens, vocab]: HF logits of every prompt position, computed in float32 (the
   stored BF16/F16 weights are loaded and upcast to float32), eager attention;
 - logits_f16kv [n_tokens, vocab]: the same float32 pass with keys and values rounded to
-  float16 after rope, the precision of graft's KV cache, for a tight comparison (the
-  script prints how far it and HF's native BF16/F16 run are from the float32 logits);
+  float16 after rope (where the architecture has rope), the precision of graft's KV
+  cache, for a tight comparison (the script prints how far it and HF's native BF16/F16
+  run are from the float32 logits);
 - greedy_tokens / greedy_margins: 24 greedy steps after the prompt (float32 reference)
   and the top-1 minus top-2 logit margin of each step;
 - long_tokens, long_logits [32, vocab], long_first: a 280-token sequence (prompt, greedy
   tokens, then seeded random ids) and the float32 logits of its positions
   long_first..long_first+32, which straddle position 256 (a decode KV-length bucket
   boundary in graft).
+
+and trace.safetensors: scripts/hf-trace.py's dump of the float32 forward pass over
+`tokens` (embd, blk.{i}.attn_norm/q/k/v/kqv/attn_out/ffn_inp/ffn_norm/ffn_out/out,
+output_norm, logits; see that script for the shapes), to compare with `graft trace`.
 """
 
+import argparse
 import contextlib
+import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.models.gpt2 import modeling_gpt2
 from transformers.models.llama import modeling_llama
+from transformers.models.mistral import modeling_mistral
+from transformers.models.qwen2 import modeling_qwen2
+from transformers.models.qwen3 import modeling_qwen3
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "scripts" / "fixture-corpus.txt"
@@ -63,6 +137,29 @@ LONG_WINDOW = 32
 LONG_FIRST = 248  # positions 248..280 straddle 256
 INIT_RANGE = 0.2  # std of the random weights; large enough for clear greedy margins
 MIN_MARGIN = 0.1  # every reference greedy step must win by at least this (see pick_seed)
+
+# model_type -> (model class, modeling module whose eager_attention_forward f16_kv patches)
+MODELS = {
+    "llama": (LlamaForCausalLM, modeling_llama),
+    "qwen3": (Qwen3ForCausalLM, modeling_qwen3),
+    "qwen2": (Qwen2ForCausalLM, modeling_qwen2),
+    "mistral": (MistralForCausalLM, modeling_mistral),
+    "gpt2": (GPT2LMHeadModel, modeling_gpt2),
+}
+
+# Qwen2's pre-tokenizer split (tokenizer.json of the published Qwen2/Qwen2.5/Qwen3 models)
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def hf_trace():
+    """scripts/hf-trace.py as a module (its name has a dash)."""
+    spec = importlib.util.spec_from_file_location("hf_trace", ROOT / "scripts" / "hf-trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def corpus_lines():
@@ -107,22 +204,76 @@ def llama3_tokenizer():
     return tok, ids[0], [ids[1], ids[2]]
 
 
-def random_model(cfg: LlamaConfig, seed: int) -> LlamaForCausalLM:
+def qwen_tokenizer():
+    """A byte-level BPE the way Qwen2/Qwen3 write theirs: NFC, their regex split, then
+    ByteLevel without regex; specials <|endoftext|>, <|im_start|>, <|im_end|>; nothing
+    added in front (Qwen has no BOS)."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    return tok, endoftext, im_end
+
+
+def gpt2_tokenizer():
+    """GPT-2's byte-level BPE: the ByteLevel regex split, <|endoftext|> (its BOS and EOS)
+    as the one special token, nothing added in front."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(), trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok, tok.token_to_id("<|endoftext|>")
+
+
+def random_model(cfg, seed: int):
     """A float32 model with N(0, INIT_RANGE) weights and norm weights around 1 (so a
-    missing norm multiplication shows up in the logits)."""
+    missing norm multiplication shows up in the logits); biases (Qwen2's q/k/v, all of
+    GPT-2's, LayerNorm's) N(0, INIT_RANGE), not HF's zeros, so a missing bias shows too."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float().eval()
+    model = MODELS[cfg.model_type][0](cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or is_layer_norm_weight(name):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(INIT_RANGE * torch.randn_like(p))
     return model
 
 
+def is_layer_norm_weight(name):
+    """GPT-2's LayerNorm weights: h.{i}.ln_1 / ln_2, ln_f."""
+    return name.split(".")[-2] in ("ln_1", "ln_2", "ln_f") and name.endswith(".weight")
+
+
 def state_dict(model, dtype, tied):
-    sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    """The parameters as save_pretrained names them (buffers, if a model had any
+    persistent ones, are left out), the tied lm_head too."""
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items() if k in params}
     if tied:
-        del sd["lm_head.weight"]  # shares memory with model.embed_tokens.weight
+        del sd["lm_head.weight"]  # shares memory with the embedding table
     return sd
 
 
@@ -145,16 +296,32 @@ def write_weights(folder: Path, sd, shards: int):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def classic_config(cfg: LlamaConfig, dtype_name: str) -> dict:
+def classic_config(cfg, dtype_name: str) -> dict:
     """config.json in the pre-transformers-5 form: rope_theta + rope_scaling, torch_dtype."""
     d = cfg.to_diff_dict()
-    rp = d.pop("rope_parameters")
+    rp = d.pop("rope_parameters", None)  # GPT-2 has none
     d.pop("dtype", None)
-    if cfg.head_dim * cfg.num_attention_heads == cfg.hidden_size:
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim is not None and head_dim * cfg.num_attention_heads == cfg.hidden_size:
         d.pop("head_dim", None)  # like real Llama 2 configs: derived from hidden / heads
-    d["rope_theta"] = rp.pop("rope_theta")
-    d["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
+    if rp is not None:
+        d["rope_theta"] = rp.pop("rope_theta")
+        d["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
     d["torch_dtype"] = dtype_name
+    return d
+
+
+def qwen2_config(cfg, dtype_name: str) -> dict:
+    """The classic form the way published Qwen2/Qwen2.5 configs read: no layer_types, and
+    a sliding_window that use_sliding_window=false switches off (transformers then sets
+    sliding_window to None: every layer attends to all earlier positions). Window 32 and
+    max_window_layers 1 would window layer 1 if the flag were ignored, which the long
+    logits (280 positions) would show."""
+    d = classic_config(cfg, dtype_name)
+    d.pop("layer_types", None)
+    d["sliding_window"] = 32
+    d["use_sliding_window"] = False
+    d["max_window_layers"] = 1
     return d
 
 
@@ -165,19 +332,21 @@ def new_config(cfg: LlamaConfig, dtype_name: str) -> dict:
 
 
 @contextlib.contextmanager
-def f16_kv():
+def f16_kv(modeling=modeling_llama):
     """HF's eager attention with keys and values rounded to float16 (after rope), which
-    is exactly the precision of graft's KV cache."""
-    orig = modeling_llama.eager_attention_forward
+    is exactly the precision of graft's KV cache. `modeling` is the architecture's
+    modeling module: its attention looks eager_attention_forward up there at each call
+    (GPT-2's too, with q/k/v from c_attn, no rope)."""
+    orig = modeling.eager_attention_forward
 
     def rounded(module, query, key, value, *args, **kwargs):
         return orig(module, query, key.half().float(), value.half().float(), *args, **kwargs)
 
-    modeling_llama.eager_attention_forward = rounded
+    modeling.eager_attention_forward = rounded
     try:
         yield
     finally:
-        modeling_llama.eager_attention_forward = orig
+        modeling.eager_attention_forward = orig
 
 
 def nmse(a, b):
@@ -229,20 +398,30 @@ def make(name, cfg, base_seed, dtype, dtype_name, tok, config_form, shards):
     tok.save(str(folder / "tokenizer.json"))
 
     # The reference: HF reads the folder back (config as written, stored weights upcast).
-    ref = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    ref = load(folder, torch.float32)
+    if cfg.model_type == "qwen2" and ref.config.sliding_window is not None:
+        raise SystemExit(f"{name}: transformers kept a sliding window despite use_sliding_window=false")
     tensors = {"logits": logits_of(ref, ids).contiguous()}
-    with f16_kv():
+    with f16_kv(MODELS[cfg.model_type][1]):
         tensors["logits_f16kv"] = logits_of(ref, ids).contiguous()
+    if nmse(tensors["logits_f16kv"], tensors["logits"]) == 0:
+        raise SystemExit(f"{name}: rounding K/V to float16 changed nothing (the patch missed the attention)")
     native_nmse = None
     if dtype != torch.float32:
-        native = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
+        native = load(folder, dtype)
         native_nmse = nmse(logits_of(native, ids), tensors["logits"])
     g_toks, g_margins = greedy(ref, ids, N_GREEDY)
     gen = torch.Generator().manual_seed(seed + 1)
     fill = torch.randint(0, cfg.vocab_size, (N_LONG - len(ids) - len(g_toks),), generator=gen)
     long_tokens = ids + g_toks + [int(t) for t in fill]
-    tensors["long_logits"] = logits_of(ref, long_tokens)[LONG_FIRST : LONG_FIRST + LONG_WINDOW].contiguous()
+    long_all = logits_of(ref, long_tokens)
+    tensors["long_logits"] = long_all[LONG_FIRST : LONG_FIRST + LONG_WINDOW].contiguous()
     save_file(tensors, folder / "reference.safetensors")
+    window_note = ""
+    w = getattr(ref.config, "sliding_window", None)
+    if w is not None:
+        window_note = "; " + check_window(folder, w, long_tokens, long_all, len(ids) + len(g_toks))
+    write_trace(name, ref, ids)
 
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     hit = [t for t in g_toks if t in eos]
@@ -265,13 +444,60 @@ def make(name, cfg, base_seed, dtype, dtype_name, tok, config_form, shards):
         f"min margin {min(g_margins):.4f}, median {sorted(g_margins)[len(g_margins) // 2]:.4f}; "
         f"NMSE vs f32: F16 K/V {nmse(tensors['logits_f16kv'], tensors['logits']):.2e}, "
         f"native {dtype_name} run {native_nmse if native_nmse is None else f'{native_nmse:.2e}'}"
+        f"{window_note}"
     )
 
 
+def load(folder, dtype, **overrides):
+    """The fixture as transformers reads it: the class config.json's model_type names,
+    eager attention."""
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation="eager", **overrides
+    ).eval()
+
+
+def check_window(folder, w, long_tokens, long_all, n_short):
+    """That transformers applies the sliding window w (query i sees keys i-w < j <= i):
+    without it (sliding_window=None) the logits of positions < w stay bit-identical, and
+    those far past w change, long_logits' too."""
+    if n_short > w:
+        raise SystemExit(f"{folder.name}: prompt + greedy ({n_short} tokens) would already exceed the window {w}")
+    full = logits_of(load(folder, torch.float32, sliding_window=None), long_tokens)
+    if not torch.equal(full[:w], long_all[:w]):
+        raise SystemExit(f"{folder.name}: positions inside the window changed without it")
+    late = nmse(long_all[100], full[100])
+    in_long = nmse(long_all[LONG_FIRST : LONG_FIRST + LONG_WINDOW], full[LONG_FIRST : LONG_FIRST + LONG_WINDOW])
+    if not (late > 1e-4 and in_long > 1e-4):
+        raise SystemExit(f"{folder.name}: the sliding window {w} does not change late positions")
+    return f"sliding window {w}: without it, position 100 NMSE {late:.2e}, long_logits {in_long:.2e}"
+
+
+def write_trace(name, model, ids):
+    """trace.safetensors: scripts/hf-trace.py's dump of the prompt's forward pass (what
+    `graft trace` writes), after hf-trace's consistency checks."""
+    tr = hf_trace()
+    tensors, order = tr.trace(model, ids)
+    errs = tr.check(model, tensors)
+    if max(errs.values()) > 1e-5:
+        raise SystemExit(f"{name}: the trace does not fit together: {errs}")
+    tr.write(tensors, order, ids, OUT / name / "trace.safetensors", f"hf-trace.py tests/fixtures/{name}")
+
+
 def main():
+    ap = argparse.ArgumentParser(description="Makes the test fixtures under tests/fixtures/.")
+    ap.add_argument("names", nargs="*", help="the fixtures to make (default: all)")
+    ap.add_argument(
+        "--traces-only",
+        action="store_true",
+        help="only rewrite trace.safetensors of the fixtures, from their folders as they are",
+    )
+    args = ap.parse_args()
+
     OUT.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+
+    fixtures = {}  # name -> a function that makes it
 
     tok2, bos2, eos2 = llama2_tokenizer()
     cfg2 = LlamaConfig(
@@ -289,7 +515,7 @@ def main():
         bos_token_id=bos2,
         eos_token_id=eos2,
     )
-    make("llama2-tiny-f32", cfg2, 200, torch.float32, "float32", tok2, classic_config, 1)
+    fixtures["llama2-tiny-f32"] = lambda n: make(n, cfg2, 200, torch.float32, "float32", tok2, classic_config, 1)
 
     tok3, bos3, eos3 = llama3_tokenizer()
 
@@ -318,8 +544,100 @@ def main():
             eos_token_id=eos3,
         )
 
-    make("llama3-tiny-bf16", cfg3(), 300, torch.bfloat16, "bfloat16", tok3, new_config, 1)
-    make("llama3-tiny-f16", cfg3(), 400, torch.float16, "float16", tok3, classic_config, 2)
+    fixtures["llama3-tiny-bf16"] = lambda n: make(n, cfg3(), 300, torch.bfloat16, "bfloat16", tok3, new_config, 1)
+    fixtures["llama3-tiny-f16"] = lambda n: make(n, cfg3(), 400, torch.float16, "float16", tok3, classic_config, 2)
+
+    tokq, endoftext_q, im_end_q = qwen_tokenizer()
+
+    def cfg_qwen3(heads, head_dim, tied):
+        return Qwen3Config(
+            vocab_size=tokq.get_vocab_size(),
+            hidden_size=64,
+            intermediate_size=192,
+            num_hidden_layers=2,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            head_dim=head_dim,
+            max_position_embeddings=512,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=tied,
+            initializer_range=INIT_RANGE,
+            bos_token_id=endoftext_q,
+            eos_token_id=im_end_q,
+        )
+
+    fixtures["qwen3-tiny-f32"] = lambda n: make(
+        n, cfg_qwen3(8, 16, True), 500, torch.float32, "float32", tokq, classic_config, 1
+    )
+    fixtures["qwen3-tiny-bf16"] = lambda n: make(
+        n, cfg_qwen3(4, 32, False), 600, torch.bfloat16, "bfloat16", tokq, new_config, 1
+    )
+
+    cfg_qwen2 = Qwen2Config(
+        vocab_size=tokq.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        initializer_range=INIT_RANGE,
+        bos_token_id=endoftext_q,
+        eos_token_id=endoftext_q,
+    )
+    fixtures["qwen2-tiny-f32"] = lambda n: make(n, cfg_qwen2, 700, torch.float32, "float32", tokq, qwen2_config, 1)
+
+    cfg_mistral = MistralConfig(
+        vocab_size=tok2.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        sliding_window=48,
+        tie_word_embeddings=False,
+        initializer_range=INIT_RANGE,
+        bos_token_id=bos2,
+        eos_token_id=eos2,
+    )
+    fixtures["mistral-tiny-f32"] = lambda n: make(
+        n, cfg_mistral, 800, torch.float32, "float32", tok2, classic_config, 1
+    )
+
+    tokg, endoftext_g = gpt2_tokenizer()
+    cfg_gpt2 = GPT2Config(
+        vocab_size=tokg.get_vocab_size(),
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=512,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        initializer_range=INIT_RANGE,
+        bos_token_id=endoftext_g,
+        eos_token_id=endoftext_g,
+    )
+    fixtures["gpt2-tiny-f32"] = lambda n: make(n, cfg_gpt2, 900, torch.float32, "float32", tokg, classic_config, 1)
+
+    names = args.names or list(fixtures)
+    unknown = [n for n in names if n not in fixtures]
+    if unknown:
+        raise SystemExit(f"unknown fixtures {unknown}; there are {list(fixtures)}")
+    for name in names:
+        if args.traces_only:
+            ids = json.loads((OUT / name / "reference.json").read_text())["tokens"]
+            write_trace(name, load(OUT / name, torch.float32), ids)
+            print(f"{name}: trace.safetensors over {len(ids)} tokens")
+        else:
+            fixtures[name](name)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,16 @@ struct Fixture {
     long_logits: Vec<f32>,
 }
 
-const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
+const FIXTURES: [&str; 8] = [
+    "llama2-tiny-f32",
+    "llama3-tiny-bf16",
+    "llama3-tiny-f16",
+    "qwen3-tiny-f32",
+    "qwen3-tiny-bf16",
+    "qwen2-tiny-f32",
+    "mistral-tiny-f32",
+    "gpt2-tiny-f32",
+];
 
 fn fixture(name: &'static str) -> Fixture {
     let dir = fixtures::fixture(name);
