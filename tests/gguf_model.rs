@@ -78,6 +78,30 @@ fn hf_to_gguf_round_trip() {
         ] {
             let out = Scratch::new(&format!("{name}-{plan}"));
             convert(&r.dir, plan, &out.0, None).unwrap();
+            // the architecture and its settings come back from the metadata
+            let (a, b) = (
+                load(be, &r.dir, None).unwrap(),
+                load(be, &out.0, None).unwrap(),
+            );
+            let (ca, cb) = (a.config(), b.config());
+            assert_eq!(
+                (
+                    ca.arch,
+                    ca.sliding_window,
+                    ca.head_dim,
+                    ca.tie_word_embeddings
+                ),
+                (
+                    cb.arch,
+                    cb.sliding_window,
+                    cb.head_dim,
+                    cb.tie_word_embeddings
+                ),
+                "{name} {plan}"
+            );
+            assert_eq!((ca.norm_eps, ca.rope_theta), (cb.norm_eps, cb.rope_theta));
+            a.release(be).unwrap();
+            b.release(be).unwrap();
             let got = logits(be, &out.0, None, &r.tokens);
             let vs_hf = nmse(&got, &r.logits);
             let vs_folder = nmse(&got, &hf);

