@@ -333,14 +333,24 @@ fn decode_crosses_the_bucket_boundary() {
             let out = m.decode_step(be, t, p >= f.long_first).unwrap();
             got.extend(out.logits);
         }
-        assert_eq!(m.plan_counts().decode, 2, "buckets 256 and 300");
+        // Mistral's window of 48 makes its cache a ring of 96 slots: one decode plan
+        // over every slot, and the 280-token prefill below runs in chunks of 48
+        let ring = m.cache().is_ring();
+        assert_eq!(ring, m.config().sliding_window.is_some(), "{name}");
+        let plans = if ring { 1 } else { 2 };
+        assert_eq!(
+            m.plan_counts().decode,
+            plans,
+            "buckets 256 and 300, or the ring"
+        );
         let e = nmse(&got, &f.long_logits);
         let limit = nmse_limit(be.name());
         println!(
-            "{} {name}: positions {}..{} by decode, NMSE vs HF {e:.2e}",
+            "{} {name}: positions {}..{} by decode ({} cache slots), NMSE vs HF {e:.2e}",
             be.name(),
             f.long_first,
-            f.long_tokens.len()
+            f.long_tokens.len(),
+            m.cache().slots
         );
         assert!(e < limit, "{name}: NMSE {e:e} >= {limit:e}");
         // Each side of the boundary on its own.

@@ -9,7 +9,7 @@ use clap::ValueEnum;
 
 use graft::files::{check_output, write_output_guarded};
 use graft::graph::{dump, BufferId, DType};
-use graft::models::blocks::{build_decode, build_prefill, decode_bucket};
+use graft::models::blocks::{build_decode, build_prefill, decode_n_kv};
 use graft::models::loader::input_files;
 use graft::models::model::default_ctx;
 use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
@@ -106,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
                 a.n_past
             )));
         }
-        build_decode(&cfg, &weights, &cache, decode_bucket(a.n_past, ctx))?
+        build_decode(&cfg, &weights, &cache, decode_n_kv(&cache, a.n_past))?
     } else {
         if a.n_past.checked_add(a.n_tokens).is_none_or(|end| end > ctx) {
             return Err(Error::model(format!(

@@ -41,7 +41,7 @@ use crate::ops::RopeParams;
 
 use super::arch::{MlpKind, NormKind, Positions};
 use super::config::Config;
-use super::kv_cache::{CacheTypes, KvCache};
+use super::kv_cache::{ring_chunk, CacheTypes, KvCache};
 use super::weights::{GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights};
 
 /// Positions per decode KV-length bucket (ggml pads the KV length the same way).
@@ -108,10 +108,49 @@ pub fn attention_mask(
         .collect()
 }
 
+/// The additive mask of queries at positions `queries` (the last one just written) over
+/// the `slots` slots of a ring cache, `[slots, queries.len()]`: slot `j` holds the
+/// latest position `q <= queries.end - 1` with `q % slots == j` (none if never written),
+/// visible to the query at `p` when `q <= p` and `p - q < window`.
+pub fn ring_mask(queries: std::ops::Range<usize>, slots: usize, window: Option<usize>) -> Vec<f32> {
+    let latest = queries.end.saturating_sub(1);
+    queries
+        .flat_map(|p| {
+            (0..slots).map(move |j| {
+                let held = (latest >= j).then(|| latest - (latest - j) % slots);
+                let seen = held.is_some_and(|q| q <= p && window.is_none_or(|w| p - q < w));
+                if seen {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect()
+}
+
 /// The KV length a decode step at `pos` attends over: `pos + 1` rounded up to a
 /// multiple of [`DECODE_BUCKET`], at most `ctx`.
 pub fn decode_bucket(pos: usize, ctx: usize) -> usize {
     ((pos + 1).div_ceil(DECODE_BUCKET) * DECODE_BUCKET).min(ctx)
+}
+
+/// The cache positions a decode step at `pos` attends over: its bucket
+/// ([`decode_bucket`]), or every slot of a ring cache.
+pub fn decode_n_kv(cache: &KvCache, pos: usize) -> usize {
+    match cache.is_ring() {
+        true => cache.slots,
+        false => decode_bucket(pos, cache.ctx),
+    }
+}
+
+/// The most tokens one prefill graph over `cache` takes after `n_past`: the rest of the
+/// context, or a ring cache's chunk.
+pub fn prefill_room(cfg: &Config, cache: &KvCache, n_past: usize) -> usize {
+    match (cache.is_ring(), cfg.sliding_window) {
+        (true, Some(w)) => ring_chunk(w),
+        (true, None) | (false, _) => cache.ctx.saturating_sub(n_past),
+    }
 }
 
 /// One intermediate tensor kept by a trace graph.
@@ -136,12 +175,16 @@ pub struct ModelGraph {
     /// Input: the additive attention mask, F32 `[n_kv, n]` (decode, the fused
     /// attention and sliding windows).
     pub kq_mask: Option<TensorId>,
+    /// Input (ring caches only): the cache slot of each token, I32 `[n]`.
+    pub kv_idx: Option<TensorId>,
     /// Output: logits, F32 `[vocab, n_out]`.
     pub logits: TensorId,
     /// Output: argmax of the last logits, I32 `[1]`.
     pub argmax: TensorId,
     /// Positions whose logits are computed (1, or `n` for all).
     pub n_out: usize,
+    /// Cache positions attention reads (the mask's row length).
+    pub n_kv: usize,
     /// The intermediates kept as outputs (trace graphs only), in execution order.
     pub traced: Vec<Traced>,
 }
@@ -174,10 +217,14 @@ struct Qkv {
     v: TensorId,
 }
 
+/// A graph's inputs: tokens, positions, the mask and the ring slots.
+type Inputs = (TensorId, TensorId, Option<TensorId>, Option<TensorId>);
+
 /// Builds one graph of a model.
 struct Builder<'a> {
     g: Graph,
     cfg: &'a Config,
+    /// Positions stored per layer (the context, or a sliding-window ring's slots).
     ctx: usize,
     rope: RopeParams,
     /// The cache's types; `cache.flash_attn` picks the fused attention op.
@@ -193,7 +240,7 @@ impl<'a> Builder<'a> {
         Builder {
             g: Graph::new(),
             cfg,
-            ctx: cache.ctx,
+            ctx: cache.slots,
             rope: cfg.rope(),
             cache: cache.types,
             trace: trace.then(Vec::new),
@@ -475,6 +522,59 @@ impl<'a> Builder<'a> {
         Ok(o)
     }
 
+    /// Writes `k` `[hd, n_kv_head, n]` and `v` `[n_kv_dim, n]` of `n` tokens into the
+    /// cache slots `idx` (I32 `[n]`) with `set_rows`; returns the caches to read after
+    /// the writes.
+    fn write_rows(
+        &mut self,
+        (k_cache, v_cache): (TensorId, TensorId),
+        k: TensorId,
+        v: TensorId,
+        idx: TensorId,
+    ) -> Result<(TensorId, TensorId)> {
+        let (n_kv_dim, ctx, n) = (self.cfg.n_kv_dim(), self.ctx, self.n);
+        let vb = self.cache.v.block_bytes();
+        let by_position = self.cache.flash_attn;
+        let g = &mut self.g;
+        // K: rows `idx` of [n_kv_dim, slots]
+        let k_rows = g.reshape(k, &[n_kv_dim, n])?;
+        let k_all = g.set_rows(k_cache, k_rows, idx)?;
+        let v_write = if by_position {
+            // V: rows `idx` of [n_kv_dim, slots], like K
+            g.set_rows(v_cache, v, idx)?
+        } else {
+            // V: the transposed cache seen as [1, slots, n_kv_dim] (row p of matrix c is
+            // the element (p, c)), so writing row `idx[t]` of every matrix writes column
+            // `idx[t]`; the source is v as [1, n, n_kv_dim] and the ids broadcast over dim 2
+            let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, vb, ctx * vb, 0)?;
+            let row = g.tensor(v).nb[1];
+            let v_src = g.view_3d(v, 1, n, n_kv_dim, row, F32_BYTES, 0)?;
+            g.set_rows(v_dst, v_src, idx)?
+        };
+        let v_all = g.after(v_cache, &[v_write])?;
+        Ok((k_all, v_all))
+    }
+
+    /// Prefill attention into a ring cache: K/V of the `n` tokens written at their slots
+    /// (`idx`), then attention over every slot with the mask input.
+    #[allow(clippy::too_many_arguments)] // the block's inputs, spelled out
+    fn attention_ring(
+        &mut self,
+        i: usize,
+        l: &LayerLeaves,
+        kv: (TensorId, TensorId),
+        cur: TensorId,
+        pos: TensorId,
+        idx: TensorId,
+        mask: TensorId,
+    ) -> Result<TensorId> {
+        let n = self.n;
+        let Qkv { q, k, v } = self.qkv(i, l, cur, pos, n)?;
+        let (k_all, v_all) = self.write_rows(kv, k, v, idx)?;
+        let merged = self.attend(q, k_all, v_all, self.ctx, n, Mask::Input(mask))?;
+        self.attn_output(i, l, merged)
+    }
+
     /// Prefill attention: writes K/V of positions `n_past..n_past + n` with `cpy` into
     /// views of the cache, then attends over all `n_past + n` positions.
     #[allow(clippy::too_many_arguments)] // the block's inputs, spelled out
@@ -507,38 +607,21 @@ impl<'a> Builder<'a> {
     }
 
     /// Decode attention for one token at position `pos` (an input): writes K/V with
-    /// `set_rows` at row `pos`, attends over `n_kv` positions with the mask input.
+    /// `set_rows` at slot `idx` (the position itself, or its ring slot), attends over
+    /// `n_kv` slots with the mask input.
+    #[allow(clippy::too_many_arguments)] // the block's inputs, spelled out
     fn attention_decode(
         &mut self,
         i: usize,
         l: &LayerLeaves,
-        (k_cache, v_cache): (TensorId, TensorId),
+        kv: (TensorId, TensorId),
         cur: TensorId,
-        pos: TensorId,
+        (pos, idx): (TensorId, TensorId),
         mask: TensorId,
         n_kv: usize,
     ) -> Result<TensorId> {
         let Qkv { q, k, v } = self.qkv(i, l, cur, pos, 1)?;
-        let (n_kv_dim, ctx) = (self.cfg.n_kv_dim(), self.ctx);
-        let by_position = self.cache.flash_attn;
-        let vb = self.cache.v.block_bytes();
-        let g = &mut self.g;
-        // K: row `pos` of [n_kv_dim, ctx]
-        let k_row = g.reshape(k, &[n_kv_dim, 1])?;
-        let k_all = g.set_rows(k_cache, k_row, pos)?;
-        let v_write = if by_position {
-            // V: row `pos` of [n_kv_dim, ctx], like K
-            g.set_rows(v_cache, v, pos)?
-        } else {
-            // V: the transposed cache seen as [1, ctx, n_kv_dim] (row p of matrix c is
-            // the element (p, c)), so writing row `pos` of every matrix writes column
-            // `pos`; the source is v as [1, 1, n_kv_dim] and the id broadcasts over dim 2
-            let v_dst = g.view_3d(v_cache, 1, ctx, n_kv_dim, vb, ctx * vb, 0)?;
-            let row = g.tensor(v).nb[1];
-            let v_src = g.view_3d(v, 1, 1, n_kv_dim, row, F32_BYTES, 0)?;
-            g.set_rows(v_dst, v_src, pos)?
-        };
-        let v_all = g.after(v_cache, &[v_write])?;
+        let (k_all, v_all) = self.write_rows(kv, k, v, idx)?;
         let merged = self.attend(q, k_all, v_all, n_kv, 1, Mask::Input(mask))?;
         self.attn_output(i, l, merged)
     }
@@ -616,7 +699,8 @@ impl<'a> Builder<'a> {
         leaves: &Leaves,
         x: TensorId,
         all: bool,
-        (tokens, pos, kq_mask): (TensorId, TensorId, Option<TensorId>),
+        n_kv: usize,
+        (tokens, pos, kq_mask, kv_idx): Inputs,
     ) -> Result<ModelGraph> {
         let (n_embd, vocab, n) = (self.cfg.hidden_size, self.cfg.vocab_size, self.n);
         let n_out = if all { n } else { 1 };
@@ -648,9 +732,11 @@ impl<'a> Builder<'a> {
             tokens,
             pos,
             kq_mask,
+            kv_idx,
             logits,
             argmax,
             n_out,
+            n_kv,
             traced: self.trace.unwrap_or_default(),
         })
     }
@@ -694,19 +780,29 @@ fn prefill_graph(
     all: bool,
     trace: bool,
 ) -> Result<ModelGraph> {
-    if n == 0 || n_past + n > cache.ctx {
+    if n == 0 || n > prefill_room(cfg, cache, n_past) {
         return Err(Error::model(format!(
-            "prefill of {n} tokens after {n_past} does not fit the context of {} tokens",
-            cache.ctx
+            "prefill of {n} tokens after {n_past} does not fit the context of {} tokens ({} stored)",
+            cache.ctx, cache.slots
         )));
     }
     let mut b = Builder::new(cfg, cache, n, trace);
     let leaves = weights.leaves(&mut b.g, cfg)?;
     let tokens = b.g.input("tokens", DType::I32, &[n])?;
     let pos = b.g.input("pos", DType::I32, &[n])?;
-    // kq_mask: [n_past + n, n], query i sees keys 0..=n_past + i (within the window)
-    let kq_mask = match prefill_mask_input(cfg, &cache.types) {
-        true => Some(b.g.input("kq_mask", DType::F32, &[n_past + n, n])?),
+    // kv_idx (ring): the slot of each token
+    let kv_idx = match cache.is_ring() {
+        true => Some(b.g.input("kv_idx", DType::I32, &[n])?),
+        false => None,
+    };
+    // kq_mask: [n_kv, n], query i sees keys 0..=n_past + i (within the window)
+    let n_kv = if cache.is_ring() {
+        cache.slots
+    } else {
+        n_past + n
+    };
+    let kq_mask = match prefill_mask_input(cfg, &cache.types) || cache.is_ring() {
+        true => Some(b.g.input("kq_mask", DType::F32, &[n_kv, n])?),
         false => None,
     };
     let mask = kq_mask.map_or(Mask::Causal { n_past }, Mask::Input);
@@ -715,10 +811,13 @@ fn prefill_graph(
     for (i, l) in leaves.layers.iter().enumerate() {
         let kv = cache.leaves(&mut b.g, i)?;
         let cur = b.attn_norm(i, l, x)?;
-        let attn = b.attention_prefill(i, l, kv, cur, pos, n_past, mask)?;
+        let attn = match (kv_idx, kq_mask) {
+            (Some(idx), Some(m)) => b.attention_ring(i, l, kv, cur, pos, idx, m)?,
+            (_, _) => b.attention_prefill(i, l, kv, cur, pos, n_past, mask)?,
+        };
         x = b.residual_mlp(i, l, x, attn)?;
     }
-    b.finish(&leaves, x, all, (tokens, pos, kq_mask))
+    b.finish(&leaves, x, all, n_kv, (tokens, pos, kq_mask, kv_idx))
 }
 
 /// The decode graph of one token attending over `n_kv` cache positions (a bucket);
@@ -729,10 +828,10 @@ pub fn build_decode(
     cache: &KvCache,
     n_kv: usize,
 ) -> Result<ModelGraph> {
-    if n_kv == 0 || n_kv > cache.ctx {
+    if n_kv == 0 || n_kv > cache.slots {
         return Err(Error::model(format!(
-            "decode over {n_kv} positions does not fit the context of {} tokens",
-            cache.ctx
+            "decode over {n_kv} positions does not fit the cache of {} positions",
+            cache.slots
         )));
     }
     let mut b = Builder::new(cfg, cache, 1, false);
@@ -741,15 +840,21 @@ pub fn build_decode(
     let pos = b.g.input("pos", DType::I32, &[1])?;
     // kq_mask: [n_kv, 1], 0 for visible positions, -inf beyond
     let mask = b.g.input("kq_mask", DType::F32, &[n_kv, 1])?;
+    // kv_idx (ring): the token's slot; else the position itself is the row written
+    let kv_idx = match cache.is_ring() {
+        true => Some(b.g.input("kv_idx", DType::I32, &[1])?),
+        false => None,
+    };
     // x: [n_embd, 1]
     let mut x = b.embed(&leaves, tokens, pos)?;
     for (i, l) in leaves.layers.iter().enumerate() {
         let kv = cache.leaves(&mut b.g, i)?;
         let cur = b.attn_norm(i, l, x)?;
-        let attn = b.attention_decode(i, l, kv, cur, pos, mask, n_kv)?;
+        let idx = kv_idx.unwrap_or(pos);
+        let attn = b.attention_decode(i, l, kv, cur, (pos, idx), mask, n_kv)?;
         x = b.residual_mlp(i, l, x, attn)?;
     }
-    b.finish(&leaves, x, false, (tokens, pos, Some(mask)))
+    b.finish(&leaves, x, false, n_kv, (tokens, pos, Some(mask), kv_idx))
 }
 
 #[cfg(test)]

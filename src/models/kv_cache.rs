@@ -13,7 +13,17 @@
 //!
 //! The buffer starts zeroed and is only ever written with finite values, which is what
 //! lets a decode graph read a whole KV-length bucket and mask the positions it must not
-//! see (see [`super::llama`]).
+//! see (see [`super::blocks`]).
+//!
+//! **Sliding windows.** A model whose attention sees only the last `window` positions
+//! (Mistral) needs no more than `window` positions of cache plus the tokens of one
+//! prefill chunk. When the context exceeds that, the cache is a ring of
+//! [`KvCache::slots`] = `window + chunk` positions (chunk = [`ring_chunk`]): position `p`
+//! lives in slot `p % slots`, writes go through `set_rows` at the slot, attention reads
+//! every slot with a mask built from the position each slot holds, and a prefill runs in
+//! chunks of at most `chunk` tokens. A chunk overwrites only positions older than
+//! `window` before its first token, so every key a query of the chunk may see is still
+//! there.
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -82,6 +92,21 @@ impl CacheTypes {
     }
 }
 
+/// The tokens of one prefill chunk of a ring cache: at most 256, and at most the window
+/// (so a ring holds at most twice the window).
+pub fn ring_chunk(window: usize) -> usize {
+    window.clamp(1, 256)
+}
+
+/// Positions a cache of `ctx` stores for `cfg`: `ctx`, or `window + ring_chunk(window)`
+/// when a sliding window makes that fewer.
+pub fn stored_positions(cfg: &Config, ctx: usize) -> usize {
+    match cfg.sliding_window {
+        Some(w) => ctx.min(w.saturating_add(ring_chunk(w))),
+        None => ctx,
+    }
+}
+
 /// The longest context: positions are I32 inputs on the device.
 pub const MAX_CTX: usize = i32::MAX as usize;
 
@@ -90,8 +115,10 @@ pub const MAX_CTX: usize = i32::MAX as usize;
 pub struct KvCache {
     /// The buffer holding every layer's K and V.
     pub buffer: BufferId,
-    /// Positions per layer.
+    /// Positions of the context (the longest sequence the cache serves).
     pub ctx: usize,
+    /// Positions stored per layer: `ctx`, or fewer for a sliding-window ring.
+    pub slots: usize,
     /// Width of one position: `num_key_value_heads * head_dim`.
     pub n_kv_dim: usize,
     /// Layers.
@@ -106,6 +133,7 @@ impl KvCache {
         KvCache {
             buffer,
             ctx,
+            slots: stored_positions(cfg, ctx),
             n_kv_dim: cfg.n_kv_dim(),
             n_layer: cfg.num_hidden_layers,
             types,
@@ -128,8 +156,10 @@ impl KvCache {
                 cfg.arch, cfg.max_position_embeddings, cfg.max_position_embeddings
             )));
         }
+        let slots = stored_positions(cfg, ctx);
         let tensor = |dt: DType| {
-            ctx.checked_mul(dt.row_bytes(cfg.n_kv_dim()))
+            slots
+                .checked_mul(dt.row_bytes(cfg.n_kv_dim()))
                 .and_then(|b| b.checked_next_multiple_of(ALIGN))
         };
         tensor(types.k)
@@ -167,7 +197,7 @@ impl KvCache {
 
     /// Bytes of one K or V tensor of `dtype`, aligned.
     fn tensor_bytes(&self, dtype: DType) -> usize {
-        (self.ctx * dtype.row_bytes(self.n_kv_dim)).div_ceil(ALIGN) * ALIGN
+        (self.slots * dtype.row_bytes(self.n_kv_dim)).div_ceil(ALIGN) * ALIGN
     }
 
     /// Bytes of one layer's K and V.
@@ -180,15 +210,20 @@ impl KvCache {
         self.n_layer * self.layer_bytes()
     }
 
-    /// The K and V state leaves of `layer` in a graph: K `[n_kv_dim, ctx]`, V
-    /// `[n_kv_dim, ctx]` (by position) or `[ctx, n_kv_dim]` (transposed).
+    /// Whether the cache is a sliding-window ring (fewer slots than positions).
+    pub fn is_ring(&self) -> bool {
+        self.slots < self.ctx
+    }
+
+    /// The K and V state leaves of `layer` in a graph: K `[n_kv_dim, slots]`, V
+    /// `[n_kv_dim, slots]` (by position) or `[slots, n_kv_dim]` (transposed).
     pub(crate) fn leaves(&self, g: &mut Graph, layer: usize) -> Result<(TensorId, TensorId)> {
         let base = layer * self.layer_bytes();
         let at = |offset: usize| BufferRef {
             buffer: self.buffer,
             offset,
         };
-        let (n, ctx) = (self.n_kv_dim, self.ctx);
+        let (n, ctx) = (self.n_kv_dim, self.slots);
         let k = g.state(
             &format!("cache_k.{layer}"),
             self.types.k,

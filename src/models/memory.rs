@@ -6,7 +6,7 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::graph::BufferId;
-use crate::models::blocks::{build_decode, build_prefill, decode_bucket};
+use crate::models::blocks::{build_decode, build_prefill, decode_n_kv, prefill_room};
 use crate::models::config::Config;
 use crate::models::kv_cache::{CacheTypes, KvCache};
 use crate::models::weights::Weights;
@@ -42,8 +42,9 @@ impl Need {
 pub fn need(cfg: &Config, weights: &Weights, ctx: usize, types: CacheTypes) -> Result<Need> {
     let ctx = ctx.max(1);
     let cache = KvCache::layout(cfg, ctx, types, BufferId(0));
-    let prefill = build_prefill(cfg, weights, &cache, ctx.min(PREFILL_RESERVE), 0, false)?;
-    let decode = build_decode(cfg, weights, &cache, decode_bucket(ctx - 1, ctx))?;
+    let n = prefill_room(cfg, &cache, 0).min(PREFILL_RESERVE);
+    let prefill = build_prefill(cfg, weights, &cache, n, 0, false)?;
+    let decode = build_decode(cfg, weights, &cache, decode_n_kv(&cache, ctx - 1))?;
     let arena = prefill.plan()?.arena_bytes.max(decode.plan()?.arena_bytes);
     Ok(Need {
         cache: cache.bytes(),

@@ -12,7 +12,8 @@ use crate::gguf::GgufFile;
 use crate::graph::TensorId;
 
 use super::blocks::{
-    attention_mask, build_decode, build_prefill, build_trace, decode_bucket, ModelGraph,
+    attention_mask, build_decode, build_prefill, build_trace, decode_n_kv, prefill_room, ring_mask,
+    ModelGraph,
 };
 use super::config::Config;
 use super::gguf_model;
@@ -43,6 +44,9 @@ struct Compiled {
     tokens: TensorId,
     pos: TensorId,
     kq_mask: Option<TensorId>,
+    kv_idx: Option<TensorId>,
+    /// Cache positions the graph attends over.
+    n_kv: usize,
     logits: TensorId,
     argmax: TensorId,
     n_out: usize,
@@ -56,6 +60,8 @@ impl Compiled {
             tokens: mg.tokens,
             pos: mg.pos,
             kq_mask: mg.kq_mask,
+            kv_idx: mg.kv_idx,
+            n_kv: mg.n_kv,
             logits: mg.logits,
             argmax: mg.argmax,
             n_out: mg.n_out,
@@ -377,19 +383,72 @@ impl Model {
         }
         self.check_tokens("prefill", tokens)?;
         self.check_room(tokens.len())?;
+        if !self.cache.is_ring() {
+            return self.prefill_chunk(be, tokens, logits);
+        }
+        // a ring cache takes at most one chunk per graph
+        let chunk = prefill_room(&self.config, &self.cache, self.n_past);
+        let mut all = Vec::new();
+        let mut last = None;
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let final_part = (i + 1) * chunk >= tokens.len();
+            let want = match (logits, final_part) {
+                (Logits::All, _) => Logits::All,
+                (Logits::Last, true) => Logits::Last,
+                (Logits::Last | Logits::None, _) => Logits::None,
+            };
+            let out = self.prefill_chunk(be, part, want)?;
+            all.extend_from_slice(&out.logits);
+            last = Some(out);
+        }
+        let out = last.ok_or_else(|| Error::model("prefill needs at least one token"))?;
+        Ok(Output {
+            argmax: out.argmax,
+            logits: all,
+        })
+    }
+
+    /// One prefill graph over `tokens` (the whole prompt, or a ring cache's chunk).
+    fn prefill_chunk(
+        &mut self,
+        be: &mut dyn Backend,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Output> {
         let (n, p) = (tokens.len(), self.n_past);
-        let c = self.prefill_plan(be, n, p, logits == Logits::All)?;
+        let key_past = if self.cache.is_ring() { 0 } else { p };
+        let c = self.prefill_plan(be, n, key_past, logits == Logits::All)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let pos: Vec<i32> = (p..p + n).map(|i| i as i32).collect();
         be.set_input_i32(c.exec, c.tokens, &ids)?;
         be.set_input_i32(c.exec, c.pos, &pos)?;
-        if let Some(m) = c.kq_mask {
-            let window = self.config.sliding_window;
-            be.set_input_f32(c.exec, m, &attention_mask(p..p + n, p + n, window))?;
-        }
+        self.set_kv_inputs(be, &c, p..p + n)?;
         be.compute(c.exec)?;
         self.n_past += n;
         self.read(be, &c, logits != Logits::None, "prefill")
+    }
+
+    /// Sets the mask (and a ring cache's slots) of a graph run over the positions
+    /// `queries`.
+    fn set_kv_inputs(
+        &self,
+        be: &mut dyn Backend,
+        c: &Compiled,
+        queries: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let (window, slots) = (self.config.sliding_window, self.cache.slots);
+        if let Some(idx) = c.kv_idx {
+            let ids: Vec<i32> = queries.clone().map(|p| (p % slots) as i32).collect();
+            be.set_input_i32(c.exec, idx, &ids)?;
+        }
+        if let Some(m) = c.kq_mask {
+            let mask = match self.cache.is_ring() {
+                true => ring_mask(queries, slots, window),
+                false => attention_mask(queries.clone(), c.n_kv, window),
+            };
+            be.set_input_f32(c.exec, m, &mask)?;
+        }
+        Ok(())
     }
 
     /// Runs one token at position `n_past` with the decode plan of its bucket.
@@ -402,14 +461,11 @@ impl Model {
         self.check_tokens("decode", &[token])?;
         self.check_room(1)?;
         let pos = self.n_past;
-        let n_kv = decode_bucket(pos, self.cache.ctx);
+        let n_kv = decode_n_kv(&self.cache, pos);
         let c = self.decode_plan(be, n_kv)?;
-        let mask = attention_mask(pos..pos + 1, n_kv, self.config.sliding_window);
         be.set_input_i32(c.exec, c.tokens, &[token as i32])?;
         be.set_input_i32(c.exec, c.pos, &[pos as i32])?;
-        if let Some(m) = c.kq_mask {
-            be.set_input_f32(c.exec, m, &mask)?;
-        }
+        self.set_kv_inputs(be, &c, pos..pos + 1)?;
         be.compute(c.exec)?;
         self.n_past += 1;
         self.read(be, &c, logits, "decode")
