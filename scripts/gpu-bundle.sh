@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the release GPU test binaries (every integration test whose name contains
-# "cuda", and the Llama fixture tests) and the `graft` binary with the `cuda` feature,
+# "cuda", the model fixture tests and the trace tests) and the `graft` binary with the `cuda` feature,
 # strips them, and puts them with runner scripts into one folder that runs on a GPU
 # machine without cargo:
 #   BUNDLE/tests/NAME      test binaries
@@ -12,13 +12,13 @@
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
 # Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
-# expression over test names, replaces the default "cuda|llama_fixtures". Run the bundle
+# expression over test names, replaces the default "cuda|model_fixtures|trace". Run the bundle
 # from the repository root (the fixture tests read tests/fixtures there).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${1:-$ROOT/.gpu/bundle}"
-PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|llama_fixtures}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures|trace}"
 cd "$ROOT"
 
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }

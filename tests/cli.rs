@@ -12,7 +12,7 @@ const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny
 
 /// Greedy steps whose reference margin is below this are not compared: 10x the largest
 /// logit error against the HF float32 reference measured on the fixtures (1.1e-2, see
-/// tests/llama_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
+/// tests/model_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
 /// every step is compared.
 const NOISE_FLOOR: f64 = 0.11;
 

@@ -1,4 +1,4 @@
-//! `graft convert`: a Hugging Face Llama folder written as a GGUF file llama.cpp reads,
+//! `graft convert`: a Hugging Face model folder written as a GGUF file llama.cpp reads,
 //! its matrices in one type or one of ggml's K-quant mixes.
 
 use std::path::PathBuf;
