@@ -407,10 +407,10 @@ pub(crate) fn permuted_heads(cfg: &Config, role: Role) -> Option<usize> {
     if !cfg.arch.spec().gguf_rope_permuted {
         return None;
     }
-    match role {
-        Role::AttnQ => Some(cfg.num_attention_heads),
-        Role::AttnK => Some(cfg.num_key_value_heads),
-        _ => None,
+    match (role.qkv_part(), role.is_vector()) {
+        (Some(0), false) => Some(cfg.num_attention_heads),
+        (Some(1), false) => Some(cfg.num_key_value_heads),
+        (Some(_), _) | (None, _) => None,
     }
 }
 

@@ -120,6 +120,33 @@ impl Role {
         }
     }
 
+    /// Which third of q|k|v this weight or bias is (0 for q, 1 for k, 2 for v).
+    pub fn qkv_part(self) -> Option<usize> {
+        match self {
+            Role::AttnQ | Role::AttnQB => Some(0),
+            Role::AttnK | Role::AttnKB => Some(1),
+            Role::AttnV | Role::AttnVB => Some(2),
+            Role::TokEmbd
+            | Role::PosEmbd
+            | Role::AttnNorm
+            | Role::AttnNormB
+            | Role::AttnQNorm
+            | Role::AttnKNorm
+            | Role::AttnOut
+            | Role::AttnOutB
+            | Role::FfnNorm
+            | Role::FfnNormB
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnUpB
+            | Role::FfnDown
+            | Role::FfnDownB
+            | Role::OutNorm
+            | Role::OutNormB
+            | Role::Output => None,
+        }
+    }
+
     /// Whether this is a bias (named `.bias` in files).
     pub fn is_bias(self) -> bool {
         matches!(
@@ -681,10 +708,8 @@ impl Weights {
     /// Bytes of weights read to decode one token: everything but the embedding tables,
     /// of which one row each is read (unless the token table is also the output head).
     pub fn bytes_per_token(&self, cfg: &Config) -> usize {
-        let row_only = |s: &Slot| match s.role {
-            Role::TokEmbd => !cfg.tie_word_embeddings,
-            Role::PosEmbd => true,
-            _ => false,
+        let row_only = |s: &Slot| {
+            s.role == Role::PosEmbd || (s.role == Role::TokEmbd && !cfg.tie_word_embeddings)
         };
         self.slots(cfg)
             .iter()

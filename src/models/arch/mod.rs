@@ -155,13 +155,7 @@ impl Spec {
     /// The GGUF tensor of `role` of `layer` (llama.cpp's names; q, k and v as thirds of
     /// `attn_qkv` where the architecture fuses them).
     pub fn gguf_source(&self, role: Role, layer: Option<usize>) -> Source {
-        let part = match role {
-            Role::AttnQ | Role::AttnQB => Some(0),
-            Role::AttnK | Role::AttnKB => Some(1),
-            Role::AttnV | Role::AttnVB => Some(2),
-            _ => None,
-        };
-        match (self.gguf_fused_qkv, part) {
+        match (self.gguf_fused_qkv, role.qkv_part()) {
             (true, Some(i)) => {
                 let suffix = if role.is_bias() { "bias" } else { "weight" };
                 let l = layer.unwrap_or(0);
