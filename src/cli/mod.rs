@@ -71,7 +71,7 @@ enum Command {
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
-    /// Write a Hugging Face Llama folder as a GGUF file (f32/f16/bf16 or quantized).
+    /// Write a Hugging Face model folder (any supported architecture) as a GGUF file (f32/f16/bf16 or quantized).
     Convert(convert::Args),
     /// Print the token ids of a text, like llama.cpp's llama-tokenize.
     Tokenize(tokenize::Args),

@@ -22,6 +22,10 @@ use graft::{Error, Result};
 
 use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
 
+/// The exit status of a comparison that found a divergence: an outcome, reported on
+/// stdout, not an error (which also exits with 1, after `error: ...` on stderr).
+const DIVERGED: u8 = 1;
+
 /// Arguments of `graft trace`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,7 +42,7 @@ pub struct Args {
     #[arg(long, visible_alias = "token-ids", value_delimiter = ',')]
     tokens: Option<Vec<u32>>,
     /// Write every traced tensor (F32) to this safetensors file (`-` for standard output;
-    /// never one of the model's files).
+    /// never one of the model's files or the --against file).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Compare with this trace file (the reference), e.g. one written by
@@ -97,9 +101,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let (Some(out), Some(ours)) = (&a.out, traces.first()) {
         write_trace(&a, out, &inputs, ours)?;
     }
-    let (ours, reference) = match (reference, traces.as_slice()) {
+    let (ours, reference) = match (&reference, traces.as_slice()) {
         (Some(r), [ours]) => (ours, r),
-        (None, [reference, ours]) => (ours, reference.clone()),
+        (None, [r, ours]) => (ours, r),
         (None, [ours]) if a.out.is_none() => {
             return summary(ours, a.json).map(|()| ExitCode::SUCCESS)
         }
@@ -107,11 +111,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let c = compare(&ours.tensors, &reference.tensors, a.threshold);
     match a.json {
-        true => print_out(&format!("{}\n", report_json(&c, ours, &reference)))?,
-        false => print_out(&report_text(&c, ours, &reference))?,
+        true => print_out(&format!("{}\n", report_json(&c, ours, reference)))?,
+        false => print_out(&report_text(&c, ours, reference))?,
     }
     Ok(match c.first_divergence {
-        Some(_) => ExitCode::FAILURE,
+        Some(_) => ExitCode::from(DIVERGED),
         None => ExitCode::SUCCESS,
     })
 }

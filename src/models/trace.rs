@@ -68,6 +68,12 @@ impl Trace {
                     t.data.len()
                 )));
             }
+            if header.contains_key(&t.name) {
+                return Err(Error::model(format!(
+                    "trace tensor '{}' appears twice (or is a reserved name)",
+                    t.name
+                )));
+            }
             let end = offset + t.data.len() * 4;
             header.insert(
                 t.name.clone(),
@@ -192,10 +198,13 @@ fn read_tensor(st: &SafeTensors<'_>, name: &str) -> std::result::Result<TraceTen
     })
 }
 
+/// Converts one element's little-endian bytes to f32.
+type ToF32 = fn(&[u8]) -> f32;
+
 /// The element width of a safetensors dtype a trace may hold and its conversion to f32
 /// (little-endian bytes; each converts exactly).
 #[allow(clippy::wildcard_enum_match_arm)] // safetensors' own dtype list: the rest is refused
-fn f32_reader(d: Dtype) -> Option<(usize, fn(&[u8]) -> f32)> {
+fn f32_reader(d: Dtype) -> Option<(usize, ToF32)> {
     match d {
         Dtype::F32 => Some((4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
         Dtype::F16 => Some((2, |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())),
@@ -294,10 +303,10 @@ pub fn diff(a: &[f32], b: &[f32]) -> Diff {
         let d = (x - y).abs();
         d2 += d * d;
         b2 += y * y;
-        // The largest difference, or the first that is not finite (NaN compares false).
+        // The largest difference; the first that is not finite (NaN or infinite) stays.
         let take = match worst {
             None => true,
-            Some((_, w)) => w.is_finite() && !(d <= w),
+            Some((_, w)) => w.is_finite() && (d.is_nan() || d > w),
         };
         if take {
             worst = Some((i, d));
@@ -429,7 +438,7 @@ fn compare_one(t: &TraceTensor, r: &TraceTensor, threshold: f64) -> Compared {
         name: t.name.clone(),
         shape: t.shape.clone(),
         reference_shape: r.shape.clone(),
-        diverged: diff.is_none_or(|d| !(d.nmse <= threshold)),
+        diverged: diff.is_none_or(|d| d.nmse.is_nan() || d.nmse > threshold),
         diff,
         position,
         stats: stats(&t.data),
