@@ -165,7 +165,7 @@ fn config_fields_are_checked_and_named() {
         ("bos_token_id", json!(-1), "'bos_token_id'"),
         ("torch_dtype", json!("int8"), "'torch_dtype'"),
         ("hidden_act", json!("gelu"), "'hidden_act'"),
-        ("model_type", json!("gpt2"), "'model_type'"),
+        ("model_type", json!("falcon"), "'model_type'"),
     ];
     for (field, value, needle) in cases {
         println!("config.json field {field} = {value}");
@@ -504,9 +504,9 @@ fn gguf_metadata_sizes_are_checked() {
         ),
         (
             gguf_with("arch", |md, _| {
-                set(md, "general.architecture", V::String("gpt2".into()))
+                set(md, "general.architecture", V::String("falcon".into()))
             }),
-            vec!["'general.architecture'", "gpt2"],
+            vec!["'general.architecture'", "falcon"],
         ),
         (
             gguf_with("eps", |md, _| {
