@@ -240,3 +240,25 @@ impl KvCache {
         Ok((k, v))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::presets;
+
+    /// Learned positions end at the position table; a sliding window makes a ring.
+    #[test]
+    fn contexts_follow_the_architecture() {
+        let gpt2 = presets::preset("gpt2-xl").unwrap();
+        assert!(KvCache::check_ctx(&gpt2, 1024, CacheTypes::default()).is_ok());
+        let e = KvCache::check_ctx(&gpt2, 1025, CacheTypes::default()).unwrap_err();
+        assert!(e.to_string().contains("learned positions for 1024"), "{e}");
+        let mistral = presets::preset("mistral-7b").unwrap();
+        let ring = KvCache::layout(&mistral, 32_768, CacheTypes::default(), BufferId(0));
+        assert_eq!((ring.slots, ring.is_ring()), (4096 + 256, true));
+        let short = KvCache::layout(&mistral, 4096, CacheTypes::default(), BufferId(0));
+        assert_eq!((short.slots, short.is_ring()), (4096, false));
+        let bytes = KvCache::check_ctx(&mistral, 32_768, CacheTypes::default()).unwrap();
+        assert_eq!(bytes, ring.bytes(), "the ring's bytes, not the context's");
+    }
+}
