@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release GPU test binaries (every integration test whose name contains
-# "cuda", the model fixture tests and the trace tests) and the `graft` binary with the `cuda` feature,
+# "cuda" and the model fixture tests; tests that spawn the graft binary, such as
+# tests/trace.rs, need a cargo build and are run there with cargo) and the `graft` binary with the `cuda` feature,
 # strips them, and puts them with runner scripts into one folder that runs on a GPU
 # machine without cargo:
 #   BUNDLE/tests/NAME      test binaries
@@ -12,13 +13,13 @@
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
 # Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
-# expression over test names, replaces the default "cuda|model_fixtures|trace". Run the bundle
+# expression over test names, replaces the default "cuda|model_fixtures". Run the bundle
 # from the repository root (the fixture tests read tests/fixtures there).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${1:-$ROOT/.gpu/bundle}"
-PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures|trace}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures}"
 cd "$ROOT"
 
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
