@@ -43,51 +43,42 @@
 #[path = "support/reference.rs"]
 #[allow(dead_code)]
 mod reference;
-use reference::{f32_data, nmse, FIXTURES};
+use reference::{f32_data, ids, nmse, reference, reference_files, Reference, FIXTURES};
 #[path = "support/fixtures.rs"]
 #[allow(dead_code)] // only the fixture paths are used here, not the scratch copies
 mod fixtures;
-use std::path::PathBuf;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::{LoadOptions, Logits, Model, Sampler, Stop};
 
-/// One fixture folder and its reference data.
+/// One fixture: the shared reference data (prompt, greedy tokens, logits) and what
+/// these tests add to it.
 struct Fixture {
-    name: &'static str,
-    dir: PathBuf,
+    base: Reference,
     dtype: DType,
-    tokens: Vec<u32>,
-    greedy: Vec<u32>,
-    margins: Vec<f32>,
     long_tokens: Vec<u32>,
     long_first: usize,
-    /// HF float32 logits of every prompt position, `[n_tokens][vocab]` flattened.
-    logits: Vec<f32>,
-    /// The same with K and V rounded to F16 (the precision of graft's KV cache).
+    /// HF float32 logits of the prompt with K and V rounded to F16 (the precision of
+    /// graft's KV cache).
     logits_f16kv: Vec<f32>,
     /// HF float32 logits of `long_tokens` positions `long_first..`.
     long_logits: Vec<f32>,
 }
 
+impl std::ops::Deref for Fixture {
+    type Target = Reference;
+
+    fn deref(&self) -> &Reference {
+        &self.base
+    }
+}
+
 fn fixture(name: &'static str) -> Fixture {
-    let dir = fixtures::fixture(name);
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        json[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let (_, json, bytes) = reference_files(name);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |k: &str| st.tensor(k).ok().map(|t| f32_data(&t));
+    let f32s = |k: &str| f32_data(&st.tensor(k).unwrap());
     let dtype = match json["dtype"].as_str().unwrap() {
         "float32" => DType::F32,
         "bfloat16" => DType::BF16,
@@ -95,22 +86,12 @@ fn fixture(name: &'static str) -> Fixture {
         other => panic!("unknown dtype {other}"),
     };
     Fixture {
-        name,
+        base: reference(name),
         dtype,
-        tokens: ids("tokens"),
-        greedy: ids("greedy_tokens"),
-        margins: json["greedy_margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap() as f32)
-            .collect(),
-        long_tokens: ids("long_tokens"),
+        long_tokens: ids(&json, "long_tokens"),
         long_first: json["long_first"].as_u64().unwrap() as usize,
-        logits: f32s("logits").unwrap(),
-        logits_f16kv: f32s("logits_f16kv").unwrap(),
-        long_logits: f32s("long_logits").unwrap(),
-        dir,
+        logits_f16kv: f32s("logits_f16kv"),
+        long_logits: f32s("long_logits"),
     }
 }
 

@@ -706,3 +706,24 @@ fn cache_type_changes_values_not_names() {
         "F16 vs F32 cache: largest nmse {w:.2e}"
     );
 }
+
+/// A trace over a sliding-window ring cache (Mistral at --ctx 300: 96 slots) writes its
+/// keys at their slots and masks by the positions they hold, so it equals the trace
+/// over a plain cache.
+#[test]
+fn ring_cache_traces_like_a_plain_cache() {
+    let name = "mistral-tiny-f32";
+    let ids = tokens(name);
+    let mut be = CpuBackend::new();
+    let mut plain = load(&mut be, &fixture(name), ids.len(), CacheTypes::default());
+    let mut ring = load(&mut be, &fixture(name), 300, CacheTypes::default());
+    assert!(ring.cache().is_ring() && !plain.cache().is_ring());
+    let a = plain.trace(&mut be, &ids).unwrap();
+    let b = ring.trace(&mut be, &ids).unwrap();
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.name, y.name);
+        let e = nmse(&y.data, &x.data);
+        assert!(e < 1e-12, "{}: nmse {e:e}", x.name);
+    }
+}

@@ -10,7 +10,10 @@ use graft::models::{tokenizer, Stop};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
-use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg, SamplingArgs};
+use super::{
+    load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg,
+    SamplingArgs,
+};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
@@ -214,28 +217,7 @@ fn run_chat(a: &Args, path: &Path) -> Result<()> {
 fn prompt_text(a: &Args) -> Result<Option<String>> {
     Ok(match (&a.prompt, &a.file) {
         (Some(text), _) => Some(text.clone()),
-        (None, Some(path)) => Some(read_prompt(path)?),
+        (None, Some(path)) => Some(read_prompt(path, "--file")?),
         (None, None) => None,
     })
-}
-
-/// The prompt text of `path` (`-` for standard input), as UTF-8.
-fn read_prompt(path: &std::path::Path) -> Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    if path.as_os_str() == "-" {
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| Error::io("standard input", e))?;
-    } else {
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::model(format!(
-                "--file {}: not a regular file (use - for standard input)",
-                path.display()
-            )));
-        }
-        text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    }
-    Ok(text)
 }

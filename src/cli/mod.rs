@@ -282,6 +282,27 @@ fn print_out(s: &str) -> Result<()> {
         .map_err(|e| Error::io("stdout", e))
 }
 
+/// The prompt text of `path` given with `flag` (`-` for standard input), as UTF-8;
+/// anything but a regular file is refused (a FIFO would block).
+pub(crate) fn read_prompt(path: &std::path::Path, flag: &str) -> Result<String> {
+    use std::io::Read;
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::io("standard input", e))?;
+        return Ok(text);
+    }
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::model(format!(
+            "{flag} {}: not a regular file (use - for standard input)",
+            path.display()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();

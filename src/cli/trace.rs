@@ -14,13 +14,13 @@ use std::process::ExitCode;
 use serde_json::{json, Value};
 
 use graft::backend::Backend;
-use graft::files::{check_output, read_regular_to_string, write_output_guarded};
+use graft::files::{check_output, write_output_guarded};
 use graft::models::loader::input_files;
 use graft::models::tokenizer;
 use graft::models::trace::{check_same_tokens, compare, stats, Compared, Comparison, Stats, Trace};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
+use super::{load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg};
 
 /// The exit status of a comparison that found a divergence: an outcome, reported on
 /// stdout, not an error (which also exits with 1, after `error: ...` on stderr).
@@ -154,7 +154,7 @@ fn prompt_tokens(a: &Args) -> Result<Vec<u32>> {
     let text = match (&a.prompt, &a.prompt_file, &a.tokens) {
         (_, _, Some(ids)) => return Ok(ids.clone()),
         (Some(text), _, None) => text.clone(),
-        (None, Some(path), None) => read_prompt(path)?,
+        (None, Some(path), None) => read_prompt(path, "--prompt-file")?,
         (None, None, None) => return Err(Error::model("give --prompt, --prompt-file or --tokens")),
     };
     match tokenizer::for_model(&a.model)? {
@@ -164,19 +164,6 @@ fn prompt_tokens(a: &Args) -> Result<Vec<u32>> {
             a.model.display()
         ))),
     }
-}
-
-/// The text of `--prompt-file` (`-` for standard input).
-fn read_prompt(path: &Path) -> Result<String> {
-    use std::io::Read;
-    if path.as_os_str() != "-" {
-        return read_regular_to_string(path);
-    }
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|e| Error::io("standard input", e))?;
-    Ok(text)
 }
 
 /// The `--against` trace, checked to be over `tokens` before any model runs.

@@ -766,10 +766,10 @@ pub fn build_trace(
     prefill_graph(cfg, weights, cache, (n, 0), true, true)
 }
 
-/// Whether a prefill graph takes its mask as an input (the fused attention, or a
-/// sliding window that `diag_mask_inf` cannot express).
-pub fn prefill_mask_input(cfg: &Config, cache: &CacheTypes) -> bool {
-    cache.flash_attn || cfg.sliding_window.is_some()
+/// Whether a prefill graph takes its mask as an input: for the fused attention, and for
+/// a sliding window (which `diag_mask_inf` cannot express; a ring cache has one).
+fn prefill_mask_input(cfg: &Config, cache: &KvCache) -> bool {
+    cache.types.flash_attn || cfg.sliding_window.is_some()
 }
 
 fn prefill_graph(
@@ -801,7 +801,7 @@ fn prefill_graph(
     } else {
         n_past + n
     };
-    let kq_mask = match prefill_mask_input(cfg, &cache.types) || cache.is_ring() {
+    let kq_mask = match prefill_mask_input(cfg, cache) {
         true => Some(b.g.input("kq_mask", DType::F32, &[n_kv, n])?),
         false => None,
     };

@@ -132,7 +132,7 @@ fn converted_tensors(found: &Found, cfg: &Config, plan: QuantPlan) -> Result<Vec
         };
         let ty = ggml_type(to)
             .ok_or_else(|| Error::model(format!("tensor '{}': no GGUF type for {to}", src.name)))?;
-        let mut ne: Vec<u64> = slot.role.ne(cfg).iter().map(|&d| d as u64).collect();
+        let ne: Vec<u64> = slot.role.ne(cfg).iter().map(|&d| d as u64).collect();
         match (src.rows, out.last_mut()) {
             (Some((i, _)), Some(last)) if i > 0 && last.0 == src.name => {
                 if last.2 != ty {
@@ -141,11 +141,14 @@ fn converted_tensors(found: &Found, cfg: &Config, plan: QuantPlan) -> Result<Vec
                         src.name, last.2
                     )));
                 }
-                *last.1.last_mut().unwrap_or(&mut 0) += *ne.last().unwrap_or(&0);
+                // the outermost dimension grows by this part's
+                if let (Some(total), Some(part)) = (last.1.last_mut(), ne.last()) {
+                    *total += part;
+                }
                 last.3.extend_from_slice(&data);
             }
             // a whole tensor, or the first part of a fused one (the later parts grow it)
-            (_, _) => out.push((src.name, std::mem::take(&mut ne), ty, data)),
+            (_, _) => out.push((src.name, ne, ty, data)),
         }
     }
     Ok(out)

@@ -418,14 +418,27 @@ impl Model {
         let (n, p) = (tokens.len(), self.n_past);
         let key_past = if self.cache.is_ring() { 0 } else { p };
         let c = self.prefill_plan(be, n, key_past, logits == Logits::All)?;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (p..p + n).map(|i| i as i32).collect();
-        be.set_input_i32(c.exec, c.tokens, &ids)?;
-        be.set_input_i32(c.exec, c.pos, &pos)?;
-        self.set_kv_inputs(be, &c, p..p + n)?;
+        self.set_inputs(be, &c, tokens, p)?;
         be.compute(c.exec)?;
         self.n_past += n;
         self.read(be, &c, logits != Logits::None, "prefill")
+    }
+
+    /// Sets the inputs of a graph run over `tokens` at positions `start..`: ids,
+    /// positions, the mask and a ring cache's slots.
+    fn set_inputs(
+        &self,
+        be: &mut dyn Backend,
+        c: &Compiled,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<()> {
+        let end = start + tokens.len();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let pos: Vec<i32> = (start..end).map(|i| i as i32).collect();
+        be.set_input_i32(c.exec, c.tokens, &ids)?;
+        be.set_input_i32(c.exec, c.pos, &pos)?;
+        self.set_kv_inputs(be, c, start..end)
     }
 
     /// Sets the mask (and a ring cache's slots) of a graph run over the positions
@@ -542,33 +555,24 @@ impl Model {
         self.check_room(tokens.len())?;
         let n = tokens.len();
         let mg = build_trace(&self.config, &self.weights, &self.cache, n)?;
-        let exec = be.load(&mg.plan()?)?;
-        let run = self.run_trace(be, exec, &mg, tokens);
-        be.unload(exec)?;
+        let c = Compiled::load(be, &mg)?;
+        let run = self.run_trace(be, &c, &mg, tokens);
+        be.unload(c.exec)?;
         self.n_past = n;
         run
     }
 
+    /// Runs the loaded trace graph `c` (of `mg`) over `tokens` from position 0 and reads
+    /// back its traced tensors.
     fn run_trace(
         &self,
         be: &mut dyn Backend,
-        exec: ExecId,
+        c: &Compiled,
         mg: &ModelGraph,
         tokens: &[u32],
     ) -> Result<Vec<TraceTensor>> {
-        let n = tokens.len();
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let pos: Vec<i32> = (0..n as i32).collect();
-        be.set_input_i32(exec, mg.tokens, &ids)?;
-        be.set_input_i32(exec, mg.pos, &pos)?;
-        if let Some(m) = mg.kq_mask {
-            be.set_input_f32(
-                exec,
-                m,
-                &attention_mask(0..n, n, self.config.sliding_window),
-            )?;
-        }
-        be.compute(exec)?;
+        self.set_inputs(be, c, tokens, 0)?;
+        be.compute(c.exec)?;
         mg.traced
             .iter()
             .map(|t| {
@@ -576,7 +580,7 @@ impl Model {
                 Ok(TraceTensor {
                     name: t.name.clone(),
                     shape: t.shape.clone(),
-                    data: be.get_output_f32(exec, t.id, len)?,
+                    data: be.get_output_f32(c.exec, t.id, len)?,
                 })
             })
             .collect()

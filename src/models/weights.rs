@@ -722,22 +722,14 @@ impl Weights {
 
     /// Weight leaves of a graph (ggml-style names).
     pub(crate) fn leaves(&self, g: &mut Graph, cfg: &Config) -> Result<Leaves> {
-        let leaf = |g: &mut Graph, name: &str, at: WeightRef, ne: &[usize]| {
-            let data = BufferRef {
-                buffer: self.buffer,
-                offset: at.offset,
-            };
-            g.weight(name, at.dtype, ne, data)
-        };
         let one = |g: &mut Graph, r: Role, layer: Option<usize>| -> Result<Option<TensorId>> {
             match self.get(r, layer) {
-                Some(at) => Ok(Some(leaf(g, &r.ggml_base(layer), at, &r.ne(cfg))?)),
+                Some(at) => self.role_leaf(g, cfg, r, layer, at).map(Some),
                 None => Ok(None),
             }
         };
         let need = |g: &mut Graph, r: Role, layer: Option<usize>| -> Result<TensorId> {
-            one(g, r, layer)?
-                .ok_or_else(|| Error::model(format!("internal: no tensor {}", r.gguf_name(layer))))
+            self.role_leaf(g, cfg, r, layer, self.need(r, layer)?)
         };
         let tok_embd = need(g, Role::TokEmbd, None)?;
         let output = match cfg.tie_word_embeddings {
@@ -758,16 +750,12 @@ impl Weights {
                     b: one(g, b, l)?,
                 })
             };
+            let biases = [Role::AttnQB, Role::AttnKB, Role::AttnVB];
             layers.push(LayerLeaves {
                 attn_norm: norm(g, Role::AttnNorm, Role::AttnNormB)?,
                 qkv: self.qkv_leaves(g, cfg, i, [Role::AttnQ, Role::AttnK, Role::AttnV])?,
                 qkv_b: match self.get(Role::AttnQB, l) {
-                    Some(_) => Some(self.qkv_leaves(
-                        g,
-                        cfg,
-                        i,
-                        [Role::AttnQB, Role::AttnKB, Role::AttnVB],
-                    )?),
+                    Some(_) => Some(self.qkv_leaves(g, cfg, i, biases)?),
                     None => None,
                 },
                 q_norm: one(g, Role::AttnQNorm, l)?,
@@ -790,6 +778,33 @@ impl Weights {
         })
     }
 
+    /// The tensor `role` of `layer`, which the layout must have.
+    fn need(&self, role: Role, layer: Option<usize>) -> Result<WeightRef> {
+        self.get(role, layer)
+            .ok_or_else(|| Error::model(format!("internal: no tensor {}", role.gguf_name(layer))))
+    }
+
+    /// A weight leaf `name` of `ne` over the tensor at `at`.
+    fn leaf(&self, g: &mut Graph, name: &str, at: WeightRef, ne: &[usize]) -> Result<TensorId> {
+        let data = BufferRef {
+            buffer: self.buffer,
+            offset: at.offset,
+        };
+        g.weight(name, at.dtype, ne, data)
+    }
+
+    /// The leaf of tensor `role` of `layer` (at `at`), with its ggml name and `ne`.
+    fn role_leaf(
+        &self,
+        g: &mut Graph,
+        cfg: &Config,
+        role: Role,
+        layer: Option<usize>,
+        at: WeightRef,
+    ) -> Result<TensorId> {
+        self.leaf(g, &role.ggml_base(layer), at, &role.ne(cfg))
+    }
+
     /// The leaf or leaves of q|k|v (`roles`: the matrices or their biases) of layer `i`:
     /// one fused tensor when the three are adjacent rows of one dtype.
     fn qkv_leaves(
@@ -800,60 +815,44 @@ impl Weights {
         roles: [Role; 3],
     ) -> Result<QkvLeaves> {
         let l = Some(i);
-        let at = |r: Role| {
-            self.get(r, l)
-                .ok_or_else(|| Error::model(format!("internal: no tensor {}", r.gguf_name(l))))
-        };
-        let (q, k, v) = (at(roles[0])?, at(roles[1])?, at(roles[2])?);
-        let buf = |at: WeightRef| BufferRef {
-            buffer: self.buffer,
-            offset: at.offset,
-        };
+        let [q, k, v] = roles.map(|r| self.need(r, l));
+        let (q, k, v) = (q?, k?, v?);
         if q.dtype == k.dtype && k.dtype == v.dtype {
             let rows = cfg.n_q() + 2 * cfg.n_kv_dim();
             let (name, ne) = match roles[0].is_vector() {
                 true => (format!("blk.{i}.attn_qkv.bias"), vec![rows]),
                 false => (format!("blk.{i}.attn_qkv"), vec![cfg.hidden_size, rows]),
             };
-            return Ok(QkvLeaves::Fused(g.weight(&name, q.dtype, &ne, buf(q))?));
+            return Ok(QkvLeaves::Fused(self.leaf(g, &name, q, &ne)?));
         }
-        let mut leaf =
-            |r: Role, w: WeightRef| g.weight(&r.ggml_base(l), w.dtype, &r.ne(cfg), buf(w));
         Ok(QkvLeaves::Split {
-            q: leaf(roles[0], q)?,
-            k: leaf(roles[1], k)?,
-            v: leaf(roles[2], v)?,
+            q: self.role_leaf(g, cfg, roles[0], l, q)?,
+            k: self.role_leaf(g, cfg, roles[1], l, k)?,
+            v: self.role_leaf(g, cfg, roles[2], l, v)?,
         })
     }
 
     /// The leaf or leaves of the MLP's input projections of layer `i`.
     fn gate_up_leaves(&self, g: &mut Graph, cfg: &Config, i: usize) -> Result<GateUpLeaves> {
         let l = Some(i);
-        let buf = |at: WeightRef| BufferRef {
-            buffer: self.buffer,
-            offset: at.offset,
-        };
-        let up = self
-            .get(Role::FfnUp, l)
-            .ok_or_else(|| Error::model(format!("internal: no tensor blk.{i}.ffn_up")))?;
-        let mut leaf =
-            |r: Role, w: WeightRef| g.weight(&r.ggml_base(l), w.dtype, &r.ne(cfg), buf(w));
+        let up = self.need(Role::FfnUp, l)?;
         let Some(gate) = self.get(Role::FfnGate, l) else {
-            return Ok(GateUpLeaves::Up(leaf(Role::FfnUp, up)?));
+            return Ok(GateUpLeaves::Up(self.role_leaf(
+                g,
+                cfg,
+                Role::FfnUp,
+                l,
+                up,
+            )?));
         };
         if gate.dtype == up.dtype {
             let ne = [cfg.hidden_size, 2 * cfg.intermediate_size];
-            let nm = format!("blk.{i}.ffn_gate_up");
-            return Ok(GateUpLeaves::Fused(g.weight(
-                &nm,
-                gate.dtype,
-                &ne,
-                buf(gate),
-            )?));
+            let name = format!("blk.{i}.ffn_gate_up");
+            return Ok(GateUpLeaves::Fused(self.leaf(g, &name, gate, &ne)?));
         }
         Ok(GateUpLeaves::Split {
-            gate: leaf(Role::FfnGate, gate)?,
-            up: leaf(Role::FfnUp, up)?,
+            gate: self.role_leaf(g, cfg, Role::FfnGate, l, gate)?,
+            up: self.role_leaf(g, cfg, Role::FfnUp, l, up)?,
         })
     }
 }

@@ -32,27 +32,36 @@ pub const FIXTURES: [&str; 8] = [
     "gpt2-tiny-f32",
 ];
 
-/// Reads fixture `name`'s reference data.
-pub fn reference(name: &'static str) -> Reference {
+/// Fixture `name`'s folder, its `reference.json` and the bytes of its
+/// `reference.safetensors`.
+pub fn reference_files(name: &str) -> (PathBuf, serde_json::Value, Vec<u8>) {
     let dir = super::fixtures::fixture(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        json[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    (dir, json, bytes)
+}
+
+/// The token ids of `reference.json`'s list `key`.
+pub fn ids(json: &serde_json::Value, key: &str) -> Vec<u32> {
+    json[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Reads fixture `name`'s reference data.
+pub fn reference(name: &'static str) -> Reference {
+    let (dir, json, bytes) = reference_files(name);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let logits = st.tensor("logits").unwrap();
     Reference {
         name,
-        tokens: ids("tokens"),
-        greedy: ids("greedy_tokens"),
+        tokens: ids(&json, "tokens"),
+        greedy: ids(&json, "greedy_tokens"),
         margins: json["greedy_margins"]
             .as_array()
             .unwrap()
