@@ -123,6 +123,11 @@ pub enum TemplateProblem {
     Render,
     /// The template called `raise_exception` (it rejects the conversation).
     Raised,
+    /// Rendering took more than [`crate::models::chat::MAX_TEMPLATE_STEPS`] steps (a
+    /// template that loops without end).
+    TooManySteps,
+    /// The rendered text passed [`crate::models::chat::MAX_RENDERED_BYTES`].
+    TooLong,
 }
 
 impl std::fmt::Display for TemplateProblem {
@@ -131,6 +136,8 @@ impl std::fmt::Display for TemplateProblem {
             TemplateProblem::Syntax => "syntax error",
             TemplateProblem::Render => "render error",
             TemplateProblem::Raised => "the template raised an exception",
+            TemplateProblem::TooManySteps => "the template took too many steps",
+            TemplateProblem::TooLong => "the rendered text is too long",
         })
     }
 }

@@ -340,3 +340,43 @@ fn streaming_decode_of_spec_tokenizers() {
         assert_eq!(out, text, "{name}");
     }
 }
+
+/// A template that loops without end stops at the step limit, and one that repeats text
+/// without bound stops at the output limit, each with its own problem; a long but real
+/// conversation (20,000 messages) stays within both.
+#[test]
+fn runaway_templates_stop_with_named_limits() {
+    let t = ChatTemplate::new(
+        Some("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"),
+        "",
+        "",
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (problem, detail) = chat_err(t.render(&[], false));
+    assert_eq!(problem, TemplateProblem::TooManySteps, "{detail}");
+    assert!(started.elapsed().as_secs() < 60);
+
+    let t = ChatTemplate::new(
+        Some("{% for a in range(100000) %}{{ 'x' * 10000000 }}{% endfor %}"),
+        "",
+        "",
+    )
+    .unwrap();
+    let (problem, detail) = chat_err(t.render(&[], false));
+    assert_eq!(problem, TemplateProblem::TooLong, "{detail}");
+    assert!(detail.contains(&graft::models::chat::MAX_RENDERED_BYTES.to_string()));
+
+    let chatml = ChatTemplate::new(None, "", "").unwrap();
+    let long: Vec<Message> = (0..20_000)
+        .map(|i| {
+            Message::new(
+                if i % 2 == 0 { "user" } else { "assistant" },
+                format!("turn {i}"),
+            )
+        })
+        .collect();
+    let text = chatml.render(&long, true).unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n"));
+    assert!(text.contains("turn 19999<|im_end|>"));
+}

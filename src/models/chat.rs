@@ -26,6 +26,15 @@ pub const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.ro
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Steps (minijinja "fuel": one per VM instruction) a rendering may take. A real template
+/// takes tens per message, so this allows conversations of over 100,000 messages while a
+/// template that loops without end fails in about a second.
+pub const MAX_TEMPLATE_STEPS: u64 = 20_000_000;
+
+/// Bytes of text a rendering may produce: far past any model's context (a million tokens
+/// are a few MiB of text), while a template that repeats text without bound stops early.
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Message {
@@ -89,6 +98,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| template_error(TemplateProblem::Syntax, &e))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(MAX_TEMPLATE_STEPS));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, source.unwrap_or(CHATML).to_string())
@@ -128,15 +138,26 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        template.render(ctx).map_err(|e| {
-            let raised = std::error::Error::source(&e).is_some_and(|s| s.is::<Raised>());
-            let problem = if raised {
-                TemplateProblem::Raised
-            } else {
-                TemplateProblem::Render
-            };
-            template_error(problem, &e)
-        })
+        let mut out = LimitedText::default();
+        match template.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.text).map_err(|_| Error::ChatTemplate {
+                problem: TemplateProblem::Render,
+                detail: "the rendered text is not UTF-8".into(),
+            }),
+            Err(_) if out.over => Err(Error::ChatTemplate {
+                problem: TemplateProblem::TooLong,
+                detail: format!("more than {MAX_RENDERED_BYTES} bytes of text"),
+            }),
+            Err(e) => {
+                let raised = std::error::Error::source(&e).is_some_and(|s| s.is::<Raised>());
+                let problem = match e.kind() {
+                    _ if raised => TemplateProblem::Raised,
+                    ErrorKind::OutOfFuel => TemplateProblem::TooManySteps,
+                    _ => TemplateProblem::Render,
+                };
+                Err(template_error(problem, &e))
+            }
+        }
     }
 
     /// The text to feed after `rendered`, the text the model has already seen (an earlier
@@ -153,6 +174,28 @@ impl ChatTemplate {
             Some(suffix) => Continuation::Suffix(suffix.to_string()),
             None => Continuation::Diverged(full),
         })
+    }
+}
+
+/// A rendering's output, refused past [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+struct LimitedText {
+    text: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for LimitedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("rendered text too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
