@@ -8,7 +8,8 @@
 #   BUNDLE/bin/graft
 #   BUNDLE/run-tests.sh    every test binary (GRAFT_REQUIRE_GPU=1), a summary table;
 #                          --bench also runs the op benchmark
-#   BUNDLE/run-memcheck.sh the test binaries under compute-sanitizer --tool memcheck
+#   BUNDLE/run-sanitizer.sh TOOL  the test binaries under compute-sanitizer (memcheck,
+#                          racecheck, synccheck, initcheck); run-memcheck.sh = memcheck
 #   BUNDLE.tar.xz          all of it packed, the file to carry to the GPU machine
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
@@ -117,32 +118,53 @@ fi
 exit $status
 RUN
 
-cat > "$BUNDLE/run-memcheck.sh" <<'RUN'
+cat > "$BUNDLE/run-sanitizer.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs every GPU test binary of this bundle under compute-sanitizer's memcheck (slow;
-# pass a test-name filter to narrow it). Fails on the first error report.
+# Runs the GPU test binaries of this bundle under one compute-sanitizer tool (memcheck,
+# racecheck, synccheck or initcheck; slow). BINARIES, a regular expression over binary
+# names, narrows the binaries (default all); further arguments go to every test binary
+# (a test-name filter). Fails when any tool run reports an error.
+#   run-sanitizer.sh initcheck
+#   BINARIES='ops_cuda_quant' run-sanitizer.sh racecheck
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+TOOL="${1:?usage: run-sanitizer.sh memcheck|racecheck|synccheck|initcheck [TEST_FILTER]}"
+shift
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GRAFT_REQUIRE_GPU=1
+[ -d tests/fixtures ] && export GRAFT_FIXTURES="$PWD/tests/fixtures"
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-[ -x "$SAN" ] || { echo "run-memcheck: compute-sanitizer not found"; exit 1; }
+[ -x "$SAN" ] || { echo "run-sanitizer: compute-sanitizer not found"; exit 1; }
+case "$TOOL" in
+    memcheck) opts=(--leak-check no) ;;
+    racecheck) opts=(--racecheck-report hazard) ;;
+    synccheck|initcheck) opts=() ;;
+    *) echo "run-sanitizer: unknown tool '$TOOL'"; exit 2 ;;
+esac
 LOGS="${OUT:-$HERE/logs}"
 mkdir -p "$LOGS"
 status=0
 for t in "$HERE"/tests/*; do
     name="$(basename "$t")"
-    log="$LOGS/$name.memcheck.log"
-    "$SAN" --tool memcheck --error-exitcode 99 --leak-check no "$t" --test-threads=1 "$@" > "$log" 2>&1
+    [[ "$name" =~ ${BINARIES:-.} ]] || continue
+    log="$LOGS/$name.$TOOL.log"
+    start=$(date +%s)
+    "$SAN" --tool "$TOOL" "${opts[@]}" --error-exitcode 99 "$t" --test-threads=1 "$@" > "$log" 2>&1
     rc=$?
-    summary="$(grep -E 'ERROR SUMMARY' "$log" | tail -n 1)"
-    printf '%-24s exit %3s  %s\n' "$name" "$rc" "${summary:-no summary}"
+    summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)"
+    printf '%-24s %-9s exit %3s %5ss  %s\n' "$name" "$TOOL" "$rc" "$(( $(date +%s) - start ))" "${summary:-no summary}"
     if [ $rc -ne 0 ]; then status=1; tail -n 60 "$log"; fi
 done
-[ $status -eq 0 ] && echo "MEMCHECK CLEAN" || echo "MEMCHECK FOUND ERRORS"
+[ $status -eq 0 ] && echo "${TOOL^^} CLEAN" || echo "${TOOL^^} FOUND ERRORS"
 exit $status
 RUN
-chmod +x "$BUNDLE/run-tests.sh" "$BUNDLE/run-memcheck.sh"
+
+cat > "$BUNDLE/run-memcheck.sh" <<'RUN'
+#!/usr/bin/env bash
+# compute-sanitizer memcheck over every GPU test binary (see run-sanitizer.sh).
+exec "$(dirname "$0")/run-sanitizer.sh" memcheck "$@"
+RUN
+chmod +x "$BUNDLE/run-tests.sh" "$BUNDLE/run-memcheck.sh" "$BUNDLE/run-sanitizer.sh"
 
 echo "gpu-bundle: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE:"
 ls -la "$BUNDLE/tests" "$BUNDLE/bin"

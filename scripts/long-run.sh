@@ -5,7 +5,11 @@
 # process's resident memory (VmRSS) every SECONDS (default 2). Prints the samples, then the
 # growth from the first sample after warm-up (a tenth of the run) to the last.
 # Usage: scripts/long-run.sh [N] [CTX] [SECONDS]   (BACKEND=cuda for the GPU build;
-# GRAFT_BIN names the binary, default target/release/graft, built when absent.)
+# GRAFT_BIN names the binary, default target/release/graft, built when absent;
+# MODEL_ARGS replaces the model, e.g. MODEL_ARGS="--preset mistral-7b --quantize q4_k_m"
+# for a 7B preset with random weights.) On CUDA the samples also give the process's GPU
+# memory (nvidia-smi's memory.used of GPU 0, which the run
+# is assumed to have to itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-100000}"; CTX="${2:-256}"; EVERY="${3:-2}"; BACKEND="${BACKEND:-cpu}"
@@ -14,16 +18,24 @@ BIN="${GRAFT_BIN:-target/release/graft}"
 samples="$(mktemp)"
 trap 'rm -f "$samples"' EXIT
 start=$(date +%s)
-"$BIN" generate --model tests/fixtures/llama3-tiny-bf16 --token-ids 1,2,3 -n "$N" --ctx "$CTX" \
+MODEL_ARGS="${MODEL_ARGS:---model tests/fixtures/llama3-tiny-bf16}"
+# shellcheck disable=SC2086 # MODEL_ARGS is a list of arguments
+"$BIN" generate $MODEL_ARGS --token-ids 1,2,3 -n "$N" --ctx "$CTX" \
     --context-shift --ignore-eos --temperature 0.8 --seed 7 --backend "$BACKEND" > /dev/null &
 pid=$!
-echo "| seconds | VmRSS (KiB) |"
-echo "| ---: | ---: |"
+gpu_mib() {
+    [ "$BACKEND" = cuda ] || { echo "-"; return; }
+    # the whole GPU's used memory: the run is the only process on the device
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null || echo "-"
+}
+echo "| seconds | VmRSS (KiB) | GPU memory (MiB) |"
+echo "| ---: | ---: | ---: |"
 while kill -0 "$pid" 2>/dev/null; do
     rss="$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)"
     if [ -n "$rss" ]; then
-        echo "| $(( $(date +%s) - start )) | $rss |"
-        echo "$rss" >> "$samples"
+        gpu="$(gpu_mib)"
+        echo "| $(( $(date +%s) - start )) | $rss | $gpu |"
+        echo "$rss $gpu" >> "$samples"
     fi
     sleep "$EVERY"
 done
@@ -31,8 +43,13 @@ wait "$pid" || { echo "long-run: graft failed"; exit 1; }
 secs=$(( $(date +%s) - start ))
 count=$(wc -l < "$samples")
 [ "$count" -ge 3 ] || { echo "long-run: too few samples ($count); use a larger N"; exit 1; }
-warm=$(sed -n "$(( count / 10 + 1 ))p" "$samples")
-last=$(tail -n 1 "$samples")
-max=$(sort -n "$samples" | tail -n 1)
+warm_line=$(sed -n "$(( count / 10 + 1 ))p" "$samples")
+last_line=$(tail -n 1 "$samples")
+warm=${warm_line% *}; last=${last_line% *}
+max=$(cut -d' ' -f1 "$samples" | sort -n | tail -n 1)
 echo "long-run: $N tokens in ${secs} s on $BACKEND, context $CTX; VmRSS after warm-up ${warm} KiB," \
      "at the end ${last} KiB (growth $(( last - warm )) KiB), peak ${max} KiB"
+if [ "$BACKEND" = cuda ]; then
+    echo "long-run: GPU memory after warm-up ${warm_line#* } MiB, at the end ${last_line#* } MiB," \
+         "peak $(cut -d' ' -f2 "$samples" | grep -v '^-$' | sort -n | tail -n 1) MiB"
+fi

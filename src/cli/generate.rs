@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use graft::models::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::{tokenizer, Stop};
+use graft::models::model::default_ctx;
+use graft::models::{tokenizer, Model, QuantPlan, Stop};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
+use super::dump::preset;
 use super::{
     load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg,
     SamplingArgs,
@@ -23,6 +25,11 @@ pub struct Args {
     /// into the cache on first use.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Instead of --model: a preset shape with seeded random weights made on the device
+    /// (llama2-7b, mistral-7b, ...; --quantize picks their dtype, f16 when absent), for
+    /// long runs and memory checks; needs --token-ids.
+    #[arg(long, conflicts_with_all = ["model", "chat", "prompt", "file"], requires = "token_ids")]
+    preset: Option<String>,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
     #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
@@ -62,6 +69,10 @@ pub struct Args {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
+    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
+    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// Print one JSON object (ids, text, speeds, plan counters) instead of streaming.
     #[arg(long)]
     json: bool,
@@ -74,14 +85,27 @@ pub struct Args {
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
-    let path = model_path(a.model.clone())?;
-    if a.chat {
-        return run_chat(&a, &path);
-    }
-    let mut be = make_backend(a.backend)?;
+    let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
-    let mut model = load_model(&path, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
-    let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
+    let (mut model, tokenizer, path) = match &a.preset {
+        Some(name) => {
+            let cfg = preset(name)?;
+            let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
+            let plan = QuantPlan::from(a.quantize.unwrap_or(DTypeArg::F16));
+            let cache = a.cache.types(be.name());
+            let model = Model::random(cfg, plan, ctx, cache, 0, be)?;
+            (model, None, PathBuf::from(name))
+        }
+        None => {
+            let path = model_path(a.model.clone())?;
+            if a.chat {
+                return run_chat(&a, &path);
+            }
+            let model = load_model(&path, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
+            let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
+            (model, tokenizer, path)
+        }
+    };
     let text = prompt_text(&a)?;
     let prompt = match (&text, &a.token_ids) {
         (Some(text), _) => match &tokenizer {
@@ -180,7 +204,7 @@ pub fn run(a: Args) -> Result<()> {
 fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
     let sampler = a.sampling.sampler()?;
-    let mut be = make_backend(a.backend)?;
+    let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;
     let on = LlamaOn {
