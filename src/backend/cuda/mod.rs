@@ -576,10 +576,14 @@ impl Backend for CudaBackend {
                 msg: "internal error: lowering a plan gave two different layouts".into(),
             });
         }
+        // Zero the arena and scratch first: the warm-up GEMMs below read arena blocks
+        // whose producers have not run yet (compute-sanitizer's initcheck reported those
+        // reads inside cuBLAS before this), and no kernel may see bytes nobody wrote.
+        self.memset(base, 0, total)?;
         self.htod(base + arena_bytes as u64, &consts2)?;
         // Run each GEMM once now, outside any capture: cuBLAS loads its kernels lazily and
-        // sets up its heuristics on first use. Inputs are whatever the memory holds; the
-        // results land in the GEMM's own arena block, which a run overwrites.
+        // sets up its heuristics on first use. Inputs are zeros; the results land in the
+        // GEMM's own arena block, which a run overwrites.
         for (step, ops) in plan.steps.iter().zip(&steps) {
             for op in ops {
                 if let DevOp::Gemm(g) = op {
