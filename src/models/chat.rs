@@ -150,10 +150,12 @@ impl ChatTemplate {
             }),
             Err(e) => {
                 let raised = std::error::Error::source(&e).is_some_and(|s| s.is::<Raised>());
-                let problem = match e.kind() {
-                    _ if raised => TemplateProblem::Raised,
-                    ErrorKind::OutOfFuel => TemplateProblem::TooManySteps,
-                    _ => TemplateProblem::Render,
+                let problem = if raised {
+                    TemplateProblem::Raised
+                } else if e.kind() == ErrorKind::OutOfFuel {
+                    TemplateProblem::TooManySteps
+                } else {
+                    TemplateProblem::Render
                 };
                 Err(template_error(problem, &e))
             }
