@@ -711,6 +711,12 @@ fn command_line_sizes_and_values_are_checked() {
         &dump(&["--decode", "--n-past", "5000", "--ctx", "100"]),
         &["--n-past 5000"],
     );
+    // tensor parallelism: sizes that do not divide, an empty or absurd group
+    fails(&g(&["--tp", "3"]), &["--tp 3", "attention heads (8)"]);
+    fails(&g(&["--tp", "0"]), &["--tp 0"]);
+    fails(&g(&["--tp", "1000000"]), &["--tp 1000000"]);
+    fails(&b(&["--tp", "3"]), &["--tp 3", "attention heads"]);
+    fails(&dump(&["--tp", "16"]), &["--tp 16", "attention heads (8)"]);
 }
 
 /// A library caller gets the same named error for a config with a huge layer count,

@@ -2,10 +2,12 @@
 //! through `half`. mul_mat runs on all cores (rayon); everything else is plain loops.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
+use crate::ops::collective::LocalGroup;
 use crate::ops::host::{store, HostTensor};
 use crate::ops::mul_mat::QuantDot;
 use crate::ops::{self, CopyOp, Op};
@@ -39,6 +41,9 @@ pub struct CpuBackend {
     profile: Option<Vec<StepTime>>,
     /// How block-typed weights are multiplied.
     quant: QuantDot,
+    /// The group this backend is a member of, and its rank there (tensor parallelism on
+    /// simulated devices).
+    group: Option<(Arc<LocalGroup>, usize)>,
 }
 
 /// A zeroed allocation of at least `bytes` bytes, or an error naming the size.
@@ -61,6 +66,16 @@ impl CpuBackend {
     /// A CPU backend using rayon's global thread pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Member `rank` of `group`: its `all_reduce` steps meet the other members'.
+    /// Runs execute on the calling thread (not on rayon's pool, whose few threads the
+    /// waiting members would otherwise hold).
+    pub fn in_group(group: Arc<LocalGroup>, rank: usize) -> Self {
+        CpuBackend {
+            group: Some((group, rank)),
+            ..Self::default()
+        }
     }
 
     /// Picks how block-typed weights are multiplied (default [`QuantDot::Q8_1`]).
@@ -230,43 +245,22 @@ impl Backend for CpuBackend {
             )));
         }
         let arena = SendPtr(as_bytes_mut(&mut e.arena).as_mut_ptr());
-        let buffers = &mut self.buffers;
-        let profile = &mut self.profile;
+        let run = Run {
+            arena,
+            buffers: &mut self.buffers,
+            profile: &mut self.profile,
+            quant,
+            group: self.group.as_ref().map(|(g, r)| (&**g, *r)),
+        };
         let steps = &e.plan.steps;
-        // The whole plan runs on a thread of rayon's pool, so that each op's parallel
-        // loop shares its work with the pool's other threads directly instead of waking
-        // them and putting the calling thread to sleep, op after op.
-        rayon::scope(move |_| -> Result<()> {
-            let arena = arena;
-            let mut ptr = |loc: Loc| -> *mut u8 {
-                match loc {
-                    // SAFETY: load() checked that every arena offset lies inside the arena.
-                    Loc::Arena(off) => unsafe { arena.0.add(off) },
-                    Loc::Buffer(b, off) => {
-                        let v = buffers.get_mut(&b).expect("validated at load");
-                        // SAFETY: load() checked the extent against the buffer's size.
-                        unsafe { as_bytes_mut(v).as_mut_ptr().add(off) }
-                    }
-                }
-            };
-            let mut src: Vec<HostTensor> = Vec::with_capacity(4);
-            for step in steps {
-                let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
-                src.clear();
-                src.extend(step.src.iter().map(|s| HostTensor::new(ptr(s.loc), s)));
-                let start = std::time::Instant::now();
-                run_step(step, dst, &src, quant)?;
-                if let Some(p) = profile.as_mut() {
-                    p.push(StepTime {
-                        name: step.name.clone(),
-                        op: step.op.name(),
-                        kernels: step.op.name().to_string(),
-                        us: start.elapsed().as_secs_f64() * 1e6,
-                    });
-                }
-            }
-            Ok(())
-        })?;
+        match run.group {
+            // A member of a group runs on its own thread (see `in_group`).
+            Some(_) => run.steps(steps)?,
+            // The whole plan runs on a thread of rayon's pool, so that each op's parallel
+            // loop shares its work with the pool's other threads directly instead of
+            // waking them and putting the calling thread to sleep, op after op.
+            None => rayon::scope(move |_| run.steps(steps))?,
+        }
         self.stats.eager_runs += 1;
         Ok(())
     }
@@ -312,9 +306,64 @@ impl Backend for CpuBackend {
     }
 }
 
+/// One run of a plan's steps over its arena and the backend's buffers.
+struct Run<'a> {
+    arena: SendPtr,
+    buffers: &'a mut HashMap<BufferId, Vec<u64>>,
+    profile: &'a mut Option<Vec<StepTime>>,
+    quant: QuantDot,
+    group: Option<(&'a LocalGroup, usize)>,
+}
+
+impl Run<'_> {
+    fn steps(self, steps: &[Step]) -> Result<()> {
+        let Run {
+            arena,
+            buffers,
+            profile,
+            quant,
+            group,
+        } = self;
+        let mut ptr = |loc: Loc| -> *mut u8 {
+            match loc {
+                // SAFETY: load() checked that every arena offset lies inside the arena.
+                Loc::Arena(off) => unsafe { arena.0.add(off) },
+                Loc::Buffer(b, off) => {
+                    let v = buffers.get_mut(&b).expect("validated at load");
+                    // SAFETY: load() checked the extent against the buffer's size.
+                    unsafe { as_bytes_mut(v).as_mut_ptr().add(off) }
+                }
+            }
+        };
+        let mut src: Vec<HostTensor> = Vec::with_capacity(4);
+        for step in steps {
+            let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
+            src.clear();
+            src.extend(step.src.iter().map(|s| HostTensor::new(ptr(s.loc), s)));
+            let start = std::time::Instant::now();
+            run_step(step, dst, &src, quant, group)?;
+            if let Some(p) = profile.as_mut() {
+                p.push(StepTime {
+                    name: step.name.clone(),
+                    op: step.op.name(),
+                    kernels: step.op.name().to_string(),
+                    us: start.elapsed().as_secs_f64() * 1e6,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs one step with the CPU reference kernels; `quant` picks how block-typed weights
-/// are multiplied.
-pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Result<()> {
+/// are multiplied; `group` is the device group (and rank) of a tensor-parallel member.
+pub fn run_step(
+    step: &Step,
+    dst: HostTensor,
+    src: &[HostTensor],
+    quant: QuantDot,
+    group: Option<(&LocalGroup, usize)>,
+) -> Result<()> {
     match step.op {
         Op::Leaf | Op::View(_) => Ok(()),
         Op::GetRows => ops::get_rows::cpu(step, dst, src),
@@ -329,5 +378,6 @@ pub fn run_step(step: &Step, dst: HostTensor, src: &[HostTensor], quant: QuantDo
         Op::Mask(op) => ops::softmax::cpu(op, dst, src),
         Op::Argmax => ops::argmax::cpu(dst, src),
         Op::FlashAttnExt(ref p) => ops::attention::cpu(p, dst, src),
+        Op::AllReduce(p) => ops::collective::cpu(p, dst, src, group),
     }
 }

@@ -5,10 +5,13 @@
 //! - [`cpu::CpuBackend`]: the reference implementation of every op on any strides.
 //! - `cuda::CudaBackend` (feature `cuda`): kernels from `cuda/*.cu`, cuBLAS, and the whole
 //!   plan captured into one CUDA graph that later runs replay.
+//! - [`group::DeviceGroup`]: N backends run as one for tensor parallelism (each member
+//!   runs the same plan on its share of the weights; `all_reduce` joins them).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod group;
 
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Io, Loc, Plan, Step, TensorId};
@@ -88,6 +91,31 @@ pub trait Backend {
 
     /// Copies `data` into `buf` at byte `offset`.
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()>;
+
+    /// Devices this backend drives: 1, or the size of a
+    /// [`DeviceGroup`](group::DeviceGroup), whose members each hold a copy of every buffer.
+    fn devices(&self) -> usize {
+        1
+    }
+
+    /// Copies `data` into `buf` at byte `offset` on device `device` only (a device
+    /// group's member gets its own share of the weights); device 0 is the only device of
+    /// a single-device backend.
+    fn write_buffer_on(
+        &mut self,
+        device: usize,
+        buf: BufferId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        match device {
+            0 => self.write_buffer(buf, offset, data),
+            _ => Err(Error::plan(format!(
+                "{}: device {device} of a single-device backend",
+                self.name()
+            ))),
+        }
+    }
 
     /// Copies bytes of `buf` from `offset` into `out`.
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()>;

@@ -58,6 +58,10 @@ pub struct Args {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
+    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
+    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -73,10 +77,11 @@ pub struct Args {
 /// a CUDA device.
 fn open_backend(
     kind: BackendKind,
+    tp: usize,
     given: Option<f64>,
 ) -> Result<(Box<dyn graft::backend::Backend>, Option<f64>)> {
     #[cfg(feature = "cuda")]
-    if kind == BackendKind::Cuda {
+    if kind == BackendKind::Cuda && tp == 1 {
         let mut be = graft::backend::cuda::CudaBackend::new(0)?;
         let bw = match given {
             Some(bw) => bw,
@@ -84,7 +89,7 @@ fn open_backend(
         };
         return Ok((Box::new(be), Some(bw)));
     }
-    Ok((make_backend(kind)?, given))
+    Ok((make_backend(kind, tp)?, given))
 }
 
 /// Runs `graft bench`.
@@ -97,7 +102,7 @@ pub fn run(a: Args) -> Result<()> {
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
-    let (mut be, copy_bw) = open_backend(a.backend, a.copy_bw)?;
+    let (mut be, copy_bw) = open_backend(a.backend, a.tp, a.copy_bw)?;
     let be = be.as_mut();
     let ctx =
         a.p.checked_add(a.n)
@@ -171,7 +176,9 @@ pub fn run(a: Args) -> Result<()> {
         None
     };
     let weight_bytes = model.weights().bytes;
-    let per_token = model.weights().bytes_per_token(&cfg);
+    // per device: each device reads its share of the weights, at its own bandwidth
+    let per_token = model.weights().bytes_per_token(model.shard());
+    let devices = be.devices();
     let roofline = copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
     if a.json {
         let obj = json!({
@@ -183,6 +190,7 @@ pub fn run(a: Args) -> Result<()> {
             "reps": a.reps,
             "prompt_tokens_per_s": pp,
             "gen_tokens_per_s": tg,
+            "devices": devices,
             "weight_bytes": weight_bytes,
             "weight_bytes_per_token": per_token,
             "kv_cache_bytes": model.cache().bytes(),
@@ -208,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         print_out(&format!(
             "graft bench: {} {} on {} (p={}, n={}, {} reps)\n\
-             \x20 weights     {:.3} GB ({:.3} GB read per token)\n\
+             \x20 weights     {:.3} GB ({:.3} GB read per token){}\n\
              \x20 prompt      {:>10.1} tok/s\n\
              \x20 generation  {:>10.1} tok/s\n\
              \x20 roofline    {roof}\n\
@@ -221,6 +229,10 @@ pub fn run(a: Args) -> Result<()> {
             a.reps,
             gb(weight_bytes),
             gb(per_token),
+            match devices {
+                1 => String::new(),
+                n => format!(" per device, {n} devices"),
+            },
             pp,
             tg,
             plans.prefill,

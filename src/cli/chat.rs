@@ -33,6 +33,10 @@ pub struct Args {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
+    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
+    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// No progress bar and no greeting on stderr.
     #[arg(long)]
     quiet: bool,
@@ -65,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
     let path = model_path(a.model)?;
     let (tok, template) = chat_parts(&path)?;
     let sampler = a.sampling.sampler()?;
-    let mut be = make_backend(a.backend)?;
+    let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
     let on = LlamaOn {

@@ -12,6 +12,7 @@ use graft::graph::{dump, BufferId, DType};
 use graft::models::blocks::{build_decode, build_prefill, decode_n_kv};
 use graft::models::loader::input_files;
 use graft::models::model::default_ctx;
+use graft::models::tp::Split;
 use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 
@@ -33,7 +34,7 @@ pub struct Args {
     /// metadata is used).
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     model: Option<PathBuf>,
-    /// A preset instead of a folder (tiny, llama2-7b, llama3-8b).
+    /// A preset instead of a folder (tiny, llama2-7b, llama2-70b, ...).
     #[arg(long)]
     preset: Option<String>,
     /// Dump the decode graph (one token, KV-length bucket of position --n-past).
@@ -55,6 +56,11 @@ pub struct Args {
     /// KV-cache positions (default: max_position_embeddings, at most 4096).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Split the model over N devices (tensor parallelism): the graph every device runs
+    /// on its share, with the all_reduce nodes, after one line per device saying what
+    /// it holds.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// Weight dtype or quantization mix (default: the config's dtype, else f32).
     #[arg(long, value_enum, alias = "quantize")]
     dtype: Option<DTypeArg>,
@@ -92,6 +98,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     check_dump_size(&cfg)?;
     let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
+    let split = Split::new(&cfg, a.tp)?;
+    let full = cfg;
+    let cfg = split.shard();
     let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
     let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
     // The graph the CPU backend would run (the CUDA one differs only in auto attention).
@@ -117,10 +126,22 @@ pub fn run(a: Args) -> Result<()> {
         build_prefill(&cfg, &weights, &cache, a.n_tokens, a.n_past, false)?
     };
     let plan = mg.plan()?;
-    let text = match a.format {
+    let mut text = match a.format {
         Format::Text => dump::text(&mg.graph, &plan),
         Format::Dot => dump::dot(&mg.graph, &plan),
     };
+    if split.n > 1 {
+        let mut head = String::new();
+        let comment = if a.format == Format::Dot { "//" } else { "#" };
+        for d in 0..split.n {
+            head.push_str(&format!("{comment} {}\n", split.describe(d)));
+        }
+        head.push_str(&format!(
+            "{comment} every device runs this graph ({} of {} query heads) on its share\n",
+            cfg.num_attention_heads, full.num_attention_heads
+        ));
+        text.insert_str(0, &head);
+    }
     match &a.out {
         Some(path) => write_output_guarded(path, &inputs, |w| w.write_all(text.as_bytes())),
         None => print_out(&text),

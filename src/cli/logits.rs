@@ -31,6 +31,10 @@ pub struct Args {
     /// Backend to run on.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     backend: BackendKind,
+    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
+    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// No progress bar and no summary on stderr.
     #[arg(long)]
     quiet: bool,
@@ -42,7 +46,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let inputs = graft::models::loader::input_files(&a.model);
     check_output(&a.out, &inputs)?;
-    let mut be = make_backend(a.backend)?;
+    let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let n = a.token_ids.len();
     let mut model = load_model(&a.model, be, Some(n.max(1)), a.quantize, &a.cache, a.quiet)?;

@@ -35,6 +35,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use graft::backend::cpu::CpuBackend;
+use graft::backend::group::DeviceGroup;
 use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::QuantPlan;
@@ -235,14 +236,21 @@ impl CacheArgs {
     }
 }
 
-/// Opens the backend asked for.
-fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
-    match kind {
-        BackendKind::Cpu => Ok(Box::new(CpuBackend::new())),
+/// Opens the backend asked for, split over `tp` devices when above 1.
+fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backend>> {
+    match (kind, tp) {
+        (BackendKind::Cpu, 1) => Ok(Box::new(CpuBackend::new())),
+        (BackendKind::Cpu, n) => Ok(Box::new(DeviceGroup::cpu(n)?)),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, 1) => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, n) => Err(Error::NoDevice(format!(
+            "--tp {n} --backend cuda: splitting over GPUs needs NCCL, which the CUDA backend does not drive yet; --tp runs on the CPU backend"
+        ))),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
         #[cfg(not(feature = "cuda"))]
-        BackendKind::Cuda => Err(Error::NoDevice(
+        (BackendKind::Cuda, _) => Err(Error::NoDevice(
             "this graft was built without CUDA support; rebuild with --features cuda".into(),
         )),
     }

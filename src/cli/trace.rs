@@ -92,7 +92,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // Every backend opened before any runs: a missing GPU is an error at once.
     let mut opened = Vec::with_capacity(backends.len());
     for &kind in &backends {
-        opened.push(make_backend(kind)?);
+        opened.push(make_backend(kind, 1)?);
     }
     let mut traces = Vec::with_capacity(backends.len());
     for be in &mut opened {

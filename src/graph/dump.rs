@@ -177,6 +177,7 @@ fn colour(kind: OpKind) -> &'static str {
         OpKind::Elementwise => "#c6dbef",
         OpKind::Row => "#fdd0a2",
         OpKind::MatMul => "#fcbba1",
+        OpKind::Collective => "#dadaeb",
     }
 }
 

@@ -31,8 +31,8 @@ pub use alloc::{AllocKind, AllocReport, Allocation};
 pub use dtype::DType;
 pub use forward::Forward;
 pub use op::{
-    BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind, RopeMode,
-    RopeParams, UnaryOp, ViewOp,
+    AllReduceParams, BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind,
+    RopeMode, RopeParams, UnaryOp, ViewOp,
 };
 pub use plan::{Io, Loc, Operand, Plan, PlanOptions, Step};
 pub use tensor::{

@@ -220,6 +220,16 @@ pub enum Op {
     /// Fused attention (ggml's flash_attn_ext): `softmax(scale * q k^T (+ slope * mask))
     /// v` per query and head with an online softmax; `src` = q, k, v and an optional mask.
     FlashAttnExt(FlashAttnParams),
+    /// The sum of `src[0]` over the devices of a group (tensor parallelism): every
+    /// device's graph holds the node and gets the same sum.
+    AllReduce(AllReduceParams),
+}
+
+/// Parameters of a collective op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllReduceParams {
+    /// Devices in the group.
+    pub devices: usize,
 }
 
 /// Parameters of a fused attention op.
@@ -281,6 +291,8 @@ pub enum OpKind {
     Row,
     /// Matrix products.
     MatMul,
+    /// Communication between the devices of a group.
+    Collective,
 }
 
 impl Op {
@@ -300,6 +312,7 @@ impl Op {
             Op::Mask(m) => m.name(),
             Op::Argmax => "argmax",
             Op::FlashAttnExt(_) => "flash_attn_ext",
+            Op::AllReduce(_) => "all_reduce",
         }
     }
 
@@ -312,6 +325,7 @@ impl Op {
             Op::Unary(_) | Op::Scale { .. } | Op::Binary(_) => OpKind::Elementwise,
             Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax => OpKind::Row,
             Op::MulMat | Op::FlashAttnExt(_) => OpKind::MatMul,
+            Op::AllReduce(_) => OpKind::Collective,
         }
     }
 
@@ -341,7 +355,8 @@ impl Op {
             | Op::Binary(_)
             | Op::Norm(_)
             | Op::Rope(_)
-            | Op::Mask(_) => true,
+            | Op::Mask(_)
+            | Op::AllReduce(_) => true,
             Op::Leaf
             | Op::View(_)
             | Op::GetRows
@@ -362,6 +377,7 @@ impl Op {
             Op::Mask(MaskOp::DiagMaskInf { n_past }) => format!("n_past={n_past}"),
             Op::Mask(MaskOp::SoftMax { scale }) => format!("scale={scale}"),
             Op::FlashAttnExt(p) => p.to_string(),
+            Op::AllReduce(p) => format!("devices={}", p.devices),
             Op::View(ViewOp::View | ViewOp::Reshape | ViewOp::Transpose | ViewOp::After)
             | Op::Leaf
             | Op::GetRows

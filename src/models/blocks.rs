@@ -297,6 +297,20 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// `w x (+ b)` where `w` holds this device's columns of a split projection: the
+    /// devices' partial products are summed (`all_reduce`) before the bias, which every
+    /// device holds whole. The same as [`Builder::linear`] on one device.
+    fn linear_summed(&mut self, w: TensorId, b: Option<TensorId>, x: TensorId) -> Result<TensorId> {
+        let mut y = self.g.mul_mat(w, x)?;
+        if self.cfg.tp > 1 {
+            y = self.g.all_reduce(y, self.cfg.tp)?;
+        }
+        match b {
+            Some(b) => self.g.add(y, b),
+            None => Ok(y),
+        }
+    }
+
     /// The embedding of `tokens` at `pos`: `[n_embd, n]`.
     fn embed(&mut self, leaves: &Leaves, tokens: TensorId, pos: TensorId) -> Result<TensorId> {
         let x = self.g.get_rows(leaves.tok_embd, tokens)?;
@@ -517,7 +531,7 @@ impl<'a> Builder<'a> {
     fn attn_output(&mut self, i: usize, l: &LayerLeaves, merged: TensorId) -> Result<TensorId> {
         self.mark("blk.{i}.kqv", i, merged, &[self.cfg.n_q()])?;
         // o: [n_embd, n]
-        let o = self.linear(l.attn_out, l.attn_out_b, merged)?;
+        let o = self.linear_summed(l.attn_out, l.attn_out_b, merged)?;
         self.mark("blk.{i}.attn_out", i, o, &[self.cfg.hidden_size])?;
         Ok(o)
     }
@@ -662,7 +676,7 @@ impl<'a> Builder<'a> {
             }
         };
         // down: [n_embd, n]
-        self.linear(l.ffn_down, l.ffn_down_b, h)
+        self.linear_summed(l.ffn_down, l.ffn_down_b, h)
     }
 
     /// The rest of a block after attention: `x += attn; x += mlp(norm(x))`.

@@ -62,6 +62,11 @@ pub struct Config {
     /// Sliding-window attention (Mistral): a query at position `i` sees keys
     /// `i - window < j <= i`.
     pub sliding_window: Option<usize>,
+    /// Devices the model is split over (tensor parallelism, [`Split`](super::tp::Split)):
+    /// 1 for the whole model; above 1 this is one device's share, whose head counts and
+    /// `intermediate_size` are that share's, and whose graphs sum the devices' partial
+    /// projections with `all_reduce`.
+    pub tp: usize,
 }
 
 impl Config {
@@ -149,6 +154,7 @@ impl Config {
             rope_theta,
             rope_scaling,
             sliding_window: f.sliding_window(arch)?,
+            tp: 1,
         };
         if let Some(b) = config.bos_token_id {
             config.check_token_field("bos_token_id", b, source)?;

@@ -37,6 +37,7 @@ use super::config::{Config, DEFAULT_ROPE_THETA};
 use super::loader::{fallback_notes, upload};
 use super::model::LoadOptions;
 use super::rows::{permute_rope_rows, source_bytes, source_shape};
+use super::tp::Split;
 use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Weights};
 
 /// The keys `graft convert` writes for Llama 3 rope scaling (llama.cpp reads
@@ -233,6 +234,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
             .unwrap_or(DEFAULT_ROPE_THETA),
         rope_scaling: None,
         sliding_window,
+        tp: 1,
     };
     cfg.rope_scaling = llama3_scaling(f, &k, &cfg)?;
     Ok(cfg)
@@ -425,26 +427,28 @@ pub fn load_gguf_weights(
     opts: &LoadOptions,
 ) -> Result<Weights> {
     let found = find_tensors(f, cfg)?;
+    let split = Split::new(cfg, be.devices())?;
+    let shard = split.shard();
     let target = |role: Role, layer: Option<usize>| match (role.is_vector(), opts.quantize) {
         (true, _) => DType::F32,
-        (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
+        (false, Some(plan)) => plan.pick(role, layer, &shard).dtype,
         (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.dtype),
     };
     if let (Some(plan), true) = (opts.quantize, opts.progress) {
-        for line in fallback_notes(plan, cfg) {
+        for line in fallback_notes(plan, &shard) {
             eprintln!("{line}");
         }
     }
-    let weights = Weights::alloc(cfg, &target, be)?;
-    for slot in weights.slots(cfg) {
+    let weights = Weights::alloc(&shard, &target, be)?;
+    for slot in weights.slots(&shard) {
         let src = &found[&(slot.role, slot.layer)];
         match permuted_heads(cfg, slot.role) {
             Some(n) => {
-                let row = src.dtype.row_bytes(slot.row_len());
+                let row = src.dtype.row_bytes(slot.role.row_len(cfg));
                 let hf = permute_rope_rows(&src.bytes, n, row, false);
-                upload(be, &weights, &slot, &hf, src.dtype)?;
+                upload(be, &split, &weights, &slot, &hf, src.dtype)?;
             }
-            None => upload(be, &weights, &slot, &src.bytes, src.dtype)?,
+            None => upload(be, &split, &weights, &slot, &src.bytes, src.dtype)?,
         }
     }
     Ok(weights)

@@ -33,6 +33,7 @@ use super::config::Config;
 use super::model::LoadOptions;
 use super::quant_plan::QuantPlan;
 use super::rows::{convert_rows, source_bytes, source_shape};
+use super::tp::Split;
 use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Slot, Weights};
 
 /// The single-file checkpoint name.
@@ -431,42 +432,62 @@ fn upload_all(
     be: &mut dyn Backend,
     opts: &LoadOptions,
 ) -> Result<Weights> {
+    let split = Split::new(cfg, be.devices())?;
+    let shard = split.shard();
     let target = |role: Role, layer: Option<usize>| match (role.is_vector(), opts.quantize) {
         (true, _) => DType::F32,
-        (false, Some(plan)) => plan.pick(role, layer, cfg).dtype,
+        (false, Some(plan)) => plan.pick(role, layer, &shard).dtype,
         (false, None) => found.get(&(role, layer)).map_or(DType::F32, |s| s.1),
     };
-    let layout = Weights::layout(cfg, &target, BufferId(0));
+    let layout = Weights::layout(&shard, &target, BufferId(0));
     if let (Some(plan), true) = (opts.quantize, opts.progress) {
-        for line in fallback_notes(plan, cfg) {
+        for line in fallback_notes(plan, &shard) {
             eprintln!("{line}");
         }
     }
-    let weights = Weights::alloc(cfg, &target, be)?;
+    let weights = Weights::alloc(&shard, &target, be)?;
     let bar = progress_bar(layout.bytes as u64, opts.progress);
-    for slot in weights.slots(cfg) {
+    for slot in weights.slots(&shard) {
         let (bytes, dtype) = &found[&(slot.role, slot.layer)];
-        upload(be, &weights, &slot, bytes, *dtype)?;
+        upload(be, &split, &weights, &slot, bytes, *dtype)?;
         bar.inc(slot.bytes() as u64);
     }
     bar.finish_and_clear();
     Ok(weights)
 }
 
-/// Writes one tensor's bytes (of `from`) into its slot, converting on the host when the
-/// slot's dtype differs.
+/// Writes one tensor's bytes (of `from`, the whole tensor) into its slot (of one
+/// device's share, `split`'s shard), converting on the host when the slot's dtype
+/// differs: the whole tensor on one device, or each device's part of it
+/// ([`Split::slice`]) on each member of a device group.
 pub(crate) fn upload(
     be: &mut dyn Backend,
+    split: &Split,
     weights: &Weights,
     slot: &Slot,
     bytes: &[u8],
     from: DType,
 ) -> Result<()> {
-    if from == slot.at.dtype {
-        return be.write_buffer(weights.buffer, slot.at.offset, bytes);
+    for d in 0..split.n {
+        let part = split.slice(&slot.name, slot.role, d, bytes, from)?;
+        let data = match from == slot.at.dtype {
+            true => part,
+            false => convert_rows(&slot.name, &part, from, slot.at.dtype, slot.row_len())?.into(),
+        };
+        if data.len() != slot.bytes() {
+            return Err(Error::model(format!(
+                "internal: {} holds {} bytes for a slot of {}",
+                slot.name,
+                data.len(),
+                slot.bytes()
+            )));
+        }
+        match split.n {
+            1 => be.write_buffer(weights.buffer, slot.at.offset, &data)?,
+            _ => be.write_buffer_on(d, weights.buffer, slot.at.offset, &data)?,
+        }
     }
-    let data = convert_rows(&slot.name, bytes, from, slot.at.dtype, slot.row_len())?;
-    be.write_buffer(weights.buffer, slot.at.offset, &data)
+    Ok(())
 }
 
 /// One line per kind of fallback a plan makes for `cfg` (rows that do not fit the

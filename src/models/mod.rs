@@ -18,12 +18,13 @@
 //! - [`memory`]: whether the cache and plans fit the device's memory, checked at load;
 //! - [`output`]: what a forward pass returns ([`Output`], [`Logits`]);
 //! - [`sampler`]: greedy, temperature, top-k and top-p sampling;
+//! - [`tp`]: tensor parallelism: how the tensors split over the devices of a group;
 //! - [`trace`]: trace files (every named intermediate) read, written and compared;
 //! - [`tokenizer`]: `tokenizer.json` encoding and streaming decoding;
 //! - [`gguf_tokenizer`]: tokenizers from GGUF metadata (`tokenizer.ggml.*`);
 //! - [`chat`]: chat templates (Jinja) rendered into prompts;
 //! - [`chat_session`]: the multi-turn chat loop over the KV cache (`graft chat`);
-//! - [`presets`]: benchmark shapes (Llama 2 7B, Llama 3 8B, Qwen3 8B, Mistral 7B,
+//! - [`presets`]: benchmark shapes (Llama 2 7B and 70B, Llama 3 8B, Qwen3 8B, Mistral 7B,
 //!   GPT-2 XL, tiny);
 //! - [`pull`]: the default model (SmolLM2-135M-Instruct Q4_1) and its cache.
 
@@ -46,6 +47,7 @@ pub mod quant_plan;
 pub mod rows;
 pub mod sampler;
 pub mod tokenizer;
+pub mod tp;
 pub mod trace;
 pub mod weights;
 

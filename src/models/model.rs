@@ -23,6 +23,7 @@ use super::memory;
 use super::output::{Logits, Output};
 use super::quant_plan::QuantPlan;
 use super::sampler::Sampler;
+use super::tp::Split;
 use super::weights::Weights;
 
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
@@ -196,7 +197,10 @@ impl Generation {
 /// Every method takes the backend the model was created on; passing another one is an
 /// error (its buffers are unknown there) or, for plans, undefined.
 pub struct Model {
+    /// The whole model's hyper-parameters.
     config: Config,
+    /// One device's share ([`Split::shard`]); the whole model on one device.
+    shard: Config,
     weights: Weights,
     cache: KvCache,
     n_past: usize,
@@ -215,8 +219,15 @@ pub struct Model {
 impl Model {
     /// A model from its parts (weights uploaded, cache allocated on the same backend).
     pub fn new(config: Config, weights: Weights, cache: KvCache) -> Model {
+        Model::new_split(config.clone(), config, weights, cache)
+    }
+
+    /// A model split over the devices of a group: the whole model's `config`, one
+    /// device's share `shard` ([`Split::shard`]), whose layout the weights and cache have.
+    pub fn new_split(config: Config, shard: Config, weights: Weights, cache: KvCache) -> Model {
         Model {
             config,
+            shard,
             weights,
             cache,
             n_past: 0,
@@ -260,15 +271,16 @@ impl Model {
             (Config::from_file(&path.join("config.json"))?, None)
         };
         let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
-        KvCache::check_ctx(&config, ctx, opts.cache)?;
+        let shard = Split::new(&config, be.devices())?.shard();
+        KvCache::check_ctx(&shard, ctx, opts.cache)?;
         let weights = match &file {
             Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
             None => loader::load_weights(path, &config, be, opts)?,
         };
-        opts.cache.check(&config)?;
-        memory::check_backend(&config, &weights, ctx, opts.cache, be)?;
-        let cache = KvCache::alloc(&config, ctx, opts.cache, be)?;
-        Ok(Model::new(config, weights, cache))
+        opts.cache.check(&shard)?;
+        memory::check_backend(&shard, &weights, ctx, opts.cache, be)?;
+        let cache = KvCache::alloc(&shard, ctx, opts.cache, be)?;
+        Ok(Model::new_split(config, shard, weights, cache))
     }
 
     /// A model with seeded random weights made on the device (benchmarks), in the
@@ -281,18 +293,25 @@ impl Model {
         seed: u64,
         be: &mut dyn Backend,
     ) -> Result<Model> {
-        let pick = |role, layer| plan.pick(role, layer, &config).dtype;
-        let weights = Weights::alloc(&config, &pick, be)?;
-        weights.fill_random(&config, be, seed)?;
+        let shard = Split::new(&config, be.devices())?.shard();
+        let pick = |role, layer| plan.pick(role, layer, &shard).dtype;
+        let weights = Weights::alloc(&shard, &pick, be)?;
+        weights.fill_random(&shard, be, seed)?;
         cache.check(&config)?;
-        memory::check_backend(&config, &weights, ctx, cache, be)?;
-        let cache = KvCache::alloc(&config, ctx, cache, be)?;
-        Ok(Model::new(config, weights, cache))
+        memory::check_backend(&shard, &weights, ctx, cache, be)?;
+        let cache = KvCache::alloc(&shard, ctx, cache, be)?;
+        Ok(Model::new_split(config, shard, weights, cache))
     }
 
-    /// The hyper-parameters.
+    /// The whole model's hyper-parameters.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// One device's share of the model (its head counts and MLP width; the whole
+    /// model on one device), the config its weights, cache and graphs are laid out by.
+    pub fn shard(&self) -> &Config {
+        &self.shard
     }
 
     /// The weight layout.
@@ -486,7 +505,7 @@ impl Model {
 
     /// The decode plan of the bucket `n_kv`, built and loaded on first use.
     fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
-        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (cfg, w, kv) = (&self.shard, &self.weights, &self.cache);
         let (c, built) = self
             .decode
             .get_or_load(n_kv, be, || build_decode(cfg, w, kv, n_kv))?;
@@ -502,7 +521,7 @@ impl Model {
         n_past: usize,
         all: bool,
     ) -> Result<Compiled> {
-        let (cfg, w, kv) = (&self.config, &self.weights, &self.cache);
+        let (cfg, w, kv) = (&self.shard, &self.weights, &self.cache);
         let (c, built) = self.prefill.get_or_load((n, n_past, all), be, || {
             build_prefill(cfg, w, kv, n, n_past, all)
         })?;
@@ -554,7 +573,7 @@ impl Model {
         self.reset();
         self.check_room(tokens.len())?;
         let n = tokens.len();
-        let mg = build_trace(&self.config, &self.weights, &self.cache, n)?;
+        let mg = build_trace(&self.shard, &self.weights, &self.cache, n)?;
         let c = Compiled::load(be, &mg)?;
         let run = self.run_trace(be, &c, &mg, tokens);
         be.unload(c.exec)?;

@@ -1,5 +1,5 @@
 //! Named model shapes for benchmarks (`graft bench --preset NAME`): the published
-//! configurations of Llama 2 7B, Llama 3 8B, Qwen3 8B, Mistral 7B (v0.1, with its 4096
+//! configurations of Llama 2 7B and 70B, Llama 3 8B, Qwen3 8B, Mistral 7B (v0.1, with its 4096
 //! sliding window) and GPT-2 XL, and a tiny Llama 3 style model that runs anywhere.
 //! Benchmarks fill them with seeded random weights on the device.
 
@@ -9,9 +9,10 @@ use super::arch::Arch;
 use super::config::Config;
 
 /// Every preset name.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "tiny",
     "llama2-7b",
+    "llama2-70b",
     "llama3-8b",
     "qwen3-8b",
     "mistral-7b",
@@ -38,9 +39,19 @@ pub fn preset(name: &str) -> Option<Config> {
         rope_theta: 10_000.0,
         rope_scaling: None,
         sliding_window: None,
+        tp: 1,
     };
     match name {
         "llama2-7b" => Some(llama2_7b),
+        // 68.98 B parameters: 138 GB in F16, which only a split over GPUs holds
+        "llama2-70b" => Some(Config {
+            hidden_size: 8192,
+            intermediate_size: 28672,
+            num_hidden_layers: 80,
+            num_attention_heads: 64,
+            num_key_value_heads: 8,
+            ..llama2_7b
+        }),
         "llama3-8b" => Some(Config {
             num_key_value_heads: 8,
             intermediate_size: 14336,
@@ -124,12 +135,14 @@ mod tests {
     use crate::graph::{BufferId, DType};
     use crate::models::weights::{uniform, Weights};
 
-    /// The published parameter counts: 6.74 B for Llama 2 7B, 8.03 B for Llama 3 8B,
+    /// The published parameter counts: 6.74 B for Llama 2 7B, 68.98 B for Llama 2 70B,
+    /// 8.03 B for Llama 3 8B,
     /// 8.19 B for Qwen3 8B, 7.24 B for Mistral 7B, 1.56 B for GPT-2 XL.
     #[test]
     fn parameter_counts_match_the_published_models() {
         let published = [
             ("llama2-7b", 6.74),
+            ("llama2-70b", 68.98),
             ("llama3-8b", 8.03),
             ("qwen3-8b", 8.19),
             ("mistral-7b", 7.24),

@@ -21,6 +21,7 @@
 pub mod argmax;
 pub mod attention;
 pub mod binary;
+pub mod collective;
 pub mod cpy;
 pub mod get_rows;
 pub mod host;
@@ -32,8 +33,8 @@ pub mod unary;
 pub mod view;
 
 pub use crate::graph::{
-    BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind, RopeMode,
-    RopeParams, UnaryOp, ViewOp,
+    AllReduceParams, BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind,
+    RopeMode, RopeParams, UnaryOp, ViewOp,
 };
 
 /// Checks that operand `operand` of `op` has one of the accepted dtypes.

@@ -8,6 +8,7 @@
 pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod binary;
+pub(crate) mod collective;
 pub(crate) mod cpy;
 pub(crate) mod get_rows;
 pub(crate) mod mul_mat;
@@ -41,5 +42,6 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
         Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, lw),
+        Op::AllReduce(p) => collective::lower(p, src, dst, lw),
     }
 }

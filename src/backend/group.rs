@@ -1,0 +1,331 @@
+//! A device group: N backends driven as one, for tensor parallelism. Every member runs
+//! the same plan (the same graph, with `all_reduce` nodes where the devices' partial
+//! results are summed) over its own copy of every buffer; the model writes each member's
+//! share of the weights into its copy ([`Backend::write_buffer_on`]).
+//!
+//! The group hands out its own buffer and plan ids and maps them to each member's.
+//! Inputs go to every member; outputs are read from member 0 (after an all-reduce every
+//! member holds the same values). A run starts every member on its own thread and waits
+//! for all of them; the members meet in their collectives. On the CPU the members are
+//! [`CpuBackend`]s joined by a [`LocalGroup`] (simulated devices, one process).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::cpu::CpuBackend;
+use super::{Backend, ExecId, Stats, StepTime};
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
+use crate::ops::collective::LocalGroup;
+
+/// Most devices a group takes (a sanity bound on `--tp`).
+pub const MAX_DEVICES: usize = 64;
+
+/// N backends run as one (see the module docs).
+pub struct DeviceGroup {
+    members: Vec<Box<dyn Backend + Send>>,
+    /// Group buffer -> each member's buffer.
+    buffers: HashMap<BufferId, Vec<BufferId>>,
+    /// Group plan -> each member's plan.
+    execs: Vec<Option<Vec<ExecId>>>,
+    /// The simulated devices' collective, aborted when a member fails.
+    local: Option<Arc<LocalGroup>>,
+}
+
+impl DeviceGroup {
+    /// `n` simulated CPU devices joined by an in-process all-reduce.
+    pub fn cpu(n: usize) -> Result<DeviceGroup> {
+        check_size(n)?;
+        let local = Arc::new(LocalGroup::new(n));
+        let members = (0..n)
+            .map(|rank| Box::new(CpuBackend::in_group(local.clone(), rank)) as _)
+            .collect();
+        Ok(DeviceGroup {
+            members,
+            buffers: HashMap::new(),
+            execs: Vec::new(),
+            local: Some(local),
+        })
+    }
+
+    fn member_buffers(&self, buf: BufferId) -> Result<&Vec<BufferId>> {
+        self.buffers
+            .get(&buf)
+            .ok_or_else(|| Error::plan(format!("device group: unknown buffer {buf:?}")))
+    }
+
+    fn member_execs(&self, exec: ExecId) -> Result<&Vec<ExecId>> {
+        self.execs
+            .get(exec.0)
+            .and_then(|e| e.as_ref())
+            .ok_or_else(|| Error::plan(format!("device group: no loaded plan {exec:?}")))
+    }
+
+    /// `plan` with the group's buffers replaced by member `m`'s.
+    fn member_plan(&self, plan: &Plan, m: usize) -> Result<Plan> {
+        let mut p = plan.clone();
+        let map = |loc: &mut Loc| -> Result<()> {
+            if let Loc::Buffer(b, off) = *loc {
+                *loc = Loc::Buffer(self.member_buffers(b)?[m], off);
+            }
+            Ok(())
+        };
+        for step in &mut p.steps {
+            map(&mut step.dst.loc)?;
+            for s in &mut step.src {
+                map(&mut s.loc)?;
+            }
+        }
+        for io in p
+            .inputs
+            .iter_mut()
+            .chain(&mut p.outputs)
+            .chain(&mut p.externals)
+        {
+            map(&mut io.operand.loc)?;
+        }
+        Ok(p)
+    }
+
+    /// Runs `f` on every member with its item of `each`, one thread per member; when
+    /// one fails the collective is aborted so that no member waits for it, and the
+    /// first member's own error (not an "abandoned" one) is returned.
+    fn on_all_threads(
+        &mut self,
+        each: &[ExecId],
+        f: fn(&mut dyn Backend, ExecId) -> Result<()>,
+    ) -> Result<()> {
+        let local = self.local.clone();
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .members
+                .iter_mut()
+                .zip(each)
+                .map(|(m, &e)| {
+                    let local = local.clone();
+                    s.spawn(move || {
+                        let r = f(m.as_mut(), e);
+                        if let (Err(_), Some(l)) = (&r, &local) {
+                            l.abort();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::plan("device group: a member's thread panicked"))
+                    })
+                })
+                .collect()
+        });
+        if let Some(l) = &self.local {
+            l.reset();
+        }
+        let mut errors = results.into_iter().filter_map(|r| r.err());
+        match errors.next() {
+            None => Ok(()),
+            Some(first) => {
+                let abandoned = |e: &Error| e.to_string().contains("another device");
+                match abandoned(&first) {
+                    true => Err(errors.find(|e| !abandoned(e)).unwrap_or(first)),
+                    false => Err(first),
+                }
+            }
+        }
+    }
+}
+
+/// Checks a group size.
+pub fn check_size(n: usize) -> Result<()> {
+    if n == 0 || n > MAX_DEVICES {
+        return Err(Error::model(format!(
+            "--tp {n}: a device group has 1 to {MAX_DEVICES} devices"
+        )));
+    }
+    Ok(())
+}
+
+impl Backend for DeviceGroup {
+    fn name(&self) -> &'static str {
+        self.members[0].name()
+    }
+
+    fn devices(&self) -> usize {
+        self.members.len()
+    }
+
+    fn alloc_buffer(&mut self, bytes: usize) -> Result<BufferId> {
+        let mut ids = Vec::with_capacity(self.members.len());
+        for m in &mut self.members {
+            match m.alloc_buffer(bytes) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for (m, id) in self.members.iter_mut().zip(ids) {
+                        m.free_buffer(id)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let id = BufferId::fresh();
+        self.buffers.insert(id, ids);
+        Ok(id)
+    }
+
+    fn free_buffer(&mut self, buf: BufferId) -> Result<()> {
+        let ids = self.member_buffers(buf)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            m.free_buffer(id)?;
+        }
+        self.buffers.remove(&buf);
+        Ok(())
+    }
+
+    fn free_memory(&mut self) -> Result<Option<usize>> {
+        let mut least: Option<usize> = None;
+        for m in &mut self.members {
+            match m.free_memory()? {
+                None => return Ok(None),
+                Some(f) => least = Some(least.map_or(f, |l| l.min(f))),
+            }
+        }
+        Ok(least)
+    }
+
+    fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
+        let ids = self.member_buffers(buf)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            m.write_buffer(id, offset, data)?;
+        }
+        Ok(())
+    }
+
+    fn write_buffer_on(
+        &mut self,
+        device: usize,
+        buf: BufferId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        let id = *self.member_buffers(buf)?.get(device).ok_or_else(|| {
+            Error::plan(format!(
+                "device {device} is outside a group of {}",
+                self.members.len()
+            ))
+        })?;
+        self.members[device].write_buffer(id, offset, data)
+    }
+
+    fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let id = self.member_buffers(buf)?[0];
+        self.members[0].read_buffer(id, offset, out)
+    }
+
+    fn fill_random(
+        &mut self,
+        buf: BufferId,
+        offset: usize,
+        dtype: DType,
+        n: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<()> {
+        let ids = self.member_buffers(buf)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            m.fill_random(id, offset, dtype, n, seed, scale)?;
+        }
+        Ok(())
+    }
+
+    fn supports(&self, step: &Step) -> std::result::Result<(), String> {
+        self.members[0].supports(step)
+    }
+
+    fn load(&mut self, plan: &Plan) -> Result<ExecId> {
+        let mut ids: Vec<ExecId> = Vec::with_capacity(self.members.len());
+        for m in 0..self.members.len() {
+            let loaded = self
+                .member_plan(plan, m)
+                .and_then(|p| self.members[m].load(&p));
+            match loaded {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for (member, id) in self.members.iter_mut().zip(ids) {
+                        member.unload(id)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let index = match self.execs.iter().position(|e| e.is_none()) {
+            Some(i) => i,
+            None => {
+                self.execs.push(None);
+                self.execs.len() - 1
+            }
+        };
+        self.execs[index] = Some(ids);
+        Ok(ExecId(index))
+    }
+
+    fn unload(&mut self, exec: ExecId) -> Result<()> {
+        let ids = self.member_execs(exec)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            m.unload(id)?;
+        }
+        self.execs[exec.0] = None;
+        Ok(())
+    }
+
+    fn set_input(&mut self, exec: ExecId, id: TensorId, data: &[u8]) -> Result<()> {
+        let ids = self.member_execs(exec)?.clone();
+        for (m, e) in self.members.iter_mut().zip(ids) {
+            m.set_input(e, id, data)?;
+        }
+        Ok(())
+    }
+
+    fn compute(&mut self, exec: ExecId) -> Result<()> {
+        let ids = self.member_execs(exec)?.clone();
+        self.on_all_threads(&ids, |m, e| m.compute(e))
+    }
+
+    fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
+        let e = self.member_execs(exec)?[0];
+        self.members[0].get_output(e, id, out)
+    }
+
+    fn stats(&self) -> Stats {
+        self.members[0].stats()
+    }
+
+    fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()> {
+        let ids = self.member_execs(exec)?.clone();
+        for (m, e) in self.members.iter_mut().zip(ids) {
+            m.fill_arena(e, byte)?;
+        }
+        Ok(())
+    }
+
+    fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
+        let e = self.member_execs(exec)?[0];
+        self.members[0].read_arena(e)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        for m in &mut self.members {
+            m.set_profiling(on);
+        }
+    }
+
+    fn take_profile(&mut self) -> Vec<StepTime> {
+        let rows = self.members[0].take_profile();
+        for m in &mut self.members[1..] {
+            m.take_profile();
+        }
+        rows
+    }
+}
