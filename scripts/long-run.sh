@@ -7,7 +7,8 @@
 # Usage: scripts/long-run.sh [N] [CTX] [SECONDS]   (BACKEND=cuda for the GPU build;
 # GRAFT_BIN names the binary, default target/release/graft, built when absent;
 # MODEL_ARGS replaces the model, e.g. MODEL_ARGS="--preset mistral-7b --quantize q4_k_m"
-# for a 7B preset with random weights.) On CUDA the samples also give the process's GPU
+# for a 7B preset with random weights; CHAT=K runs `graft chat` instead: N/200 turns of
+# up to 200 tokens, a /reset every K turns.) On CUDA the samples also give the process's GPU
 # memory (nvidia-smi's memory.used of GPU 0, which the run
 # is assumed to have to itself).
 set -euo pipefail
@@ -20,8 +21,21 @@ trap 'rm -f "$samples"' EXIT
 start=$(date +%s)
 MODEL_ARGS="${MODEL_ARGS:---model tests/fixtures/llama3-tiny-bf16}"
 # shellcheck disable=SC2086 # MODEL_ARGS is a list of arguments
-"$BIN" generate $MODEL_ARGS --token-ids 1,2,3 -n "$N" --ctx "$CTX" \
-    --context-shift --ignore-eos --temperature 0.8 --seed 7 --backend "$BACKEND" > /dev/null &
+if [ -n "${CHAT:-}" ]; then
+    # a conversation: N / 200 user turns of up to 200 reply tokens each, a /reset every
+    # CHAT turns (keep CHAT * ~210 below CTX); the chat prints its reply and token totals
+    turns="$(mktemp)"
+    trap 'rm -f "$samples" "$turns"' EXIT
+    for ((t = 1; t <= N / 200; t++)); do
+        echo "tell me about turn $t"
+        (( t % CHAT == 0 )) && echo "/reset"
+    done > "$turns"
+    "$BIN" chat $MODEL_ARGS -n 200 --ctx "$CTX" --temperature 0.8 --seed 7 \
+        --backend "$BACKEND" < "$turns" > /dev/null &
+else
+    "$BIN" generate $MODEL_ARGS --token-ids 1,2,3 -n "$N" --ctx "$CTX" \
+        --context-shift --ignore-eos --temperature 0.8 --seed 7 --backend "$BACKEND" > /dev/null &
+fi
 pid=$!
 gpu_mib() {
     [ "$BACKEND" = cuda ] || { echo "-"; return; }

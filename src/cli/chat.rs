@@ -87,5 +87,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut input = stdin.lock();
     let mut out = std::io::stdout().lock();
-    session.repl(&mut input, &mut out)
+    session.repl(&mut input, &mut out)?;
+    if !a.quiet {
+        let (replies, tokens) = session.totals();
+        eprintln!("chat: {replies} replies, {tokens} tokens generated");
+    }
+    Ok(())
 }

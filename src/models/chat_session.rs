@@ -118,6 +118,8 @@ pub struct ChatSession<M: ChatModel> {
     seen: String,
     /// Tokens of `seen` not yet run through the model.
     pending: Vec<u32>,
+    /// Replies and reply tokens generated since the session began (across resets).
+    totals: (usize, usize),
 }
 
 impl<M: ChatModel> ChatSession<M> {
@@ -146,6 +148,7 @@ impl<M: ChatModel> ChatSession<M> {
             messages: Vec::new(),
             seen: String::new(),
             pending: Vec::new(),
+            totals: (0, 0),
         };
         s.reset();
         Ok(s)
@@ -223,6 +226,8 @@ impl<M: ChatModel> ChatSession<M> {
         }
         self.messages
             .push(Message::new("assistant", reply.as_str()));
+        self.totals.0 += 1;
+        self.totals.1 += ids.len();
         Ok(TurnEnd {
             reason,
             reply,
@@ -295,6 +300,11 @@ impl<M: ChatModel> ChatSession<M> {
         };
         self.pending = vec![next];
         Ok((reason, ids, None))
+    }
+
+    /// Replies generated since the session began (across resets), and their tokens.
+    pub fn totals(&self) -> (usize, usize) {
+        self.totals
     }
 
     /// The interactive loop: reads one message per line from `input`, streams each reply
