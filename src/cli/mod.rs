@@ -247,8 +247,6 @@ fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backend>> {
         (BackendKind::Cuda, n) => Err(Error::NoDevice(format!(
             "--tp {n} --backend cuda: splitting over GPUs needs NCCL, which the CUDA backend does not drive yet; --tp runs on the CPU backend"
         ))),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
         #[cfg(not(feature = "cuda"))]
         (BackendKind::Cuda, _) => Err(Error::NoDevice(
             "this graft was built without CUDA support; rebuild with --features cuda".into(),
