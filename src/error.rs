@@ -51,6 +51,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// A member of a device group gave up on a run because another member failed
+    /// (that member's own error says why).
+    #[error("another device of the group failed; this device's run was abandoned")]
+    Abandoned,
+
     /// No usable device: no driver, no GPU, or the GPU library failed to load.
     #[error("no device: {0}")]
     NoDevice(String),

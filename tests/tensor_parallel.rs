@@ -139,3 +139,48 @@ fn graphs_hold_two_all_reduces_per_layer() {
     assert_eq!(shard.tp, 2);
     m.release(&mut group).unwrap();
 }
+
+/// A member that fails before an all-reduce does not leave the others waiting: the
+/// group returns that member's own error (not the others' "abandoned"), and the next run
+/// works. Device 1 holds an out-of-range row index; device 0 a valid one.
+#[test]
+fn a_failing_member_does_not_hang_the_group() {
+    use graft::backend::BackendExt;
+    use graft::graph::{BufferRef, Graph};
+    use graft::Error;
+    let mut group = DeviceGroup::cpu(2).unwrap();
+    let mut g = Graph::new();
+    let buf = group.alloc_buffer(4 * 8 + 4).unwrap();
+    let at = |offset| BufferRef {
+        buffer: buf,
+        offset,
+    };
+    // table: [2, 4] F32 at 0; idx: I32 [1] at 32
+    let table = g.weight("table", DType::F32, &[2, 4], at(0)).unwrap();
+    let idx = g.weight("idx", DType::I32, &[1], at(32)).unwrap();
+    let x = g.input("x", DType::F32, &[2]).unwrap();
+    let row = g.get_rows(table, idx).unwrap();
+    let row = g.add(row, x).unwrap();
+    let sum = g.all_reduce(row, 2).unwrap();
+    let plan = g.plan(&[sum]).unwrap();
+    let rows: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    group
+        .write_buffer(buf, 0, bytemuck::cast_slice(&rows))
+        .unwrap();
+    group
+        .write_buffer_on(0, buf, 32, &1i32.to_le_bytes())
+        .unwrap();
+    group
+        .write_buffer_on(1, buf, 32, &9i32.to_le_bytes())
+        .unwrap();
+    let e = group.load(&plan).unwrap();
+    group.set_input_f32(e, x, &[0.5, 0.5]).unwrap();
+    let err = group.compute(e).unwrap_err();
+    assert!(matches!(err, Error::IndexOutOfRange { .. }), "{err}");
+    // device 1 fixed: both read row 1 ([2, 3]) plus x, summed over the two devices
+    group
+        .write_buffer_on(1, buf, 32, &1i32.to_le_bytes())
+        .unwrap();
+    group.compute(e).unwrap();
+    assert_eq!(group.get_output_f32(e, sum, 2).unwrap(), vec![5.0, 7.0]);
+}

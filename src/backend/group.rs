@@ -124,16 +124,11 @@ impl DeviceGroup {
         if let Some(l) = &self.local {
             l.reset();
         }
-        let mut errors = results.into_iter().filter_map(|r| r.err());
-        match errors.next() {
-            None => Ok(()),
-            Some(first) => {
-                let abandoned = |e: &Error| e.to_string().contains("another device");
-                match abandoned(&first) {
-                    true => Err(errors.find(|e| !abandoned(e)).unwrap_or(first)),
-                    false => Err(first),
-                }
-            }
+        let mut errors: Vec<Error> = results.into_iter().filter_map(|r| r.err()).collect();
+        // the member's own error, not the others' giving up on it
+        match errors.iter().position(|e| !matches!(e, Error::Abandoned)) {
+            Some(i) => Err(errors.swap_remove(i)),
+            None => errors.pop().map_or(Ok(()), Err),
         }
     }
 }
