@@ -589,3 +589,29 @@ fn bench_takes_a_model() {
     let o = graft(&["bench", "--model", d, "--preset", "tiny"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// `dump --tp 2` says what each device holds and shows the graph every device runs,
+/// with an all_reduce after each layer's attention output and down projection; text and
+/// DOT alike.
+#[test]
+fn dump_shows_the_split_graph() {
+    let o = graft(&["dump", "--preset", "tiny", "--tp", "2", "--decode"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.starts_with("# device 0 of 2: query heads 0..4, KV heads 0..1"),
+        "{text}"
+    );
+    assert!(text.contains("# device 1 of 2: query heads 4..8, KV heads 1..2"));
+    let reduces = text.lines().filter(|l| l.contains(" all_reduce ")).count();
+    assert_eq!(reduces, 2 * 4, "{text}"); // tiny: 4 layers
+    let o = graft(&["dump", "--preset", "tiny", "--tp", "2", "--format", "dot"]);
+    let dot = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        dot.starts_with("// device 0 of 2") && dot.contains("digraph"),
+        "{dot}"
+    );
+    let o = graft(&["dump", "--preset", "tiny"]);
+    let plain = String::from_utf8(o.stdout).unwrap();
+    assert!(!plain.contains("all_reduce") && !plain.contains("# device"));
+}
