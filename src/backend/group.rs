@@ -61,6 +61,32 @@ impl DeviceGroup {
             .ok_or_else(|| Error::plan(format!("device group: no loaded plan {exec:?}")))
     }
 
+    /// Runs `f` on every member, in order, with that member's id of group buffer `buf`.
+    fn each_buffer(
+        &mut self,
+        buf: BufferId,
+        mut f: impl FnMut(&mut dyn Backend, BufferId) -> Result<()>,
+    ) -> Result<()> {
+        let ids = self.member_buffers(buf)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            f(m.as_mut(), id)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on every member, in order, with that member's id of group plan `exec`.
+    fn each_exec(
+        &mut self,
+        exec: ExecId,
+        mut f: impl FnMut(&mut dyn Backend, ExecId) -> Result<()>,
+    ) -> Result<()> {
+        let ids = self.member_execs(exec)?.clone();
+        for (m, id) in self.members.iter_mut().zip(ids) {
+            f(m.as_mut(), id)?;
+        }
+        Ok(())
+    }
+
     /// `plan` with the group's buffers replaced by member `m`'s.
     fn member_plan(&self, plan: &Plan, m: usize) -> Result<Plan> {
         let mut p = plan.clone();
@@ -171,10 +197,7 @@ impl Backend for DeviceGroup {
     }
 
     fn free_buffer(&mut self, buf: BufferId) -> Result<()> {
-        let ids = self.member_buffers(buf)?.clone();
-        for (m, id) in self.members.iter_mut().zip(ids) {
-            m.free_buffer(id)?;
-        }
+        self.each_buffer(buf, |m, id| m.free_buffer(id))?;
         self.buffers.remove(&buf);
         Ok(())
     }
@@ -191,11 +214,7 @@ impl Backend for DeviceGroup {
     }
 
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
-        let ids = self.member_buffers(buf)?.clone();
-        for (m, id) in self.members.iter_mut().zip(ids) {
-            m.write_buffer(id, offset, data)?;
-        }
-        Ok(())
+        self.each_buffer(buf, |m, id| m.write_buffer(id, offset, data))
     }
 
     fn write_buffer_on(
@@ -228,11 +247,9 @@ impl Backend for DeviceGroup {
         seed: u64,
         scale: f32,
     ) -> Result<()> {
-        let ids = self.member_buffers(buf)?.clone();
-        for (m, id) in self.members.iter_mut().zip(ids) {
-            m.fill_random(id, offset, dtype, n, seed, scale)?;
-        }
-        Ok(())
+        self.each_buffer(buf, |m, id| {
+            m.fill_random(id, offset, dtype, n, seed, scale)
+        })
     }
 
     fn supports(&self, step: &Step) -> std::result::Result<(), String> {
@@ -267,20 +284,13 @@ impl Backend for DeviceGroup {
     }
 
     fn unload(&mut self, exec: ExecId) -> Result<()> {
-        let ids = self.member_execs(exec)?.clone();
-        for (m, id) in self.members.iter_mut().zip(ids) {
-            m.unload(id)?;
-        }
+        self.each_exec(exec, |m, e| m.unload(e))?;
         self.execs[exec.0] = None;
         Ok(())
     }
 
     fn set_input(&mut self, exec: ExecId, id: TensorId, data: &[u8]) -> Result<()> {
-        let ids = self.member_execs(exec)?.clone();
-        for (m, e) in self.members.iter_mut().zip(ids) {
-            m.set_input(e, id, data)?;
-        }
-        Ok(())
+        self.each_exec(exec, |m, e| m.set_input(e, id, data))
     }
 
     fn compute(&mut self, exec: ExecId) -> Result<()> {
@@ -298,11 +308,7 @@ impl Backend for DeviceGroup {
     }
 
     fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()> {
-        let ids = self.member_execs(exec)?.clone();
-        for (m, e) in self.members.iter_mut().zip(ids) {
-            m.fill_arena(e, byte)?;
-        }
-        Ok(())
+        self.each_exec(exec, |m, e| m.fill_arena(e, byte))
     }
 
     fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
