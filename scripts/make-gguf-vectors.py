@@ -19,9 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 try:
+    import numpy as np
     import gguf
     from gguf import GGMLQuantizationType as QT
     from gguf import GGUFValueType as VT
