@@ -140,6 +140,17 @@ impl Rows {
                 }
             };
         }
+        if NC == 1 {
+            match q {
+                QType::Q4_0 => return self.one_column::<Q4_0>(a, out),
+                QType::Q4_1 => return self.one_column::<Q4_1>(a, out),
+                QType::Q5_0 => return self.one_column::<Q5_0>(a, out),
+                QType::Q5_1 => return self.one_column::<Q5_1>(a, out),
+                QType::Q8_0 => return self.one_column::<Q8_0>(a, out),
+                QType::Q8_1 => return self.one_column::<Q8_1>(a, out),
+                QType::Q4_K | QType::Q5_K | QType::Q6_K => {}
+            }
+        }
         match q {
             QType::Q4_0 => each_row!(legacy::<Q4_0, NC>),
             QType::Q4_1 => each_row!(legacy::<Q4_1, NC>),
@@ -150,6 +161,28 @@ impl Rows {
             QType::Q4_K => each_row!(k4::<false, NC>),
             QType::Q5_K => each_row!(k4::<true, NC>),
             QType::Q6_K => each_row!(q6_k::<NC>),
+        }
+    }
+}
+
+impl Rows {
+    /// Every row of a legacy type against the one column of `a` (a decode step's
+    /// matrix-vector product): four rows at a time through [`legacy_x4`], the rest one by
+    /// one.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn one_column<const T: u8>(&self, a: Cols, out: &mut [f32]) {
+        let mut r = 0;
+        while r + 4 <= self.nrows {
+            let v = legacy_x4::<T>(self.w.add(r * self.w_stride), self.w_stride, self.nb, a);
+            for (k, x) in v.into_iter().enumerate() {
+                out[(r + k) * self.ncols + self.c0] = x;
+            }
+            r += 4;
+        }
+        for r in r..self.nrows {
+            let [x] = legacy::<T, 1>(self.w.add(r * self.w_stride), self.nb, a);
+            out[r * self.ncols + self.c0] = x;
         }
     }
 }
@@ -379,6 +412,101 @@ unsafe fn legacy<const T: u8, const NC: usize>(w: *const u8, nb: usize, a: Cols)
         legacy_step::<T, NC>(w, b, a, &mut even);
     }
     even.sum(odd)
+}
+
+/// The f16 at `p` as the low 16 bits of an i32 (the rest zero: a finite f16 0.0).
+#[inline(always)]
+unsafe fn f16_bits(p: *const u8) -> i32 {
+    i32::from((p as *const u16).read_unaligned())
+}
+
+/// The two f16 at `p` as an i32 (`d` in the low half, the next field in the high).
+#[inline(always)]
+unsafe fn f16_pair_bits(p: *const u8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+/// Four legacy weight rows (`stride` bytes apart, `nb` blocks each, the first at `w`)
+/// against one Q8_1 column: the decode step's kernel. Each activation block is loaded
+/// once for the four rows; the rows' scales are converted four at a time, and their
+/// offset terms (`m * s8`, `-8 d * s8`, `-16 d * s8`) summed in one vector, so no scalar
+/// chain runs through the row; the four totals come out of one horizontal reduction.
+/// The integer sums are those of [`legacy`]; only the order of the f32 additions differs.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_x4<const T: u8>(w: *const u8, stride: usize, nb: usize, a: Cols) -> [f32; 4] {
+    let signed = T == Q8_0 || T == Q8_1;
+    let has_m = T == Q4_1 || T == Q5_1;
+    let ones = _mm256_set1_epi16(1);
+    let bytes = legacy_bytes(T);
+    let rows = [w, w.add(stride), w.add(2 * stride), w.add(3 * stride)];
+    let mut acc = [_mm256_setzero_ps(); 4];
+    // Lanes 0..4: sum of d_r * s8 (times -8 or -16 at the end); lanes 4..8: sum of m_r * s8.
+    let mut offs = _mm256_setzero_ps();
+    // Interleaved (d, m) pairs of the four rows into d0..d3, m0..m3.
+    let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    // Four rows are four short streams, too short for the hardware prefetcher to learn:
+    // the cache lines of the next four rows are fetched ahead, spread over this loop.
+    // (A prefetch past the matrix is harmless: it never faults, hence wrapping_add.)
+    let next = w.wrapping_add(12 * stride);
+    let lines = (4 * stride).div_ceil(64);
+    let per_block = lines.div_ceil(nb.max(1));
+    for b in 0..nb {
+        let at = b * bytes;
+        for l in b * per_block..((b + 1) * per_block).min(lines) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l) as *const i8);
+        }
+        let (av, d8, s8) = a.block(0, b);
+        let dm = if has_m {
+            let pairs = _mm_setr_epi32(
+                f16_pair_bits(rows[0].add(at)),
+                f16_pair_bits(rows[1].add(at)),
+                f16_pair_bits(rows[2].add(at)),
+                f16_pair_bits(rows[3].add(at)),
+            );
+            _mm256_permutevar8x32_ps(_mm256_cvtph_ps(pairs), split)
+        } else {
+            let ds = _mm_setr_epi32(
+                f16_bits(rows[0].add(at)),
+                f16_bits(rows[1].add(at)),
+                f16_bits(rows[2].add(at)),
+                f16_bits(rows[3].add(at)),
+            );
+            _mm256_permutevar8x32_ps(_mm256_cvtph_ps(ds), split)
+        };
+        if !signed {
+            offs = _mm256_fmadd_ps(dm, _mm256_set1_ps(s8), offs);
+        }
+        let scales = _mm256_mul_ps(dm, _mm256_set1_ps(d8));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let (q, _, _) = legacy_block::<T>(rows[r].add(at));
+            let (qa, av) = match signed {
+                true => (_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q)),
+                false => (q, av),
+            };
+            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, av), ones);
+            let scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r as i32));
+            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    // Row r's total is the sum of acc[r]'s eight lanes.
+    let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+    let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    let s = _mm256_hadd_ps(s01, s23);
+    let mut total = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+    let (d_offs, m_offs) = (
+        _mm256_castps256_ps128(offs),
+        _mm256_extractf128_ps::<1>(offs),
+    );
+    total = match T {
+        Q4_0 => _mm_fmadd_ps(_mm_set1_ps(-8.0), d_offs, total),
+        Q5_0 => _mm_fmadd_ps(_mm_set1_ps(-16.0), d_offs, total),
+        Q4_1 | Q5_1 => _mm_add_ps(total, m_offs),
+        _ => total,
+    };
+    let mut out = [0.0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), total);
+    out
 }
 
 /// Sub-block `j` of the Q4_K (`FIVE = false`) or Q5_K super-block `b` at `wb` against
@@ -663,7 +791,11 @@ mod tests {
                 (3, 17),
                 (2, 22),
                 (4, 32),
+                (4, 1),
+                (5, 1),
+                (7, 1),
                 (8, 1),
+                (13, 1),
                 (9, 3),
                 (16, 1),
                 (16, 4),
@@ -694,6 +826,8 @@ mod tests {
                     check(q, blocks, cols, 1 + blocks as u64).unwrap();
                 }
                 check_rows(q, blocks, 3, 4, 2, 5);
+                // decode: one column, four rows at a time and a remainder
+                check_rows(q, blocks, 7, 1, 2, 9);
             }
         }
     }
