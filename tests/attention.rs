@@ -27,6 +27,25 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(common::config(48))]
+
+    /// Decode steps on an F16 cache (at most 8 query rows): the CPU's AVX2 decode kernel
+    /// where the CPU has one (K/V read in place, GQA rows sharing each key, key runs
+    /// merged), against the same f64 oracle.
+    #[test]
+    fn prop_flash_attn_ext_decode_f16(c in case().prop_map(|mut c| {
+        c.kv = DType::F16;
+        c.n_q = c.n_q.min(8);
+        c
+    })) {
+        let r = run(&c, &mut CpuBackend::new()).map_err(TestCaseError::fail)?;
+        prop_assert!(r.got.iter().all(|x| x.is_finite()), "non-finite output");
+        let e = nmse(&r.got, &r.want);
+        prop_assert!(e <= 1e-9, "NMSE {e:e}");
+    }
+}
+
 /// Fully masked rows give zeros; builder errors name the operands.
 #[test]
 fn masked_rows_and_errors() {

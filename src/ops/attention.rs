@@ -24,6 +24,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod decode_avx2;
+
 use super::host::HostTensor;
 use super::{expect_dtype, FlashAttnParams, Op};
 use crate::error::{Error, Result};
@@ -141,13 +144,18 @@ impl Graph {
     }
 }
 
-/// CPU kernel: the K and V rows of every key that some query row may see read once
+/// CPU kernel. A decode step on an F16 cache goes to [`decode_avx2`] where the CPU has
+/// AVX2 (see there); otherwise the K and V rows of every key that some query row may see read once
 /// into dense f32 (`[d, n_head_kv, n_kv, batch]`: a key's heads side by side), then the
 /// (query, head, batch) rows split over rayon's threads, each row scored against every
 /// unmasked key, softmaxed and multiplied by V.
 pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3).copied();
+    #[cfg(target_arch = "x86_64")]
+    if decode_avx2::try_run(p, dst, (q, k, v), mask) {
+        return Ok(());
+    }
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let group = n_head / n_head_kv;

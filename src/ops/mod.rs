@@ -17,6 +17,9 @@
 //! | [`softmax`] | diag_mask_inf, soft_max |
 //! | [`argmax`] | argmax |
 //! | [`attention`] | flash_attn_ext |
+//! | [`collective`] | all_reduce |
+//!
+//! [`simd`] holds the x86-64 pieces the fast CPU kernels share (feature check, vector exp).
 
 pub mod argmax;
 pub mod attention;
@@ -28,6 +31,7 @@ pub mod host;
 pub mod mul_mat;
 pub mod norm;
 pub mod rope;
+pub(crate) mod simd;
 pub mod softmax;
 pub mod unary;
 pub mod view;
