@@ -133,11 +133,14 @@ fn f16kv_limit(backend: &str) -> f64 {
 }
 
 /// NMSE limit between two graft paths over the same cache (prefill vs decode, chunked
-/// vs one-shot): only summation order differs on the CPU; on CUDA the prefill's F16
-/// operands differ from decode's f32 activations (see the module docs).
+/// vs one-shot): on the CPU a step of at most 8 tokens on the F16 cache takes the AVX2
+/// decode attention kernel and a longer one the general kernel, both within 1e-12 of an
+/// f64 oracle (tests/attention.rs), and the random fixtures amplify that rounding to at
+/// most 2.3e-10 (qwen3-tiny-bf16); on CUDA the prefill's F16 operands differ from
+/// decode's f32 activations (see the module docs).
 fn consistency_limit(backend: &str) -> f64 {
     if backend == "cpu" {
-        1e-10
+        2e-9
     } else {
         2e-5
     }
