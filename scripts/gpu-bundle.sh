@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the release GPU test binaries (every integration test whose name contains
-# "cuda" and the model fixture tests; tests that spawn the graft binary, such as
+# "cuda", the model fixture tests and the tensor-parallel tests; tests that spawn the graft binary, such as
 # tests/trace.rs, need a cargo build and are run there with cargo) and the `graft` binary with the `cuda` feature,
 # strips them, and puts them with runner scripts into one folder that runs on a GPU
 # machine without cargo:
@@ -10,17 +10,23 @@
 #                          --bench also runs the op benchmark
 #   BUNDLE/run-sanitizer.sh TOOL  the test binaries under compute-sanitizer (memcheck,
 #                          racecheck, synccheck, initcheck); run-memcheck.sh = memcheck
+#   BUNDLE/run-tp-bench.sh  --tp over the machine's GPUs: llama2-7b F16 at --tp 1 and 2,
+#                          llama2-70b F16 at --tp 2 (needs 2 GPUs of 80+ GB each)
+#   BUNDLE/env.sh          sourced by the runners: CUDA's and NCCL's libraries on the
+#                          loader's path (a libnccl.so link to the libnccl.so.2 of
+#                          NVIDIA's nvidia-nccl wheel where the system has none), and
+#                          GRAFT_REQUIRE_GPUS set to the GPUs present
 #   BUNDLE.tar.xz          all of it packed, the file to carry to the GPU machine
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
 # Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
-# expression over test names, replaces the default "cuda|model_fixtures". Run the bundle
+# expression over test names, replaces the default "cuda|model_fixtures|tensor_parallel". Run the bundle
 # from the repository root (the fixture tests read tests/fixtures there).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${1:-$ROOT/.gpu/bundle}"
-PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures|tensor_parallel}"
 cd "$ROOT"
 
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
@@ -67,6 +73,52 @@ rm "$BUNDLE/.tests"
 cp target/release/graft "$BUNDLE/bin/graft"
 strip "$BUNDLE"/tests/* "$BUNDLE"/bin/*
 
+cat > "$BUNDLE/env.sh" <<'RUN'
+# Sourced by the bundle's runners (see gpu-bundle.sh).
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL for --tp over GPUs: cudarc asks the loader for libnccl.so; NVIDIA's wheel (and
+# most packages) install only libnccl.so.2, so a link to it goes into the bundle.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+    nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
+    [ -f "$nccl" ] || nccl="$(ldconfig -p 2>/dev/null | sed -nE 's/.*libnccl\.so\.2 .*=> (.*)/\1/p' | head -n 1)"
+    if [ -f "$nccl" ]; then
+        mkdir -p "$HERE/nccl"
+        ln -sf "$nccl" "$HERE/nccl/libnccl.so"
+        export LD_LIBRARY_PATH="$HERE/nccl:$LD_LIBRARY_PATH"
+    fi
+fi
+# NVLink multicast off whatever the caller set (graft also forces it before NCCL starts).
+export NCCL_NVLS_ENABLE=0
+GPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+export GRAFT_REQUIRE_GPUS="${GPUS:-0}"
+RUN
+
+cat > "$BUNDLE/run-tp-bench.sh" <<'RUN'
+#!/usr/bin/env bash
+# Tensor parallelism over the GPUs of this machine, as benchmark figures: Llama-2-7B F16
+# at --tp 1 and --tp 2 (the speed-up), and Llama-2-70B F16 (140 GB: it fits only split)
+# at --tp 2 against the two GPUs' combined copy bandwidth. Random weights made on the
+# GPUs. Extra arguments go to every bench (e.g. -n 64).
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+source "$HERE/env.sh"
+LOGS="${OUT:-$HERE/logs}"
+mkdir -p "$LOGS"
+[ "$GRAFT_REQUIRE_GPUS" -ge 2 ] || { echo "run-tp-bench: needs 2 GPUs, found $GRAFT_REQUIRE_GPUS"; exit 1; }
+ARGS=("$@")
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(-p 512 -n 128)
+status=0
+for run in "llama2-7b 1" "llama2-7b 2" "llama2-70b 2"; do
+    read -r preset tp <<< "$run"
+    echo "=== graft bench --preset $preset --dtype f16 --backend cuda --tp $tp ${ARGS[*]}"
+    "$HERE/bin/graft" bench --preset "$preset" --dtype f16 --backend cuda --tp "$tp" "${ARGS[@]}" \
+        --json > "$LOGS/tp-$preset-$tp.json" || { status=1; continue; }
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("prompt %.1f tok/s, generation %.1f tok/s, %d devices, roofline %s" % (d["prompt_tokens_per_s"], d["gen_tokens_per_s"], d["devices"], "%.1f%%" % (100*d["roofline_fraction"]) if d["roofline_fraction"] else "?"))' "$LOGS/tp-$preset-$tp.json"
+done
+exit $status
+RUN
+
 cat > "$BUNDLE/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every GPU test binary of this bundle (failing loudly), prints a summary table;
@@ -76,7 +128,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BENCH=0
 if [ "${1:-}" = "--bench" ]; then BENCH=1; shift; fi
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$HERE/env.sh"
 export GRAFT_REQUIRE_GPU=1
 export RUST_BACKTRACE=1
 [ -d tests/fixtures ] && export GRAFT_FIXTURES="$PWD/tests/fixtures"
@@ -130,7 +182,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TOOL="${1:?usage: run-sanitizer.sh memcheck|racecheck|synccheck|initcheck [TEST_FILTER]}"
 shift
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$HERE/env.sh"
 export GRAFT_REQUIRE_GPU=1
 [ -d tests/fixtures ] && export GRAFT_FIXTURES="$PWD/tests/fixtures"
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -164,7 +216,8 @@ cat > "$BUNDLE/run-memcheck.sh" <<'RUN'
 # compute-sanitizer memcheck over every GPU test binary (see run-sanitizer.sh).
 exec "$(dirname "$0")/run-sanitizer.sh" memcheck "$@"
 RUN
-chmod +x "$BUNDLE/run-tests.sh" "$BUNDLE/run-memcheck.sh" "$BUNDLE/run-sanitizer.sh"
+chmod +x "$BUNDLE/run-tests.sh" "$BUNDLE/run-memcheck.sh" "$BUNDLE/run-sanitizer.sh" \
+    "$BUNDLE/run-tp-bench.sh"
 
 echo "gpu-bundle: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE:"
 ls -la "$BUNDLE/tests" "$BUNDLE/bin"

@@ -7,7 +7,17 @@
 //! Inputs go to every member; outputs are read from member 0 (after an all-reduce every
 //! member holds the same values). A run starts every member on its own thread and waits
 //! for all of them; the members meet in their collectives. On the CPU the members are
-//! [`CpuBackend`]s joined by a [`LocalGroup`] (simulated devices, one process).
+//! [`CpuBackend`]s joined by a [`LocalGroup`] (simulated devices, one process); with the
+//! `cuda` feature, [`DeviceGroup::cuda`] makes one `CudaBackend` per GPU joined by NCCL
+//! communicators (each member's all-reduces are enqueued on its own stream and captured
+//! into its own CUDA graph).
+//!
+//! A member that fails takes the group down with it rather than leaving the others
+//! waiting: the simulated group is aborted at once (its members wait on the host), an
+//! NCCL group's communicators are aborted once every member thread has returned (its
+//! collectives wait on the GPUs). Reads of results first wait for every member, each on
+//! its own thread, so that a GPU fault on one member aborts the group instead of hanging
+//! the read on another.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,8 +38,17 @@ pub struct DeviceGroup {
     buffers: HashMap<BufferId, Vec<BufferId>>,
     /// Group plan -> each member's plan.
     execs: Vec<Option<Vec<ExecId>>>,
-    /// The simulated devices' collective, aborted when a member fails.
-    local: Option<Arc<LocalGroup>>,
+    /// What joins the members, aborted when one fails.
+    collective: Collective,
+}
+
+/// What joins the members of a group.
+enum Collective {
+    /// Simulated devices in this process.
+    Local(Arc<LocalGroup>),
+    /// GPUs joined by NCCL communicators.
+    #[cfg(feature = "cuda")]
+    Nccl(Arc<super::cuda::nccl::NcclGroup>),
 }
 
 impl DeviceGroup {
@@ -44,7 +63,38 @@ impl DeviceGroup {
             members,
             buffers: HashMap::new(),
             execs: Vec::new(),
-            local: Some(local),
+            collective: Collective::Local(local),
+        })
+    }
+
+    /// GPUs `0..n` of this machine, one `CudaBackend` each, joined by NCCL communicators
+    /// (see [`super::cuda::nccl`]: libnccl loaded at run time, NVLink multicast off).
+    /// Fails with [`Error::NoDevice`] when there are fewer GPUs or no NCCL.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(n: usize) -> Result<DeviceGroup> {
+        use super::cuda::{nccl, CudaBackend};
+        check_size(n)?;
+        let mut gpus = Vec::with_capacity(n);
+        for ordinal in 0..n {
+            let gpu = CudaBackend::new(ordinal);
+            if let Err(Error::NoDevice(msg)) = &gpu {
+                return Err(Error::NoDevice(format!("--tp {n} needs {n} GPUs: {msg}")));
+            }
+            gpus.push(gpu?);
+        }
+        let contexts: Vec<_> = gpus.iter().map(|g| g.context().clone()).collect();
+        let group = nccl::init_all(&contexts)?;
+        for (rank, g) in gpus.iter_mut().enumerate() {
+            g.join(nccl::Member {
+                group: group.clone(),
+                rank,
+            });
+        }
+        Ok(DeviceGroup {
+            members: gpus.into_iter().map(|g| Box::new(g) as _).collect(),
+            buffers: HashMap::new(),
+            execs: Vec::new(),
+            collective: Collective::Nccl(group),
         })
     }
 
@@ -113,24 +163,29 @@ impl DeviceGroup {
         Ok(p)
     }
 
-    /// Runs `f` on every member with its item of `each`, one thread per member; when
-    /// one fails the collective is aborted so that no member waits for it, and the
-    /// first member's own error (not an "abandoned" one) is returned.
+    /// Runs `f` on every member (with its index), one thread per member; when one fails
+    /// the collective is aborted so that no member waits for it (see the module docs),
+    /// and the first member's own error (not an "abandoned" one) is returned.
     fn on_all_threads(
         &mut self,
-        each: &[ExecId],
-        f: fn(&mut dyn Backend, ExecId) -> Result<()>,
+        f: impl Fn(usize, &mut dyn Backend) -> Result<()> + Sync,
     ) -> Result<()> {
-        let local = self.local.clone();
+        // The simulated members wait on the host: release them as soon as one fails.
+        let local = match &self.collective {
+            Collective::Local(l) => Some(l.clone()),
+            #[cfg(feature = "cuda")]
+            Collective::Nccl(_) => None,
+        };
+        let f = &f;
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .members
                 .iter_mut()
-                .zip(each)
-                .map(|(m, &e)| {
+                .enumerate()
+                .map(|(i, m)| {
                     let local = local.clone();
                     s.spawn(move || {
-                        let r = f(m.as_mut(), e);
+                        let r = f(i, m.as_mut());
                         if let (Err(_), Some(l)) = (&r, &local) {
                             l.abort();
                         }
@@ -147,8 +202,20 @@ impl DeviceGroup {
                 })
                 .collect()
         });
-        if let Some(l) = &self.local {
-            l.reset();
+        match &self.collective {
+            Collective::Local(l) => l.reset(),
+            // No member enqueues now: the communicators can go.
+            // A bad row index is recorded, not a fault: the collectives ran. Any other
+            // failure may have left a member's collective unmatched.
+            #[cfg(feature = "cuda")]
+            Collective::Nccl(g) => {
+                if results
+                    .iter()
+                    .any(|r| matches!(r, Err(e) if !matches!(e, Error::IndexOutOfRange { .. })))
+                {
+                    g.abort();
+                }
+            }
         }
         let mut errors: Vec<Error> = results.into_iter().filter_map(|r| r.err()).collect();
         // the member's own error, not the others' giving up on it
@@ -235,6 +302,7 @@ impl Backend for DeviceGroup {
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
         let id = self.member_buffers(buf)?[0];
+        self.synchronize()?;
         self.members[0].read_buffer(id, offset, out)
     }
 
@@ -295,11 +363,21 @@ impl Backend for DeviceGroup {
 
     fn compute(&mut self, exec: ExecId) -> Result<()> {
         let ids = self.member_execs(exec)?.clone();
-        self.on_all_threads(&ids, |m, e| m.compute(e))
+        self.on_all_threads(|i, m| m.compute(ids[i]))
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        match &self.collective {
+            // the members ran to completion inside compute
+            Collective::Local(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Collective::Nccl(_) => self.on_all_threads(|_, m| m.synchronize()),
+        }
     }
 
     fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
         let e = self.member_execs(exec)?[0];
+        self.synchronize()?;
         self.members[0].get_output(e, id, out)
     }
 
@@ -313,6 +391,7 @@ impl Backend for DeviceGroup {
 
     fn read_arena(&mut self, exec: ExecId) -> Result<Vec<u8>> {
         let e = self.member_execs(exec)?[0];
+        self.synchronize()?;
         self.members[0].read_arena(e)
     }
 

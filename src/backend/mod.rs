@@ -92,6 +92,12 @@ pub trait Backend {
     /// Copies `data` into `buf` at byte `offset`.
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()>;
 
+    /// Waits for everything enqueued so far (a no-op where runs are synchronous); a failure
+    /// of an asynchronous run surfaces here.
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Devices this backend drives: 1, or the size of a
     /// [`DeviceGroup`](group::DeviceGroup), whose members each hold a copy of every buffer.
     fn devices(&self) -> usize {

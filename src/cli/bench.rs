@@ -81,13 +81,19 @@ fn open_backend(
     given: Option<f64>,
 ) -> Result<(Box<dyn graft::backend::Backend>, Option<f64>)> {
     #[cfg(feature = "cuda")]
-    if kind == BackendKind::Cuda && tp == 1 {
+    if kind == BackendKind::Cuda {
+        // GPU 0's copy bandwidth: with --tp each GPU reads its own share of the weights at
+        // its own bandwidth, and the roofline compares per-device bytes with it.
         let mut be = graft::backend::cuda::CudaBackend::new(0)?;
         let bw = match given {
             Some(bw) => bw,
             None => graft::backend::cuda::bench::copy_bandwidth(&mut be)?,
         };
-        return Ok((Box::new(be), Some(bw)));
+        if tp == 1 {
+            return Ok((Box::new(be), Some(bw)));
+        }
+        drop(be);
+        return Ok((make_backend(kind, tp)?, Some(bw)));
     }
     Ok((make_backend(kind, tp)?, given))
 }

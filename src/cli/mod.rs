@@ -244,9 +244,7 @@ fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backend>> {
         #[cfg(feature = "cuda")]
         (BackendKind::Cuda, 1) => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
         #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, n) => Err(Error::NoDevice(format!(
-            "--tp {n} --backend cuda: splitting over GPUs needs NCCL, which the CUDA backend does not drive yet; --tp runs on the CPU backend"
-        ))),
+        (BackendKind::Cuda, n) => Ok(Box::new(DeviceGroup::cuda(n)?)),
         #[cfg(not(feature = "cuda"))]
         (BackendKind::Cuda, _) => Err(Error::NoDevice(
             "this graft was built without CUDA support; rebuild with --features cuda".into(),
@@ -311,6 +309,10 @@ pub(crate) fn read_prompt(path: &std::path::Path, flag: &str) -> Result<String> 
 
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
+    // NVLink multicast stays off in NCCL whatever the environment says; set here, before
+    // any thread of the process starts, for `--tp` over GPUs.
+    #[cfg(feature = "cuda")]
+    graft::backend::cuda::nccl::disable_nvls();
     let cli = Cli::parse();
     let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {

@@ -285,15 +285,7 @@ fn kernel_names(be: &CudaBackend, exec: ExecId) -> Result<String> {
     let names: Vec<&str> = e
         .steps
         .first()
-        .map(|ops| {
-            ops.iter()
-                .map(|op| match op {
-                    DevOp::Kernel(l) => l.kernel.name,
-                    DevOp::Gemm(g) if g.batch > 1 => "cublasGemmBatchedEx",
-                    DevOp::Gemm(_) => "cublasGemmEx",
-                })
-                .collect()
-        })
+        .map(|ops| ops.iter().map(DevOp::name).collect())
         .unwrap_or_default();
     Ok(names.join(" + "))
 }

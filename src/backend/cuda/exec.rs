@@ -16,6 +16,7 @@ use super::args::SpinArgs;
 use super::device::{driver_error_text, Blas, DeviceMem};
 use super::kernels::{k, KernelTable};
 use super::lowering::DevOp;
+use super::nccl::Member;
 use crate::backend::StepTime;
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, Plan, Step, TensorId};
@@ -83,6 +84,8 @@ pub(crate) struct Launcher<'a> {
     /// Launch kernels with programmatic stream serialization (PDL, sm_90+): a kernel may
     /// launch while the previous one runs and waits for it in its own code.
     pub pdl: bool,
+    /// The device group this backend is a member of, for all-reduces.
+    pub group: Option<&'a Member>,
 }
 
 impl Launcher<'_> {
@@ -153,6 +156,12 @@ impl Launcher<'_> {
                 })
             }
             DevOp::Gemm(g) => g.run(self.blas),
+            DevOp::AllReduce(a) => match self.group {
+                Some(m) => m
+                    .group
+                    .all_reduce_sum(m.rank, (a.send, a.recv, a.count), self.stream),
+                None => Err("an all_reduce step on a backend outside a device group".into()),
+            },
         }
     }
 
@@ -209,13 +218,7 @@ impl Launcher<'_> {
             let ms = events[i]
                 .elapsed_ms(&events[i + 1])
                 .map_err(|e| ev(format!("cuEventElapsedTime: {}", driver_error_text(e))))?;
-            let kernels: Vec<&str> = ops
-                .iter()
-                .map(|op| match op {
-                    DevOp::Kernel(l) => l.kernel.name,
-                    DevOp::Gemm(_) => "cublasGemm",
-                })
-                .collect();
+            let kernels: Vec<&str> = ops.iter().map(DevOp::name).collect();
             rows.push(StepTime {
                 name: step.name.clone(),
                 op: step.op.name(),

@@ -18,6 +18,16 @@ pub(crate) enum DevOp {
     Kernel(Launch),
     /// A cuBLAS GEMM.
     Gemm(Gemm),
+    /// An NCCL all-reduce (sum of F32 values) over the backend's device group.
+    AllReduce(AllReduce),
+}
+
+/// The device ranges of an all-reduce: `count` F32 values from `send` summed into `recv`
+/// (the same address when in place).
+pub(crate) struct AllReduce {
+    pub send: u64,
+    pub recv: u64,
+    pub count: usize,
 }
 
 /// A kernel with its launch configuration and argument struct.
@@ -29,6 +39,16 @@ pub(crate) struct Launch {
 }
 
 impl DevOp {
+    /// What runs, for profiles and reports: the kernel's name, the cuBLAS or NCCL call.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DevOp::Kernel(l) => l.kernel.name,
+            DevOp::Gemm(g) if g.batch > 1 => "cublasGemmBatchedEx",
+            DevOp::Gemm(_) => "cublasGemmEx",
+            DevOp::AllReduce(_) => "ncclAllReduce",
+        }
+    }
+
     /// A launch of `kernel` with argument struct `args`.
     pub fn kernel<T: KernelArgs>(
         kernel: Kernel,
@@ -69,6 +89,9 @@ pub(crate) struct Lowering<'a> {
     /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
     /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
     pub mmvq: bool,
+    /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
+    /// must have.
+    pub devices: usize,
 }
 
 /// Alignment of every block in the constant and scratch regions.

@@ -34,6 +34,7 @@ mod gemm;
 pub mod kernels;
 mod lower;
 mod lowering;
+pub mod nccl;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +81,8 @@ pub struct CudaBackend {
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
+    /// The device group this GPU is a member of (`--tp`), with its NCCL communicator.
+    group: Option<nccl::Member>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
 }
@@ -179,6 +182,7 @@ impl CudaBackend {
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             profile: None,
             warnings: Vec::new(),
+            group: None,
             stream,
             ctx,
         };
@@ -271,7 +275,24 @@ impl CudaBackend {
             stream: &self.stream,
             sync_each: self.sync_each,
             pdl: self.pdl && self.profile.is_none(),
+            group: self.group.as_ref(),
         }
+    }
+
+    /// GPUs in this backend's device group (1 outside a group).
+    fn group_size(&self) -> usize {
+        self.group.as_ref().map_or(1, |m| m.group.size())
+    }
+
+    /// The backend's CUDA context (a device group's communicators keep it alive).
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Makes this backend rank `member.rank` of an NCCL device group: its `all_reduce`
+    /// steps over the group's size become NCCL all-reduces on its stream.
+    pub(crate) fn join(&mut self, member: nccl::Member) {
+        self.group = Some(member);
     }
 
     fn memset(&self, ptr: u64, byte: u8, bytes: usize) -> Result<()> {
@@ -417,6 +438,7 @@ impl CudaBackend {
             tag: 0,
             written: Vec::new(),
             mmvq: self.mmvq,
+            devices: self.group_size(),
         };
         let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
@@ -544,6 +566,7 @@ impl Backend for CudaBackend {
             tag: 0,
             written: Vec::new(),
             mmvq: self.mmvq,
+            devices: self.group_size(),
         };
         lower_step(step, &mut lw).map(|_| ())
     }
@@ -674,6 +697,7 @@ impl Backend for CudaBackend {
             stream: &self.stream,
             sync_each: self.sync_each,
             pdl: self.pdl && self.profile.is_none(),
+            group: self.group.as_ref(),
         };
         let e = self.execs[exec.0].as_mut().expect("checked above");
         let mut warning = None;
@@ -756,6 +780,11 @@ impl Backend for CudaBackend {
 
     fn stats(&self) -> Stats {
         self.stats
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.bind()?;
+        self.synchronize_checked()
     }
 
     fn fill_arena(&mut self, exec: ExecId, byte: u8) -> Result<()> {

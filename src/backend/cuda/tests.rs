@@ -51,6 +51,7 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
             tag: 0,
             written: Vec::new(),
             mmvq: true,
+            devices: 1,
         };
         let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
             .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
@@ -428,6 +429,7 @@ fn check_lowering(
                 run_swiglu(args(l));
             }
             DevOp::Kernel(l) => panic!("unexpected kernel {}", l.kernel.name),
+            DevOp::AllReduce(_) => panic!("unexpected all_reduce in a one-device plan"),
             DevOp::Gemm(gm) => {
                 names.push(format!(
                     "gemm(batch {}, t{}{})",

@@ -1,10 +1,10 @@
-//! Collectives (`src/ops/collective.rs`). A group of one device is a copy; summing over
-//! several GPUs needs an NCCL communicator per device, which this backend does not hold
-//! yet, so such a step is refused with the reason (tensor parallelism runs on the CPU
-//! backend's simulated devices today).
+//! Collectives (`src/ops/collective.rs`). A group of one device is a copy (or nothing,
+//! in place); over the GPUs of a device group the sum is an NCCL all-reduce on the
+//! member's stream (see [`crate::backend::cuda::nccl`]), captured into the member's
+//! CUDA graph like a kernel.
 
 use super::cpy;
-use crate::backend::cuda::lowering::{DevOp, Lowering};
+use crate::backend::cuda::lowering::{AllReduce, DevOp, Lowering};
 use crate::graph::{AllReduceParams, Operand};
 
 /// Lowers an all_reduce over `p.devices` devices.
@@ -17,9 +17,15 @@ pub(crate) fn lower(
     match p.devices {
         1 if lw.addr(dst) == lw.addr(&src[0]) => Ok(Vec::new()),
         1 => Ok(vec![cpy::copy(lw, &src[0], dst)?]),
+        n if n == lw.devices => Ok(vec![DevOp::AllReduce(AllReduce {
+            send: lw.addr(&src[0]),
+            recv: lw.addr(dst),
+            count: dst.nelements(),
+        })]),
         n => Err(format!(
-            "all_reduce over {n} GPUs needs NCCL, which the CUDA backend does not drive yet; \
-             --tp runs on the CPU backend"
+            "all_reduce over {n} GPUs on a backend in a group of {} (--tp with the CUDA \
+             backend makes a group of CUDA backends joined by NCCL)",
+            lw.devices
         )),
     }
 }
