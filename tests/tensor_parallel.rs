@@ -19,8 +19,8 @@ mod fixtures;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
-use graft::backend::Backend;
-use graft::graph::DType;
+use graft::backend::{Backend, ExecId};
+use graft::graph::{BufferId, DType, TensorId};
 use graft::models::blocks::build_decode;
 use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, Sampler};
 
@@ -144,15 +144,13 @@ fn graphs_hold_two_all_reduces_per_layer() {
     m.release(&mut group).unwrap();
 }
 
-/// A member that fails before an all-reduce does not leave the others waiting: the
-/// group returns that member's own error (not the others' "abandoned"), and the next run
-/// works. Device 1 holds an out-of-range row index; device 0 a valid one.
-#[test]
-fn a_failing_member_does_not_hang_the_group() {
+/// A plan on a 2-device group whose devices each take one row of a table, add `x` and
+/// sum over the group: device 0 holds row index 1, device 1 the out-of-range 9. Returns
+/// the loaded plan (its input written), its sum and the buffer holding the indices (at
+/// byte 32).
+fn bad_index_on_device_1(group: &mut DeviceGroup) -> (ExecId, TensorId, BufferId) {
     use graft::backend::BackendExt;
     use graft::graph::{BufferRef, Graph};
-    use graft::Error;
-    let mut group = DeviceGroup::cpu(2).unwrap();
     let mut g = Graph::new();
     let buf = group.alloc_buffer(4 * 8 + 4).unwrap();
     let at = |offset| BufferRef {
@@ -179,14 +177,29 @@ fn a_failing_member_does_not_hang_the_group() {
         .unwrap();
     let e = group.load(&plan).unwrap();
     group.set_input_f32(e, x, &[0.5, 0.5]).unwrap();
-    let err = group.compute(e).unwrap_err();
-    assert!(matches!(err, Error::IndexOutOfRange { .. }), "{err}");
-    // device 1 fixed: both read row 1 ([2, 3]) plus x, summed over the two devices
+    (e, sum, buf)
+}
+
+/// Device 1's index fixed: both read row 1 ([2, 3]) plus x, summed over the two devices.
+fn fix_device_1_and_run(group: &mut DeviceGroup, e: ExecId, sum: TensorId, buf: BufferId) {
+    use graft::backend::BackendExt;
     group
         .write_buffer_on(1, buf, 32, &1i32.to_le_bytes())
         .unwrap();
     group.compute(e).unwrap();
     assert_eq!(group.get_output_f32(e, sum, 2).unwrap(), vec![5.0, 7.0]);
+}
+
+/// A member that fails before an all-reduce does not leave the others waiting: the
+/// group returns that member's own error (not the others' "abandoned"), and the next run
+/// works.
+#[test]
+fn a_failing_member_does_not_hang_the_group() {
+    let mut group = DeviceGroup::cpu(2).unwrap();
+    let (e, sum, buf) = bad_index_on_device_1(&mut group);
+    let err = group.compute(e).unwrap_err();
+    assert!(matches!(err, graft::Error::IndexOutOfRange { .. }), "{err}");
+    fix_device_1_and_run(&mut group, e, sum, buf);
 }
 
 /// `DeviceGroup::cuda(n)`, or `None` (after saying why) where this machine has fewer GPUs
@@ -245,40 +258,10 @@ fn split_over_gpus_matches_one_gpu() {
 #[test]
 fn a_bad_index_on_one_gpu_is_reported_and_the_group_goes_on() {
     use graft::backend::BackendExt;
-    use graft::graph::{BufferRef, Graph};
-    use graft::Error;
     let Some(mut group) = gpus(2) else { return };
-    let mut g = Graph::new();
-    let buf = group.alloc_buffer(4 * 8 + 4).unwrap();
-    let at = |offset| BufferRef {
-        buffer: buf,
-        offset,
-    };
-    let table = g.weight("table", DType::F32, &[2, 4], at(0)).unwrap();
-    let idx = g.weight("idx", DType::I32, &[1], at(32)).unwrap();
-    let x = g.input("x", DType::F32, &[2]).unwrap();
-    let row = g.get_rows(table, idx).unwrap();
-    let row = g.add(row, x).unwrap();
-    let sum = g.all_reduce(row, 2).unwrap();
-    let plan = g.plan(&[sum]).unwrap();
-    let rows: Vec<f32> = (0..8).map(|i| i as f32).collect();
-    group
-        .write_buffer(buf, 0, bytemuck::cast_slice(&rows))
-        .unwrap();
-    group
-        .write_buffer_on(0, buf, 32, &1i32.to_le_bytes())
-        .unwrap();
-    group
-        .write_buffer_on(1, buf, 32, &9i32.to_le_bytes())
-        .unwrap();
-    let e = group.load(&plan).unwrap();
-    group.set_input_f32(e, x, &[0.5, 0.5]).unwrap();
+    let (e, sum, buf) = bad_index_on_device_1(&mut group);
     group.compute(e).unwrap();
     let err = group.get_output_f32(e, sum, 2).unwrap_err();
-    assert!(matches!(err, Error::IndexOutOfRange { .. }), "{err}");
-    group
-        .write_buffer_on(1, buf, 32, &1i32.to_le_bytes())
-        .unwrap();
-    group.compute(e).unwrap();
-    assert_eq!(group.get_output_f32(e, sum, 2).unwrap(), vec![5.0, 7.0]);
+    assert!(matches!(err, graft::Error::IndexOutOfRange { .. }), "{err}");
+    fix_device_1_and_run(&mut group, e, sum, buf);
 }

@@ -409,16 +409,14 @@ unsafe fn legacy<const T: u8, const NC: usize>(w: *const u8, nb: usize, a: Cols)
     even.sum(odd)
 }
 
-/// The f16 at `p` as the low 16 bits of an i32 (the rest zero: a finite f16 0.0).
+/// The f16 `d` at `p` in the low half of an i32, and in the high half the f16 after it
+/// (`m`) when `with_m`, else 0 (a finite f16 0.0, never a field that is not a scale).
 #[inline(always)]
-unsafe fn f16_bits(p: *const u8) -> i32 {
-    i32::from((p as *const u16).read_unaligned())
-}
-
-/// The two f16 at `p` as an i32 (`d` in the low half, the next field in the high).
-#[inline(always)]
-unsafe fn f16_pair_bits(p: *const u8) -> i32 {
-    (p as *const i32).read_unaligned()
+unsafe fn scale_bits(p: *const u8, with_m: bool) -> i32 {
+    match with_m {
+        true => (p as *const i32).read_unaligned(),
+        false => i32::from((p as *const u16).read_unaligned()),
+    }
 }
 
 /// Four legacy weight rows (`stride` bytes apart, `nb` blocks each, the first at `w`)
@@ -452,23 +450,13 @@ unsafe fn legacy_x4<const T: u8>(w: *const u8, stride: usize, nb: usize, a: Cols
             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l) as *const i8);
         }
         let (av, d8, s8) = a.block(0, b);
-        let dm = if has_m {
-            let pairs = _mm_setr_epi32(
-                f16_pair_bits(rows[0].add(at)),
-                f16_pair_bits(rows[1].add(at)),
-                f16_pair_bits(rows[2].add(at)),
-                f16_pair_bits(rows[3].add(at)),
-            );
-            _mm256_permutevar8x32_ps(_mm256_cvtph_ps(pairs), split)
-        } else {
-            let ds = _mm_setr_epi32(
-                f16_bits(rows[0].add(at)),
-                f16_bits(rows[1].add(at)),
-                f16_bits(rows[2].add(at)),
-                f16_bits(rows[3].add(at)),
-            );
-            _mm256_permutevar8x32_ps(_mm256_cvtph_ps(ds), split)
-        };
+        let bits = _mm_setr_epi32(
+            scale_bits(rows[0].add(at), has_m),
+            scale_bits(rows[1].add(at), has_m),
+            scale_bits(rows[2].add(at), has_m),
+            scale_bits(rows[3].add(at), has_m),
+        );
+        let dm = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(bits), split);
         if !signed {
             offs = _mm256_fmadd_ps(dm, _mm256_set1_ps(s8), offs);
         }
