@@ -719,3 +719,80 @@ fn elementwise_kernel_sets_cover_every_op() {
         }
     }
 }
+
+/// The all_reduce steps of `plan` lowered for a member of a group of `devices` GPUs.
+fn lower_all_reduce(plan: &Plan, devices: usize) -> Vec<Result<Vec<DevOp>, String>> {
+    let resolve = |loc: Loc| match loc {
+        Loc::Arena(off) => 0x1000 + off as u64,
+        Loc::Buffer(..) => panic!("these plans use no buffers"),
+    };
+    let mut lw = Lowering {
+        resolve: &resolve,
+        consts_base: 0,
+        consts: Vec::new(),
+        scratch_base: 0,
+        scratch_need: 0,
+        err: 0,
+        tag: 0,
+        written: Vec::new(),
+        mmvq: true,
+        devices,
+    };
+    plan.steps
+        .iter()
+        .filter(|s| s.op.name() == "all_reduce")
+        .map(|s| super::lower::lower_step(s, &mut lw))
+        .collect()
+}
+
+/// An all_reduce over the group's GPUs becomes one NCCL all-reduce of the tensor's
+/// elements from its source into its result; over a size other than the group's it is an
+/// error naming both; over one device it is a copy or nothing.
+#[test]
+fn all_reduce_lowers_to_nccl_over_the_group() {
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[7, 3]).unwrap();
+    let y = g.scale(x, 2.0).unwrap();
+    let s = g.all_reduce(y, 2).unwrap();
+    let plan = g.plan(&[s]).unwrap();
+    let step = plan
+        .steps
+        .iter()
+        .find(|st| st.op.name() == "all_reduce")
+        .unwrap();
+    let addr = |loc: Loc| match loc {
+        Loc::Arena(off) => 0x1000 + off as u64,
+        Loc::Buffer(..) => unreachable!(),
+    };
+    let ops = lower_all_reduce(&plan, 2).remove(0).unwrap();
+    assert_eq!(ops.len(), 1);
+    match &ops[0] {
+        DevOp::AllReduce(a) => {
+            assert_eq!(a.count, 21);
+            assert_eq!(a.send, addr(step.src[0].loc));
+            assert_eq!(a.recv, addr(step.dst.loc));
+        }
+        other @ (DevOp::Kernel(_) | DevOp::Gemm(_)) => {
+            panic!("expected an all-reduce, got {}", other.name())
+        }
+    }
+    assert_eq!(ops[0].name(), "ncclAllReduce");
+    for devices in [1, 4] {
+        let e = lower_all_reduce(&plan, devices).remove(0).err().unwrap();
+        assert!(
+            e.contains("over 2 GPUs") && e.contains(&format!("group of {devices}")),
+            "{e}"
+        );
+    }
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[5]).unwrap();
+    let y = g.scale(x, 2.0).unwrap();
+    let s = g.all_reduce(y, 1).unwrap();
+    let plan = g.plan(&[s]).unwrap();
+    for ops in lower_all_reduce(&plan, 1) {
+        assert!(ops
+            .unwrap()
+            .iter()
+            .all(|op| !matches!(op, DevOp::AllReduce(_))));
+    }
+}
