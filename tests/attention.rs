@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::attention::{case, nmse, run, Case, MaskKind};
+use common::attention::{case, run, Case, MaskKind};
+use common::nmse;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::{DType, FlashAttnParams, Graph};
 use proptest::prelude::*;

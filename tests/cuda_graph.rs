@@ -256,15 +256,9 @@ fn run(
     Ok(RunResult { outputs, caches })
 }
 
-/// ggml's normalized mean squared error; NaN anywhere fails every comparison with it.
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    num / den.max(f64::MIN_POSITIVE)
-}
+#[path = "support/metrics.rs"]
+mod metrics;
+use metrics::nmse;
 
 fn f16_to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes

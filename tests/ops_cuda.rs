@@ -211,7 +211,8 @@ fn flash_attn_bound(kv: graft::graph::DType) -> f64 {
 /// Every case must be supported (head dims, dtypes and views are the kernels' own).
 #[test]
 fn prop_flash_attn_ext() {
-    use common::attention::{case, nmse, run};
+    use common::attention::{case, run};
+    use common::nmse;
     let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cuda) = common::cuda_backend() else {
         return;

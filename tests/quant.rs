@@ -352,19 +352,7 @@ fn block_bound(q: QType, x: &[f32]) -> f32 {
     quant * 1.0001 + f16
 }
 
-/// `sum((a - b)^2) / sum(b^2)` in f64.
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += (f64::from(x) - f64::from(y)).powi(2);
-        den += f64::from(y).powi(2);
-    }
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
+use common::nmse;
 
 fn check_round_trip(q: QType, x: &[f32]) -> Result<(), TestCaseError> {
     let y = dequantize(q, &quantize(q, x), x.len());

@@ -15,16 +15,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Normalized mean squared error of `got` against `want`.
-fn nmse(got: &[f32], want: &[f64]) -> f64 {
-    let err: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|w| w * w).sum();
-    err / norm.max(f64::MIN_POSITIVE)
-}
+use common::nmse;
 
 /// Random values with a few outliers, as weights look.
 fn values(rng: &mut StdRng, n: usize) -> Vec<f32> {
@@ -106,7 +97,7 @@ fn mul_mat_nmse(
     be.set_input_f32(e, xin, &x).unwrap();
     be.compute(e).unwrap();
     let got = be.get_output_f32(e, y, m * n * b2).unwrap();
-    let mut want = Vec::with_capacity(m * n * b2);
+    let mut want: Vec<f64> = Vec::with_capacity(m * n * b2);
     for c in 0..b2 {
         let wc = c / (b2 / a2);
         for j in 0..n {

@@ -261,20 +261,6 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
     result
 }
 
-pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
-    let err: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|w| w * w).sum();
-    if norm == 0.0 {
-        err
-    } else {
-        err / norm
-    }
-}
-
 pub fn case() -> impl Strategy<Value = Case> {
     (
         prop::sample::select(HEAD_DIMS.to_vec()),

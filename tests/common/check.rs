@@ -6,23 +6,7 @@
 use super::case::{decode_value, Case, Outcome};
 use super::oracle::{Expected, StateExpect, Tol};
 
-/// NMSE = sum((a - b)^2) / sum(b^2) with `want` as b (0 when both are all zeros).
-pub fn nmse(got: &[f64], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (g, w) in got.iter().zip(want) {
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    if den == 0.0 {
-        if num == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
-    } else {
-        num / den
-    }
-}
+use super::nmse;
 
 /// Compares `got` with the reference `want`: a NaN on either side always fails, an
 /// infinity must be matched exactly at the same place, and the finite values must be

@@ -16,6 +16,10 @@ pub mod check;
 pub mod oracle;
 pub mod strategies;
 
+#[path = "../support/metrics.rs"]
+mod metrics;
+pub use metrics::nmse;
+
 pub use case::{run_case, run_case_n, Case, Outcome};
 
 use graft::backend::Backend;

@@ -364,19 +364,7 @@ pub fn decode(dt: DType, bytes: &[u8]) -> Vec<f64> {
     }
 }
 
-/// Normalized mean squared error of `got` against `want`.
-pub fn nmse(got: &[f64], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (g, w) in got.iter().zip(want) {
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
+pub use crate::common::nmse;
 
 fn qtype() -> impl Strategy<Value = QType> {
     proptest::sample::select(WEIGHT_TYPES.to_vec())

@@ -82,18 +82,9 @@ pub fn f32_data(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
         .collect()
 }
 
-/// `sum((a - b)^2) / sum(b^2)`, in f64.
-pub fn nmse(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let mut err = 0f64;
-    let mut norm = 0f64;
-    for (&a, &b) in out.iter().zip(reference) {
-        assert!(a.is_finite(), "non-finite output {a}");
-        err += (a as f64 - b as f64).powi(2);
-        norm += (b as f64).powi(2);
-    }
-    err / norm
-}
+#[path = "metrics.rs"]
+mod metrics;
+pub use metrics::nmse;
 
 /// The root mean square of `v`.
 pub fn rms(v: &[f32]) -> f64 {
