@@ -84,11 +84,31 @@ impl DeviceGroup {
         }
         let contexts: Vec<_> = gpus.iter().map(|g| g.context().clone()).collect();
         let group = nccl::init_all(&contexts)?;
+        let mut values = Vec::with_capacity(n);
         for (rank, g) in gpus.iter_mut().enumerate() {
             g.join(nccl::Member {
                 group: group.clone(),
                 rank,
             });
+            values.push(g.warm_up_value()?);
+        }
+        let warmed: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = gpus
+                .iter_mut()
+                .zip(&values)
+                .map(|(g, v)| s.spawn(move || g.warm_up_group(v)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::plan("a GPU's thread panicked")))
+                })
+                .collect()
+        });
+        if let Some(e) = warmed.into_iter().find_map(|r| r.err()) {
+            group.abort();
+            return Err(e);
         }
         Ok(DeviceGroup {
             members: gpus.into_iter().map(|g| Box::new(g) as _).collect(),

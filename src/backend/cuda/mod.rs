@@ -44,7 +44,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use self::args::{FillRandomArgs, IndexError};
-use self::device::{driver_error, driver_error_text, Blas, DeviceMem};
+pub(crate) use self::device::DeviceMem;
+use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
 use self::kernels::{Kernel, KernelTable};
@@ -293,6 +294,30 @@ impl CudaBackend {
     /// steps over the group's size become NCCL all-reduces on its stream.
     pub(crate) fn join(&mut self, member: nccl::Member) {
         self.group = Some(member);
+    }
+
+    /// Device memory for [`CudaBackend::warm_up_group`]: one zeroed F32.
+    pub(crate) fn warm_up_value(&mut self) -> Result<DeviceMem> {
+        self.bind()?;
+        let mem = DeviceMem::alloc(&self.ctx, 4, "the group's warm-up value")?;
+        self.memset(mem.ptr(), 0, 4)?;
+        Ok(mem)
+    }
+
+    /// One all-reduce of the single value in `mem` over the group, outside any capture,
+    /// waited for: a group that cannot sum fails when it is made, not inside a plan's
+    /// first run. Every member calls it at the same time, each on its own thread.
+    pub(crate) fn warm_up_group(&mut self, mem: &DeviceMem) -> Result<()> {
+        self.bind()?;
+        if let Some(m) = &self.group {
+            m.group
+                .all_reduce_sum(m.rank, (mem.ptr(), mem.ptr(), 1), &self.stream)
+                .map_err(|msg| Error::Backend {
+                    backend: "cuda",
+                    msg: format!("the device group's first all-reduce: {msg}"),
+                })?;
+        }
+        self.synchronize()
     }
 
     fn memset(&self, ptr: u64, byte: u8, bytes: usize) -> Result<()> {

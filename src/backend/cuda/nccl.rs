@@ -13,6 +13,9 @@
 //! NVLink multicast (NVLS) stays off: [`init_all`] sets `NCCL_NVLS_ENABLE=0` in the
 //! process before NCCL reads its environment, whatever the caller's environment says.
 //! NVLS needs `cuMulticastCreate`, which can put a shared host's GPUs out of service.
+//! Unless the caller set it, `NCCL_RUNTIME_CONNECT=0` too: NCCL then connects the GPUs
+//! inside `ncclCommInitAll` rather than at the first collective, which would otherwise
+//! fall inside a member's CUDA graph capture and block its host thread on the others.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,12 +59,19 @@ fn nccl_text(e: &nccl::NcclError) -> String {
     format!("{:?} ({})", e.0, text.to_string_lossy())
 }
 
-/// Makes NCCL see `NCCL_NVLS_ENABLE=0` (see the module docs).
+/// NCCL's switch for connecting peers at the first collective instead of at init.
+pub const RUNTIME_CONNECT_VAR: &str = "NCCL_RUNTIME_CONNECT";
+
+/// Makes NCCL see `NCCL_NVLS_ENABLE=0`, and `NCCL_RUNTIME_CONNECT=0` unless the caller
+/// chose a value (see the module docs).
 pub fn disable_nvls() {
+    // The process's environment is changed before NCCL is initialised; graft's own
+    // threads do not read the environment concurrently with this.
     if std::env::var(NVLS_VAR).ok().as_deref() != Some("0") {
-        // The process's environment is changed before NCCL is initialised; graft's own
-        // threads do not read the environment concurrently with this.
         std::env::set_var(NVLS_VAR, "0");
+    }
+    if std::env::var_os(RUNTIME_CONNECT_VAR).is_none() {
+        std::env::set_var(RUNTIME_CONNECT_VAR, "0");
     }
 }
 
