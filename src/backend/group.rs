@@ -98,13 +98,7 @@ impl DeviceGroup {
                 .zip(&values)
                 .map(|(g, v)| s.spawn(move || g.warm_up_group(v)))
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::plan("a GPU's thread panicked")))
-                })
-                .collect()
+            join_all(handles)
         });
         if let Some(e) = warmed.into_iter().find_map(|r| r.err()) {
             group.abort();
@@ -213,14 +207,7 @@ impl DeviceGroup {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::plan("device group: a member's thread panicked"))
-                    })
-                })
-                .collect()
+            join_all(handles)
         });
         match &self.collective {
             Collective::Local(l) => l.reset(),
@@ -244,6 +231,17 @@ impl DeviceGroup {
             None => errors.pop().map_or(Ok(()), Err),
         }
     }
+}
+
+/// The results of the member threads, in member order (a panicked thread is an error).
+fn join_all(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<()>>>) -> Vec<Result<()>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::plan("device group: a member's thread panicked")))
+        })
+        .collect()
 }
 
 /// Checks a group size.

@@ -312,7 +312,7 @@ pub fn main() -> ExitCode {
     // NVLink multicast stays off in NCCL whatever the environment says; set here, before
     // any thread of the process starts, for `--tp` over GPUs.
     #[cfg(feature = "cuda")]
-    graft::backend::cuda::nccl::disable_nvls();
+    graft::backend::cuda::nccl::set_environment();
     let cli = Cli::parse();
     let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {

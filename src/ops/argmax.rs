@@ -41,11 +41,11 @@ pub fn argmax_op_row(row: &[f32]) -> i32 {
         max[0] = if x > max[0] { x } else { max[0] };
         finite[0] &= x.abs() < f32::INFINITY;
     }
-    if row.is_empty() || !finite.iter().all(|&f| f) {
-        return match row.is_empty() {
-            true => 0,
-            false => NON_FINITE,
-        };
+    if row.is_empty() {
+        return 0;
+    }
+    if !finite.iter().all(|&f| f) {
+        return NON_FINITE;
     }
     let best = max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     row.iter().position(|&x| x == best).unwrap_or(0) as i32

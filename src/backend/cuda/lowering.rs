@@ -105,6 +105,26 @@ pub(crate) const MAX_BLOCK: usize = 1024;
 /// Threads of a warp.
 pub(crate) const WARP: usize = 32;
 
+impl<'a> Lowering<'a> {
+    /// A lowering context with every region at address 0 and nothing collected yet
+    /// (`load` then sets the real bases of the constants, the scratch and the index
+    /// record; `supports` only asks whether a step lowers).
+    pub fn new(resolve: &'a dyn Fn(Loc) -> u64, mmvq: bool, devices: usize) -> Self {
+        Lowering {
+            resolve,
+            consts_base: 0,
+            consts: Vec::new(),
+            scratch_base: 0,
+            scratch_need: 0,
+            err: 0,
+            tag: 0,
+            written: Vec::new(),
+            mmvq,
+            devices,
+        }
+    }
+}
+
 impl Lowering<'_> {
     /// The device address of `op`'s first element.
     pub fn addr(&self, op: &Operand) -> u64 {

@@ -454,16 +454,10 @@ impl CudaBackend {
     ) -> Result<(Vec<Vec<DevOp>>, Vec<u8>, usize)> {
         let resolve = |loc: Loc| self.resolve(arena, loc);
         let mut lw = Lowering {
-            resolve: &resolve,
             consts_base: consts,
-            consts: Vec::new(),
             scratch_base: scratch,
-            scratch_need: 0,
             err: self.index_err.ptr(),
-            tag: 0,
-            written: Vec::new(),
-            mmvq: self.mmvq,
-            devices: self.group_size(),
+            ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
@@ -581,18 +575,7 @@ impl Backend for CudaBackend {
 
     fn supports(&self, step: &Step) -> std::result::Result<(), String> {
         let resolve = |loc: Loc| self.resolve(0, loc);
-        let mut lw = Lowering {
-            resolve: &resolve,
-            consts_base: 0,
-            consts: Vec::new(),
-            scratch_base: 0,
-            scratch_need: 0,
-            err: 0,
-            tag: 0,
-            written: Vec::new(),
-            mmvq: self.mmvq,
-            devices: self.group_size(),
-        };
+        let mut lw = Lowering::new(&resolve, self.mmvq, self.group_size());
         lower_step(step, &mut lw).map(|_| ())
     }
 

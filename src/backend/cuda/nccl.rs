@@ -34,6 +34,8 @@ pub const NVLS_VAR: &str = "NCCL_NVLS_ENABLE";
 pub(crate) struct NcclGroup {
     /// One communicator per rank; null once aborted or destroyed.
     comms: Mutex<Vec<sys::ncclComm_t>>,
+    /// Ranks in the group.
+    size: usize,
     aborted: AtomicBool,
     /// The members' contexts, kept alive until the communicators are gone.
     _contexts: Vec<Arc<CudaContext>>,
@@ -62,9 +64,9 @@ fn nccl_text(e: &nccl::NcclError) -> String {
 /// NCCL's switch for connecting peers at the first collective instead of at init.
 pub const RUNTIME_CONNECT_VAR: &str = "NCCL_RUNTIME_CONNECT";
 
-/// Makes NCCL see `NCCL_NVLS_ENABLE=0`, and `NCCL_RUNTIME_CONNECT=0` unless the caller
-/// chose a value (see the module docs).
-pub fn disable_nvls() {
+/// Sets NCCL's environment: `NCCL_NVLS_ENABLE=0` always, and `NCCL_RUNTIME_CONNECT=0`
+/// unless the caller chose a value (see the module docs).
+pub fn set_environment() {
     // The process's environment is changed before NCCL is initialised; graft's own
     // threads do not read the environment concurrently with this.
     if std::env::var(NVLS_VAR).ok().as_deref() != Some("0") {
@@ -88,7 +90,7 @@ pub(crate) fn init_all(contexts: &[Arc<CudaContext>]) -> Result<Arc<NcclGroup>> 
                 .into(),
         ));
     }
-    disable_nvls();
+    set_environment();
     let n = contexts.len();
     let ordinals: Vec<i32> = contexts.iter().map(|c| c.ordinal() as i32).collect();
     let mut comms = vec![std::ptr::null_mut(); n];
@@ -103,6 +105,7 @@ pub(crate) fn init_all(contexts: &[Arc<CudaContext>]) -> Result<Arc<NcclGroup>> 
     )?;
     Ok(Arc::new(NcclGroup {
         comms: Mutex::new(comms),
+        size: n,
         aborted: AtomicBool::new(false),
         _contexts: contexts.to_vec(),
     }))
@@ -111,7 +114,7 @@ pub(crate) fn init_all(contexts: &[Arc<CudaContext>]) -> Result<Arc<NcclGroup>> 
 impl NcclGroup {
     /// Members in the group.
     pub fn size(&self) -> usize {
-        self.lock().len()
+        self.size
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<sys::ncclComm_t>> {

@@ -42,16 +42,9 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
             Loc::Buffer(..) => panic!("these plans use no buffers"),
         };
         let mut lw = Lowering {
-            resolve: &resolve,
             consts_base: consts,
-            consts: Vec::new(),
             scratch_base: scratch,
-            scratch_need: 0,
-            err: 0,
-            tag: 0,
-            written: Vec::new(),
-            mmvq: true,
-            devices: 1,
+            ..Lowering::new(&resolve, true, 1)
         };
         let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
             .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
@@ -720,24 +713,17 @@ fn elementwise_kernel_sets_cover_every_op() {
     }
 }
 
-/// The all_reduce steps of `plan` lowered for a member of a group of `devices` GPUs.
-fn lower_all_reduce(plan: &Plan, devices: usize) -> Vec<Result<Vec<DevOp>, String>> {
-    let resolve = |loc: Loc| match loc {
+/// The address [`lower_all_reduce`] gives an arena location (no memory behind it).
+fn fake_addr(loc: Loc) -> u64 {
+    match loc {
         Loc::Arena(off) => 0x1000 + off as u64,
         Loc::Buffer(..) => panic!("these plans use no buffers"),
-    };
-    let mut lw = Lowering {
-        resolve: &resolve,
-        consts_base: 0,
-        consts: Vec::new(),
-        scratch_base: 0,
-        scratch_need: 0,
-        err: 0,
-        tag: 0,
-        written: Vec::new(),
-        mmvq: true,
-        devices,
-    };
+    }
+}
+
+/// The all_reduce steps of `plan` lowered for a member of a group of `devices` GPUs.
+fn lower_all_reduce(plan: &Plan, devices: usize) -> Vec<Result<Vec<DevOp>, String>> {
+    let mut lw = Lowering::new(&fake_addr, true, devices);
     plan.steps
         .iter()
         .filter(|s| s.op.name() == "all_reduce")
@@ -760,17 +746,13 @@ fn all_reduce_lowers_to_nccl_over_the_group() {
         .iter()
         .find(|st| st.op.name() == "all_reduce")
         .unwrap();
-    let addr = |loc: Loc| match loc {
-        Loc::Arena(off) => 0x1000 + off as u64,
-        Loc::Buffer(..) => unreachable!(),
-    };
     let ops = lower_all_reduce(&plan, 2).remove(0).unwrap();
     assert_eq!(ops.len(), 1);
     match &ops[0] {
         DevOp::AllReduce(a) => {
             assert_eq!(a.count, 21);
-            assert_eq!(a.send, addr(step.src[0].loc));
-            assert_eq!(a.recv, addr(step.dst.loc));
+            assert_eq!(a.send, fake_addr(step.src[0].loc));
+            assert_eq!(a.recv, fake_addr(step.dst.loc));
         }
         other @ (DevOp::Kernel(_) | DevOp::Gemm(_)) => {
             panic!("expected an all-reduce, got {}", other.name())

@@ -76,6 +76,20 @@ struct Chunk {
     keys: Vec<u32>,
 }
 
+impl Chunk {
+    /// Runs of at most [`KEYS_PER_TASK`] of the visible keys, one task each; one empty run
+    /// when no key is visible (its rows give zeros).
+    fn runs(&self) -> usize {
+        self.keys.len().div_ceil(KEYS_PER_TASK).max(1)
+    }
+
+    /// The keys of run `r`.
+    fn run(&self, r: usize) -> &[u32] {
+        let start = (r * KEYS_PER_TASK).min(self.keys.len());
+        &self.keys[start..(start + KEYS_PER_TASK).min(self.keys.len())]
+    }
+}
+
 /// One task's share of a chunk: for each row the largest score `m`, the sum `l` of
 /// `exp(s - m)` and the unnormalized sum of `exp(s - m) v` (`d_v` floats per row).
 struct Partial {
@@ -131,19 +145,15 @@ fn run(
             }
         }
     }
-    // Tasks: (chunk, first key of the run).
+    // Tasks: (chunk, run of its keys).
     let tasks: Vec<(usize, usize)> = chunks
         .iter()
         .enumerate()
-        .flat_map(|(c, ch)| {
-            (0..ch.keys.len().max(1))
-                .step_by(KEYS_PER_TASK)
-                .map(move |t| (c, t))
-        })
+        .flat_map(|(c, ch)| (0..ch.runs()).map(move |r| (c, r)))
         .collect();
-    let task = |&(c, t0): &(usize, usize)| {
+    let task = |&(c, r): &(usize, usize)| {
         let ch = &chunks[c];
-        let keys = &ch.keys[t0.min(ch.keys.len())..(t0 + KEYS_PER_TASK).min(ch.keys.len())];
+        let keys = ch.run(r);
         let (kr, vr) = (Rows::of(&k, ch.hk, ch.b), Rows::of(&v, ch.hk, ch.b));
         // SAFETY: the CPU has AVX2, FMA and F16C (try_run); every key in `keys` is below
         // n_kv, so its K row (d f16) and V row (d_v f16) lie inside k and v, which the
@@ -162,9 +172,8 @@ fn run(
     let mut out = vec![0f32; d_v];
     let mut at = 0;
     for ch in &chunks {
-        let runs = ch.keys.len().max(1).div_ceil(KEYS_PER_TASK);
-        let parts = &partials[at..at + runs];
-        at += runs;
+        let parts = &partials[at..at + ch.runs()];
+        at += ch.runs();
         for (r, &(h, i)) in ch.rows.iter().enumerate() {
             merge(parts, r, d_v, &mut out);
             // SAFETY: the result is [d_v, n_head, n_q, batch]; (h, i, b) is inside it and
