@@ -188,7 +188,7 @@ impl CudaBackend {
             ctx,
         };
         be.memset(be.index_err.ptr(), 0, be.index_err.bytes())?;
-        be.synchronize()?;
+        be.wait()?;
         Ok(be)
     }
 
@@ -317,7 +317,7 @@ impl CudaBackend {
                     msg: format!("the device group's first all-reduce: {msg}"),
                 })?;
         }
-        self.synchronize()
+        self.synchronize_checked()
     }
 
     fn memset(&self, ptr: u64, byte: u8, bytes: usize) -> Result<()> {
@@ -339,7 +339,7 @@ impl CudaBackend {
 
     /// Copies device bytes to `out` after everything enqueued so far.
     fn dtoh(&mut self, ptr: u64, out: &mut [u8]) -> Result<()> {
-        self.synchronize()?;
+        self.wait()?;
         if out.is_empty() {
             return Ok(());
         }
@@ -351,8 +351,10 @@ impl CudaBackend {
             .map_err(|e| driver_error("copying from the device", e))
     }
 
-    /// Waits for the stream; an asynchronous kernel fault surfaces here.
-    fn synchronize(&self) -> Result<()> {
+    /// Waits for the stream; an asynchronous kernel fault surfaces here. (Not named
+    /// `synchronize`: on `&mut self` that name resolves to [`Backend::synchronize`], which
+    /// calls back into this.)
+    fn wait(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| Error::Backend {
             backend: "cuda",
             msg: format!(
@@ -365,7 +367,7 @@ impl CudaBackend {
 
     /// Waits for the stream, then reports (and clears) a bad index recorded by a run.
     fn synchronize_checked(&mut self) -> Result<()> {
-        self.synchronize()?;
+        self.wait()?;
         if !self.index_check_pending {
             return Ok(());
         }
@@ -417,7 +419,7 @@ impl CudaBackend {
         // SAFETY: the record is a live allocation of exactly this size.
         unsafe { result::memcpy_dtoh_async(bytes, self.index_err.ptr(), self.stream.cu_stream()) }
             .map_err(|e| driver_error("reading the index-error record", e))?;
-        self.synchronize()?;
+        self.wait()?;
         Ok(rec)
     }
 
@@ -508,7 +510,7 @@ impl Backend for CudaBackend {
     fn free_buffer(&mut self, buf: BufferId) -> Result<()> {
         self.bind()?;
         self.buffer(buf)?;
-        self.synchronize()?;
+        self.wait()?;
         self.buffers.remove(&buf);
         Ok(())
     }
@@ -623,7 +625,7 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        self.synchronize()?;
+        self.wait()?;
         let mut buffers: Vec<BufferId> = plan
             .steps
             .iter()
@@ -659,7 +661,7 @@ impl Backend for CudaBackend {
     fn unload(&mut self, exec: ExecId) -> Result<()> {
         self.bind()?;
         self.exec(exec)?;
-        self.synchronize()?;
+        self.wait()?;
         self.discard_index_error_of(exec.0)?;
         self.execs[exec.0] = None;
         Ok(())
