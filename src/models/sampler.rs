@@ -89,8 +89,12 @@ impl Sampler {
             cand.select_nth_unstable_by(self.top_k - 1, by_logit);
             cand.truncate(self.top_k);
         }
-        cand.sort_unstable_by(by_logit);
-        let max = cand[0].1;
+        // Only top-p needs the candidates in order; sampling from the whole vocabulary
+        // (no top-k, no top-p) skips sorting it, which cost ~2 ms a token at 32k entries.
+        if self.top_p < 1.0 || cand.len() == self.top_k {
+            cand.sort_unstable_by(by_logit);
+        }
+        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
         let total: f32 = probs.iter().sum();
         if self.top_p < 1.0 {
