@@ -7,9 +7,13 @@
 // its predecessor (programmatic dependent launch).
 //
 //   mul_mat_vec_q_c<NC>_<q>: b is the activations quantized to Q8_1 by quantize_q8_1_f32
-//     (one Q8_1 block per 32 elements, column c at b + c * b_nb1). Lane s takes 32-element
-//     sub-blocks s, s + 32, ...: its quants as 8 ints, integer dot products with __dp4a,
-//     then the block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
+//     (column c at b + c * b_nb1: quants, then scales and sums; see load_act). The warp
+//     copies its weight row into shared memory 4096 elements at a time (16-byte
+//     asynchronous copies, the next chunk in flight while the current one is used), so the
+//     row is read from memory in full 16-byte words whatever the block size; lane s then
+//     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints,
+//     integer dot products with __dp4a against 16-byte loads of the activations, then the
+//     block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
 //     vec, scalar otherwise).
@@ -39,31 +43,98 @@ __device__ __forceinline__ void write_row(const QGemvArgs& p, i64 row, float* ac
     }
 }
 
+// Staging of weight rows into shared memory for mmvq: CHUNK elements of a row at a time.
+constexpr int CHUNK = 4096;
+
+// 16 bytes from global src to shared dst (both 16-byte aligned): an asynchronous copy
+// (cp.async, sm_80+; the caller waits with stage_wait) or a load and a store.
+__device__ __forceinline__ void copy16(char* dst, const char* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+
+// Closes the group of asynchronous copies issued so far.
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most PENDING groups of this lane's copies are in flight.
+template <int PENDING>
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// The warp copies the n bytes at src (2-byte aligned, global) to dst (shared, the same
+// address modulo 16): 16-byte copies for the aligned middle, 2-byte ones for the up to 14
+// bytes on either side (lanes 0..6 and 8..14). Every read stays inside [src, src + n).
+__device__ __forceinline__ void stage_bytes(char* dst, const char* src, int n, int lane) {
+    const int head = min(n, (int)((16u - ((unsigned)(uintptr_t)src & 15u)) & 15u));
+    const int body = (n - head) & ~15;
+    const int tail = n - head - body;
+    if (lane < head / 2) {
+        reinterpret_cast<unsigned short*>(dst)[lane] = (unsigned short)ld_u16(src + 2 * lane);
+    }
+    const int t = lane - 8;
+    if (t >= 0 && t < tail / 2) {
+        const int o = head + body + 2 * t;
+        *reinterpret_cast<unsigned short*>(dst + o) = (unsigned short)ld_u16(src + o);
+    }
+    for (int i = 16 * lane; i < body; i += 16 * WARP_SIZE) copy16(dst + head + i, src + head + i);
+}
+
 template <typename Q, int NC>
 __device__ void mmvq(const QGemvArgs& p) {
+    constexpr int CH = CHUNK / Q::QK * Q::BYTES;  // bytes of a chunk, a multiple of 16
+    static_assert(CH % 16 == 0, "chunks keep the row's alignment");
+    // two chunk buffers per warp, 16 bytes over for the row's misalignment
+    __shared__ __align__(16) char stage[GEMV_WARPS][2][CH + 16];
     pdl_launch_dependents();
-    const int lane = threadIdx.x % WARP_SIZE;
-    const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + warp;
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
-    if (p.prefetch) prefetch_row(a, p.k / Q::QK * Q::BYTES, lane);
+    const i64 row_bytes = p.k / Q::QK * Q::BYTES;
+    if (p.prefetch) prefetch_row(a, row_bytes, lane);
     pdl_wait();
-    const int nsub = (int)(p.k / 32);
+    const int mis = (int)((uintptr_t)a & 15u);
+    const int nchunks = (int)((row_bytes + CH - 1) / CH);
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-#pragma unroll 2
-    for (int s = lane; s < nsub; s += WARP_SIZE) {
-        typename Q::W w;
-        Q::load(a + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, w);
+    stage_bytes(stage[warp][0] + mis, a, (int)min((i64)CH, row_bytes), lane);
+    stage_commit();
+    for (int ci = 0; ci < nchunks; ++ci) {
+        const i64 c0 = (i64)ci * CH;
+        if (ci + 1 < nchunks) {
+            stage_bytes(stage[warp][(ci + 1) & 1] + mis, a + c0 + CH, (int)min((i64)CH, row_bytes - c0 - CH), lane);
+        }
+        stage_commit();
+        stage_wait<1>();
+        __syncwarp();
+        const char* w0 = stage[warp][ci & 1] + mis;
+        const int nsub = (int)(min((i64)CH, row_bytes - c0) / Q::BYTES) * Q::SUBS;
+        const int s0 = (int)(c0 / Q::BYTES) * Q::SUBS;
+        for (int s = lane; s < nsub; s += WARP_SIZE) {
+            typename Q::W w;
+            Q::template load<Smem>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, w);
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            if (c < p.ncols) {
-                Act y;
-                load_act(p.b + c * p.b_nb1 + s * 36, y);
-                acc[c] += Q::dot(w, y);
+            for (int c = 0; c < NC; ++c) {
+                if (c < p.ncols) {
+                    Act y;
+                    load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
+                    acc[c] += Q::dot(w, y);
+                }
             }
         }
+        __syncwarp();  // the buffer is free for chunk ci + 2
     }
     write_row<NC>(p, row, acc, lane);
 }

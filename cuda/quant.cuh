@@ -15,31 +15,47 @@
 //                        src/quant's dequantize_row (no fused multiply-add, same order)
 //
 // Blocks are 18, 20, 22, ... bytes, so a block is only 2-byte aligned: every read below is
-// a 16-bit load (or two of them forming a 32-bit word), never a wider unaligned one.
+// a 16-bit load (or two of them forming a 32-bit word), never a wider unaligned one. The
+// reads take a memory space M: Gmem (read-only global data, through the non-coherent
+// cache) or Smem (a warp's copy of a weight row in shared memory, mul_mat_q.cu); `load`
+// takes it as a template argument, deq8 reads global memory.
 // Adding a type is one more struct here plus its kernel instantiations.
 #pragma once
 
 #include "common.cuh"
 
 // ---------------------------------------------------------------------------------------
-// 2-byte aligned reads of read-only data.
+// 2-byte aligned reads of read-only data, in global (Gmem) or shared (Smem) memory.
 
-__device__ __forceinline__ unsigned ld_u16(const char* p) {
-    return __ldg(reinterpret_cast<const unsigned short*>(p));
-}
+struct Gmem {
+    static __device__ __forceinline__ unsigned u16(const char* p) {
+        return __ldg(reinterpret_cast<const unsigned short*>(p));
+    }
+};
+struct Smem {
+    static __device__ __forceinline__ unsigned u16(const char* p) {
+        return *reinterpret_cast<const unsigned short*>(p);
+    }
+};
+
+template <typename M = Gmem>
+__device__ __forceinline__ unsigned ld_u16(const char* p) { return M::u16(p); }
 
 // The 32-bit little-endian word at a 2-byte aligned address.
+template <typename M = Gmem>
 __device__ __forceinline__ int ld_i32_a2(const char* p) {
-    return (int)(ld_u16(p) | (ld_u16(p + 2) << 16));
+    return (int)(M::u16(p) | (M::u16(p + 2) << 16));
 }
 
 // Byte i of a 2-byte aligned array.
+template <typename M = Gmem>
 __device__ __forceinline__ unsigned ld_u8(const char* p, int i) {
-    return (ld_u16(p + (i & ~1)) >> (8 * (i & 1))) & 0xffu;
+    return (M::u16(p + (i & ~1)) >> (8 * (i & 1))) & 0xffu;
 }
 
 // The f16 at a 2-byte aligned address, as f32.
-__device__ __forceinline__ float ld_f16(const char* p) { return __half2float(__ushort_as_half((unsigned short)ld_u16(p))); }
+template <typename M = Gmem>
+__device__ __forceinline__ float ld_f16(const char* p) { return __half2float(__ushort_as_half((unsigned short)M::u16(p))); }
 
 // Four bits b0..b3 moved to bit 4 of bytes 0..3 (the fifth bit of four 5-bit quants).
 __device__ __forceinline__ int spread4(unsigned bits) {
@@ -47,20 +63,23 @@ __device__ __forceinline__ int spread4(unsigned bits) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Q8_1 activations (written by quantize_q8_1_f32 into 4-byte aligned scratch).
+// Q8_1 activations, as quantize_q8_1_f32 writes them for the decode products: column c of
+// k elements at b + c * b_nb1 (16-byte aligned) holds the k quants (sub-block s at 32 s),
+// then the k / 32 (d, sum) pairs as half2 at k + 4 s.
 
 struct Act {
     int q[8];
     float d, s;
 };
 
-__device__ __forceinline__ void load_act(const char* p, Act& y) {
-    const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(p));
+__device__ __forceinline__ void load_act(const char* col, i64 k, int s, Act& y) {
+    const int4* q = reinterpret_cast<const int4*>(col + 32 * (i64)s);
+    const int4 lo = q[0], hi = q[1];
+    y.q[0] = lo.x, y.q[1] = lo.y, y.q[2] = lo.z, y.q[3] = lo.w;
+    y.q[4] = hi.x, y.q[5] = hi.y, y.q[6] = hi.z, y.q[7] = hi.w;
+    const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(col + k + 4 * (i64)s));
     y.d = ds.x;
     y.s = ds.y;
-    const int* q = reinterpret_cast<const int*>(p + 4);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) y.q[k] = q[k];
 }
 
 // sum of the byte products of w[from..to) and y.q[from..to) (signed bytes).
@@ -91,20 +110,22 @@ __device__ __forceinline__ void nibbles8(const char* p, int shift, int* q) {
 }
 
 // Quants of a 4-bit block at qs: low nibbles are elements 0..15, high 16..31.
+template <typename M>
 __device__ __forceinline__ void load_nibbles(const char* qs, int* q) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const int v = ld_i32_a2(qs + 4 * k);
+        const int v = ld_i32_a2<M>(qs + 4 * k);
         q[k] = v & 0x0f0f0f0f;
         q[k + 4] = (v >> 4) & 0x0f0f0f0f;
     }
 }
 
 // Quants of a 5-bit block: nibbles at qs, fifth bits in qh (bit i: element i).
+template <typename M>
 __device__ __forceinline__ void load_5bit(const char* qs, unsigned qh, int* q) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const int v = ld_i32_a2(qs + 4 * k);
+        const int v = ld_i32_a2<M>(qs + 4 * k);
         q[k] = (v & 0x0f0f0f0f) | spread4(qh >> (4 * k));
         q[k + 4] = ((v >> 4) & 0x0f0f0f0f) | spread4(qh >> (16 + 4 * k));
     }
@@ -126,9 +147,10 @@ struct BlockQ4_0 {
         int q[8];
         float d;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16(b);
-        load_nibbles(b + 2, w.q);
+        w.d = ld_f16<M>(b);
+        load_nibbles<M>(b + 2, w.q);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
@@ -149,10 +171,11 @@ struct BlockQ4_1 {
         int q[8];
         float d, m;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16(b);
-        w.m = ld_f16(b + 2);
-        load_nibbles(b + 4, w.q);
+        w.d = ld_f16<M>(b);
+        w.m = ld_f16<M>(b + 2);
+        load_nibbles<M>(b + 4, w.q);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
@@ -173,9 +196,10 @@ struct BlockQ5_0 {
         int q[8];
         float d;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16(b);
-        load_5bit(b + 6, (unsigned)ld_i32_a2(b + 2), w.q);
+        w.d = ld_f16<M>(b);
+        load_5bit<M>(b + 6, (unsigned)ld_i32_a2<M>(b + 2), w.q);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
@@ -196,10 +220,11 @@ struct BlockQ5_1 {
         int q[8];
         float d, m;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16(b);
-        w.m = ld_f16(b + 2);
-        load_5bit(b + 8, (unsigned)ld_i32_a2(b + 4), w.q);
+        w.d = ld_f16<M>(b);
+        w.m = ld_f16<M>(b + 2);
+        load_5bit<M>(b + 8, (unsigned)ld_i32_a2<M>(b + 4), w.q);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
@@ -222,10 +247,11 @@ struct BlockQ8 {
         int q[8];
         float d;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16(b);
+        w.d = ld_f16<M>(b);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) w.q[k] = ld_i32_a2(b + QS + 4 * k);
+        for (int k = 0; k < 8; ++k) w.q[k] = ld_i32_a2<M>(b + QS + 4 * k);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
@@ -248,14 +274,15 @@ typedef BlockQ8<4, 36> BlockQ8_1;
 // The K-quants: 256-element super-blocks, 8 sub-blocks of 32.
 
 // The 6-bit scale and min of sub-block j from the 12 packed bytes at s.
+template <typename M = Gmem>
 __device__ __forceinline__ void scale_min_k4(const char* s, int j, int& sc, int& m) {
     if (j < 4) {
-        sc = (int)(ld_u8(s, j) & 63u);
-        m = (int)(ld_u8(s, j + 4) & 63u);
+        sc = (int)(ld_u8<M>(s, j) & 63u);
+        m = (int)(ld_u8<M>(s, j + 4) & 63u);
     } else {
-        const unsigned b = ld_u8(s, j + 4);
-        sc = (int)((b & 0x0fu) | ((ld_u8(s, j - 4) >> 6) << 4));
-        m = (int)((b >> 4) | ((ld_u8(s, j) >> 6) << 4));
+        const unsigned b = ld_u8<M>(s, j + 4);
+        sc = (int)((b & 0x0fu) | ((ld_u8<M>(s, j - 4) >> 6) << 4));
+        m = (int)((b >> 4) | ((ld_u8<M>(s, j) >> 6) << 4));
     }
 }
 
@@ -269,16 +296,17 @@ struct BlockK4 {
         int sc, m;
         float d, dmin;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int j, W& w) {
-        w.d = ld_f16(b);
-        w.dmin = ld_f16(b + 2);
-        scale_min_k4(b + 4, j, w.sc, w.m);
+        w.d = ld_f16<M>(b);
+        w.dmin = ld_f16<M>(b + 2);
+        scale_min_k4<M>(b + 4, j, w.sc, w.m);
         const char* qs = b + QS + 32 * (j >> 1);
         const int shift = 4 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            int v = (ld_i32_a2(qs + 4 * k) >> shift) & 0x0f0f0f0f;
-            if (FIVE) v |= ((ld_i32_a2(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
+            int v = (ld_i32_a2<M>(qs + 4 * k) >> shift) & 0x0f0f0f0f;
+            if (FIVE) v |= ((ld_i32_a2<M>(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
             w.q[k] = v;
         }
     }
@@ -317,6 +345,7 @@ struct BlockQ6_K {
         int sa, sb;
         float d;
     };
+    template <typename M>
     static __device__ __forceinline__ void load(const char* b, int j, W& w) {
         const int c = j >> 2, t = j & 3;
         const char* ql = b + 64 * c + 32 * (t & 1);
@@ -324,14 +353,14 @@ struct BlockQ6_K {
         const int nshift = 4 * (t >> 1), hshift = 2 * t;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const int lo = (ld_i32_a2(ql + 4 * k) >> nshift) & 0x0f0f0f0f;
-            const int hi = ((ld_i32_a2(qh + 4 * k) >> hshift) & 0x03030303) << 4;
+            const int lo = (ld_i32_a2<M>(ql + 4 * k) >> nshift) & 0x0f0f0f0f;
+            const int hi = ((ld_i32_a2<M>(qh + 4 * k) >> hshift) & 0x03030303) << 4;
             w.q[k] = (int)__vsub4((unsigned)(lo | hi), 0x20202020u);
         }
-        const unsigned s = ld_u16(b + 192 + 2 * j);
+        const unsigned s = ld_u16<M>(b + 192 + 2 * j);
         w.sa = (int)(signed char)(s & 0xffu);
         w.sb = (int)(signed char)(s >> 8);
-        w.d = ld_f16(b + 208);
+        w.d = ld_f16<M>(b + 208);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int sa = dp4a_sum<0, 4>(w.q, y.q), sb = dp4a_sum<4, 8>(w.q, y.q);

@@ -3,7 +3,9 @@
 // compiled without fused multiply-adds, see the line above, so every f32 expression
 // rounds like the CPU's; divisions and square roots are IEEE-rounded by default):
 //   quantize_q8_1_f32: F32 rows (dense dim 0, any row strides) -> Q8_1 blocks, the
-//     activation format of mul_mat_vec_q_*. One warp per 32-element block (a lane per
+//     activation format of mul_mat_vec_q_*, split: a dst row of k elements holds the k
+//     quants, then the (d, sum) f16 pairs of its blocks (cuda/quant.cuh, load_act); the
+//     rows are dst.nb[1] apart. One warp per 32-element block (a lane per
 //     element, warp max and sum), GEMV_WARPS blocks per thread block; grid.x over the
 //     blocks of a row, grid.y over rows (strided).
 //   cpy_f32_<q>: F32 (any strides) -> blocks of q (dense blocks along dim 0, any row
@@ -460,11 +462,12 @@ __device__ void quantize_q8_1(const CpyArgs& p) {
         int sum = q;
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-        char* y = at(p.dst, 0, r.i1, r.i2, r.i3) + blk * p.dst.nb[0];
-        y[4 + lane] = (char)q;
+        char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
+        y[blk * 32 + lane] = (char)q;
         if (lane == 0) {
-            *reinterpret_cast<unsigned short*>(y) = __half_as_ushort(__float2half_rn(d));
-            *reinterpret_cast<unsigned short*>(y + 2) = __half_as_ushort(__float2half_rn((float)sum * d));
+            unsigned short* ds = reinterpret_cast<unsigned short*>(y + p.src.ne[0] + 4 * blk);
+            ds[0] = __half_as_ushort(__float2half_rn(d));
+            ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
         }
     }
 }

@@ -22,9 +22,9 @@ use super::args::{BinaryArgs, NormMulArgs};
 use super::kernels::{by, k};
 use super::lower::lower_step;
 use super::lower::mul_mat::{self, Gemv};
-use super::lowering::{elementwise_grid, row_grid, DevOp, Lowering};
+use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering};
 use crate::graph::{
-    AllocKind, BinaryOp, BufferId, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
+    AllocKind, BinaryOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
 };
 
 /// Lowers every step of `plan`, fusing pairs when `fusion` is on (a fused pair's ops are
@@ -57,10 +57,13 @@ pub(crate) fn lower_plan<'s>(
         if let Some(ops) = fused {
             steps.push(ops.map_err(|reason| (step, reason))?);
             steps.push(Vec::new());
+            lw.wrote(&step.dst);
+            lw.wrote(&plan.steps[i + 1].dst);
             i += 2;
             continue;
         }
         steps.push(lower_step(step, lw).map_err(|reason| (step, reason))?);
+        lw.wrote(&step.dst);
         i += 1;
     }
     Ok(steps)
@@ -83,20 +86,6 @@ fn readers(plan: &Plan) -> HashMap<TensorId, usize> {
 
 fn dense_f32(x: &Operand) -> bool {
     x.dtype == DType::F32 && x.is_contiguous()
-}
-
-/// The memory `x` spans: (arena or buffer, first byte, one past the last).
-fn span(x: &Operand) -> (Option<BufferId>, usize, usize) {
-    match x.loc {
-        Loc::Arena(off) => (None, off, off + x.nbytes()),
-        Loc::Buffer(b, off) => (Some(b), off, off + x.nbytes()),
-    }
-}
-
-/// Whether `x` and `y` share no byte.
-fn disjoint(x: &Operand, y: &Operand) -> bool {
-    let ((mx, x0, x1), (my, y0, y1)) = (span(x), span(y));
-    mx != my || x1 <= y0 || y1 <= x0
 }
 
 /// Whether `x` and `y` share no byte or are the very same elements.

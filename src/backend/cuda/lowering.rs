@@ -92,6 +92,12 @@ pub(crate) struct Lowering<'a> {
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
     pub devices: usize,
+    /// The F32 activations the last decode product quantized to Q8_1, and the scratch
+    /// address of that copy: the next decode product of the same activations (the q, k
+    /// and v products of a layer, gate and up) reads it instead of quantizing again. It is
+    /// forgotten when a step writes memory the activations occupy ([`Lowering::wrote`])
+    /// or another step takes scratch ([`Lowering::reserve_scratch`]).
+    pub q8_1: Option<(Operand, u64)>,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -121,6 +127,7 @@ impl<'a> Lowering<'a> {
             written: Vec::new(),
             mmvq,
             devices,
+            q8_1: None,
         }
     }
 }
@@ -151,11 +158,37 @@ impl Lowering<'_> {
 
     /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
+        self.q8_1 = None;
         let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
         self.scratch_need = self.scratch_need.max(*offset);
         addr
     }
+
+    /// A step wrote `dst`: the Q8_1 copy of activations it overlaps is stale.
+    pub fn wrote(&mut self, dst: &Operand) {
+        if self
+            .q8_1
+            .as_ref()
+            .is_some_and(|(src, _)| !disjoint(src, dst))
+        {
+            self.q8_1 = None;
+        }
+    }
+}
+
+/// The memory `x` spans: (arena or buffer, first byte, one past the last).
+fn span(x: &Operand) -> (Option<BufferId>, usize, usize) {
+    match x.loc {
+        Loc::Arena(off) => (None, off, off + x.nbytes()),
+        Loc::Buffer(b, off) => (Some(b), off, off + x.nbytes()),
+    }
+}
+
+/// Whether `x` and `y` share no byte.
+pub(crate) fn disjoint(x: &Operand, y: &Operand) -> bool {
+    let ((mx, x0, x1), (my, y0, y1)) = (span(x), span(y));
+    mx != my || x1 <= y0 || y1 <= x0
 }
 
 /// The alignment, in bytes, that the kernels need for an element (or block) of `dt`: its

@@ -778,3 +778,77 @@ fn all_reduce_lowers_to_nccl_over_the_group() {
             .all(|op| !matches!(op, DevOp::AllReduce(_))));
     }
 }
+
+/// Kernel names of every step of `plan` lowered without fusion, at fake addresses.
+fn lowered_names(plan: &Plan, mmvq: bool) -> Vec<&'static str> {
+    let mut lw = Lowering::new(&fake_addr, mmvq, 1);
+    let steps = fuse::lower_plan(plan, &mut lw, false, |_| 0).unwrap();
+    steps.iter().flatten().map(DevOp::name).collect()
+}
+
+/// Decode products of the same activations (a layer's q, k and v) quantize them to Q8_1
+/// once, across a step between them that writes elsewhere (the plan runs q, k, q+k, v);
+/// products of other activations quantize those; the dequantizing path quantizes nothing.
+#[test]
+fn q8_1_activations_are_quantized_once() {
+    let q4 = DType::Quant(crate::quant::QType::Q4_0);
+    let mut g = Graph::new();
+    let x0 = g.input("x0", DType::F32, &[64, 1]).unwrap();
+    let x = g.scale(x0, 0.5).unwrap();
+    let w: Vec<TensorId> = (0..4)
+        .map(|i| g.input(&format!("w{i}"), q4, &[64, 64]).unwrap())
+        .collect();
+    let q = g.mul_mat(w[0], x).unwrap();
+    let k = g.mul_mat(w[1], x).unwrap();
+    let v = g.mul_mat(w[2], x).unwrap();
+    let s = g.add(q, k).unwrap();
+    let s = g.add(s, v).unwrap();
+    let o = g.mul_mat(w[3], s).unwrap();
+    let plan = g.plan(&[o]).unwrap();
+    let (quant, mmvq) = ("quantize_q8_1_f32", "mul_mat_vec_q_c1_q4_0");
+    assert_eq!(
+        lowered_names(&plan, true),
+        [
+            "scale_f32",
+            quant,
+            mmvq,
+            mmvq,
+            "add_f32_f32",
+            mmvq,
+            "add_f32_f32",
+            quant,
+            mmvq
+        ]
+    );
+    assert!(!lowered_names(&plan, false).contains(&quant));
+}
+
+/// A step that writes memory the quantized activations came from makes the copy stale;
+/// a write elsewhere and taking scratch for another step are told apart.
+#[test]
+fn q8_1_copy_is_forgotten_when_its_source_is_written() {
+    let mut g = Graph::new();
+    let a = g.input("a", DType::F32, &[64, 1]).unwrap();
+    let b = g.input("b", DType::F32, &[64, 1]).unwrap();
+    let c = g.add(a, b).unwrap();
+    let plan = g.plan(&[c]).unwrap();
+    let operand = |id: TensorId| {
+        plan.steps
+            .iter()
+            .flat_map(|s| s.src.iter().chain([&s.dst]))
+            .find(|o| o.id == id)
+            .unwrap()
+            .clone()
+    };
+    let (a, b) = (operand(a), operand(b));
+    assert_ne!(a.loc, b.loc);
+    let mut lw = Lowering::new(&fake_addr, true, 1);
+    lw.q8_1 = Some((a.clone(), 0x100));
+    lw.wrote(&b);
+    assert!(lw.q8_1.is_some(), "a write elsewhere keeps it");
+    lw.wrote(&a);
+    assert!(lw.q8_1.is_none(), "a write over the source drops it");
+    lw.q8_1 = Some((a, 0x100));
+    lw.reserve_scratch(&mut 0, 64);
+    assert!(lw.q8_1.is_none(), "another step's scratch drops it");
+}

@@ -6,7 +6,9 @@
 //!    (`cuda/mul_mat_q.cu`), in one of two ways chosen by [`Lowering::mmvq`]
 //!    (`GRAFT_CUDA_MMVQ`):
 //!    - `quantize_q8_1_f32` writes `b` as Q8_1 blocks into the plan's scratch, then
-//!      `mul_mat_vec_q_c<NC>_<q>` takes integer dot products with `__dp4a` (default);
+//!      `mul_mat_vec_q_c<NC>_<q>` takes integer dot products with `__dp4a` (default).
+//!      Products of the same activations in a row (a layer's q, k and v; gate and up)
+//!      quantize them once ([`Lowering::q8_1`]);
 //!    - `mul_mat_vec_dq_c<NC>_<q>` dequantizes the weights in registers and dots them with
 //!      the F32 activations.
 //!
@@ -29,8 +31,12 @@ use crate::quant::QType;
 pub(crate) const MAX_DECODE_COLS: usize = 8;
 /// Rows (one per warp) per thread block of the decode kernels.
 const ROWS: usize = GEMV_WARPS as usize;
-/// Bytes of a Q8_1 block (the quantized activations).
-const Q8_1_BYTES: usize = 36;
+/// Bytes of one column of `k` activations quantized to Q8_1 for the decode kernels: the
+/// `k` quants, then a (d, sum) f16 pair per 32 elements, padded to 16 bytes (cuda/quant.cuh,
+/// `load_act`).
+fn q8_1_column_bytes(k: usize) -> usize {
+    (k + k / 32 * 4).next_multiple_of(16)
+}
 
 /// Lowers `dst = a b` with block-quantized `a` of type `q`.
 pub(crate) fn lower(
@@ -127,13 +133,19 @@ pub(crate) fn gemv(
     };
     let mut ops = Vec::with_capacity(2);
     if lw.mmvq {
-        let (addr, op) = match quantize_q8_1(b, lw) {
-            Ok(v) => v,
-            Err(e) => return Some(Err(e)),
+        let addr = match &lw.q8_1 {
+            Some((done, addr)) if done == b => *addr,
+            _ => match quantize_q8_1(b, lw) {
+                Ok((addr, op)) => {
+                    ops.push(op);
+                    lw.q8_1 = Some((b.clone(), addr));
+                    addr
+                }
+                Err(e) => return Some(Err(e)),
+            },
         };
-        ops.push(op);
         args.b = addr;
-        args.b_nb1 = (kk / 32 * Q8_1_BYTES) as i64;
+        args.b_nb1 = q8_1_column_bytes(kk) as i64;
     } else {
         let b_addr = lw.addr(b);
         args.vec = i64::from(b_addr % 16 == 0 && (n == 1 || b.nb[1] % 16 == 0));
@@ -149,11 +161,11 @@ pub(crate) fn gemv(
     }))
 }
 
-/// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (dense Q8_1 rows):
-/// the scratch address and the launch.
+/// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (a column of
+/// [`q8_1_column_bytes`] each): the scratch address and the launch.
 fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
-    let row = kk / 32 * Q8_1_BYTES;
+    let row = q8_1_column_bytes(kk);
     let mut offset = 0usize;
     let addr = lw.reserve_scratch(&mut offset, row * n);
     let args = CpyArgs {
@@ -161,12 +173,7 @@ fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String>
         dst: Tensor4 {
             data: addr,
             ne: [kk as i64, n as i64, 1, 1],
-            nb: [
-                Q8_1_BYTES as i64,
-                row as i64,
-                (row * n) as i64,
-                (row * n) as i64,
-            ],
+            nb: [1, row as i64, (row * n) as i64, (row * n) as i64],
         },
         n: 0,
         mode: 0,
