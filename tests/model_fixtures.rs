@@ -503,8 +503,7 @@ fn quantized_decode_matches_the_cpu() {
         eprintln!("quantized_decode_matches_the_cpu: skipped: no GPU backend");
         return;
     }
-    let gpu = bes.pop().unwrap();
-    let (mut cpu, mut gpu) = (bes.pop().unwrap(), gpu);
+    let (mut gpu, mut cpu) = (bes.pop().unwrap(), bes.pop().unwrap());
     for name in ["llama2-tiny-f32", "qwen3-tiny-f32"] {
         let f = fixture(name);
         for plan in [QuantPlan::Q8_0, QuantPlan::Q4_0, QuantPlan::Q4_K_M] {

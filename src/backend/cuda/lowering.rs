@@ -93,8 +93,9 @@ pub(crate) struct Lowering<'a> {
     /// must have.
     pub devices: usize,
     /// The F32 activations the last decode product quantized to Q8_1, and the scratch
-    /// address of that copy: the next decode product of the same activations (the q, k
-    /// and v products of a layer, gate and up) reads it instead of quantizing again. It is
+    /// address of that copy: the next decode product of the same activations (a layer's
+    /// q, k and v when a mix gives them different types, so that they are not one fused
+    /// matrix) reads it instead of quantizing again. It is
     /// forgotten when a step writes memory the activations occupy ([`Lowering::wrote`])
     /// or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<(Operand, u64)>,

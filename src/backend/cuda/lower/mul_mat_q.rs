@@ -7,8 +7,8 @@
 //!    (`GRAFT_CUDA_MMVQ`):
 //!    - `quantize_q8_1_f32` writes `b` as Q8_1 blocks into the plan's scratch, then
 //!      `mul_mat_vec_q_c<NC>_<q>` takes integer dot products with `__dp4a` (default).
-//!      Products of the same activations in a row (a layer's q, k and v; gate and up)
-//!      quantize them once ([`Lowering::q8_1`]);
+//!      Products of the same activations in a row (a layer's q, k and v when a mix
+//!      splits them) quantize them once ([`Lowering::q8_1`]);
 //!    - `mul_mat_vec_dq_c<NC>_<q>` dequantizes the weights in registers and dots them with
 //!      the F32 activations.
 //!
