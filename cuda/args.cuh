@@ -172,8 +172,42 @@ struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadca
     Tensor4 w;
     float eps;
     float pad;
+    char* q8;     // when not null: row r of dst also as split Q8_1 at q8 + r * q8_nb1
+    i64 q8_nb1;   // (cuda/quant.cuh, store_act), for the decode product that reads it
 };
-static_assert(sizeof(NormMulArgs) == 224, "NormMulArgs layout");
+static_assert(sizeof(NormMulArgs) == 240, "NormMulArgs layout");
+
+struct GluArgs {  // swiglu: dst = silu(gate) * up; q8 as in NormMulArgs
+    Tensor4 gate;
+    Tensor4 up;
+    Tensor4 dst;
+    char* q8;
+    i64 q8_nb1;
+};
+static_assert(sizeof(GluArgs) == 232, "GluArgs layout");
+
+struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K/V cache writes
+    Tensor4 q_src;   // q rows roped into q_dst (q_rows of them; 0: no q)
+    Tensor4 q_dst;
+    Tensor4 k_src;   // k rows [hd, heads, n] roped into the cache: element (i0, i1, i2)
+    Tensor4 k_dst;   //   at k_dst.data + i0 nb0 + i1 nb1 + ids[i2] nb2
+    Tensor4 v_src;   // v [a, n, b] into the cache as set_rows does: element (i0, i1, i2)
+    Tensor4 v_dst;   //   at v_dst.data + i0 nb0 + ids[i1] nb1 + i2 nb2 (v_blocks blocks; 0: no v)
+    Tensor4 ids;     // I32 [n]: the cache row (slot) of each token
+    const char* pos; // I32 positions, one per token
+    i64 pos_nb0;
+    const float* freqs;
+    i64 n_dims;
+    i64 neox;
+    i64 q_rows;
+    i64 k_rows;
+    i64 v_blocks;
+    i64 slots;       // K cache rows: an id outside 0..slots is recorded, its row skipped
+                     // (v_dst.ne[1] for V)
+    IndexError* err;
+    i64 tag;
+};
+static_assert(sizeof(RopeStoreArgs) == 592, "RopeStoreArgs layout");
 
 struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
     Tensor4 src;

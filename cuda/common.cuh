@@ -156,3 +156,31 @@ __device__ __forceinline__ void record_index_error(IndexError* e, i64 tag, i64 i
         e->limit = limit;
     }
 }
+
+// The index (i0, i1, i2, i3) of element i of a row-major walk over ne.
+__device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
+    idx[0] = i % ne[0];
+    i /= ne[0];
+    idx[1] = i % ne[1];
+    i /= ne[1];
+    idx[2] = i % ne[2];
+    idx[3] = i / ne[2];
+}
+
+// Element i (row-major over src.ne = [ne0, n, ne2, ne3]) of a set_rows: src (type S) to
+// row ids[i1, i2 % .., i3 % ..] of dst (type D; ids I32 [n, i2, i3], broadcast over dims 2
+// and 3). An id outside 0..dst.ne[1] is recorded and the element skipped.
+template <typename S, typename D>
+__device__ __forceinline__ void set_row_element(const Tensor4& src, const Tensor4& ids,
+                                                const Tensor4& dst, IndexError* err, i64 tag,
+                                                i64 i) {
+    i64 ix[4];
+    unflatten(src.ne, i, ix);
+    const int id = *reinterpret_cast<const int*>(at(ids, ix[1], ix[2] % ids.ne[1], ix[3] % ids.ne[2], 0));
+    if (id < 0 || id >= dst.ne[1]) {
+        if (ix[0] == 0) record_index_error(err, tag, id, ix[1], dst.ne[1]);
+        return;
+    }
+    *reinterpret_cast<D*>(at(dst, ix[0], id, ix[2], ix[3])) =
+        convert<D>(*reinterpret_cast<const S*>(at(src, ix[0], ix[1], ix[2], ix[3])));
+}

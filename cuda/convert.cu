@@ -12,15 +12,6 @@
 //     0..rows is recorded in the index-error record and its dst row zero-filled.
 #include "quant.cuh"
 
-__device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
-    idx[0] = i % ne[0];
-    i /= ne[0];
-    idx[1] = i % ne[1];
-    i /= ne[1];
-    idx[2] = i % ne[2];
-    idx[3] = i / ne[2];
-}
-
 // Whether the rows of t (dims 1..3) lie nb[1] apart, so that row r is at data + r nb[1].
 __device__ __forceinline__ bool flat_rows(const Tensor4& t) {
     return t.nb[2] == t.nb[1] * t.ne[1] && t.nb[3] == t.nb[2] * t.ne[2];

@@ -6,15 +6,6 @@
 //                 outside 0..dst rows is recorded and its row skipped.
 #include "common.cuh"
 
-__device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
-    idx[0] = i % ne[0];
-    i /= ne[0];
-    idx[1] = i % ne[1];
-    i /= ne[1];
-    idx[2] = i % ne[2];
-    idx[3] = i / ne[2];
-}
-
 template <typename S, typename D>
 __device__ void cpy(const CpyArgs& p) {
     pdl_enter();
@@ -66,17 +57,8 @@ template <typename S, typename D>
 __device__ void set_rows(const RowsArgs& p) {
     pdl_enter();
     const i64 n = p.src.ne[0] * p.src.ne[1] * p.src.ne[2] * p.src.ne[3];
-    const i64 rows = p.dst.ne[1];
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        i64 ix[4];
-        unflatten(p.src.ne, i, ix);
-        const int id = *reinterpret_cast<const int*>(at(p.ids, ix[1], ix[2] % p.ids.ne[1], ix[3] % p.ids.ne[2], 0));
-        if (id < 0 || id >= rows) {
-            if (ix[0] == 0) record_index_error(p.err, p.tag, id, ix[1], rows);
-            continue;
-        }
-        *reinterpret_cast<D*>(at(p.dst, ix[0], id, ix[2], ix[3])) =
-            convert<D>(*reinterpret_cast<const S*>(at(p.src, ix[0], ix[1], ix[2], ix[3])));
+        set_row_element<S, D>(p.src, p.ids, p.dst, p.err, p.tag, i);
     }
 }
 

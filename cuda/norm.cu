@@ -5,7 +5,7 @@
 //   rms_norm: x / sqrt(mean(x^2) + eps)
 //   norm:     (x - mean) / sqrt(var + eps), mean and variance by Welford's method, per
 //             thread and then merged across the warp and the block.
-#include "common.cuh"
+#include "quant.cuh"
 
 #include <type_traits>
 
@@ -13,9 +13,12 @@
 struct NoWeight {};
 
 // Row blockIdx.x of src, normalized into dst, times w[i0] (of type W) unless W is
-// NoWeight. x and dst of type T.
+// NoWeight. x and dst of type T. When q8 is not null, the row is also written as split
+// Q8_1 activations at q8 + blockIdx.x * q8_nb1 (store_act: every warp quantizes whole
+// 32-element blocks, which needs ne0 % 32 == 0, as the launcher ensures).
 template <typename T, typename W>
-__device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& w, float eps) {
+__device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& w, float eps,
+                         char* q8 = nullptr, i64 q8_nb1 = 0) {
     __shared__ float scratch[32];
     const RowIndex r = row_index(src.ne, blockIdx.x);
     const char* x = at(src, 0, r.i1, r.i2, r.i3);
@@ -32,6 +35,7 @@ __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& 
         float v = load<T>(x + i0 * src.nb[0]) * scale;
         if constexpr (!std::is_same<W, NoWeight>::value) v *= load<W>(w.data + i0 * w.nb[0]);
         store<T>(y + i0 * dst.nb[0], v);
+        if (q8 != nullptr) store_act(v, q8 + blockIdx.x * q8_nb1, ne0, i0 / 32, i0 % 32);
     }
 }
 
@@ -116,11 +120,12 @@ __device__ void norm(const NormArgs& p) {
 }
 
 // rms_norm(x) * w with w [ne0] broadcast over rows (the norm and its weight in one pass;
-// the CUDA backend fuses the pair when the norm has no other reader). x and dst F32.
+// the CUDA backend fuses the pair when the norm has no other reader), and its Q8_1 copy
+// when the next step is a decode product that would quantize it. x and dst F32.
 template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
     pdl_enter();
-    rms_rows<float, W>(p.src, p.dst, p.w, p.eps);
+    rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1);
 }
 
 extern "C" __global__ void rms_norm_mul_f32_f32(const NormMulArgs p) { rms_norm_mul<float>(p); }

@@ -82,6 +82,35 @@ __device__ __forceinline__ void load_act(const char* col, i64 k, int s, Act& y) 
     y.s = ds.y;
 }
 
+// Rust's `x as i8`: truncation, saturating, NaN to 0.
+__device__ __forceinline__ int sat_i8(float x) {
+    if (x != x) return 0;
+    const float t = truncf(x);
+    return t < -128.0f ? -128 : (t > 127.0f ? 127 : (int)t);
+}
+
+// 1 / d, or 0 for a zero scale (an all-zero block).
+__device__ __forceinline__ float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+
+// Element `lane` of sub-block s of a column of k activations, quantized by the whole warp
+// (lane = element) into the split layout above: d = amax / 127, quants rounded half away
+// from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
+// (no expression here can contract into a fused multiply-add). Every lane must call it.
+__device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane) {
+    const float amax = warp_max(fabsf(x));
+    const float d = amax / 127.0f;
+    const int q = sat_i8(roundf(x * inverse(d)));
+    int sum = q;
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    col[32 * s + lane] = (char)q;
+    if (lane == 0) {
+        unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + 4 * s);
+        ds[0] = __half_as_ushort(__float2half_rn(d));
+        ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
+    }
+}
+
 // sum of the byte products of w[from..to) and y.q[from..to) (signed bytes).
 template <int FROM, int TO>
 __device__ __forceinline__ int dp4a_sum(const int* w, const int* y) {

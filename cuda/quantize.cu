@@ -17,14 +17,7 @@
 typedef unsigned char u8;
 
 // ---------------------------------------------------------------------------------------
-// Scalar helpers with the CPU's semantics.
-
-// Rust's `x as i8`: truncation, saturating, NaN to 0.
-__device__ __forceinline__ int sat_i8(float x) {
-    if (x != x) return 0;
-    const float t = truncf(x);
-    return t < -128.0f ? -128 : (t > 127.0f ? 127 : (int)t);
-}
+// Scalar helpers with the CPU's semantics (sat_i8 and inverse: quant.cuh).
 
 // ggml's nearest_int: round half to even through the 1.5 * 2^23 trick.
 __device__ __forceinline__ int nearest_int(float x) {
@@ -41,8 +34,6 @@ __device__ __forceinline__ void put_f16(u8* y, float v) {
 __device__ __forceinline__ float get_f16(const u8* y) {
     return __half2float(__ushort_as_half((unsigned short)(y[0] | (y[1] << 8))));
 }
-
-__device__ __forceinline__ float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
 
 __device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
@@ -456,19 +447,7 @@ __device__ void quantize_q8_1(const CpyArgs& p) {
     for (i64 row = blockIdx.y; row < rows; row += gridDim.y) {
         const RowIndex r = row_index(p.src.ne, row);
         const float x = load<float>(at(p.src, blk * 32 + lane, r.i1, r.i2, r.i3));
-        const float amax = warp_max(fabsf(x));
-        const float d = amax / 127.0f;
-        const int q = sat_i8(roundf(x * inverse(d)));
-        int sum = q;
-#pragma unroll
-        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-        char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
-        y[blk * 32 + lane] = (char)q;
-        if (lane == 0) {
-            unsigned short* ds = reinterpret_cast<unsigned short*>(y + p.src.ne[0] + 4 * blk);
-            ds[0] = __half_as_ushort(__float2half_rn(d));
-            ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
-        }
+        store_act(x, at(p.dst, 0, r.i1, r.i2, r.i3), p.src.ne[0], blk, lane);
     }
 }
 

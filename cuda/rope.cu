@@ -6,31 +6,79 @@
 // Each pair is read and written by one thread, so in place is safe.
 #include "common.cuh"
 
+// One row: x (type S, element stride snb0) rotated by position t into y (type D).
+template <typename S, typename D>
+__device__ void rope_row(const char* x, i64 snb0, char* y, i64 dnb0, i64 ne0, float t,
+                         const float* freqs, i64 n_dims, i64 neox) {
+    const i64 half = n_dims / 2;
+    for (i64 i = threadIdx.x; i < half; i += blockDim.x) {
+        const i64 j0 = neox ? i : 2 * i;
+        const i64 j1 = neox ? i + half : 2 * i + 1;
+        const float x0 = load<S>(x + j0 * snb0);
+        const float x1 = load<S>(x + j1 * snb0);
+        float s, c;
+        sincosf(t * freqs[i], &s, &c);
+        // Separate roundings, like the CPU reference.
+        store<D>(y + j0 * dnb0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+        store<D>(y + j1 * dnb0, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+    }
+    for (i64 i0 = n_dims + threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        store<D>(y + i0 * dnb0, load<S>(x + i0 * snb0));
+    }
+}
+
+__device__ __forceinline__ float position(const char* pos, i64 pos_nb0, i64 token) {
+    return (float)*reinterpret_cast<const int*>(pos + token * pos_nb0);
+}
+
 template <typename T>
 __device__ void rope(const RopeArgs& p) {
     pdl_enter();
     const RowIndex r = row_index(p.src.ne, blockIdx.x);
-    const char* x = at(p.src, 0, r.i1, r.i2, r.i3);
-    char* y = at(p.dst, 0, r.i1, r.i2, r.i3);
-    const i64 snb0 = p.src.nb[0], dnb0 = p.dst.nb[0];
-    const float t = (float)*reinterpret_cast<const int*>(p.pos + r.i2 * p.pos_nb0);
-    const i64 half = p.n_dims / 2;
-    for (i64 i = threadIdx.x; i < half; i += blockDim.x) {
-        const i64 j0 = p.neox ? i : 2 * i;
-        const i64 j1 = p.neox ? i + half : 2 * i + 1;
-        const float x0 = load<T>(x + j0 * snb0);
-        const float x1 = load<T>(x + j1 * snb0);
-        float s, c;
-        sincosf(t * p.freqs[i], &s, &c);
-        // Separate roundings, like the CPU reference.
-        store<T>(y + j0 * dnb0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-        store<T>(y + j1 * dnb0, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+    rope_row<T, T>(at(p.src, 0, r.i1, r.i2, r.i3), p.src.nb[0], at(p.dst, 0, r.i1, r.i2, r.i3),
+                   p.dst.nb[0], p.src.ne[0], position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims,
+                   p.neox);
+}
+
+// rope_store_<D>: a decode step's rope of q and k and its K/V cache writes (D the cache
+// type), one launch for what would be two ropes and two set_rows: blocks 0..q_rows rope a
+// row of q (F32) into q_dst, the next k_rows rope a row of k (F32) straight into its cache
+// row ids[token], the last v_blocks copy v's elements into theirs (set_rows' element loop).
+// The CUDA backend fuses the steps when k's rope is read by its cache write alone.
+template <typename D>
+__device__ void rope_store(const RopeStoreArgs& p) {
+    pdl_enter();
+    i64 b = blockIdx.x;
+    if (b < p.q_rows) {
+        const RowIndex r = row_index(p.q_src.ne, b);
+        rope_row<float, float>(at(p.q_src, 0, r.i1, r.i2, r.i3), p.q_src.nb[0],
+                               at(p.q_dst, 0, r.i1, r.i2, r.i3), p.q_dst.nb[0], p.q_src.ne[0],
+                               position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox);
+        return;
     }
-    for (i64 i0 = p.n_dims + threadIdx.x; i0 < p.src.ne[0]; i0 += blockDim.x) {
-        store<T>(y + i0 * dnb0, load<T>(x + i0 * snb0));
+    b -= p.q_rows;
+    if (b < p.k_rows) {
+        const RowIndex r = row_index(p.k_src.ne, b);
+        const int id = *reinterpret_cast<const int*>(p.ids.data + r.i2 * p.ids.nb[0]);
+        if (id < 0 || id >= p.slots) {
+            if (threadIdx.x == 0) record_index_error(p.err, p.tag, id, r.i2, p.slots);
+            return;
+        }
+        rope_row<float, D>(at(p.k_src, 0, r.i1, r.i2, r.i3), p.k_src.nb[0],
+                           at(p.k_dst, 0, r.i1, id, r.i3), p.k_dst.nb[0], p.k_src.ne[0],
+                           position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox);
+        return;
+    }
+    b -= p.k_rows;
+    const i64 n = p.v_src.ne[0] * p.v_src.ne[1] * p.v_src.ne[2] * p.v_src.ne[3];
+    for (i64 i = b * blockDim.x + threadIdx.x; i < n; i += p.v_blocks * (i64)blockDim.x) {
+        set_row_element<float, D>(p.v_src, p.ids, p.v_dst, p.err, p.tag, i);
     }
 }
 
 extern "C" __global__ void rope_f32(const RopeArgs p) { rope<float>(p); }
 extern "C" __global__ void rope_f16(const RopeArgs p) { rope<f16>(p); }
 extern "C" __global__ void rope_bf16(const RopeArgs p) { rope<bf16>(p); }
+extern "C" __global__ void rope_store_f32(const RopeStoreArgs p) { rope_store<float>(p); }
+extern "C" __global__ void rope_store_f16(const RopeStoreArgs p) { rope_store<f16>(p); }
+extern "C" __global__ void rope_store_bf16(const RopeStoreArgs p) { rope_store<bf16>(p); }

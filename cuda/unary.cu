@@ -4,7 +4,7 @@
 //     the Rust variant; build.rs instantiates `unary<Name, T>` as `name_<dtype>` for every
 //     float dtype into unary.inst.cuh (included at the end) and maps the variant to them;
 //   - scale (x * s), and swiglu (silu(gate) * up), fused by the CUDA backend.
-#include "common.cuh"
+#include "quant.cuh"
 
 #define GELU_COEF_A 0.044715f
 #define SQRT_2_OVER_PI 0.7978846f
@@ -46,13 +46,21 @@ extern "C" __global__ void scale_f16(const UnaryArgs p) { scale<f16>(p); }
 extern "C" __global__ void scale_bf16(const UnaryArgs p) { scale<bf16>(p); }
 
 // silu(gate) * up (SwiGLU), F32, any strides: the CUDA backend fuses silu with the
-// multiplication that reads it when nothing else does.
-extern "C" __global__ void swiglu_f32(const BinaryArgs p) {
+// multiplication that reads it when nothing else does. When q8 is not null, row r of the
+// result is also written as split Q8_1 activations at q8 + r * q8_nb1 for the decode
+// product that reads it (store_act; the launcher ensures ne0 % 32 == 0 and a block of a
+// multiple of 32 threads, so each warp holds whole 32-element blocks).
+extern "C" __global__ void swiglu_f32(const GluArgs p) {
     pdl_enter();
     for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        const float g = load<float>(at(p.a, i0, i1, i2, i3));
-        const float u = load<float>(at(p.b, i0, i1, i2, i3));
-        store<float>(at(p.dst, i0, i1, i2, i3), Silu::apply(g) * u);
+        const float g = load<float>(at(p.gate, i0, i1, i2, i3));
+        const float u = load<float>(at(p.up, i0, i1, i2, i3));
+        const float y = Silu::apply(g) * u;
+        store<float>(at(p.dst, i0, i1, i2, i3), y);
+        if (p.q8 != nullptr) {
+            const i64 row = i1 + p.dst.ne[1] * (i2 + p.dst.ne[2] * i3);
+            store_act(y, p.q8 + row * p.q8_nb1, p.dst.ne[0], i0 / 32, i0 % 32);
+        }
     });
 }
 

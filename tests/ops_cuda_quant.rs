@@ -2,7 +2,9 @@
 //! oracle on the host-dequantized weights (`common/quant_strategies.rs` draws the cases):
 //! quantizing casts give the CPU's bytes, dequantizing casts and get_rows the CPU's
 //! bits, mul_mat is within an NMSE bound of the oracle and of the CPU on both decode
-//! paths (Q8_1 + dp4a: 5e-4; dequantize in registers: 1e-5) and on the prefill path
+//! paths (Q8_1 + dp4a: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
+//! that is larger, with the kernel held to that reference at 1e-10; dequantize in
+//! registers: 1e-5) and on the prefill path
 //! (weights dequantized to F16 for cuBLAS: 1e-4). Each plan runs twice (capture, then
 //! replay). Without a GPU every test prints "skipped: no GPU" and passes, unless
 //! `GRAFT_REQUIRE_GPU=1`.
@@ -124,6 +126,18 @@ fn check_mul_mat(
     if let Some(i) = g.iter().position(|v| !v.is_finite()) {
         return Err(format!("{c:?} (mmvq {mmvq}): element {i} is {}", g[i]));
     }
+    // The Q8_1 path's error is that of the 8-bit activations, which a case with few
+    // outputs and outliers can push past the bound by itself: the bound is then the
+    // host reference's own error, and the exact check below still holds the kernel to it.
+    let exact = mmvq && c.n <= 8 && c.a_batch == [1, 1] && c.repeat == [1, 1];
+    let reference = exact.then(|| qs::oracle_q8_1(c));
+    let bound = match &reference {
+        Some(q) => {
+            let own: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+            bound.max(1.5 * qs::nmse(&own, q))
+        }
+        None => bound,
+    };
     let (eo, ec) = (qs::nmse(&g, &want), qs::nmse(&g, &r));
     if eo > bound || ec > bound {
         return Err(format!(
@@ -132,8 +146,8 @@ fn check_mul_mat(
     }
     // The Q8_1 decode path computes exactly what vec_dot_q8_1 does, up to the order of
     // the f32 sums.
-    if mmvq && c.n <= 8 && c.a_batch == [1, 1] && c.repeat == [1, 1] {
-        let e = qs::nmse(&g, &qs::oracle_q8_1(c));
+    if let Some(q) = reference {
+        let e = qs::nmse(&g, &q);
         if e > NMSE_EXACT {
             return Err(format!(
                 "{c:?}: NMSE vs vec_dot_q8_1 {e:e} (bound {NMSE_EXACT:e})"

@@ -1,5 +1,5 @@
-//! Kernel fusion at load time. Two consecutive steps become one launch when the first
-//! one's result is read by the second alone (no other step, no view, not an output), so
+//! Kernel fusion at load time. Consecutive steps become one launch when each step's
+//! result is read by the next one alone (no other step, no view, not an output), so
 //! skipping its write changes nothing a caller or a later step can see:
 //!
 //! | steps | launch |
@@ -7,28 +7,35 @@
 //! | `rms_norm(x)`, `mul(that, w)`, `w` one row broadcast | `rms_norm_mul_f32_*` |
 //! | `silu(gate)`, `mul(that, up)`, same shape | `swiglu_f32` |
 //! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` (block weights: `mul_mat_vec_q_*` / `mul_mat_vec_dq_*`, 1..=8 columns) with `add = r` |
+//! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | `rope_store_<cache>` |
 //!
-//! The second step then has no launch of its own. (Folding the norm into the GEMV that
-//! reads it, each warp summing x^2 itself, measured no faster on an H100 and was dropped.) A fused kernel still reads the first
-//! step's sources while it writes the second step's result, which the allocator may have
-//! placed in memory one of those sources had (free once the first step was done): so a
-//! pair fuses only when the result overlaps no source it is read alongside, except the
-//! exact same layout for sources read element by element at the index being written
-//! (`x`, `gate`, `up`, `r`), which is the in-place case.
+//! The later steps then have no launch of their own. When the step after a fused norm or
+//! SwiGLU is a decode product with block-quantized weights on the `__dp4a` path, the
+//! fused kernel also writes its result as the Q8_1 activations that product reads, and
+//! the product's own quantizing launch goes ([`Lowering::q8_1_made`]). (Folding the norm
+//! into the GEMV that reads it, each warp summing x^2 itself, measured no faster on an
+//! H100 and was dropped.) A fused kernel still reads the first step's sources while it
+//! writes the later steps' results, which the allocator may have placed in memory one of
+//! those sources had (free once the first step was done): so steps fuse only when a
+//! result overlaps no source it is read alongside, except the exact same layout for
+//! sources read element by element at the index being written (`x`, `gate`, `up`, `r`,
+//! q's rope), which is the in-place case.
 
 use std::collections::HashMap;
 
-use super::args::{BinaryArgs, NormMulArgs};
+use super::args::{GluArgs, NormMulArgs};
 use super::kernels::{by, k};
 use super::lower::lower_step;
 use super::lower::mul_mat::{self, Gemv};
+use super::lower::mul_mat_q::{self, MAX_DECODE_COLS};
+use super::lower::rope::{self, RopeStore};
 use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering};
 use crate::graph::{
-    AllocKind, BinaryOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
+    AllocKind, BinaryOp, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
 };
 
-/// Lowers every step of `plan`, fusing pairs when `fusion` is on (a fused pair's ops are
-/// listed under its first step, the second gets none). `tag(i)` is the index-error tag
+/// Lowers every step of `plan`, fusing steps when `fusion` is on (fused steps' ops are
+/// listed under the first of them, the others get none). `tag(i)` is the index-error tag
 /// of step `i`. Errors give the step and the reason.
 pub(crate) fn lower_plan<'s>(
     plan: &'s Plan,
@@ -50,21 +57,18 @@ pub(crate) fn lower_plan<'s>(
     while i < plan.steps.len() {
         let step = &plan.steps[i];
         lw.tag = tag(i);
-        let fused = match plan.steps.get(i + 1) {
-            Some(next) if fusion => fuse(step, next, &readers, lw),
-            _ => None,
+        let fused = match fusion {
+            true => fuse(&plan.steps[i..], &readers, lw, &|j| tag(i + j)),
+            false => None,
         };
-        if let Some(ops) = fused {
-            steps.push(ops.map_err(|reason| (step, reason))?);
-            steps.push(Vec::new());
-            lw.wrote(&step.dst);
-            lw.wrote(&plan.steps[i + 1].dst);
-            i += 2;
-            continue;
-        }
-        steps.push(lower_step(step, lw).map_err(|reason| (step, reason))?);
-        lw.wrote(&step.dst);
-        i += 1;
+        let (ops, used) = match fused {
+            Some((ops, used)) => (ops.map_err(|reason| (step, reason))?, used),
+            None => (lower_step(step, lw).map_err(|reason| (step, reason))?, 1),
+        };
+        steps.push(ops);
+        steps.extend((1..used).map(|_| Vec::new()));
+        lw.step_done(plan.steps[i..i + used].iter().map(|s| &s.dst));
+        i += used;
     }
     Ok(steps)
 }
@@ -112,11 +116,42 @@ fn residual_of<'s>(
         .then_some(residual)
 }
 
-/// The fused launch of `first` then `second`, or None when the pair is not a pattern.
-/// `readers` comes from [`readers`].
+/// The fused launch of the first steps of `window` and how many steps it covers, or None
+/// when they start no pattern. `readers` comes from [`readers`]; `tag(j)` is the
+/// index-error tag of `window[j]`.
 fn fuse(
+    window: &[Step],
+    readers: &HashMap<TensorId, usize>,
+    lw: &mut Lowering,
+    tag: &dyn Fn(usize) -> i64,
+) -> Option<(Result<Vec<DevOp>, String>, usize)> {
+    if let Some(fused) = rope_store(window, readers, lw, tag) {
+        return Some(fused);
+    }
+    let (first, second) = (window.first()?, window.get(1)?);
+    pair(first, second, window.get(2), readers, lw).map(|ops| (ops, 2))
+}
+
+/// Where a fused step's result `y` also goes as Q8_1 activations (address and column
+/// stride), when `next` is a decode product of `y` that would quantize it; (0, 0) when not.
+/// The copy is then [`Lowering::q8_1_made`].
+fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64) {
+    match next.and_then(|s| mul_mat_q::q8_1_input(s, lw)) {
+        Some(b) if b == y && y.is_contiguous() && y.ne[0] % 32 == 0 => {
+            let (addr, row) = mul_mat_q::q8_1_copy(y, lw);
+            lw.q8_1_made = Some((y.clone(), addr));
+            (addr, row as i64)
+        }
+        _ => (0, 0),
+    }
+}
+
+/// The fused launch of `first` then `second` (`next` the step after them), or None when
+/// the pair is not a pattern.
+fn pair(
     first: &Step,
     second: &Step,
+    next: Option<&Step>,
     readers: &HashMap<TensorId, usize>,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
@@ -140,15 +175,24 @@ fn fuse(
             }
             let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype]);
             Some(kernel.and_then(|kernel| {
+                let (q8, q8_nb1) = q8_1_out(y, next, lw);
                 let args = NormMulArgs {
                     src: lw.t4(x),
                     dst: lw.t4(y),
                     w: lw.t4(w),
                     eps: *eps,
                     pad: 0.0,
+                    q8,
+                    q8_nb1,
                 };
-                // Long rows get a wide block: a decode step normalizes a single row.
-                let threads = if x.ne[0] <= 1024 { 32 } else { 1024 };
+                // A decode step normalizes a few rows: a warp per 32 elements (up to
+                // 1024 threads) keeps it short; a prefill has rows enough for a warp each
+                // (a wide block for long rows).
+                let threads = match (x.nrows() <= MAX_DECODE_COLS, x.ne[0] <= 1024) {
+                    (true, _) => x.ne[0].next_multiple_of(32).min(1024) as u32,
+                    (false, true) => 32,
+                    (false, false) => 1024,
+                };
                 Ok(vec![DevOp::kernel(
                     kernel,
                     row_grid(y.nrows())?,
@@ -168,10 +212,13 @@ fn fuse(
             {
                 return None;
             }
-            let args = BinaryArgs {
-                a: lw.t4(gate),
-                b: lw.t4(up),
+            let (q8, q8_nb1) = q8_1_out(y, next, lw);
+            let args = GluArgs {
+                gate: lw.t4(gate),
+                up: lw.t4(up),
                 dst: lw.t4(y),
+                q8,
+                q8_nb1,
             };
             let (grid, block) = elementwise_grid(y.ne);
             Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]))
@@ -190,4 +237,120 @@ fn fuse(
         }
         _ => None,
     }
+}
+
+/// A decode (or ring) step's attention inputs as one `rope_store_<cache>` launch: the
+/// rope of k read by its cache write alone (`set_rows` of k's rows, one dense row per
+/// token), with the rope of q (same positions and parameters) and the V cache write (same
+/// ids) when they are next to that pair, before or after it (the plan's order depends on
+/// the attention's graph), and touch nothing the launch writes. Returns the launch and
+/// the steps it covers (`window[..n]`). An id outside the cache is reported as the K
+/// write's (`tag(j)` of `window[j]`; the V write has the same ids).
+fn rope_store(
+    window: &[Step],
+    readers: &HashMap<TensorId, usize>,
+    lw: &mut Lowering,
+    tag: &dyn Fn(usize) -> i64,
+) -> Option<(Result<Vec<DevOp>, String>, usize)> {
+    (0..3).find_map(|at| {
+        let w = window.get(..window.len().min(4))?;
+        let (rk, sk) = (w.get(at)?, w.get(at + 1)?);
+        let mut store = store_core(rk, sk, readers)?;
+        // the steps before the pair must all join; after it, as many as do
+        if !w[..at].iter().all(|s| join(&mut store, s)) {
+            return None;
+        }
+        let used = at
+            + 2
+            + w[at + 2..]
+                .iter()
+                .take_while(|s| join(&mut store, s))
+                .count();
+        lw.tag = tag(at + 1);
+        Some((rope::lower_store(&store, lw), used))
+    })
+}
+
+/// The core of a `rope_store` launch: `rk` ropes k, `sk` writes its rows into the cache,
+/// and nothing else reads the roped k.
+fn store_core<'s>(
+    rk: &'s Step,
+    sk: &'s Step,
+    readers: &HashMap<TensorId, usize>,
+) -> Option<RopeStore<'s>> {
+    let (Op::Rope(p), Op::Copy(CopyOp::SetRows)) = (&rk.op, &sk.op) else {
+        return None;
+    };
+    let (k, pos, roped) = (&rk.src[0], &rk.src[1], &rk.dst);
+    let (rows, ids, cache) = (sk.src.first()?, sk.src.get(1)?, &sk.dst);
+    let fits = readers.get(&roped.id) == Some(&1)
+        && k.dtype == DType::F32
+        && roped.dtype == DType::F32
+        && rows.loc == roped.loc
+        && roped.is_contiguous()
+        && rows.is_contiguous()
+        && k.ne[3] == 1
+        && rows.ne == [k.ne[0] * k.ne[1], k.ne[2], 1, 1]
+        && ids.dtype == DType::I32
+        && ids.ne == [k.ne[2], 1, 1, 1]
+        && cache.ne[0] == rows.ne[0]
+        && cache.ne[2] == 1
+        && cache.ne[3] == 1
+        && rope::stores_to(cache.dtype);
+    fits.then_some(RopeStore {
+        p,
+        pos,
+        ids,
+        k: (k, cache),
+        q: None,
+        v: None,
+    })
+}
+
+/// Adds `s` to `st` when it is the rope of q or the V cache write of this token and the
+/// launch has none yet, and its memory keeps clear of the rest; whether it joined.
+fn join<'s>(st: &mut RopeStore<'s>, s: &'s Step) -> bool {
+    let (src, dst) = match s.src.first() {
+        Some(src) => (src, &s.dst),
+        None => return false,
+    };
+    let joins = if let Op::Rope(p) = &s.op {
+        st.q.is_none()
+            && p == st.p
+            && s.src.get(1) == Some(st.pos)
+            && src.ne[0] == st.k.0.ne[0]
+            && src.dtype == DType::F32
+            && dst.dtype == DType::F32
+            && disjoint_or_same(dst, src)
+    } else {
+        s.op == Op::Copy(CopyOp::SetRows)
+            && st.v.is_none()
+            && s.src.get(1) == Some(st.ids)
+            && src.dtype == DType::F32
+            && dst.dtype == st.k.1.dtype
+    };
+    let (reads, writes) = memory(st);
+    if !joins
+        || !writes.iter().all(|w| disjoint(src, w) && disjoint(dst, w))
+        || !reads.iter().all(|r| disjoint(dst, r))
+    {
+        return false;
+    }
+    if matches!(s.op, Op::Rope(_)) {
+        st.q = Some((src, dst));
+    } else {
+        st.v = Some((src, dst));
+    }
+    true
+}
+
+/// What the launch of `st` reads and writes.
+fn memory<'s>(st: &RopeStore<'s>) -> (Vec<&'s Operand>, Vec<&'s Operand>) {
+    let mut reads = vec![st.k.0, st.pos, st.ids];
+    let mut writes = vec![st.k.1];
+    for (src, dst) in st.q.iter().chain(&st.v) {
+        reads.push(src);
+        writes.push(dst);
+    }
+    (reads, writes)
 }

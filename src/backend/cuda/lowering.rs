@@ -99,6 +99,10 @@ pub(crate) struct Lowering<'a> {
     /// forgotten when a step writes memory the activations occupy ([`Lowering::wrote`])
     /// or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<(Operand, u64)>,
+    /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or
+    /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
+    /// writes are accounted for ([`Lowering::step_done`]).
+    pub q8_1_made: Option<(Operand, u64)>,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -129,6 +133,7 @@ impl<'a> Lowering<'a> {
             mmvq,
             devices,
             q8_1: None,
+            q8_1_made: None,
         }
     }
 }
@@ -174,6 +179,18 @@ impl Lowering<'_> {
             .is_some_and(|(src, _)| !disjoint(src, dst))
         {
             self.q8_1 = None;
+        }
+    }
+
+    /// The steps just lowered (one launch) wrote `dsts`: stale Q8_1 copies are forgotten
+    /// ([`Lowering::wrote`]), and the copy they made of their own result, if any, is the
+    /// one the next decode product reads.
+    pub fn step_done<'o>(&mut self, dsts: impl IntoIterator<Item = &'o Operand>) {
+        for dst in dsts {
+            self.wrote(dst);
+        }
+        if let Some(made) = self.q8_1_made.take() {
+            self.q8_1 = Some(made);
         }
     }
 }

@@ -228,6 +228,13 @@ impl CudaBackend {
         self.mmvq = on;
     }
 
+    /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
+    /// rope and cache writes, Q8_1 copies made by the step before a quantized product) on
+    /// or off for plans loaded from now on (default on unless `GRAFT_CUDA_FUSE=0`).
+    pub fn set_fusion(&mut self, on: bool) {
+        self.fusion = on;
+    }
+
     /// Turns CUDA-graph capture and replay on or off (default on unless
     /// `GRAFT_CUDA_GRAPHS=0`). Off, every run launches each node.
     pub fn set_graphs(&mut self, on: bool) {

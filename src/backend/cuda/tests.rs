@@ -10,8 +10,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use super::args::{
-    BinaryArgs, CpyArgs, GemvArgs, NormArgs, NormMulArgs, SplitArgs, Tensor4, UnaryArgs,
-    CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
+    BinaryArgs, CpyArgs, GemvArgs, GluArgs, NormArgs, NormMulArgs, QGemvArgs, RopeStoreArgs,
+    SplitArgs, Tensor4, UnaryArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
 };
 use super::fuse;
 use super::gemm::Gemm;
@@ -177,6 +177,7 @@ fn run_split(name: &str, a: SplitArgs) {
 
 /// Host version of rms_norm_mul_f32_*: y = x / sqrt(mean(x^2) + eps) * w, row by row.
 fn run_rms_norm_mul(name: &str, a: NormMulArgs) {
+    assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
     let wt = if name.ends_with("bf16") {
         DType::BF16
     } else if name.ends_with("f16") {
@@ -230,19 +231,20 @@ fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
     }
 }
 
-/// Host version of swiglu_f32: y = silu(a) * b, elementwise, any strides.
-fn run_swiglu(a: BinaryArgs) {
+/// Host version of swiglu_f32: y = silu(gate) * up, elementwise, any strides.
+fn run_swiglu(a: GluArgs) {
+    assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
     let n: i64 = a.dst.ne.iter().product();
     for i in 0..n {
         let ix = elem(a.dst.ne, i);
         // SAFETY: the three tensors lie in the plan's memory with these shapes.
         unsafe {
             let g = load(
-                (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
+                (a.gate.data as i64 + offset(a.gate.nb, ix)) as *const u8,
                 DType::F32,
             );
             let u = load(
-                (a.b.data as i64 + offset(a.b.nb, ix)) as *const u8,
+                (a.up.data as i64 + offset(a.up.nb, ix)) as *const u8,
                 DType::F32,
             );
             let y = g / (1.0 + (-g).exp()) * u;
@@ -410,6 +412,8 @@ fn check_lowering(
                         },
                         eps: a.eps,
                         pad: 0.0,
+                        q8: 0,
+                        q8_nb1: 0,
                     },
                 );
             }
@@ -851,4 +855,114 @@ fn q8_1_copy_is_forgotten_when_its_source_is_written() {
     lw.q8_1 = Some((a, 0x100));
     lw.reserve_scratch(&mut 0, 64);
     assert!(lw.q8_1.is_none(), "another step's scratch drops it");
+}
+
+/// The address of a plan location for lowering without memory behind it: arena offsets
+/// and buffers (weights, the KV cache) far apart.
+fn fake_addr_any(loc: Loc) -> u64 {
+    match loc {
+        Loc::Arena(off) => 0x1000 + off as u64,
+        Loc::Buffer(b, off) => ((b.0 as u64 + 1) << 40) + off as u64,
+    }
+}
+
+/// One decode layer of a Q4_0 Llama with fusion: the attention norm writes the Q8_1 copy
+/// the q|k|v product reads (no quantizing launch of its own), the ropes of q and k and the
+/// cache writes of k and v are one `rope_store` launch, and SwiGLU writes the Q8_1 copy
+/// of the down product; without fusion each of those is a launch of its own. Also checks
+/// that the fused kernels' Q8_1 copies are at the address the products read.
+#[test]
+fn decode_layer_fusions() {
+    use crate::graph::BufferId;
+    use crate::models::blocks::build_decode;
+    use crate::models::kv_cache::{CacheTypes, KvCache};
+    use crate::models::presets;
+    use crate::models::weights::{uniform, Weights};
+    let cfg = presets::preset("tiny").unwrap();
+    let w = Weights::layout(
+        &cfg,
+        &uniform(DType::Quant(crate::quant::QType::Q4_0)),
+        BufferId::fresh(),
+    );
+    for flash_attn in [false, true] {
+        let types = CacheTypes {
+            flash_attn,
+            ..CacheTypes::default()
+        };
+        let kv = KvCache::layout(&cfg, 256, types, BufferId::fresh());
+        let plan = build_decode(&cfg, &w, &kv, 256).unwrap().plan().unwrap();
+        let lower = |fusion| {
+            let mut lw = Lowering {
+                scratch_base: 1 << 50,
+                ..Lowering::new(&fake_addr_any, true, 1)
+            };
+            fuse::lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap()
+        };
+        let fused_ops = lower(true);
+        let fused: Vec<&DevOp> = fused_ops.iter().flatten().collect();
+        let names: Vec<&str> = fused.iter().map(|op| op.name()).collect();
+        let count = |names: &[&str], k: &str| names.iter().filter(|n| **n == k).count();
+        let l = cfg.num_hidden_layers;
+        // quantizing launches: only the attention output's (o product) and the head's
+        // input remain, the head's input being the final norm's copy
+        assert_eq!(count(&names, "quantize_q8_1_f32"), l, "{names:?}");
+        assert_eq!(count(&names, "rope_store_f16"), l, "{names:?}");
+        assert!(
+            !names
+                .iter()
+                .any(|n| *n == "rope_f32" || n.starts_with("set_rows")),
+            "{names:?}"
+        );
+        let unfused_ops = lower(false);
+        let unfused: Vec<&str> = unfused_ops.iter().flatten().map(DevOp::name).collect();
+        assert_eq!(count(&unfused, "quantize_q8_1_f32"), 4 * l + 1);
+        assert_eq!(count(&unfused, "rope_f32"), 2 * l);
+        assert_eq!(count(&unfused, "set_rows_f32_f16"), 2 * l);
+        // per layer 2 norm weights, 2 residual adds, silu's multiplication (the pairs),
+        // 3 quantizations, 2 ropes and 2 cache writes in one; the head's norm and
+        // quantization
+        assert_eq!(unfused.len() - names.len(), 11 * l + 2, "{names:?}");
+        // each Q8_1 copy a fused kernel writes is what the next launch (a decode product) reads
+        for pair in fused.windows(2) {
+            let (DevOp::Kernel(a), DevOp::Kernel(b)) = (pair[0], pair[1]) else {
+                continue;
+            };
+            let q8 = match a.kernel.name {
+                n if n.starts_with("rms_norm_mul_") => args::<NormMulArgs>(a).q8,
+                "swiglu_f32" => args::<GluArgs>(a).q8,
+                _ => continue,
+            };
+            assert!(
+                q8 != 0,
+                "{} writes no Q8_1 copy before {} ({flash_attn})",
+                a.kernel.name,
+                b.kernel.name
+            );
+            assert!(
+                b.kernel.name.starts_with("mul_mat_vec_q_c1_"),
+                "{}",
+                b.kernel.name
+            );
+            assert_eq!(args::<QGemvArgs>(b).b, q8);
+        }
+        // the rope_store launch covers q, k and v of the token
+        let rs = fused
+            .iter()
+            .find_map(|op| match op {
+                DevOp::Kernel(k) if k.kernel.name == "rope_store_f16" => {
+                    Some(args::<RopeStoreArgs>(k))
+                }
+                DevOp::Kernel(_) | DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+            })
+            .unwrap();
+        let (hd, heads, kv_heads) = (
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+        );
+        assert_eq!((rs.q_rows, rs.k_rows), (heads as i64, kv_heads as i64));
+        assert!(rs.v_blocks > 0);
+        assert_eq!(rs.k_src.ne, [hd as i64, kv_heads as i64, 1, 1]);
+        assert_eq!(rs.slots, 256);
+    }
 }

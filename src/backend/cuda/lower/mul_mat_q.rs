@@ -22,9 +22,9 @@
 use super::cpy::copy_to;
 use super::mul_mat::{lower_gemm, padded, Gemv};
 use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, GEMV_WARPS};
-use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ};
-use crate::graph::{DType, Operand};
+use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
 
 /// Most activation columns of the decode kernels.
@@ -90,22 +90,16 @@ fn kernel_set(mmvq: bool, ncols: usize) -> KernelSet<1> {
     }
 }
 
-/// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
-/// `extra.dst`), plus `extra.add`, or None when the product is not a decode product:
-/// 1..=8 columns of `b` with dense elements, no batches, a type with decode kernels.
-pub(crate) fn gemv(
-    a: &Operand,
-    b: &Operand,
-    dst: &Operand,
-    extra: Gemv,
-    lw: &mut Lowering,
-) -> Option<Result<Vec<DevOp>, String>> {
-    let q = a.dtype.quant()?;
-    let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+/// The decode kernel of `a b` (block-quantized `a`), or None when the product is not a
+/// decode product: 1..=8 columns of `b` with dense elements, no batches, a type with
+/// decode kernels.
+fn decode_kernel(a: &Operand, b: &Operand, lw: &Lowering) -> Option<Kernel> {
+    a.dtype.quant()?;
+    let (kk, n) = (a.ne[0], b.ne[1]);
     let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
     if !((1..=MAX_DECODE_COLS).contains(&n)
         && kk < i32::MAX as usize
-        && kk % q.block_size() == 0
+        && kk % a.dtype.block_size() == 0
         && b.dtype == DType::F32
         && b.ne[0] == kk
         && b.rows_contiguous()
@@ -116,7 +110,37 @@ pub(crate) fn gemv(
         return None;
     }
     // Types without decode kernels (Q8_1 weights) take the prefill path.
-    let kernel = kernel_set(lw.mmvq, n).get([a.dtype]).ok()?;
+    kernel_set(lw.mmvq, n).get([a.dtype]).ok()
+}
+
+/// The activations `step` would quantize to Q8_1 when it is lowered: its `b` when it is a
+/// decode product of block-quantized weights on the `__dp4a` path. A step before it that
+/// computes `b` anyway can write that copy itself ([`q8_1_copy`]).
+pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<&'s Operand> {
+    let (a, b) = (step.src.first()?, step.src.get(1)?);
+    (step.op == Op::MulMat && lw.mmvq && decode_kernel(a, b, lw).is_some()).then_some(b)
+}
+
+/// Scratch for the Q8_1 copy of the F32 columns `b` [k, n] that the decode kernels read:
+/// its address and column stride (bytes).
+pub(crate) fn q8_1_copy(b: &Operand, lw: &mut Lowering) -> (u64, usize) {
+    let row = q8_1_column_bytes(b.ne[0]);
+    let mut offset = 0usize;
+    (lw.reserve_scratch(&mut offset, row * b.ne[1]), row)
+}
+
+/// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
+/// `extra.dst`), plus `extra.add`, or None when the product is not a decode product
+/// ([`decode_kernel`]).
+pub(crate) fn gemv(
+    a: &Operand,
+    b: &Operand,
+    dst: &Operand,
+    extra: Gemv,
+    lw: &mut Lowering,
+) -> Option<Result<Vec<DevOp>, String>> {
+    let kernel = decode_kernel(a, b, lw)?;
+    let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let a_addr = lw.addr(a);
     let mut args = QGemvArgs {
         a: a_addr,
@@ -165,9 +189,7 @@ pub(crate) fn gemv(
 /// [`q8_1_column_bytes`] each): the scratch address and the launch.
 fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
-    let row = q8_1_column_bytes(kk);
-    let mut offset = 0usize;
-    let addr = lw.reserve_scratch(&mut offset, row * n);
+    let (addr, row) = q8_1_copy(b, lw);
     let args = CpyArgs {
         src: lw.t4(b),
         dst: Tensor4 {

@@ -1,12 +1,32 @@
 //! Rope (`cuda/rope.cu`): one block per row; the inverse frequencies go into the plan's
-//! constant region.
+//! constant region. Also the fused `rope_store` launch of a decode step's attention inputs
+//! (q and k roped, k and v written into the cache; [`super::super::fuse`] picks the steps).
 
-use crate::backend::cuda::args::RopeArgs;
+use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{
-    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering,
+    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, MAX_GRID_X,
 };
-use crate::graph::{Operand, RopeMode, RopeParams};
+use crate::graph::{DType, Operand, RopeMode, RopeParams};
+
+/// Checks that rows of `a` can take rope `p` at positions `pos`; the frequency table's
+/// address in the constant region.
+fn freqs(p: &RopeParams, a: &Operand, pos: &Operand, lw: &mut Lowering) -> Result<u64, String> {
+    expect_i32("rope positions", pos)?;
+    if p.n_dims % 2 != 0 || p.n_dims > a.ne[0] {
+        return Err(format!(
+            "rope n_dims {} does not fit rows of {}",
+            p.n_dims, a.ne[0]
+        ));
+    }
+    let freqs: Vec<u8> = p.inv_freqs().iter().flat_map(|f| f.to_ne_bytes()).collect();
+    Ok(lw.push_consts(&freqs))
+}
+
+/// Threads per block for rope rows of `ne0` elements, `n_dims` of them rotated.
+fn rope_block(p: &RopeParams, ne0: usize) -> (u32, u32, u32) {
+    loop_block((p.n_dims / 2).max(ne0 - p.n_dims))
+}
 
 /// `src[0]` rotated by the positions `src[1]` into `dst` (same dtype).
 pub(crate) fn lower(
@@ -17,16 +37,8 @@ pub(crate) fn lower(
 ) -> Result<Vec<DevOp>, String> {
     let (a, pos) = (&src[0], &src[1]);
     same_dtype("rope", a, dst)?;
-    expect_i32("rope positions", pos)?;
-    if p.n_dims % 2 != 0 || p.n_dims > a.ne[0] {
-        return Err(format!(
-            "rope n_dims {} does not fit rows of {}",
-            p.n_dims, a.ne[0]
-        ));
-    }
     let kernel = by::ROPE.get([a.dtype])?;
-    let freqs: Vec<u8> = p.inv_freqs().iter().flat_map(|f| f.to_ne_bytes()).collect();
-    let freqs = lw.push_consts(&freqs);
+    let freqs = freqs(p, a, pos, lw)?;
     let args = RopeArgs {
         src: lw.t4(a),
         dst: lw.t4(dst),
@@ -36,11 +48,101 @@ pub(crate) fn lower(
         n_dims: p.n_dims as i64,
         neox: i64::from(p.mode == RopeMode::Neox),
     };
-    let work = (p.n_dims / 2).max(a.ne[0] - p.n_dims);
     Ok(vec![DevOp::kernel(
         kernel,
         row_grid(dst.nrows())?,
-        loop_block(work),
+        rope_block(p, a.ne[0]),
+        &args,
+    )])
+}
+
+/// The steps one `rope_store` launch does: rope `p` at positions `pos` of q (source,
+/// result) and of k (`[hd, heads, n]` F32) into the rows `ids` of the K cache
+/// (`[hd * heads, slots]`), and v (source, `set_rows` result) into the V cache at `ids`.
+pub(crate) struct RopeStore<'s> {
+    pub p: &'s RopeParams,
+    pub pos: &'s Operand,
+    pub ids: &'s Operand,
+    pub q: Option<(&'s Operand, &'s Operand)>,
+    pub k: (&'s Operand, &'s Operand),
+    pub v: Option<(&'s Operand, &'s Operand)>,
+}
+
+/// Whether `rope_store` writes caches of `dt`.
+pub(crate) fn stores_to(dt: DType) -> bool {
+    by::ROPE_STORE.get([dt]).is_ok()
+}
+
+/// Threads per block of the V part of `rope_store` (a grid-stride element loop).
+const V_BLOCK: usize = 256;
+
+/// The `rope_store_<cache>` launch of `s`.
+pub(crate) fn lower_store(s: &RopeStore, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let (k, cache) = s.k;
+    let kernel = by::ROPE_STORE.get([cache.dtype])?;
+    let freqs = freqs(s.p, k, s.pos, lw)?;
+    // row ids[i2] of the cache holds k's heads (i1) one after another
+    let k_dst = Tensor4 {
+        data: lw.addr(cache),
+        ne: k.ne.map(|n| n as i64),
+        nb: [
+            cache.nb[0] as i64,
+            (k.ne[0] * cache.nb[0]) as i64,
+            cache.nb[1] as i64,
+            cache.nb[2] as i64,
+        ],
+    };
+    let none = Tensor4 {
+        data: 0,
+        ne: [0; 4],
+        nb: [0; 4],
+    };
+    let (q_src, q_dst, q_rows) = match s.q {
+        Some((qs, qd)) => (lw.t4(qs), lw.t4(qd), qs.nrows()),
+        None => (none, none, 0),
+    };
+    let (v_src, v_dst, v_blocks) = match s.v {
+        Some((vs, vd)) => (
+            lw.t4(vs),
+            lw.t4(vd),
+            vs.nelements().div_ceil(V_BLOCK).clamp(1, 1 << 16),
+        ),
+        None => (none, none, 0),
+    };
+    let blocks = q_rows + k.nrows() + v_blocks;
+    if blocks > MAX_GRID_X {
+        return Err(format!(
+            "{blocks} rope and cache rows exceed the grid limit of {MAX_GRID_X}"
+        ));
+    }
+    let args = RopeStoreArgs {
+        q_src,
+        q_dst,
+        k_src: lw.t4(k),
+        k_dst,
+        v_src,
+        v_dst,
+        ids: lw.t4(s.ids),
+        pos: lw.addr(s.pos),
+        pos_nb0: s.pos.nb[0] as i64,
+        freqs,
+        n_dims: s.p.n_dims as i64,
+        neox: i64::from(s.p.mode == RopeMode::Neox),
+        q_rows: q_rows as i64,
+        k_rows: k.nrows() as i64,
+        v_blocks: v_blocks as i64,
+        slots: cache.ne[1] as i64,
+        err: lw.err,
+        tag: lw.tag,
+    };
+    let threads = match v_blocks {
+        0 => rope_block(s.p, k.ne[0]),
+        _ => (V_BLOCK as u32, 1, 1),
+    };
+    Ok(vec![DevOp::kernel(
+        kernel,
+        (blocks as u32, 1, 1),
+        threads,
         &args,
     )])
 }
