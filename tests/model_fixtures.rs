@@ -560,7 +560,7 @@ fn fused_decode_matches_unfused() {
                 let e = nmse(&fused, &plain);
                 println!("{name} {plan} flash_attn {flash_attn}: fused vs unfused NMSE {e:.2e}");
                 assert!(
-                    e < 1e-12,
+                    e < 1e-9,
                     "{name} {plan} flash_attn {flash_attn}: NMSE {e:e}"
                 );
             }

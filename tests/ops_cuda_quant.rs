@@ -118,9 +118,9 @@ fn check_mul_mat(
     if e > NMSE_DMMV {
         return Err(format!("{c:?}: cpu vs oracle NMSE {e:e}"));
     }
-    cuda.set_mmvq(mmvq);
+    cuda.set_mmvq(Some(mmvq));
     let out = run_on(c, cuda);
-    cuda.set_mmvq(true);
+    cuda.set_mmvq(None);
     let (dt, g) = out?;
     let g = qs::decode(dt, &g);
     if let Some(i) = g.iter().position(|v| !v.is_finite()) {

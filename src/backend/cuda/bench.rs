@@ -429,7 +429,7 @@ fn qgemv_case<'a>(q: QType, k: usize, m: usize, mmvq: bool) -> Case<'a> {
         flops: 2.0 * (k * m) as f64,
         build: Box::new(move |be, g, r| {
             // Lowering reads the switch when the plan loads, after every node is built.
-            be.set_mmvq(mmvq);
+            be.set_mmvq(Some(mmvq));
             let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
             let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
             g.mul_mat(w, x)
@@ -758,7 +758,7 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
     for case in cases {
         rows.push(run_case(&mut be, copy_gb_s, opts.iters, case)?);
     }
-    be.set_mmvq(true);
+    be.set_mmvq(None);
     let graph = graph_case(&mut be, opts.iters)?;
     Ok(BenchReport {
         device,

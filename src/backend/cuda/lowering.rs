@@ -89,6 +89,10 @@ pub(crate) struct Lowering<'a> {
     /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
     /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
     pub mmvq: bool,
+    /// With `mmvq`: small decode products whose activations have no Q8_1 copy yet
+    /// dequantize in registers all the same (one launch instead of two; see
+    /// `lower::mul_mat_q`). Off unless the backend picks the path itself.
+    pub small_dq: bool,
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
     pub devices: usize,
@@ -131,6 +135,7 @@ impl<'a> Lowering<'a> {
             tag: 0,
             written: Vec::new(),
             mmvq,
+            small_dq: false,
             devices,
             q8_1: None,
             q8_1_made: None,

@@ -17,9 +17,11 @@
 //!   `GRAFT_CUDA_GRAPHS=0` (or [`CudaBackend::set_graphs`]) runs eagerly every time; a
 //!   capture that fails falls back to eager runs for that plan with a warning
 //!   ([`CudaBackend::warnings`]). `GRAFT_CUDA_SYNC=1` synchronizes after every node so that
-//!   an asynchronous kernel fault names its node (graphs off). `GRAFT_CUDA_MMVQ=0` (or
-//!   [`CudaBackend::set_mmvq`]) runs decode products with block-quantized weights on the
-//!   dequantize-in-registers kernels instead of the Q8_1 `__dp4a` ones.
+//!   an asynchronous kernel fault names its node (graphs off). Decode products with
+//!   block-quantized weights run the Q8_1 `__dp4a` kernels, except small ones whose
+//!   activations have no Q8_1 copy yet, which dequantize in registers (one launch
+//!   instead of two); `GRAFT_CUDA_MMVQ=1|0` (or [`CudaBackend::set_mmvq`]) puts every
+//!   one on the first or the second kind.
 //! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
 //!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
 //!   [`Backend::read_buffer`], [`Backend::read_arena`]) returns
@@ -79,6 +81,10 @@ pub struct CudaBackend {
     /// Q8_1 and use `__dp4a` (`mul_mat_vec_q_*`, default) or dequantize the weights in
     /// registers (`mul_mat_vec_dq_*`, `GRAFT_CUDA_MMVQ=0`).
     mmvq: bool,
+    /// Whether small decode products without a Q8_1 copy at hand dequantize in registers
+    /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
+    /// [`CudaBackend::set_mmvq`]).
+    small_dq: bool,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -181,6 +187,7 @@ impl CudaBackend {
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
+            small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
             profile: None,
             warnings: Vec::new(),
             group: None,
@@ -221,11 +228,14 @@ impl CudaBackend {
     }
 
     /// Picks the decode path of products with block-quantized weights for plans loaded
-    /// from now on: `true` quantizes the activations to Q8_1 and runs the `__dp4a`
-    /// kernels `mul_mat_vec_q_*` (the default), `false` dequantizes the weights in
-    /// registers (`mul_mat_vec_dq_*`); `GRAFT_CUDA_MMVQ=0|1` sets the default.
-    pub fn set_mmvq(&mut self, on: bool) {
-        self.mmvq = on;
+    /// from now on: `Some(true)` quantizes the activations to Q8_1 and runs the `__dp4a`
+    /// kernels `mul_mat_vec_q_*` for every product, `Some(false)` dequantizes the weights
+    /// in registers (`mul_mat_vec_dq_*`) for every product, `None` (the default unless
+    /// `GRAFT_CUDA_MMVQ=0|1`) takes the first except for small products whose
+    /// activations have no Q8_1 copy yet.
+    pub fn set_mmvq(&mut self, path: Option<bool>) {
+        self.mmvq = path != Some(false);
+        self.small_dq = path.is_none();
     }
 
     /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
@@ -466,6 +476,7 @@ impl CudaBackend {
             consts_base: consts,
             scratch_base: scratch,
             err: self.index_err.ptr(),
+            small_dq: self.small_dq,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))

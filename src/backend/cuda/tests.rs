@@ -955,6 +955,18 @@ fn decode_layer_fusions() {
                 DevOp::Kernel(_) | DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
             })
             .unwrap();
+        // small products pick their kernel: with a Q8_1 copy at hand the dp4a kernel,
+        // without one (the attention output's) the dequantizing one, in one launch
+        let mut lw = Lowering {
+            scratch_base: 1 << 50,
+            small_dq: true,
+            ..Lowering::new(&fake_addr_any, true, 1)
+        };
+        let auto_ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+        let auto: Vec<&str> = auto_ops.iter().flatten().map(DevOp::name).collect();
+        assert_eq!(count(&auto, "quantize_q8_1_f32"), 0, "{auto:?}");
+        assert_eq!(count(&auto, "mul_mat_vec_dq_c1_q4_0"), l, "{auto:?}");
+        assert_eq!(count(&auto, "mul_mat_vec_q_c1_q4_0"), 3 * l + 1, "{auto:?}");
         let (hd, heads, kv_heads) = (
             cfg.head_dim,
             cfg.num_attention_heads,

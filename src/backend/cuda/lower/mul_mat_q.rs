@@ -13,7 +13,10 @@
 //!      the F32 activations.
 //!
 //!    `NC` is the smallest of 1, 2, 4, 8 that holds the columns. A following residual add
-//!    can be fused into the launch (see [`super::super::fuse`]).
+//!    can be fused into the launch (see [`super::super::fuse`]). With
+//!    [`Lowering::small_dq`] (the backend's default), a product of at most
+//!    [`SMALL_DQ_BYTES`] of weights whose activations have no Q8_1 copy yet takes the
+//!    second kind: one launch instead of two.
 //! 2. Everything else (prefill, batches): `cpy_<q>_f16` dequantizes the weights into
 //!    scratch as F16 rows padded to 16 bytes, then the cuBLAS path of
 //!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
@@ -29,6 +32,11 @@ use crate::quant::QType;
 
 /// Most activation columns of the decode kernels.
 pub(crate) const MAX_DECODE_COLS: usize = 8;
+/// Weight bytes up to which a decode product whose activations have no Q8_1 copy yet
+/// takes the dequantize-in-registers kernel when [`Lowering::small_dq`] is on: one launch
+/// instead of a quantizing launch and a product, which is what counts for the small
+/// matrices of a 135M model (SmolLM2's attention output, 576 x 576 Q4_1, 187 KB).
+const SMALL_DQ_BYTES: usize = 1 << 20;
 /// Rows (one per warp) per thread block of the decode kernels.
 const ROWS: usize = GEMV_WARPS as usize;
 /// Bytes of one column of `k` activations quantized to Q8_1 for the decode kernels: the
@@ -139,8 +147,14 @@ pub(crate) fn gemv(
     extra: Gemv,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
-    let kernel = decode_kernel(a, b, lw)?;
+    decode_kernel(a, b, lw)?;
     let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+    // A small product without a Q8_1 copy of its activations at hand dequantizes in
+    // registers: it is launch-bound, and quantizing would be a second launch.
+    let copied = matches!(&lw.q8_1, Some((done, _)) if done == b);
+    let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
+    let q8 = lw.mmvq && (copied || !small);
+    let kernel = kernel_set(q8, n).get([a.dtype]).ok()?;
     let a_addr = lw.addr(a);
     let mut args = QGemvArgs {
         a: a_addr,
@@ -156,7 +170,7 @@ pub(crate) fn gemv(
         prefetch: i64::from(lw.read_only(a)),
     };
     let mut ops = Vec::with_capacity(2);
-    if lw.mmvq {
+    if q8 {
         let addr = match &lw.q8_1 {
             Some((done, addr)) if done == b => *addr,
             _ => match quantize_q8_1(b, lw) {
