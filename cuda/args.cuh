@@ -174,8 +174,9 @@ struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadca
     float pad;
     char* q8;     // when not null: row r of dst also as split Q8_1 at q8 + r * q8_nb1
     i64 q8_nb1;   // (cuda/quant.cuh, store_act), for the decode product that reads it
+    i64 w_early;  // 1: w is read-only (a weight) and read before waiting on the previous kernel
 };
-static_assert(sizeof(NormMulArgs) == 240, "NormMulArgs layout");
+static_assert(sizeof(NormMulArgs) == 248, "NormMulArgs layout");
 
 struct GluArgs {  // swiglu: dst = silu(gate) * up; q8 as in NormMulArgs
     Tensor4 gate;

@@ -12,18 +12,37 @@
 // No weight: rms_norm alone.
 struct NoWeight {};
 
+// Weight elements a thread fetches into registers before the row's sum is known.
+#define NORM_EARLY_W 4
+
 // Row blockIdx.x of src, normalized into dst, times w[i0] (of type W) unless W is
 // NoWeight. x and dst of type T. When q8 is not null, the row is also written as split
 // Q8_1 activations at q8 + blockIdx.x * q8_nb1 (store_act: every warp quantizes whole
-// 32-element blocks, which needs ne0 % 32 == 0, as the launcher ensures).
+// 32-element blocks, which needs ne0 % 32 == 0, as the launcher ensures). The caller has
+// let its successor launch; this waits for its predecessor, after fetching the weight
+// into registers first when w_early says the weight is read-only and the row short
+// enough (NORM_EARLY_W elements a thread): that read then overlaps the previous kernel.
 template <typename T, typename W>
 __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& w, float eps,
-                         char* q8 = nullptr, i64 q8_nb1 = 0) {
+                         char* q8 = nullptr, i64 q8_nb1 = 0, bool w_early = false) {
     __shared__ float scratch[32];
+    constexpr bool weighted = !std::is_same<W, NoWeight>::value;
+    const i64 ne0 = src.ne[0];
+    const bool early = weighted && w_early && ne0 <= NORM_EARLY_W * (i64)blockDim.x;
+    float wv[NORM_EARLY_W];
+    if constexpr (weighted) {
+        if (early) {
+#pragma unroll
+            for (int k = 0; k < NORM_EARLY_W; ++k) {
+                const i64 i0 = threadIdx.x + k * (i64)blockDim.x;
+                wv[k] = i0 < ne0 ? load<W>(w.data + i0 * w.nb[0]) : 0.0f;
+            }
+        }
+    }
+    pdl_wait();
     const RowIndex r = row_index(src.ne, blockIdx.x);
     const char* x = at(src, 0, r.i1, r.i2, r.i3);
     char* y = at(dst, 0, r.i1, r.i2, r.i3);
-    const i64 ne0 = src.ne[0];
     float ss = 0.0f;
     for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
         const float v = load<T>(x + i0 * src.nb[0]);
@@ -31,17 +50,31 @@ __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& 
     }
     ss = block_sum(ss, scratch);
     const float scale = 1.0f / sqrtf(ss / (float)ne0 + eps);
-    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+    // element i0 times its weight wt (ignored for NoWeight)
+    auto emit = [&](i64 i0, float wt) {
         float v = load<T>(x + i0 * src.nb[0]) * scale;
-        if constexpr (!std::is_same<W, NoWeight>::value) v *= load<W>(w.data + i0 * w.nb[0]);
+        if constexpr (weighted) v *= wt;
         store<T>(y + i0 * dst.nb[0], v);
         if (q8 != nullptr) store_act(v, q8 + blockIdx.x * q8_nb1, ne0, i0 / 32, i0 % 32);
+    };
+    if (early) {
+#pragma unroll
+        for (int k = 0; k < NORM_EARLY_W; ++k) {
+            const i64 i0 = threadIdx.x + k * (i64)blockDim.x;
+            if (i0 < ne0) emit(i0, wv[k]);
+        }
+        return;
+    }
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
+        float wt = 1.0f;
+        if constexpr (weighted) wt = load<W>(w.data + i0 * w.nb[0]);
+        emit(i0, wt);
     }
 }
 
 template <typename T>
 __device__ void rms_norm(const NormArgs& p) {
-    pdl_enter();
+    pdl_launch_dependents();
     rms_rows<T, NoWeight>(p.src, p.dst, p.src, p.eps);
 }
 
@@ -124,8 +157,8 @@ __device__ void norm(const NormArgs& p) {
 // when the next step is a decode product that would quantize it. x and dst F32.
 template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
-    pdl_enter();
-    rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1);
+    pdl_launch_dependents();
+    rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1, p.w_early != 0);
 }
 
 extern "C" __global__ void rms_norm_mul_f32_f32(const NormMulArgs p) { rms_norm_mul<float>(p); }

@@ -65,6 +65,7 @@ pub(crate) fn lower_plan<'s>(
             Some((ops, used)) => (ops.map_err(|reason| (step, reason))?, used),
             None => (lower_step(step, lw).map_err(|reason| (step, reason))?, 1),
         };
+        lw.launched |= !ops.is_empty();
         steps.push(ops);
         steps.extend((1..used).map(|_| Vec::new()));
         lw.step_done(plan.steps[i..i + used].iter().map(|s| &s.dst));
@@ -184,6 +185,8 @@ fn pair(
                     pad: 0.0,
                     q8,
                     q8_nb1,
+                    // a weight, read while the previous kernel of the plan finishes
+                    w_early: i64::from(lw.read_only(w) && lw.launched),
                 };
                 // A decode step normalizes a few rows: a warp per 32 elements (up to
                 // 1024 threads) keeps it short; a prefill has rows enough for a warp each

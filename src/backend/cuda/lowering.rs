@@ -103,6 +103,10 @@ pub(crate) struct Lowering<'a> {
     /// forgotten when a step writes memory the activations occupy ([`Lowering::wrote`])
     /// or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<(Operand, u64)>,
+    /// Whether a step lowered before the current one has launches: a kernel of the plan
+    /// then runs before it, so that data no step of the plan writes can be read before
+    /// waiting on the previous kernel (which might be another plan's otherwise).
+    pub launched: bool,
     /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or
     /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
     /// writes are accounted for ([`Lowering::step_done`]).
@@ -139,6 +143,7 @@ impl<'a> Lowering<'a> {
             devices,
             q8_1: None,
             q8_1_made: None,
+            launched: false,
         }
     }
 }

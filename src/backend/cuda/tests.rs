@@ -414,6 +414,7 @@ fn check_lowering(
                         pad: 0.0,
                         q8: 0,
                         q8_nb1: 0,
+                        w_early: 0,
                     },
                 );
             }
