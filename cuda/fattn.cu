@@ -99,30 +99,34 @@ __device__ void fattn_vec(const FattnArgs& p) {
     __shared__ float sm[NW][R], sl[NW][R];
     __shared__ const char* smrow[R];
     __shared__ float sslope[R];
+    __shared__ int sq[R], sh[R];  // query and head of each row
 
     pdl_enter();
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const i64 n_q = p.q.ne[1], n_head = p.q.ne[2], batch = p.q.ne[3], n_kv = p.k.ne[1];
+    const i64 n_q = p.q.ne[1], n_head = p.q.ne[2], n_kv = p.k.ne[1];
+    // 32-bit index math: the grid limits keep batch, rows and heads far below 2^31, and
+    // a 64-bit division is a long call on the kernel's critical path
+    const int batch = (int)p.q.ne[3], group = (int)p.group;
     const i64 split = blockIdx.x, hk = blockIdx.y;
-    const i64 b = blockIdx.z % batch, rb = blockIdx.z / batch;
-    const i64 first_row = rb * R;  // flat row t: query t / group, head hk * group + t % group
+    const int b = (int)blockIdx.z % batch, rb = (int)blockIdx.z / batch;
+    const int first_row = rb * R;  // flat row t: query t / group, head hk * group + t % group
     const int nrows = (int)min((i64)R, p.group * n_q - first_row);
 
+    if (tid < R) {
+        const int t = first_row + tid;
+        const int qi = t / group, h = (int)hk * group + t % group;
+        sq[tid] = qi;
+        sh[tid] = h;
+        smrow[tid] = tid < nrows ? mask_row(p, qi, h, b) : nullptr;
+        sslope[tid] = tid < nrows ? p.slopes[h] : 1.0f;
+    }
+    __syncthreads();
     for (int idx = tid; idx < R * DP; idx += blockDim.x) {
         const int r = idx / DP, e = idx % DP;
         float x = 0.0f;
-        if (r < nrows && e < D) {
-            const i64 t = first_row + r;
-            x = load<float>(at(p.q, e, t / p.group, hk * p.group + t % p.group, b));
-        }
+        if (r < nrows && e < D) x = load<float>(at(p.q, e, sq[r], sh[r], b));
         qs[r][e] = x;
         sacc[r][e] = 0.0f;
-    }
-    if (tid < R) {
-        const i64 t = first_row + tid;
-        const i64 h = hk * p.group + t % p.group;
-        smrow[tid] = tid < nrows ? mask_row(p, t / p.group, h, b) : nullptr;
-        sslope[tid] = tid < nrows ? p.slopes[h] : 1.0f;
     }
     __syncthreads();
 
@@ -240,7 +244,7 @@ __device__ void fattn_vec(const FattnArgs& p) {
                 if (sm[w][r] != -INFINITY) sum += sl[w][r] * expf(sm[w][r] - mx);
             }
         }
-        const i64 t = first_row + r, qi = t / p.group, h = hk * p.group + t % p.group;
+        const i64 qi = sq[r], h = sh[r];
         if (p.split == 1) {
             store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? sacc[r][e] / sum : 0.0f);
         } else {
@@ -258,10 +262,11 @@ __device__ void fattn_vec(const FattnArgs& p) {
 // Merges the split partials of row blockIdx.x (flat over [n_head, n_q, batch]).
 extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
     pdl_enter();
-    const i64 d = p.dst.ne[0], n_head = p.dst.ne[1], n_q = p.dst.ne[2];
-    const i64 row = blockIdx.x;
-    const i64 h = row % n_head, qi = (row / n_head) % n_q, b = row / (n_head * n_q);
-    const float* part = p.part + row * p.split * (d + 2);
+    const i64 d = p.dst.ne[0];
+    // 32-bit index math (the grid holds the rows): no 64-bit division on the critical path
+    const int n_head = (int)p.dst.ne[1], n_q = (int)p.dst.ne[2], row = (int)blockIdx.x;
+    const int h = row % n_head, qi = (row / n_head) % n_q, b = row / (n_head * n_q);
+    const float* part = p.part + (i64)row * p.split * (d + 2);
     float mx = -INFINITY;
     for (i64 s = 0; s < p.split; ++s) mx = fmaxf(mx, part[s * (d + 2)]);
     float sum = 0.0f;
