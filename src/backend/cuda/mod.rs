@@ -72,7 +72,7 @@ pub struct CudaBackend {
     stats: Stats,
     graphs: bool,
     sync_each: bool,
-    /// Whether load fuses step pairs (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
+    /// Whether load fuses consecutive steps (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
     fusion: bool,
     /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
     /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
