@@ -3,6 +3,8 @@
 // caller that reads only the argmax still sees non-finite logits.
 #include "common.cuh"
 
+#define ARGMAX_LOADS 8
+
 // Whether candidate (v, i) beats (bv, bi); an index of -1 means "nothing found yet".
 __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
     return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
@@ -19,12 +21,26 @@ __device__ void argmax(const ArgmaxArgs& p) {
     float bv = 0.0f;
     int bi = -1;
     int bad = 0;
-    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        const float v = load<T>(x + i0 * p.src.nb[0]);
-        bad |= !isfinite(v);
-        if (!isnan(v) && (bi < 0 || v > bv)) {  // indices rise, so ties keep the first
-            bv = v;
-            bi = (int)i0;
+    // ARGMAX_LOADS elements a thread per round, all loaded before the first is compared
+    // (a long row, a vocabulary of logits, is otherwise one dependent load at a time)
+    const i64 stride = blockDim.x, nb0 = p.src.nb[0];
+    for (i64 base = threadIdx.x; base < ne0; base += ARGMAX_LOADS * stride) {
+        float vs[ARGMAX_LOADS];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; ++u) {
+            const i64 i0 = base + u * stride;
+            vs[u] = i0 < ne0 ? load<T>(x + i0 * nb0) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; ++u) {
+            const i64 i0 = base + u * stride;
+            if (i0 >= ne0) break;
+            const float v = vs[u];
+            bad |= !isfinite(v);
+            if (!isnan(v) && (bi < 0 || v > bv)) {  // indices rise, so ties keep the first
+                bv = v;
+                bi = (int)i0;
+            }
         }
     }
 #pragma unroll
