@@ -255,8 +255,8 @@ fn rope_store(
     lw: &mut Lowering,
     tag: &dyn Fn(usize) -> i64,
 ) -> Option<(Result<Vec<DevOp>, String>, usize)> {
+    let w = &window[..window.len().min(4)];
     (0..3).find_map(|at| {
-        let w = window.get(..window.len().min(4))?;
         let (rk, sk) = (w.get(at)?, w.get(at + 1)?);
         let mut store = store_core(rk, sk, readers)?;
         // the steps before the pair must all join; after it, as many as do

@@ -892,20 +892,21 @@ fn decode_layer_fusions() {
         };
         let kv = KvCache::layout(&cfg, 256, types, BufferId::fresh());
         let plan = build_decode(&cfg, &w, &kv, 256).unwrap().plan().unwrap();
-        let lower = |fusion| {
+        let lower = |fusion, small_dq| {
             let mut lw = Lowering {
                 scratch_base: 1 << 50,
+                small_dq,
                 ..Lowering::new(&fake_addr_any, true, 1)
             };
             fuse::lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap()
         };
-        let fused_ops = lower(true);
+        let fused_ops = lower(true, false);
         let fused: Vec<&DevOp> = fused_ops.iter().flatten().collect();
         let names: Vec<&str> = fused.iter().map(|op| op.name()).collect();
         let count = |names: &[&str], k: &str| names.iter().filter(|n| **n == k).count();
         let l = cfg.num_hidden_layers;
-        // quantizing launches: only the attention output's (o product) and the head's
-        // input remain, the head's input being the final norm's copy
+        // quantizing launches: only the attention output's (o product) remains; the
+        // head reads the final norm's copy
         assert_eq!(count(&names, "quantize_q8_1_f32"), l, "{names:?}");
         assert_eq!(count(&names, "rope_store_f16"), l, "{names:?}");
         assert!(
@@ -914,7 +915,7 @@ fn decode_layer_fusions() {
                 .any(|n| *n == "rope_f32" || n.starts_with("set_rows")),
             "{names:?}"
         );
-        let unfused_ops = lower(false);
+        let unfused_ops = lower(false, false);
         let unfused: Vec<&str> = unfused_ops.iter().flatten().map(DevOp::name).collect();
         assert_eq!(count(&unfused, "quantize_q8_1_f32"), 4 * l + 1);
         assert_eq!(count(&unfused, "rope_f32"), 2 * l);
@@ -956,18 +957,6 @@ fn decode_layer_fusions() {
                 DevOp::Kernel(_) | DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
             })
             .unwrap();
-        // small products pick their kernel: with a Q8_1 copy at hand the dp4a kernel,
-        // without one (the attention output's) the dequantizing one, in one launch
-        let mut lw = Lowering {
-            scratch_base: 1 << 50,
-            small_dq: true,
-            ..Lowering::new(&fake_addr_any, true, 1)
-        };
-        let auto_ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
-        let auto: Vec<&str> = auto_ops.iter().flatten().map(DevOp::name).collect();
-        assert_eq!(count(&auto, "quantize_q8_1_f32"), 0, "{auto:?}");
-        assert_eq!(count(&auto, "mul_mat_vec_dq_c1_q4_0"), l, "{auto:?}");
-        assert_eq!(count(&auto, "mul_mat_vec_q_c1_q4_0"), 3 * l + 1, "{auto:?}");
         let (hd, heads, kv_heads) = (
             cfg.head_dim,
             cfg.num_attention_heads,
@@ -977,5 +966,12 @@ fn decode_layer_fusions() {
         assert!(rs.v_blocks > 0);
         assert_eq!(rs.k_src.ne, [hd as i64, kv_heads as i64, 1, 1]);
         assert_eq!(rs.slots, 256);
+        // small products pick their kernel: with a Q8_1 copy at hand the dp4a kernel,
+        // without one (the attention output's) the dequantizing one, in one launch
+        let auto_ops = lower(true, true);
+        let auto: Vec<&str> = auto_ops.iter().flatten().map(DevOp::name).collect();
+        assert_eq!(count(&auto, "quantize_q8_1_f32"), 0, "{auto:?}");
+        assert_eq!(count(&auto, "mul_mat_vec_dq_c1_q4_0"), l, "{auto:?}");
+        assert_eq!(count(&auto, "mul_mat_vec_q_c1_q4_0"), 3 * l + 1, "{auto:?}");
     }
 }

@@ -25,7 +25,7 @@
 use super::cpy::copy_to;
 use super::mul_mat::{lower_gemm, padded, Gemv};
 use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, GEMV_WARPS};
-use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
+use crate::backend::cuda::kernels::{by, k, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
@@ -98,14 +98,14 @@ fn kernel_set(mmvq: bool, ncols: usize) -> KernelSet<1> {
     }
 }
 
-/// The decode kernel of `a b` (block-quantized `a`), or None when the product is not a
-/// decode product: 1..=8 columns of `b` with dense elements, no batches, a type with
-/// decode kernels.
-fn decode_kernel(a: &Operand, b: &Operand, lw: &Lowering) -> Option<Kernel> {
-    a.dtype.quant()?;
+/// Whether `a b` (block-quantized `a`) is a decode product: 1..=8 columns of `b` with
+/// dense elements, no batches. (Types without decode kernels, Q8_1 weights, still take
+/// the prefill path: see [`gemv`].)
+fn decode_layout(a: &Operand, b: &Operand) -> bool {
     let (kk, n) = (a.ne[0], b.ne[1]);
     let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
-    if !((1..=MAX_DECODE_COLS).contains(&n)
+    a.dtype.quant().is_some()
+        && (1..=MAX_DECODE_COLS).contains(&n)
         && kk < i32::MAX as usize
         && kk % a.dtype.block_size() == 0
         && b.dtype == DType::F32
@@ -113,12 +113,7 @@ fn decode_kernel(a: &Operand, b: &Operand, lw: &Lowering) -> Option<Kernel> {
         && b.rows_contiguous()
         && a.rows_contiguous()
         && single(a)
-        && single(b))
-    {
-        return None;
-    }
-    // Types without decode kernels (Q8_1 weights) take the prefill path.
-    kernel_set(lw.mmvq, n).get([a.dtype]).ok()
+        && single(b)
 }
 
 /// The activations `step` would quantize to Q8_1 when it is lowered: its `b` when it is a
@@ -126,7 +121,8 @@ fn decode_kernel(a: &Operand, b: &Operand, lw: &Lowering) -> Option<Kernel> {
 /// computes `b` anyway can write that copy itself ([`q8_1_copy`]).
 pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<&'s Operand> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
-    (step.op == Op::MulMat && lw.mmvq && decode_kernel(a, b, lw).is_some()).then_some(b)
+    let dp4a = |a: &Operand| kernel_set(true, b.ne[1]).get([a.dtype]).is_ok();
+    (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a)).then_some(b)
 }
 
 /// Scratch for the Q8_1 copy of the F32 columns `b` [k, n] that the decode kernels read:
@@ -139,7 +135,7 @@ pub(crate) fn q8_1_copy(b: &Operand, lw: &mut Lowering) -> (u64, usize) {
 
 /// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
 /// `extra.dst`), plus `extra.add`, or None when the product is not a decode product
-/// ([`decode_kernel`]).
+/// ([`decode_layout`]) or its type has no kernel on the chosen path.
 pub(crate) fn gemv(
     a: &Operand,
     b: &Operand,
@@ -147,13 +143,20 @@ pub(crate) fn gemv(
     extra: Gemv,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
-    decode_kernel(a, b, lw)?;
+    if !decode_layout(a, b) {
+        return None;
+    }
     let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
-    // A small product without a Q8_1 copy of its activations at hand dequantizes in
-    // registers: it is launch-bound, and quantizing would be a second launch.
-    let copied = matches!(&lw.q8_1, Some((done, _)) if done == b);
+    // The Q8_1 copy of `b` an earlier step made, if any. A small product without one
+    // dequantizes in registers: it is launch-bound, and quantizing would be a second
+    // launch.
+    let copy = lw
+        .q8_1
+        .as_ref()
+        .filter(|(done, _)| done == b)
+        .map(|(_, addr)| *addr);
     let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
-    let q8 = lw.mmvq && (copied || !small);
+    let q8 = lw.mmvq && (copy.is_some() || !small);
     let kernel = kernel_set(q8, n).get([a.dtype]).ok()?;
     let a_addr = lw.addr(a);
     let mut args = QGemvArgs {
@@ -171,9 +174,9 @@ pub(crate) fn gemv(
     };
     let mut ops = Vec::with_capacity(2);
     if q8 {
-        let addr = match &lw.q8_1 {
-            Some((done, addr)) if done == b => *addr,
-            _ => match quantize_q8_1(b, lw) {
+        let addr = match copy {
+            Some(addr) => addr,
+            None => match quantize_q8_1(b, lw) {
                 Ok((addr, op)) => {
                     ops.push(op);
                     lw.q8_1 = Some((b.clone(), addr));
