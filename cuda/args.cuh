@@ -152,8 +152,8 @@ struct QGemvArgs {
     i64 a_nb1;        // byte stride between rows of a
     i64 b_nb1;        // byte stride between columns of b
     i64 vec;          // mul_mat_vec_dq: 1 when b and b_nb1 are 16-byte aligned
-    i64 prefetch;     // 1 when `a` is read-only in the plan: its first lines are pulled
-                      // into L2 before the previous kernel ends
+    i64 prefetch;     // 1 when `a` is read-only in the plan: its first loads start
+                      // before the previous kernel ends
 };
 static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
 

@@ -3,14 +3,20 @@
 // Both kernels run one warp per row of `a`, GEMV_WARPS rows per thread block (grid.x =
 // ceil(m / GEMV_WARPS)), read each weight once for all NC columns, reduce with warp
 // shuffles in a fixed order, and take an optional F32 `add` (a fused residual add).
-// Weights nothing in the plan writes are prefetched into L2 before the kernel waits for
-// its predecessor (programmatic dependent launch).
+// Weights nothing in the plan writes start loading before the kernel waits for its
+// predecessor (programmatic dependent launch): mul_mat_vec_q copies their first chunk,
+// mul_mat_vec_dq pulls the first lines of the row into L2.
 //
 //   mul_mat_vec_q_c<NC>_<q>: b is the activations quantized to Q8_1 by quantize_q8_1_f32
 //     (column c at b + c * b_nb1: quants, then scales and sums; see load_act). The warp
 //     copies its weight row into shared memory 4096 elements at a time (16-byte
 //     asynchronous copies, the next chunk in flight while the current one is used), so the
-//     row is read from memory in full 16-byte words whatever the block size; lane s then
+//     row is read from memory in full 16-byte words whatever the block size. The first
+//     chunk's copy is issued before the wait and nothing is prefetched into L2: on the
+//     H100 that took the 7B shapes from 5.96 / 13.51 / 20.78 / 14.39 us to 5.01 / 11.95 /
+//     19.49 / 12.15 us (Q4_0 [4096, 4096] / [4096, 12288] / [4096, 22016] / [11008, 4096],
+//     a replayed chain of 8-48 products), where an L2 prefetch of the row (before) or of a
+//     whole block's rows (tried) cost time on the longer rows. Lane s then
 //     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints,
 //     integer dot products with __dp4a against 16-byte loads of the activations, then the
 //     block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
@@ -102,15 +108,16 @@ __device__ void mmvq(const QGemvArgs& p) {
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
     const i64 row_bytes = p.k / Q::QK * Q::BYTES;
-    if (p.prefetch) prefetch_row(a, row_bytes, lane);
-    pdl_wait();
     const int mis = (int)((uintptr_t)a & 15u);
     const int nchunks = (int)((row_bytes + CH - 1) / CH);
+    // Weights nothing in the plan writes: the first chunk's copy starts before the wait.
+    if (p.prefetch) stage_bytes(stage[warp][0] + mis, a, (int)min((i64)CH, row_bytes), lane);
+    pdl_wait();
+    if (!p.prefetch) stage_bytes(stage[warp][0] + mis, a, (int)min((i64)CH, row_bytes), lane);
+    stage_commit();
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    stage_bytes(stage[warp][0] + mis, a, (int)min((i64)CH, row_bytes), lane);
-    stage_commit();
     for (int ci = 0; ci < nchunks; ++ci) {
         const i64 c0 = (i64)ci * CH;
         if (ci + 1 < nchunks) {
