@@ -20,11 +20,17 @@ template <typename F, typename TA, typename TB>
 __device__ void binary(const BinaryArgs& p) {
     pdl_enter();
     const i64 bne0 = p.b.ne[0];
-    for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        const i64 j0 = bne0 == p.dst.ne[0] ? i0 : i0 % bne0;
-        const float x = load<TA>(at(p.a, i0, i1, i2, i3));
-        const float y = load<TB>(at(p.b, j0, i1 % p.b.ne[1], i2 % p.b.ne[2], i3 % p.b.ne[3]));
-        store<TA>(at(p.dst, i0, i1, i2, i3), F::apply(x, y));
+    const bool same0 = bne0 == p.dst.ne[0];
+    for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
+        const char* a = at(p.a, 0, i1, i2, i3);
+        const char* b = at(p.b, 0, i1 % p.b.ne[1], i2 % p.b.ne[2], i3 % p.b.ne[3]);
+        char* d = at(p.dst, 0, i1, i2, i3);
+        return [=, &p](i64 i0) {
+            const i64 j0 = same0 ? i0 : i0 % bne0;
+            const float x = load<TA>(a + i0 * p.a.nb[0]);
+            const float y = load<TB>(b + j0 * p.b.nb[0]);
+            store<TA>(d + i0 * p.dst.nb[0], F::apply(x, y));
+        };
     });
 }
 

@@ -57,8 +57,17 @@ __device__ __forceinline__ char* at(const Tensor4& t, i64 i0, i64 i1, i64 i2, i6
 struct RowIndex {
     i64 i1, i2, i3;
 };
+// 32-bit divisions when r and the dims fit (a 64-bit division is several times the
+// instructions, and the elementwise kernels find a row per thread).
 __device__ __forceinline__ RowIndex row_index(const i64 ne[4], i64 r) {
     RowIndex ri;
+    if (r <= UINT32_MAX && ne[1] <= UINT32_MAX && ne[2] <= UINT32_MAX) {
+        const unsigned n1 = (unsigned)ne[1], n2 = (unsigned)ne[2], q = (unsigned)r / n1;
+        ri.i1 = (unsigned)r - q * n1;
+        ri.i2 = q % n2;
+        ri.i3 = q / n2;
+        return ri;
+    }
     ri.i1 = r % ne[1];
     const i64 q = r / ne[1];
     ri.i2 = q % ne[2];
@@ -66,17 +75,18 @@ __device__ __forceinline__ RowIndex row_index(const i64 ne[4], i64 r) {
     return ri;
 }
 
-// Calls f(i0, i1, i2, i3) for every element of shape ne: rows on grid.y (strided), dim 0
-// on grid.x * block.x (strided). Each element is visited by exactly one thread.
-template <typename F>
-__device__ __forceinline__ void for_each_element(const i64 ne[4], F f) {
+// Visits every element of shape ne: rows on grid.y (strided), dim 0 on grid.x * block.x
+// (strided); each element is visited by exactly one thread. row(i1, i2, i3) is called
+// once per row and returns the element function e(i0), so that a row's addresses (and any
+// broadcast index of the row) are found once, not per element.
+template <typename R>
+__device__ __forceinline__ void for_each_row(const i64 ne[4], R row) {
     const i64 rows = ne[1] * ne[2] * ne[3];
+    const i64 first = blockIdx.x * (i64)blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
     for (i64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const RowIndex ri = row_index(ne, r);
-        for (i64 i0 = blockIdx.x * (i64)blockDim.x + threadIdx.x; i0 < ne[0];
-             i0 += (i64)gridDim.x * blockDim.x) {
-            f(i0, ri.i1, ri.i2, ri.i3);
-        }
+        const auto e = row(ri.i1, ri.i2, ri.i3);
+        for (i64 i0 = first; i0 < ne[0]; i0 += step) e(i0);
     }
 }
 

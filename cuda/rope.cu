@@ -1,4 +1,5 @@
-// Rotary position embedding. One block per row (i1 = head, i2 = token, i3); the token's
+// Rotary position embedding. One row (i1 = head, i2 = token, i3) per threadIdx.y of a
+// block (rope_<T>: blockDim.y rows per block; rope_store: one); the token's
 // position is pos[i2]. Pair i (0 <= i < n_dims/2) is rotated by angle pos * freqs[i],
 // where freqs is the table of RopeParams::inv_freq (linear and Llama 3 scaling included)
 // made on the host, so both backends use the same frequencies. Normal mode pairs
@@ -34,7 +35,10 @@ __device__ __forceinline__ float position(const char* pos, i64 pos_nb0, i64 toke
 template <typename T>
 __device__ void rope(const RopeArgs& p) {
     pdl_enter();
-    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    // blockDim.y rows per block (several for a prefill's many short rows)
+    const i64 row = blockIdx.x * (i64)blockDim.y + threadIdx.y;
+    if (row >= p.src.ne[1] * p.src.ne[2] * p.src.ne[3]) return;
+    const RowIndex r = row_index(p.src.ne, row);
     rope_row<T, T>(at(p.src, 0, r.i1, r.i2, r.i3), p.src.nb[0], at(p.dst, 0, r.i1, r.i2, r.i3),
                    p.dst.nb[0], p.src.ne[0], position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims,
                    p.neox);

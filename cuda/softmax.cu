@@ -13,9 +13,13 @@
 template <typename T>
 __device__ void diag_mask_inf(const DiagMaskArgs& p) {
     pdl_enter();
-    for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        const float x = load<T>(at(p.src, i0, i1, i2, i3));
-        store<T>(at(p.dst, i0, i1, i2, i3), i0 > p.n_past + i1 ? -INFINITY : x);
+    for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
+        const char* x = at(p.src, 0, i1, i2, i3);
+        char* y = at(p.dst, 0, i1, i2, i3);
+        const i64 last = p.n_past + i1;  // the last unmasked column
+        return [=, &p](i64 i0) {
+            store<T>(y + i0 * p.dst.nb[0], i0 > last ? -INFINITY : load<T>(x + i0 * p.src.nb[0]));
+        };
     });
 }
 

@@ -27,17 +27,20 @@ struct Tanh : UnaryFunctor {
 template <typename F, typename T>
 __device__ void unary(const UnaryArgs& p) {
     pdl_enter();
-    for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        const float x = load<T>(at(p.src, i0, i1, i2, i3));
-        store<T>(at(p.dst, i0, i1, i2, i3), F::apply(x));
+    for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
+        const char* x = at(p.src, 0, i1, i2, i3);
+        char* y = at(p.dst, 0, i1, i2, i3);
+        return [=, &p](i64 i0) { store<T>(y + i0 * p.dst.nb[0], F::apply(load<T>(x + i0 * p.src.nb[0]))); };
     });
 }
 
 template <typename T>
 __device__ void scale(const UnaryArgs& p) {
     pdl_enter();
-    for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        store<T>(at(p.dst, i0, i1, i2, i3), load<T>(at(p.src, i0, i1, i2, i3)) * p.scale);
+    for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
+        const char* x = at(p.src, 0, i1, i2, i3);
+        char* y = at(p.dst, 0, i1, i2, i3);
+        return [=, &p](i64 i0) { store<T>(y + i0 * p.dst.nb[0], load<T>(x + i0 * p.src.nb[0]) * p.scale); };
     });
 }
 
@@ -52,15 +55,16 @@ extern "C" __global__ void scale_bf16(const UnaryArgs p) { scale<bf16>(p); }
 // multiple of 32 threads, so each warp holds whole 32-element blocks).
 extern "C" __global__ void swiglu_f32(const GluArgs p) {
     pdl_enter();
-    for_each_element(p.dst.ne, [&](i64 i0, i64 i1, i64 i2, i64 i3) {
-        const float g = load<float>(at(p.gate, i0, i1, i2, i3));
-        const float u = load<float>(at(p.up, i0, i1, i2, i3));
-        const float y = Silu::apply(g) * u;
-        store<float>(at(p.dst, i0, i1, i2, i3), y);
-        if (p.q8 != nullptr) {
-            const i64 row = i1 + p.dst.ne[1] * (i2 + p.dst.ne[2] * i3);
-            store_act(y, p.q8 + row * p.q8_nb1, p.dst.ne[0], i0 / 32, i0 % 32);
-        }
+    for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
+        const char* g = at(p.gate, 0, i1, i2, i3);
+        const char* u = at(p.up, 0, i1, i2, i3);
+        char* d = at(p.dst, 0, i1, i2, i3);
+        char* q8 = p.q8 == nullptr ? nullptr : p.q8 + (i1 + p.dst.ne[1] * (i2 + p.dst.ne[2] * i3)) * p.q8_nb1;
+        return [=, &p](i64 i0) {
+            const float y = Silu::apply(load<float>(g + i0 * p.gate.nb[0])) * load<float>(u + i0 * p.up.nb[0]);
+            store<float>(d + i0 * p.dst.nb[0], y);
+            if (q8 != nullptr) store_act(y, q8, p.dst.ne[0], i0 / 32, i0 % 32);
+        };
     });
 }
 

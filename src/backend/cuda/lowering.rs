@@ -291,12 +291,23 @@ pub(crate) fn loop_block(work: usize) -> (u32, u32, u32) {
     ((work.next_multiple_of(WARP)).clamp(WARP, 256) as u32, 1, 1)
 }
 
-/// Grid and block of `for_each_element` kernels: dim 0 on grid.x * block.x, rows on
+/// Elements of a row per thread of `for_each_row` kernels over many rows (a prefill's
+/// activations): each thread finds its row's addresses once for these. Tensors of a few
+/// rows (decode) keep one element per thread, for the shortest latency.
+const ELEMS_PER_THREAD: usize = 4;
+const MANY_ROWS: usize = 32;
+
+/// Grid and block of `for_each_row` kernels: dim 0 on grid.x * block.x, rows on
 /// grid.y (both strided in the kernel, so the sizes are capped).
 pub(crate) fn elementwise_grid(ne: [usize; 4]) -> ((u32, u32, u32), (u32, u32, u32)) {
     let block = loop_block(ne[0]);
-    let gx = ne[0].div_ceil(block.0 as usize).min(1 << 16) as u32;
     let rows = ne[1] * ne[2] * ne[3];
+    let per_thread = if rows >= MANY_ROWS {
+        ELEMS_PER_THREAD
+    } else {
+        1
+    };
+    let gx = ne[0].div_ceil(block.0 as usize * per_thread).min(1 << 16) as u32;
     ((gx, rows.min(MAX_GRID_YZ) as u32, 1), block)
 }
 

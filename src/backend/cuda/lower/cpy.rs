@@ -8,7 +8,7 @@ use crate::backend::cuda::args::{
 };
 use crate::backend::cuda::kernels::{by, Kernel};
 use crate::backend::cuda::lowering::{expect_i32, flat_grid, DevOp, Lowering};
-use crate::graph::Operand;
+use crate::graph::{DType, Operand};
 
 /// A copy of `src` into the layout `dst` (elements matched in row-major order), with
 /// conversion; `dst_addr` overrides where `dst` lives (scratch copies of mul_mat).
@@ -42,7 +42,13 @@ pub(crate) fn copy_to(
         n: n as i64,
         mode,
     };
-    let (grid, block) = flat_grid(n);
+    // Dense, 16-byte aligned float copies take 8 elements a thread (cuda/cpy.cu).
+    let vec8 = mode == CPY_CONTIGUOUS
+        && n % 8 == 0
+        && src.dtype != DType::I32
+        && args.src.data % 16 == 0
+        && dst_addr % 16 == 0;
+    let (grid, block) = flat_grid(if vec8 { n / 8 } else { n });
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }
 

@@ -1,6 +1,7 @@
-//! Rope (`cuda/rope.cu`): one block per row; the inverse frequencies go into the plan's
-//! constant region. Also the fused `rope_store` launch of a decode step's attention inputs
-//! (q and k roped, k and v written into the cache; [`super::super::fuse`] picks the steps).
+//! Rope (`cuda/rope.cu`): a row per `threadIdx.y` (several per block when there are many
+//! rows); the inverse frequencies go into the plan's constant region. Also the fused
+//! `rope_store` launch of a decode step's attention inputs (q and k roped, k and v written
+//! into the cache; [`super::super::fuse`] picks the steps).
 
 use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
 use crate::backend::cuda::kernels::by;
@@ -48,13 +49,25 @@ pub(crate) fn lower(
         n_dims: p.n_dims as i64,
         neox: i64::from(p.mode == RopeMode::Neox),
     };
+    let (threads, _, _) = rope_block(p, a.ne[0]);
+    let rows = dst.nrows();
+    // A prefill's rows are short and many: several per block (256 threads), so that
+    // blocks are not mostly launch and setup. Fewer rows keep one per block.
+    let per_block = if rows >= MANY_ROPE_ROWS {
+        (256 / threads).max(1) as usize
+    } else {
+        1
+    };
     Ok(vec![DevOp::kernel(
         kernel,
-        row_grid(dst.nrows())?,
-        rope_block(p, a.ne[0]),
+        row_grid(rows.div_ceil(per_block))?,
+        (threads, per_block as u32, 1),
         &args,
     )])
 }
+
+/// Rows from which `rope` takes several rows per block.
+const MANY_ROPE_ROWS: usize = 1024;
 
 /// The steps one `rope_store` launch does: rope `p` at positions `pos` of q (source,
 /// result) and of k (`[hd, heads, n]` F32) into the rows `ids` of the K cache
