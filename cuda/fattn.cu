@@ -19,17 +19,21 @@
 //     split partials of one row, rescaling each by exp(max_i - max).
 //   fattn_mma_d<D>_<kv>  (prefill) grid (ceil(n_q / BQ), n_head, batch), block BQ / 16
 //     warps, BQ = FATTN_MMA_ROWS (FATTN_MMA_ROWS_D256 for D = 256). Q of the block's rows
-//     goes to shared memory as F16; K/V tiles of FATTN_MMA_KEYS keys are converted to F16
-//     into shared memory (V transposed); each warp computes its 16 rows' scores with
+//     goes to shared memory as F16; the K and V tiles of FATTN_MMA_KEYS keys (half as
+//     many for D = 256) go to shared memory together as F16 rows (copied as is from F16
+//     caches, converted otherwise); each warp computes its 16 rows' scores with
 //     mma.sync m16n8k16 (F16 in, F32 accumulation), runs the online softmax on them in
 //     registers (the accumulator layout of mma is fixed, so the rows of the output
 //     accumulator can be rescaled in place), and multiplies the probabilities, reused as
-//     the A operand straight from registers, by the V tile. The mask tile is read into
-//     shared memory first; a tile whose entries are all -inf is skipped (causal masks).
+//     the A operand straight from registers, by the V tile (its B fragments transposed
+//     by ldmatrix). The mask tile is read into shared memory first, through row pointers
+//     found once per block; a tile whose entries are all -inf is skipped (causal masks).
 //
 // A row whose keys are all masked gives zeros. Every kernel waits for its predecessor
 // before reading anything (pdl_enter), allocates nothing and never synchronizes with the
 // host, so all are capturable.
+#include <type_traits>
+
 #include "fattn_common.cuh"
 
 // Lanes per key group of fattn_vec: D / 8 rounded up to a power of two.
@@ -313,16 +317,97 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t lds32(const f16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// The B fragment of mma_16816 for keys k0..k0+15 and head elements n0..n0+7 of a tile
+// stored [key][d] (ld halves per key): ldmatrix with transpose, lanes 0..15 giving the
+// addresses of keys k0..k0+15 (16-byte aligned rows).
+__device__ __forceinline__ void ldsm_b_trans(const f16* tile, int ld, int k0, int n0, int lane, uint32_t& b0,
+                                             uint32_t& b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(tile + (k0 + (lane & 15)) * ld + n0);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(addr));
+#else
+    b0 = b1 = 0u;
+#endif
+}
+
+// 8 elements of K/V row `row` at e0, as 8 halves: a 16-byte copy for F16 rows that allow
+// vector loads, a conversion otherwise. The row is always a valid one (the caller clamps
+// the key) and the loads are unconditional, so that a thread's loads of a tile can all be
+// in flight together.
+template <typename T, bool VEC>
+__device__ __forceinline__ uint4 tile_piece(const char* row, int e0) {
+    if constexpr (VEC && std::is_same<T, f16>::value) {
+        return *reinterpret_cast<const uint4*>(reinterpret_cast<const f16*>(row) + e0);
+    }
+    float f[8];
+    load8<T>(row, e0, VEC, f);
+    uint4 packed;
+    packed.x = pack_half2(f[0], f[1]);
+    packed.y = pack_half2(f[2], f[3]);
+    packed.z = pack_half2(f[4], f[5]);
+    packed.w = pack_half2(f[6], f[7]);
+    return packed;
+}
+
+// The K and V tiles of keys j0..j0+BK into ks and vs ([key][d], LDK halves per key),
+// zeros past the last key (its probability is 0, but V must not hold a NaN). VEC: rows
+// allow 16-byte loads (a template argument, so that no branch separates the loads).
+template <typename T, bool VEC, int D, int BK, int NT, int LDK>
+__device__ __forceinline__ void kv_tiles(const FattnArgs& p, const char* kbase, const char* vbase, i64 j0,
+                                         i64 n_kv, f16* ks, f16* vs) {
+    constexpr int PIECES = BK * (D / 8);
+#pragma unroll
+    for (int u = 0; u < (PIECES + NT - 1) / NT; ++u) {
+        const int idx = threadIdx.x + u * NT;
+        if (PIECES % NT == 0 || idx < PIECES) {
+            const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
+            const i64 j = j0 + c, jc = min(j, n_kv - 1);
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            const uint4 kp = tile_piece<T, VEC>(kbase + jc * p.k.nb[1], e0);
+            const uint4 vp = tile_piece<T, VEC>(vbase + jc * p.v.nb[1], e0);
+            *reinterpret_cast<uint4*>(&ks[c * LDK + e0]) = j < n_kv ? kp : zero;
+            *reinterpret_cast<uint4*>(&vs[c * LDK + e0]) = j < n_kv ? vp : zero;
+        }
+    }
+}
+
+// The BQ x BK bias tile of keys j0.. into bias (slope * mask, -inf past the last query row
+// or key), mask entries of type M (mrows: a valid mask row for every tile row); whether
+// any entry is live. Branch-free loads (clamped keys) so that they are all in flight at
+// once.
+template <typename M, int BQ, int BK, int NT>
+__device__ __forceinline__ bool mask_tile(const FattnArgs& p, const char* const* mrows, float slope, i64 q0,
+                                          i64 j0, i64 n_q, i64 n_kv, float (*bias)[BK + 1]) {
+    bool live = false;
+#pragma unroll
+    for (int u = 0; u < BQ * BK / NT; ++u) {
+        const int idx = threadIdx.x + u * NT, r = idx / BK, c = idx % BK;
+        const i64 j = j0 + c;
+        const bool ok = q0 + r < n_q && j < n_kv;
+        const float m = to_f32(*reinterpret_cast<const M*>(mrows[r] + min(j, n_kv - 1) * p.mask.nb[0]));
+        const float x = ok && m != -INFINITY ? slope * m : -INFINITY;
+        bias[r][c] = x;
+        live |= x != -INFINITY;
+    }
+    return live;
+}
+
 template <int D, typename T>
 __device__ void fattn_mma(const FattnArgs& p) {
     constexpr int BQ = D > 128 ? FATTN_MMA_ROWS_D256 : FATTN_MMA_ROWS;
-    constexpr int BK = FATTN_MMA_KEYS;
+    // keys per tile: half for D = 256, where K, V and Q tiles of 32 would pass 48 KB
+    constexpr int BK = D > 128 ? FATTN_MMA_KEYS / 2 : FATTN_MMA_KEYS;
     constexpr int NT = BQ / 16 * WARP_SIZE;
-    constexpr int LDQ = D + 8, LDK = D + 8, LDV = BK + 8;  // padded: no bank conflicts
-    constexpr int KV_HALVES = BK * LDK > D * LDV ? BK * LDK : D * LDV;
+    constexpr int LDQ = D + 8, LDK = D + 8;  // padded: no bank conflicts
     __shared__ __align__(16) f16 qs[BQ * LDQ];
-    __shared__ __align__(16) f16 kv[KV_HALVES];  // K tile [key][d], then V^T [d][key]
-    __shared__ float bias[BQ][BK];
+    __shared__ __align__(16) f16 ks[BK * LDK];  // K tile [key][d]
+    __shared__ __align__(16) f16 vs[BK * LDK];  // V tile [key][d]
+    // BK + 1 floats a row: the softmax reads column c of 8 rows at once (lanes g of a
+    // quad group), which a row of exactly BK would put in one bank
+    __shared__ float bias[BQ][BK + 1];
+    __shared__ const char* mrows[BQ];
 
     pdl_enter();
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
@@ -331,12 +416,18 @@ __device__ void fattn_mma(const FattnArgs& p) {
     const i64 q0 = (i64)blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
     const float slope = p.slopes[h];
     const bool vec = p.kv_vec != 0;
+    const char* kbase = at(p.k, 0, 0, hk, b);
+    const char* vbase = at(p.v, 0, 0, hk, b);
 
+#pragma unroll 8
     for (int idx = tid; idx < BQ * D; idx += NT) {
         const int r = idx / D, e = idx % D;
-        const float x = q0 + r < n_q ? load<float>(at(p.q, e, q0 + r, h, b)) : 0.0f;
-        qs[r * LDQ + e] = __float2half_rn(x);
+        const float x = load<float>(at(p.q, e, min(q0 + r, n_q - 1), h, b));  // unconditional load
+        qs[r * LDQ + e] = __float2half_rn(q0 + r < n_q ? x : 0.0f);
     }
+    // The mask row of each query row, found once (rows past the last take the last's).
+    for (int r = tid; r < BQ; r += NT) mrows[r] = mask_row(p, min(q0 + r, n_q - 1), h, b);
+    __syncthreads();
 
     float o[D / 8][4];
 #pragma unroll
@@ -345,28 +436,32 @@ __device__ void fattn_mma(const FattnArgs& p) {
     const int ra = warp * 16 + g, rb = ra + 8;
 
     for (i64 j0 = 0; j0 < n_kv; j0 += BK) {
-        __syncthreads();  // the previous tile's V (and, first, the Q stores) are done
-        bool live = false;
-        for (int idx = tid; idx < BQ * BK; idx += NT) {
-            const int r = idx / BK, c = idx % BK;
-            const i64 i = q0 + r, j = j0 + c;
-            float x = -INFINITY;
-            if (i < n_q && j < n_kv) x = mask_bias(p, mask_row(p, i, h, b), slope, j);
-            bias[r][c] = x;
-            live |= x != -INFINITY;
+        __syncthreads();  // every warp is done with the previous tile's bias, K and V
+        // The loops below have fixed trip counts and are unrolled, so that a thread's
+        // loads are all in flight before the first store (one round trip per loop, not
+        // one per element: the kernel is latency-bound with about 8 warps per SM).
+        bool live;
+        if (p.mask.data == nullptr) {
+            live = false;
+#pragma unroll
+            for (int u = 0; u < BQ * BK / NT; ++u) {
+                const int idx = tid + u * NT, r = idx / BK, c = idx % BK;
+                const bool ok = q0 + r < n_q && j0 + c < n_kv;
+                bias[r][c] = ok ? 0.0f : -INFINITY;
+                live |= ok;
+            }
+        } else if (p.mask_f16) {
+            live = mask_tile<f16, BQ, BK, NT>(p, mrows, slope, q0, j0, n_q, n_kv, bias);
+        } else {
+            live = mask_tile<float, BQ, BK, NT>(p, mrows, slope, q0, j0, n_q, n_kv, bias);
         }
-        if (!__syncthreads_or(live)) continue;  // every entry masked: skip the tile
+        // Every entry masked: skip the tile.
+        if (!__syncthreads_or(live)) continue;
 
-        for (int idx = tid; idx < BK * (D / 8); idx += NT) {
-            const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
-            float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (j0 + c < n_kv) load8<T>(at(p.k, 0, j0 + c, hk, b), e0, vec, f);
-            uint4 packed;
-            packed.x = pack_half2(f[0], f[1]);
-            packed.y = pack_half2(f[2], f[3]);
-            packed.z = pack_half2(f[4], f[5]);
-            packed.w = pack_half2(f[6], f[7]);
-            *reinterpret_cast<uint4*>(&kv[c * LDK + e0]) = packed;
+        if (vec) {
+            kv_tiles<T, true, D, BK, NT, LDK>(p, kbase, vbase, j0, n_kv, ks, vs);
+        } else {
+            kv_tiles<T, false, D, BK, NT, LDK>(p, kbase, vbase, j0, n_kv, ks, vs);
         }
         __syncthreads();
 
@@ -383,7 +478,7 @@ __device__ void fattn_mma(const FattnArgs& p) {
             a[3] = lds32(qa + 8 * LDQ + 8);
 #pragma unroll
             for (int n = 0; n < BK / 8; ++n) {
-                const f16* kb = &kv[(n * 8 + g) * LDK + kt * 16 + 2 * t];
+                const f16* kb = &ks[(n * 8 + g) * LDK + kt * 16 + 2 * t];
                 mma_16816(s[n], a, lds32(kb), lds32(kb + 8));
             }
         }
@@ -440,22 +535,13 @@ __device__ void fattn_mma(const FattnArgs& p) {
             pa[kk][2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[kk][3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
-
-        __syncthreads();  // every warp is done with the K tile
-        for (int idx = tid; idx < BK * (D / 8); idx += NT) {
-            const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
-            float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (j0 + c < n_kv) load8<T>(at(p.v, 0, j0 + c, hk, b), e0, vec, f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) kv[(e0 + i) * LDV + c] = __float2half_rn(f[i]);
-        }
-        __syncthreads();
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
-                const f16* vb = &kv[(n * 8 + g) * LDV + kk * 16 + 2 * t];
-                mma_16816(o[n], pa[kk], lds32(vb), lds32(vb + 8));
+                uint32_t b0, b1;
+                ldsm_b_trans(vs, LDK, kk * 16, n * 8, lane, b0, b1);
+                mma_16816(o[n], pa[kk], b0, b1);
             }
         }
     }
