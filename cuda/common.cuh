@@ -90,6 +90,44 @@ __device__ __forceinline__ void for_each_row(const i64 ne[4], R row) {
     }
 }
 
+// 8 consecutive elements of type T of a row at `row` (the element at e0 is out[0]), as
+// f32: 16-byte loads when vec (the 8 elements 16-byte aligned), element loads otherwise.
+// fattn_common.cuh specializes it for the quantized cache types.
+template <typename T>
+__device__ __forceinline__ void load8(const char* row, int e0, bool vec, float out[8]) {
+    const T* p = reinterpret_cast<const T*>(row) + e0;
+    if (vec) {
+        if constexpr (sizeof(T) == 4) {
+            const float4 a = *reinterpret_cast<const float4*>(p);
+            const float4 b = *reinterpret_cast<const float4*>(p + 4);
+            out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+            out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        } else {
+            const uint4 raw = *reinterpret_cast<const uint4*>(p);
+            const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) out[i] = to_f32(h[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = to_f32(p[i]);
+    }
+}
+
+// 8 f32 values stored as 8 consecutive T at the 16-byte aligned p: 16-byte stores.
+template <typename T>
+__device__ __forceinline__ void store8(char* p, const float* v) {
+    constexpr int W = 16 / sizeof(T);  // elements per 16 bytes
+#pragma unroll
+    for (int w = 0; w < 8 / W; ++w) {
+        uint4 u;
+        T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+        for (int i = 0; i < W; ++i) e[i] = from_f32<T>(v[w * W + i]);
+        *reinterpret_cast<uint4*>(p + 16 * w) = u;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+). The backend launches every plan kernel allowing
 // the next one to start before it ends; each kernel first lets its own successor launch,

@@ -9,33 +9,6 @@
 
 #include "common.cuh"
 
-// 8 elements of type T at the 16-byte aligned p, as f32 (16-byte loads).
-template <typename T>
-__device__ __forceinline__ void load8v(const char* p, float* f) {
-    constexpr int W = 16 / sizeof(T);  // elements per 16 bytes
-#pragma unroll
-    for (int w = 0; w < 8 / W; ++w) {
-        const uint4 u = *reinterpret_cast<const uint4*>(p + 16 * w);
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int i = 0; i < W; ++i) f[w * W + i] = to_f32(e[i]);
-    }
-}
-
-// 8 f32 values stored as type T at the 16-byte aligned p (16-byte stores).
-template <typename T>
-__device__ __forceinline__ void store8v(char* p, const float* f) {
-    constexpr int W = 16 / sizeof(T);
-#pragma unroll
-    for (int w = 0; w < 8 / W; ++w) {
-        uint4 u;
-        T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-        for (int i = 0; i < W; ++i) e[i] = from_f32<T>(f[w * W + i]);
-        *reinterpret_cast<uint4*>(p + 16 * w) = u;
-    }
-}
-
 template <typename S, typename D>
 __device__ void cpy(const CpyArgs& p) {
     pdl_enter();
@@ -47,8 +20,8 @@ __device__ void cpy(const CpyArgs& p) {
             ((uintptr_t)p.dst.data % 16) == 0) {
             for (i64 g = blockIdx.x * (i64)blockDim.x + threadIdx.x; g < p.n / 8; g += (i64)gridDim.x * blockDim.x) {
                 float f[8];
-                load8v<S>(p.src.data + g * 8 * (i64)sizeof(S), f);
-                store8v<D>(p.dst.data + g * 8 * (i64)sizeof(D), f);
+                load8<S>(p.src.data + g * 8 * (i64)sizeof(S), 0, true, f);
+                store8<D>(p.dst.data + g * 8 * (i64)sizeof(D), f);
             }
             return;
         }

@@ -344,10 +344,7 @@ __device__ __forceinline__ uint4 tile_piece(const char* row, int e0) {
     float f[8];
     load8<T>(row, e0, VEC, f);
     uint4 packed;
-    packed.x = pack_half2(f[0], f[1]);
-    packed.y = pack_half2(f[2], f[3]);
-    packed.z = pack_half2(f[4], f[5]);
-    packed.w = pack_half2(f[6], f[7]);
+    store8<f16>(reinterpret_cast<char*>(&packed), f);
     return packed;
 }
 

@@ -1,6 +1,6 @@
 // Shared pieces of the flash attention kernels (cuda/fattn.cu): loading 8 consecutive
-// elements of a K/V row as f32 for every cache type, the per-row mask and slope, and the
-// key's score from q . k.
+// elements of a K/V row as f32 for every cache type (common.cuh's load8, specialized here
+// for Q8_0 and Q4_0), the per-row mask and slope, and the key's score from q . k.
 //
 // A K/V row is `d` elements starting at at(t, 0, j, hk, b). Every head dim the kernels
 // take (16, 32, 64, 80, 96, 112, 128, 256) is a multiple of 16, so a row splits into whole
@@ -19,28 +19,7 @@
 struct KvQ8_0 {};
 struct KvQ4_0 {};
 
-// 8 consecutive elements of a row at `row` (the element at e0 is out[0]).
-template <typename T>
-__device__ __forceinline__ void load8(const char* row, int e0, bool vec, float out[8]) {
-    const T* p = reinterpret_cast<const T*>(row) + e0;
-    if (vec) {
-        if constexpr (sizeof(T) == 4) {
-            const float4 a = *reinterpret_cast<const float4*>(p);
-            const float4 b = *reinterpret_cast<const float4*>(p + 4);
-            out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-            out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-        } else {
-            const uint4 raw = *reinterpret_cast<const uint4*>(p);
-            const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) out[i] = to_f32(h[i]);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = to_f32(p[i]);
-    }
-}
-
+// load8 (common.cuh) for the quantized cache types:
 template <>
 __device__ __forceinline__ void load8<KvQ8_0>(const char* row, int e0, bool, float out[8]) {
     const char* blk = row + (e0 / 32) * 34;
