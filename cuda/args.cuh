@@ -230,6 +230,9 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
     Tensor4 mask;          // F32 or F16 [n_kv, >= n_q, m2, m3]; data == nullptr: no mask
     Tensor4 dst;           // F32 [d, n_head, n_q, batch], dense rows
     float* part;           // fattn_vec with split > 1: (max, sum, acc[d]) per row and chunk
+    int* range;            // fattn_kv_range out, fattn_mma in: (first live key, last + 1) of every
+                           // FATTN_RANGE_ROWS query rows x FATTN_RANGE_KEYS keys per mask head
+                           // (n_kv, 0: none); nullptr: every key is visited
     const float* slopes;   // the mask factor of each query head (ALiBi slope, else 1)
     float scale;           // factor of q . k
     float softcap;         // c of c * tanh(s / c); 0: none
@@ -239,7 +242,7 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
     i64 split;             // fattn_vec: KV chunks (gridDim.x)
     i64 chunk;             // fattn_vec: keys per chunk
 };
-static_assert(sizeof(FattnArgs) == 416, "FattnArgs layout");
+static_assert(sizeof(FattnArgs) == 424, "FattnArgs layout");
 
 // Launch geometry of the mul_mat_vec_* and mul_mat_p021 kernels.
 
@@ -256,5 +259,8 @@ constexpr int FATTN_COMBINE_THREADS = 128;  // block of fattn_combine
 constexpr int FATTN_MMA_ROWS = 64;          // query rows per block of fattn_mma_* (head dims <= 128)
 constexpr int FATTN_MMA_ROWS_D256 = 32;     // query rows per block of fattn_mma_d256_*
 constexpr int FATTN_MMA_KEYS = 32;          // keys per shared-memory tile of fattn_mma_*
+constexpr int FATTN_RANGE_ROWS = 32;        // query rows per entry of fattn_kv_range
+constexpr int FATTN_RANGE_KEYS = 256;       // keys per entry of fattn_kv_range
+constexpr int FATTN_RANGE_THREADS = 256;    // block of fattn_kv_range
 
 // contract:end

@@ -156,6 +156,48 @@ __device__ __forceinline__ void pdl_enter() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Asynchronous copies to shared memory.
+
+// 16 bytes from global src to shared dst (both 16-byte aligned): an asynchronous copy
+// (cp.async, sm_80+; the caller waits with stage_wait) or a load and a store.
+__device__ __forceinline__ void copy16(char* dst, const char* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+
+// Closes the group of asynchronous copies issued so far.
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most PENDING groups of this lane's copies are in flight.
+template <int PENDING>
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// 16 bytes from global src to shared dst, or 16 zero bytes when !valid (src is then not
+// read, but must still be a mapped address): an asynchronous copy (cp.async with a source
+// size of 0 fills zeros) on sm_80+, a load and a store before.
+__device__ __forceinline__ void copy16_or_zero(char* dst, const char* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+#else
+    *reinterpret_cast<uint4*>(dst) = valid ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
 // Reductions. Block versions need blockDim.x to be a multiple of 32 (at most 1024), must be
 // called by every thread of the block, return the result in every thread, and may be
 // called again with the same `scratch` (32 entries of shared memory).

@@ -18,16 +18,26 @@
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row, rescaling each by exp(max_i - max).
 //   fattn_mma_d<D>_<kv>  (prefill) grid (ceil(n_q / BQ), n_head, batch), block BQ / 16
-//     warps, BQ = FATTN_MMA_ROWS (FATTN_MMA_ROWS_D256 for D = 256). Q of the block's rows
-//     goes to shared memory as F16; the K and V tiles of FATTN_MMA_KEYS keys (half as
-//     many for D = 256) go to shared memory together as F16 rows (copied as is from F16
-//     caches, converted otherwise); each warp computes its 16 rows' scores with
-//     mma.sync m16n8k16 (F16 in, F32 accumulation), runs the online softmax on them in
-//     registers (the accumulator layout of mma is fixed, so the rows of the output
-//     accumulator can be rescaled in place), and multiplies the probabilities, reused as
-//     the A operand straight from registers, by the V tile (its B fragments transposed
-//     by ldmatrix). The mask tile is read into shared memory first, through row pointers
-//     found once per block; a tile whose entries are all -inf is skipped (causal masks).
+//     warps, BQ = FATTN_MMA_ROWS (FATTN_MMA_ROWS_D256 for D = 256), the blocks of the
+//     last query rows (the longest causal ranges) first. Q of the block's rows is staged
+//     through shared memory as F16 and, for D <= 128, kept in registers as mma A
+//     fragments. Key tiles of FATTN_MMA_KEYS keys (half as many for D = 256) go to shared
+//     memory as F16 rows, K and V together: F16 caches with 16-byte rows by cp.async into
+//     two buffers, the next tile in flight while the current one is computed; the other
+//     types (and D = 256, one buffer) by loads converted to F16. Each warp computes its
+//     16 rows' scores with mma.sync m16n8k16 (F16 in, F32 accumulation; K fragments by
+//     ldmatrix), runs the online softmax on them in registers (the accumulator layout of
+//     mma is fixed, so the rows of the output accumulator are rescaled in place, and only
+//     when a row's max grew), and multiplies the probabilities, reused as the A operand
+//     straight from registers, by the V tile (its B fragments transposed by ldmatrix).
+//     Each lane reads the mask entries of its own score entries one tile ahead into
+//     registers; a warp whose 16 rows see no key of a tile skips it.
+//   fattn_kv_range  grid (ceil(n_kv / FATTN_RANGE_KEYS), ceil(n_q / FATTN_RANGE_ROWS),
+//     mask heads x batches), block FATTN_RANGE_THREADS: the first and last live key of
+//     every FATTN_RANGE_ROWS x FATTN_RANGE_KEYS piece of the mask, launched before a long
+//     masked prefill (the lowering's threshold) so that fattn_mma loops only over the
+//     tiles between its rows' first and last live key: past the diagonal of a causal
+//     mask nothing is loaded.
 //
 // A row whose keys are all masked gives zeros. Every kernel waits for its predecessor
 // before reading anything (pdl_enter), allocates nothing and never synchronizes with the
@@ -315,20 +325,25 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-__device__ __forceinline__ uint32_t lds32(const f16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// The B fragment of mma_16816 for keys k0..k0+15 and head elements n0..n0+7 of a tile
-// stored [key][d] (ld halves per key): ldmatrix with transpose, lanes 0..15 giving the
-// addresses of keys k0..k0+15 (16-byte aligned rows).
-__device__ __forceinline__ void ldsm_b_trans(const f16* tile, int ld, int k0, int n0, int lane, uint32_t& b0,
-                                             uint32_t& b1) {
+// Four 8x8 matrices of 16-bit elements from shared memory (ldmatrix.x4): lanes 8i..8i+7
+// give the row addresses of matrix i (16-byte aligned), and each lane receives, of every
+// matrix, row lane / 4, elements 2 (lane % 4) and 2 (lane % 4) + 1; with TRANS the
+// matrices are transposed on the way (each lane receives column lane / 4).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4(const f16* row, uint32_t r[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(tile + (k0 + (lane & 15)) * ld + n0);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                 : "=r"(b0), "=r"(b1)
-                 : "r"(addr));
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    if constexpr (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    }
 #else
-    b0 = b1 = 0u;
+    r[0] = r[1] = r[2] = r[3] = 0u;
 #endif
 }
 
@@ -349,217 +364,451 @@ __device__ __forceinline__ uint4 tile_piece(const char* row, int e0) {
 }
 
 // The K and V tiles of keys j0..j0+BK into ks and vs ([key][d], LDK halves per key),
-// zeros past the last key (its probability is 0, but V must not hold a NaN). VEC: rows
-// allow 16-byte loads (a template argument, so that no branch separates the loads).
-template <typename T, bool VEC, int D, int BK, int NT, int LDK>
+// zeros past the last key (its probability is 0, but V must not hold a NaN). ASYNC (F16
+// rows that allow 16-byte loads): cp.async copies that the caller waits for (stage_wait),
+// so that the tile arrives while the previous one is computed. Otherwise loads, a
+// conversion to F16 and stores; VEC: rows allow 16-byte loads. The loops have fixed trip
+// counts and branch-free loads (clamped keys), so that a thread's loads are all in flight
+// together.
+template <typename T, bool ASYNC, bool VEC, int D, int BK, int NT, int LDK>
 __device__ __forceinline__ void kv_tiles(const FattnArgs& p, const char* kbase, const char* vbase, i64 j0,
                                          i64 n_kv, f16* ks, f16* vs) {
     constexpr int PIECES = BK * (D / 8);
+    const char* kt = kbase + j0 * p.k.nb[1];
+    const char* vt = vbase + j0 * p.v.nb[1];
 #pragma unroll
     for (int u = 0; u < (PIECES + NT - 1) / NT; ++u) {
         const int idx = threadIdx.x + u * NT;
         if (PIECES % NT == 0 || idx < PIECES) {
             const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
-            const i64 j = j0 + c, jc = min(j, n_kv - 1);
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            const uint4 kp = tile_piece<T, VEC>(kbase + jc * p.k.nb[1], e0);
-            const uint4 vp = tile_piece<T, VEC>(vbase + jc * p.v.nb[1], e0);
-            *reinterpret_cast<uint4*>(&ks[c * LDK + e0]) = j < n_kv ? kp : zero;
-            *reinterpret_cast<uint4*>(&vs[c * LDK + e0]) = j < n_kv ? vp : zero;
+            const bool in = j0 + c < n_kv;
+            const int cc = in ? c : (int)(n_kv - 1 - j0);  // clamped to the last key
+            const char* krow = kt + cc * p.k.nb[1];
+            const char* vrow = vt + cc * p.v.nb[1];
+            if constexpr (ASYNC) {
+                copy16_or_zero(reinterpret_cast<char*>(&ks[c * LDK + e0]), krow + 2 * e0, in);
+                copy16_or_zero(reinterpret_cast<char*>(&vs[c * LDK + e0]), vrow + 2 * e0, in);
+            } else {
+                const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+                const uint4 kp = tile_piece<T, VEC>(krow, e0);
+                const uint4 vp = tile_piece<T, VEC>(vrow, e0);
+                *reinterpret_cast<uint4*>(&ks[c * LDK + e0]) = in ? kp : zero;
+                *reinterpret_cast<uint4*>(&vs[c * LDK + e0]) = in ? vp : zero;
+            }
         }
     }
 }
 
-// The BQ x BK bias tile of keys j0.. into bias (slope * mask, -inf past the last query row
-// or key), mask entries of type M (mrows: a valid mask row for every tile row); whether
-// any entry is live. Branch-free loads (clamped keys) so that they are all in flight at
-// once.
-template <typename M, int BQ, int BK, int NT>
-__device__ __forceinline__ bool mask_tile(const FattnArgs& p, const char* const* mrows, float slope, i64 q0,
-                                          i64 j0, i64 n_q, i64 n_kv, float (*bias)[BK + 1]) {
+// Shape of the prefill kernel for head dim D: BQ query rows per block (16 per warp), BK
+// keys per tile; Q fragments held in registers for D <= 128 (read from shared memory per
+// tile for D = 256), K/V tiles double-buffered for D <= 128 (one tile for D = 256, where
+// two would pass the 48 KB of static shared memory).
+template <int D>
+struct MmaShape {
+    static constexpr int BQ = D > 128 ? FATTN_MMA_ROWS_D256 : FATTN_MMA_ROWS;
+    static constexpr int BK = D > 128 ? FATTN_MMA_KEYS / 2 : FATTN_MMA_KEYS;
+    static constexpr int NT = BQ / 16 * WARP_SIZE;
+    static constexpr int LD = D + 8;  // halves per tile row, padded: no bank conflicts
+    static constexpr bool QREG = D <= 128;
+    static constexpr int STAGES = D <= 128 ? 2 : 1;
+    // Q is staged through the second K/V buffer when it is kept in registers.
+    static_assert(!QREG || BQ == 2 * BK, "Q staging fits the second K/V buffer");
+};
+
+// The running state of one warp: 16 query rows (lane g owns rows g and g + 8, as the
+// accumulator fragments of mma_16816), their max m, sum l and output o.
+template <int D>
+struct MmaState {
+    float o[D / 8][4];
+    float m[2], l[2];
+};
+
+// The mask entries of this lane's score entries of keys j0..j0+BK (rows ra: x 0, 1; rb:
+// x 2, 3; keys n * 8 + 2t + (x & 1)), their bits loaded as stored (F16 or F32: a uniform
+// branch, not a template argument, which would triple the kernel's instantiations) so
+// that they stay in flight until tile_bias uses them: the caller loads the next tile's
+// while it computes this one. Nothing without a mask.
+template <typename M, int BK>
+__device__ __forceinline__ void mask_bits(const FattnArgs& p, const char* mra, const char* mrb, i64 j0, i64 n_kv,
+                                          int t, uint32_t raw[BK / 8][4]) {
+    const i64 nb0 = p.mask.nb[0];
+    if (j0 + BK <= n_kv) {  // a whole tile: no clamping, offsets fixed per (n, x)
+        const char* a = mra + (j0 + 2 * t) * nb0;
+        const char* b = mrb + (j0 + 2 * t) * nb0;
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) raw[n][x] = *reinterpret_cast<const M*>((x < 2 ? a : b) + (n * 8 + (x & 1)) * nb0);
+        }
+        return;
+    }
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const i64 j = min(j0 + n * 8 + 2 * t + (x & 1), n_kv - 1);
+            raw[n][x] = *reinterpret_cast<const M*>((x < 2 ? mra : mrb) + j * nb0);
+        }
+    }
+}
+
+template <int BK>
+__device__ __forceinline__ void mask_load(const FattnArgs& p, const char* mra, const char* mrb, i64 j0, i64 n_kv,
+                                          int t, uint32_t raw[BK / 8][4]) {
+    if (mra == nullptr) return;
+    if (p.mask_f16) {
+        mask_bits<uint16_t, BK>(p, mra, mrb, j0, n_kv, t, raw);
+    } else {
+        mask_bits<uint32_t, BK>(p, mra, mrb, j0, n_kv, t, raw);
+    }
+}
+
+// The bias (slope * mask, -inf past the last key) of those entries; whether any of the
+// warp's entries is live.
+template <int BK>
+__device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw[BK / 8][4], bool masked, float slope,
+                                          i64 j0, i64 n_kv, int t, float bias[BK / 8][4]) {
+    const bool f16_mask = p.mask_f16 != 0;
     bool live = false;
 #pragma unroll
-    for (int u = 0; u < BQ * BK / NT; ++u) {
-        const int idx = threadIdx.x + u * NT, r = idx / BK, c = idx % BK;
-        const i64 j = j0 + c;
-        const bool ok = q0 + r < n_q && j < n_kv;
-        const float m = to_f32(*reinterpret_cast<const M*>(mrows[r] + min(j, n_kv - 1) * p.mask.nb[0]));
-        const float x = ok && m != -INFINITY ? slope * m : -INFINITY;
-        bias[r][c] = x;
-        live |= x != -INFINITY;
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const bool in = j0 + n * 8 + 2 * t + (x & 1) < n_kv;
+            float b = in ? 0.0f : -INFINITY;
+            if (masked) {
+                const float m = f16_mask ? __half2float(__ushort_as_half((unsigned short)raw[n][x]))
+                                         : __uint_as_float(raw[n][x]);
+                b = in && m != -INFINITY ? slope * m : -INFINITY;
+            }
+            bias[n][x] = b;
+            live |= b != -INFINITY;
+        }
     }
-    return live;
+    return __any_sync(FULL_MASK, live);
+}
+
+// One K/V tile for one warp's 16 rows: scores S = Q K^T (mma, F32), the online softmax
+// update of the state, and o += P V with P reused as the A operand from registers.
+template <int D, int BK, int LD>
+__device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa)[4], const f16* ks,
+                                         const f16* vs, const float (*bias)[4], int lane, MmaState<D>& st) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const int r8 = lane % 8, mi = lane / 8;
+    float s[BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < D / 16; ++kt) {
+#pragma unroll
+        for (int n = 0; n < BK / 8; n += 2) {
+            // matrices: keys n*8.. (d kt*16.., +8), keys (n+1)*8.. (d kt*16.., +8)
+            uint32_t b[4];
+            ldsm_x4<false>(&ks[((n + mi / 2) * 8 + r8) * LD + kt * 16 + (mi % 2) * 8], b);
+            mma_16816(s[n], qa[kt], b[0], b[1]);
+            mma_16816(s[n + 1], qa[kt], b[2], b[3]);
+        }
+    }
+    // Scores as score() (scale, softcap, bias), the softcap branch taken once per tile; a
+    // row's values are spread over the 4 lanes of a quad.
+    const float scale = p.scale, cap = p.softcap;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[n][x] *= scale;
+    }
+    if (cap > 0.0f) {
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) s[n][x] = cap * tanhf(s[n][x] / cap);
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const float bs = bias[n][x];
+            s[n][x] = bs == -INFINITY ? -INFINITY : s[n][x] + bs;
+            mx[x / 2] = fmaxf(mx[x / 2], s[n][x]);
+        }
+    }
+    float c[2], ml[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+        const float mnew = fmaxf(st.m[r], mx[r]);
+        // exp(s - mnew) as exp2(s log2e - mnew log2e); a row with no live key so far
+        // keeps mnew = -inf, and then every term is 0
+        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E;
+        c[r] = exp2f(fmaf(st.m[r], LOG2E, -ml[r]));
+        st.m[r] = mnew;
+        st.l[r] *= c[r];
+    }
+    // (the accumulator keeps its scale while no row's max grows: most tiles after the
+    // first few)
+    if (__any_sync(FULL_MASK, c[0] != 1.0f || c[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            st.o[n][0] *= c[0];
+            st.o[n][1] *= c[0];
+            st.o[n][2] *= c[1];
+            st.o[n][3] *= c[1];
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[n][x] = exp2f(fmaf(s[n][x], LOG2E, -ml[x / 2]));
+        st.l[0] += s[n][0] + s[n][1];
+        st.l[1] += s[n][2] + s[n][3];
+    }
+    // P as A fragments (16 x BK): k-tile kk is n-tiles 2kk, 2kk+1. Then o += P V, the B
+    // fragments of two 8-wide d tiles per ldmatrix (transposed: V is [key][d]).
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            // matrices: keys kk*16.. and kk*16+8.. of d n*8.., then of d (n+1)*8..
+            uint32_t b[4];
+            ldsm_x4<true>(&vs[(kk * 16 + (mi % 2) * 8 + r8) * LD + (n + mi / 2) * 8], b);
+            mma_16816(st.o[n], pa, b[0], b[1]);
+            mma_16816(st.o[n + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+// The A fragments of one warp's 16 rows of Q (qs: BQ x LD halves) for k-tile kt.
+template <int LD>
+__device__ __forceinline__ void q_frag(const f16* qs, int warp, int lane, int kt, uint32_t a[4]) {
+    // matrices: rows 0-7 (d kt*16..), rows 8-15, rows 0-7 (d +8), rows 8-15 (d +8)
+    const int mi = lane / 8;
+    ldsm_x4<false>(&qs[(warp * 16 + (mi % 2) * 8 + lane % 8) * LD + kt * 16 + (mi / 2) * 8], a);
+}
+
+// Rows q0..q0+BQ of Q (head h, batch b) into qs as F16 (LD halves a row), zeros past the
+// last row: 16-byte loads when the rows allow them, all of a thread's loads issued before
+// the first store.
+template <int D, int BQ, int NT, int LD>
+__device__ __forceinline__ void q_tile(const FattnArgs& p, i64 q0, i64 h, i64 b, f16* qs) {
+    const i64 n_q = p.q.ne[1];
+    const bool vec = p.q.nb[0] == 4 && ((uintptr_t)p.q.data | (uintptr_t)p.q.nb[1] | (uintptr_t)p.q.nb[2] |
+                                        (uintptr_t)p.q.nb[3]) % 16 == 0;
+    if (vec) {
+        constexpr int N = BQ * D / 4;
+        float4 x[(N + NT - 1) / NT];
+#pragma unroll
+        for (int u = 0; u < (N + NT - 1) / NT; ++u) {
+            const int idx = min((int)threadIdx.x + u * NT, N - 1), r = idx / (D / 4), e = idx % (D / 4) * 4;
+            x[u] = *reinterpret_cast<const float4*>(at(p.q, e, min(q0 + r, n_q - 1), h, b));
+        }
+#pragma unroll
+        for (int u = 0; u < (N + NT - 1) / NT; ++u) {
+            const int idx = threadIdx.x + u * NT, r = idx / (D / 4), e = idx % (D / 4) * 4;
+            if (N % NT != 0 && idx >= N) break;
+            const bool in = q0 + r < n_q;
+            const __half2 lo = __floats2half2_rn(in ? x[u].x : 0.0f, in ? x[u].y : 0.0f);
+            const __half2 hi = __floats2half2_rn(in ? x[u].z : 0.0f, in ? x[u].w : 0.0f);
+            *reinterpret_cast<__half2*>(&qs[r * LD + e]) = lo;
+            *reinterpret_cast<__half2*>(&qs[r * LD + e + 2]) = hi;
+        }
+        return;
+    }
+#pragma unroll 8
+    for (int idx = threadIdx.x; idx < BQ * D; idx += NT) {
+        const int r = idx / D, e = idx % D;
+        const float x = load<float>(at(p.q, e, min(q0 + r, n_q - 1), h, b));  // unconditional load
+        qs[r * LD + e] = __float2half_rn(q0 + r < n_q ? x : 0.0f);
+    }
+}
+
+// The main loop of one block over its key tiles.
+template <int D, typename T, bool ASYNC, bool VEC>
+__device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
+    using S = MmaShape<D>;
+    constexpr int BQ = S::BQ, BK = S::BK, NT = S::NT, LD = S::LD;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, t = lane % 4;
+    const i64 n_q = p.q.ne[1], n_kv = p.k.ne[1];
+    // heavy blocks (late query rows, long causal ranges) first
+    const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const float slope = p.slopes[h];
+    const char* kbase = at(p.k, 0, 0, hk, b);
+    const char* vbase = at(p.v, 0, 0, hk, b);
+    const i64 ra = q0 + warp * 16 + lane / 4, rb = ra + 8;
+    const char* mra = mask_row(p, min(ra, n_q - 1), h, b);
+    const char* mrb = mask_row(p, min(rb, n_q - 1), h, b);
+    // the block's tiles: those with a live mask entry (fattn_kv_range), else all
+    i64 t_begin = 0, t_end = (n_kv + BK - 1) / BK;
+    if (p.range != nullptr) {
+        // every warp reduces the entries of the block's rows (the same, so that the loop
+        // bounds stay uniform)
+        const i64 groups = (n_q + FATTN_RANGE_ROWS - 1) / FATTN_RANGE_ROWS;
+        const i64 chunks = (n_kv + FATTN_RANGE_KEYS - 1) / FATTN_RANGE_KEYS;
+        const i64 m23 = (b % p.mask.ne[3]) * p.mask.ne[2] + h % p.mask.ne[2];
+        const i64 g0 = q0 / FATTN_RANGE_ROWS, g1 = (min(q0 + BQ, n_q) - 1) / FATTN_RANGE_ROWS;
+        const int* rg = p.range + (m23 * groups + g0) * chunks * 2;
+        int lo = (int)n_kv, hi = 0;
+        for (i64 e = lane; e < (g1 - g0 + 1) * chunks; e += WARP_SIZE) {
+            lo = min(lo, rg[2 * e]);
+            hi = max(hi, rg[2 * e + 1]);
+        }
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+            lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, o));
+            hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, o));
+        }
+        t_begin = lo / BK;
+        t_end = hi > lo ? (hi + BK - 1) / BK : t_begin;
+    }
+
+    if (t_begin < t_end) kv_tiles<T, ASYNC, VEC, D, BK, NT, LD>(p, kbase, vbase, t_begin * BK, n_kv, kv[0][0], kv[0][1]);
+    if constexpr (ASYNC) stage_commit();
+    uint32_t mraw[BK / 8][4];
+    if (t_begin < t_end) mask_load<BK>(p, mra, mrb, t_begin * BK, n_kv, t, mraw);
+    q_tile<D, BQ, NT, LD>(p, q0, h, b, qs);
+    __syncthreads();
+    uint32_t qa[S::QREG ? D / 16 : 1][4];
+    if constexpr (S::QREG) {
+#pragma unroll
+        for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qa[kt]);
+    }
+
+    MmaState<D> st;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.0f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.0f;
+
+    for (i64 it = t_begin; it < t_end; ++it) {
+        const int cur = ASYNC ? (int)((it - t_begin) & 1) : 0;  // loads converted: one buffer
+        if constexpr (ASYNC) {
+            stage_wait<0>();
+            __syncthreads();  // tile it is in; every warp is done with the other buffer
+            if (it + 1 < t_end) {
+                kv_tiles<T, true, VEC, D, BK, NT, LD>(p, kbase, vbase, (it + 1) * BK, n_kv, kv[cur ^ 1][0],
+                                                      kv[cur ^ 1][1]);
+            }
+            stage_commit();
+        } else {
+            if (it > t_begin) {
+                __syncthreads();  // every warp is done with the previous tile
+                kv_tiles<T, false, VEC, D, BK, NT, LD>(p, kbase, vbase, it * BK, n_kv, kv[0][0], kv[0][1]);
+            }
+            __syncthreads();
+        }
+        float bias[BK / 8][4];
+        const bool live = tile_bias<BK>(p, mraw, mra != nullptr, slope, it * BK, n_kv, t, bias);
+        if (it + 1 < t_end) mask_load<BK>(p, mra, mrb, (it + 1) * BK, n_kv, t, mraw);
+        // a warp whose rows see no key of the tile skips it (causal masks)
+        if (!live) continue;
+        if constexpr (S::QREG) {
+            mma_tile<D, BK, LD>(p, qa, kv[cur][0], kv[cur][1], bias, lane, st);
+        } else {
+            uint32_t qf[D / 16][4];
+#pragma unroll
+            for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qf[kt]);
+            mma_tile<D, BK, LD>(p, qf, kv[cur][0], kv[cur][1], bias, lane, st);
+        }
+    }
+
+    const i64 rows[2] = {ra, rb};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = st.l[r];
+        l += __shfl_xor_sync(FULL_MASK, l, 1);
+        l += __shfl_xor_sync(FULL_MASK, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if (rows[r] >= n_q) continue;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int e = n * 8 + 2 * t;
+            store<float>(at(p.dst, e, h, rows[r], b), st.o[n][2 * r] * inv);
+            store<float>(at(p.dst, e + 1, h, rows[r], b), st.o[n][2 * r + 1] * inv);
+        }
+    }
 }
 
 template <int D, typename T>
 __device__ void fattn_mma(const FattnArgs& p) {
-    constexpr int BQ = D > 128 ? FATTN_MMA_ROWS_D256 : FATTN_MMA_ROWS;
-    // keys per tile: half for D = 256, where K, V and Q tiles of 32 would pass 48 KB
-    constexpr int BK = D > 128 ? FATTN_MMA_KEYS / 2 : FATTN_MMA_KEYS;
-    constexpr int NT = BQ / 16 * WARP_SIZE;
-    constexpr int LDQ = D + 8, LDK = D + 8;  // padded: no bank conflicts
-    __shared__ __align__(16) f16 qs[BQ * LDQ];
-    __shared__ __align__(16) f16 ks[BK * LDK];  // K tile [key][d]
-    __shared__ __align__(16) f16 vs[BK * LDK];  // V tile [key][d]
-    // BK + 1 floats a row: the softmax reads column c of 8 rows at once (lanes g of a
-    // quad group), which a row of exactly BK would put in one bank
-    __shared__ float bias[BQ][BK + 1];
-    __shared__ const char* mrows[BQ];
-
+    using S = MmaShape<D>;
+    __shared__ __align__(16) f16 kv[S::STAGES][2][S::BK * S::LD];  // [buffer][K, V][key][d]
+    __shared__ __align__(16) f16 qsep[S::QREG ? 1 : S::BQ * S::LD];
+    f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const int g = lane / 4, t = lane % 4;
+    // One loop per way of loading tiles that can occur (fewer instantiations): F16 rows
+    // with 16-byte loads go through cp.async when the tiles are double-buffered, the
+    // quantized types read their blocks the same way whatever the alignment.
+    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && S::STAGES == 2;
+    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
+    if (p.kv_vec && !QUANT) {
+        fattn_mma_loop<D, T, F16_ASYNC, true>(p, qs, kv);
+    } else {
+        fattn_mma_loop<D, T, false, false>(p, qs, kv);
+    }
+}
+
+// The live keys of the mask: for FATTN_RANGE_ROWS query rows (blockIdx.y) and
+// FATTN_RANGE_KEYS keys (blockIdx.x) of mask head and batch blockIdx.z (m2 + m3 * ne2),
+// the first key whose mask entry is not -inf and the last one + 1 (n_kv, 0 when there is
+// none), so that fattn_mma visits only the tiles in between (causal masks: the tiles past
+// the diagonal are never loaded). A thread's loads are all issued before the first use.
+template <typename M>
+__device__ __forceinline__ void live_keys(const FattnArgs& p, int& lo, int& hi) {
+    // thread x takes key j0 + x of every row: rows FATTN_RANGE_ROWS loads down a column
+    static_assert(FATTN_RANGE_THREADS == FATTN_RANGE_KEYS, "one key per thread");
     const i64 n_q = p.q.ne[1], n_kv = p.k.ne[1];
-    const i64 q0 = (i64)blockIdx.x * BQ, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
-    const float slope = p.slopes[h];
-    const bool vec = p.kv_vec != 0;
-    const char* kbase = at(p.k, 0, 0, hk, b);
-    const char* vbase = at(p.v, 0, 0, hk, b);
-
-#pragma unroll 8
-    for (int idx = tid; idx < BQ * D; idx += NT) {
-        const int r = idx / D, e = idx % D;
-        const float x = load<float>(at(p.q, e, min(q0 + r, n_q - 1), h, b));  // unconditional load
-        qs[r * LDQ + e] = __float2half_rn(q0 + r < n_q ? x : 0.0f);
+    const i64 j = (i64)blockIdx.x * FATTN_RANGE_KEYS + threadIdx.x, r0 = (i64)blockIdx.y * FATTN_RANGE_ROWS;
+    const i64 m2 = blockIdx.z % p.mask.ne[2], m3 = blockIdx.z / p.mask.ne[2];
+    const char* col = at(p.mask, min(j, n_kv - 1), 0, m2, m3);
+    M v[FATTN_RANGE_ROWS];
+#pragma unroll
+    for (int r = 0; r < FATTN_RANGE_ROWS; ++r) {
+        v[r] = *reinterpret_cast<const M*>(col + min(r0 + r, n_q - 1) * p.mask.nb[1]);
     }
-    // The mask row of each query row, found once (rows past the last take the last's).
-    for (int r = tid; r < BQ; r += NT) mrows[r] = mask_row(p, min(q0 + r, n_q - 1), h, b);
+    if (j >= n_kv) return;
+#pragma unroll
+    for (int r = 0; r < FATTN_RANGE_ROWS; ++r) {
+        if (r0 + r < n_q && to_f32(v[r]) != -INFINITY) {
+            lo = min(lo, (int)j);
+            hi = (int)j + 1;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range(const FattnArgs p) {
+    constexpr int NW = FATTN_RANGE_THREADS / WARP_SIZE;
+    __shared__ int lo_w[NW], hi_w[NW];
+    pdl_enter();
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int lo = (int)p.k.ne[1], hi = 0;
+    if (p.mask_f16) {
+        live_keys<f16>(p, lo, hi);
+    } else {
+        live_keys<float>(p, lo, hi);
+    }
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, o));
+        hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, o));
+    }
+    if (lane == 0) {
+        lo_w[warp] = lo;
+        hi_w[warp] = hi;
+    }
     __syncthreads();
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // rows g and g + 8
-    const int ra = warp * 16 + g, rb = ra + 8;
-
-    for (i64 j0 = 0; j0 < n_kv; j0 += BK) {
-        __syncthreads();  // every warp is done with the previous tile's bias, K and V
-        // The loops below have fixed trip counts and are unrolled, so that a thread's
-        // loads are all in flight before the first store (one round trip per loop, not
-        // one per element: the kernel is latency-bound with about 8 warps per SM).
-        bool live;
-        if (p.mask.data == nullptr) {
-            live = false;
-#pragma unroll
-            for (int u = 0; u < BQ * BK / NT; ++u) {
-                const int idx = tid + u * NT, r = idx / BK, c = idx % BK;
-                const bool ok = q0 + r < n_q && j0 + c < n_kv;
-                bias[r][c] = ok ? 0.0f : -INFINITY;
-                live |= ok;
-            }
-        } else if (p.mask_f16) {
-            live = mask_tile<f16, BQ, BK, NT>(p, mrows, slope, q0, j0, n_q, n_kv, bias);
-        } else {
-            live = mask_tile<float, BQ, BK, NT>(p, mrows, slope, q0, j0, n_q, n_kv, bias);
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < NW; ++w) {
+            lo = min(lo, lo_w[w]);
+            hi = max(hi, hi_w[w]);
         }
-        // Every entry masked: skip the tile.
-        if (!__syncthreads_or(live)) continue;
-
-        if (vec) {
-            kv_tiles<T, true, D, BK, NT, LDK>(p, kbase, vbase, j0, n_kv, ks, vs);
-        } else {
-            kv_tiles<T, false, D, BK, NT, LDK>(p, kbase, vbase, j0, n_kv, ks, vs);
-        }
-        __syncthreads();
-
-        float s[BK / 8][4];
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kt = 0; kt < D / 16; ++kt) {
-            uint32_t a[4];
-            const f16* qa = &qs[ra * LDQ + kt * 16 + 2 * t];
-            a[0] = lds32(qa);
-            a[1] = lds32(qa + 8 * LDQ);
-            a[2] = lds32(qa + 8);
-            a[3] = lds32(qa + 8 * LDQ + 8);
-#pragma unroll
-            for (int n = 0; n < BK / 8; ++n) {
-                const f16* kb = &ks[(n * 8 + g) * LDK + kt * 16 + 2 * t];
-                mma_16816(s[n], a, lds32(kb), lds32(kb + 8));
-            }
-        }
-
-        // Online softmax of rows ra (s[n][0..1]) and rb (s[n][2..3]); a row's values
-        // are spread over the 4 lanes of a quad.
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const int r = x < 2 ? ra : rb, c = n * 8 + 2 * t + (x & 1);
-                const float bs = bias[r][c];
-                s[n][x] = bs == -INFINITY ? -INFINITY : score(p, s[n][x], bs);
-            }
-            mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
-            mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
-        }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, off));
-        }
-        const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
-        const float c_a = new_a == -INFINITY ? 1.0f : expf(m_a - new_a);
-        const float c_b = new_b == -INFINITY ? 1.0f : expf(m_b - new_b);
-        m_a = new_a;
-        m_b = new_b;
-        l_a *= c_a;
-        l_b *= c_b;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= c_a;
-            o[n][1] *= c_a;
-            o[n][2] *= c_b;
-            o[n][3] *= c_b;
-        }
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const float mref = x < 2 ? m_a : m_b;
-                s[n][x] = s[n][x] == -INFINITY ? 0.0f : expf(s[n][x] - mref);
-            }
-            l_a += s[n][0] + s[n][1];
-            l_b += s[n][2] + s[n][3];
-        }
-        // The probabilities as A fragments of P (16 x BK): k-tile kk is n-tiles 2kk, 2kk+1.
-        uint32_t pa[BK / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            pa[kk][0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
-                uint32_t b0, b1;
-                ldsm_b_trans(vs, LDK, kk * 16, n * 8, lane, b0, b1);
-                mma_16816(o[n], pa[kk], b0, b1);
-            }
-        }
-    }
-
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_a += __shfl_xor_sync(FULL_MASK, l_a, off);
-        l_b += __shfl_xor_sync(FULL_MASK, l_b, off);
-    }
-    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        const int e = n * 8 + 2 * t;
-        if (q0 + ra < n_q) {
-            store<float>(at(p.dst, e, h, q0 + ra, b), o[n][0] * inv_a);
-            store<float>(at(p.dst, e + 1, h, q0 + ra, b), o[n][1] * inv_a);
-        }
-        if (q0 + rb < n_q) {
-            store<float>(at(p.dst, e, h, q0 + rb, b), o[n][2] * inv_b);
-            store<float>(at(p.dst, e + 1, h, q0 + rb, b), o[n][3] * inv_b);
-        }
+        int* out = p.range + (((i64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 2;
+        out[0] = lo;
+        out[1] = hi;
     }
 }
 

@@ -52,32 +52,6 @@ __device__ __forceinline__ void write_row(const QGemvArgs& p, i64 row, float* ac
 // Staging of weight rows into shared memory for mmvq: CHUNK elements of a row at a time.
 constexpr int CHUNK = 4096;
 
-// 16 bytes from global src to shared dst (both 16-byte aligned): an asynchronous copy
-// (cp.async, sm_80+; the caller waits with stage_wait) or a load and a store.
-__device__ __forceinline__ void copy16(char* dst, const char* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#else
-    *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
-#endif
-}
-
-// Closes the group of asynchronous copies issued so far.
-__device__ __forceinline__ void stage_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits until at most PENDING groups of this lane's copies are in flight.
-template <int PENDING>
-__device__ __forceinline__ void stage_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
-#endif
-}
-
 // The warp copies the n bytes at src (2-byte aligned, global) to dst (shared, the same
 // address modulo 16): 16-byte copies for the aligned middle, 2-byte ones for the up to 14
 // bytes on either side (lanes 0..6 and 8..14). Every read stays inside [src, src + n).

@@ -205,6 +205,61 @@ fn flash_attn_bound(kv: graft::graph::DType) -> f64 {
     }
 }
 
+/// flash_attn_ext over a long prefill (4,096 queries x 4,096 keys, the size from which the
+/// lowering runs `fattn_kv_range` first and the prefill kernel visits only the key tiles
+/// its rows see): a causal F16 mask, and an F32 sliding-window mask with groups of rows
+/// that see no key (empty ranges, ranges that start past key 0), against the f64 oracle
+/// with sentinels around the output.
+#[test]
+fn flash_attn_ext_long_prefill_skips_masked_tiles() {
+    use common::attention::{run, Case, MaskKind};
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    for (d, mask, mask_f16) in [
+        (64, MaskKind::Causal, true),
+        (128, MaskKind::Window(700), false),
+    ] {
+        let c = Case {
+            d,
+            n_q: 4096,
+            n_kv: 4096,
+            n_head_kv: 1,
+            group: 2,
+            batch: 1,
+            ctx: 4096,
+            first: 0,
+            kv: graft::graph::DType::F16,
+            mask,
+            mask_f16,
+            mask_pad: 0,
+            p: graft::graph::FlashAttnParams {
+                scale: 1.0 / (d as f32).sqrt(),
+                max_bias: 0.0,
+                softcap: 0.0,
+            },
+            seed: 11,
+        };
+        let r = run(&c, &mut cuda).unwrap_or_else(|e| panic!("{mask:?}: {e}"));
+        assert!(
+            r.got.iter().all(|x| x.is_finite()),
+            "{mask:?}: non-finite output"
+        );
+        let err = common::nmse(&r.got, &r.want);
+        let bound = flash_attn_bound(c.kv);
+        assert!(
+            err <= bound,
+            "{mask:?}: NMSE {err:e} vs the oracle (bound {bound:e})"
+        );
+        // the rows that see no key give zeros
+        if let MaskKind::Window(_) = mask {
+            let row = 3 * 64 * 2 * d; // query 192 (group 3), both heads
+            assert!(r.got[row..row + 2 * d].iter().all(|&x| x == 0.0));
+        }
+    }
+}
+
 /// flash_attn_ext: every case of `tests/attention.rs` on CUDA and on the CPU, with the
 /// arena poisoned and its sentinels checked (`common::attention::run`); the CUDA result
 /// must be finite and within [`flash_attn_bound`] of both the CPU result and the oracle.

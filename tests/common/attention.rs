@@ -49,6 +49,9 @@ pub enum MaskKind {
     Causal,
     /// Random entries of -inf (some rows entirely) and small biases.
     Arbitrary,
+    /// Query `i` sees the `w` keys up to its causal position (a sliding window), except
+    /// the queries of every 64-row group whose index is 3 modulo 7, which see none.
+    Window(usize),
 }
 
 /// Values of `n` elements of `dt` as the backend stores them, and as f64 after the
@@ -89,6 +92,14 @@ fn mask_values(c: &Case, rng: &mut StdRng) -> Vec<f32> {
                 MaskKind::Causal => 0.0,
                 MaskKind::Arbitrary if fully_masked || rng.random_bool(0.3) => f32::NEG_INFINITY,
                 MaskKind::Arbitrary => rng.random_range(-2.0..2.0),
+                MaskKind::Window(w) => {
+                    let last = c.n_kv - c.n_q + i;
+                    if (i / 64) % 7 == 3 || j > last || last - j >= w {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                }
             };
         }
     }
@@ -121,7 +132,7 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
                         }
                         match c.mask {
                             MaskKind::None => s,
-                            MaskKind::Causal | MaskKind::Arbitrary => {
+                            MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) => {
                                 s + slope * mask[i * c.n_kv + j] as f64
                             }
                         }
@@ -204,7 +215,7 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
         let rows = c.n_q + c.mask_pad;
         let mi = match c.mask {
             MaskKind::None => None,
-            MaskKind::Causal | MaskKind::Arbitrary => {
+            MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) => {
                 Some(g.input("mask", mask_dt, &[c.n_kv, rows]).map_err(e)?)
             }
         };

@@ -2,12 +2,15 @@
 //! queries the split-KV decode kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` when
 //! each KV head has a single query row: MHA decode) (with `fattn_combine` when
 //! the keys are split over several blocks), beyond that the tensor-core prefill kernel
-//! `fattn_mma_d<D>_<kv>`. The ALiBi slope of every head goes into the constant region,
-//! the decode partials into scratch.
+//! `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is a mask (the live keys of
+//! each block of query rows, so that masked tiles are never loaded). The ALiBi slope of
+//! every head goes into the constant region, the decode partials and key ranges into
+//! scratch.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
-    FATTN_VEC_ROWS, FATTN_VEC_UNROLL, FATTN_VEC_WARPS,
+    FATTN_RANGE_KEYS, FATTN_RANGE_ROWS, FATTN_RANGE_THREADS, FATTN_VEC_ROWS, FATTN_VEC_UNROLL,
+    FATTN_VEC_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
@@ -20,6 +23,11 @@ const SMS: usize = 132;
 /// Blocks per SM the decode split aims for: a block of 4 warps keeps 4 keys' K and V
 /// rows per lane group in flight, and 4 such blocks per SM hide the memory latency.
 const BLOCKS_PER_SM: usize = 4;
+/// Scores (queries x keys) from which a masked prefill first finds the live keys of each
+/// block of rows (`fattn_kv_range`). Measured on an H100 (one launch of 32 heads, head dim
+/// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
+/// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
+const RANGE_MIN_SCORES: usize = 1 << 24;
 /// Fewest keys per decode block when the keys are split.
 const MIN_CHUNK: usize = 64;
 /// Most chunks of one row's keys.
@@ -54,6 +62,7 @@ pub(crate) fn lower(
         mask: mask.map(|m| lw.t4(m)).unwrap_or_default(),
         dst: lw.t4(dst),
         part: 0,
+        range: 0,
         slopes: lw.push_consts(&slopes),
         scale: p.scale,
         softcap: p.softcap,
@@ -72,7 +81,12 @@ pub(crate) fn lower(
         let grid = (n_q.div_ceil(rows) as u32, n_head as u32, batch as u32);
         let kernel = family(d, true)?.get([kt.dtype])?;
         let block = ((rows / 16 * WARP) as u32, 1, 1);
-        return Ok(vec![DevOp::kernel(kernel, grid, block, &args)]);
+        let mut ops = Vec::new();
+        if let Some(m) = mask.filter(|_| n_q * n_kv >= RANGE_MIN_SCORES) {
+            ops.push(live_key_ranges(m, n_q, n_kv, &mut args, lw)?);
+        }
+        ops.push(DevOp::kernel(kernel, grid, block, &args));
+        return Ok(ops);
     }
     // One query row per KV head (MHA decode): the one-row kernel, whose registers hold
     // one accumulator instead of FATTN_VEC_ROWS.
@@ -110,6 +124,36 @@ pub(crate) fn lower(
             &args,
         ),
     ])
+}
+
+/// The `fattn_kv_range` launch before the prefill kernel: for every [`FATTN_RANGE_ROWS`]
+/// query rows x [`FATTN_RANGE_KEYS`] keys of each mask head, the first and last key whose
+/// mask entry is not -inf (into scratch, `args.range`), so that the prefill kernel skips
+/// the key tiles no row of its block sees (past the diagonal of a causal mask).
+fn live_key_ranges(
+    m: &Operand,
+    n_q: usize,
+    n_kv: usize,
+    args: &mut FattnArgs,
+    lw: &mut Lowering,
+) -> Result<DevOp, String> {
+    let groups = n_q.div_ceil(FATTN_RANGE_ROWS as usize);
+    let chunks = n_kv.div_ceil(FATTN_RANGE_KEYS as usize);
+    let heads = m.ne[2] * m.ne[3];
+    if groups > MAX_GRID_YZ || heads > MAX_GRID_YZ || i32::try_from(n_kv).is_err() {
+        return Err(format!(
+            "flash_attn_ext: {n_q} queries x {n_kv} keys x {heads} mask heads exceed the \
+             prefill kernel's key ranges"
+        ));
+    }
+    let mut offset = 0;
+    args.range = lw.reserve_scratch(&mut offset, groups * chunks * heads * 8);
+    Ok(DevOp::kernel(
+        k::FATTN_KV_RANGE,
+        (chunks as u32, groups as u32, heads as u32),
+        (FATTN_RANGE_THREADS as u32, 1, 1),
+        args,
+    ))
 }
 
 /// Checks what the kernels assume beyond the builder's checks; returns the head dim.
