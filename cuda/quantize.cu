@@ -12,6 +12,10 @@
 //     strides), same shape. One thread per block running ggml's reference rules
 //     (Q4_0..Q8_1) or scale searches (make_qkx2_quants for Q4_K/Q5_K, make_qx_quants for
 //     Q6_K) sequentially, as the CPU does; flat grid-stride loop over the blocks.
+//   set_rows_f32_<q>: set_rows into a quantized table (a quantized KV cache): row r of
+//     the F32 source, quantized as cpy_f32_<q> does, into row ids[r] of dst; one thread
+//     per block, flat grid-stride loop. An id outside 0..dst rows is recorded (the
+//     lowering turns it into an error naming the node) and its row skipped.
 #include "quant.cuh"
 
 typedef unsigned char u8;
@@ -416,6 +420,22 @@ struct QuantQ6_K {
 // ---------------------------------------------------------------------------------------
 // Kernels.
 
+// The QK source floats at element i0 of row r, quantized into y.
+template <typename Q>
+__device__ __forceinline__ void quantize_block(const Tensor4& src, const RowIndex& r, i64 i0, u8* y) {
+    float x[Q::QK];
+    for (int i = 0; i < Q::QK; ++i) x[i] = load<float>(at(src, i0 + i, r.i1, r.i2, r.i3));
+    Q::run(x, y);
+}
+
+// The BYTES of a block to d (2-byte aligned) in 16-bit pieces.
+template <typename Q>
+__device__ __forceinline__ void put_block(char* d, const u8* y) {
+    for (int i = 0; i < Q::BYTES; i += 2) {
+        *reinterpret_cast<unsigned short*>(d + i) = (unsigned short)(y[i] | (y[i + 1] << 8));
+    }
+}
+
 // One thread per block: gathers the block's QK floats, quantizes them in local memory,
 // writes the bytes out in 16-bit pieces (blocks are 2-byte aligned).
 template <typename Q>
@@ -425,14 +445,30 @@ __device__ void cpy_quant(const CpyArgs& p) {
     for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < p.n; b += (i64)gridDim.x * blockDim.x) {
         const RowIndex r = row_index(p.src.ne, b / per_row);
         const i64 i0 = (b % per_row) * Q::QK;
-        float x[Q::QK];
-        for (int i = 0; i < Q::QK; ++i) x[i] = load<float>(at(p.src, i0 + i, r.i1, r.i2, r.i3));
         u8 y[Q::BYTES];
-        Q::run(x, y);
-        char* d = at(p.dst, 0, r.i1, r.i2, r.i3) + (i0 / Q::QK) * p.dst.nb[0];
-        for (int i = 0; i < Q::BYTES; i += 2) {
-            *reinterpret_cast<unsigned short*>(d + i) = (unsigned short)(y[i] | (y[i + 1] << 8));
+        quantize_block<Q>(p.src, r, i0, y);
+        put_block<Q>(at(p.dst, 0, r.i1, r.i2, r.i3) + (i0 / Q::QK) * p.dst.nb[0], y);
+    }
+}
+
+// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3] (as
+// set_row_element in common.cuh).
+template <typename Q>
+__device__ void set_rows_quant(const RowsArgs& p) {
+    pdl_enter();
+    const i64 per_row = p.src.ne[0] / Q::QK;
+    const i64 n = per_row * p.src.ne[1] * p.src.ne[2] * p.src.ne[3];
+    for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < n; b += (i64)gridDim.x * blockDim.x) {
+        const RowIndex r = row_index(p.src.ne, b / per_row);
+        const i64 i0 = (b % per_row) * Q::QK;
+        const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2 % p.ids.ne[1], r.i3 % p.ids.ne[2], 0));
+        if (id < 0 || id >= p.dst.ne[1]) {
+            if (i0 == 0) record_index_error(p.err, p.tag, id, r.i1, p.dst.ne[1]);
+            continue;
         }
+        u8 y[Q::BYTES];
+        quantize_block<Q>(p.src, r, i0, y);
+        put_block<Q>(at(p.dst, 0, id, r.i2, r.i3) + (i0 / Q::QK) * p.dst.nb[0], y);
     }
 }
 
@@ -462,3 +498,12 @@ extern "C" __global__ void cpy_f32_q8_1(const CpyArgs p) { cpy_quant<QuantQ8_1>(
 extern "C" __global__ void cpy_f32_q4_k(const CpyArgs p) { cpy_quant<QuantQ4_K>(p); }
 extern "C" __global__ void cpy_f32_q5_k(const CpyArgs p) { cpy_quant<QuantQ5_K>(p); }
 extern "C" __global__ void cpy_f32_q6_k(const CpyArgs p) { cpy_quant<QuantQ6_K>(p); }
+
+extern "C" __global__ void set_rows_f32_q4_0(const RowsArgs p) { set_rows_quant<QuantQ4_0>(p); }
+extern "C" __global__ void set_rows_f32_q4_1(const RowsArgs p) { set_rows_quant<QuantQ4_1>(p); }
+extern "C" __global__ void set_rows_f32_q5_0(const RowsArgs p) { set_rows_quant<QuantQ5_0>(p); }
+extern "C" __global__ void set_rows_f32_q5_1(const RowsArgs p) { set_rows_quant<QuantQ5_1>(p); }
+extern "C" __global__ void set_rows_f32_q8_0(const RowsArgs p) { set_rows_quant<QuantQ8_0>(p); }
+extern "C" __global__ void set_rows_f32_q4_k(const RowsArgs p) { set_rows_quant<QuantQ4_K>(p); }
+extern "C" __global__ void set_rows_f32_q5_k(const RowsArgs p) { set_rows_quant<QuantQ5_K>(p); }
+extern "C" __global__ void set_rows_f32_q6_k(const RowsArgs p) { set_rows_quant<QuantQ6_K>(p); }

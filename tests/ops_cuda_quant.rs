@@ -95,7 +95,7 @@ fn check_bytes(c: &QCase, cuda: &mut CudaBackend, cpu: &mut CpuBackend) -> Resul
         return Err(format!("{c:?}: results differ: {d}"));
     }
     if c.op != QOp::Quantize {
-        let e = qs::nmse(&qs::decode(dt, &r), &qs::oracle(c));
+        let e = qs::nmse(&qs::decode_rows(dt, c.k, &r), &qs::oracle(c));
         if e > 1e-6 {
             return Err(format!("{c:?}: cpu vs oracle NMSE {e:e}"));
         }
@@ -170,6 +170,12 @@ fn prop_dequantize_matches_cpu_bits() {
 #[test]
 fn prop_get_rows_matches_cpu_bits() {
     on_gpu("get_rows", qs::get_rows(), 128, check_bytes);
+}
+
+/// set_rows into a quantized table (a quantized KV cache's write): the CPU's bytes.
+#[test]
+fn prop_set_rows_matches_cpu_bytes() {
+    on_gpu("set_rows", qs::set_rows(), 96, check_bytes);
 }
 
 #[test]

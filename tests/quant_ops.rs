@@ -2,9 +2,12 @@
 //! by F32 activations on both dot paths (against an f64 oracle on the dequantized
 //! weights), quantizing and dequantizing casts, and get_rows from a block table; random
 //! shapes (whole blocks along dim 0, odd row counts, broadcast batches) and weight rows
-//! further apart than their bytes.
+//! further apart than their bytes; set_rows into a block-typed state.
 
 mod common;
+#[allow(dead_code)] // the device tests' cases; only set_rows is run here
+#[path = "common/quant_strategies.rs"]
+mod quant_strategies;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::{Backend, BackendExt};
@@ -185,6 +188,24 @@ proptest! {
 }
 
 /// A block type's tensors need whole blocks along dim 0, and views may not move dim 0.
+/// set_rows of F32 rows into a block-typed state (a quantized KV cache's write): the
+/// written rows are the reference quantization of the inputs, the others untouched.
+#[test]
+fn prop_set_rows_into_block_table() {
+    use quant_strategies as qs;
+    let cpu = std::cell::RefCell::new(CpuBackend::new());
+    let mut runner = proptest::test_runner::TestRunner::new(common::config(64));
+    runner
+        .run(&qs::set_rows(), |c| {
+            let (dt, bytes) = qs::run(&c, &mut *cpu.borrow_mut())
+                .map_err(|e| TestCaseError::fail(format!("{c:?}: {e}")))?;
+            let e = qs::nmse(&qs::decode_rows(dt, c.k, &bytes), &qs::oracle(&c));
+            prop_assert!(e <= 1e-6, "{c:?}: NMSE {e:e} against the oracle");
+            Ok(())
+        })
+        .unwrap();
+}
+
 #[test]
 fn block_shapes_are_checked() {
     let mut g = Graph::new();

@@ -35,6 +35,9 @@ pub enum QOp {
     Dequantize(DType),
     /// `get_rows(w, ids)` into F32.
     GetRows,
+    /// `set_rows(w, x, ids)` of `n` F32 rows into the quantized table, a state (the
+    /// write of a quantized KV cache), with distinct ids.
+    SetRows,
     /// `mul_mat(w, x)`, then `add(r, that)` when `add`.
     MulMat { add: bool },
 }
@@ -197,17 +200,31 @@ pub fn residual(c: &QCase) -> Vec<f32> {
     values(c.seed.wrapping_add(2), c.rows * c.n)
 }
 
-/// The ids of a GetRows case.
+/// The ids of a GetRows case; of a SetRows case, distinct (the first `n` of a shuffle).
 pub fn ids(c: &QCase) -> Vec<i32> {
     let mut r = Rng::new(c.seed.wrapping_add(3));
+    if c.op == QOp::SetRows {
+        let mut all: Vec<i32> = (0..c.rows as i32).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, r.below(i + 1));
+        }
+        all.truncate(c.n);
+        return all;
+    }
     (0..c.n).map(|_| r.below(c.rows) as i32).collect()
+}
+
+/// The F32 rows `[k, n]` a SetRows case writes.
+pub fn set_rows_input(c: &QCase) -> Vec<f32> {
+    values_with(c.seed.wrapping_add(4), c.k * c.n, 8.0)
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// The weight stack as a strided view of a padded weight leaf in `buf`.
+/// The weight stack as a strided view of a padded weight leaf in `buf` (a state leaf for
+/// SetRows, which writes it).
 fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> {
     let se = c.stride_elems();
     let [a2, a3] = c.a_batch;
@@ -216,7 +233,12 @@ fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> {
         buffer: buf,
         offset: 0,
     };
-    let leaf = g.weight("w", dt, &[se, c.rows, a2, a3], r)?;
+    let shape = [se, c.rows, a2, a3];
+    let leaf = if c.op == QOp::SetRows {
+        g.state("w", dt, &shape, r)?
+    } else {
+        g.weight("w", dt, &shape, r)?
+    };
     if c.pad == 0 {
         return Ok(leaf);
     }
@@ -256,7 +278,7 @@ fn run_inner(
             let v = g.view_2d(x, c.k, c.rows, se * 4, 0)?;
             g.cast(v, DType::Quant(c.q))?
         }
-        QOp::Dequantize(_) | QOp::GetRows | QOp::MulMat { .. } => {
+        QOp::Dequantize(_) | QOp::GetRows | QOp::SetRows | QOp::MulMat { .. } => {
             let bytes = weight_bytes(c);
             let buf = be.alloc_buffer(bytes.len())?;
             buffers.push(buf);
@@ -269,6 +291,14 @@ fn run_inner(
                     let v: Vec<u8> = ids(c).iter().flat_map(|i| i.to_le_bytes()).collect();
                     inputs.push((ids_t, v));
                     g.get_rows(w, ids_t)?
+                }
+                QOp::SetRows => {
+                    let x = g.input("x", DType::F32, &[c.k, c.n])?;
+                    inputs.push((x, f32_bytes(&set_rows_input(c))));
+                    let ids_t = g.input("ids", DType::I32, &[c.n])?;
+                    let v: Vec<u8> = ids(c).iter().flat_map(|i| i.to_le_bytes()).collect();
+                    inputs.push((ids_t, v));
+                    g.set_rows(w, x, ids_t)?
                 }
                 QOp::MulMat { add } => {
                     let [b2, b3] = c.b_batch();
@@ -305,11 +335,25 @@ fn run_inner(
     run.map(|()| (io.dtype, bytes))
 }
 
-/// The f64 result of a Dequantize, GetRows or MulMat case (dense, row-major).
+/// The f64 result of a Dequantize, GetRows, SetRows or MulMat case (dense, row-major).
+/// SetRows: the table with rows `ids` replaced by the written rows, quantized and
+/// dequantized by the reference (`graft::quant`), the others untouched.
 pub fn oracle(c: &QCase) -> Vec<f64> {
-    let w = weights_dequantized(c);
+    let mut w = weights_dequantized(c);
     match c.op {
         QOp::Quantize => panic!("quantize cases compare bytes"),
+        QOp::SetRows => {
+            let x = set_rows_input(c);
+            let mut bytes = vec![0u8; c.q.row_bytes(c.k).expect("whole blocks")];
+            for (j, &i) in ids(c).iter().enumerate() {
+                let i = i as usize;
+                quant::quantize_row(c.q, &x[j * c.k..(j + 1) * c.k], &mut bytes)
+                    .expect("sizes agree");
+                quant::dequantize_row(c.q, &bytes, &mut w[i * c.k..(i + 1) * c.k])
+                    .expect("sizes agree");
+            }
+            w.iter().map(|&v| f64::from(v)).collect()
+        }
         QOp::Dequantize(_) => w.iter().map(|&v| f64::from(v)).collect(),
         QOp::GetRows => ids(c)
             .iter()
@@ -362,6 +406,22 @@ pub fn decode(dt: DType, bytes: &[u8]) -> Vec<f64> {
             .collect(),
         other => panic!("no values of {other} results"),
     }
+}
+
+/// The values of result bytes of dtype `dt`: F32 or F16 ([`decode`]), or rows of `k`
+/// elements of a block type (a SetRows result), dequantized by the reference.
+pub fn decode_rows(dt: DType, k: usize, bytes: &[u8]) -> Vec<f64> {
+    let DType::Quant(q) = dt else {
+        return decode(dt, bytes);
+    };
+    let rb = q.row_bytes(k).expect("whole blocks");
+    let mut row = vec![0f32; k];
+    let mut out = Vec::with_capacity(bytes.len() / rb * k);
+    for b in bytes.chunks_exact(rb) {
+        quant::dequantize_row(q, b, &mut row).expect("sizes agree");
+        out.extend(row.iter().map(|&v| f64::from(v)));
+    }
+    out
 }
 
 pub use crate::common::nmse;
@@ -431,6 +491,25 @@ pub fn get_rows() -> BoxedStrategy<QCase> {
                 rows,
                 pad,
                 n,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            })
+        })
+        .boxed()
+}
+
+/// set_rows of 1..=20 distinct F32 rows into a quantized table of up to 37 rows.
+pub fn set_rows() -> BoxedStrategy<QCase> {
+    (qtype(), any::<u64>(), 1usize..=37, 1usize..=20)
+        .prop_flat_map(|(q, seed, rows, n)| {
+            blocks(q).prop_map(move |k| QCase {
+                op: QOp::SetRows,
+                q,
+                k,
+                rows,
+                pad: 0,
+                n: n.min(rows),
                 a_batch: [1, 1],
                 repeat: [1, 1],
                 seed,

@@ -114,7 +114,8 @@ pub(crate) fn copy(lw: &Lowering, src: &Operand, dst: &Operand) -> Result<DevOp,
     copy_to(lw, src, dst, lw.addr(dst))
 }
 
-/// set_rows: rows of `src[0]` into the rows `src[1]` of `dst`, one thread per element.
+/// set_rows: rows of `src[0]` into the rows `src[1]` of `dst`, one thread per element,
+/// or per block when `dst` is quantized (`cuda/quantize.cu`: F32 sources).
 pub(crate) fn lower_set_rows(
     src: &[Operand],
     dst: &Operand,
@@ -123,6 +124,18 @@ pub(crate) fn lower_set_rows(
     let (s, ids) = (&src[0], &src[1]);
     expect_i32("set_rows ids", ids)?;
     let kernel = by::SET_ROWS.get([s.dtype, dst.dtype])?;
+    let threads = match dst.dtype.quant() {
+        Some(q) if s.ne[0] % q.block_size() == 0 => s.nelements() / q.block_size(),
+        Some(q) => {
+            return Err(format!(
+                "set_rows: rows of {} elements are not whole {} blocks of {}",
+                s.ne[0],
+                dst.dtype,
+                q.block_size()
+            ))
+        }
+        None => s.nelements(),
+    };
     let args = RowsArgs {
         src: lw.t4(s),
         ids: lw.t4(ids),
@@ -130,6 +143,6 @@ pub(crate) fn lower_set_rows(
         err: lw.err,
         tag: lw.tag,
     };
-    let (grid, block) = flat_grid(s.nelements());
+    let (grid, block) = flat_grid(threads);
     Ok(vec![DevOp::kernel(kernel, grid, block, &args)])
 }
