@@ -46,6 +46,9 @@
 
 #include "fattn_common.cuh"
 
+// log2(e): exp(x) = exp2(x * LOG2E_F), the hardware's exp2 after one multiply.
+constexpr float LOG2E_F = 1.4426950408889634f;
+
 // Lanes per key group of fattn_vec: D / 8 rounded up to a power of two.
 template <int D>
 __host__ __device__ constexpr int vec_lanes() {
@@ -199,13 +202,15 @@ __device__ void fattn_vec(const FattnArgs& p) {
                 mx = fmaxf(mx, s[u]);
             }
             if (mx == -INFINITY) continue;  // every key so far masked
-            const float c = expf(m[r] - mx);
+            // exp(x - mx) as exp2((x - mx) log2 e): one multiply and the hardware exp2
+            // (expf's range reduction was most of the per-key instructions)
+            const float c = exp2f((m[r] - mx) * LOG2E_F);
             l[r] *= c;
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc[r][i] *= c;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const float w = expf(s[u] - mx);  // 0 for a masked key
+                const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
                 l[r] += w;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) acc[r][i] += w * vp[u].get(i);
@@ -493,7 +498,6 @@ __device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw
 template <int D, int BK, int LD>
 __device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa)[4], const f16* ks,
                                          const f16* vs, const float (*bias)[4], int lane, MmaState<D>& st) {
-    constexpr float LOG2E = 1.4426950408889634f;
     const int r8 = lane % 8, mi = lane / 8;
     float s[BK / 8][4];
 #pragma unroll
@@ -542,8 +546,8 @@ __device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa
         const float mnew = fmaxf(st.m[r], mx[r]);
         // exp(s - mnew) as exp2(s log2e - mnew log2e); a row with no live key so far
         // keeps mnew = -inf, and then every term is 0
-        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E;
-        c[r] = exp2f(fmaf(st.m[r], LOG2E, -ml[r]));
+        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E_F;
+        c[r] = exp2f(fmaf(st.m[r], LOG2E_F, -ml[r]));
         st.m[r] = mnew;
         st.l[r] *= c[r];
     }
@@ -561,7 +565,7 @@ __device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) {
 #pragma unroll
-        for (int x = 0; x < 4; ++x) s[n][x] = exp2f(fmaf(s[n][x], LOG2E, -ml[x / 2]));
+        for (int x = 0; x < 4; ++x) s[n][x] = exp2f(fmaf(s[n][x], LOG2E_F, -ml[x / 2]));
         st.l[0] += s[n][0] + s[n][1];
         st.l[1] += s[n][2] + s[n][3];
     }
