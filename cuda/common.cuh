@@ -214,6 +214,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+__device__ __forceinline__ int warp_min(int v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = warp_sum(v);
     if (blockDim.x == WARP_SIZE) return v;
@@ -257,20 +269,29 @@ __device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
     idx[3] = i / ne[2];
 }
 
+// The dst row of source row (i1, i2, i3) of a set_rows: ids[i1, i2 % .., i3 % ..] (ids
+// I32 [n, i2, i3], broadcast over dims 2 and 3), or -1 for an id outside 0..dst.ne[1]
+// (recorded when `report`: once per source row, by its first element or block).
+__device__ __forceinline__ int set_row_id(const Tensor4& ids, const Tensor4& dst, IndexError* err, i64 tag,
+                                          i64 i1, i64 i2, i64 i3, bool report) {
+    const int id = *reinterpret_cast<const int*>(at(ids, i1, i2 % ids.ne[1], i3 % ids.ne[2], 0));
+    if (id < 0 || id >= dst.ne[1]) {
+        if (report) record_index_error(err, tag, id, i1, dst.ne[1]);
+        return -1;
+    }
+    return id;
+}
+
 // Element i (row-major over src.ne = [ne0, n, ne2, ne3]) of a set_rows: src (type S) to
-// row ids[i1, i2 % .., i3 % ..] of dst (type D; ids I32 [n, i2, i3], broadcast over dims 2
-// and 3). An id outside 0..dst.ne[1] is recorded and the element skipped.
+// row set_row_id of dst (type D); an element of a bad id's row is skipped.
 template <typename S, typename D>
 __device__ __forceinline__ void set_row_element(const Tensor4& src, const Tensor4& ids,
                                                 const Tensor4& dst, IndexError* err, i64 tag,
                                                 i64 i) {
     i64 ix[4];
     unflatten(src.ne, i, ix);
-    const int id = *reinterpret_cast<const int*>(at(ids, ix[1], ix[2] % ids.ne[1], ix[3] % ids.ne[2], 0));
-    if (id < 0 || id >= dst.ne[1]) {
-        if (ix[0] == 0) record_index_error(err, tag, id, ix[1], dst.ne[1]);
-        return;
-    }
+    const int id = set_row_id(ids, dst, err, tag, ix[1], ix[2], ix[3], ix[0] == 0);
+    if (id < 0) return;
     *reinterpret_cast<D*>(at(dst, ix[0], id, ix[2], ix[3])) =
         convert<D>(*reinterpret_cast<const S*>(at(src, ix[0], ix[1], ix[2], ix[3])));
 }

@@ -661,11 +661,8 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
             lo = min(lo, rg[2 * e]);
             hi = max(hi, rg[2 * e + 1]);
         }
-#pragma unroll
-        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
-            lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, o));
-            hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, o));
-        }
+        lo = warp_min(lo);
+        hi = warp_max(hi);
         t_begin = lo / BK;
         t_end = hi > lo ? (hi + BK - 1) / BK : t_begin;
     }
@@ -795,11 +792,8 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
     } else {
         live_keys<float>(p, lo, hi);
     }
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, o));
-        hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, o));
-    }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
     if (lane == 0) {
         lo_w[warp] = lo;
         hi_w[warp] = hi;

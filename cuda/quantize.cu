@@ -451,8 +451,8 @@ __device__ void cpy_quant(const CpyArgs& p) {
     }
 }
 
-// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3] (as
-// set_row_element in common.cuh).
+// ids is I32 [n, i2, i3], broadcast over dims 2 and 3 of src [ne0, n, ne2, ne3]
+// (set_row_id in common.cuh, as set_row_element).
 template <typename Q>
 __device__ void set_rows_quant(const RowsArgs& p) {
     pdl_enter();
@@ -461,11 +461,8 @@ __device__ void set_rows_quant(const RowsArgs& p) {
     for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < n; b += (i64)gridDim.x * blockDim.x) {
         const RowIndex r = row_index(p.src.ne, b / per_row);
         const i64 i0 = (b % per_row) * Q::QK;
-        const int id = *reinterpret_cast<const int*>(at(p.ids, r.i1, r.i2 % p.ids.ne[1], r.i3 % p.ids.ne[2], 0));
-        if (id < 0 || id >= p.dst.ne[1]) {
-            if (i0 == 0) record_index_error(p.err, p.tag, id, r.i1, p.dst.ne[1]);
-            continue;
-        }
+        const int id = set_row_id(p.ids, p.dst, p.err, p.tag, r.i1, r.i2, r.i3, i0 == 0);
+        if (id < 0) continue;
         u8 y[Q::BYTES];
         quantize_block<Q>(p.src, r, i0, y);
         put_block<Q>(at(p.dst, 0, id, r.i2, r.i3) + (i0 / Q::QK) * p.dst.nb[0], y);
