@@ -171,7 +171,7 @@ struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadca
     Tensor4 dst;
     Tensor4 w;
     float eps;
-    float pad;
+    int vec;      // 1: rows of 4-element groups in 16-byte words (rms_rows_vec in norm.cu)
     char* q8;     // when not null: row r of dst also as split Q8_1 at q8 + r * q8_nb1
     i64 q8_nb1;   // (cuda/quant.cuh, store_act), for the decode product that reads it
     i64 w_early;  // 1: w is read-only (a weight) and read before waiting on the previous kernel
@@ -244,9 +244,10 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
 };
 static_assert(sizeof(FattnArgs) == 424, "FattnArgs layout");
 
-// Launch geometry of the mul_mat_vec_* and mul_mat_p021 kernels.
+// Launch geometry of the mul_mat_vec_*, mul_mat_p021 and rms_norm_mul kernels.
 
 constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_vec_*
+constexpr int NORM_VEC = 4;       // groups of 4 elements a thread holds in rms_norm_mul's vector path
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
 

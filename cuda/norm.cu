@@ -72,6 +72,94 @@ __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& 
     }
 }
 
+// 4 consecutive weights (16-byte aligned for float, 8-byte for the 16-bit types).
+template <typename W>
+__device__ __forceinline__ float4 load4(const char* p);
+template <>
+__device__ __forceinline__ float4 load4<float>(const char* p) { return *reinterpret_cast<const float4*>(p); }
+template <>
+__device__ __forceinline__ float4 load4<f16>(const char* p) {
+    const __half2* h = reinterpret_cast<const __half2*>(p);
+    const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+template <>
+__device__ __forceinline__ float4 load4<bf16>(const char* p) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(p);
+    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// store_act for 4 elements at once: group g (elements 4g..4g+3) of a column of k
+// activations, the 8 groups of a 32-element block held by 8 consecutive lanes. The same
+// scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
+// it; `valid` lanes store (a block's 8 lanes are all valid or none).
+__device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float id = inverse(d);
+    const int q0 = sat_i8(roundf(v.x * id)), q1 = sat_i8(roundf(v.y * id));
+    const int q2 = sat_i8(roundf(v.z * id)), q3 = sat_i8(roundf(v.w * id));
+    int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    if (!valid) return;
+    *reinterpret_cast<unsigned*>(col + 4 * (i64)g) =
+        (unsigned)(q0 & 0xff) | (unsigned)(q1 & 0xff) << 8 | (unsigned)(q2 & 0xff) << 16 | (unsigned)q3 << 24;
+    if (g % 8 == 0) {
+        unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + g / 2);
+        ds[0] = __half_as_ushort(__float2half_rn(d));
+        ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
+    }
+}
+
+// rms_rows for rows the launcher found vectorizable (NormMulArgs::vec): dense F32 rows of
+// ne0 % 4 == 0 elements in 16-byte aligned words, a dense aligned weight of type W, and at
+// most NORM_VEC groups of 4 a thread. Each thread loads its groups with 16-byte loads, all
+// in flight together, and keeps them in registers through the reduction (no second read
+// of the row); with q8, 8 lanes quantize a 32-element block together (store_act4).
+template <typename W>
+__device__ void rms_rows_vec(const NormMulArgs& p) {
+    __shared__ float scratch[32];
+    const int ng = (int)(p.src.ne[0] / 4);
+    const int stride = (int)blockDim.x;
+    float4 wv[NORM_VEC], xv[NORM_VEC];
+    auto load_w = [&]() {
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; ++k) {
+            const int g = threadIdx.x + k * stride;
+            wv[k] = g < ng ? load4<W>(p.w.data + 4 * (i64)g * sizeof(W)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    if (p.w_early) load_w();
+    pdl_wait();
+    if (!p.w_early) load_w();
+    const RowIndex r = row_index(p.src.ne, blockIdx.x);
+    const float4* x = reinterpret_cast<const float4*>(at(p.src, 0, r.i1, r.i2, r.i3));
+    float4* y = reinterpret_cast<float4*>(at(p.dst, 0, r.i1, r.i2, r.i3));
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        const int g = threadIdx.x + k * stride;
+        xv[k] = g < ng ? x[g] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = 1.0f / sqrtf(ss / (float)p.src.ne[0] + p.eps);
+    char* col = p.q8 != nullptr ? p.q8 + blockIdx.x * p.q8_nb1 : nullptr;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; ++k) {
+        if (k * stride + (int)(threadIdx.x & ~(WARP_SIZE - 1)) >= ng) break;  // the whole warp
+        const int g = threadIdx.x + k * stride;
+        const float4 v = make_float4(xv[k].x * scale * wv[k].x, xv[k].y * scale * wv[k].y,
+                                     xv[k].z * scale * wv[k].z, xv[k].w * scale * wv[k].w);
+        if (g < ng) y[g] = v;
+        if (col != nullptr) store_act4(v, col, p.src.ne[0], g, g < ng);
+    }
+}
+
 template <typename T>
 __device__ void rms_norm(const NormArgs& p) {
     pdl_launch_dependents();
@@ -158,7 +246,11 @@ __device__ void norm(const NormArgs& p) {
 template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
     pdl_launch_dependents();
-    rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1, p.w_early != 0);
+    if (p.vec) {
+        rms_rows_vec<W>(p);
+    } else {
+        rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1, p.w_early != 0);
+    }
 }
 
 extern "C" __global__ void rms_norm_mul_f32_f32(const NormMulArgs p) { rms_norm_mul<float>(p); }

@@ -14,11 +14,15 @@ mod common;
 #[path = "common/quant_strategies.rs"]
 mod quant_strategies;
 
+use std::cell::RefCell;
 use std::sync::Mutex;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
+use graft::graph::{DType, Graph};
 use graft::ops::mul_mat::QuantDot;
+use graft::quant::{self, QType};
+use proptest::prelude::any;
 use proptest::strategy::BoxedStrategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qs::{QCase, QOp};
@@ -56,8 +60,8 @@ fn on_gpu(
         source_file: Some(file!()),
         ..common::config(cases)
     };
-    let cuda = std::cell::RefCell::new(&mut cuda);
-    let cpu = std::cell::RefCell::new(&mut cpu);
+    let cuda = RefCell::new(&mut cuda);
+    let cpu = RefCell::new(&mut cpu);
     let result = TestRunner::new(config).run(&strategy, |case| {
         check(&case, &mut cuda.borrow_mut(), &mut cpu.borrow_mut()).map_err(TestCaseError::fail)
     });
@@ -196,6 +200,147 @@ fn prop_mul_mat_decode_dequantize() {
         192,
         |c, g, r| check_mul_mat(c, g, r, false, NMSE_DMMV),
     );
+}
+
+/// `rms_norm(x) * nw` then a decode product of it, on the GPU: the fused norm writes the
+/// Q8_1 activations the product reads. The normalized rows must be the CPU's, and the
+/// product must be `vec_dot_q8_1` against those very rows quantized on the host (exact up
+/// to the order of the f32 sums), so a wrong quant, scale or block sum in the norm's Q8_1
+/// copy fails. The norm weight is F32, F16 or BF16; `misalign` puts it one element off
+/// its buffer's alignment, which takes the kernel's scalar path instead of the
+/// 16-byte vector path. Row lengths up to 160 blocks leave warps partly outside the row.
+#[test]
+fn prop_norm_then_decode_q8_1() {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let mut cpu = CpuBackend::new();
+    let config = Config {
+        source_file: Some(file!()),
+        ..common::config(64)
+    };
+    let wdt = proptest::sample::select(vec![DType::F32, DType::F16, DType::BF16]);
+    let strategy = (qs::mul_mat_decode(), wdt, any::<bool>());
+    let (cuda, cpu) = (RefCell::new(&mut cuda), RefCell::new(&mut cpu));
+    let result = TestRunner::new(config).run(&strategy, |(c, wdt, misalign)| {
+        check_norm_decode(
+            &c,
+            wdt,
+            misalign,
+            &mut cuda.borrow_mut(),
+            &mut cpu.borrow_mut(),
+        )
+        .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("norm then decode: {e}");
+    }
+}
+
+fn check_norm_decode(
+    c: &QCase,
+    wdt: DType,
+    misalign: bool,
+    cuda: &mut CudaBackend,
+    cpu: &mut CpuBackend,
+) -> Result<(), String> {
+    let what = format!("{c:?}, norm weight {wdt}, misaligned {misalign}");
+    let (h_gpu, y_gpu) =
+        norm_decode(c, wdt, misalign, cuda).map_err(|e| format!("{what}: cuda: {e}"))?;
+    let (h_cpu, _) = norm_decode(c, wdt, misalign, cpu).map_err(|e| format!("{what}: cpu: {e}"))?;
+    let as64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let e = qs::nmse(&h_gpu, &as64(&h_cpu));
+    if e > 1e-10 {
+        return Err(format!("{what}: normalized rows vs cpu NMSE {e:e}"));
+    }
+    // vec_dot_q8_1 of each weight row with each normalized column, quantized on the host.
+    let se = c.stride_elems();
+    let rb = c.q.row_bytes(se).expect("whole blocks");
+    let used = c.q.row_bytes(c.k).expect("whole blocks");
+    let w = qs::weight_bytes(c);
+    let mut want = Vec::with_capacity(c.rows * c.n);
+    for col in h_gpu.chunks_exact(c.k) {
+        let mut a = vec![0u8; QType::Q8_1.row_bytes(c.k).expect("whole blocks")];
+        quant::quantize_row(QType::Q8_1, col, &mut a).expect("sizes agree");
+        for i in 0..c.rows {
+            want.push(f64::from(quant::vec_dot_q8_1(
+                c.q,
+                &w[i * rb..i * rb + used],
+                &a,
+            )));
+        }
+    }
+    if let Some(i) = y_gpu.iter().position(|v| !v.is_finite()) {
+        return Err(format!("{what}: element {i} is {}", y_gpu[i]));
+    }
+    let e = qs::nmse(&y_gpu, &want);
+    if e > NMSE_EXACT {
+        return Err(format!(
+            "{what}: product vs vec_dot_q8_1 NMSE {e:e} (bound {NMSE_EXACT:e})"
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `y = mul_mat(w, rms_norm(x) * nw)` of case `c` (its weights and activations) on
+/// `be`; returns the normalized rows and `y`.
+fn norm_decode(
+    c: &QCase,
+    wdt: DType,
+    misalign: bool,
+    be: &mut dyn graft::backend::Backend,
+) -> graft::Result<(Vec<f32>, Vec<f32>)> {
+    let bytes = qs::weight_bytes(c);
+    let buf = be.alloc_buffer(bytes.len())?;
+    let result = (|| {
+        be.write_buffer(buf, 0, &bytes)?;
+        let mut g = Graph::new();
+        let w = qs::weight_view(&mut g, c, buf)?;
+        let x = g.input("x", DType::F32, &[c.k, c.n])?;
+        let off = usize::from(misalign);
+        let nw_all = g.input("nw", wdt, &[c.k + 1])?;
+        let nw = g.view_1d(nw_all, c.k, off * wdt.block_bytes())?;
+        let h = g.rms_norm(x, 1e-5)?;
+        let h = g.mul(h, nw)?;
+        let y = g.mul_mat(w, h)?;
+        let plan = g.plan(&[h, y])?;
+        let exec = be.load(&plan)?;
+        let nw_vals = qs::values(c.seed.wrapping_add(7), c.k + 1);
+        let nw_bytes: Vec<u8> = match wdt {
+            DType::F16 => nw_vals
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::BF16 => nw_vals
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => qs::f32_bytes(&nw_vals),
+        };
+        let mut hb = vec![0u8; c.k * c.n * 4];
+        let mut yb = vec![0u8; c.rows * c.n * 4];
+        let run = (|| {
+            // Twice: capture, then replay.
+            for _ in 0..2 {
+                be.set_input(exec, x, &qs::f32_bytes(&qs::activations(c)))?;
+                be.set_input(exec, nw_all, &nw_bytes)?;
+                be.compute(exec)?;
+            }
+            be.get_output(exec, h, &mut hb)?;
+            be.get_output(exec, y, &mut yb)
+        })();
+        be.unload(exec)?;
+        run.map(|()| (floats(&hb), floats(&yb)))
+    })();
+    be.free_buffer(buf)?;
+    result
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[test]

@@ -219,13 +219,13 @@ pub fn set_rows_input(c: &QCase) -> Vec<f32> {
     values_with(c.seed.wrapping_add(4), c.k * c.n, 8.0)
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// The weight stack as a strided view of a padded weight leaf in `buf` (a state leaf for
 /// SetRows, which writes it).
-fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> {
+pub fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> {
     let se = c.stride_elems();
     let [a2, a3] = c.a_batch;
     let dt = DType::Quant(c.q);

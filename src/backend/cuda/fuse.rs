@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use super::args::{GluArgs, NormMulArgs};
+use super::args::{GluArgs, NormMulArgs, NORM_VEC};
 use super::kernels::{by, k};
 use super::lower::lower_step;
 use super::lower::mul_mat::{self, Gemv};
@@ -147,6 +147,32 @@ fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64) {
     }
 }
 
+/// Whether `rms_norm_mul` can take its vector path (`rms_rows_vec` in cuda/norm.cu) for
+/// `y = rms_norm(x) * w`: dense F32 rows of a multiple of 4 elements that start on 16
+/// bytes, at most `NORM_VEC` groups of 4 a thread of a 1024-thread block, and a dense
+/// weight aligned to 4 of its elements.
+fn norm_vec(x: &Operand, y: &Operand, w: &Operand, lw: &Lowering) -> bool {
+    let rows16 = |t: &Operand| {
+        t.nb[0] == 4 && t.nb[1..].iter().all(|nb| nb % 16 == 0) && lw.addr(t) % 16 == 0
+    };
+    let wsize = w.dtype.block_bytes();
+    x.ne[0] % 4 == 0
+        && x.ne[0] / 4 <= NORM_VEC as usize * 1024
+        && rows16(x)
+        && rows16(y)
+        && w.nb[0] == wsize
+        && lw.addr(w) % (4 * wsize as u64) == 0
+}
+
+/// Threads of a vector-path `rms_norm_mul` block for rows of `ne0` elements: `NORM_VEC`
+/// groups of 4 a thread, whole warps.
+fn norm_vec_threads(ne0: usize) -> u32 {
+    (ne0 / 4)
+        .div_ceil(NORM_VEC as usize)
+        .next_multiple_of(32)
+        .clamp(32, 1024) as u32
+}
+
 /// The fused launch of `first` then `second` (`next` the step after them), or None when
 /// the pair is not a pattern.
 fn pair(
@@ -177,24 +203,27 @@ fn pair(
             let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype]);
             Some(kernel.and_then(|kernel| {
                 let (q8, q8_nb1) = q8_1_out(y, next, lw);
+                let vec = norm_vec(x, y, w, lw);
                 let args = NormMulArgs {
                     src: lw.t4(x),
                     dst: lw.t4(y),
                     w: lw.t4(w),
                     eps: *eps,
-                    pad: 0.0,
+                    vec: i32::from(vec),
                     q8,
                     q8_nb1,
                     // a weight, read while the previous kernel of the plan finishes
                     w_early: i64::from(lw.read_only(w) && lw.launched),
                 };
-                // A decode step normalizes a few rows: a warp per 32 elements (up to
-                // 1024 threads) keeps it short; a prefill has rows enough for a warp each
-                // (a wide block for long rows).
-                let threads = match (x.nrows() <= MAX_DECODE_COLS, x.ne[0] <= 1024) {
-                    (true, _) => x.ne[0].next_multiple_of(32).min(1024) as u32,
-                    (false, true) => 32,
-                    (false, false) => 1024,
+                // The vector path: NORM_VEC groups of 4 elements a thread. Otherwise a
+                // decode step normalizes a few rows: a warp per 32 elements (up to 1024
+                // threads) keeps it short; a prefill has rows enough for a warp each (a
+                // wide block for long rows).
+                let threads = match (vec, x.nrows() <= MAX_DECODE_COLS, x.ne[0] <= 1024) {
+                    (true, _, _) => norm_vec_threads(x.ne[0]),
+                    (false, true, _) => x.ne[0].next_multiple_of(32).min(1024) as u32,
+                    (false, false, true) => 32,
+                    (false, false, false) => 1024,
                 };
                 Ok(vec![DevOp::kernel(
                     kernel,

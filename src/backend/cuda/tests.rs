@@ -411,7 +411,7 @@ fn check_lowering(
                             nb: [4, 0, 0, 0],
                         },
                         eps: a.eps,
-                        pad: 0.0,
+                        vec: 0,
                         q8: 0,
                         q8_nb1: 0,
                         w_early: 0,
