@@ -89,8 +89,10 @@ pub const TRACE_NAMES: &[(&str, &str)] = &[
 /// The additive mask of queries at positions `queries` over the first `n_kv` cache
 /// positions, `[n_kv, queries.len()]`: 0 where key `j` is visible to the query at `p`
 /// (`j <= p`, and `p - j < window` with a sliding window), -inf elsewhere. Each row is
-/// one run of zeros between two runs of -inf, filled in parallel over rows (a
-/// 16,384-token prefill's mask is 1 GiB; per-element code made it seconds of host time).
+/// one run of zeros between two runs of -inf, filled in parallel over rows when the mask
+/// is large (a 16,384-token prefill's mask is 1 GiB; per-element code made it seconds of
+/// host time), on the calling thread when it is small (a decode step's single row, where
+/// handing the work to the thread pool and waiting for it costs more than the fill).
 pub fn attention_mask(
     queries: impl Iterator<Item = usize>,
     n_kv: usize,
@@ -102,18 +104,26 @@ pub fn attention_mask(
     if n_kv == 0 {
         return m;
     }
-    m.par_chunks_mut(n_kv)
-        .zip(queries.par_iter())
-        .for_each(|(row, &p)| {
-            // visible: lo..=p (clipped to the cache)
-            let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
-            let hi = (p + 1).min(n_kv);
-            if lo < hi {
-                row[lo..hi].fill(0.0);
-            }
-        });
+    let fill = |(row, &p): (&mut [f32], &usize)| {
+        // visible: lo..=p (clipped to the cache)
+        let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let hi = (p + 1).min(n_kv);
+        if lo < hi {
+            row[lo..hi].fill(0.0);
+        }
+    };
+    if m.len() < PARALLEL_MASK_ELEMENTS {
+        m.chunks_mut(n_kv).zip(&queries).for_each(fill);
+    } else {
+        m.par_chunks_mut(n_kv)
+            .zip(queries.par_iter())
+            .for_each(fill);
+    }
     m
 }
+
+/// Mask elements from which [`attention_mask`] fills rows on the thread pool.
+const PARALLEL_MASK_ELEMENTS: usize = 1 << 20;
 
 /// The additive mask of queries at positions `queries` (the last one just written) over
 /// the `slots` slots of a ring cache, `[slots, queries.len()]`: slot `j` holds the
@@ -906,6 +916,9 @@ mod tests {
             (10, 6, 20, Some(4)),
             (2, 3, 3, Some(100)),
             (0, 2, 0, None),
+            // past PARALLEL_MASK_ELEMENTS: rows filled on the thread pool
+            (700, 600, 1800, Some(900)),
+            (0, 1100, 1100, None),
         ] {
             let m = attention_mask(start..start + n, n_kv, window);
             assert_eq!(m.len(), n * n_kv);

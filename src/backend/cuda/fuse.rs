@@ -147,16 +147,27 @@ fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64) {
     }
 }
 
+/// Shortest rows that take `rms_norm_mul`'s vector path in a decode step (a prefill's
+/// many rows always do). Measured on an H100 (decode, rows written as Q8_1 too):
+/// 4,096-element rows (Llama-2-7B) decode faster on it (Q4_0 377.0 against 362.3 tok/s),
+/// 576-element rows (SmolLM2) slower (1,133-1,157 against 1,194-1,224), where the scalar
+/// path's warp per 32 elements has more warps to spread the Q8_1 shuffles over; SmolLM2's
+/// 512-token prefill was faster on it (140,506-141,467 against 122,390-123,437 tok/s).
+/// Sizes between 576 and 4,096 were not measured.
+const NORM_VEC_MIN: usize = 2048;
+
 /// Whether `rms_norm_mul` can take its vector path (`rms_rows_vec` in cuda/norm.cu) for
-/// `y = rms_norm(x) * w`: dense F32 rows of a multiple of 4 elements that start on 16
-/// bytes, at most `NORM_VEC` groups of 4 a thread of a 1024-thread block, and a dense
-/// weight aligned to 4 of its elements.
+/// `y = rms_norm(x) * w`: dense F32 rows of a multiple of 4 elements (at least
+/// [`NORM_VEC_MIN`] of them in a decode step) that start on 16 bytes, at most `NORM_VEC`
+/// groups of 4 a thread of a 1024-thread block, and a dense weight aligned to 4 of its
+/// elements.
 fn norm_vec(x: &Operand, y: &Operand, w: &Operand, lw: &Lowering) -> bool {
     let rows16 = |t: &Operand| {
         t.nb[0] == 4 && t.nb[1..].iter().all(|nb| nb % 16 == 0) && lw.addr(t) % 16 == 0
     };
     let wsize = w.dtype.block_bytes();
     x.ne[0] % 4 == 0
+        && (x.ne[0] >= NORM_VEC_MIN || x.nrows() > MAX_DECODE_COLS)
         && x.ne[0] / 4 <= NORM_VEC as usize * 1024
         && rows16(x)
         && rows16(y)
