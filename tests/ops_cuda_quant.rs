@@ -206,9 +206,11 @@ fn prop_mul_mat_decode_dequantize() {
 /// Q8_1 activations the product reads. The normalized rows must be the CPU's, and the
 /// product must be `vec_dot_q8_1` against those very rows quantized on the host (exact up
 /// to the order of the f32 sums), so a wrong quant, scale or block sum in the norm's Q8_1
-/// copy fails. The norm weight is F32, F16 or BF16; `misalign` puts it one element off
-/// its buffer's alignment, which takes the kernel's scalar path instead of the
-/// 16-byte vector path. Row lengths up to 160 blocks leave warps partly outside the row.
+/// copy fails. The norm weight is F32, F16 or BF16. Aligned, rows of 2,048 elements or
+/// more take the kernel's 16-byte vector path and shorter ones its scalar path;
+/// `misalign` puts the weight one element off its buffer's alignment, which takes the
+/// scalar path at any length. Row lengths up to 160 blocks leave warps partly outside the
+/// row.
 #[test]
 fn prop_norm_then_decode_q8_1() {
     let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
