@@ -90,31 +90,6 @@ __device__ __forceinline__ float4 load4<bf16>(const char* p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
-// store_act for 4 elements at once: group g (elements 4g..4g+3) of a column of k
-// activations, the 8 groups of a 32-element block held by 8 consecutive lanes. The same
-// scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
-// it; `valid` lanes store (a block's 8 lanes are all valid or none).
-__device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid) {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float d = amax / 127.0f;
-    const float id = inverse(d);
-    const int q0 = sat_i8(roundf(v.x * id)), q1 = sat_i8(roundf(v.y * id));
-    const int q2 = sat_i8(roundf(v.z * id)), q3 = sat_i8(roundf(v.w * id));
-    int sum = q0 + q1 + q2 + q3;
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-    if (!valid) return;
-    *reinterpret_cast<unsigned*>(col + 4 * (i64)g) =
-        (unsigned)(q0 & 0xff) | (unsigned)(q1 & 0xff) << 8 | (unsigned)(q2 & 0xff) << 16 | (unsigned)q3 << 24;
-    if (g % 8 == 0) {
-        unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + g / 2);
-        ds[0] = __half_as_ushort(__float2half_rn(d));
-        ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
-    }
-}
-
 // rms_rows for rows the launcher found vectorizable (NormMulArgs::vec): dense F32 rows of
 // ne0 % 4 == 0 elements in 16-byte aligned words, a dense aligned weight of type W, and at
 // most NORM_VEC groups of 4 a thread. Each thread loads its groups with 16-byte loads, all

@@ -92,6 +92,13 @@ __device__ __forceinline__ int sat_i8(float x) {
 // 1 / d, or 0 for a zero scale (an all-zero block).
 __device__ __forceinline__ float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
 
+// The (d, d * sum) pair of sub-block s of a column of k activations, as half2 at k + 4 s.
+__device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float d, int sum) {
+    unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + 4 * s);
+    ds[0] = __half_as_ushort(__float2half_rn(d));
+    ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
+}
+
 // Element `lane` of sub-block s of a column of k activations, quantized by the whole warp
 // (lane = element) into the split layout above: d = amax / 127, quants rounded half away
 // from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
@@ -104,11 +111,28 @@ __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int 
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
     col[32 * s + lane] = (char)q;
-    if (lane == 0) {
-        unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + 4 * s);
-        ds[0] = __half_as_ushort(__float2half_rn(d));
-        ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
-    }
+    if (lane == 0) store_act_scales(col, k, s, d, sum);
+}
+
+// store_act for 4 elements at once: group g (elements 4g..4g+3) of a column of k
+// activations, the 8 groups of a 32-element block held by 8 consecutive lanes. The same
+// scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
+// it; `valid` lanes store (a block's 8 lanes are all valid or none).
+__device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float id = inverse(d);
+    const int q0 = sat_i8(roundf(v.x * id)), q1 = sat_i8(roundf(v.y * id));
+    const int q2 = sat_i8(roundf(v.z * id)), q3 = sat_i8(roundf(v.w * id));
+    int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    if (!valid) return;
+    *reinterpret_cast<unsigned*>(col + 4 * (i64)g) =
+        (unsigned)(q0 & 0xff) | (unsigned)(q1 & 0xff) << 8 | (unsigned)(q2 & 0xff) << 16 | (unsigned)q3 << 24;
+    if (g % 8 == 0) store_act_scales(col, k, g / 8, d, sum);
 }
 
 // sum of the byte products of w[from..to) and y.q[from..to) (signed bytes).

@@ -21,7 +21,6 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
 use graft::graph::{DType, Graph};
 use graft::ops::mul_mat::QuantDot;
-use graft::quant::{self, QType};
 use proptest::prelude::any;
 use proptest::strategy::BoxedStrategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -257,22 +256,7 @@ fn check_norm_decode(
         return Err(format!("{what}: normalized rows vs cpu NMSE {e:e}"));
     }
     // vec_dot_q8_1 of each weight row with each normalized column, quantized on the host.
-    let se = c.stride_elems();
-    let rb = c.q.row_bytes(se).expect("whole blocks");
-    let used = c.q.row_bytes(c.k).expect("whole blocks");
-    let w = qs::weight_bytes(c);
-    let mut want = Vec::with_capacity(c.rows * c.n);
-    for col in h_gpu.chunks_exact(c.k) {
-        let mut a = vec![0u8; QType::Q8_1.row_bytes(c.k).expect("whole blocks")];
-        quant::quantize_row(QType::Q8_1, col, &mut a).expect("sizes agree");
-        for i in 0..c.rows {
-            want.push(f64::from(quant::vec_dot_q8_1(
-                c.q,
-                &w[i * rb..i * rb + used],
-                &a,
-            )));
-        }
-    }
+    let want = qs::q8_1_products(c, &h_gpu);
     if let Some(i) = y_gpu.iter().position(|v| !v.is_finite()) {
         return Err(format!("{what}: element {i} is {}", y_gpu[i]));
     }
@@ -309,17 +293,7 @@ fn norm_decode(
         let plan = g.plan(&[h, y])?;
         let exec = be.load(&plan)?;
         let nw_vals = qs::values(c.seed.wrapping_add(7), c.k + 1);
-        let nw_bytes: Vec<u8> = match wdt {
-            DType::F16 => nw_vals
-                .iter()
-                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-                .collect(),
-            DType::BF16 => nw_vals
-                .iter()
-                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-                .collect(),
-            _ => qs::f32_bytes(&nw_vals),
-        };
+        let nw_bytes = common::case::encode(wdt, &common::case::Data::F(nw_vals));
         let mut hb = vec![0u8; c.k * c.n * 4];
         let mut yb = vec![0u8; c.rows * c.n * 4];
         let run = (|| {

@@ -174,22 +174,32 @@ pub fn activations(c: &QCase) -> Vec<f32> {
 /// column quantized to Q8_1 on the host, each weight row dotted with it by
 /// `graft::quant::vec_dot_q8_1` (the CPU oracle of the `__dp4a` kernels).
 pub fn oracle_q8_1(c: &QCase) -> Vec<f64> {
-    let x = activations(c);
+    let mut out = q8_1_products(c, &activations(c));
+    if matches!(c.op, QOp::MulMat { add: true }) {
+        for (v, r) in out.iter_mut().zip(residual(c)) {
+            *v += f64::from(r);
+        }
+    }
+    out
+}
+
+/// `vec_dot_q8_1` of every weight row of case `c` with each of the first `n` columns of
+/// `x` (`[k, n]` dense) quantized to Q8_1 on the host: `[rows, n]`, row-major.
+pub fn q8_1_products(c: &QCase, x: &[f32]) -> Vec<f64> {
     let se = c.stride_elems();
     let rb = c.q.row_bytes(se).expect("whole blocks");
     let used = c.q.row_bytes(c.k).expect("whole blocks");
     let w = weight_bytes(c);
-    let res = residual(c);
     let mut out = Vec::with_capacity(c.rows * c.n);
-    for j in 0..c.n {
+    for col in x.chunks_exact(c.k).take(c.n) {
         let mut a = vec![0u8; QType::Q8_1.row_bytes(c.k).expect("whole blocks")];
-        quant::quantize_row(QType::Q8_1, &x[j * c.k..(j + 1) * c.k], &mut a).expect("sizes");
+        quant::quantize_row(QType::Q8_1, col, &mut a).expect("sizes");
         for i in 0..c.rows {
-            let mut v = f64::from(quant::vec_dot_q8_1(c.q, &w[i * rb..i * rb + used], &a));
-            if matches!(c.op, QOp::MulMat { add: true }) {
-                v += f64::from(res[j * c.rows + i]);
-            }
-            out.push(v);
+            out.push(f64::from(quant::vec_dot_q8_1(
+                c.q,
+                &w[i * rb..i * rb + used],
+                &a,
+            )));
         }
     }
     out
