@@ -3,7 +3,18 @@
 // K and V have one dtype (F32, F16, BF16, Q8_0, Q4_0, dequantized in registers; see
 // fattn_common.cuh) and the head dim D is a template parameter (16, 32, 64, 80, 96, 112, 128, 256).
 //
-//   fattn_vec_d<D>_<kv>  (decode, flash-decoding) grid (split, n_head_kv,
+//   fattn_dec_d<D>_f16  (decode on tensor cores, F16 caches with GQA; flash-decoding)
+//     grid (split, n_head_kv, batch * ceil(group * n_q / 16)), block one warp. The warp
+//     takes up to 16 query rows of the heads sharing one KV head (GQA: each K/V row is
+//     read once for all of them) as the 16 rows of the prefill kernel's mma tiles, and
+//     runs that kernel's key loop (mma_keys) over one chunk of whole key tiles: K/V tiles
+//     through shared memory (cp.async, two buffers, for aligned F16 rows), scores and
+//     P.V on mma.sync, the online softmax in registers. With split == 1 it writes the
+//     normalized result, otherwise the partial (max, sum, acc[D]) of its chunk per row
+//     into p.part for fattn_combine.
+//   fattn_vec_d<D>_<kv>  (decode on CUDA cores: F32 and BF16 caches, exact in their
+//     precision, the quantized ones, and F16 without GQA as fattn_vec1; flash-decoding)
+//     grid (split, n_head_kv,
 //     batch * ceil(group * n_q / FATTN_VEC_ROWS)), block FATTN_VEC_WARPS * 32. A block
 //     takes one chunk of keys of one KV head and up to FATTN_VEC_ROWS query rows of the
 //     heads sharing that KV head (GQA: each K/V row is read once for all of them). Lanes
@@ -16,7 +27,7 @@
 //     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split == 1 the block writes the normalized result, otherwise the
 //     partial (max, sum, acc[D]) of its chunk into p.part for fattn_combine.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
-//     split partials of one row, rescaling each by exp(max_i - max).
+//     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max).
 //   fattn_mma_d<D>_<kv>  (prefill) grid (ceil(n_q / BQ), n_head, batch), block BQ / 16
 //     warps, BQ = FATTN_MMA_ROWS (FATTN_MMA_ROWS_D256 for D = 256), the blocks of the
 //     last query rows (the longest causal ranges) first. Q of the block's rows is staged
@@ -278,32 +289,44 @@ __device__ void fattn_vec(const FattnArgs& p) {
     }
 }
 
-// Merges the split partials of row blockIdx.x (flat over [n_head, n_q, batch]).
+// Merges the split partials of row blockIdx.x (flat over [n_head, n_q, batch]): the first
+// warp loads every chunk's (max, sum) at once (split <= 2 * WARP_SIZE) and turns them into
+// the chunk weights exp(max_i - max) / sum, then each thread sums its elements over the
+// chunks, their loads unrolled so that several are in flight.
 extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
+    __shared__ float w[2 * WARP_SIZE];
     pdl_enter();
-    const i64 d = p.dst.ne[0];
     // 32-bit index math (the grid holds the rows): no 64-bit division on the critical path
+    const int d = (int)p.dst.ne[0], split = (int)p.split;
     const int n_head = (int)p.dst.ne[1], n_q = (int)p.dst.ne[2], row = (int)blockIdx.x;
     const int h = row % n_head, qi = (row / n_head) % n_q, b = row / (n_head * n_q);
-    const float* part = p.part + (i64)row * p.split * (d + 2);
-    float mx = -INFINITY;
-    for (i64 s = 0; s < p.split; ++s) mx = fmaxf(mx, part[s * (d + 2)]);
-    float sum = 0.0f;
-    if (mx != -INFINITY) {
-        for (i64 s = 0; s < p.split; ++s) {
-            const float ms = part[s * (d + 2)];
-            if (ms != -INFINITY) sum += part[s * (d + 2) + 1] * expf(ms - mx);
+    const float* part = p.part + (i64)row * split * (d + 2);
+    const int tid = threadIdx.x;
+    if (tid < WARP_SIZE) {
+        float m[2], l[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int s = tid + i * WARP_SIZE;
+            m[i] = s < split ? part[s * (d + 2)] : -INFINITY;
+            l[i] = s < split ? part[s * (d + 2) + 1] : 0.0f;
         }
+        const float mx = warp_max(fmaxf(m[0], m[1]));
+        float e[2], sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            e[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+            sum += l[i] * e[i];
+        }
+        sum = warp_sum(sum);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every key masked: zeros
+#pragma unroll
+        for (int i = 0; i < 2; ++i) w[tid + i * WARP_SIZE] = e[i] * inv;
     }
-    for (i64 e = threadIdx.x; e < d; e += blockDim.x) {
+    __syncthreads();
+    for (int e = tid; e < d; e += blockDim.x) {
         float acc = 0.0f;
-        if (sum > 0.0f) {
-            for (i64 s = 0; s < p.split; ++s) {
-                const float ms = part[s * (d + 2)];
-                if (ms != -INFINITY) acc += part[s * (d + 2) + 2 + e] * expf(ms - mx);
-            }
-            acc /= sum;
-        }
+#pragma unroll 8
+        for (int s = 0; s < split; ++s) acc += part[s * (d + 2) + 2 + e] * w[s];
         store<float>(at(p.dst, e, h, qi, b), acc);
     }
 }
@@ -373,32 +396,41 @@ __device__ __forceinline__ uint4 tile_piece(const char* row, int e0) {
 // rows that allow 16-byte loads): cp.async copies that the caller waits for (stage_wait),
 // so that the tile arrives while the previous one is computed. Otherwise loads, a
 // conversion to F16 and stores; VEC: rows allow 16-byte loads. The loops have fixed trip
-// counts and branch-free loads (clamped keys), so that a thread's loads are all in flight
-// together.
+// counts and branch-free loads (clamped keys), so that a thread's loads are in flight
+// together, up to 8 pieces of K and V each (the one-warp decode block has 16 a tile, which
+// would hold 128 registers).
 template <typename T, bool ASYNC, bool VEC, int D, int BK, int NT, int LDK>
 __device__ __forceinline__ void kv_tiles(const FattnArgs& p, const char* kbase, const char* vbase, i64 j0,
                                          i64 n_kv, f16* ks, f16* vs) {
     constexpr int PIECES = BK * (D / 8);
+    constexpr int U = (PIECES + NT - 1) / NT;  // pieces a thread copies
+    constexpr int UB = U < 8 ? U : 8;          // of which in flight together
+    constexpr int BATCHES = (U + UB - 1) / UB;
     const char* kt = kbase + j0 * p.k.nb[1];
     const char* vt = vbase + j0 * p.v.nb[1];
+#pragma unroll(ASYNC ? BATCHES : 1)
+    for (int u0 = 0; u0 < U; u0 += UB) {
 #pragma unroll
-    for (int u = 0; u < (PIECES + NT - 1) / NT; ++u) {
-        const int idx = threadIdx.x + u * NT;
-        if (PIECES % NT == 0 || idx < PIECES) {
-            const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
-            const bool in = j0 + c < n_kv;
-            const int cc = in ? c : (int)(n_kv - 1 - j0);  // clamped to the last key
-            const char* krow = kt + cc * p.k.nb[1];
-            const char* vrow = vt + cc * p.v.nb[1];
-            if constexpr (ASYNC) {
-                copy16_or_zero(reinterpret_cast<char*>(&ks[c * LDK + e0]), krow + 2 * e0, in);
-                copy16_or_zero(reinterpret_cast<char*>(&vs[c * LDK + e0]), vrow + 2 * e0, in);
-            } else {
-                const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-                const uint4 kp = tile_piece<T, VEC>(krow, e0);
-                const uint4 vp = tile_piece<T, VEC>(vrow, e0);
-                *reinterpret_cast<uint4*>(&ks[c * LDK + e0]) = in ? kp : zero;
-                *reinterpret_cast<uint4*>(&vs[c * LDK + e0]) = in ? vp : zero;
+        for (int uu = 0; uu < UB; ++uu) {
+            const int u = u0 + uu;
+            if (U % UB != 0 && u >= U) break;
+            const int idx = threadIdx.x + u * NT;
+            if (PIECES % NT == 0 || idx < PIECES) {
+                const int c = idx / (D / 8), e0 = (idx % (D / 8)) * 8;
+                const bool in = j0 + c < n_kv;
+                const int cc = in ? c : (int)(n_kv - 1 - j0);  // clamped to the last key
+                const char* krow = kt + cc * p.k.nb[1];
+                const char* vrow = vt + cc * p.v.nb[1];
+                if constexpr (ASYNC) {
+                    copy16_or_zero(reinterpret_cast<char*>(&ks[c * LDK + e0]), krow + 2 * e0, in);
+                    copy16_or_zero(reinterpret_cast<char*>(&vs[c * LDK + e0]), vrow + 2 * e0, in);
+                } else {
+                    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+                    const uint4 kp = tile_piece<T, VEC>(krow, e0);
+                    const uint4 vp = tile_piece<T, VEC>(vrow, e0);
+                    *reinterpret_cast<uint4*>(&ks[c * LDK + e0]) = in ? kp : zero;
+                    *reinterpret_cast<uint4*>(&vs[c * LDK + e0]) = in ? vp : zero;
+                }
             }
         }
     }
@@ -468,11 +500,11 @@ __device__ __forceinline__ void mask_load(const FattnArgs& p, const char* mra, c
     }
 }
 
-// The bias (slope * mask, -inf past the last key) of those entries; whether any of the
-// warp's entries is live.
+// The bias (slope * mask, -inf past the last key) of those entries, rows a and b with
+// their own slopes; whether any of the warp's entries is live.
 template <int BK>
-__device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw[BK / 8][4], bool masked, float slope,
-                                          i64 j0, i64 n_kv, int t, float bias[BK / 8][4]) {
+__device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw[BK / 8][4], bool masked, float sa,
+                                          float sb, i64 j0, i64 n_kv, int t, float bias[BK / 8][4]) {
     const bool f16_mask = p.mask_f16 != 0;
     bool live = false;
 #pragma unroll
@@ -484,7 +516,7 @@ __device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw
             if (masked) {
                 const float m = f16_mask ? __half2float(__ushort_as_half((unsigned short)raw[n][x]))
                                          : __uint_as_float(raw[n][x]);
-                b = in && m != -INFINITY ? slope * m : -INFINITY;
+                b = in && m != -INFINITY ? (x < 2 ? sa : sb) * m : -INFINITY;
             }
             bias[n][x] = b;
             live |= b != -INFINITY;
@@ -631,7 +663,93 @@ __device__ __forceinline__ void q_tile(const FattnArgs& p, i64 q0, i64 h, i64 b,
     }
 }
 
-// The main loop of one block over its key tiles.
+// The keys one warp attends to: the K/V rows of its KV head (kbase, vbase), tiles
+// t_begin..t_end of BK keys, keys from key_end on hidden (the end of the cache or of a
+// decode chunk), and the mask row (nullptr: none) and slope of each of its lane's rows a
+// and b.
+struct KeyRange {
+    const char* kbase;
+    const char* vbase;
+    i64 t_begin, t_end, key_end;
+    const char* mra;
+    const char* mrb;
+    float sa, sb;
+};
+
+// The key loop of a warp's 16 rows over the tiles of `kr`, into `st`: the first tile is
+// issued, then `stage_q()` writes the block's Q rows into qs (this warp's at row 16 warp)
+// while it is in flight. NT threads (the block) load every tile together, so every warp
+// of the block runs the same tiles.
+template <int D, typename T, bool ASYNC, bool VEC, int NT, typename StageQ>
+__device__ __forceinline__ void mma_keys(const FattnArgs& p, const KeyRange& kr,
+                                         f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD], const f16* qs,
+                                         StageQ stage_q, MmaState<D>& st) {
+    using S = MmaShape<D>;
+    constexpr int BK = S::BK, LD = S::LD;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, t = lane % 4;
+    const i64 t_begin = kr.t_begin, t_end = kr.t_end, n_kv = kr.key_end;
+    if (t_begin < t_end) kv_tiles<T, ASYNC, VEC, D, BK, NT, LD>(p, kr.kbase, kr.vbase, t_begin * BK, n_kv, kv[0][0], kv[0][1]);
+    if constexpr (ASYNC) stage_commit();
+    uint32_t mraw[BK / 8][4];
+    if (t_begin < t_end) mask_load<BK>(p, kr.mra, kr.mrb, t_begin * BK, n_kv, t, mraw);
+    stage_q();
+    __syncthreads();
+    uint32_t qa[S::QREG ? D / 16 : 1][4];
+    if constexpr (S::QREG) {
+#pragma unroll
+        for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qa[kt]);
+    }
+
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.0f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.0f;
+
+    for (i64 it = t_begin; it < t_end; ++it) {
+        const int cur = ASYNC ? (int)((it - t_begin) & 1) : 0;  // loads converted: one buffer
+        if constexpr (ASYNC) {
+            stage_wait<0>();
+            __syncthreads();  // tile it is in; every warp is done with the other buffer
+            if (it + 1 < t_end) {
+                kv_tiles<T, true, VEC, D, BK, NT, LD>(p, kr.kbase, kr.vbase, (it + 1) * BK, n_kv, kv[cur ^ 1][0],
+                                                      kv[cur ^ 1][1]);
+            }
+            stage_commit();
+        } else {
+            if (it > t_begin) {
+                __syncthreads();  // every warp is done with the previous tile
+                kv_tiles<T, false, VEC, D, BK, NT, LD>(p, kr.kbase, kr.vbase, it * BK, n_kv, kv[0][0], kv[0][1]);
+            }
+            __syncthreads();
+        }
+        float bias[BK / 8][4];
+        const bool live = tile_bias<BK>(p, mraw, kr.mra != nullptr, kr.sa, kr.sb, it * BK, n_kv, t, bias);
+        if (it + 1 < t_end) mask_load<BK>(p, kr.mra, kr.mrb, (it + 1) * BK, n_kv, t, mraw);
+        // a warp whose rows see no key of the tile skips it (causal masks)
+        if (!live) continue;
+        if constexpr (S::QREG) {
+            mma_tile<D, BK, LD>(p, qa, kv[cur][0], kv[cur][1], bias, lane, st);
+        } else {
+            uint32_t qf[D / 16][4];
+#pragma unroll
+            for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qf[kt]);
+            mma_tile<D, BK, LD>(p, qf, kv[cur][0], kv[cur][1], bias, lane, st);
+        }
+    }
+}
+
+// The sum of a row's l over the 4 lanes of its quad, for rows a and b.
+template <int D>
+__device__ __forceinline__ void quad_sums(const MmaState<D>& st, float l[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = st.l[r];
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+    }
+}
+
+// The prefill block: BQ query rows of head h over the tiles of their live keys.
 template <int D, typename T, bool ASYNC, bool VEC>
 __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
     using S = MmaShape<D>;
@@ -641,11 +759,7 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
     // heavy blocks (late query rows, long causal ranges) first
     const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
     const float slope = p.slopes[h];
-    const char* kbase = at(p.k, 0, 0, hk, b);
-    const char* vbase = at(p.v, 0, 0, hk, b);
     const i64 ra = q0 + warp * 16 + lane / 4, rb = ra + 8;
-    const char* mra = mask_row(p, min(ra, n_q - 1), h, b);
-    const char* mrb = mask_row(p, min(rb, n_q - 1), h, b);
     // the block's tiles: those with a live mask entry (fattn_kv_range), else all
     i64 t_begin = 0, t_end = (n_kv + BK - 1) / BK;
     if (p.range != nullptr) {
@@ -666,64 +780,24 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
         t_begin = lo / BK;
         t_end = hi > lo ? (hi + BK - 1) / BK : t_begin;
     }
-
-    if (t_begin < t_end) kv_tiles<T, ASYNC, VEC, D, BK, NT, LD>(p, kbase, vbase, t_begin * BK, n_kv, kv[0][0], kv[0][1]);
-    if constexpr (ASYNC) stage_commit();
-    uint32_t mraw[BK / 8][4];
-    if (t_begin < t_end) mask_load<BK>(p, mra, mrb, t_begin * BK, n_kv, t, mraw);
-    q_tile<D, BQ, NT, LD>(p, q0, h, b, qs);
-    __syncthreads();
-    uint32_t qa[S::QREG ? D / 16 : 1][4];
-    if constexpr (S::QREG) {
-#pragma unroll
-        for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qa[kt]);
-    }
-
+    const KeyRange kr{at(p.k, 0, 0, hk, b),
+                      at(p.v, 0, 0, hk, b),
+                      t_begin,
+                      t_end,
+                      n_kv,
+                      mask_row(p, min(ra, n_q - 1), h, b),
+                      mask_row(p, min(rb, n_q - 1), h, b),
+                      slope,
+                      slope};
     MmaState<D> st;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.0f;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.0f;
-
-    for (i64 it = t_begin; it < t_end; ++it) {
-        const int cur = ASYNC ? (int)((it - t_begin) & 1) : 0;  // loads converted: one buffer
-        if constexpr (ASYNC) {
-            stage_wait<0>();
-            __syncthreads();  // tile it is in; every warp is done with the other buffer
-            if (it + 1 < t_end) {
-                kv_tiles<T, true, VEC, D, BK, NT, LD>(p, kbase, vbase, (it + 1) * BK, n_kv, kv[cur ^ 1][0],
-                                                      kv[cur ^ 1][1]);
-            }
-            stage_commit();
-        } else {
-            if (it > t_begin) {
-                __syncthreads();  // every warp is done with the previous tile
-                kv_tiles<T, false, VEC, D, BK, NT, LD>(p, kbase, vbase, it * BK, n_kv, kv[0][0], kv[0][1]);
-            }
-            __syncthreads();
-        }
-        float bias[BK / 8][4];
-        const bool live = tile_bias<BK>(p, mraw, mra != nullptr, slope, it * BK, n_kv, t, bias);
-        if (it + 1 < t_end) mask_load<BK>(p, mra, mrb, (it + 1) * BK, n_kv, t, mraw);
-        // a warp whose rows see no key of the tile skips it (causal masks)
-        if (!live) continue;
-        if constexpr (S::QREG) {
-            mma_tile<D, BK, LD>(p, qa, kv[cur][0], kv[cur][1], bias, lane, st);
-        } else {
-            uint32_t qf[D / 16][4];
-#pragma unroll
-            for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qf[kt]);
-            mma_tile<D, BK, LD>(p, qf, kv[cur][0], kv[cur][1], bias, lane, st);
-        }
-    }
+    mma_keys<D, T, ASYNC, VEC, NT>(p, kr, kv, qs, [&] { q_tile<D, BQ, NT, LD>(p, q0, h, b, qs); }, st);
 
     const i64 rows[2] = {ra, rb};
+    float l[2];
+    quad_sums<D>(st, l);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float l = st.l[r];
-        l += __shfl_xor_sync(FULL_MASK, l, 1);
-        l += __shfl_xor_sync(FULL_MASK, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         if (rows[r] >= n_q) continue;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -750,6 +824,110 @@ __device__ void fattn_mma(const FattnArgs& p) {
         fattn_mma_loop<D, T, F16_ASYNC, true>(p, qs, kv);
     } else {
         fattn_mma_loop<D, T, false, false>(p, qs, kv);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Decode on tensor cores.
+
+// The block's 16 query rows into qs as F16 (LD halves a row): row r is flat row first + r
+// of KV head hk (query t / group, head hk * group + t % group, t = first + r), zeros from
+// row nrows on. A lane's loads of 8 elements are issued before their stores.
+template <int D, int LD>
+__device__ __forceinline__ void q_rows(const FattnArgs& p, int first, int nrows, int hk, int b, f16* qs) {
+    const int group = (int)p.group;
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < 16 * D / 8; idx += WARP_SIZE) {
+        const int r = idx / (D / 8), e0 = idx % (D / 8) * 8;
+        float x[8];
+        if (r < nrows) {
+            const int t = first + r;
+            const char* row = at(p.q, e0, t / group, hk * group + t % group, b);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = *reinterpret_cast<const float*>(row + i * p.q.nb[0]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+        }
+        store8<f16>(reinterpret_cast<char*>(&qs[r * LD + e0]), x);
+    }
+}
+
+// One warp: up to 16 rows (the query heads of KV head blockIdx.y times the queries,
+// from row 16 * (blockIdx.z / batch)) over the keys of chunk blockIdx.x. With one chunk
+// the result is written, else the chunk's partial (max, sum, acc[D]) per row.
+template <int D, typename T, bool ASYNC, bool VEC>
+__device__ void fattn_dec_rows(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
+    using S = MmaShape<D>;
+    constexpr int BK = S::BK, LD = S::LD;
+    const int lane = threadIdx.x, t = lane % 4;
+    // 32-bit index math: the grid limits keep rows, heads and batches far below 2^31
+    const int n_q = (int)p.q.ne[1], n_head = (int)p.q.ne[2], batch = (int)p.q.ne[3], group = (int)p.group;
+    const int hk = (int)blockIdx.y, b = (int)blockIdx.z % batch, first = (int)blockIdx.z / batch * 16;
+    const int nrows = min(16, group * n_q - first);
+    // a lane's rows a and b (rows past nrows stand in for the last one; their results are
+    // dropped): query t / group, head hk * group + t % group
+    const int ta = first + min(lane / 4, nrows - 1), tb = first + min(lane / 4 + 8, nrows - 1);
+    const int ha = hk * group + ta % group, hb = hk * group + tb % group;
+    const i64 j_begin = (i64)blockIdx.x * p.chunk, j_end = min(p.k.ne[1], j_begin + p.chunk);
+    const KeyRange kr{at(p.k, 0, 0, hk, b),
+                      at(p.v, 0, 0, hk, b),
+                      j_begin / BK,
+                      (j_end + BK - 1) / BK,
+                      j_end,
+                      mask_row(p, ta / group, ha, b),
+                      mask_row(p, tb / group, hb, b),
+                      p.slopes[ha],
+                      p.slopes[hb]};
+    MmaState<D> st;
+    mma_keys<D, T, ASYNC, VEC, WARP_SIZE>(p, kr, kv, qs, [&] { q_rows<D, LD>(p, first, nrows, hk, b, qs); }, st);
+
+    float l[2];
+    quad_sums<D>(st, l);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int rr = lane / 4 + 8 * r;
+        if (rr >= nrows) continue;
+        const int tq = first + rr, qi = tq / group, h = hk * group + tq % group;
+        if (p.split == 1) {
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                const int e = n * 8 + 2 * t;
+                store<float>(at(p.dst, e, h, qi, b), st.o[n][2 * r] * inv);
+                store<float>(at(p.dst, e + 1, h, qi, b), st.o[n][2 * r + 1] * inv);
+            }
+            continue;
+        }
+        const i64 row = ((i64)b * n_q + qi) * n_head + h;
+        float* part = p.part + (row * p.split + blockIdx.x) * (D + 2);
+        if (t == 0) {
+            part[0] = st.m[r];
+            part[1] = l[r];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int e = n * 8 + 2 * t;
+            part[2 + e] = st.o[n][2 * r];
+            part[3 + e] = st.o[n][2 * r + 1];
+        }
+    }
+}
+
+template <int D, typename T>
+__device__ void fattn_dec(const FattnArgs& p) {
+    using S = MmaShape<D>;
+    static_assert(S::BQ >= 16, "the 16 decode rows fit the Q staging");
+    __shared__ __align__(16) f16 kv[S::STAGES][2][S::BK * S::LD];  // [buffer][K, V][key][d]
+    __shared__ __align__(16) f16 qsep[S::QREG ? 1 : 16 * S::LD];
+    f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
+    pdl_enter();
+    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && S::STAGES == 2;
+    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
+    if (p.kv_vec && !QUANT) {
+        fattn_dec_rows<D, T, F16_ASYNC, true>(p, qs, kv);
+    } else {
+        fattn_dec_rows<D, T, false, false>(p, qs, kv);
     }
 }
 
@@ -813,36 +991,28 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
 // The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
 // is fattn_vec for one query row per KV head (R = 1).
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f16(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_bf16(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q8_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q4_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ4_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f32(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f16(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_bf16(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q8_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q4_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ4_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f32(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f16(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_bf16(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f32(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f16(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_bf16(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q8_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q4_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ4_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f32(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f16(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_bf16(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f32(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f16(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_bf16(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q8_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q4_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ4_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f32(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f16(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, f16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_bf16(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q8_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q4_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ4_0>(p); }
@@ -914,3 +1084,11 @@ extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_bf16(const FattnArgs p) { fattn_mma<256, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_q8_0(const FattnArgs p) { fattn_mma<256, KvQ8_0>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_q4_0(const FattnArgs p) { fattn_mma<256, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d16_f16(const FattnArgs p) { fattn_dec<16, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d32_f16(const FattnArgs p) { fattn_dec<32, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d64_f16(const FattnArgs p) { fattn_dec<64, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d80_f16(const FattnArgs p) { fattn_dec<80, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d96_f16(const FattnArgs p) { fattn_dec<96, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d112_f16(const FattnArgs p) { fattn_dec<112, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d128_f16(const FattnArgs p) { fattn_dec<128, f16>(p); }
+extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d256_f16(const FattnArgs p) { fattn_dec<256, f16>(p); }

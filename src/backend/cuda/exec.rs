@@ -94,7 +94,7 @@ impl Launcher<'_> {
         match op {
             DevOp::Kernel(l) => {
                 let mut params = [l.args.as_param()];
-                let launched = if self.pdl {
+                let launched = if self.pdl && l.early {
                     let mut attr = sys::CUlaunchAttribute {
                         id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                         pad: [0; 4],

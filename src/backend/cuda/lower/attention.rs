@@ -1,18 +1,21 @@
-//! Fused attention, `flash_attn_ext` (`cuda/fattn.cu`): up to [`DECODE_MAX_QUERIES`]
-//! queries the split-KV decode kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` when
-//! each KV head has a single query row: MHA decode) (with `fattn_combine` when
-//! the keys are split over several blocks), beyond that the tensor-core prefill kernel
-//! `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is a mask (the live keys of
-//! each block of query rows, so that masked tiles are never loaded). The ALiBi slope of
-//! every head goes into the constant region, the decode partials and key ranges into
-//! scratch.
+//! Fused attention, `flash_attn_ext` (`cuda/fattn.cu`). Up to [`DECODE_MAX_QUERIES`]
+//! queries, flash-decoding: the keys split into chunks over blocks, then `fattn_combine`
+//! when there is more than one chunk. F16 caches with more than one query row per KV
+//! head take the tensor-core kernel `fattn_dec_d<D>_f16` (one warp per 16 query rows of a
+//! KV head); the other cases the
+//! CUDA-core kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` when each KV head has a
+//! single query row: MHA decode), exact in F32 and BF16. Beyond that the
+//! tensor-core prefill kernel `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is
+//! a mask (the live keys of each block of query rows, so that masked tiles are never
+//! loaded). The ALiBi slope of every head goes into the constant region, the decode
+//! partials and key ranges into scratch.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
     FATTN_RANGE_KEYS, FATTN_RANGE_ROWS, FATTN_RANGE_THREADS, FATTN_VEC_ROWS, FATTN_VEC_UNROLL,
     FATTN_VEC_WARPS,
 };
-use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
 
@@ -28,10 +31,19 @@ const BLOCKS_PER_SM: usize = 4;
 /// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
 /// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
 const RANGE_MIN_SCORES: usize = 1 << 24;
-/// Fewest keys per decode block when the keys are split.
+/// Fewest keys per decode block of the CUDA-core kernel when the keys are split.
 const MIN_CHUNK: usize = 64;
-/// Most chunks of one row's keys.
+/// Most chunks of one row's keys (`fattn_combine` loads two chunks' (max, sum) a lane).
 const MAX_SPLIT: usize = 64;
+/// Query rows per block of the tensor-core decode kernel: the 16 rows of its mma tiles.
+const DEC_ROWS: usize = 16;
+/// Keys per chunk of the tensor-core decode kernel are a multiple of this (its key tile).
+const DEC_TILE: usize = FATTN_MMA_KEYS as usize;
+/// Blocks (one warp each) per SM the tensor-core decode split aims for. Measured on an
+/// H100 (F16 cache, head dim 128): 8 KV heads x 16,640 keys took 35.6 µs in 48 chunks
+/// (384 blocks) and 39.8 µs in 58; 32 KV heads x 4,352 keys 34.8 µs in 12 chunks and
+/// 38.5 µs in 46.
+const DEC_BLOCKS_PER_SM: usize = 3;
 
 // The prefill kernel turns pairs of 8-key score tiles into the 16-wide A operand of P.V,
 // and its blocks are whole warps of 16 query rows.
@@ -88,42 +100,124 @@ pub(crate) fn lower(
         ops.push(DevOp::kernel(kernel, grid, block, &args));
         return Ok(ops);
     }
-    // One query row per KV head (MHA decode): the one-row kernel, whose registers hold
-    // one accumulator instead of FATTN_VEC_ROWS.
-    let rows_per_kv = n_q * n_head / n_head_kv;
-    let one = rows_per_kv == 1;
-    let row_blocks = rows_per_kv.div_ceil(if one { 1 } else { FATTN_VEC_ROWS as usize });
-    if batch * row_blocks > MAX_GRID_YZ {
-        return Err(format!(
-            "flash_attn_ext: {batch} batches x {row_blocks} row blocks exceed the grid"
-        ));
+    let decode = Decode {
+        d,
+        n_q,
+        n_head,
+        n_head_kv,
+        batch,
+        n_kv,
+    };
+    match kt.dtype {
+        // Several rows per KV head (GQA, or several queries): the tensor-core kernel
+        // reads each K/V tile once for all of them (it took a Llama-3-8B decode at
+        // 16,384 keys from 95 to 140 tok/s on an H100); one row per KV head (MHA decode)
+        // measured faster on the one-row CUDA-core kernel in the model (Llama-2-7B:
+        // 186.6 against 175.3 tok/s)
+        DType::F16 if n_q * n_head > n_head_kv => decode.mma(args, lw),
+        // F32 and BF16: exact in the cache's precision (the tensor-core kernel rounds K
+        // and V to F16); the quantized caches: measured faster (a one-warp block would
+        // load and convert each tile with nothing to hide it behind); an I32 cache has no
+        // kernel, which the kernel set's lookup names
+        DType::F16 | DType::F32 | DType::BF16 | DType::I32 | DType::Quant(_) => {
+            decode.vec(kt.dtype, args, lw)
+        }
     }
-    let (split, chunk) = decode_split(n_kv, n_head_kv * batch * row_blocks);
-    args.split = split as i64;
-    args.chunk = chunk as i64;
-    let kernel = if one {
-        vec1_family(d)?
-    } else {
-        family(d, false)?
+}
+
+/// The shape of a decode: head dim, queries, query heads, KV heads, batches, keys.
+struct Decode {
+    d: usize,
+    n_q: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    batch: usize,
+    n_kv: usize,
+}
+
+impl Decode {
+    /// The tensor-core decode kernel `fattn_dec_d<D>_f16`: one warp per block, up to
+    /// [`DEC_ROWS`] rows of one KV head over a chunk of whole key tiles. It launches in
+    /// order ([`DevOp::in_order`]): its blocks hold 18-35 KB of shared memory each.
+    fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+        let row_blocks = (self.n_q * self.n_head / self.n_head_kv).div_ceil(DEC_ROWS);
+        let blocks = self.grid_rows(row_blocks)?;
+        let (split, chunk) = dec_split(self.n_kv, blocks);
+        args.split = split as i64;
+        args.chunk = chunk as i64;
+        let kernel = dec_family(self.d)?.get([DType::F16])?;
+        let grid = (split as u32, self.n_head_kv as u32, blocks as u32);
+        self.launch(kernel, grid, WARP as u32, true, args, lw)
     }
-    .get([kt.dtype])?;
-    let block = ((FATTN_VEC_WARPS as usize * WARP) as u32, 1, 1);
-    let grid = (split as u32, n_head_kv as u32, (batch * row_blocks) as u32);
-    if split == 1 {
-        return Ok(vec![DevOp::kernel(kernel, grid, block, &args)]);
+
+    /// The CUDA-core decode kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` for one
+    /// row per KV head, MHA decode: one accumulator in registers instead of
+    /// FATTN_VEC_ROWS).
+    fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+        let rows_per_kv = self.n_q * self.n_head / self.n_head_kv;
+        let one = rows_per_kv == 1;
+        let row_blocks = rows_per_kv.div_ceil(if one { 1 } else { FATTN_VEC_ROWS as usize });
+        let blocks = self.grid_rows(row_blocks)?;
+        let (split, chunk) = decode_split(self.n_kv, self.n_head_kv * blocks);
+        args.split = split as i64;
+        args.chunk = chunk as i64;
+        let set = if one {
+            vec1_family(self.d)?
+        } else {
+            family(self.d, false)?
+        };
+        let grid = (split as u32, self.n_head_kv as u32, blocks as u32);
+        let block = (FATTN_VEC_WARPS as usize * WARP) as u32;
+        self.launch(set.get([dt])?, grid, block, false, args, lw)
     }
-    let rows = n_head * n_q * batch;
-    let mut offset = 0;
-    args.part = lw.reserve_scratch(&mut offset, rows * split * (d + 2) * 4);
-    Ok(vec![
-        DevOp::kernel(kernel, grid, block, &args),
-        DevOp::kernel(
-            k::FATTN_COMBINE,
-            row_grid(rows)?,
-            (FATTN_COMBINE_THREADS as u32, 1, 1),
-            &args,
-        ),
-    ])
+
+    /// Blocks along the grid's z (`row_blocks` per batch), checked against its limit.
+    fn grid_rows(&self, row_blocks: usize) -> Result<usize, String> {
+        let blocks = self.batch * row_blocks;
+        if blocks > MAX_GRID_YZ {
+            return Err(format!(
+                "flash_attn_ext: {} batches x {row_blocks} row blocks exceed the grid",
+                self.batch
+            ));
+        }
+        Ok(blocks)
+    }
+
+    /// The decode launch (`in_order`: see [`DevOp::in_order`]), then `fattn_combine`
+    /// over scratch partials when the keys are split.
+    fn launch(
+        &self,
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        threads: u32,
+        in_order: bool,
+        mut args: FattnArgs,
+        lw: &mut Lowering,
+    ) -> Result<Vec<DevOp>, String> {
+        let split = args.split as usize;
+        if split > 1 {
+            let rows = self.n_head * self.n_q * self.batch;
+            let mut offset = 0;
+            args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
+        }
+        let mut op = DevOp::kernel(kernel, grid, (threads, 1, 1), &args);
+        if in_order {
+            op = op.in_order();
+        }
+        if split == 1 {
+            return Ok(vec![op]);
+        }
+        let rows = self.n_head * self.n_q * self.batch;
+        Ok(vec![
+            op,
+            DevOp::kernel(
+                k::FATTN_COMBINE,
+                row_grid(rows)?,
+                (FATTN_COMBINE_THREADS as u32, 1, 1),
+                &args,
+            ),
+        ])
+    }
 }
 
 /// The `fattn_kv_range` launch before the prefill kernel: for every [`FATTN_RANGE_ROWS`]
@@ -219,6 +313,25 @@ fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
     Ok(set)
 }
 
+/// The tensor-core decode kernels of head dim `d`.
+fn dec_family(d: usize) -> Result<KernelSet<1>, String> {
+    Ok(match d {
+        16 => by::FATTN_DEC_D16,
+        32 => by::FATTN_DEC_D32,
+        64 => by::FATTN_DEC_D64,
+        80 => by::FATTN_DEC_D80,
+        96 => by::FATTN_DEC_D96,
+        112 => by::FATTN_DEC_D112,
+        128 => by::FATTN_DEC_D128,
+        256 => by::FATTN_DEC_D256,
+        d => {
+            return Err(format!(
+                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
+            ))
+        }
+    })
+}
+
 /// The one-row decode kernels of head dim `d`.
 fn vec1_family(d: usize) -> Result<KernelSet<1>, String> {
     Ok(match d {
@@ -243,6 +356,25 @@ fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
     lw.addr(t) % 16 == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] % 16 == 0)
 }
 
+/// Chunks and keys per chunk of the tensor-core decode kernel, `blocks` blocks per chunk:
+/// chunks of whole tiles, enough of them to fill the GPU with [`DEC_BLOCKS_PER_SM`] blocks
+/// per SM; a short cache (two tiles a chunk or less) is latency-bound and gets one tile a
+/// chunk. Measured on an H100 (F16 cache): head dim 64, 3 KV heads, 768 keys took 7.0 µs
+/// with the combine in 24 chunks and 8.5 in 12; head dim 128, 32 KV heads, 768 keys 9.7
+/// µs in 24 chunks and 10.5 in 12.
+pub(crate) fn dec_split(n_kv: usize, blocks: usize) -> (usize, usize) {
+    let tiles = n_kv.div_ceil(DEC_TILE).max(1);
+    let want = (SMS * DEC_BLOCKS_PER_SM)
+        .div_ceil(blocks.max(1))
+        .clamp(1, MAX_SPLIT);
+    let mut per = tiles.div_ceil(want);
+    if per <= 2 {
+        per = 1;
+    }
+    let chunk = per.max(tiles.div_ceil(MAX_SPLIT)) * DEC_TILE;
+    (n_kv.div_ceil(chunk).max(1), chunk)
+}
+
 /// Chunks and keys per chunk of the decode kernel: enough chunks that `blocks` blocks per
 /// chunk fill the GPU, each of at least [`MIN_CHUNK`] keys (fewer keys: one chunk).
 pub(crate) fn decode_split(n_kv: usize, blocks: usize) -> (usize, usize) {
@@ -254,7 +386,7 @@ pub(crate) fn decode_split(n_kv: usize, blocks: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_split;
+    use super::{dec_split, decode_split, DEC_TILE, MAX_SPLIT};
 
     #[test]
     fn decode_split_fills_the_gpu_with_whole_chunks() {
@@ -266,5 +398,29 @@ mod tests {
         assert_eq!(decode_split(100, 1), (1, 100));
         let (s, c) = decode_split(1999, 8);
         assert!(s * c >= 1999 && (s - 1) * c < 1999 && c >= 64);
+    }
+
+    #[test]
+    fn dec_split_takes_whole_tiles() {
+        // Llama-3-8B at 16,640 keys: 8 KV heads, 11 tiles a chunk
+        assert_eq!(dec_split(16_640, 8), (48, 352));
+        // Llama-2-7B at 4,352 keys: 32 KV heads
+        assert_eq!(dec_split(4352, 32), (13, 352));
+        // short caches: one tile a chunk
+        assert_eq!(dec_split(768, 32), (24, 32));
+        assert_eq!(dec_split(768, 3), (24, 32));
+        assert_eq!(dec_split(1, 1), (1, 32));
+        // at most MAX_SPLIT chunks, every key in one
+        for (n_kv, blocks) in [(100_000, 1), (5000, 7), (33, 200), (64 * 32 + 1, 1)] {
+            let (s, c) = dec_split(n_kv, blocks);
+            assert!(
+                s <= MAX_SPLIT && c % DEC_TILE == 0,
+                "{n_kv} {blocks}: {s} {c}"
+            );
+            assert!(
+                s * c >= n_kv && (s - 1) * c < n_kv,
+                "{n_kv} {blocks}: {s} {c}"
+            );
+        }
     }
 }
