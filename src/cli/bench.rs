@@ -123,14 +123,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, Some(name)) => {
             let plan = QuantPlan::from(a.dtype);
-            let m = Model::random(
-                preset(name)?,
-                plan,
-                ctx,
-                a.cache.types(be.name()),
-                a.seed,
-                be,
-            )?;
+            let m = Model::random(preset(name)?, plan, ctx, a.cache.types(), a.seed, be)?;
             (m, name.clone(), plan.name().to_string())
         }
         (None, None) => return Err(graft::Error::model("give --preset or --model")),

@@ -103,8 +103,8 @@ pub fn run(a: Args) -> Result<()> {
     let cfg = split.shard();
     let pick = |role, layer| plan.pick(role, layer, &cfg).dtype;
     let weights = Weights::layout(&cfg, &pick, BufferId::fresh());
-    // The graph the CPU backend would run (the CUDA one differs only in auto attention).
-    let types = a.cache.types("cpu");
+    // The graph every backend runs for these options.
+    let types = a.cache.types();
     types.check(&cfg)?;
     KvCache::check_ctx(&cfg, ctx, types)?;
     let cache = KvCache::layout(&cfg, ctx, types, BufferId::fresh());

@@ -92,7 +92,7 @@ pub fn run(a: Args) -> Result<()> {
             let cfg = preset(name)?;
             let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
             let plan = QuantPlan::from(a.quantize.unwrap_or(DTypeArg::F16));
-            let cache = a.cache.types(be.name());
+            let cache = a.cache.types();
             let model = Model::random(cfg, plan, ctx, cache, 0, be)?;
             (model, None, PathBuf::from(name))
         }

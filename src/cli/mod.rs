@@ -146,12 +146,10 @@ impl From<DTypeArg> for QuantPlan {
     }
 }
 
-/// Whether attention is the fused op: on, off, or the faster one for the backend.
+/// Whether attention is the fused op (on, the default on every backend) or the chain of
+/// ops (off, the reference path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum FlashAttn {
-    /// The fused op on the CPU; on CUDA the chain of ops, which its fused kernels do not
-    /// beat yet (docs/benchmarks.md has the figures).
-    Auto,
     On,
     Off,
 }
@@ -184,9 +182,8 @@ impl From<CacheTypeArg> for DType {
 #[derive(clap::Args, Clone, Copy, Debug)]
 struct CacheArgs {
     /// Attention as the fused flash_attn_ext op (on) or as the chain mul_mat, scale,
-    /// mask, soft_max, mul_mat (off, the reference path); auto: on for the CPU backend,
-    /// off for CUDA.
-    #[arg(long, value_enum, default_value_t = FlashAttn::Auto)]
+    /// mask, soft_max, mul_mat (off, the reference path).
+    #[arg(long, value_enum, default_value_t = FlashAttn::On)]
     flash_attn: FlashAttn,
     /// Type of the K cache (q8_0 and q4_0 quantize on write).
     #[arg(long = "cache-type-k", visible_alias = "ctk", value_enum, default_value_t = CacheTypeArg::F16)]
@@ -221,17 +218,12 @@ impl SamplingArgs {
 }
 
 impl CacheArgs {
-    /// The cache types these options ask for on the backend named `backend`.
-    fn types(&self, backend: &str) -> graft::models::CacheTypes {
-        let flash_attn = match self.flash_attn {
-            FlashAttn::On => true,
-            FlashAttn::Off => false,
-            FlashAttn::Auto => backend != "cuda",
-        };
+    /// The cache types these options ask for.
+    fn types(&self) -> graft::models::CacheTypes {
         graft::models::CacheTypes {
             k: self.cache_type_k.into(),
             v: self.cache_type_v.into(),
-            flash_attn,
+            flash_attn: self.flash_attn == FlashAttn::On,
         }
     }
 }
@@ -266,7 +258,7 @@ fn load_model(
         quantize: quantize.map(QuantPlan::from),
         ctx,
         progress: !quiet,
-        cache: cache.types(be.name()),
+        cache: cache.types(),
     };
     let model = graft::models::Model::load(dir, be, &opts)?;
     let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);
