@@ -808,6 +808,21 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
     }
 }
 
+// Calls body(ASYNC, VEC) (std::bool_constant arguments) with the way the K/V tiles of
+// cache type T are loaded, one per way that can occur (fewer instantiations): F16 rows
+// with 16-byte loads go through cp.async when the tiles are double-buffered, the
+// quantized types read their blocks the same way whatever the alignment.
+template <int D, typename T, typename Body>
+__device__ __forceinline__ void with_tile_loads(const FattnArgs& p, Body body) {
+    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && MmaShape<D>::STAGES == 2;
+    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
+    if (p.kv_vec && !QUANT) {
+        body(std::bool_constant<F16_ASYNC>{}, std::bool_constant<true>{});
+    } else {
+        body(std::bool_constant<false>{}, std::bool_constant<false>{});
+    }
+}
+
 template <int D, typename T>
 __device__ void fattn_mma(const FattnArgs& p) {
     using S = MmaShape<D>;
@@ -815,16 +830,9 @@ __device__ void fattn_mma(const FattnArgs& p) {
     __shared__ __align__(16) f16 qsep[S::QREG ? 1 : S::BQ * S::LD];
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    // One loop per way of loading tiles that can occur (fewer instantiations): F16 rows
-    // with 16-byte loads go through cp.async when the tiles are double-buffered, the
-    // quantized types read their blocks the same way whatever the alignment.
-    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && S::STAGES == 2;
-    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
-    if (p.kv_vec && !QUANT) {
-        fattn_mma_loop<D, T, F16_ASYNC, true>(p, qs, kv);
-    } else {
-        fattn_mma_loop<D, T, false, false>(p, qs, kv);
-    }
+    with_tile_loads<D, T>(p, [&](auto async, auto vec) {
+        fattn_mma_loop<D, T, decltype(async)::value, decltype(vec)::value>(p, qs, kv);
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -922,13 +930,9 @@ __device__ void fattn_dec(const FattnArgs& p) {
     __shared__ __align__(16) f16 qsep[S::QREG ? 1 : 16 * S::LD];
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && S::STAGES == 2;
-    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
-    if (p.kv_vec && !QUANT) {
-        fattn_dec_rows<D, T, F16_ASYNC, true>(p, qs, kv);
-    } else {
-        fattn_dec_rows<D, T, false, false>(p, qs, kv);
-    }
+    with_tile_loads<D, T>(p, [&](auto async, auto vec) {
+        fattn_dec_rows<D, T, decltype(async)::value, decltype(vec)::value>(p, qs, kv);
+    });
 }
 
 // The live keys of the mask: for FATTN_RANGE_ROWS query rows (blockIdx.y) and

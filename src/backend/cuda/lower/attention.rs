@@ -2,13 +2,12 @@
 //! queries, flash-decoding: the keys split into chunks over blocks, then `fattn_combine`
 //! when there is more than one chunk. F16 caches with more than one query row per KV
 //! head take the tensor-core kernel `fattn_dec_d<D>_f16` (one warp per 16 query rows of a
-//! KV head); the other cases the
-//! CUDA-core kernel `fattn_vec_d<D>_<kv>` (`fattn_vec1_d<D>_<kv>` when each KV head has a
-//! single query row: MHA decode), exact in F32 and BF16. Beyond that the
-//! tensor-core prefill kernel `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is
-//! a mask (the live keys of each block of query rows, so that masked tiles are never
-//! loaded). The ALiBi slope of every head goes into the constant region, the decode
-//! partials and key ranges into scratch.
+//! KV head); the other cases the CUDA-core kernel `fattn_vec_d<D>_<kv>`
+//! (`fattn_vec1_d<D>_<kv>` when each KV head has a single query row: MHA decode), exact
+//! in F32 and BF16. Beyond that the tensor-core prefill kernel `fattn_mma_d<D>_<kv>`,
+//! after `fattn_kv_range` when there is a mask (the live keys of each block of query
+//! rows, so that masked tiles are never loaded). The ALiBi slope of every head goes into
+//! the constant region, the decode partials and key ranges into scratch.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
@@ -194,9 +193,8 @@ impl Decode {
         mut args: FattnArgs,
         lw: &mut Lowering,
     ) -> Result<Vec<DevOp>, String> {
-        let split = args.split as usize;
+        let (split, rows) = (args.split as usize, self.n_head * self.n_q * self.batch);
         if split > 1 {
-            let rows = self.n_head * self.n_q * self.batch;
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
         }
@@ -207,7 +205,6 @@ impl Decode {
         if split == 1 {
             return Ok(vec![op]);
         }
-        let rows = self.n_head * self.n_q * self.batch;
         Ok(vec![
             op,
             DevOp::kernel(
