@@ -15,9 +15,12 @@ struct UnaryFunctor {};
 struct Silu : UnaryFunctor {
     static __device__ __forceinline__ float apply(float x) { return x / (1.0f + expf(-x)); }
 };
+// The tanh approximation, 0.5 x (1 + tanh(u)), written as x / (1 + exp(-2u)): the same
+// function, without the cancellation of 1 + tanh(u) in f32 for x below about -3.
 struct Gelu : UnaryFunctor {
     static __device__ __forceinline__ float apply(float x) {
-        return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+        const float u = SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x);
+        return x / (1.0f + expf(-2.0f * u));
     }
 };
 struct Tanh : UnaryFunctor {

@@ -222,9 +222,11 @@ pub fn expected(case: &Case) -> Expected {
 pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
     match op {
         UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        // 0.5 x (1 + tanh(u)); 1 + tanh(u) = 2 / (1 + exp(-2u)) keeps f64 exact where
+        // tanh(u) rounds to -1 (x below about -6).
         UnaryOp::Gelu => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            x / (1.0 + (-2.0 * u).exp())
         }
         UnaryOp::Tanh => x.tanh(),
     }
