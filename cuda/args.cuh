@@ -241,8 +241,12 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
     i64 group;             // query heads per KV head (GQA)
     i64 split;             // fattn_vec: KV chunks (gridDim.x)
     i64 chunk;             // fattn_vec: keys per chunk
+    char* q8;              // fattn_combine: also the result as Q8_1 activations [d * n_head,
+                           // n_q * batch] for the decode product that reads it (d % 32 == 0);
+                           // nullptr: none
+    i64 q8_nb1;            // bytes per column of q8
 };
-static_assert(sizeof(FattnArgs) == 424, "FattnArgs layout");
+static_assert(sizeof(FattnArgs) == 440, "FattnArgs layout");
 
 // Launch geometry of the mul_mat_vec_*, mul_mat_p021 and rms_norm_mul kernels.
 

@@ -27,7 +27,10 @@
 //     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split == 1 the block writes the normalized result, otherwise the
 //     partial (max, sum, acc[D]) of its chunk into p.part for fattn_combine.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
-//     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max).
+//     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max);
+//     with p.q8 it also writes the row as the Q8_1 activations of the decode product that
+//     reads the result (each warp quantizes 32 whole elements: the lowering asks for it
+//     only when d % 32 == 0), so that product needs no quantizing launch of its own.
 //   fattn_mma_d<D>_<kv>  (prefill) grid (ceil(n_q / BQ), n_head, batch), block BQ / 16
 //     warps, BQ = FATTN_MMA_ROWS (FATTN_MMA_ROWS_D256 for D = 256), the blocks of the
 //     last query rows (the longest causal ranges) first. Q of the block's rows is staged
@@ -56,6 +59,7 @@
 #include <type_traits>
 
 #include "fattn_common.cuh"
+#include "quant.cuh"
 
 // log2(e): exp(x) = exp2(x * LOG2E_F), the hardware's exp2 after one multiply.
 constexpr float LOG2E_F = 1.4426950408889634f;
@@ -292,7 +296,8 @@ __device__ void fattn_vec(const FattnArgs& p) {
 // Merges the split partials of row blockIdx.x (flat over [n_head, n_q, batch]): the first
 // warp loads every chunk's (max, sum) at once (split <= 2 * WARP_SIZE) and turns them into
 // the chunk weights exp(max_i - max) / sum, then each thread sums its elements over the
-// chunks, their loads unrolled so that several are in flight.
+// chunks, their loads unrolled so that several are in flight, and writes the sum (and its
+// Q8_1 copy when p.q8 is set).
 extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
     __shared__ float w[2 * WARP_SIZE];
     pdl_enter();
@@ -328,6 +333,12 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
 #pragma unroll 8
         for (int s = 0; s < split; ++s) acc += part[s * (d + 2) + 2 + e] * w[s];
         store<float>(at(p.dst, e, h, qi, b), acc);
+        // column qi + n_q b of [d * n_head, n_q * batch]; e's warp covers its 32-element
+        // sub-block (blockDim.x and d are multiples of 32)
+        if (p.q8 != nullptr) {
+            const i64 k = (i64)d * n_head;
+            store_act(acc, p.q8 + (qi + (i64)n_q * b) * p.q8_nb1, k, (h * d + e) / 32, e % 32);
+        }
     }
 }
 

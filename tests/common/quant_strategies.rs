@@ -205,6 +205,51 @@ pub fn q8_1_products(c: &QCase, x: &[f32]) -> Vec<f64> {
     out
 }
 
+/// How far the Q8_1 decode path may be from [`q8_1_products`] (`want`, plus the residual
+/// of an `add` case) when only the order of the f32 sums differs: both sides add the same
+/// per-block terms, so each element may move by a few roundings of the terms' total
+/// magnitude, bounded here by `sum_b max|w|_b * sum_(i in b) |x_i|` over the blocks `b`
+/// of the weight row (which covers the scale-times-minimum terms of the types with an
+/// offset) plus the residual. The bound, `4 (blocks + 4) 2^-24` of that, is a worst case
+/// of recursive summation; a block dropped, doubled or scaled wrongly moves the result by
+/// about one block's share of the total, hundreds of times more at these row lengths.
+/// A near-zero result (terms that cancel) stays checkable where a normalized error is not.
+/// Returns the first element outside the bound.
+pub fn check_sum_order(c: &QCase, x: &[f32], got: &[f32], want: &[f64]) -> Result<(), String> {
+    let w = weights_dequantized(c);
+    let qk = c.q.block_size();
+    let nblocks = c.k / qk;
+    let tol = 4.0 * (nblocks + 4) as f64 * f64::from(2.0f32.powi(-24));
+    let res = matches!(c.op, QOp::MulMat { add: true }).then(|| residual(c));
+    for (col, xc) in x.chunks_exact(c.k).take(c.n).enumerate() {
+        for r in 0..c.rows {
+            let wr = &w[r * c.k..(r + 1) * c.k];
+            let mut mag: f64 = wr
+                .chunks_exact(qk)
+                .zip(xc.chunks_exact(qk))
+                .map(|(wb, xb)| {
+                    let wmax = wb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    f64::from(wmax) * xb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+                })
+                .sum();
+            let at = col * c.rows + r;
+            if let Some(res) = &res {
+                mag += f64::from(res[at].abs());
+            }
+            let diff = (f64::from(got[at]) - want[at]).abs();
+            if diff > tol * mag {
+                return Err(format!(
+                    "row {r} column {col}: {} against {} (difference {diff:e}, bound {:e})",
+                    got[at],
+                    want[at],
+                    tol * mag
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The residual `[rows, n]` of a MulMat case with `add`.
 pub fn residual(c: &QCase) -> Vec<f32> {
     values(c.seed.wrapping_add(2), c.rows * c.n)

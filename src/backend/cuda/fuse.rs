@@ -8,6 +8,7 @@
 //! | `silu(gate)`, `mul(that, up)`, same shape | `swiglu_f32` |
 //! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` (block weights: `mul_mat_vec_q_*` / `mul_mat_vec_dq_*`, 1..=8 columns) with `add = r` |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | `rope_store_<cache>` |
+//! | `flash_attn_ext` (a decode that ends in `fattn_combine`), then a decode product of its result on the `__dp4a` path | the combine writes the product's Q8_1 activations too; the attention step keeps its own launches, the product loses its quantizing one |
 //!
 //! The later steps then have no launch of their own. When the step after a fused norm or
 //! SwiGLU is a decode product with block-quantized weights on the `__dp4a` path, the
@@ -25,10 +26,10 @@ use std::collections::HashMap;
 
 use super::args::{GluArgs, NormMulArgs, NORM_VEC};
 use super::kernels::{by, k};
-use super::lower::lower_step;
 use super::lower::mul_mat::{self, Gemv};
 use super::lower::mul_mat_q::{self, MAX_DECODE_COLS};
 use super::lower::rope::{self, RopeStore};
+use super::lower::{attention, check_operands, lower_step};
 use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering};
 use crate::graph::{
     AllocKind, BinaryOp, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
@@ -130,6 +131,14 @@ fn fuse(
         return Some(fused);
     }
     let (first, second) = (window.first()?, window.get(1)?);
+    if let Op::FlashAttnExt(p) = &first.op {
+        // The attention step alone, writing the next product's Q8_1 activations too
+        // when its decode ends in a combine (attention::lower decides).
+        let b = mul_mat_q::q8_1_input(second, lw)?.clone();
+        let ops = check_operands(first, lw)
+            .and_then(|()| attention::lower(p, &first.src, &first.dst, Some(&b), lw));
+        return Some((ops, 1));
+    }
     pair(first, second, window.get(2), readers, lw).map(|ops| (ops, 2))
 }
 
@@ -139,7 +148,7 @@ fn fuse(
 fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64) {
     match next.and_then(|s| mul_mat_q::q8_1_input(s, lw)) {
         Some(b) if b == y && y.is_contiguous() && y.ne[0] % 32 == 0 => {
-            let (addr, row) = mul_mat_q::q8_1_copy(y, lw);
+            let (addr, row) = mul_mat_q::q8_1_copy(y, &mut 0, lw);
             lw.q8_1_made = Some((y.clone(), addr));
             (addr, row as i64)
         }

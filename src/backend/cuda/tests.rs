@@ -10,8 +10,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use super::args::{
-    BinaryArgs, CpyArgs, GemvArgs, GluArgs, NormArgs, NormMulArgs, QGemvArgs, RopeStoreArgs,
-    SplitArgs, Tensor4, UnaryArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
+    BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormMulArgs, QGemvArgs,
+    RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
 };
 use super::fuse;
 use super::gemm::Gemm;
@@ -870,8 +870,9 @@ fn fake_addr_any(loc: Loc) -> u64 {
 /// One decode layer of a Q4_0 Llama with fusion: the attention norm writes the Q8_1 copy
 /// the q|k|v product reads (no quantizing launch of its own), the ropes of q and k and the
 /// cache writes of k and v are one `rope_store` launch, and SwiGLU writes the Q8_1 copy
-/// of the down product; without fusion each of those is a launch of its own. Also checks
-/// that the fused kernels' Q8_1 copies are at the address the products read.
+/// of the down product, and with flash attention the combine writes the o product's;
+/// without fusion each of those is a launch of its own. Also checks that the fused
+/// kernels' Q8_1 copies are at the address the products read.
 #[test]
 fn decode_layer_fusions() {
     use crate::graph::BufferId;
@@ -905,9 +906,11 @@ fn decode_layer_fusions() {
         let names: Vec<&str> = fused.iter().map(|op| op.name()).collect();
         let count = |names: &[&str], k: &str| names.iter().filter(|n| **n == k).count();
         let l = cfg.num_hidden_layers;
-        // quantizing launches: only the attention output's (o product) remains; the
-        // head reads the final norm's copy
-        assert_eq!(count(&names, "quantize_q8_1_f32"), l, "{names:?}");
+        // quantizing launches: only the attention output's (o product) remains, and not
+        // even that after flash attention, whose combine writes the copy; the head reads
+        // the final norm's copy
+        let o_quant = if flash_attn { 0 } else { l };
+        assert_eq!(count(&names, "quantize_q8_1_f32"), o_quant, "{names:?}");
         assert_eq!(count(&names, "rope_store_f16"), l, "{names:?}");
         assert!(
             !names
@@ -921,9 +924,13 @@ fn decode_layer_fusions() {
         assert_eq!(count(&unfused, "rope_f32"), 2 * l);
         assert_eq!(count(&unfused, "set_rows_f32_f16"), 2 * l);
         // per layer 2 norm weights, 2 residual adds, silu's multiplication (the pairs),
-        // 3 quantizations, 2 ropes and 2 cache writes in one; the head's norm and
-        // quantization
-        assert_eq!(unfused.len() - names.len(), 11 * l + 2, "{names:?}");
+        // 3 quantizations (4 with flash attention), 2 ropes and 2 cache writes in one; the
+        // head's norm and quantization
+        assert_eq!(
+            unfused.len() - names.len(),
+            (11 + usize::from(flash_attn)) * l + 2,
+            "{names:?}"
+        );
         // each Q8_1 copy a fused kernel writes is what the next launch (a decode product) reads
         for pair in fused.windows(2) {
             let (DevOp::Kernel(a), DevOp::Kernel(b)) = (pair[0], pair[1]) else {
@@ -932,6 +939,7 @@ fn decode_layer_fusions() {
             let q8 = match a.kernel.name {
                 n if n.starts_with("rms_norm_mul_") => args::<NormMulArgs>(a).q8,
                 "swiglu_f32" => args::<GluArgs>(a).q8,
+                "fattn_combine" => args::<FattnArgs>(a).q8,
                 _ => continue,
             };
             assert!(
@@ -971,7 +979,11 @@ fn decode_layer_fusions() {
         let auto_ops = lower(true, true);
         let auto: Vec<&str> = auto_ops.iter().flatten().map(DevOp::name).collect();
         assert_eq!(count(&auto, "quantize_q8_1_f32"), 0, "{auto:?}");
-        assert_eq!(count(&auto, "mul_mat_vec_dq_c1_q4_0"), l, "{auto:?}");
-        assert_eq!(count(&auto, "mul_mat_vec_q_c1_q4_0"), 3 * l + 1, "{auto:?}");
+        assert_eq!(count(&auto, "mul_mat_vec_dq_c1_q4_0"), o_quant, "{auto:?}");
+        assert_eq!(
+            count(&auto, "mul_mat_vec_q_c1_q4_0"),
+            4 * l + 1 - o_quant,
+            "{auto:?}"
+        );
     }
 }

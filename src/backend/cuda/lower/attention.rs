@@ -7,7 +7,8 @@
 //! in F32 and BF16. Beyond that the tensor-core prefill kernel `fattn_mma_d<D>_<kv>`,
 //! after `fattn_kv_range` when there is a mask (the live keys of each block of query
 //! rows, so that masked tiles are never loaded). The ALiBi slope of every head goes into
-//! the constant region, the decode partials and key ranges into scratch.
+//! the constant region, the decode partials and key ranges into scratch, and so does the
+//! Q8_1 copy of the result that `fattn_combine` writes for a quantized product after it.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
@@ -15,6 +16,7 @@ use crate::backend::cuda::args::{
     FATTN_VEC_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
+use crate::backend::cuda::lower::mul_mat_q;
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
 
@@ -52,11 +54,16 @@ const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
 // (FATTN_VEC_WARPS warps x 2 key groups x FATTN_VEC_UNROLL keys).
 const _: () = assert!(MIN_CHUNK >= (FATTN_VEC_WARPS * 2 * FATTN_VEC_UNROLL) as usize);
 
-/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`. `q8_for` is the F32 operand that the
+/// next step, a decode product on the `__dp4a` path, reads (`mul_mat_q::q8_1_input`): when
+/// it is `dst` itself seen as `[d * n_head, n_q * batch]` and the decode ends in
+/// `fattn_combine`, the combine also writes it as Q8_1 ([`Lowering::q8_1_made`]) and the
+/// product skips its quantizing launch.
 pub(crate) fn lower(
     p: &FlashAttnParams,
     src: &[Operand],
     dst: &Operand,
+    q8_for: Option<&Operand>,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
     let (q, kt, vt, mask) = (&src[0], &src[1], &src[2], src.get(3));
@@ -82,6 +89,8 @@ pub(crate) fn lower(
         group: (n_head / n_head_kv) as i64,
         split: 1,
         chunk: n_kv as i64,
+        q8: 0,
+        q8_nb1: 0,
     };
     if n_q > DECODE_MAX_QUERIES {
         let rows = if d > 128 {
@@ -106,13 +115,15 @@ pub(crate) fn lower(
         n_head_kv,
         batch,
         n_kv,
+        q8_for: q8_for.filter(|b| same_columns(b, dst, d)).cloned(),
     };
     match kt.dtype {
         // Several rows per KV head (GQA, or several queries): the tensor-core kernel
         // reads each K/V tile once for all of them (it took a Llama-3-8B decode at
-        // 16,384 keys from 95 to 140 tok/s on an H100); one row per KV head (MHA decode)
-        // measured faster on the one-row CUDA-core kernel in the model (Llama-2-7B:
-        // 186.6 against 175.3 tok/s)
+        // 16,384 keys from 95 to 149 tok/s on an H100); one row per KV head (MHA decode)
+        // stays on the one-row CUDA-core kernel: level with it after 512 tokens
+        // (Llama-2-7B F16 186.3-186.9 against 185.9-186.1 tok/s, Q4_0 378-380 against
+        // 380-381), faster after 4,096 (164.5 against 159.5)
         DType::F16 if n_q * n_head > n_head_kv => decode.mma(args, lw),
         // F32 and BF16: exact in the cache's precision (the tensor-core kernel rounds K
         // and V to F16); the quantized caches: measured faster (a one-warp block would
@@ -124,7 +135,20 @@ pub(crate) fn lower(
     }
 }
 
-/// The shape of a decode: head dim, queries, query heads, KV heads, batches, keys.
+/// Whether `b` is the dense F32 result `dst` [d, n_head, n_q, batch] seen as columns
+/// `[d * n_head, n_q * batch]` (the same bytes), with whole 32-element Q8_1 blocks per head.
+fn same_columns(b: &Operand, dst: &Operand, d: usize) -> bool {
+    let cols = dst.ne[2] * dst.ne[3];
+    d % 32 == 0
+        && b.dtype == DType::F32
+        && b.loc == dst.loc
+        && b.is_contiguous()
+        && dst.is_contiguous()
+        && b.ne == [dst.ne[0] * dst.ne[1], cols, 1, 1]
+}
+
+/// The shape of a decode: head dim, queries, query heads, KV heads, batches, keys; and
+/// the operand of the next decode product that the combine may also write as Q8_1.
 struct Decode {
     d: usize,
     n_q: usize,
@@ -132,6 +156,7 @@ struct Decode {
     n_head_kv: usize,
     batch: usize,
     n_kv: usize,
+    q8_for: Option<Operand>,
 }
 
 impl Decode {
@@ -183,7 +208,8 @@ impl Decode {
     }
 
     /// The decode launch (`in_order`: see [`DevOp::in_order`]), then `fattn_combine`
-    /// over scratch partials when the keys are split.
+    /// over scratch partials when the keys are split (in order too after an in-order
+    /// kernel).
     fn launch(
         &self,
         kernel: Kernel,
@@ -197,6 +223,11 @@ impl Decode {
         if split > 1 {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
+            if let Some(b) = &self.q8_for {
+                let (addr, col) = mul_mat_q::q8_1_copy(b, &mut offset, lw);
+                (args.q8, args.q8_nb1) = (addr, col as i64);
+                lw.q8_1_made = Some((b.clone(), addr));
+            }
         }
         let mut op = DevOp::kernel(kernel, grid, (threads, 1, 1), &args);
         if in_order {
@@ -205,15 +236,20 @@ impl Decode {
         if split == 1 {
             return Ok(vec![op]);
         }
-        Ok(vec![
-            op,
-            DevOp::kernel(
-                k::FATTN_COMBINE,
-                row_grid(rows)?,
-                (FATTN_COMBINE_THREADS as u32, 1, 1),
-                &args,
-            ),
-        ])
+        let mut combine = DevOp::kernel(
+            k::FATTN_COMBINE,
+            row_grid(rows)?,
+            (FATTN_COMBINE_THREADS as u32, 1, 1),
+            &args,
+        );
+        if in_order {
+            // With programmatic dependent launch the combine's blocks, and through them
+            // the next product's, became resident while the tensor-core kernel ran:
+            // Llama-3-8B F16 decoded at 158-159 tok/s that way and at 170.8 in order
+            // (H100, -p 512 -n 128; the classic chain 171-173).
+            combine = combine.in_order();
+        }
+        Ok(vec![op, combine])
     }
 }
 

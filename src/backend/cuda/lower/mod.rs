@@ -21,13 +21,19 @@ pub(crate) mod unary;
 use super::lowering::{check_aligned, DevOp, Lowering};
 use crate::graph::{CopyOp, Op, Step};
 
+/// Checks that every operand of `step` is aligned to its element (the kernels' loads).
+pub(crate) fn check_operands(step: &Step, lw: &Lowering) -> Result<(), String> {
+    check_aligned("the result", &step.dst, lw.addr(&step.dst))?;
+    for (i, s) in step.src.iter().enumerate() {
+        check_aligned(&format!("source {i}"), s, lw.addr(s))?;
+    }
+    Ok(())
+}
+
 /// Lowers one step, or says why the CUDA backend cannot run it.
 pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
     let (dst, src) = (&step.dst, &step.src[..]);
-    check_aligned("the result", dst, lw.addr(dst))?;
-    for (i, s) in src.iter().enumerate() {
-        check_aligned(&format!("source {i}"), s, lw.addr(s))?;
-    }
+    check_operands(step, lw)?;
     match step.op {
         Op::Leaf | Op::View(_) => Ok(Vec::new()),
         Op::GetRows => get_rows::lower(src, dst, lw),
@@ -41,7 +47,7 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
-        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, lw),
+        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, None, lw),
         Op::AllReduce(p) => collective::lower(p, src, dst, lw),
     }
 }

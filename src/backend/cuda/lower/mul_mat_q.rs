@@ -125,12 +125,11 @@ pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<&'s Operan
     (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a)).then_some(b)
 }
 
-/// Scratch for the Q8_1 copy of the F32 columns `b` [k, n] that the decode kernels read:
-/// its address and column stride (bytes).
-pub(crate) fn q8_1_copy(b: &Operand, lw: &mut Lowering) -> (u64, usize) {
+/// Scratch at `*offset` for the Q8_1 copy of the F32 columns `b` [k, n] that the decode
+/// kernels read: its address and column stride (bytes).
+pub(crate) fn q8_1_copy(b: &Operand, offset: &mut usize, lw: &mut Lowering) -> (u64, usize) {
     let row = q8_1_column_bytes(b.ne[0]);
-    let mut offset = 0usize;
-    (lw.reserve_scratch(&mut offset, row * b.ne[1]), row)
+    (lw.reserve_scratch(offset, row * b.ne[1]), row)
 }
 
 /// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
@@ -206,7 +205,7 @@ pub(crate) fn gemv(
 /// [`q8_1_column_bytes`] each): the scratch address and the launch.
 fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
-    let (addr, row) = q8_1_copy(b, lw);
+    let (addr, row) = q8_1_copy(b, &mut 0, lw);
     let args = CpyArgs {
         src: lw.t4(b),
         dst: Tensor4 {
