@@ -299,6 +299,7 @@ __device__ void fattn_vec(const FattnArgs& p) {
 // chunks, their loads unrolled so that several are in flight, and writes the sum (and its
 // Q8_1 copy when p.q8 is set).
 extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
+    static_assert(FATTN_COMBINE_THREADS % WARP_SIZE == 0, "a warp's elements share a Q8_1 block");
     __shared__ float w[2 * WARP_SIZE];
     pdl_enter();
     // 32-bit index math (the grid holds the rows): no 64-bit division on the critical path

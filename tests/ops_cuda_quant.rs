@@ -20,10 +20,10 @@ use std::sync::Mutex;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
-use graft::graph::{DType, Graph};
+use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
 use proptest::prelude::any;
-use proptest::strategy::BoxedStrategy;
+use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qs::{QCase, QOp};
 use quant_strategies as qs;
@@ -39,11 +39,11 @@ const NMSE_DMMV: f64 = 1e-5;
 const NMSE_PREFILL: f64 = 1e-4;
 
 /// Runs `cases` cases of `strategy`, each checked by `check` on the GPU and the CPU.
-fn on_gpu(
+fn on_gpu<S: Strategy>(
     name: &str,
-    strategy: BoxedStrategy<QCase>,
+    strategy: S,
     cases: u32,
-    check: impl Fn(&QCase, &mut CudaBackend, &mut CpuBackend) -> Result<(), String>,
+    check: impl Fn(&S::Value, &mut CudaBackend, &mut CpuBackend) -> Result<(), String>,
 ) {
     let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
@@ -207,31 +207,14 @@ fn prop_mul_mat_decode_dequantize() {
 /// row.
 #[test]
 fn prop_norm_then_decode_q8_1() {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cuda) = common::cuda_backend() else {
-        return;
-    };
-    let mut cpu = CpuBackend::new();
-    let config = Config {
-        source_file: Some(file!()),
-        ..common::config(64)
-    };
     let wdt = proptest::sample::select(vec![DType::F32, DType::F16, DType::BF16]);
     let strategy = (qs::mul_mat_decode(), wdt, any::<bool>());
-    let (cuda, cpu) = (RefCell::new(&mut cuda), RefCell::new(&mut cpu));
-    let result = TestRunner::new(config).run(&strategy, |(c, wdt, misalign)| {
-        check_norm_decode(
-            &c,
-            wdt,
-            misalign,
-            &mut cuda.borrow_mut(),
-            &mut cpu.borrow_mut(),
-        )
-        .map_err(TestCaseError::fail)
-    });
-    if let Err(e) = result {
-        panic!("norm then decode: {e}");
-    }
+    on_gpu(
+        "norm then decode",
+        strategy,
+        64,
+        |(c, wdt, misalign), cuda, cpu| check_norm_decode(c, *wdt, *misalign, cuda, cpu),
+    );
 }
 
 fn check_norm_decode(
@@ -267,12 +250,7 @@ fn norm_decode(
     misalign: bool,
     be: &mut dyn graft::backend::Backend,
 ) -> graft::Result<(Vec<f32>, Vec<f32>)> {
-    let bytes = qs::weight_bytes(c);
-    let buf = be.alloc_buffer(bytes.len())?;
-    let result = (|| {
-        be.write_buffer(buf, 0, &bytes)?;
-        let mut g = Graph::new();
-        let w = qs::weight_view(&mut g, c, buf)?;
+    run_over_weights(c, be, |g, w| {
         let x = g.input("x", DType::F32, &[c.k, c.n])?;
         let off = usize::from(misalign);
         let nw_all = g.input("nw", wdt, &[c.k + 1])?;
@@ -280,24 +258,53 @@ fn norm_decode(
         let h = g.rms_norm(x, 1e-5)?;
         let h = g.mul(h, nw)?;
         let y = g.mul_mat(w, h)?;
-        let plan = g.plan(&[h, y])?;
-        let exec = be.load(&plan)?;
         let nw_vals = qs::values(c.seed.wrapping_add(7), c.k + 1);
-        let nw_bytes = common::case::encode(wdt, &common::case::Data::F(nw_vals));
-        let mut hb = vec![0u8; c.k * c.n * 4];
-        let mut yb = vec![0u8; c.rows * c.n * 4];
+        let inputs = vec![
+            (x, qs::f32_bytes(&qs::activations(c))),
+            (
+                nw_all,
+                common::case::encode(wdt, &common::case::Data::F(nw_vals)),
+            ),
+        ];
+        Ok((inputs, [h, y]))
+    })
+}
+
+/// Builds a graph over the (strided) weights of case `c` in a buffer of their own on
+/// `be`: `build` gets the weight view, adds the rest, and returns the inputs with their
+/// bytes and two F32 outputs. Runs it twice (capture, then replay); returns the outputs.
+fn run_over_weights(
+    c: &QCase,
+    be: &mut dyn graft::backend::Backend,
+    build: impl FnOnce(&mut Graph, TensorId) -> graft::Result<(Vec<(TensorId, Vec<u8>)>, [TensorId; 2])>,
+) -> graft::Result<(Vec<f32>, Vec<f32>)> {
+    let bytes = qs::weight_bytes(c);
+    let buf = be.alloc_buffer(bytes.len())?;
+    let result = (|| {
+        be.write_buffer(buf, 0, &bytes)?;
+        let mut g = Graph::new();
+        let w = qs::weight_view(&mut g, c, buf)?;
+        let (inputs, outs) = build(&mut g, w)?;
+        let mut out_bytes = Vec::with_capacity(2);
+        for id in outs {
+            out_bytes.push(vec![0u8; g.get(id)?.ne.iter().product::<usize>() * 4]);
+        }
+        let plan = g.plan(&outs)?;
+        let exec = be.load(&plan)?;
         let run = (|| {
-            // Twice: capture, then replay.
             for _ in 0..2 {
-                be.set_input(exec, x, &qs::f32_bytes(&qs::activations(c)))?;
-                be.set_input(exec, nw_all, &nw_bytes)?;
+                for (id, data) in &inputs {
+                    be.set_input(exec, *id, data)?;
+                }
                 be.compute(exec)?;
             }
-            be.get_output(exec, h, &mut hb)?;
-            be.get_output(exec, y, &mut yb)
+            for (id, out) in outs.iter().zip(&mut out_bytes) {
+                be.get_output(exec, *id, out)?;
+            }
+            Ok(())
         })();
         be.unload(exec)?;
-        run.map(|()| (floats(&hb), floats(&yb)))
+        run.map(|()| (floats(&out_bytes[0]), floats(&out_bytes[1])))
     })();
     be.free_buffer(buf)?;
     result
@@ -312,15 +319,6 @@ fn norm_decode(
 /// (one-row and tensor-core decode kernels), 1-3 queries, 130-1,500 keys (split).
 #[test]
 fn prop_attention_then_decode_q8_1() {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cuda) = common::cuda_backend() else {
-        return;
-    };
-    let mut cpu = CpuBackend::new();
-    let config = Config {
-        source_file: Some(file!()),
-        ..common::config(48)
-    };
     let q = proptest::sample::select(qs::WEIGHT_TYPES.to_vec());
     let kv = proptest::sample::select(vec![DType::F16, DType::F32]);
     let shape = (
@@ -331,16 +329,15 @@ fn prop_attention_then_decode_q8_1() {
         130usize..=1500,
         1usize..=40,
     );
-    let strategy = (q, kv, shape, any::<u64>());
-    let (cuda, cpu) = (RefCell::new(&mut cuda), RefCell::new(&mut cpu));
-    let result = TestRunner::new(config).run(&strategy, |(q, kv, shape, seed)| {
-        let a = AttnProduct { q, kv, shape, seed };
-        a.check(&mut cuda.borrow_mut(), &mut cpu.borrow_mut())
-            .map_err(TestCaseError::fail)
+    let strategy = (q, kv, shape, any::<u64>()).prop_map(|(q, kv, shape, seed)| AttnProduct {
+        q,
+        kv,
+        shape,
+        seed,
     });
-    if let Err(e) = result {
-        panic!("attention then decode: {e}");
-    }
+    on_gpu("attention then decode", strategy, 48, |a, cuda, cpu| {
+        a.check(cuda, cpu)
+    });
 }
 
 /// A case of [`prop_attention_then_decode_q8_1`]: weight type, cache type, (head dim,
@@ -391,14 +388,8 @@ impl AttnProduct {
     /// Runs `y = mul_mat(w, flash_attn_ext(q, k, v))` on `be`; returns the attention
     /// result (as the product's columns) and `y`.
     fn run(&self, be: &mut dyn graft::backend::Backend) -> graft::Result<(Vec<f32>, Vec<f32>)> {
-        let (d, heads, group, n_q, n_kv, rows) = self.shape;
-        let c = self.product();
-        let bytes = qs::weight_bytes(&c);
-        let buf = be.alloc_buffer(bytes.len())?;
-        let result = (|| {
-            be.write_buffer(buf, 0, &bytes)?;
-            let mut g = Graph::new();
-            let w = qs::weight_view(&mut g, &c, buf)?;
+        let (d, heads, group, n_q, n_kv, _) = self.shape;
+        run_over_weights(&self.product(), be, |g, w| {
             let qt = g.input("q", DType::F32, &[d, n_q, heads])?;
             let kt = g.input("k", self.kv, &[d, n_kv, heads / group])?;
             let vt = g.input("v", self.kv, &[d, n_kv, heads / group])?;
@@ -410,31 +401,18 @@ impl AttnProduct {
             let o = g.flash_attn_ext(qt, kt, vt, None, p)?;
             let o = g.reshape(o, &[d * heads, n_q])?;
             let y = g.mul_mat(w, o)?;
-            let plan = g.plan(&[o, y])?;
-            let exec = be.load(&plan)?;
             let kv_len = d * n_kv * heads / group;
             let values = |seed: u64, len: usize, dt: DType| {
                 let v = qs::values_with(self.seed.wrapping_add(seed), len, 4.0);
                 common::case::encode(dt, &common::case::Data::F(v))
             };
-            let mut ob = vec![0u8; d * heads * n_q * 4];
-            let mut yb = vec![0u8; rows * n_q * 4];
-            let run = (|| {
-                // Twice: capture, then replay.
-                for _ in 0..2 {
-                    be.set_input(exec, qt, &values(11, d * n_q * heads, DType::F32))?;
-                    be.set_input(exec, kt, &values(12, kv_len, self.kv))?;
-                    be.set_input(exec, vt, &values(13, kv_len, self.kv))?;
-                    be.compute(exec)?;
-                }
-                be.get_output(exec, o, &mut ob)?;
-                be.get_output(exec, y, &mut yb)
-            })();
-            be.unload(exec)?;
-            run.map(|()| (floats(&ob), floats(&yb)))
-        })();
-        be.free_buffer(buf)?;
-        result
+            let inputs = vec![
+                (qt, values(11, d * n_q * heads, DType::F32)),
+                (kt, values(12, kv_len, self.kv)),
+                (vt, values(13, kv_len, self.kv)),
+            ];
+            Ok((inputs, [o, y]))
+        })
     }
 }
 
