@@ -253,21 +253,24 @@ __device__ void fattn_vec(const FattnArgs& p) {
         }
     }
     __syncthreads();
-    // Then the warps, through shared memory: each adds its accumulator rescaled to the
-    // block's maximum.
-    if (sub == 0 && active) {
+    // Then the warps, through shared memory, one after another (a fixed order of the
+    // additions, so that a run's result does not depend on how the warps were
+    // scheduled): each adds its accumulator rescaled to the block's maximum.
+    for (int w = 0; w < NW; ++w) {
+        if (warp == w && sub == 0 && active) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (r >= nrows) break;
-            float mx = -INFINITY;
-            for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm[w][r]);
-            if (m[r] == -INFINITY) continue;
-            const float f = expf(m[r] - mx);
+            for (int r = 0; r < R; ++r) {
+                if (r >= nrows) break;
+                float mx = -INFINITY;
+                for (int v = 0; v < NW; ++v) mx = fmaxf(mx, sm[v][r]);
+                if (m[r] == -INFINITY) continue;
+                const float f = expf(m[r] - mx);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) atomicAdd(&sacc[r][e0 + i], acc[r][i] * f);
+                for (int i = 0; i < 8; ++i) sacc[r][e0 + i] += acc[r][i] * f;
+            }
         }
+        __syncthreads();
     }
-    __syncthreads();
 
     for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
         const int r = idx / D, e = idx % D;
