@@ -454,6 +454,105 @@ fn freed_buffer_and_unknown_plan() {
     assert!(be.compute(e).is_err());
 }
 
+/// A token picked on the device feeds the next run on the device (`forward_output`),
+/// reads started with `begin_read` finish with the bytes of the run before them while
+/// later runs are already enqueued, a bad index a run records is reported by the read
+/// after it (and the next valid run is right again), and a read overtaken by four later
+/// ones is an error rather than someone else's bytes.
+#[test]
+fn forwarded_tokens_and_pending_reads() {
+    let Some(mut be) = CudaBackend::new_or_skip(0).unwrap() else {
+        return;
+    };
+    const ROWS: usize = 16;
+    const W: usize = ROWS;
+    // Row r of the table peaks at element (5 r + 3) % ROWS: a token r leads to that one.
+    let next = |r: usize| (5 * r + 3) % ROWS;
+    let mut table = vec![0f32; W * ROWS];
+    for r in 0..ROWS {
+        for c in 0..W {
+            table[r * W + c] = (r * W + c) as f32 * 1e-3 + if c == next(r) { 1.0 } else { 0.0 };
+        }
+    }
+    let buf = be.alloc_buffer(table.len() * 4).unwrap();
+    be.write_buffer(buf, 0, bytemuck::cast_slice(&table))
+        .unwrap();
+    let mut g = Graph::new();
+    let ids = g.input("ids", DType::I32, &[1]).unwrap();
+    let t = g
+        .weight(
+            "table",
+            DType::F32,
+            &[W, ROWS],
+            BufferRef {
+                buffer: buf,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    let row = g.get_rows(t, ids).unwrap(); // [W, 1]
+    let am = g.argmax(row).unwrap(); // [1]
+    let plan = g.plan(&[row, am]).unwrap();
+    let e = be.load(&plan).unwrap();
+
+    // Six chained runs from token 1, each read begun before the next run is enqueued.
+    be.set_input_i32(e, ids, &[1]).unwrap();
+    let mut reads = Vec::new();
+    for i in 0..6 {
+        if i > 0 {
+            be.forward_output(e, am, e, ids, 4).unwrap();
+        }
+        be.compute(e).unwrap();
+        reads.push(be.begin_read(e, am, 4).unwrap());
+        if reads.len() == 2 {
+            let first = reads.remove(0);
+            let got = i32::from_le_bytes(be.finish_read(first).unwrap()[..].try_into().unwrap());
+            let mut want = 1;
+            for _ in 0..i {
+                want = next(want);
+            }
+            assert_eq!(got as usize, want, "run {}", i - 1);
+        }
+    }
+    let last = reads.pop().unwrap();
+    let mut want = 1;
+    for _ in 0..6 {
+        want = next(want);
+    }
+    let got = i32::from_le_bytes(be.finish_read(last).unwrap()[..].try_into().unwrap());
+    assert_eq!(got as usize, want, "the last run");
+
+    // A bad token: the read after its run reports it, naming the index.
+    be.set_input_i32(e, ids, &[ROWS as i32 + 7]).unwrap();
+    be.compute(e).unwrap();
+    let read = be.begin_read(e, row, W * 4).unwrap();
+    match be.finish_read(read) {
+        Err(Error::IndexOutOfRange { index, limit, .. }) => {
+            assert_eq!((index, limit), (ROWS as i64 + 7, ROWS))
+        }
+        other => panic!("expected IndexOutOfRange, got {other:?}"),
+    }
+    be.set_input_i32(e, ids, &[2]).unwrap();
+    be.compute(e).unwrap();
+    let read = be.begin_read(e, row, W * 4).unwrap();
+    let bytes = be.finish_read(read).unwrap();
+    let got: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, table[2 * W..3 * W]);
+    be.synchronize().unwrap();
+
+    // Five reads under way: the first one's slot was taken by the fifth.
+    let mut reads: Vec<_> = (0..5).map(|_| be.begin_read(e, am, 4).unwrap()).collect();
+    let e1 = be.finish_read(reads.remove(0)).unwrap_err();
+    assert!(e1.to_string().contains("later reads"), "{e1}");
+    for r in reads {
+        be.finish_read(r).unwrap();
+    }
+    be.unload(e).unwrap();
+}
+
 /// A profiled run times every step of the plan in order, computes the same bits as an
 /// unprofiled eager run, and neither captures nor replays.
 #[test]

@@ -350,6 +350,76 @@ fn decode_crosses_the_bucket_boundary() {
     });
 }
 
+/// Greedy decoding with the host a step behind the device (`decode_greedy`: each step's
+/// argmax goes into the next step's input on the device) gives the tokens of one
+/// `decode_step` at a time, across the KV-length bucket boundary. Stopping early undoes
+/// the step enqueued after the stop: a token of the caller's own then runs at the right
+/// position, with the very logits it gets after the same steps run one at a time.
+#[test]
+fn pipelined_greedy_decode_matches_single_steps() {
+    each_model(300, |be, name, f, m| {
+        let (start, steps) = (240, 30); // positions 240..270 cross the bucket at 256
+        let prompt = &f.long_tokens[..start];
+        let first = m.prefill(be, prompt, Logits::None).unwrap().argmax;
+        // `j` steps one at a time from `first`, then `own` with its logits.
+        let single = |m: &mut Model, be: &mut dyn Backend, j: usize, own: Option<u32>| {
+            m.reset();
+            m.prefill(be, prompt, Logits::None).unwrap();
+            let mut t = first;
+            let mut tokens = Vec::new();
+            for _ in 0..j {
+                t = m.decode_step(be, t, false).unwrap().argmax;
+                tokens.push(t);
+            }
+            let logits = own.map(|o| m.decode_step(be, o, true).unwrap().logits);
+            (tokens, logits)
+        };
+        let (one, _) = single(m, be, steps, None);
+        m.reset();
+        m.prefill(be, prompt, Logits::None).unwrap();
+        let mut piped = Vec::new();
+        let done = m
+            .decode_greedy(be, first, steps, &mut |t| {
+                piped.push(t);
+                Ok(true)
+            })
+            .unwrap();
+        assert_eq!((done, m.n_past()), (steps, start + steps), "{name}");
+        assert_eq!(piped, one, "{} {name}", be.name());
+        let own = f.long_tokens[start];
+        for j in [1, 17] {
+            m.reset();
+            m.prefill(be, prompt, Logits::None).unwrap();
+            let mut seen = 0;
+            let done = m
+                .decode_greedy(be, first, steps, &mut |_| {
+                    seen += 1;
+                    Ok(seen < j)
+                })
+                .unwrap();
+            assert_eq!((done, m.n_past()), (j, start + j), "{name}: stop after {j}");
+            let got = m.decode_step(be, own, true).unwrap().logits;
+            let want = single(m, be, j, Some(own)).1.unwrap();
+            // A step at the wrong position or over a wrong cache entry moves the logits
+            // by far more; equal runs give equal bits where every kernel sums in a
+            // fixed order.
+            let e = nmse(&got, &want);
+            println!(
+                "{} {name}: stop after {j}, then a token of our own: NMSE {e:.1e} vs \
+                 single steps, bit-identical: {}",
+                be.name(),
+                got == want
+            );
+            assert!(
+                e <= 1e-12,
+                "{} {name}: stop after {j}: NMSE {e:e}",
+                be.name()
+            );
+        }
+        println!("{} {name}: {steps} pipelined greedy steps match", be.name());
+    });
+}
+
 /// Generation stops at an EOS token (not emitted); a top-k 1 sampler is greedy; a
 /// seeded temperature sampler is reproducible and stays in the vocabulary.
 #[test]

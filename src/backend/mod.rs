@@ -31,6 +31,25 @@ pub struct Stats {
     pub replays: u64,
 }
 
+/// A read of a plan output started by [`Backend::begin_read`]: the bytes already read,
+/// or the backend's ticket for a copy still under way. [`Backend::finish_read`] takes it.
+#[derive(Debug)]
+pub struct PendingRead(pub(crate) Pending);
+
+/// What a [`PendingRead`] holds.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// Read at once (backends that run synchronously).
+    Done(Vec<u8>),
+    /// Copy number `ticket` into the backend's host slot `slot`, of `len` bytes.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Slot {
+        slot: usize,
+        ticket: u64,
+        len: usize,
+    },
+}
+
 /// The time one step of a plan took in a profiled run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepTime {
@@ -156,6 +175,44 @@ pub trait Backend {
 
     /// Reads an output of a loaded plan after a run.
     fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()>;
+
+    /// Copies `bytes` of output `src` of plan `from` into input `dst` of plan `to` after
+    /// the runs enqueued so far, without the host waiting for them (a token the device
+    /// picked feeds the next step). By default through the host.
+    fn forward_output(
+        &mut self,
+        from: ExecId,
+        src: TensorId,
+        to: ExecId,
+        dst: TensorId,
+        bytes: usize,
+    ) -> Result<()> {
+        let mut data = vec![0u8; bytes];
+        self.get_output(from, src, &mut data)?;
+        self.set_input(to, dst, &data)
+    }
+
+    /// Starts reading `bytes` of an output of a loaded plan after the runs enqueued so
+    /// far; [`Backend::finish_read`] waits for it. The host may enqueue more runs in
+    /// between (the output itself must not be overwritten before the read: a later run
+    /// of the same plan is enqueued after it, so it is not). By default the read is done
+    /// at once.
+    fn begin_read(&mut self, exec: ExecId, id: TensorId, bytes: usize) -> Result<PendingRead> {
+        let mut data = vec![0u8; bytes];
+        self.get_output(exec, id, &mut data)?;
+        Ok(PendingRead(Pending::Done(data)))
+    }
+
+    /// The bytes of a read that [`Backend::begin_read`] started, once they are on the
+    /// host; an error a run before the read recorded (a bad index) surfaces here.
+    fn finish_read(&mut self, read: PendingRead) -> Result<Vec<u8>> {
+        match read.0 {
+            Pending::Done(data) => Ok(data),
+            Pending::Slot { .. } => Err(Error::plan(
+                "a pending read was finished on a backend that did not start it",
+            )),
+        }
+    }
 
     /// Run counters.
     fn stats(&self) -> Stats;

@@ -4,10 +4,11 @@
 //! Prompt processing: one prefill of `-p` tokens to build and load the plan (and let a
 //! capturing backend capture it), then `--reps` timed prefills that replay it. Generation:
 //! one decode step to build the first bucket's plan, the cache rewound, then `-n` timed
-//! decode steps, each reading back its on-device argmax. The memory-bandwidth roofline
-//! fraction is `weight bytes read per token x gen tokens/s / copy bandwidth`. With
-//! `--profile`, one more prefill and decode step run with step profiling on, and a table
-//! says where their time goes.
+//! greedy decode steps as `graft generate` runs them ([`Model::decode_greedy`]: each
+//! step's argmax fed to the next on the device, the host a step behind). The
+//! memory-bandwidth roofline fraction is `weight bytes read per token x gen tokens/s /
+//! copy bandwidth`. With `--profile`, one more prefill and decode step run with step
+//! profiling on, and a table says where their time goes.
 
 use std::time::Instant;
 
@@ -146,7 +147,8 @@ pub fn run(a: Args) -> Result<()> {
     secs.sort_by(f64::total_cmp);
     let pp = a.p as f64 / secs[secs.len() / 2];
 
-    // Generation: warm up the first bucket's plan, rewind, time n steps.
+    // Generation: warm up the first bucket's plan, rewind, time n greedy steps (the host
+    // a step behind the device, as `graft generate` runs them).
     let mut tok = {
         model.reset();
         model.prefill(be, &prompt, Logits::None)?.argmax
@@ -154,9 +156,11 @@ pub fn run(a: Args) -> Result<()> {
     model.decode_step(be, tok, false)?;
     model.truncate(a.p);
     let t = Instant::now();
-    for _ in 0..a.n {
-        tok = model.decode_step(be, tok, false)?.argmax;
-    }
+    let first = tok;
+    model.decode_greedy(be, first, a.n, &mut |t| {
+        tok = t;
+        Ok(true)
+    })?;
     let tg = a.n as f64 / t.elapsed().as_secs_f64();
 
     let stats = be.stats();

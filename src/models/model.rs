@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::{Backend, BackendExt, ExecId};
+use crate::backend::{Backend, BackendExt, ExecId, PendingRead};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::graph::TensorId;
@@ -36,6 +36,21 @@ pub const MAX_DECODE_PLANS: usize = 8;
 /// The context length used when none is given: the model's own, at most 4096.
 pub fn default_ctx(cfg: &Config) -> usize {
     cfg.max_position_embeddings.min(4096)
+}
+
+/// The token of a finished read of the argmax of the decode step at `position`: an
+/// [`Error::NonFinite`] when the device found its logits not finite.
+fn token_of(be: &mut dyn Backend, read: PendingRead, position: usize) -> Result<u32> {
+    let bytes = be.finish_read(read)?;
+    let argmax = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(i32::from_le_bytes)
+        .ok_or_else(|| Error::plan("the argmax read back short"))?;
+    u32::try_from(argmax).map_err(|_| Error::NonFinite {
+        position,
+        step: "decode",
+    })
 }
 
 /// A model graph loaded into a backend.
@@ -503,6 +518,99 @@ impl Model {
         self.read(be, &c, logits, "decode")
     }
 
+    /// Greedy decoding of up to `steps` tokens from `first` at position `n_past`, each
+    /// step's on-device argmax copied on the device into the next step's input: the
+    /// host enqueues step i + 1 before it reads step i's token, so the GPU does not
+    /// wait on the host between steps. `on_token` gets the tokens in order; when it
+    /// answers false the run stops there and the step enqueued after it is undone
+    /// (`n_past` as if it never ran; positions past `n_past` are never attended).
+    /// Returns the steps whose tokens were handed over. With a ring cache (a sliding
+    /// window shorter than the context) the steps run one at a time: undoing one there
+    /// could lose a position the ring evicted.
+    pub fn decode_greedy(
+        &mut self,
+        be: &mut dyn Backend,
+        first: u32,
+        steps: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        self.check_tokens("decode", &[first])?;
+        self.check_room(steps)?;
+        if self.cache.is_ring() {
+            let mut token = first;
+            for done in 1..=steps {
+                token = self.decode_step(be, token, false)?.argmax;
+                if !on_token(token)? {
+                    return Ok(done);
+                }
+            }
+            return Ok(steps);
+        }
+        let run = self.decode_pipelined(be, first, steps, on_token);
+        if run.is_err() {
+            // Let the steps still enqueued finish, so that nothing they record (a bad
+            // index from a token that was never valid) is blamed on a later call.
+            let _ = be.synchronize();
+        }
+        run
+    }
+
+    /// [`Model::decode_greedy`] on a linear cache: the host one step behind the device.
+    fn decode_pipelined(
+        &mut self,
+        be: &mut dyn Backend,
+        first: u32,
+        steps: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        // The step enqueued last, its position and the read of its token.
+        let mut pending: Option<(Compiled, usize, PendingRead)> = None;
+        let mut done = 0;
+        for _ in 0..steps {
+            let prev = pending.as_ref().map(|p| p.0);
+            let (c, pos) = self.enqueue_decode(be, prev, first)?;
+            let read = be.begin_read(c.exec, c.argmax, 4)?;
+            if let Some((_, p, read)) = pending.replace((c, pos, read)) {
+                done += 1;
+                if !on_token(token_of(be, read, p)?)? {
+                    // The step just enqueued took a token the run stops at: undo it.
+                    if let Some((_, _, read)) = pending.take() {
+                        be.finish_read(read)?;
+                    }
+                    self.n_past -= 1;
+                    return Ok(done);
+                }
+            }
+        }
+        if let Some((_, p, read)) = pending {
+            done += 1;
+            // The run ends with this token whatever the answer.
+            on_token(token_of(be, read, p)?)?;
+        }
+        Ok(done)
+    }
+
+    /// Enqueues the decode step at position `n_past` and advances it: the step's token is
+    /// `first`, or `prev`'s argmax copied on the device. Returns the plan and position.
+    fn enqueue_decode(
+        &mut self,
+        be: &mut dyn Backend,
+        prev: Option<Compiled>,
+        first: u32,
+    ) -> Result<(Compiled, usize)> {
+        let pos = self.n_past;
+        let c = self.decode_plan(be, decode_n_kv(&self.cache, pos))?;
+        match prev {
+            None => be.set_input_i32(c.exec, c.tokens, &[first as i32])?,
+            Some(p) => be.forward_output(p.exec, p.argmax, c.exec, c.tokens, 4)?,
+        }
+        be.set_input_i32(c.exec, c.pos, &[pos as i32])?;
+        self.set_kv_inputs(be, &c, pos..pos + 1)?;
+        be.compute(c.exec)?;
+        self.n_past += 1;
+        Ok((c, pos))
+    }
+
     /// The decode plan of the bucket `n_kv`, built and loaded on first use.
     fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
         let (cfg, w, kv) = (&self.shard, &self.weights, &self.cache);
@@ -662,37 +770,55 @@ impl Model {
         let mode = if greedy { Logits::None } else { Logits::Last };
         let t0 = Instant::now();
         let out = self.prefill(be, prompt, mode)?;
-        let prompt_secs = t0.elapsed().as_secs_f64();
+        let mut g = Generation {
+            tokens: Vec::new(),
+            stop: Stop::Length,
+            prompt_tokens: prompt.len(),
+            prompt_secs: t0.elapsed().as_secs_f64(),
+            decode_steps: 0,
+            decode_secs: 0.0,
+        };
+        let eos = match self.ignore_eos {
+            true => Vec::new(),
+            false => self.config.eos_token_ids.clone(),
+        };
+        // Takes a generated token; false once generation stops (EOS, or n tokens).
+        let mut accept = |g: &mut Generation, t: u32| -> Result<bool> {
+            if eos.contains(&t) {
+                g.stop = Stop::Eos;
+                return Ok(false);
+            }
+            g.tokens.push(t);
+            on_token(t)?;
+            Ok(g.tokens.len() < n)
+        };
         let mut next = sampler.pick(&out);
-        let mut tokens = Vec::new();
-        let mut stop = Stop::Length;
-        let (mut decode_steps, mut decode_secs) = (0, 0.0);
-        while tokens.len() < n {
-            if !self.ignore_eos && self.config.is_eos(next) {
-                stop = Stop::Eos;
-                break;
-            }
-            tokens.push(next);
-            on_token(next)?;
-            if tokens.len() == n {
-                break;
-            }
+        let mut go = n > 0 && accept(&mut g, next)?;
+        while go {
             let t = Instant::now();
             if self.n_past == self.cache.ctx {
-                self.shift(be, prompt, &tokens)?;
+                self.shift(be, prompt, &g.tokens)?;
             }
-            let out = self.decode_step(be, next, !greedy)?;
-            decode_secs += t.elapsed().as_secs_f64();
-            decode_steps += 1;
-            next = sampler.pick(&out);
+            if greedy {
+                // The tokens still wanted, or up to the end of the context.
+                let steps = (n - g.tokens.len()).min(self.cache.ctx - self.n_past);
+                let first = next;
+                let mut took = |tok: u32| {
+                    next = tok;
+                    go = accept(&mut g, tok)?;
+                    Ok(go)
+                };
+                let done = self.decode_greedy(be, first, steps, &mut took)?;
+                g.decode_steps += done;
+                g.decode_secs += t.elapsed().as_secs_f64();
+            } else {
+                let out = self.decode_step(be, next, true)?;
+                g.decode_secs += t.elapsed().as_secs_f64();
+                g.decode_steps += 1;
+                next = sampler.pick(&out);
+                go = accept(&mut g, next)?;
+            }
         }
-        Ok(Generation {
-            tokens,
-            stop,
-            prompt_tokens: prompt.len(),
-            prompt_secs,
-            decode_steps,
-            decode_secs,
-        })
+        Ok(g)
     }
 }

@@ -19,6 +19,20 @@ impl Tensor4 {
     }
 }
 
+impl IndexError {
+    /// The record's bytes, for copies from the device.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: IndexError is plain data without padding (a generated struct, see
+        // KernelArgs), exactly its size.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (self as *mut Self).cast::<u8>(),
+                std::mem::size_of::<Self>(),
+            )
+        }
+    }
+}
+
 /// A kernel argument struct: `#[repr(C)]`, `Copy`, no implicit padding.
 ///
 /// # Safety

@@ -24,8 +24,12 @@
 //!   one on the first or the second kind.
 //! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
 //!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
-//!   [`Backend::read_buffer`], [`Backend::read_arena`]) returns
-//!   [`Error::IndexOutOfRange`] and clears it.
+//!   [`Backend::read_buffer`], [`Backend::read_arena`]) or finished read
+//!   ([`Backend::finish_read`]) returns [`Error::IndexOutOfRange`] and clears it.
+//! - Reads can finish later ([`reads`]): [`Backend::begin_read`] copies an output into a
+//!   page-locked slot behind the runs enqueued so far and [`Backend::finish_read`] waits
+//!   for that copy alone, while [`Backend::forward_output`] copies an output into another
+//!   plan's input on the device; greedy decoding uses both to stay a step ahead.
 
 mod args;
 pub mod bench;
@@ -37,6 +41,7 @@ pub mod kernels;
 mod lower;
 mod lowering;
 pub mod nccl;
+mod reads;
 #[cfg(test)]
 mod tests;
 
@@ -53,7 +58,10 @@ use self::kernels::by;
 use self::kernels::{Kernel, KernelTable};
 use self::lower::lower_step;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
-use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
+use self::reads::Reads;
+use super::{
+    io_slot, range_check, validate_plan, Backend, ExecId, Pending, PendingRead, Stats, StepTime,
+};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::graph::{CopyOp, Op};
@@ -85,6 +93,8 @@ pub struct CudaBackend {
     /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
     /// [`CudaBackend::set_mmvq`]).
     small_dq: bool,
+    /// Reads under way ([`Backend::begin_read`]).
+    reads: Reads,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -98,6 +108,18 @@ pub struct CudaBackend {
 // thread: every entry point binds the backend's context to the calling thread first, and
 // `&mut self` methods keep calls serialized.
 unsafe impl Send for CudaBackend {}
+
+/// A failed wait for enqueued work: a kernel faulted asynchronously.
+fn run_failed(e: result::DriverError) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: format!(
+            "the GPU failed while running enqueued work: {}; the context is unusable now \
+             (rerun with GRAFT_CUDA_SYNC=1 to name the node)",
+            driver_error_text(e)
+        ),
+    }
+}
 
 fn no_device(what: &str, e: result::DriverError) -> Error {
     Error::NoDevice(format!("{what}: {}", driver_error_text(e)))
@@ -188,6 +210,7 @@ impl CudaBackend {
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
+            reads: Reads::new(),
             profile: None,
             warnings: Vec::new(),
             group: None,
@@ -372,14 +395,7 @@ impl CudaBackend {
     /// `synchronize`: on `&mut self` that name resolves to [`Backend::synchronize`], which
     /// calls back into this.)
     fn wait(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| Error::Backend {
-            backend: "cuda",
-            msg: format!(
-                "the GPU failed while running enqueued work: {}; the context is unusable now \
-                 (rerun with GRAFT_CUDA_SYNC=1 to name the node)",
-                driver_error_text(e)
-            ),
-        })
+        self.stream.synchronize().map_err(run_failed)
     }
 
     /// Waits for the stream, then reports (and clears) a bad index recorded by a run.
@@ -390,9 +406,16 @@ impl CudaBackend {
         }
         self.index_check_pending = false;
         let rec = self.read_index_record()?;
+        self.report_index_error(rec)
+    }
+
+    /// Reports a bad index in the record `rec` read from the device (and clears the
+    /// record); Ok when it holds none.
+    fn report_index_error(&mut self, rec: IndexError) -> Result<()> {
         if rec.flag == 0 {
             return Ok(());
         }
+        self.index_check_pending = false;
         self.memset(self.index_err.ptr(), 0, self.index_err.bytes())?;
         let (exec, step) = decode_tag(rec.tag);
         let step = self
@@ -426,18 +449,27 @@ impl CudaBackend {
     /// The index-error record, read after everything enqueued so far.
     fn read_index_record(&self) -> Result<IndexError> {
         let mut rec = IndexError::default();
-        // SAFETY: IndexError is plain data of the record's size.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(
-                (&mut rec as *mut IndexError).cast::<u8>(),
-                std::mem::size_of::<IndexError>(),
-            )
-        };
         // SAFETY: the record is a live allocation of exactly this size.
-        unsafe { result::memcpy_dtoh_async(bytes, self.index_err.ptr(), self.stream.cu_stream()) }
-            .map_err(|e| driver_error("reading the index-error record", e))?;
+        unsafe {
+            result::memcpy_dtoh_async(
+                rec.bytes_mut(),
+                self.index_err.ptr(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_error("reading the index-error record", e))?;
         self.wait()?;
         Ok(rec)
+    }
+
+    /// The device address of output `id` (`bytes` long) of plan `exec`, checked.
+    fn output_ptr(&self, exec: ExecId, id: TensorId, bytes: usize) -> Result<u64> {
+        let e = self.exec(exec)?;
+        let loc = io_slot(&e.plan.outputs, id, bytes, "output")?;
+        if let Loc::Buffer(b, _) = loc {
+            self.buffer(b)?;
+        }
+        Ok(self.resolve(e.arena(), loc))
     }
 
     fn exec(&self, exec: ExecId) -> Result<&CudaExec> {
@@ -796,14 +828,63 @@ impl Backend for CudaBackend {
 
     fn get_output(&mut self, exec: ExecId, id: TensorId, out: &mut [u8]) -> Result<()> {
         self.bind()?;
-        let e = self.exec(exec)?;
-        let loc = io_slot(&e.plan.outputs, id, out.len(), "output")?;
-        let ptr = self.resolve(e.arena(), loc);
-        if let Loc::Buffer(b, _) = loc {
-            self.buffer(b)?;
-        }
+        let ptr = self.output_ptr(exec, id, out.len())?;
         self.synchronize_checked()?;
         self.dtoh(ptr, out)
+    }
+
+    fn forward_output(
+        &mut self,
+        from: ExecId,
+        src: TensorId,
+        to: ExecId,
+        dst: TensorId,
+        bytes: usize,
+    ) -> Result<()> {
+        self.bind()?;
+        let src_ptr = self.output_ptr(from, src, bytes)?;
+        let e = self.exec(to)?;
+        let Loc::Arena(off) = io_slot(&e.plan.inputs, dst, bytes, "input")? else {
+            return Err(Error::plan("cuda: an input outside the arena"));
+        };
+        let dst_ptr = e.arena() + off as u64;
+        if bytes > 0 {
+            // SAFETY: io_slot checked both ranges: `bytes` of an output and of an input
+            // of loaded plans, in memory this backend owns; stream order puts the copy
+            // after the runs enqueued so far.
+            unsafe { result::memcpy_dtod_async(dst_ptr, src_ptr, bytes, self.stream.cu_stream()) }
+                .map_err(|e| driver_error("copying an output to an input", e))?;
+        }
+        if let Some(e) = self.execs[to.0].as_mut() {
+            e.written.insert(dst);
+        }
+        Ok(())
+    }
+
+    fn begin_read(&mut self, exec: ExecId, id: TensorId, bytes: usize) -> Result<PendingRead> {
+        self.bind()?;
+        let ptr = self.output_ptr(exec, id, bytes)?;
+        let record = self.index_err.ptr();
+        let (slot, ticket) = self
+            .reads
+            .begin(&self.ctx, &self.stream, ptr, bytes, record)?;
+        Ok(PendingRead(Pending::Slot {
+            slot,
+            ticket,
+            len: bytes,
+        }))
+    }
+
+    fn finish_read(&mut self, read: PendingRead) -> Result<Vec<u8>> {
+        match read.0 {
+            Pending::Done(data) => Ok(data),
+            Pending::Slot { slot, ticket, len } => {
+                self.bind()?;
+                let (data, rec) = self.reads.finish(slot, ticket, len, run_failed)?;
+                self.report_index_error(rec)?;
+                Ok(data)
+            }
+        }
     }
 
     fn stats(&self) -> Stats {
