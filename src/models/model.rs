@@ -47,10 +47,13 @@ fn token_of(be: &mut dyn Backend, read: PendingRead, position: usize) -> Result<
         .and_then(|b| b.try_into().ok())
         .map(i32::from_le_bytes)
         .ok_or_else(|| Error::plan("the argmax read back short"))?;
-    u32::try_from(argmax).map_err(|_| Error::NonFinite {
-        position,
-        step: "decode",
-    })
+    argmax_token(argmax, position, "decode")
+}
+
+/// The token of a device argmax of the logits at `position`: the device gives -1 for
+/// logits that are not finite, an [`Error::NonFinite`] here.
+fn argmax_token(argmax: i32, position: usize, step: &'static str) -> Result<u32> {
+    u32::try_from(argmax).map_err(|_| Error::NonFinite { position, step })
 }
 
 /// A model graph loaded into a backend.
@@ -507,14 +510,7 @@ impl Model {
     ) -> Result<Output> {
         self.check_tokens("decode", &[token])?;
         self.check_room(1)?;
-        let pos = self.n_past;
-        let n_kv = decode_n_kv(&self.cache, pos);
-        let c = self.decode_plan(be, n_kv)?;
-        be.set_input_i32(c.exec, c.tokens, &[token as i32])?;
-        be.set_input_i32(c.exec, c.pos, &[pos as i32])?;
-        self.set_kv_inputs(be, &c, pos..pos + 1)?;
-        be.compute(c.exec)?;
-        self.n_past += 1;
+        let (c, _) = self.enqueue_decode(be, None, token)?;
         self.read(be, &c, logits, "decode")
     }
 
@@ -661,10 +657,7 @@ impl Model {
         } else {
             Vec::new()
         };
-        let argmax = u32::try_from(argmax).map_err(|_| Error::NonFinite {
-            position: last,
-            step,
-        })?;
+        let argmax = argmax_token(argmax, last, step)?;
         Ok(Output { argmax, logits })
     }
 
