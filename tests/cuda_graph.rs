@@ -585,3 +585,45 @@ fn profiled_run_times_every_step() {
     let s = be2.stats();
     assert_eq!((s.captures, s.replays, s.eager_runs), (0, 0, 1));
 }
+
+/// `set_skip` (`GRAFT_CUDA_SKIP`) leaves the kernels it names out of the plans loaded
+/// after it and warns that results are wrong: a profiled run launches none of them where
+/// the same plan without the skip does, and still launches the others.
+#[test]
+fn skipped_kernels_are_not_launched() {
+    let Some(mut be) = CudaBackend::new_or_skip(0).unwrap() else {
+        return;
+    };
+    let profile = |be: &mut CudaBackend| {
+        be.set_graphs(false);
+        be.set_profiling(true);
+        let m = build(be, 1).unwrap();
+        let e = be.load(&m.plan).unwrap();
+        run(be, &m, e, &inputs(0, 1)).unwrap();
+        be.take_profile()
+    };
+    let all = profile(&mut be);
+    assert!(
+        all.iter().any(|r| r.kernels.contains("rms_norm")),
+        "{all:?}"
+    );
+    let mut be2 = CudaBackend::new(0).unwrap();
+    be2.set_skip(vec!["rms_norm".into(), String::new()]);
+    assert!(
+        be2.warnings()
+            .iter()
+            .any(|w| w.contains("rms_norm") && w.contains("wrong")),
+        "{:?}",
+        be2.warnings()
+    );
+    let some = profile(&mut be2);
+    assert_eq!(some.len(), all.len());
+    assert!(
+        some.iter().all(|r| !r.kernels.contains("rms_norm")),
+        "{some:?}"
+    );
+    assert!(
+        some.iter().any(|r| r.kernels.contains("mul_mat_vec")),
+        "{some:?}"
+    );
+}

@@ -19,7 +19,7 @@ use common::strategies as st;
 use common::Case;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::{BinaryOp, UnaryOp};
-use proptest::strategy::BoxedStrategy;
+use proptest::strategy::{BoxedStrategy, Strategy};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// The GPU tests run one at a time.
@@ -266,7 +266,21 @@ fn flash_attn_ext_long_prefill_skips_masked_tiles() {
 /// Every case must be supported (head dims, dtypes and views are the kernels' own).
 #[test]
 fn prop_flash_attn_ext() {
-    use common::attention::{case, run};
+    flash_attn_cases(common::attention::case(), 64);
+}
+
+/// flash_attn_ext as [`prop_flash_attn_ext`], MHA decode with F16 and BF16 caches only
+/// (the one-row decode kernel, which [`prop_flash_attn_ext`] draws about once in 160
+/// cases).
+#[test]
+fn prop_flash_attn_ext_mha_decode() {
+    flash_attn_cases(common::attention::mha_decode_case(), 48);
+}
+
+/// Runs `cases` cases of `strategy` on CUDA and on the CPU and holds the CUDA result to
+/// the CPU's and to the oracle.
+fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
+    use common::attention::run;
     use common::nmse;
     let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cuda) = common::cuda_backend() else {
@@ -276,9 +290,9 @@ fn prop_flash_attn_ext() {
     let cpu = RefCell::new(CpuBackend::new());
     let config = Config {
         source_file: Some(file!()),
-        ..common::config(64)
+        ..common::config(cases)
     };
-    let result = TestRunner::new(config).run(&case(), |c| {
+    let result = TestRunner::new(config).run(&strategy, |c| {
         let on_cpu = run(&c, &mut *cpu.borrow_mut()).map_err(TestCaseError::fail)?;
         let on_gpu = run(&c, &mut *cuda.borrow_mut())
             .map_err(|e| TestCaseError::fail(format!("cuda: {e}")))?;

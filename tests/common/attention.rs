@@ -344,3 +344,15 @@ pub fn case() -> impl Strategy<Value = Case> {
             },
         )
 }
+
+/// MHA decode with a 16-bit cache (one query row per KV head, F16 or BF16 K/V), the case
+/// of the CUDA one-row decode kernel, which [`case`] draws about once in 160 cases; this
+/// draws only it, with [`case`]'s other fields.
+pub fn mha_decode_case() -> impl Strategy<Value = Case> {
+    (case(), prop::bool::ANY).prop_map(|(mut c, bf16)| {
+        c.n_q = 1;
+        c.group = 1;
+        c.kv = if bf16 { DType::BF16 } else { DType::F16 };
+        c
+    })
+}

@@ -93,6 +93,9 @@ pub struct CudaBackend {
     /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
     /// [`CudaBackend::set_mmvq`]).
     small_dq: bool,
+    /// Kernel-name prefixes whose launches plans leave out (`GRAFT_CUDA_SKIP`, a
+    /// diagnostic: results are wrong; see [`CudaBackend::set_skip`]).
+    skip: Vec<String>,
     /// Reads under way ([`Backend::begin_read`]).
     reads: Reads,
     /// Step times of profiled runs (`Some` while profiling is on).
@@ -196,7 +199,7 @@ impl CudaBackend {
             std::mem::size_of::<IndexError>(),
             "the index-error record",
         )?;
-        let be = CudaBackend {
+        let mut be = CudaBackend {
             execs: Vec::new(),
             buffers: HashMap::new(),
             blas,
@@ -210,6 +213,7 @@ impl CudaBackend {
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
+            skip: Vec::new(),
             reads: Reads::new(),
             profile: None,
             warnings: Vec::new(),
@@ -219,6 +223,9 @@ impl CudaBackend {
         };
         be.memset(be.index_err.ptr(), 0, be.index_err.bytes())?;
         be.wait()?;
+        if let Ok(list) = std::env::var("GRAFT_CUDA_SKIP") {
+            be.set_skip(list.split(',').map(str::to_string).collect());
+        }
         Ok(be)
     }
 
@@ -259,6 +266,23 @@ impl CudaBackend {
     pub fn set_mmvq(&mut self, path: Option<bool>) {
         self.mmvq = path != Some(false);
         self.small_dq = path.is_none();
+    }
+
+    /// Leaves every kernel whose name starts with one of `prefixes` out of the plans loaded
+    /// from now on (empty prefixes are ignored; `GRAFT_CUDA_SKIP=a,b` sets them when the
+    /// backend opens). A diagnostic for timing only: what the rest of a replayed graph
+    /// costs without those kernels, which a profile of kernels run one at a time cannot
+    /// show. Their outputs are never written, so every result after them is wrong; a
+    /// warning says so.
+    pub fn set_skip(&mut self, prefixes: Vec<String>) {
+        self.skip = prefixes.into_iter().filter(|p| !p.is_empty()).collect();
+        if !self.skip.is_empty() {
+            self.warn(format!(
+                "kernels starting with {} are skipped (GRAFT_CUDA_SKIP): results are wrong, \
+                 for timing only",
+                self.skip.join(", ")
+            ));
+        }
     }
 
     /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
@@ -518,6 +542,12 @@ impl CudaBackend {
                 op: step.op.name(),
                 reason,
             })?;
+        let mut steps = steps;
+        if !self.skip.is_empty() {
+            for ops in &mut steps {
+                ops.retain(|op| !self.skip.iter().any(|p| op.name().starts_with(p.as_str())));
+            }
+        }
         Ok((steps, lw.consts, lw.scratch_need))
     }
 
