@@ -347,9 +347,12 @@ pub fn case() -> impl Strategy<Value = Case> {
 
 /// MHA decode with a 16-bit cache (one query row per KV head, F16 or BF16 K/V), the case
 /// of the CUDA one-row decode kernel, which [`case`] draws about once in 160 cases; this
-/// draws only it, with [`case`]'s other fields.
+/// draws only it, with [`case`]'s other fields and its own key count (1..2,000: [`case`]
+/// shrinks its keys for the query and head counts it drew, which this case does not have).
 pub fn mha_decode_case() -> impl Strategy<Value = Case> {
-    (case(), prop::bool::ANY).prop_map(|(mut c, bf16)| {
+    (case(), prop::bool::ANY, 1usize..2000).prop_map(|(mut c, bf16, n_kv)| {
+        c.ctx = c.ctx - c.n_kv + n_kv;
+        c.n_kv = n_kv;
         c.n_q = 1;
         c.group = 1;
         c.kv = if bf16 { DType::BF16 } else { DType::F16 };

@@ -535,18 +535,15 @@ impl CudaBackend {
             small_dq: self.small_dq,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
-        let steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
+        let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
                 backend: "cuda",
                 node: step.name.clone(),
                 op: step.op.name(),
                 reason,
             })?;
-        let mut steps = steps;
-        if !self.skip.is_empty() {
-            for ops in &mut steps {
-                ops.retain(|op| !self.skip.iter().any(|p| op.name().starts_with(p.as_str())));
-            }
+        for ops in &mut steps {
+            ops.retain(|op| !self.skip.iter().any(|p| op.name().starts_with(p.as_str())));
         }
         Ok((steps, lw.consts, lw.scratch_need))
     }
