@@ -17,7 +17,8 @@
 //     19.49 / 12.15 us (Q4_0 [4096, 4096] / [4096, 12288] / [4096, 22016] / [11008, 4096],
 //     a replayed chain of 8-48 products), where an L2 prefetch of the row (before) or of a
 //     whole block's rows (tried) cost time on the longer rows. Lane s then
-//     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints,
+//     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints (for
+//     the 32-element types as 32-bit shared-memory words, see ld_words),
 //     integer dot products with __dp4a against 16-byte loads of the activations, then the
 //     block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
