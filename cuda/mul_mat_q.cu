@@ -18,7 +18,7 @@
 //     a replayed chain of 8-48 products), where an L2 prefetch of the row (before) or of a
 //     whole block's rows (tried) cost time on the longer rows. Lane s then
 //     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints (for
-//     the 32-element types as 32-bit shared-memory words, see ld_words),
+//     every type but Q6_K as 32-bit shared-memory words, see ld_words),
 //     integer dot products with __dp4a against 16-byte loads of the activations, then the
 //     block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
@@ -109,7 +109,7 @@ __device__ void mmvq(const QGemvArgs& p) {
             Q::template load<Smem>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, w);
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
-                if (c < p.ncols) {
+                if (NC == 1 || c < p.ncols) {  // one column: ncols is 1, no test in the loop
                     Act y;
                     load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
                     acc[c] += Q::dot(w, y);

@@ -52,15 +52,17 @@ __device__ __forceinline__ int ld_i32_a2(const char* p) {
 // N consecutive 32-bit little-endian words at a 2-byte aligned address. In shared memory
 // (the weights mul_mat_vec_q stages) the N + 1 aligned words around them, funnel-shifted
 // (the word past the end, whose upper half is not used, only when p is not 4-byte
-// aligned), instead of 2 N 16-bit loads. The 32-element types read their quants this
-// way: on the H100 that took the Llama-2-7B decode from 388 to 398 tok/s (Q4_0) and 262
-// to 269 (Q8_0). The K-quants keep 16-bit reads: the same for Q6_K gave 309 -> 294, and
-// 16-byte reads of an aligned Q4_K block changed nothing (345).
+// aligned), instead of 2 N 16-bit loads. Every type but Q6_K reads its quants this way:
+// on the H100 that took the Llama-2-7B decode from 388 to 407 tok/s (Q4_0), 262 to 274
+// (Q8_0) and 352 to 361 (Q4_K). Q6_K keeps 16-bit reads: its two runs (ql, qh) as words
+// gave 312 -> 302.
 template <typename M, int N>
 __device__ __forceinline__ void ld_words(const char* p, int* out) {
     if constexpr (M::SHARED) {
-        const unsigned* a = reinterpret_cast<const unsigned*>((uintptr_t)p & ~(uintptr_t)3);
-        const unsigned sh = ((unsigned)(uintptr_t)p & 2u) * 8u;  // 0 or 16
+        // pointer arithmetic, not an integer round trip: the loads stay shared-memory ones
+        const unsigned off = (unsigned)(uintptr_t)p & 2u;
+        const unsigned* a = reinterpret_cast<const unsigned*>(p - off);
+        const unsigned sh = off * 8u;  // 0 or 16
         unsigned lo = a[0];
 #pragma unroll
         for (int i = 0; i < N; ++i) {
@@ -382,12 +384,14 @@ struct BlockK4 {
         w.d = ld_f16<M>(b);
         w.dmin = ld_f16<M>(b + 2);
         scale_min_k4<M>(b + 4, j, w.sc, w.m);
-        const char* qs = b + QS + 32 * (j >> 1);
+        int qs[8], qh[8];
+        ld_words<M, 8>(b + QS + 32 * (j >> 1), qs);
+        if (FIVE) ld_words<M, 8>(b + 16, qh);
         const int shift = 4 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            int v = (ld_i32_a2<M>(qs + 4 * k) >> shift) & 0x0f0f0f0f;
-            if (FIVE) v |= ((ld_i32_a2<M>(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
+            int v = (qs[k] >> shift) & 0x0f0f0f0f;
+            if (FIVE) v |= ((qh[k] >> j) & 0x01010101) << 4;
             w.q[k] = v;
         }
     }
