@@ -93,8 +93,19 @@ __device__ __forceinline__ int spread4(unsigned bits) {
 
 // ---------------------------------------------------------------------------------------
 // Q8_1 activations, as quantize_q8_1_f32 writes them for the decode products: column c of
-// k elements at b + c * b_nb1 (16-byte aligned) holds the k quants (sub-block s at 32 s),
-// then the k / 32 (d, sum) pairs as half2 at k + 4 s.
+// k elements at b + c * b_nb1 (16-byte aligned) holds the quants in groups of 8 sub-blocks
+// (256 bytes, the last group padded): the first 16 quants of each of the 8, then their
+// last 16 (act_at), so that the 8 lanes of a quarter warp loading 8 consecutive
+// sub-blocks' halves read 128 contiguous bytes, one transaction, where 32-byte blocks in
+// a row took two. Then the k / 32 (d, sum) pairs as half2 at act_quant_bytes(k) + 4 s.
+
+// Bytes of the quants of a column of k activations (k rounded up to whole groups).
+__device__ __forceinline__ i64 act_quant_bytes(i64 k) { return (k + 255) & ~(i64)255; }
+
+// Byte offset of element e (0..31) of sub-block s in a column's quants.
+__device__ __forceinline__ i64 act_at(i64 s, int e) {
+    return 256 * (s >> 3) + 128 * (e >> 4) + 16 * (s & 7) + (e & 15);
+}
 
 struct Act {
     int q[8];
@@ -102,11 +113,11 @@ struct Act {
 };
 
 __device__ __forceinline__ void load_act(const char* col, i64 k, int s, Act& y) {
-    const int4* q = reinterpret_cast<const int4*>(col + 32 * (i64)s);
-    const int4 lo = q[0], hi = q[1];
+    const char* q = col + act_at(s, 0);
+    const int4 lo = *reinterpret_cast<const int4*>(q), hi = *reinterpret_cast<const int4*>(q + 128);
     y.q[0] = lo.x, y.q[1] = lo.y, y.q[2] = lo.z, y.q[3] = lo.w;
     y.q[4] = hi.x, y.q[5] = hi.y, y.q[6] = hi.z, y.q[7] = hi.w;
-    const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(col + k + 4 * (i64)s));
+    const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(col + act_quant_bytes(k) + 4 * (i64)s));
     y.d = ds.x;
     y.s = ds.y;
 }
@@ -121,9 +132,10 @@ __device__ __forceinline__ int sat_i8(float x) {
 // 1 / d, or 0 for a zero scale (an all-zero block).
 __device__ __forceinline__ float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
 
-// The (d, d * sum) pair of sub-block s of a column of k activations, as half2 at k + 4 s.
+// The (d, d * sum) pair of sub-block s of a column of k activations, as half2 at
+// act_quant_bytes(k) + 4 s.
 __device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float d, int sum) {
-    unsigned short* ds = reinterpret_cast<unsigned short*>(col + k + 4 * s);
+    unsigned short* ds = reinterpret_cast<unsigned short*>(col + act_quant_bytes(k) + 4 * s);
     ds[0] = __half_as_ushort(__float2half_rn(d));
     ds[1] = __half_as_ushort(__float2half_rn((float)sum * d));
 }
@@ -139,7 +151,7 @@ __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int 
     int sum = q;
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-    col[32 * s + lane] = (char)q;
+    col[act_at(s, lane)] = (char)q;
     if (lane == 0) store_act_scales(col, k, s, d, sum);
 }
 
@@ -159,7 +171,7 @@ __device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bo
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
     if (!valid) return;
-    *reinterpret_cast<unsigned*>(col + 4 * (i64)g) =
+    *reinterpret_cast<unsigned*>(col + act_at(g / 8, 4 * (g % 8))) =
         (unsigned)(q0 & 0xff) | (unsigned)(q1 & 0xff) << 8 | (unsigned)(q2 & 0xff) << 16 | (unsigned)q3 << 24;
     if (g % 8 == 0) store_act_scales(col, k, g / 8, d, sum);
 }

@@ -40,10 +40,10 @@ const SMALL_DQ_BYTES: usize = 1 << 20;
 /// Rows (one per warp) per thread block of the decode kernels.
 const ROWS: usize = GEMV_WARPS as usize;
 /// Bytes of one column of `k` activations quantized to Q8_1 for the decode kernels: the
-/// `k` quants, then a (d, sum) f16 pair per 32 elements, padded to 16 bytes (cuda/quant.cuh,
-/// `load_act`).
+/// `k` quants in groups of 8 blocks (256 bytes, the last one padded), then a (d, sum) f16
+/// pair per 32 elements, padded to 16 bytes (cuda/quant.cuh, `act_at`, `load_act`).
 fn q8_1_column_bytes(k: usize) -> usize {
-    (k + k / 32 * 4).next_multiple_of(16)
+    (k.next_multiple_of(256) + k / 32 * 4).next_multiple_of(16)
 }
 
 /// Lowers `dst = a b` with block-quantized `a` of type `q`.
