@@ -79,12 +79,15 @@ struct CpyArgs {
     Tensor4 src;
     Tensor4 dst;
     i64 n;     // elements
-    i64 mode;  // CPY_SAME_SHAPE, CPY_RESHAPE or CPY_CONTIGUOUS
+    i64 mode;  // CPY_SAME_SHAPE, CPY_RESHAPE or CPY_CONTIGUOUS; quantize_q8_1_f32: ACT_BLOCKS
+               // or ACT_PAIRS
 };
 static_assert(sizeof(CpyArgs) == 160, "CpyArgs layout");
 constexpr i64 CPY_SAME_SHAPE = 0;  // same ne, any strides
 constexpr i64 CPY_RESHAPE = 1;     // different ne, elements matched in row-major order
 constexpr i64 CPY_CONTIGUOUS = 2;  // both dense: flat index
+constexpr i64 ACT_BLOCKS = 0;  // Q8_1 activations for products taking one sub-block a lane
+constexpr i64 ACT_PAIRS = 1;   // Q8_1 activations for products taking two sub-blocks a lane
 
 struct RowsArgs {  // get_rows, set_rows
     Tensor4 src;  // get_rows: the table; set_rows: the rows to write
@@ -174,9 +177,10 @@ struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadca
     int vec;      // 1: rows of 4-element groups in 16-byte words (rms_rows_vec in norm.cu)
     char* q8;     // when not null: row r of dst also as split Q8_1 at q8 + r * q8_nb1
     i64 q8_nb1;   // (cuda/quant.cuh, store_act), for the decode product that reads it
+    i64 q8_layout;  // ACT_BLOCKS or ACT_PAIRS, the order that product takes sub-blocks in
     i64 w_early;  // 1: w is read-only (a weight) and read before waiting on the previous kernel
 };
-static_assert(sizeof(NormMulArgs) == 248, "NormMulArgs layout");
+static_assert(sizeof(NormMulArgs) == 256, "NormMulArgs layout");
 
 struct GluArgs {  // swiglu: dst = silu(gate) * up; q8 as in NormMulArgs
     Tensor4 gate;
@@ -184,8 +188,9 @@ struct GluArgs {  // swiglu: dst = silu(gate) * up; q8 as in NormMulArgs
     Tensor4 dst;
     char* q8;
     i64 q8_nb1;
+    i64 q8_layout;
 };
-static_assert(sizeof(GluArgs) == 232, "GluArgs layout");
+static_assert(sizeof(GluArgs) == 240, "GluArgs layout");
 
 struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K/V cache writes
     Tensor4 q_src;   // q rows roped into q_dst (q_rows of them; 0: no q)
@@ -245,8 +250,9 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
                            // n_q * batch] for the decode product that reads it (d % 32 == 0);
                            // nullptr: none
     i64 q8_nb1;            // bytes per column of q8
+    i64 q8_layout;         // ACT_BLOCKS or ACT_PAIRS (cuda/quant.cuh, act_at)
 };
-static_assert(sizeof(FattnArgs) == 440, "FattnArgs layout");
+static_assert(sizeof(FattnArgs) == 448, "FattnArgs layout");
 
 // Launch geometry of the mul_mat_vec_*, mul_mat_p021 and rms_norm_mul kernels.
 

@@ -301,10 +301,10 @@ __device__ void fattn_vec(const FattnArgs& p) {
 // the chunk weights exp(max_i - max) / sum, then each thread sums its elements over the
 // chunks, their loads unrolled so that several are in flight, and writes the sum (and its
 // Q8_1 copy when p.q8 is set).
-extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
+template <int LAYOUT>
+__device__ void combine(const FattnArgs& p) {
     static_assert(FATTN_COMBINE_THREADS % WARP_SIZE == 0, "a warp's elements share a Q8_1 block");
     __shared__ float w[2 * WARP_SIZE];
-    pdl_enter();
     // 32-bit index math (the grid holds the rows): no 64-bit division on the critical path
     const int d = (int)p.dst.ne[0], split = (int)p.split;
     const int n_head = (int)p.dst.ne[1], n_q = (int)p.dst.ne[2], row = (int)blockIdx.x;
@@ -341,8 +341,18 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
         // sub-block (blockDim.x and d are multiples of 32)
         if (p.q8 != nullptr) {
             const i64 k = (i64)d * n_head;
-            store_act(acc, p.q8 + (qi + (i64)n_q * b) * p.q8_nb1, k, (h * d + e) / 32, e % 32);
+            store_act(acc, p.q8 + (qi + (i64)n_q * b) * p.q8_nb1, k, (h * d + e) / 32, e % 32, LAYOUT);
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combine(const FattnArgs p) {
+    pdl_enter();
+    // the layout as a constant: the store's offsets without a select
+    if (p.q8_layout == ACT_PAIRS) {
+        combine<ACT_PAIRS>(p);
+    } else {
+        combine<ACT_BLOCKS>(p);
     }
 }
 

@@ -8,7 +8,8 @@
 // mul_mat_vec_dq pulls the first lines of the row into L2.
 //
 //   mul_mat_vec_q_c<NC>_<q>: b is the activations quantized to Q8_1 by quantize_q8_1_f32
-//     (column c at b + c * b_nb1: quants, then scales and sums; see load_act). The warp
+//     (column c at b + c * b_nb1: quants, then scales and sums, in the layout of the
+//     weight type, see act_at in quant.cuh). The warp
 //     copies its weight row into shared memory 4096 elements at a time (16-byte
 //     asynchronous copies, the next chunk in flight while the current one is used), so the
 //     row is read from memory in full 16-byte words whatever the block size. The first
@@ -16,11 +17,13 @@
 //     H100 that took the 7B shapes from 5.96 / 13.51 / 20.78 / 14.39 us to 5.01 / 11.95 /
 //     19.49 / 12.15 us (Q4_0 [4096, 4096] / [4096, 12288] / [4096, 22016] / [11008, 4096],
 //     a replayed chain of 8-48 products), where an L2 prefetch of the row (before) or of a
-//     whole block's rows (tried) cost time on the longer rows. Lane s then
-//     takes 32-element sub-blocks s, s + 32, ... of the chunk: its quants as 8 ints (for
-//     every type but Q6_K as 32-bit shared-memory words, see ld_words),
-//     integer dot products with __dp4a against 16-byte loads of the activations, then the
-//     block's scales and offsets in f32 (src/quant/dot.rs is the CPU oracle).
+//     whole block's rows (tried) cost time on the longer rows. Lane s then takes
+//     32-element sub-blocks s, s + 32, ... of the chunk (the K-quants: the pairs 2s and
+//     2s + 1, 2s + 64 and 2s + 65, ..., see chunk_pairs): its quants as 8 ints (read as
+//     32-bit shared-memory words, see ld_words, or 16-byte ones for aligned K-quant rows;
+//     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
+//     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
+//     the CPU oracle).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
 //     vec, scalar otherwise).
@@ -71,6 +74,48 @@ __device__ __forceinline__ void stage_bytes(char* dst, const char* src, int n, i
     for (int i = 16 * lane; i < body; i += 16 * WARP_SIZE) copy16(dst + head + i, src + head + i);
 }
 
+// One staged chunk of nsub sub-blocks at w0 whose first is sub-block s0 of the row, into
+// the lane's sums acc; b in the layout of Q (quant.cuh, act_at). A 32-element type's lane
+// s takes sub-blocks s, s + 32, ... (ACT_BLOCKS).
+template <typename Q, int NC>
+__device__ __forceinline__ void chunk_single(const QGemvArgs& p, const char* w0, int nsub, int s0, int lane,
+                                             float* acc) {
+    for (int s = lane; s < nsub; s += WARP_SIZE) {
+        typename Q::W w;
+        Q::template load<Smem>(w0 + s * Q::BYTES, 0, w);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (NC == 1 || c < p.ncols) {  // one column: ncols is 1, no test in the loop
+                Act y;
+                load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
+                acc[c] += Q::dot(w, y);
+            }
+        }
+    }
+}
+
+// A K-quant's lane t takes the pairs of sub-blocks 2t and 2t + 1, 2t + 64 and 2t + 65, ...
+// (ACT_PAIRS), which share the block's header and, but for Q6_K, their quant bytes: read
+// once for both (Q::load2, at alignment A). On the H100 that took the Llama-2-7B decode
+// from 359 to 416 tok/s (Q4_K) and 336 to 378 (Q4_K_M); the 32-element types lost with
+// pairs (Q4_0 420 -> 410-418, Q5_1 348 -> 300-304), so they keep one sub-block a lane.
+template <typename Q, int NC, int A>
+__device__ __forceinline__ void chunk_pairs(const QGemvArgs& p, const char* w0, int nsub, int s0, int lane,
+                                            float* acc) {
+    for (int s = 2 * lane; s < nsub; s += 2 * WARP_SIZE) {
+        typename Q::W wa, wb;
+        Q::template load2<A>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (NC == 1 || c < p.ncols) {
+                Act ya, yb;
+                load_act2(p.b + c * p.b_nb1, p.k, s0 + s, ya, yb);
+                acc[c] += Q::dot(wa, ya) + Q::dot(wb, yb);
+            }
+        }
+    }
+}
+
 template <typename Q, int NC>
 __device__ void mmvq(const QGemvArgs& p) {
     constexpr int CH = CHUNK / Q::QK * Q::BYTES;  // bytes of a chunk, a multiple of 16
@@ -104,17 +149,12 @@ __device__ void mmvq(const QGemvArgs& p) {
         const char* w0 = stage[warp][ci & 1] + mis;
         const int nsub = (int)(min((i64)CH, row_bytes - c0) / Q::BYTES) * Q::SUBS;
         const int s0 = (int)(c0 / Q::BYTES) * Q::SUBS;
-        for (int s = lane; s < nsub; s += WARP_SIZE) {
-            typename Q::W w;
-            Q::template load<Smem>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, w);
-#pragma unroll
-            for (int c = 0; c < NC; ++c) {
-                if (NC == 1 || c < p.ncols) {  // one column: ncols is 1, no test in the loop
-                    Act y;
-                    load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
-                    acc[c] += Q::dot(w, y);
-                }
-            }
+        if constexpr (!Q::PAIRS) {
+            chunk_single<Q, NC>(p, w0, nsub, s0, lane, acc);
+        } else if (mis == 0) {
+            chunk_pairs<Q, NC, Q::PA>(p, w0, nsub, s0, lane, acc);
+        } else {
+            chunk_pairs<Q, NC, 2>(p, w0, nsub, s0, lane, acc);
         }
         __syncwarp();  // the buffer is free for chunk ci + 2
     }
@@ -168,7 +208,10 @@ __device__ void dmmv(const QGemvArgs& p) {
 // __launch_bounds__: GEMV_WARPS * 32 threads (the launcher's block) and a minimum of
 // resident blocks per SM by column count (8 for 1-2 columns, 6 for 4, 4 for 8), which
 // caps registers so that the loads of several rows stay in flight without spilling the
-// NC accumulators.
+// NC accumulators. Two exceptions for 1-2 columns: Q8_0 asks for 6, as many as its 35 KB
+// of staging buffers let an H100 SM hold anyway (the registers that frees took the 7B
+// decode from 279.9 to 282.5 tok/s), and Q5_K for 7, which its pairs need so as not to
+// spill (344.7 against 341.5 with 8 and 36 bytes of spills).
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 2>(p); }
@@ -186,16 +229,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q5_1(const QGemvArgs p) { mmvq<BlockQ5_1, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c1_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c2_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q8_0(const QGemvArgs p) { mmvq<BlockQ8_0, 8>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q4_k(const QGemvArgs p) { mmvq<BlockQ4_K, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 7) mul_mat_vec_q_c1_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 7) mul_mat_vec_q_c2_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q5_k(const QGemvArgs p) { mmvq<BlockQ5_K, 8>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 1>(p); }

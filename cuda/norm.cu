@@ -24,7 +24,7 @@ struct NoWeight {};
 // enough (NORM_EARLY_W elements a thread): that read then overlaps the previous kernel.
 template <typename T, typename W>
 __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& w, float eps,
-                         char* q8 = nullptr, i64 q8_nb1 = 0, bool w_early = false) {
+                         char* q8 = nullptr, i64 q8_nb1 = 0, i64 q8_layout = 0, bool w_early = false) {
     __shared__ float scratch[32];
     constexpr bool weighted = !std::is_same<W, NoWeight>::value;
     const i64 ne0 = src.ne[0];
@@ -55,7 +55,7 @@ __device__ void rms_rows(const Tensor4& src, const Tensor4& dst, const Tensor4& 
         float v = load<T>(x + i0 * src.nb[0]) * scale;
         if constexpr (weighted) v *= wt;
         store<T>(y + i0 * dst.nb[0], v);
-        if (q8 != nullptr) store_act(v, q8 + blockIdx.x * q8_nb1, ne0, i0 / 32, i0 % 32);
+        if (q8 != nullptr) store_act(v, q8 + blockIdx.x * q8_nb1, ne0, i0 / 32, i0 % 32, q8_layout);
     };
     if (early) {
 #pragma unroll
@@ -95,7 +95,7 @@ __device__ __forceinline__ float4 load4<bf16>(const char* p) {
 // most NORM_VEC groups of 4 a thread. Each thread loads its groups with 16-byte loads, all
 // in flight together, and keeps them in registers through the reduction (no second read
 // of the row); with q8, 8 lanes quantize a 32-element block together (store_act4).
-template <typename W>
+template <typename W, int LAYOUT>
 __device__ void rms_rows_vec(const NormMulArgs& p) {
     __shared__ float scratch[32];
     const int ng = (int)(p.src.ne[0] / 4);
@@ -131,7 +131,7 @@ __device__ void rms_rows_vec(const NormMulArgs& p) {
         const float4 v = make_float4(xv[k].x * scale * wv[k].x, xv[k].y * scale * wv[k].y,
                                      xv[k].z * scale * wv[k].z, xv[k].w * scale * wv[k].w);
         if (g < ng) y[g] = v;
-        if (col != nullptr) store_act4(v, col, p.src.ne[0], g, g < ng);
+        if (col != nullptr) store_act4(v, col, p.src.ne[0], g, g < ng, LAYOUT);
     }
 }
 
@@ -222,9 +222,14 @@ template <typename W>
 __device__ void rms_norm_mul(const NormMulArgs& p) {
     pdl_launch_dependents();
     if (p.vec) {
-        rms_rows_vec<W>(p);
+        // the layout as a constant: the store's offsets without a select
+        if (p.q8_layout == ACT_PAIRS) {
+            rms_rows_vec<W, ACT_PAIRS>(p);
+        } else {
+            rms_rows_vec<W, ACT_BLOCKS>(p);
+        }
     } else {
-        rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1, p.w_early != 0);
+        rms_rows<float, W>(p.src, p.dst, p.w, p.eps, p.q8, p.q8_nb1, p.q8_layout, p.w_early != 0);
     }
 }
 

@@ -5,10 +5,18 @@
 // Every struct has:
 //   QK, BYTES, SUBS      elements and bytes of a block; SUBS = QK / 32, its 32-element
 //                        sub-blocks (one Q8_1 activation block each)
-//   W                    one sub-block in registers for the dp4a path: 8 ints of quants
-//                        (int k holds elements 4k..4k+3, one per byte, like a Q8_1
-//                        block's qs) and what scales them
-//   load(blk, sub, w)    reads sub-block `sub` of the block at blk
+//   W                    one sub-block in registers for the dp4a path: its quants (8
+//                        ints, int k holds elements 4k..4k+3, one per byte, like a Q8_1
+//                        block's qs; the K-quants keep the bytes as loaded and take their
+//                        sub-block's bits in dot) and what scales them
+//   PAIRS                whether mul_mat_vec_q's lanes take sub-blocks two at a time (the
+//                        K-quants, whose neighbouring sub-blocks share bytes) or one (the
+//                        32-element types); it picks the layout of the Q8_1 activations
+//                        (act_at), and src/backend/cuda/lower/mul_mat_q.rs's act_layout
+//                        must agree
+//   load(blk, sub, w)    reads sub-block `sub` of the block at blk (all but Q4_K, Q5_K)
+//   load2<A>(blk, j, w0, w1)  with PAIRS: sub-blocks j (even) and j + 1 of the block at
+//                        blk, in shared memory at alignment A
 //   dot(w, y)            the sub-block's dot product with one Q8_1 block, integer sums by
 //                        __dp4a, scales and offsets applied in f32 as src/quant/dot.rs does
 //   deq8(blk, g, v)      elements 8g..8g+7 of the block, dequantized exactly as
@@ -76,6 +84,21 @@ __device__ __forceinline__ void ld_words(const char* p, int* out) {
     }
 }
 
+// N consecutive 32-bit words at p in shared memory, p A-byte aligned: 16-byte loads for
+// A = 16, ld_words otherwise.
+template <int A, int N>
+__device__ __forceinline__ void ld_smem(const char* p, int* out) {
+    if constexpr (A >= 16 && N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const int4 v = reinterpret_cast<const int4*>(p)[i];
+            out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+        }
+    } else {
+        ld_words<Smem, N>(p, out);
+    }
+}
+
 // Byte i of a 2-byte aligned array.
 template <typename M = Gmem>
 __device__ __forceinline__ unsigned ld_u8(const char* p, int i) {
@@ -93,17 +116,24 @@ __device__ __forceinline__ int spread4(unsigned bits) {
 
 // ---------------------------------------------------------------------------------------
 // Q8_1 activations, as quantize_q8_1_f32 writes them for the decode products: column c of
-// k elements at b + c * b_nb1 (16-byte aligned) holds the quants in groups of 8 sub-blocks
-// (256 bytes, the last group padded): the first 16 quants of each of the 8, then their
-// last 16 (act_at), so that the 8 lanes of a quarter warp loading 8 consecutive
-// sub-blocks' halves read 128 contiguous bytes, one transaction, where 32-byte blocks in
-// a row took two. Then the k / 32 (d, sum) pairs as half2 at act_quant_bytes(k) + 4 s.
+// k elements at b + c * b_nb1 (16-byte aligned) holds the quants, k rounded up to groups
+// of 16 sub-blocks (512 bytes), then the k / 32 (d, sum) pairs as half2 at
+// act_quant_bytes(k) + 4 s. The quants are interleaved so that the 8 lanes of a quarter
+// warp loading one 16-byte piece each read 128 contiguous bytes, one transaction (32-byte
+// blocks in a row took two), in one of two layouts (act_at), by the order in which the
+// product's lanes take sub-blocks:
+//   ACT_BLOCKS (the 32-element types: lane s takes sub-block s): groups of 8 sub-blocks,
+//     their first 16 quants, then their last 16;
+//   ACT_PAIRS (the K-quants: lane t takes sub-blocks 2t and 2t + 1): groups of 16, four
+//     runs of 128 bytes holding one piece of each of the group's 8 pairs (the even
+//     sub-blocks' first halves, their second halves, then the odd ones').
 
 // Bytes of the quants of a column of k activations (k rounded up to whole groups).
-__device__ __forceinline__ i64 act_quant_bytes(i64 k) { return (k + 255) & ~(i64)255; }
+__device__ __forceinline__ i64 act_quant_bytes(i64 k) { return (k + 511) & ~(i64)511; }
 
 // Byte offset of element e (0..31) of sub-block s in a column's quants.
-__device__ __forceinline__ i64 act_at(i64 s, int e) {
+__device__ __forceinline__ i64 act_at(i64 s, int e, i64 layout) {
+    if (layout == ACT_PAIRS) return 512 * (s >> 4) + 256 * (s & 1) + 128 * (e >> 4) + 16 * ((s >> 1) & 7) + (e & 15);
     return 256 * (s >> 3) + 128 * (e >> 4) + 16 * (s & 7) + (e & 15);
 }
 
@@ -112,14 +142,29 @@ struct Act {
     float d, s;
 };
 
-__device__ __forceinline__ void load_act(const char* col, i64 k, int s, Act& y) {
-    const char* q = col + act_at(s, 0);
-    const int4 lo = *reinterpret_cast<const int4*>(q), hi = *reinterpret_cast<const int4*>(q + 128);
+__device__ __forceinline__ void act_from(int4 lo, int4 hi, Act& y) {
     y.q[0] = lo.x, y.q[1] = lo.y, y.q[2] = lo.z, y.q[3] = lo.w;
     y.q[4] = hi.x, y.q[5] = hi.y, y.q[6] = hi.z, y.q[7] = hi.w;
+}
+
+// Sub-block s of a column of k activations in the ACT_BLOCKS layout.
+__device__ __forceinline__ void load_act(const char* col, i64 k, int s, Act& y) {
+    const int4* q = reinterpret_cast<const int4*>(col + act_at(s, 0, ACT_BLOCKS));
+    act_from(q[0], q[8], y);
     const float2 ds = __half22float2(*reinterpret_cast<const __half2*>(col + act_quant_bytes(k) + 4 * (i64)s));
     y.d = ds.x;
     y.s = ds.y;
+}
+
+// Sub-blocks s (even) and s + 1 of a column of k activations in the ACT_PAIRS layout.
+__device__ __forceinline__ void load_act2(const char* col, i64 k, int s, Act& a, Act& b) {
+    const int4* q = reinterpret_cast<const int4*>(col + act_at(s, 0, ACT_PAIRS));
+    act_from(q[0], q[8], a);
+    act_from(q[16], q[24], b);
+    const uint2 u = *reinterpret_cast<const uint2*>(col + act_quant_bytes(k) + 4 * (i64)s);
+    const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    a.d = fa.x, a.s = fa.y, b.d = fb.x, b.s = fb.y;
 }
 
 // Rust's `x as i8`: truncation, saturating, NaN to 0.
@@ -141,17 +186,17 @@ __device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float 
 }
 
 // Element `lane` of sub-block s of a column of k activations, quantized by the whole warp
-// (lane = element) into the split layout above: d = amax / 127, quants rounded half away
+// (lane = element) into the split layout above (ACT_BLOCKS or ACT_PAIRS): d = amax / 127, quants rounded half away
 // from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
 // (no expression here can contract into a fused multiply-add). Every lane must call it.
-__device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane) {
+__device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane, i64 layout) {
     const float amax = warp_max(fabsf(x));
     const float d = amax / 127.0f;
     const int q = sat_i8(roundf(x * inverse(d)));
     int sum = q;
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-    col[act_at(s, lane)] = (char)q;
+    col[act_at(s, lane, layout)] = (char)q;
     if (lane == 0) store_act_scales(col, k, s, d, sum);
 }
 
@@ -159,7 +204,7 @@ __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int 
 // activations, the 8 groups of a 32-element block held by 8 consecutive lanes. The same
 // scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
 // it; `valid` lanes store (a block's 8 lanes are all valid or none).
-__device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid) {
+__device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid, i64 layout) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
@@ -171,7 +216,7 @@ __device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bo
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
     if (!valid) return;
-    *reinterpret_cast<unsigned*>(col + act_at(g / 8, 4 * (g % 8))) =
+    *reinterpret_cast<unsigned*>(col + act_at(g / 8, 4 * (g % 8), layout)) =
         (unsigned)(q0 & 0xff) | (unsigned)(q1 & 0xff) << 8 | (unsigned)(q2 & 0xff) << 16 | (unsigned)q3 << 24;
     if (g % 8 == 0) store_act_scales(col, k, g / 8, d, sum);
 }
@@ -239,6 +284,7 @@ __device__ __forceinline__ void quants8_legacy(const char* qs, unsigned qh, int 
 
 struct BlockQ4_0 {
     static constexpr int QK = 32, BYTES = 18, SUBS = 1;
+    static constexpr bool PAIRS = false;
     struct W {
         int q[8];
         float d;
@@ -263,6 +309,7 @@ struct BlockQ4_0 {
 
 struct BlockQ4_1 {
     static constexpr int QK = 32, BYTES = 20, SUBS = 1;
+    static constexpr bool PAIRS = false;
     struct W {
         int q[8];
         float d, m;
@@ -288,6 +335,7 @@ struct BlockQ4_1 {
 
 struct BlockQ5_0 {
     static constexpr int QK = 32, BYTES = 22, SUBS = 1;
+    static constexpr bool PAIRS = false;
     struct W {
         int q[8];
         float d;
@@ -312,6 +360,7 @@ struct BlockQ5_0 {
 
 struct BlockQ5_1 {
     static constexpr int QK = 32, BYTES = 24, SUBS = 1;
+    static constexpr bool PAIRS = false;
     struct W {
         int q[8];
         float d, m;
@@ -339,6 +388,7 @@ struct BlockQ5_1 {
 template <int QS, int NBYTES>
 struct BlockQ8 {
     static constexpr int QK = 32, BYTES = NBYTES, SUBS = 1;
+    static constexpr bool PAIRS = false;
     struct W {
         int q[8];
         float d;
@@ -381,34 +431,58 @@ __device__ __forceinline__ void scale_min_k4(const char* s, int j, int& sc, int&
     }
 }
 
+// scale_min_k4 from the 12 scale bytes held as 3 words s, without branches (the lanes of
+// a warp take sub-blocks on both sides of j = 4).
+__device__ __forceinline__ void scale_min_words(const int* s, int j, int& sc, int& m) {
+    const auto byte = [&](int i) {
+        const unsigned w = (unsigned)(i < 4 ? s[0] : (i < 8 ? s[1] : s[2]));
+        return (w >> (8 * (i & 3))) & 0xffu;
+    };
+    const unsigned bj = byte(j), b4 = byte(j + 4), bl = byte(j & 3);
+    sc = (int)(j < 4 ? (bj & 63u) : ((b4 & 0x0fu) | ((bl >> 6) << 4)));
+    m = (int)(j < 4 ? (b4 & 63u) : ((b4 >> 4) | ((bj >> 6) << 4)));
+}
+
 // Q4_K (FIVE false) and Q5_K (FIVE true): d, dmin, scales[12], [qh[32]], qs[128].
 template <bool FIVE>
 struct BlockK4 {
     static constexpr int QK = 256, BYTES = FIVE ? 176 : 144, SUBS = 8;
     static constexpr int QS = FIVE ? 48 : 16;
+    // The 32 quant bytes of sub-blocks j & ~1 and j | 1 (low and high nibbles) and, for
+    // Q5_K, the block's 32 bytes of fifth bits, as loaded; dot takes sub-block j's bits.
     struct W {
-        int q[8];
-        int sc, m;
+        int qs[8], qh[8];
+        int j, sc, m;
         float d, dmin;
     };
-    template <typename M>
-    static __device__ __forceinline__ void load(const char* b, int j, W& w) {
-        w.d = ld_f16<M>(b);
-        w.dmin = ld_f16<M>(b + 2);
-        scale_min_k4<M>(b + 4, j, w.sc, w.m);
-        int qs[8], qh[8];
-        ld_words<M, 8>(b + QS + 32 * (j >> 1), qs);
-        if (FIVE) ld_words<M, 8>(b + 16, qh);
-        const int shift = 4 * (j & 1);
+    static constexpr bool PAIRS = true;
+    static constexpr int PA = 16;  // BYTES is a multiple of 16
+    // Sub-blocks j (even) and j + 1, which share their quant bytes and the block's header:
+    // the header (d, dmin, scales) as 4 words, the quant bytes (and the fifth bits) as 8,
+    // at alignment A: 16-byte loads in a 16-byte aligned row.
+    template <int A>
+    static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
+        int h[4];
+        ld_smem<A, 4>(b, h);
+        ld_smem<A, 8>(b + QS + 32 * (j >> 1), w0.qs);
+        if (FIVE) ld_smem<A, 8>(b + 16, w0.qh);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            int v = (qs[k] >> shift) & 0x0f0f0f0f;
-            if (FIVE) v |= ((qh[k] >> j) & 0x01010101) << 4;
-            w.q[k] = v;
-        }
+        for (int k = 0; k < 8; ++k) w1.qs[k] = w0.qs[k], w1.qh[k] = FIVE ? w0.qh[k] : 0;
+        w0.j = j, w1.j = j + 1;
+        w0.d = w1.d = __half2float(__ushort_as_half((unsigned short)(h[0] & 0xffff)));
+        w0.dmin = w1.dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] >> 16)));
+        scale_min_words(h + 1, j, w0.sc, w0.m);
+        scale_min_words(h + 1, j + 1, w1.sc, w1.m);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
-        const int s = dp4a_sum<0, 8>(w.q, y.q);
+        const int shift = 4 * (w.j & 1);
+        int q[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            q[k] = (w.qs[k] >> shift) & 0x0f0f0f0f;
+            if (FIVE) q[k] |= ((w.qh[k] >> w.j) & 0x01010101) << 4;
+        }
+        const int s = dp4a_sum<0, 8>(q, y.q);
         return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
     }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
@@ -497,6 +571,14 @@ struct BlockQ6_K {
         w.sa = (int)(signed char)(s & 0xffu);
         w.sb = (int)(signed char)(s >> 8);
         w.d = ld_f16<M>(b + 208);
+    }
+    static constexpr bool PAIRS = true;  // its activations are shared with Q4_K's
+    static constexpr int PA = 2;
+    // Sub-blocks j and j + 1 one at a time (they share only qh).
+    template <int A>
+    static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
+        load<Smem>(b, j, w0);
+        load<Smem>(b, j + 1, w1);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int sa = dp4a_sum<0, 4>(w.q, y.q), sb = dp4a_sum<4, 8>(w.q, y.q);

@@ -480,7 +480,7 @@ __device__ void quantize_q8_1(const CpyArgs& p) {
     for (i64 row = blockIdx.y; row < rows; row += gridDim.y) {
         const RowIndex r = row_index(p.src.ne, row);
         const float x = load<float>(at(p.src, blk * 32 + lane, r.i1, r.i2, r.i3));
-        store_act(x, at(p.dst, 0, r.i1, r.i2, r.i3), p.src.ne[0], blk, lane);
+        store_act(x, at(p.dst, 0, r.i1, r.i2, r.i3), p.src.ne[0], blk, lane, p.mode);
     }
 }
 

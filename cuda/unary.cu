@@ -56,8 +56,8 @@ extern "C" __global__ void scale_bf16(const UnaryArgs p) { scale<bf16>(p); }
 // result is also written as split Q8_1 activations at q8 + r * q8_nb1 for the decode
 // product that reads it (store_act; the launcher ensures ne0 % 32 == 0 and a block of a
 // multiple of 32 threads, so each warp holds whole 32-element blocks).
-extern "C" __global__ void swiglu_f32(const GluArgs p) {
-    pdl_enter();
+template <int LAYOUT>
+__device__ void swiglu(const GluArgs& p) {
     for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
         const char* g = at(p.gate, 0, i1, i2, i3);
         const char* u = at(p.up, 0, i1, i2, i3);
@@ -66,9 +66,18 @@ extern "C" __global__ void swiglu_f32(const GluArgs p) {
         return [=, &p](i64 i0) {
             const float y = Silu::apply(load<float>(g + i0 * p.gate.nb[0])) * load<float>(u + i0 * p.up.nb[0]);
             store<float>(d + i0 * p.dst.nb[0], y);
-            if (q8 != nullptr) store_act(y, q8, p.dst.ne[0], i0 / 32, i0 % 32);
+            if (q8 != nullptr) store_act(y, q8, p.dst.ne[0], i0 / 32, i0 % 32, LAYOUT);
         };
     });
+}
+
+extern "C" __global__ void swiglu_f32(const GluArgs p) {
+    pdl_enter();
+    if (p.q8_layout == ACT_PAIRS) {
+        swiglu<ACT_PAIRS>(p);
+    } else {
+        swiglu<ACT_BLOCKS>(p);
+    }
 }
 
 #include "unary.inst.cuh"

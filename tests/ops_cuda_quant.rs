@@ -184,6 +184,18 @@ fn prop_mul_mat_decode_q8_1() {
     );
 }
 
+/// The same with weight rows that are not 16-byte aligned: the K-quants' pairs then take
+/// 32-bit words where aligned rows take 16-byte loads.
+#[test]
+fn prop_mul_mat_decode_q8_1_unaligned() {
+    on_gpu(
+        "mul_mat decode (Q8_1, dp4a), unaligned rows",
+        qs::mul_mat_decode_offset(),
+        96,
+        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+    );
+}
+
 /// A case `prop_mul_mat_decode_q8_1` found with 512 cases: one output whose terms nearly
 /// cancel (oracle -0.416, the host's Q8_1 reference -0.839). The Q8_1 path's bound is
 /// that reference's own error normalized by the oracle, as the kernel's NMSE is;
@@ -198,6 +210,7 @@ fn decode_q8_1_single_output_near_zero() {
         k: 4608,
         rows: 1,
         pad: 1,
+        offset: 0,
         n: 1,
         a_batch: [1, 1],
         repeat: [1, 1],
@@ -385,6 +398,7 @@ impl AttnProduct {
             k: d * heads,
             rows,
             pad: 0,
+            offset: 0,
             n: n_q,
             a_batch: [1, 1],
             repeat: [1, 1],

@@ -52,6 +52,8 @@ pub struct QCase {
     pub k: usize,
     pub rows: usize,
     pub pad: usize,
+    /// Bytes before the weight stack in its buffer (even: blocks are 2-byte aligned).
+    pub offset: usize,
     pub n: usize,
     pub a_batch: [usize; 2],
     pub repeat: [usize; 2],
@@ -286,7 +288,7 @@ pub fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> 
     let dt = DType::Quant(c.q);
     let r = BufferRef {
         buffer: buf,
-        offset: 0,
+        offset: c.offset,
     };
     let shape = [se, c.rows, a2, a3];
     let leaf = if c.op == QOp::SetRows {
@@ -335,9 +337,9 @@ fn run_inner(
         }
         QOp::Dequantize(_) | QOp::GetRows | QOp::SetRows | QOp::MulMat { .. } => {
             let bytes = weight_bytes(c);
-            let buf = be.alloc_buffer(bytes.len())?;
+            let buf = be.alloc_buffer(c.offset + bytes.len())?;
             buffers.push(buf);
-            be.write_buffer(buf, 0, &bytes)?;
+            be.write_buffer(buf, c.offset, &bytes)?;
             let w = weight_view(&mut g, c, buf)?;
             match c.op {
                 QOp::Dequantize(dt) => g.cast(w, dt)?,
@@ -501,6 +503,7 @@ pub fn quantize() -> BoxedStrategy<QCase> {
                 k,
                 rows,
                 pad,
+                offset: 0,
                 n: 1,
                 a_batch: [1, 1],
                 repeat: [1, 1],
@@ -526,6 +529,7 @@ pub fn dequantize() -> BoxedStrategy<QCase> {
                 k,
                 rows,
                 pad,
+                offset: 0,
                 n: 1,
                 a_batch: [1, 1],
                 repeat: [1, 1],
@@ -545,6 +549,7 @@ pub fn get_rows() -> BoxedStrategy<QCase> {
                 k,
                 rows,
                 pad,
+                offset: 0,
                 n,
                 a_batch: [1, 1],
                 repeat: [1, 1],
@@ -564,6 +569,7 @@ pub fn set_rows() -> BoxedStrategy<QCase> {
                 k,
                 rows,
                 pad: 0,
+                offset: 0,
                 n: n.min(rows),
                 a_batch: [1, 1],
                 repeat: [1, 1],
@@ -591,12 +597,25 @@ pub fn mul_mat_decode() -> BoxedStrategy<QCase> {
                 k,
                 rows,
                 pad,
+                offset: 0,
                 n,
                 a_batch: [1, 1],
                 repeat: [1, 1],
                 seed,
             })
         })
+        .boxed()
+}
+
+/// Decode products whose weight stack starts 2, 6 or 8 bytes into its buffer: rows
+/// that are not 16-byte aligned (or 4-byte, for 2 and 6), which the K-quants' product
+/// reads with other loads than aligned rows.
+pub fn mul_mat_decode_offset() -> BoxedStrategy<QCase> {
+    (
+        mul_mat_decode(),
+        prop_oneof![Just(2usize), Just(6), Just(8)],
+    )
+        .prop_map(|(c, offset)| QCase { offset, ..c })
         .boxed()
 }
 
@@ -621,6 +640,7 @@ pub fn mul_mat_prefill() -> BoxedStrategy<QCase> {
                     k: b * q.block_size(),
                     rows,
                     pad,
+                    offset: 0,
                     n,
                     a_batch: if batched { [a2, a3] } else { [1, a3] },
                     repeat: if batched { [r2.max(2), r3] } else { [r2, 1] },

@@ -30,7 +30,7 @@ use super::lower::mul_mat::{self, Gemv};
 use super::lower::mul_mat_q::{self, MAX_DECODE_COLS};
 use super::lower::rope::{self, RopeStore};
 use super::lower::{attention, check_operands, lower_step};
-use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering};
+use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering, Q8Copy};
 use crate::graph::{
     AllocKind, BinaryOp, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
 };
@@ -134,25 +134,30 @@ fn fuse(
     if let Op::FlashAttnExt(p) = &first.op {
         // The attention step alone, writing the next product's Q8_1 activations too
         // when its decode ends in a combine (attention::lower decides).
-        let b = mul_mat_q::q8_1_input(second, lw)?.clone();
+        let (b, layout) = mul_mat_q::q8_1_input(second, lw)?;
+        let b = b.clone();
         let ops = check_operands(first, lw)
-            .and_then(|()| attention::lower(p, &first.src, &first.dst, Some(&b), lw));
+            .and_then(|()| attention::lower(p, &first.src, &first.dst, Some((&b, layout)), lw));
         return Some((ops, 1));
     }
     pair(first, second, window.get(2), readers, lw).map(|ops| (ops, 2))
 }
 
-/// Where a fused step's result `y` also goes as Q8_1 activations (address and column
-/// stride), when `next` is a decode product of `y` that would quantize it; (0, 0) when not.
-/// The copy is then [`Lowering::q8_1_made`].
-fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64) {
+/// Where a fused step's result `y` also goes as Q8_1 activations (address, column stride
+/// and layout), when `next` is a decode product of `y` that would quantize it; zeros when
+/// not. The copy is then [`Lowering::q8_1_made`].
+fn q8_1_out(y: &Operand, next: Option<&Step>, lw: &mut Lowering) -> (u64, i64, i64) {
     match next.and_then(|s| mul_mat_q::q8_1_input(s, lw)) {
-        Some(b) if b == y && y.is_contiguous() && y.ne[0] % 32 == 0 => {
+        Some((b, layout)) if b == y && y.is_contiguous() && y.ne[0] % 32 == 0 => {
             let (addr, row) = mul_mat_q::q8_1_copy(y, &mut 0, lw);
-            lw.q8_1_made = Some((y.clone(), addr));
-            (addr, row as i64)
+            lw.q8_1_made = Some(Q8Copy {
+                of: y.clone(),
+                addr,
+                layout,
+            });
+            (addr, row as i64, layout)
         }
-        _ => (0, 0),
+        _ => (0, 0, 0),
     }
 }
 
@@ -222,7 +227,7 @@ fn pair(
             }
             let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype]);
             Some(kernel.and_then(|kernel| {
-                let (q8, q8_nb1) = q8_1_out(y, next, lw);
+                let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
                 let vec = norm_vec(x, y, w, lw);
                 let args = NormMulArgs {
                     src: lw.t4(x),
@@ -232,6 +237,7 @@ fn pair(
                     vec: i32::from(vec),
                     q8,
                     q8_nb1,
+                    q8_layout,
                     // a weight, read while the previous kernel of the plan finishes
                     w_early: i64::from(lw.read_only(w) && lw.launched),
                 };
@@ -264,13 +270,14 @@ fn pair(
             {
                 return None;
             }
-            let (q8, q8_nb1) = q8_1_out(y, next, lw);
+            let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
             let args = GluArgs {
                 gate: lw.t4(gate),
                 up: lw.t4(up),
                 dst: lw.t4(y),
                 q8,
                 q8_nb1,
+                q8_layout,
             };
             let (grid, block) = elementwise_grid(y.ne);
             Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]))

@@ -113,13 +113,13 @@ pub(crate) struct Lowering<'a> {
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
     pub devices: usize,
-    /// The F32 activations the last decode product quantized to Q8_1, and the scratch
-    /// address of that copy: the next decode product of the same activations (a layer's
-    /// q, k and v when a mix gives them different types, so that they are not one fused
-    /// matrix) reads it instead of quantizing again. It is
-    /// forgotten when a step writes memory the activations occupy ([`Lowering::wrote`])
-    /// or another step takes scratch ([`Lowering::reserve_scratch`]).
-    pub q8_1: Option<(Operand, u64)>,
+    /// The Q8_1 copy the last decode product made of its activations: the next decode
+    /// product of the same activations (a layer's q, k and v when a mix gives them
+    /// different types, so that they are not one fused matrix) reads it instead of
+    /// quantizing again when it takes the same layout. It is forgotten when a step writes
+    /// memory the activations occupy ([`Lowering::wrote`]) or another step takes scratch
+    /// ([`Lowering::reserve_scratch`]).
+    pub q8_1: Option<Q8Copy>,
     /// Whether a step lowered before the current one has launches: a kernel of the plan
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
@@ -127,7 +127,20 @@ pub(crate) struct Lowering<'a> {
     /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or
     /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
     /// writes are accounted for ([`Lowering::step_done`]).
-    pub q8_1_made: Option<(Operand, u64)>,
+    pub q8_1_made: Option<Q8Copy>,
+}
+
+/// A Q8_1 copy of F32 activations in scratch, as the decode products read them
+/// (cuda/quant.cuh).
+#[derive(Clone, Debug)]
+pub struct Q8Copy {
+    /// The activations.
+    pub of: Operand,
+    /// The copy's address.
+    pub addr: u64,
+    /// Its layout, `ACT_BLOCKS` or `ACT_PAIRS` (by the product's weight type:
+    /// `mul_mat_q::act_layout`).
+    pub layout: i64,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -200,11 +213,7 @@ impl Lowering<'_> {
 
     /// A step wrote `dst`: the Q8_1 copy of activations it overlaps is stale.
     pub fn wrote(&mut self, dst: &Operand) {
-        if self
-            .q8_1
-            .as_ref()
-            .is_some_and(|(src, _)| !disjoint(src, dst))
-        {
+        if self.q8_1.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
             self.q8_1 = None;
         }
     }

@@ -11,11 +11,12 @@ use rand::{Rng, SeedableRng};
 
 use super::args::{
     BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormMulArgs, QGemvArgs,
-    RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE,
+    RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
+    CPY_SAME_SHAPE,
 };
 use super::fuse;
 use super::gemm::Gemm;
-use super::lowering::{DevOp, Lowering, REGION_ALIGN};
+use super::lowering::{DevOp, Lowering, Q8Copy, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendExt};
 use crate::graph::{DType, Graph, Loc, Plan, TensorId};
@@ -414,6 +415,7 @@ fn check_lowering(
                         vec: 0,
                         q8: 0,
                         q8_nb1: 0,
+                        q8_layout: 0,
                         w_early: 0,
                     },
                 );
@@ -828,6 +830,58 @@ fn q8_1_activations_are_quantized_once() {
     assert!(!lowered_names(&plan, false).contains(&quant));
 }
 
+/// A Q8_1 copy takes the layout of the product that reads it (`ACT_PAIRS` for the
+/// K-quants, `ACT_BLOCKS` for the 32-element types): the fused norm writes the first
+/// product's, and a product of the same activations in the other layout quantizes them
+/// again in its own instead of reading that copy.
+#[test]
+fn q8_1_copies_take_the_layout_of_their_product() {
+    use crate::backend::cuda::args::ACT_PAIRS;
+    use crate::quant::QType;
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[256, 1]).unwrap();
+    let nw = g.input("nw", DType::F32, &[256]).unwrap();
+    let n = g.rms_norm(x, 1e-5).unwrap();
+    let y = g.mul(n, nw).unwrap();
+    let wk = g
+        .input("wk", DType::Quant(QType::Q4_K), &[256, 64])
+        .unwrap();
+    let w0 = g
+        .input("w0", DType::Quant(QType::Q4_0), &[256, 64])
+        .unwrap();
+    let a = g.mul_mat(wk, y).unwrap();
+    let b = g.mul_mat(w0, y).unwrap();
+    let plan = g.plan(&[a, b]).unwrap();
+    let mut lw = Lowering::new(&fake_addr_any, true, 1);
+    let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let launches: Vec<&super::lowering::Launch> = ops
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            DevOp::Kernel(k) => Some(k),
+            DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+        })
+        .collect();
+    let names: Vec<&str> = launches.iter().map(|k| k.kernel.name).collect();
+    assert_eq!(
+        names,
+        [
+            "rms_norm_mul_f32_f32",
+            "mul_mat_vec_q_c1_q4_k",
+            "quantize_q8_1_f32",
+            "mul_mat_vec_q_c1_q4_0"
+        ]
+    );
+    let norm = args::<NormMulArgs>(launches[0]);
+    assert_eq!(
+        (norm.q8_layout, args::<QGemvArgs>(launches[1]).b),
+        (ACT_PAIRS, norm.q8)
+    );
+    let quant = args::<CpyArgs>(launches[2]);
+    assert_eq!(quant.mode, ACT_BLOCKS);
+    assert_eq!(args::<QGemvArgs>(launches[3]).b, quant.dst.data);
+}
+
 /// A step that writes memory the quantized activations came from makes the copy stale;
 /// a write elsewhere and taking scratch for another step are told apart.
 #[test]
@@ -848,12 +902,17 @@ fn q8_1_copy_is_forgotten_when_its_source_is_written() {
     let (a, b) = (operand(a), operand(b));
     assert_ne!(a.loc, b.loc);
     let mut lw = Lowering::new(&fake_addr, true, 1);
-    lw.q8_1 = Some((a.clone(), 0x100));
+    let copy = |of: &crate::graph::Operand| Q8Copy {
+        of: of.clone(),
+        addr: 0x100,
+        layout: ACT_BLOCKS,
+    };
+    lw.q8_1 = Some(copy(&a));
     lw.wrote(&b);
     assert!(lw.q8_1.is_some(), "a write elsewhere keeps it");
     lw.wrote(&a);
     assert!(lw.q8_1.is_none(), "a write over the source drops it");
-    lw.q8_1 = Some((a, 0x100));
+    lw.q8_1 = Some(copy(&a));
     lw.reserve_scratch(&mut 0, 64);
     assert!(lw.q8_1.is_none(), "another step's scratch drops it");
 }

@@ -17,7 +17,7 @@ use crate::backend::cuda::args::{
 };
 use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::mul_mat_q;
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
 
 /// Queries up to which the decode kernel runs (it handles any count, slowly for many).
@@ -63,7 +63,7 @@ pub(crate) fn lower(
     p: &FlashAttnParams,
     src: &[Operand],
     dst: &Operand,
-    q8_for: Option<&Operand>,
+    q8_for: Option<(&Operand, i64)>,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
     let (q, kt, vt, mask) = (&src[0], &src[1], &src[2], src.get(3));
@@ -91,6 +91,7 @@ pub(crate) fn lower(
         chunk: n_kv as i64,
         q8: 0,
         q8_nb1: 0,
+        q8_layout: 0,
     };
     if n_q > DECODE_MAX_QUERIES {
         let rows = if d > 128 {
@@ -115,7 +116,9 @@ pub(crate) fn lower(
         n_head_kv,
         batch,
         n_kv,
-        q8_for: q8_for.filter(|b| same_columns(b, dst, d)).cloned(),
+        q8_for: q8_for
+            .filter(|(b, _)| same_columns(b, dst, d))
+            .map(|(b, layout)| (b.clone(), layout)),
     };
     match kt.dtype {
         // Several rows per KV head (GQA, or several queries): the tensor-core kernel
@@ -156,7 +159,7 @@ struct Decode {
     n_head_kv: usize,
     batch: usize,
     n_kv: usize,
-    q8_for: Option<Operand>,
+    q8_for: Option<(Operand, i64)>,
 }
 
 impl Decode {
@@ -223,10 +226,14 @@ impl Decode {
         if split > 1 {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
-            if let Some(b) = &self.q8_for {
+            if let Some((b, layout)) = &self.q8_for {
                 let (addr, col) = mul_mat_q::q8_1_copy(b, &mut offset, lw);
-                (args.q8, args.q8_nb1) = (addr, col as i64);
-                lw.q8_1_made = Some((b.clone(), addr));
+                (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, *layout);
+                lw.q8_1_made = Some(Q8Copy {
+                    of: b.clone(),
+                    addr,
+                    layout: *layout,
+                });
             }
         }
         let mut op = DevOp::kernel(kernel, grid, (threads, 1, 1), &args);

@@ -24,9 +24,9 @@
 
 use super::cpy::copy_to;
 use super::mul_mat::{lower_gemm, padded, Gemv};
-use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, GEMV_WARPS};
+use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, GEMV_WARPS};
 use crate::backend::cuda::kernels::{by, k, KernelSet};
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
 
@@ -40,10 +40,21 @@ const SMALL_DQ_BYTES: usize = 1 << 20;
 /// Rows (one per warp) per thread block of the decode kernels.
 const ROWS: usize = GEMV_WARPS as usize;
 /// Bytes of one column of `k` activations quantized to Q8_1 for the decode kernels: the
-/// `k` quants in groups of 8 blocks (256 bytes, the last one padded), then a (d, sum) f16
-/// pair per 32 elements, padded to 16 bytes (cuda/quant.cuh, `act_at`, `load_act`).
+/// `k` quants in groups of 16 blocks (512 bytes, the last one padded), then a (d, sum) f16
+/// pair per 32 elements, padded to 16 bytes (cuda/quant.cuh, `act_at`), in either layout.
 fn q8_1_column_bytes(k: usize) -> usize {
-    (k.next_multiple_of(256) + k / 32 * 4).next_multiple_of(16)
+    (k.next_multiple_of(512) + k / 32 * 4).next_multiple_of(16)
+}
+
+/// The layout of the Q8_1 activations that `mul_mat_vec_q` reads for weights of type
+/// `q`: `ACT_PAIRS` for the K-quants (whose lanes take two sub-blocks), `ACT_BLOCKS`
+/// for the 32-element types (`PAIRS` in cuda/quant.cuh).
+pub(crate) fn act_layout(q: DType) -> i64 {
+    match q.quant() {
+        Some(QType::Q4_K | QType::Q5_K | QType::Q6_K) => ACT_PAIRS,
+        Some(QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1)
+        | None => ACT_BLOCKS,
+    }
 }
 
 /// Lowers `dst = a b` with block-quantized `a` of type `q`.
@@ -116,13 +127,15 @@ fn decode_layout(a: &Operand, b: &Operand) -> bool {
         && single(b)
 }
 
-/// The activations `step` would quantize to Q8_1 when it is lowered: its `b` when it is a
-/// decode product of block-quantized weights on the `__dp4a` path. A step before it that
-/// computes `b` anyway can write that copy itself ([`q8_1_copy`]).
-pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<&'s Operand> {
+/// The activations `step` would quantize to Q8_1 when it is lowered, and the layout it
+/// reads them in: its `b` when it is a decode product of block-quantized weights on the
+/// `__dp4a` path. A step before it that computes `b` anyway can write that copy itself
+/// ([`q8_1_copy`]).
+pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<(&'s Operand, i64)> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
     let dp4a = |a: &Operand| kernel_set(true, b.ne[1]).get([a.dtype]).is_ok();
-    (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a)).then_some(b)
+    (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a))
+        .then_some((b, act_layout(a.dtype)))
 }
 
 /// Scratch at `*offset` for the Q8_1 copy of the F32 columns `b` [k, n] that the decode
@@ -146,14 +159,15 @@ pub(crate) fn gemv(
         return None;
     }
     let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
-    // The Q8_1 copy of `b` an earlier step made, if any. A small product without one
-    // dequantizes in registers: it is launch-bound, and quantizing would be a second
-    // launch.
+    // The Q8_1 copy of `b` in this product's layout an earlier step made, if any. A small
+    // product without one dequantizes in registers: it is launch-bound, and quantizing
+    // would be a second launch.
+    let layout = act_layout(a.dtype);
     let copy = lw
         .q8_1
         .as_ref()
-        .filter(|(done, _)| done == b)
-        .map(|(_, addr)| *addr);
+        .filter(|c| c.of == *b && c.layout == layout)
+        .map(|c| c.addr);
     let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
     let q8 = lw.mmvq && (copy.is_some() || !small);
     let kernel = kernel_set(q8, n).get([a.dtype]).ok()?;
@@ -175,10 +189,14 @@ pub(crate) fn gemv(
     if q8 {
         let addr = match copy {
             Some(addr) => addr,
-            None => match quantize_q8_1(b, lw) {
+            None => match quantize_q8_1(b, layout, lw) {
                 Ok((addr, op)) => {
                     ops.push(op);
-                    lw.q8_1 = Some((b.clone(), addr));
+                    lw.q8_1 = Some(Q8Copy {
+                        of: b.clone(),
+                        addr,
+                        layout,
+                    });
                     addr
                 }
                 Err(e) => return Some(Err(e)),
@@ -203,7 +221,7 @@ pub(crate) fn gemv(
 
 /// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (a column of
 /// [`q8_1_column_bytes`] each): the scratch address and the launch.
-fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
+fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
     let (addr, row) = q8_1_copy(b, &mut 0, lw);
     let args = CpyArgs {
@@ -214,7 +232,7 @@ fn quantize_q8_1(b: &Operand, lw: &mut Lowering) -> Result<(u64, DevOp), String>
             nb: [1, row as i64, (row * n) as i64, (row * n) as i64],
         },
         n: 0,
-        mode: 0,
+        mode: layout,
     };
     let grid = (
         u32::try_from((kk / 32).div_ceil(ROWS)).map_err(|_| format!("{kk} elements per row"))?,
