@@ -291,8 +291,28 @@ struct BlockQ4_0 {
     };
     template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
-        w.d = ld_f16<M>(b);
-        load_nibbles<M>(b + 2, w.q);
+        if constexpr (M::SHARED) {
+            // The 5 aligned words around the 18 bytes (a block 2 bytes past a word takes
+            // d from the first word's top half and its quants as whole words; an aligned
+            // one shifts them out of the 5 words): 5 loads, where d apart took 5 or 6.
+            const unsigned mis = (unsigned)(uintptr_t)b & 2u;
+            const unsigned* a = reinterpret_cast<const unsigned*>(b - mis);
+            unsigned v[5];
+#pragma unroll
+            for (int i = 0; i < 5; ++i) v[i] = a[i];
+            w.d = __half2float(__ushort_as_half((unsigned short)(mis ? v[0] >> 16 : v[0] & 0xffffu)));
+            int n[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) n[k] = (int)(mis ? v[k + 1] : __funnelshift_r(v[k], v[k + 1], 16));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                w.q[k] = n[k] & 0x0f0f0f0f;
+                w.q[k + 4] = (n[k] >> 4) & 0x0f0f0f0f;
+            }
+        } else {
+            w.d = ld_f16<M>(b);
+            load_nibbles<M>(b + 2, w.q);
+        }
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
