@@ -60,10 +60,11 @@ __device__ __forceinline__ int ld_i32_a2(const char* p) {
 // N consecutive 32-bit little-endian words at a 2-byte aligned address. In shared memory
 // (the weights mul_mat_vec_q stages) the N + 1 aligned words around them, funnel-shifted
 // (the word past the end, whose upper half is not used, only when p is not 4-byte
-// aligned), instead of 2 N 16-bit loads. Every type but Q6_K reads its quants this way:
-// on the H100 that took the Llama-2-7B decode from 388 to 407 tok/s (Q4_0), 262 to 274
-// (Q8_0) and 352 to 361 (Q4_K). Q6_K keeps 16-bit reads: its two runs (ql, qh) as words
-// gave 312 -> 302.
+// aligned), instead of 2 N 16-bit loads. Every type but Q6_K reads its quants this way
+// (Q4_0 now the 5 words around its whole block, in its own load; the K-quants 16-byte
+// words in aligned rows): on the H100 that took the Llama-2-7B decode from 388 to 407
+// tok/s (Q4_0), 262 to 274 (Q8_0) and 352 to 361 (Q4_K). Q6_K keeps 16-bit reads: its
+// two runs (ql, qh) as words gave 312 -> 302.
 template <typename M, int N>
 __device__ __forceinline__ void ld_words(const char* p, int* out) {
     if constexpr (M::SHARED) {
