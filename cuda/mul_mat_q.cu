@@ -102,6 +102,7 @@ __device__ __forceinline__ void chunk_single(const QGemvArgs& p, const char* w0,
 template <typename Q, int NC, int A>
 __device__ __forceinline__ void chunk_pairs(const QGemvArgs& p, const char* w0, int nsub, int s0, int lane,
                                             float* acc) {
+    static_assert(Q::SUBS % 2 == 0, "a chunk of whole blocks holds whole pairs");
     for (int s = 2 * lane; s < nsub; s += 2 * WARP_SIZE) {
         typename Q::W wa, wb;
         Q::template load2<A>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
@@ -151,7 +152,7 @@ __device__ void mmvq(const QGemvArgs& p) {
         const int s0 = (int)(c0 / Q::BYTES) * Q::SUBS;
         if constexpr (!Q::PAIRS) {
             chunk_single<Q, NC>(p, w0, nsub, s0, lane, acc);
-        } else if (mis == 0) {
+        } else if (Q::PA > 2 && mis == 0) {  // wider loads only where the type has them
             chunk_pairs<Q, NC, Q::PA>(p, w0, nsub, s0, lane, acc);
         } else {
             chunk_pairs<Q, NC, 2>(p, w0, nsub, s0, lane, acc);

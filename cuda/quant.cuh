@@ -187,8 +187,8 @@ __device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float 
 }
 
 // Element `lane` of sub-block s of a column of k activations, quantized by the whole warp
-// (lane = element) into the split layout above (ACT_BLOCKS or ACT_PAIRS): d = amax / 127, quants rounded half away
-// from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
+// (lane = element) into the split layout above (ACT_BLOCKS or ACT_PAIRS): d = amax / 127,
+// quants rounded half away from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
 // (no expression here can contract into a fused multiply-add). Every lane must call it.
 __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane, i64 layout) {
     const float amax = warp_max(fabsf(x));

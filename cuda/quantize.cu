@@ -4,10 +4,11 @@
 // rounds like the CPU's; divisions and square roots are IEEE-rounded by default):
 //   quantize_q8_1_f32: F32 rows (dense dim 0, any row strides) -> Q8_1 blocks, the
 //     activation format of mul_mat_vec_q_*, split: a dst row of k elements holds the k
-//     quants (interleaved in groups of blocks, cuda/quant.cuh act_at), then the (d, sum)
-//     f16 pairs of its blocks (load_act); the rows are dst.nb[1] apart. One warp per 32-element block (a lane per
-//     element, warp max and sum), GEMV_WARPS blocks per thread block; grid.x over the
-//     blocks of a row, grid.y over rows (strided).
+//     quants (interleaved in groups of blocks in the layout `mode` names, cuda/quant.cuh
+//     act_at), then the (d, sum) f16 pairs of its blocks; the rows are dst.nb[1] apart.
+//     One warp per 32-element block (a lane per element, warp max and sum), GEMV_WARPS
+//     blocks per thread block; grid.x over the blocks of a row, grid.y over rows
+//     (strided).
 //   cpy_f32_<q>: F32 (any strides) -> blocks of q (dense blocks along dim 0, any row
 //     strides), same shape. One thread per block running ggml's reference rules
 //     (Q4_0..Q8_1) or scale searches (make_qkx2_quants for Q4_K/Q5_K, make_qx_quants for
