@@ -627,3 +627,219 @@ fn skipped_kernels_are_not_launched() {
         "{some:?}"
     );
 }
+
+/// One case of [`attention_inputs_match_cpu`]: the weight type, the rope pairing, the
+/// caches' type and whether V is cached transposed.
+struct QkvCase {
+    w: DType,
+    mode: RopeMode,
+    cache: DType,
+    v_transposed: bool,
+}
+
+/// A q|k|v product, its views, the ropes of q and k and the cache writes of k and v (the
+/// steps of a decode layer's attention inputs) for one token at cache slot `slot`: the
+/// plan, its inputs (x, pos, slot), its outputs (roped q) and the two caches.
+fn qkv_graph(
+    be: &mut dyn Backend,
+    c: &QkvCase,
+    caches: &mut Vec<(BufferId, usize)>,
+) -> graft::Result<(Plan, [TensorId; 4])> {
+    const K: usize = 256;
+    let (m, slots) = ((N_HEAD + 2 * N_KV_HEAD) * HD, CTX);
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[K, 1])?;
+    let pos = g.input("pos", DType::I32, &[1])?;
+    let slot = g.input("slot", DType::I32, &[1])?;
+    // weights seeded alike on both backends, quantized on the host where they are blocks
+    let vals: Vec<f32> = (0..K * m)
+        .map(|i| ((i as u64 * 2_654_435_761) % 1000) as f32 / 5000.0 - 0.1)
+        .collect();
+    let bytes: Vec<u8> = match c.w {
+        DType::Quant(q) => vals
+            .chunks_exact(K)
+            .flat_map(|row| {
+                let mut b = vec![0u8; q.row_bytes(K).unwrap()];
+                graft::quant::quantize_row(q, row, &mut b).unwrap();
+                b
+            })
+            .collect(),
+        DType::F16 => vals
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        dt => panic!("no weights of {dt} here"),
+    };
+    let wbuf = be.alloc_buffer(bytes.len())?;
+    be.write_buffer(wbuf, 0, &bytes)?;
+    let w = g.weight(
+        "w_qkv",
+        c.w,
+        &[K, m],
+        BufferRef {
+            buffer: wbuf,
+            offset: 0,
+        },
+    )?;
+    let kc = state(be, &mut g, "k_cache", c.cache, &[KV, slots], caches)?;
+    let vc = state(be, &mut g, "v_cache", c.cache, &[KV, slots], caches)?;
+    let rope = RopeParams {
+        mode: c.mode,
+        n_dims: HD,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+        llama3: None,
+    };
+    let qkv = g.mul_mat(w, x)?; // [m, 1]
+    let row = m * 4;
+    let q = g.view_3d(qkv, HD, N_HEAD, 1, HD * 4, row, 0)?;
+    let k = g.view_3d(qkv, HD, N_KV_HEAD, 1, HD * 4, row, N_HEAD * HD * 4)?;
+    let v = g.view_2d(qkv, KV, 1, row, (N_HEAD + N_KV_HEAD) * HD * 4)?;
+    let q = g.rope(q, pos, rope)?;
+    let k = g.rope(k, pos, rope)?;
+    let k = g.reshape(k, &[KV, 1])?;
+    let k_written = g.set_rows(kc, k, slot)?;
+    let es = c.cache.block_bytes();
+    let v_written = match c.v_transposed {
+        // the transposed cache as [1, slots, KV] (row p of matrix j is element (p, j))
+        true => {
+            let dst = g.view_3d(vc, 1, slots, KV, es, slots * es, 0)?;
+            let src = g.view_3d(v, 1, 1, KV, row, 4, 0)?;
+            g.set_rows(dst, src, slot)?
+        }
+        false => g.set_rows(vc, v, slot)?,
+    };
+    let plan = g.plan(&[q, k_written, v_written])?;
+    Ok((plan, [x, pos, slot, q]))
+}
+
+/// A decode step's attention inputs (a q|k|v product, the ropes of q and k, the cache
+/// writes of k and v) on the CUDA backend: the product, then one `rope_store` launch for
+/// the four steps after it, computing what the CPU does: roped q within 1e-9 NMSE, the
+/// written cache rows within 1e-9 (F32), 1e-6 (F16) or 1e-4 (BF16: the two products' sums
+/// can round apart), every other cache byte as it was (a wrong slot, row order or rotation
+/// is off by order 1). Weights F16 and Q4_0 (the `__dp4a` kernel), NeoX and normal pairs,
+/// F32, F16 and BF16 caches, V by position and transposed. A slot outside the cache is an
+/// index error of the K cache write, and no cache byte changes.
+#[test]
+fn attention_inputs_match_cpu() {
+    use graft::quant::QType;
+    let Some(mut gpu) = CudaBackend::new_or_skip(0).unwrap() else {
+        return;
+    };
+    gpu.set_mmvq(Some(true));
+    gpu.set_graphs(false);
+    gpu.set_profiling(true);
+    let q4 = DType::Quant(QType::Q4_0);
+    let cases = [
+        (q4, RopeMode::Neox, DType::F16, false),
+        (q4, RopeMode::Normal, DType::F32, true),
+        (q4, RopeMode::Neox, DType::BF16, true),
+        (DType::F16, RopeMode::Neox, DType::F16, false),
+        (DType::F16, RopeMode::Normal, DType::BF16, true),
+    ];
+    for (w, mode, cache, v_transposed) in cases {
+        let c = QkvCase {
+            w,
+            mode,
+            cache,
+            v_transposed,
+        };
+        let what = format!("{w} {mode:?} {cache} transposed {v_transposed}");
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let mut results = Vec::new();
+        for be in [&mut gpu as &mut dyn Backend, &mut CpuBackend::new()] {
+            let mut caches = Vec::new();
+            let (plan, [xi, pos, slot, q]) = qkv_graph(be, &c, &mut caches).unwrap();
+            // sentinels: every cache byte 0x5a before the run
+            for &(buf, bytes) in &caches {
+                be.write_buffer(buf, 0, &vec![0x5a; bytes]).unwrap();
+            }
+            let e = be.load(&plan).unwrap();
+            be.set_input_f32(e, xi, &x).unwrap();
+            be.set_input_i32(e, pos, &[1234]).unwrap();
+            // a slot outside the cache first: an index error (the GPU reports it when
+            // it next waits for the device), nothing written
+            be.set_input_i32(e, slot, &[CTX as i32 + 3]).unwrap();
+            match be.compute(e).and_then(|()| be.synchronize()) {
+                Err(Error::IndexOutOfRange { index, limit, .. }) => {
+                    assert_eq!((index, limit), (CTX as i64 + 3, CTX), "{what}")
+                }
+                other => panic!("{what}: {} gave {other:?}", be.name()),
+            }
+            for &(buf, bytes) in &caches {
+                let mut v = vec![0u8; bytes];
+                be.read_buffer(buf, 0, &mut v).unwrap();
+                assert!(v.iter().all(|&b| b == 0x5a), "{what}: a bad slot wrote");
+            }
+            be.set_input_i32(e, slot, &[77]).unwrap();
+            be.compute(e).unwrap();
+            let mut qv = vec![0f32; HD * N_HEAD];
+            be.get_output(e, q, bytemuck::cast_slice_mut(&mut qv))
+                .unwrap();
+            let mut cv = Vec::new();
+            for &(buf, bytes) in &caches {
+                let mut v = vec![0u8; bytes];
+                be.read_buffer(buf, 0, &mut v).unwrap();
+                cv.push(v);
+            }
+            results.push((qv, cv));
+        }
+        let rows = gpu.take_profile();
+        let kernels: Vec<&str> = rows
+            .iter()
+            .map(|r| r.kernels.as_str())
+            .filter(|k| !k.starts_with("(fused"))
+            .collect();
+        // two runs, each the product's step (with the activations' quantization for
+        // Q4_0), then one rope_store launch for the other four steps
+        let product = |k: &&str| k.contains("mul_mat_vec_");
+        let store = |k: &&str| k.starts_with(&format!("rope_store_{}", cache.name()));
+        assert!(
+            kernels.len() == 4
+                && kernels.iter().filter(|k| product(k)).count() == 2
+                && kernels.iter().filter(|k| store(k)).count() == 2,
+            "{what}: {kernels:?}"
+        );
+        let ((gq, gc), (cq, cc)) = (&results[0], &results[1]);
+        let e = nmse(gq, cq);
+        assert!(e < 1e-9, "{what}: q NMSE {e:e}");
+        let es = cache.block_bytes();
+        for (i, (g, cpu)) in gc.iter().zip(cc).enumerate() {
+            // the bytes of slot 77: a row by position, a column transposed (V only)
+            let written = |b: usize| match (i, v_transposed) {
+                (1, true) => b % (CTX * es) / es == 77,
+                _ => b / (KV * es) == 77,
+            };
+            let (mut gw, mut cw) = (Vec::new(), Vec::new());
+            for (b, (&x, &y)) in g.iter().zip(cpu).enumerate() {
+                if written(b) {
+                    gw.push(x);
+                    cw.push(y);
+                } else {
+                    assert!(x == 0x5a && y == 0x5a, "{what}: cache {i} byte {b} written");
+                }
+            }
+            let floats = |v: &[u8]| -> Vec<f32> {
+                match cache {
+                    DType::F32 => bytemuck::cast_slice(v).to_vec(),
+                    DType::F16 => f16_to_f32(v),
+                    _ => v
+                        .chunks_exact(2)
+                        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                        .collect(),
+                }
+            };
+            // the sums differ in order; a 16-bit cache can round them apart
+            let limit = match cache {
+                DType::F32 => 1e-9,
+                DType::F16 => 1e-6,
+                _ => 1e-4,
+            };
+            let e = nmse(&floats(&gw), &floats(&cw));
+            assert!(e < limit, "{what}: cache {i} NMSE {e:e}");
+        }
+    }
+}
