@@ -720,7 +720,7 @@ fn qkv_graph(
 /// can round apart), every other cache byte as it was (a wrong slot, row order or rotation
 /// is off by order 1). Weights F16 and Q4_0 (the `__dp4a` kernel), NeoX and normal pairs,
 /// F32, F16 and BF16 caches, V by position and transposed. A slot outside the cache is an
-/// index error of the K cache write, and no cache byte changes.
+/// index error that names it and the cache's slots, and no cache byte changes.
 #[test]
 fn attention_inputs_match_cpu() {
     use graft::quant::QType;
