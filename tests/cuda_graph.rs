@@ -824,7 +824,11 @@ fn attention_inputs_match_cpu() {
             }
             let floats = |v: &[u8]| -> Vec<f32> {
                 match cache {
-                    DType::F32 => bytemuck::cast_slice(v).to_vec(),
+                    // (a byte vector need not be 4-byte aligned for a cast)
+                    DType::F32 => v
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
                     DType::F16 => f16_to_f32(v),
                     _ => v
                         .chunks_exact(2)
