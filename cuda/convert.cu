@@ -7,6 +7,13 @@
 //     The values are the CPU's dequantize_row bits (then rounded to f16 for _f16).
 //     Same-shape copies into dense, 16-byte aligned rows (the prefill's F16 weight copies)
 //     take deq_rows: 32-bit index math and 16-byte stores.
+//   cpy_split_<q>_f16 (q4_0, q8_0): cpy_<q>_f16 from a frozen weight in split rows
+//     (SplitQ4_0, SplitQ8_0 in quant.cuh), the prefill's F16 copy of it: deq_rows only
+//     (the lowering checks that it fits, src/backend/cuda/lower/mul_mat_q.rs), the same
+//     values.
+//   split_rows_<q> (q4_0, q8_0): the rows of src (ggml's blocks, dense, rows src.nb[1]
+//     apart) into split rows at dst (rows dst.nb[1] apart, 16-byte aligned, nb[1] a
+//     multiple of 16): one thread per block, n blocks in all. src and dst must not overlap.
 //   get_rows_<q>: F32 dst row (i1, i2, i3) = dequantized table row ids[i1, i2, i3] of
 //     matrix (i2, i3). One block per dst row, a thread per 8-element group; an id outside
 //     0..rows is recorded in the index-error record and its dst row zero-filled.
@@ -30,14 +37,15 @@ __device__ __forceinline__ bool deq_rows_fit(const CpyArgs& p) {
 // (one division per group) and 16-byte stores. (A thread per 32-element sub-block, the
 // block header read once, measured slower on an H100: 12.8k vs 14.9k tok/s prefill of a
 // Q4_0 7B, two runs of the same day.)
-template <typename Q, typename D>
+// R: the row reader (Blocks<Q> or SplitQ4_0, quant.cuh).
+template <typename R, typename D>
 __device__ void deq_rows(const CpyArgs& p) {
     const unsigned per_row = (unsigned)(p.src.ne[0] / 8), groups = (unsigned)(p.n / 8);
+    const i64 nb = p.src.ne[0] / R::QK;
     for (unsigned gi = blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += gridDim.x * blockDim.x) {
         const unsigned r = gi / per_row, g = gi - r * per_row;
-        const char* blk = p.src.data + r * p.src.nb[1] + (i64)(g / (Q::QK / 8)) * p.src.nb[0];
         float v[8];
-        Q::deq8(blk, (int)(g % (Q::QK / 8)), v);
+        R::deq8(p.src.data + r * p.src.nb[1], nb, g / (R::QK / 8), (int)(g % (R::QK / 8)), v);
         store8<D>(p.dst.data + r * p.dst.nb[1] + 8 * (i64)g * (i64)sizeof(D), v);
     }
 }
@@ -46,7 +54,7 @@ template <typename Q, typename D>
 __device__ void cpy_deq(const CpyArgs& p) {
     pdl_enter();
     if (deq_rows_fit<D>(p)) {
-        deq_rows<Q, D>(p);
+        deq_rows<Blocks<Q>, D>(p);
         return;
     }
     const i64 groups = p.n / 8;
@@ -92,6 +100,36 @@ __device__ void get_rows_q(const RowsArgs& p) {
         for (int i = 0; i < 8; ++i) store<float>(d + (g * 8 + i) * p.dst.nb[0], v[i]);
     }
 }
+
+// split_rows_<q>: one thread per block of S's type.
+template <typename S>
+__device__ void split_rows(const CpyArgs& p) {
+    pdl_enter();
+    const i64 nb = p.src.ne[0] / S::QK;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 r = i / nb, b = i - r * nb;
+        const char* blk = p.src.data + r * p.src.nb[1] + S::BYTES * b;
+        char* row = p.dst.data + r * p.dst.nb[1];
+#pragma unroll
+        for (int w = 0; w < S::QB / 16; ++w) {
+            const char* q = blk + 2 + 16 * w;
+            const int4 v = make_int4(ld_i32_a2(q), ld_i32_a2(q + 4), ld_i32_a2(q + 8), ld_i32_a2(q + 12));
+            *reinterpret_cast<int4*>(row + S::QB * b + 16 * w) = v;
+        }
+        *reinterpret_cast<unsigned short*>(row + S::QB * nb + 2 * b) = (unsigned short)ld_u16(blk);
+    }
+}
+
+template <typename S>
+__device__ void cpy_split(const CpyArgs& p) {
+    pdl_enter();
+    deq_rows<S, f16>(p);
+}
+
+extern "C" __global__ void cpy_split_q4_0_f16(const CpyArgs p) { cpy_split<SplitQ4_0>(p); }
+extern "C" __global__ void cpy_split_q8_0_f16(const CpyArgs p) { cpy_split<SplitQ8_0>(p); }
+extern "C" __global__ void split_rows_q4_0(const CpyArgs p) { split_rows<SplitQ4_0>(p); }
+extern "C" __global__ void split_rows_q8_0(const CpyArgs p) { split_rows<SplitQ8_0>(p); }
 
 extern "C" __global__ void cpy_q4_0_f32(const CpyArgs p) { cpy_deq<BlockQ4_0, float>(p); }
 extern "C" __global__ void cpy_q4_0_f16(const CpyArgs p) { cpy_deq<BlockQ4_0, f16>(p); }

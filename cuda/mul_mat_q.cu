@@ -24,9 +24,19 @@
 //     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
 //     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
 //     the CPU oracle).
+//   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0 and Q8_0 weights in split
+//     rows (SplitQ4_0, SplitQ8_0 in quant.cuh): nothing staged, lane s reads block s's
+//     quants as one or two 16-byte loads straight from memory (a warp's loads are 512
+//     contiguous bytes), its scale as a 2-byte one, then the same dot products in the
+//     same order as mul_mat_vec_q_c<NC>_<q>, so the same sums. Two blocks a lane in flight (unroll 2,
+//     48 registers): on the H100 that read the 7B shapes at 70 / 89 / 82 / 92% of the copy
+//     bandwidth where the staged kernel read 66 / 81 / 74 / 84% ([4096, 4096] /
+//     [4096, 11008] / [11008, 4096] / [4096, 12288], a replayed chain of 48 products with
+//     programmatic dependent launch; unroll 1, 3, 4 and 8, 8 rows a block and weight loads
+//     issued before the wait measured slower).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
-//     vec, scalar otherwise).
+//     vec, scalar otherwise). mul_mat_vec_dqs_c<NC>_<q>: the same on split rows.
 //
 // NC is 1, 2, 4 or 8; the launcher picks the smallest NC >= ncols.
 #include "quant.cuh"
@@ -174,16 +184,47 @@ __device__ __forceinline__ void load_x8(const float* x, bool vec, float* f) {
     }
 }
 
-template <typename Q, int NC>
+// S: the split-row reader (SplitQ4_0, SplitQ8_0 in quant.cuh).
+template <typename S, int NC>
+__device__ void mmvq_split(const QGemvArgs& p) {
+    pdl_launch_dependents();
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + warp;
+    if (row >= p.m) return;  // the whole warp
+    const char* a = p.a + row * p.a_nb1;
+    const int nb = (int)(p.k / S::QK);
+    pdl_wait();
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+#pragma unroll 2
+    for (int s = lane; s < nb; s += WARP_SIZE) {
+        typename S::Q::W w;
+        S::load(a, nb, s, w);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if (NC == 1 || c < p.ncols) {
+                Act y;
+                load_act(p.b + c * p.b_nb1, p.k, s, y);
+                acc[c] += S::Q::dot(w, y);
+            }
+        }
+    }
+    write_row<NC>(p, row, acc, lane);
+}
+
+// R: the row reader (Blocks<Q>, SplitQ4_0 or SplitQ8_0, quant.cuh).
+template <typename R, int NC>
 __device__ void dmmv(const QGemvArgs& p) {
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
-    if (p.prefetch) prefetch_row(a, p.k / Q::QK * Q::BYTES, lane);
+    const i64 nb = p.k / R::QK;
+    if (p.prefetch) prefetch_row(a, nb * R::BYTES, lane);
     pdl_wait();
-    constexpr int GPB = Q::QK / 8;  // 8-element groups per block
+    constexpr int GPB = R::QK / 8;  // 8-element groups per block
     const int ngroups = (int)(p.k / 8);
     const bool vec = p.vec != 0;
     float acc[NC];
@@ -192,7 +233,7 @@ __device__ void dmmv(const QGemvArgs& p) {
 #pragma unroll 2
     for (int g = lane; g < ngroups; g += WARP_SIZE) {
         float v[8];
-        Q::deq8(a + (g / GPB) * Q::BYTES, g % GPB, v);
+        R::deq8(a, nb, g / GPB, g % GPB, v);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             if (c < p.ncols) {
@@ -247,35 +288,52 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_q_c4_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_q_c8_q6_k(const QGemvArgs p) { mmvq<BlockQ6_K, 8>(p); }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_0(const QGemvArgs p) { dmmv<BlockQ4_0, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_1(const QGemvArgs p) { dmmv<BlockQ4_1, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_0(const QGemvArgs p) { dmmv<BlockQ5_0, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_1(const QGemvArgs p) { dmmv<BlockQ5_1, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q8_0(const QGemvArgs p) { dmmv<BlockQ8_0, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_k(const QGemvArgs p) { dmmv<BlockQ4_K, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_k(const QGemvArgs p) { dmmv<BlockQ5_K, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q6_k(const QGemvArgs p) { dmmv<BlockQ6_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_0(const QGemvArgs p) { dmmv<Blocks<BlockQ4_0>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_0(const QGemvArgs p) { dmmv<Blocks<BlockQ4_0>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_0(const QGemvArgs p) { dmmv<Blocks<BlockQ4_0>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_0(const QGemvArgs p) { dmmv<Blocks<BlockQ4_0>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_1(const QGemvArgs p) { dmmv<Blocks<BlockQ4_1>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_1(const QGemvArgs p) { dmmv<Blocks<BlockQ4_1>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_1(const QGemvArgs p) { dmmv<Blocks<BlockQ4_1>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_1(const QGemvArgs p) { dmmv<Blocks<BlockQ4_1>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_0(const QGemvArgs p) { dmmv<Blocks<BlockQ5_0>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_0(const QGemvArgs p) { dmmv<Blocks<BlockQ5_0>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_0(const QGemvArgs p) { dmmv<Blocks<BlockQ5_0>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_0(const QGemvArgs p) { dmmv<Blocks<BlockQ5_0>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_1(const QGemvArgs p) { dmmv<Blocks<BlockQ5_1>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_1(const QGemvArgs p) { dmmv<Blocks<BlockQ5_1>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_1(const QGemvArgs p) { dmmv<Blocks<BlockQ5_1>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_1(const QGemvArgs p) { dmmv<Blocks<BlockQ5_1>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q8_0(const QGemvArgs p) { dmmv<Blocks<BlockQ8_0>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q8_0(const QGemvArgs p) { dmmv<Blocks<BlockQ8_0>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q8_0(const QGemvArgs p) { dmmv<Blocks<BlockQ8_0>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q8_0(const QGemvArgs p) { dmmv<Blocks<BlockQ8_0>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q4_k(const QGemvArgs p) { dmmv<Blocks<BlockQ4_K>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q4_k(const QGemvArgs p) { dmmv<Blocks<BlockQ4_K>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q4_k(const QGemvArgs p) { dmmv<Blocks<BlockQ4_K>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q4_k(const QGemvArgs p) { dmmv<Blocks<BlockQ4_K>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q5_k(const QGemvArgs p) { dmmv<Blocks<BlockQ5_K>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q5_k(const QGemvArgs p) { dmmv<Blocks<BlockQ5_K>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q5_k(const QGemvArgs p) { dmmv<Blocks<BlockQ5_K>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q5_k(const QGemvArgs p) { dmmv<Blocks<BlockQ5_K>, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c1_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dq_c2_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 8>(p); }
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 8>(p); }

@@ -627,3 +627,75 @@ template <typename Q>
 __device__ __forceinline__ const char* block_of(const char* row, i64 i0, i64 nb0) {
     return row + (i0 / Q::QK) * nb0;
 }
+
+// ---------------------------------------------------------------------------------------
+// Row readers for the kernels that take a weight row and a block index (the decode
+// products, the dequantizing copy of the prefill's weights): where block b of a row of nb
+// blocks lies.
+
+// ggml's layout: block b of type Q at row + b * Q::BYTES.
+template <typename Q>
+struct Blocks {
+    static constexpr int QK = Q::QK, BYTES = Q::BYTES;
+    static __device__ __forceinline__ void deq8(const char* row, i64, i64 b, int g, float* v) {
+        Q::deq8(row + b * Q::BYTES, g, v);
+    }
+};
+
+// Frozen Q4_0 and Q8_0 weights in split rows (src/quant/split.rs, src/backend/cuda/split.rs):
+// a row of nb blocks holds their quant bytes (QB: 16 for Q4_0, 32 for Q8_0) at row + QB b,
+// then their f16 scales at row + QB nb + 2 b; as many bytes as in ggml's layout, nb a
+// multiple of 8 and every row 16-byte aligned, so a block's quants are aligned 16-byte
+// loads. The quants are read once: no L1 allocation.
+
+__device__ __forceinline__ int4 ld_stream16(const char* p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+struct SplitQ4_0 {
+    typedef BlockQ4_0 Q;  // the block type: its W and dot
+    static constexpr int QK = 32, BYTES = 18, QB = 16;
+    // Block b as BlockQ4_0::load gives it.
+    static __device__ __forceinline__ void load(const char* row, int nb, int b, Q::W& w) {
+        const int4 v = ld_stream16(row + QB * (i64)b);
+        const int n[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            w.q[k] = n[k] & 0x0f0f0f0f;
+            w.q[k + 4] = (n[k] >> 4) & 0x0f0f0f0f;
+        }
+        w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
+    }
+    // Elements 8g..8g+7 of block b, as BlockQ4_0::deq8 gives them.
+    static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
+        const float d = ld_f16(row + QB * nb + 2 * b);
+        int q[8];
+        quants8_legacy<false>(row + QB * b, 0, g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
+    }
+};
+
+struct SplitQ8_0 {
+    typedef BlockQ8_0 Q;
+    static constexpr int QK = 32, BYTES = 34, QB = 32;
+    static __device__ __forceinline__ void load(const char* row, int nb, int b, Q::W& w) {
+        const int4 lo = ld_stream16(row + QB * (i64)b), hi = ld_stream16(row + QB * (i64)b + 16);
+        w.q[0] = lo.x, w.q[1] = lo.y, w.q[2] = lo.z, w.q[3] = lo.w;
+        w.q[4] = hi.x, w.q[5] = hi.y, w.q[6] = hi.z, w.q[7] = hi.w;
+        w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
+    }
+    static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
+        const float d = ld_f16(row + QB * nb + 2 * b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const unsigned u = ld_u16(row + QB * b + 8 * g + 2 * k);
+            v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
+            v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
+        }
+    }
+};

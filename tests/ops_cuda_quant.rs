@@ -20,6 +20,7 @@ use std::sync::Mutex;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
+use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
 use proptest::prelude::any;
@@ -466,4 +467,279 @@ fn prop_mul_mat_prefill() {
     on_gpu("mul_mat prefill", qs::mul_mat_prefill(), 96, |c, g, r| {
         check_mul_mat(c, g, r, true, NMSE_PREFILL)
     });
+}
+
+/// A Q4_0 or Q8_0 mul_mat case over frozen weights: `k` a multiple of 256 (the rows the CUDA
+/// backend splits) or not, at an offset of 16 bytes or more (aligned: split) or 2 (not),
+/// decode widths and prefill widths, a fused residual add or not, padded rows or not.
+fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
+    use proptest::sample::select;
+    (
+        select(vec![graft::quant::QType::Q4_0, graft::quant::QType::Q8_0]),
+        select(vec![256usize, 512, 768, 2304, 4096, 96]),
+        1usize..150,
+        select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
+        select(vec![0usize, 16, 2064, 2]),
+        select(vec![0usize, 0, 8]),
+        any::<bool>(),
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(|(q, k, rows, n, offset, pad, add, seed, mmvq)| {
+            let c = QCase {
+                op: QOp::MulMat { add },
+                q,
+                k,
+                rows,
+                pad,
+                offset,
+                n,
+                a_batch: [1, 1],
+                repeat: [1, 1],
+                seed,
+            };
+            (c, mmvq)
+        })
+}
+
+/// Frozen Q4_0 and Q8_0 weights (`Backend::freeze_weights`) give the very bytes the same weights
+/// give unfrozen, on both decode paths and the prefill path; the profile shows the split
+/// kernels ran exactly when the rows could be split (a multiple of 256 elements, 16-byte
+/// aligned), so the check cannot pass by freezing changing nothing. A view of part of each
+/// frozen row (padded rows) must fail to load with an error naming the tensor.
+#[test]
+fn prop_frozen_weights_match_unfrozen() {
+    on_gpu(
+        "frozen weights",
+        frozen_case(),
+        96,
+        |(c, mmvq), cuda, _cpu| check_frozen(c, *mmvq, cuda),
+    );
+}
+
+/// A frozen weight of more than the 64 MiB of rows the backend splits at a time
+/// (Q4_0 [4096, 29300], 67.5 MB): split in two pieces, the same product bytes.
+#[test]
+fn frozen_weight_past_one_chunk() {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let c = QCase {
+        op: QOp::MulMat { add: false },
+        q: graft::quant::QType::Q4_0,
+        k: 4096,
+        rows: 29_300,
+        pad: 0,
+        offset: 0,
+        n: 1,
+        a_batch: [1, 1],
+        repeat: [1, 1],
+        seed: 3,
+    };
+    check_frozen(&c, true, &mut cuda).unwrap();
+}
+
+fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), String> {
+    let split = c.stride_elems() % 256 == 0 && c.offset % 16 == 0;
+    cuda.set_mmvq(Some(mmvq));
+    let plain = run_on(c, cuda);
+    cuda.set_profiling(true);
+    let frozen = qs::run_frozen(c, cuda);
+    let profile = cuda.take_profile();
+    cuda.set_profiling(false);
+    cuda.set_mmvq(None);
+    let what = format!("{c:?} (mmvq {mmvq})");
+    if split && c.pad > 0 {
+        return match frozen {
+            Err(e) if e.to_string().contains("frozen weight w") => Ok(()),
+            Err(e) => Err(format!(
+                "{what}: the error does not name the frozen weight: {e}"
+            )),
+            Ok(_) => Err(format!("{what}: a view of part of each frozen row loaded")),
+        };
+    }
+    let (_, want) = plain?;
+    let (_, got) = frozen.map_err(|e| format!("{what}: frozen: {e}"))?;
+    if let Some(d) = first_diff(&got, &want, 4) {
+        return Err(format!("{what}: frozen and unfrozen results differ: {d}"));
+    }
+    let ran_split = profile.iter().any(|s| {
+        ["mul_mat_vec_qs_", "mul_mat_vec_dqs_", "cpy_split_"]
+            .iter()
+            .any(|k| s.kernels.contains(k))
+    });
+    if ran_split != split {
+        let kernels: Vec<&str> = profile.iter().map(|s| s.kernels.as_str()).collect();
+        return Err(format!(
+            "{what}: split kernels ran: {ran_split}, expected {split}: {kernels:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Freezing splits only the tensor's bytes, reading back gives ggml's bytes (any range,
+/// partial rows included), and a write, a fill, a second tensor over the region and a plan
+/// that reads the frozen weight other than as mul_mat weights are errors naming it.
+#[test]
+fn frozen_weights_read_back_and_refuse_writes() {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut be) = common::cuda_backend() else {
+        return;
+    };
+    for q in [graft::quant::QType::Q4_0, graft::quant::QType::Q8_0] {
+        frozen_read_back_and_writes(&mut be, q);
+    }
+}
+
+/// One type's case of `frozen_weights_read_back_and_refuse_writes`.
+fn frozen_read_back_and_writes(be: &mut CudaBackend, q: graft::quant::QType) {
+    use graft::backend::FrozenTensor;
+    let (k, rows, offset) = (512usize, 37usize, 256usize);
+    let c = QCase {
+        op: QOp::MulMat { add: false },
+        q,
+        k,
+        rows,
+        pad: 0,
+        offset,
+        n: 1,
+        a_batch: [1, 1],
+        repeat: [1, 1],
+        seed: 11,
+    };
+    let w = qs::weight_bytes(&c);
+    let total = offset + w.len() + 300;
+    let mut all: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+    all[offset..offset + w.len()].copy_from_slice(&w);
+    let buf = be.alloc_buffer(total).unwrap();
+    be.write_buffer(buf, 0, &all).unwrap();
+    be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
+    // idempotent
+    be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
+    let mut back = vec![0u8; total];
+    be.read_buffer(buf, 0, &mut back).unwrap();
+    assert!(
+        back == all,
+        "reading the whole buffer back gave other bytes"
+    );
+    for (a, b) in [
+        (offset + 5, offset + 1001),
+        (offset - 9, offset + 20),
+        (offset + w.len() - 7, total),
+    ] {
+        let mut part = vec![0u8; b - a];
+        be.read_buffer(buf, a, &mut part).unwrap();
+        assert!(
+            part == all[a..b],
+            "reading bytes {a}..{b} back gave other bytes"
+        );
+    }
+    let must_name = |r: graft::Result<()>, what: &str| match r {
+        Err(e) => assert!(e.to_string().contains("frozen weight w"), "{what}: {e}"),
+        Ok(()) => panic!("{what} succeeded"),
+    };
+    must_name(
+        be.write_buffer(buf, offset + 100, &[1, 2, 3]),
+        "a write into the region",
+    );
+    must_name(
+        be.write_buffer(buf, offset - 2, &[0; 4]),
+        "a write across its start",
+    );
+    must_name(
+        be.fill_random(buf, offset, DType::F32, 4, 1, 1.0),
+        "fill_random over the region",
+    );
+    // Half a row in: whole rows of its own, but not rows of the frozen region.
+    let other = FrozenTensor {
+        name: "v".into(),
+        offset: offset + w.len() / rows / 2,
+        rows: 2,
+        ..qs::frozen(&c)
+    };
+    must_name(
+        be.freeze_weights(buf, &[other]),
+        "freezing an overlapping tensor",
+    );
+    be.write_buffer(buf, offset + w.len(), &[9; 16]).unwrap();
+    be.write_buffer(buf, 0, &all[..offset]).unwrap();
+    // A dequantizing copy of the frozen weight is not a mul_mat: the load must fail.
+    let mut g = Graph::new();
+    let wt = qs::weight_view(&mut g, &c, buf).unwrap();
+    let y = g.cast(wt, DType::F32).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    match be.load(&plan) {
+        Err(e) => assert!(e.to_string().contains("frozen weight w"), "{e}"),
+        Ok(_) => panic!("a plan that dequantizes a frozen weight loaded"),
+    }
+    be.free_buffer(buf).unwrap();
+}
+
+/// The `tiny` preset in Q4_0 and in Q8_0 (rows of 256 and 768 elements: every matrix
+/// but the embedding table is split when the model freezes its weights) gives the same
+/// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
+/// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
+/// ran.
+#[test]
+fn frozen_tiny_model_matches_unfrozen() {
+    use graft::models::QuantPlan;
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut be) = common::cuda_backend() else {
+        return;
+    };
+    for (plan, kernel) in [
+        (QuantPlan::Q4_0, "mul_mat_vec_qs_c1_q4_0"),
+        (QuantPlan::Q8_0, "mul_mat_vec_qs_c1_q8_0"),
+    ] {
+        tiny_model_split_and_not(&mut be, plan, kernel);
+    }
+    be.set_split(true);
+}
+
+/// The logits of the `tiny` preset in `plan` over a prefill and 6 decode steps, and the
+/// kernels of the first decode step, with and without split rows; `kernel` must run with.
+fn tiny_model_split_and_not(be: &mut CudaBackend, plan: graft::models::QuantPlan, kernel: &str) {
+    use graft::models::{presets, CacheTypes, Logits, Model};
+    let cfg = presets::preset("tiny").unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
+    let mut run = |split: bool| {
+        be.set_split(split);
+        let mut m = Model::random(cfg.clone(), plan, 32, CacheTypes::default(), 5, be).unwrap();
+        let mut logits = m.prefill(be, &prompt, Logits::All).unwrap().logits;
+        let mut t = 7u32;
+        let mut kernels = String::new();
+        for step in 0..6 {
+            be.set_profiling(step == 0);
+            let out = m.decode_step(be, t, true).unwrap();
+            if step == 0 {
+                let names: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
+                kernels = names.join(" ");
+                be.set_profiling(false);
+            }
+            logits.extend_from_slice(&out.logits);
+            t = out.argmax;
+        }
+        m.release(be).unwrap();
+        (logits, kernels)
+    };
+    let (plain, k_plain) = run(false);
+    let (split, k_split) = run(true);
+    assert!(
+        k_split.contains(kernel),
+        "{plan} split decode kernels: {k_split}"
+    );
+    assert!(
+        !k_plain.contains("mul_mat_vec_qs_"),
+        "{plan} unsplit decode kernels: {k_plain}"
+    );
+    assert_eq!(plain.len(), split.len());
+    let diff = plain
+        .iter()
+        .zip(&split)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    assert!(
+        diff.is_none(),
+        "{plan}: logit {diff:?} differs with split rows"
+    );
 }

@@ -93,6 +93,22 @@ pub fn profile_table(rows: &[StepTime]) -> String {
     out
 }
 
+/// A weight tensor handed to [`Backend::freeze_weights`]: dense rows of `row_len`
+/// elements of `dtype` at byte `offset` of the buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrozenTensor {
+    /// The tensor's name, for messages (`blk.0.attn_qkv.weight`).
+    pub name: String,
+    /// Byte offset in the buffer.
+    pub offset: usize,
+    /// The dtype.
+    pub dtype: DType,
+    /// Elements of a row.
+    pub row_len: usize,
+    /// Rows.
+    pub rows: usize,
+}
+
 /// What every backend offers.
 pub trait Backend {
     /// A short name ("cpu", "cuda").
@@ -140,6 +156,18 @@ pub trait Backend {
                 self.name()
             ))),
         }
+    }
+
+    /// Declares `tensors` of `buf` frozen weights: nothing writes them again, and plans
+    /// read them only as the weights (`src[0]`) of mul_mat. A backend may then keep them
+    /// in a layout of its own; the CUDA backend stores Q4_0 and Q8_0 tensors whose rows
+    /// are a multiple of 256 elements in split rows ([`crate::quant::split`]) for its
+    /// decode products. Reading a frozen tensor back still gives ggml's bytes; writing it, or
+    /// loading a plan that reads it any other way, is an error that names it. By default
+    /// nothing changes.
+    fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
+        let _ = (buf, tensors);
+        Ok(())
     }
 
     /// Copies bytes of `buf` from `offset` into `out`.

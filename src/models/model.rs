@@ -295,6 +295,7 @@ impl Model {
             Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
             None => loader::load_weights(path, &config, be, opts)?,
         };
+        weights.freeze(&shard, be)?;
         opts.cache.check(&shard)?;
         memory::check_backend(&shard, &weights, ctx, opts.cache, be)?;
         let cache = KvCache::alloc(&shard, ctx, opts.cache, be)?;
@@ -315,6 +316,7 @@ impl Model {
         let pick = |role, layer| plan.pick(role, layer, &shard).dtype;
         let weights = Weights::alloc(&shard, &pick, be)?;
         weights.fill_random(&shard, be, seed)?;
+        weights.freeze(&shard, be)?;
         cache.check(&config)?;
         memory::check_backend(&shard, &weights, ctx, cache, be)?;
         let cache = KvCache::alloc(&shard, ctx, cache, be)?;

@@ -24,7 +24,7 @@
 //! the layout the CUDA GEMV kernel is written for. With tied embeddings the output
 //! projection is the embedding table (same bytes).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, FrozenTensor};
 use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
@@ -703,6 +703,28 @@ impl Weights {
             }
         }
         Ok(())
+    }
+
+    /// Declares every matrix but the embedding tables frozen on `be`
+    /// ([`Backend::freeze_weights`]): the model only reads them as mul_mat weights from
+    /// now on, so the backend may store them in its own layout (the CUDA backend splits
+    /// Q4_0 and Q8_0 rows for its decode products). The embedding tables stay as they
+    /// are: get_rows reads them, and with tied embeddings the output head is the token
+    /// table.
+    pub fn freeze(&self, cfg: &Config, be: &mut dyn Backend) -> Result<()> {
+        let tensors: Vec<FrozenTensor> = self
+            .slots(cfg)
+            .iter()
+            .filter(|s| !s.is_vector() && !matches!(s.role, Role::TokEmbd | Role::PosEmbd))
+            .map(|s| FrozenTensor {
+                name: s.gguf_name(),
+                offset: s.at.offset,
+                dtype: s.at.dtype,
+                row_len: s.row_len(),
+                rows: s.rows(),
+            })
+            .collect();
+        be.freeze_weights(self.buffer, &tensors)
     }
 
     /// Bytes of weights read to decode one token: everything but the embedding tables,

@@ -86,6 +86,7 @@ mod avx2;
 pub mod dot;
 pub mod kquants;
 pub mod legacy;
+pub mod split;
 
 pub use dot::{
     q8_1_scales, vec_dot_f32, vec_dot_q8_1, vec_dot_q8_1_cols, vec_dot_q8_1_cols_scaled,

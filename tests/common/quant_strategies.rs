@@ -8,7 +8,7 @@
 //! [`run`] builds a case on any backend and returns the result bytes; [`oracle`] is the
 //! f64 result from the weights dequantized on the host (`graft::quant`).
 
-use graft::backend::Backend;
+use graft::backend::{Backend, FrozenTensor};
 use graft::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 use graft::quant::{self, QType};
 use graft::Result;
@@ -144,6 +144,17 @@ pub fn weight_bytes(c: &QCase) -> Vec<u8> {
         quant::quantize_row(c.q, src, dst).expect("sizes agree");
     }
     out
+}
+
+/// The weight stack of case `c` as [`Backend::freeze_weights`] takes it.
+pub fn frozen(c: &QCase) -> FrozenTensor {
+    FrozenTensor {
+        name: "w".into(),
+        offset: c.offset,
+        dtype: DType::Quant(c.q),
+        row_len: c.stride_elems(),
+        rows: c.weight_rows(),
+    }
 }
 
 /// The dequantized weight stack as the view sees it: `[k, rows, a2, a3]` dense.
@@ -312,8 +323,18 @@ pub fn weight_view(g: &mut Graph, c: &QCase, buf: BufferId) -> Result<TensorId> 
 
 /// Builds the case on `be`, runs it, and returns the result's dtype and bytes.
 pub fn run(c: &QCase, be: &mut dyn Backend) -> Result<(DType, Vec<u8>)> {
+    run_with(c, be, false)
+}
+
+/// [`run`] with the weights declared frozen ([`Backend::freeze_weights`]) once written:
+/// the whole stack, `stride_elems` elements a row, named `w`.
+pub fn run_frozen(c: &QCase, be: &mut dyn Backend) -> Result<(DType, Vec<u8>)> {
+    run_with(c, be, true)
+}
+
+fn run_with(c: &QCase, be: &mut dyn Backend, freeze: bool) -> Result<(DType, Vec<u8>)> {
     let mut buffers = Vec::new();
-    let result = run_inner(c, be, &mut buffers);
+    let result = run_inner(c, be, &mut buffers, freeze);
     for b in buffers {
         be.free_buffer(b)?;
     }
@@ -324,6 +345,7 @@ fn run_inner(
     c: &QCase,
     be: &mut dyn Backend,
     buffers: &mut Vec<BufferId>,
+    freeze: bool,
 ) -> Result<(DType, Vec<u8>)> {
     let mut g = Graph::new();
     let mut inputs: Vec<(TensorId, Vec<u8>)> = Vec::new();
@@ -340,6 +362,9 @@ fn run_inner(
             let buf = be.alloc_buffer(c.offset + bytes.len())?;
             buffers.push(buf);
             be.write_buffer(buf, c.offset, &bytes)?;
+            if freeze {
+                be.freeze_weights(buf, &[frozen(c)])?;
+            }
             let w = weight_view(&mut g, c, buf)?;
             match c.op {
                 QOp::Dequantize(dt) => g.cast(w, dt)?,

@@ -1,9 +1,10 @@
 //! The op benchmark (`graft bench-ops`): the device's copy
 //! bandwidth, then each kernel path at Llama-7B decode and prefill sizes (float weights,
 //! and block-quantized Q4_0 / Q4_K / Q8_0 weights on both decode paths, quantized on the
-//! device from seeded random values; the fused attention, whose decode row's bandwidth is
-//! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a causal
-//! 512 x 512), then a graph of many small nodes run eagerly and replayed. The bytes of a
+//! device from seeded random values and frozen as a model freezes them, so Q4_0 and
+//! Q8_0 take the split-row kernels; the fused attention, whose decode row's bandwidth is
+//! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a
+//! causal 512 x 512), then a graph of many small nodes run eagerly and replayed. The bytes of a
 //! quantized product are those of its blocks.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
@@ -27,7 +28,7 @@ use serde::Serialize;
 use super::device::{driver_error, DeviceMem};
 use super::lowering::DevOp;
 use super::CudaBackend;
-use crate::backend::{Backend, BackendExt, ExecId};
+use crate::backend::{Backend, BackendExt, ExecId, FrozenTensor};
 use crate::error::{Error, Result};
 use crate::graph::{BufferRef, DType, Graph, TensorId};
 use crate::ops::{RopeMode, RopeParams};
@@ -229,8 +230,8 @@ fn random_leaf(
     }
 }
 
-/// A weight of block type `q` holding seeded random values quantized on the device (a
-/// plan of its own: `cpy` of a random F32 tensor into the quantized buffer).
+/// A frozen weight of block type `q` holding seeded random values quantized on the
+/// device (a plan of its own: `cpy` of a random F32 tensor into the quantized buffer).
 fn quant_leaf(
     be: &mut CudaBackend,
     g: &mut Graph,
@@ -256,6 +257,16 @@ fn quant_leaf(
     be.synchronize()?;
     be.unload(exec)?;
     be.free_buffer(src)?;
+    // Frozen as a model freezes its matrices, so that the products are the model's
+    // (split rows for Q4_0 and Q8_0, unless GRAFT_CUDA_SPLIT=0).
+    let frozen = FrozenTensor {
+        name: name.to_string(),
+        offset: 0,
+        dtype: dt,
+        row_len: shape[0],
+        rows,
+    };
+    be.freeze_weights(buf, &[frozen])?;
     g.weight(name, dt, shape, at(buf))
 }
 

@@ -10,6 +10,7 @@
 use super::args::{ArgBytes, KernelArgs, Tensor4};
 use super::gemm::Gemm;
 use super::kernels::Kernel;
+use super::split::SplitRows;
 use crate::graph::{BufferId, DType, Loc, Operand};
 
 /// One device operation of a lowered step.
@@ -124,6 +125,8 @@ pub(crate) struct Lowering<'a> {
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
     pub launched: bool,
+    /// The frozen Q4_0 and Q8_0 weights stored in split rows (see [`super::split`]).
+    pub split: &'a [SplitRows],
     /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or
     /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
     /// writes are accounted for ([`Lowering::step_done`]).
@@ -174,6 +177,7 @@ impl<'a> Lowering<'a> {
             q8_1: None,
             q8_1_made: None,
             launched: false,
+            split: &[],
         }
     }
 }
@@ -182,6 +186,12 @@ impl Lowering<'_> {
     /// The device address of `op`'s first element.
     pub fn addr(&self, op: &Operand) -> u64 {
         (self.resolve)(op.loc)
+    }
+
+    /// Whether the mul_mat weights `a` are whole rows of a frozen weight in split rows
+    /// (an error when they touch one otherwise).
+    pub fn weights_split(&self, a: &Operand) -> Result<bool, String> {
+        super::split::weights_split(self.split, a)
     }
 
     /// Whether `op` lives in a buffer no step of the plan writes (weights).

@@ -42,6 +42,7 @@ mod lower;
 mod lowering;
 pub mod nccl;
 mod reads;
+mod split;
 #[cfg(test)]
 mod tests;
 
@@ -50,7 +51,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
-use self::args::{FillRandomArgs, IndexError};
+use self::args::{CpyArgs, FillRandomArgs, IndexError, Tensor4};
 pub(crate) use self::device::DeviceMem;
 use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
@@ -59,12 +60,18 @@ use self::kernels::{Kernel, KernelTable};
 use self::lower::lower_step;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
+use self::split::SplitRows;
 use super::{
-    io_slot, range_check, validate_plan, Backend, ExecId, Pending, PendingRead, Stats, StepTime,
+    io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
+    Stats, StepTime,
 };
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::graph::{CopyOp, Op};
+use crate::quant::split::has_split_rows;
+
+/// Most bytes of rows [`Backend::freeze_weights`] copies aside at a time to split them.
+const SPLIT_CHUNK: usize = 64 << 20;
 
 /// The CUDA backend.
 pub struct CudaBackend {
@@ -93,6 +100,11 @@ pub struct CudaBackend {
     /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
     /// [`CudaBackend::set_mmvq`]).
     small_dq: bool,
+    /// Whether [`Backend::freeze_weights`] stores Q4_0 and Q8_0 weights in split rows (see
+    /// [`split`]; `GRAFT_CUDA_SPLIT=0` turns it off).
+    split_rows: bool,
+    /// The frozen tensors stored in split rows.
+    split: Vec<SplitRows>,
     /// Kernel-name prefixes whose launches plans leave out (`GRAFT_CUDA_SKIP`, a
     /// diagnostic: results are wrong; see [`CudaBackend::set_skip`]).
     skip: Vec<String>,
@@ -213,6 +225,8 @@ impl CudaBackend {
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
+            split_rows: env_flag("GRAFT_CUDA_SPLIT") != Some(false),
+            split: Vec::new(),
             skip: Vec::new(),
             reads: Reads::new(),
             profile: None,
@@ -283,6 +297,12 @@ impl CudaBackend {
                 self.skip.join(", ")
             ));
         }
+    }
+
+    /// Whether [`Backend::freeze_weights`] from now on stores Q4_0 and Q8_0 weights in split rows
+    /// (default on unless `GRAFT_CUDA_SPLIT=0`; tensors frozen already stay as they are).
+    pub fn set_split(&mut self, on: bool) {
+        self.split_rows = on;
     }
 
     /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
@@ -533,6 +553,7 @@ impl CudaBackend {
             scratch_base: scratch,
             err: self.index_err.ptr(),
             small_dq: self.small_dq,
+            split: &self.split,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
@@ -546,6 +567,58 @@ impl CudaBackend {
             ops.retain(|op| !self.skip.iter().any(|p| op.name().starts_with(p.as_str())));
         }
         Ok((steps, lw.consts, lw.scratch_need))
+    }
+
+    /// Rewrites the rows of `r` (in the buffer at device address `base`) as split rows,
+    /// [`SPLIT_CHUNK`] bytes of rows at a time: a copy of them to a temporary allocation,
+    /// then `split_rows_<q>` from it back into place.
+    fn split_in_place(&mut self, base: u64, r: &SplitRows) -> Result<()> {
+        let chunk_rows = (SPLIT_CHUNK / r.row_bytes).clamp(1, r.rows);
+        let tmp = DeviceMem::alloc(
+            &self.ctx,
+            chunk_rows * r.row_bytes,
+            "a frozen weight's rows",
+        )?;
+        let kernel = by::SPLIT_ROWS
+            .get([DType::Quant(r.q)])
+            .map_err(Error::plan)?;
+        let rb = r.row_bytes as i64;
+        for first in (0..r.rows).step_by(chunk_rows) {
+            let rows = chunk_rows.min(r.rows - first);
+            let (at, bytes) = (
+                base + (r.offset + first * r.row_bytes) as u64,
+                rows * r.row_bytes,
+            );
+            // SAFETY: both ranges are `bytes` long, inside allocations this backend owns (the
+            // region was range-checked against its buffer), and do not overlap.
+            unsafe { result::memcpy_dtod_async(tmp.ptr(), at, bytes, self.stream.cu_stream()) }
+                .map_err(|e| driver_error("copying a weight being frozen", e))?;
+            let t4 = |data: u64| Tensor4 {
+                data,
+                ne: [r.row_len as i64, rows as i64, 1, 1],
+                nb: [
+                    r.q.block_bytes() as i64,
+                    rb,
+                    rb * rows as i64,
+                    rb * rows as i64,
+                ],
+            };
+            let blocks = rows * r.row_len / r.q.block_size();
+            let args = CpyArgs {
+                src: t4(tmp.ptr()),
+                dst: t4(at),
+                n: blocks as i64,
+                mode: 0,
+            };
+            let (grid, block) = flat_grid(blocks);
+            let op = DevOp::kernel(kernel, grid, block, &args);
+            self.launcher().launch(&op).map_err(|msg| Error::Backend {
+                backend: "cuda",
+                msg: format!("freezing {}: {msg}", r.name),
+            })?;
+        }
+        // The temporary copy is freed on return: wait for the kernels that read it.
+        self.wait()
     }
 
     /// Records a warning and prints it once.
@@ -589,6 +662,7 @@ impl Backend for CudaBackend {
         self.buffer(buf)?;
         self.wait()?;
         self.buffers.remove(&buf);
+        self.split.retain(|r| r.buffer != buf);
         Ok(())
     }
 
@@ -596,16 +670,58 @@ impl Backend for CudaBackend {
         self.bind()?;
         let mem = self.buffer(buf)?;
         range_check("cuda", "write", buf, offset, data.len(), mem.bytes())?;
+        split::check_write(&self.split, buf, offset, data.len(), "a write")?;
         self.htod(mem.ptr() + offset as u64, data)
+    }
+
+    fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
+        self.bind()?;
+        let (base, size) = {
+            let mem = self.buffer(buf)?;
+            (mem.ptr(), mem.bytes())
+        };
+        for t in tensors {
+            let Some(q) = t.dtype.quant().filter(|&q| has_split_rows(q)) else {
+                continue;
+            };
+            let bytes = t.dtype.row_bytes(t.row_len) * t.rows;
+            range_check("cuda", "freeze", buf, t.offset, bytes, size)?;
+            let region = SplitRows::new(&t.name, buf, base, t.offset, q, t.row_len, t.rows);
+            let Some(region) = region.filter(|_| self.split_rows) else {
+                continue;
+            };
+            if let Some(r) = self.split.iter().find(|r| r.overlaps(buf, t.offset, bytes)) {
+                if r.holds(&region) {
+                    continue; // frozen already
+                }
+                return Err(Error::plan(format!(
+                    "cuda: freezing {} (bytes {}..{} of buffer {buf:?}) overlaps the frozen weight {}",
+                    t.name,
+                    t.offset,
+                    t.offset + bytes,
+                    r.name
+                )));
+            }
+            self.split_in_place(base, &region)?;
+            self.split.push(region);
+            split::coalesce(&mut self.split);
+        }
+        Ok(())
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
         self.bind()?;
         let mem = self.buffer(buf)?;
         range_check("cuda", "read", buf, offset, out.len(), mem.bytes())?;
-        let ptr = mem.ptr() + offset as u64;
+        let base = mem.ptr();
         self.synchronize_checked()?;
-        self.dtoh(ptr, out)
+        self.dtoh(base + offset as u64, out)?;
+        let regions = std::mem::take(&mut self.split);
+        let joined = split::join_read(&regions, buf, offset, out, |at, rows| {
+            self.dtoh(base + at as u64, rows)
+        });
+        self.split = regions;
+        joined
     }
 
     fn fill_random(
@@ -629,6 +745,7 @@ impl Backend for CudaBackend {
             .checked_mul(es)
             .ok_or_else(|| Error::plan(format!("cuda: fill_random of {n} elements overflows")))?;
         range_check("cuda", "fill", buf, offset, bytes, mem.bytes())?;
+        split::check_write(&self.split, buf, offset, bytes, "fill_random")?;
         if offset % es != 0 {
             return Err(Error::plan(format!(
                 "cuda: fill_random at offset {offset} is not aligned to {dtype} elements"
@@ -661,6 +778,7 @@ impl Backend for CudaBackend {
     fn load(&mut self, plan: &Plan) -> Result<ExecId> {
         self.bind()?;
         validate_plan(self, plan, |b| self.buffers.get(&b).map(|m| m.bytes()))?;
+        split::check_plan(&self.split, plan)?;
         let index = self
             .execs
             .iter()

@@ -21,12 +21,19 @@
 //!    scratch as F16 rows padded to 16 bytes, then the cuBLAS path of
 //!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
 //!    The scratch is part of the loaded plan, so both stay inside a captured graph.
+//!
+//! Frozen Q4_0 and Q8_0 weights in split rows ([`crate::backend::cuda::split`]) take the
+//! same paths with their own kernels: `mul_mat_vec_qs_c<NC>_<q>` (no staging: a lane
+//! reads a block's quants as 16-byte loads), `mul_mat_vec_dqs_c<NC>_<q>` and
+//! `cpy_split_<q>_f16`, the same values in the same order as the ggml-layout kernels.
 
 use super::cpy::copy_to;
 use super::mul_mat::{lower_gemm, padded, Gemv};
-use crate::backend::cuda::args::{CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, GEMV_WARPS};
+use crate::backend::cuda::args::{
+    CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, CPY_SAME_SHAPE, GEMV_WARPS,
+};
 use crate::backend::cuda::kernels::{by, k, KernelSet};
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
+use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
 
@@ -91,22 +98,79 @@ pub(crate) fn lower(
     let dense = padded(a, DType::F16);
     let mut offset = 0usize;
     let addr = lw.reserve_scratch(&mut offset, dense.nbytes());
-    let ops = vec![copy_to(lw, a, &dense, addr)?];
-    lower_gemm(&dense, addr, b, dst, lw, offset, ops)
+    let copy = match lw.weights_split(a)? {
+        true => split_copy(lw, a, &dense, addr)?,
+        false => copy_to(lw, a, &dense, addr)?,
+    };
+    lower_gemm(&dense, addr, b, dst, lw, offset, vec![copy])
 }
 
-/// The decode kernel set for `ncols` columns on the chosen path.
-fn kernel_set(mmvq: bool, ncols: usize) -> KernelSet<1> {
-    match (mmvq, ncols) {
-        (true, 1) => by::MUL_MAT_VEC_Q_C1,
-        (true, 2) => by::MUL_MAT_VEC_Q_C2,
-        (true, 3 | 4) => by::MUL_MAT_VEC_Q_C4,
-        (true, _) => by::MUL_MAT_VEC_Q_C8,
-        (false, 1) => by::MUL_MAT_VEC_DQ_C1,
-        (false, 2) => by::MUL_MAT_VEC_DQ_C2,
-        (false, 3 | 4) => by::MUL_MAT_VEC_DQ_C4,
-        (false, _) => by::MUL_MAT_VEC_DQ_C8,
+/// `cpy_split_<q>_f16`: the F16 copy of weights `a` in split rows into the dense,
+/// 16-byte aligned rows `dense` at `addr` (the only copy the kernel makes: see
+/// cuda/convert.cu).
+fn split_copy(lw: &Lowering, a: &Operand, dense: &Operand, addr: u64) -> Result<DevOp, String> {
+    let n = a.nelements();
+    let rows = n / a.ne[0];
+    let fits = dense.ne == a.ne
+        && dense.nb[0] == 2
+        && dense.nb[1] % 16 == 0
+        && addr % 16 == 0
+        && (rows == 1 || dense.nb[2] == dense.nb[1] * dense.ne[1])
+        && dense.nb[3] == dense.nb[2] * dense.ne[2]
+        && n / 8 < i32::MAX as usize;
+    if !fits {
+        return Err(format!(
+            "the F16 copy of frozen {} weights {:?} needs dense 16-byte aligned rows, got strides {:?}",
+            a.dtype, a.ne, dense.nb
+        ));
     }
+    let args = CpyArgs {
+        src: lw.t4(a),
+        dst: Tensor4::new(addr, dense),
+        n: n as i64,
+        mode: CPY_SAME_SHAPE,
+    };
+    let (grid, block) = flat_grid(n / 8);
+    let kernel = by::CPY_SPLIT.get([a.dtype, DType::F16])?;
+    Ok(DevOp::kernel(kernel, grid, block, &args))
+}
+
+/// The decode kernel set for `ncols` columns on the chosen path, for weights in ggml's
+/// layout or (`split`) frozen Q4_0 / Q8_0 weights in split rows.
+fn kernel_set(mmvq: bool, ncols: usize, split: bool) -> KernelSet<1> {
+    // by column count: 1, 2, up to 4, up to 8
+    let sets = match (mmvq, split) {
+        (true, false) => [
+            by::MUL_MAT_VEC_Q_C1,
+            by::MUL_MAT_VEC_Q_C2,
+            by::MUL_MAT_VEC_Q_C4,
+            by::MUL_MAT_VEC_Q_C8,
+        ],
+        (true, true) => [
+            by::MUL_MAT_VEC_QS_C1,
+            by::MUL_MAT_VEC_QS_C2,
+            by::MUL_MAT_VEC_QS_C4,
+            by::MUL_MAT_VEC_QS_C8,
+        ],
+        (false, false) => [
+            by::MUL_MAT_VEC_DQ_C1,
+            by::MUL_MAT_VEC_DQ_C2,
+            by::MUL_MAT_VEC_DQ_C4,
+            by::MUL_MAT_VEC_DQ_C8,
+        ],
+        (false, true) => [
+            by::MUL_MAT_VEC_DQS_C1,
+            by::MUL_MAT_VEC_DQS_C2,
+            by::MUL_MAT_VEC_DQS_C4,
+            by::MUL_MAT_VEC_DQS_C8,
+        ],
+    };
+    sets[match ncols {
+        1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    }]
 }
 
 /// Whether `a b` (block-quantized `a`) is a decode product: 1..=8 columns of `b` with
@@ -133,7 +197,8 @@ fn decode_layout(a: &Operand, b: &Operand) -> bool {
 /// ([`q8_1_copy`]).
 pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<(&'s Operand, i64)> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
-    let dp4a = |a: &Operand| kernel_set(true, b.ne[1]).get([a.dtype]).is_ok();
+    let split = |a: &Operand| lw.weights_split(a).unwrap_or(false);
+    let dp4a = |a: &Operand| kernel_set(true, b.ne[1], split(a)).get([a.dtype]).is_ok();
     (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a))
         .then_some((b, act_layout(a.dtype)))
 }
@@ -170,7 +235,11 @@ pub(crate) fn gemv(
         .map(|c| c.addr);
     let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
     let q8 = lw.mmvq && (copy.is_some() || !small);
-    let kernel = kernel_set(q8, n).get([a.dtype]).ok()?;
+    let split = match lw.weights_split(a) {
+        Ok(split) => split,
+        Err(e) => return Some(Err(e)),
+    };
+    let kernel = kernel_set(q8, n, split).get([a.dtype]).ok()?;
     let a_addr = lw.addr(a);
     let mut args = QGemvArgs {
         a: a_addr,

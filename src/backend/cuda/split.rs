@@ -1,0 +1,377 @@
+//! Frozen Q4_0 and Q8_0 weights in split rows ([`crate::quant::split`]): what
+//! [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
+//! backend, and the rules that keep the layout invisible from outside.
+//!
+//! - Freezing splits, in place, each Q4_0 or Q8_0 tensor whose rows are a multiple of 256
+//!   elements and start 16-byte aligned (`split_rows_<q>` from a temporary copy), and
+//!   records it as a [`SplitRows`] region; a tensor whose rows continue a region's (a
+//!   model's q, k and v, stored as one matrix) extends it. Other tensors stay as they are.
+//! - Plans: a mul_mat whose weights (`src[0]`) are whole rows of a region lowers to the
+//!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_dqs_*`, `cpy_split_<q>_f16` for the
+//!   prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
+//!   way, or writes one, fails to load with an error naming the tensor ([`check_plan`]).
+//! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) joins the rows it
+//!   reads back into ggml's layout; writes into a region are errors ([`check_write`]).
+//! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
+
+use crate::error::{Error, Result};
+use crate::graph::{BufferId, DType, Loc, Op, Operand, Plan};
+use crate::quant::split::{join_row, splittable};
+use crate::quant::QType;
+
+/// One frozen Q4_0 or Q8_0 tensor stored in split rows (or several adjacent ones).
+#[derive(Clone, Debug)]
+pub(crate) struct SplitRows {
+    /// The tensor's name.
+    pub name: String,
+    /// Its buffer.
+    pub buffer: BufferId,
+    /// The block type.
+    pub q: QType,
+    /// Byte offset of its first row in the buffer.
+    pub offset: usize,
+    /// Elements of a row.
+    pub row_len: usize,
+    /// Bytes of a row (ggml's and the split layout's).
+    pub row_bytes: usize,
+    /// Rows.
+    pub rows: usize,
+}
+
+impl SplitRows {
+    /// A region for `rows` rows of `row_len` elements of `q` at `offset` of `buffer`
+    /// (device address `base`), or None when such rows cannot be split (see
+    /// [`splittable`]; the first row must also be 16-byte aligned).
+    pub fn new(
+        name: &str,
+        buffer: BufferId,
+        base: u64,
+        offset: usize,
+        q: QType,
+        row_len: usize,
+        rows: usize,
+    ) -> Option<Self> {
+        let aligned = (base + offset as u64) % 16 == 0;
+        (aligned && rows > 0 && splittable(q, row_len)).then(|| SplitRows {
+            name: name.to_string(),
+            buffer,
+            q,
+            offset,
+            row_len,
+            row_bytes: DType::Quant(q).row_bytes(row_len),
+            rows,
+        })
+    }
+
+    /// One past the region's last byte.
+    pub fn end(&self) -> usize {
+        self.offset + self.rows * self.row_bytes
+    }
+
+    /// Whether bytes `[start, start + len)` of `buffer` touch the region.
+    pub fn overlaps(&self, buffer: BufferId, start: usize, len: usize) -> bool {
+        buffer == self.buffer && len > 0 && start < self.end() && self.offset < start + len
+    }
+
+    /// Whether `other` is whole rows of this region (of the same length).
+    pub fn holds(&self, other: &SplitRows) -> bool {
+        other.buffer == self.buffer
+            && other.q == self.q
+            && other.row_len == self.row_len
+            && other.offset >= self.offset
+            && (other.offset - self.offset) % self.row_bytes == 0
+            && other.end() <= self.end()
+    }
+
+    /// Whether `next` begins where this region ends, with rows of the same length.
+    fn continued_by(&self, next: &SplitRows) -> bool {
+        next.buffer == self.buffer
+            && next.q == self.q
+            && next.row_len == self.row_len
+            && next.offset == self.end()
+    }
+
+    /// Appends the rows of `next` ([`SplitRows::continued_by`]); the name lists both.
+    fn extend(&mut self, next: SplitRows) {
+        self.rows += next.rows;
+        self.name = format!("{} | {}", self.name, next.name);
+    }
+
+    /// Joins the split rows `first..` held in `bytes` (whole rows, as read from the
+    /// device) back into ggml's layout.
+    fn join(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; bytes.len()];
+        for (src, dst) in bytes
+            .chunks_exact(self.row_bytes)
+            .zip(out.chunks_exact_mut(self.row_bytes))
+        {
+            join_row(self.q, src, dst);
+        }
+        out
+    }
+}
+
+/// Sorts the regions by place and joins each to the one it continues (rows of the same
+/// length right after its last): a model's q, k and v (gate and up) are one matrix to
+/// the product that reads them.
+pub(crate) fn coalesce(regions: &mut Vec<SplitRows>) {
+    regions.sort_by_key(|r| (r.buffer, r.offset));
+    let mut out: Vec<SplitRows> = Vec::with_capacity(regions.len());
+    for r in regions.drain(..) {
+        match out.last_mut() {
+            Some(last) if last.continued_by(&r) => last.extend(r),
+            _ => out.push(r),
+        }
+    }
+    *regions = out;
+}
+
+/// The region an operand's bytes touch, if any.
+fn touched<'r>(regions: &'r [SplitRows], op: &Operand) -> Option<&'r SplitRows> {
+    let Loc::Buffer(buf, off) = op.loc else {
+        return None;
+    };
+    regions
+        .iter()
+        .find(|r| r.overlaps(buf, off, op.nbytes().max(1)))
+}
+
+/// Whether the mul_mat weights `a` lie in split rows: `Ok(false)` outside every region,
+/// `Ok(true)` for whole rows of one (its type, a row's elements, dense rows `row_bytes` apart
+/// from a row boundary, inside the region), an error naming the tensor otherwise.
+pub(crate) fn weights_split(
+    regions: &[SplitRows],
+    a: &Operand,
+) -> std::result::Result<bool, String> {
+    let Some(r) = touched(regions, a) else {
+        return Ok(false);
+    };
+    let Loc::Buffer(_, off) = a.loc else {
+        return Ok(false);
+    };
+    let rows = a.ne[1] * a.ne[2] * a.ne[3];
+    let flat = a.nb[2] == a.nb[1] * a.ne[1] && a.nb[3] == a.nb[2] * a.ne[2];
+    let whole = a.dtype == DType::Quant(r.q)
+        && a.ne[0] == r.row_len
+        && a.rows_contiguous()
+        && (rows == 1 || (a.nb[1] == r.row_bytes && flat))
+        && off >= r.offset
+        && (off - r.offset) % r.row_bytes == 0
+        && off + rows * r.row_bytes <= r.end();
+    if whole {
+        Ok(true)
+    } else {
+        Err(format!(
+            "the frozen weight {} ({} [{}, {}] in split rows) is read as {} {:?} with strides {:?} \
+             at byte {} of it: a mul_mat reads frozen weights only as whole rows",
+            r.name,
+            r.q,
+            r.row_len,
+            r.rows,
+            a.dtype,
+            a.ne,
+            a.nb,
+            off as i64 - r.offset as i64
+        ))
+    }
+}
+
+/// Checks that `plan` reads the regions only as mul_mat weights (the lowering then checks
+/// that those are whole rows, [`weights_split`]) and writes none of them.
+pub(crate) fn check_plan(regions: &[SplitRows], plan: &Plan) -> Result<()> {
+    if regions.is_empty() {
+        return Ok(());
+    }
+    let fail = |node: &str, op: &'static str, r: &SplitRows, how: &str| Error::Unsupported {
+        backend: "cuda",
+        node: node.to_string(),
+        op,
+        reason: format!(
+            "{how} the frozen weight {} ({} in split rows, bytes {}..{} of buffer {:?}); \
+             frozen weights are read only as the weights (src[0]) of mul_mat",
+            r.name,
+            r.q,
+            r.offset,
+            r.end(),
+            r.buffer
+        ),
+    };
+    for step in &plan.steps {
+        if let Some(r) = touched(regions, &step.dst) {
+            return Err(fail(&step.name, step.op.name(), r, "writes"));
+        }
+        for (i, src) in step.src.iter().enumerate() {
+            if let Some(r) = touched(regions, src) {
+                if !(step.op == Op::MulMat && i == 0) {
+                    return Err(fail(
+                        &step.name,
+                        step.op.name(),
+                        r,
+                        &format!("reads (src[{i}])"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An error when bytes `[offset, offset + len)` of `buf` touch a region.
+pub(crate) fn check_write(
+    regions: &[SplitRows],
+    buf: BufferId,
+    offset: usize,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    match regions.iter().find(|r| r.overlaps(buf, offset, len)) {
+        None => Ok(()),
+        Some(r) => Err(Error::plan(format!(
+            "cuda: {what} of {len} bytes at offset {offset} of buffer {buf:?} touches the frozen \
+             weight {} (bytes {}..{}); frozen weights cannot be written",
+            r.name,
+            r.offset,
+            r.end()
+        ))),
+    }
+}
+
+/// After `out` was read from bytes `[offset, ..)` of `buf`: the rows of every region it
+/// covers, in ggml's layout. `read_rows(first_byte, bytes)` reads whole rows of the buffer
+/// from the device.
+pub(crate) fn join_read(
+    regions: &[SplitRows],
+    buf: BufferId,
+    offset: usize,
+    out: &mut [u8],
+    mut read_rows: impl FnMut(usize, &mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let (len, end) = (out.len(), offset + out.len());
+    for r in regions.iter().filter(|r| r.overlaps(buf, offset, len)) {
+        let lo = offset.max(r.offset);
+        let hi = end.min(r.end());
+        let first = (lo - r.offset) / r.row_bytes;
+        let last = (hi - r.offset).div_ceil(r.row_bytes);
+        let start = r.offset + first * r.row_bytes;
+        let mut rows = vec![0u8; (last - first) * r.row_bytes];
+        read_rows(start, &mut rows)?;
+        let joined = r.join(&rows);
+        out[lo - offset..hi - offset].copy_from_slice(&joined[lo - start..hi - start]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::TensorId;
+    use crate::quant::split::split_row;
+
+    fn region(name: &str, offset: usize, row_len: usize, rows: usize) -> SplitRows {
+        SplitRows::new(name, BufferId(1), 0, offset, QType::Q4_0, row_len, rows).unwrap()
+    }
+
+    fn weights(offset: usize, ne: [usize; 4], nb1: usize) -> Operand {
+        Operand {
+            id: TensorId::default(),
+            dtype: DType::Q4_0,
+            ne,
+            nb: [18, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2]],
+            loc: Loc::Buffer(BufferId(1), offset),
+        }
+    }
+
+    #[test]
+    fn adjacent_tensors_coalesce_and_whole_rows_are_split() {
+        // q, k, v of 256 elements a row (144 bytes), out of order; then a gap.
+        let mut rs = vec![
+            region("k", 256 + 144 * 8, 256, 2),
+            region("q", 256, 256, 8),
+            region("v", 256 + 144 * 10, 256, 2),
+            region("o", 256 + 144 * 13, 256, 4),
+        ];
+        let misaligned = SplitRows::new("x", BufferId(1), 8, 256, QType::Q4_0, 256, 1);
+        assert!(misaligned.is_none());
+        let q8 = SplitRows::new("q8", BufferId(1), 0, 256 + 144 * 12, QType::Q8_0, 256, 1);
+        let q8 = q8.unwrap();
+        assert_eq!(q8.row_bytes, 272);
+        let mut with_q8 = vec![region("q", 256, 256, 12), q8];
+        coalesce(&mut with_q8);
+        assert_eq!(
+            with_q8.len(),
+            2,
+            "rows of another type do not extend a region"
+        );
+        coalesce(&mut rs);
+        assert_eq!(rs.len(), 2);
+        assert_eq!((rs[0].name.as_str(), rs[0].rows), ("q | k | v", 12));
+        assert!(rs[0].holds(&region("k", 256 + 144 * 8, 256, 2)));
+        assert!(!rs[0].holds(&region("k", 256 + 144 * 8, 256, 5)));
+        // the fused q|k|v product, one row, a batch of rows with flat strides
+        assert_eq!(
+            weights_split(&rs, &weights(256, [256, 12, 1, 1], 144)),
+            Ok(true)
+        );
+        assert_eq!(
+            weights_split(&rs, &weights(256 + 144 * 3, [256, 1, 1, 1], 999)),
+            Ok(true)
+        );
+        assert_eq!(
+            weights_split(&rs, &weights(256, [256, 3, 4, 1], 144)),
+            Ok(true)
+        );
+        // outside every region
+        assert_eq!(
+            weights_split(&rs, &weights(0, [128, 1, 1, 1], 72)),
+            Ok(false)
+        );
+        // part of a row, a strided view, past the region's end, not at a row start
+        for op in [
+            weights(256, [128, 12, 1, 1], 144),
+            weights(256, [256, 6, 1, 1], 288),
+            weights(256, [256, 13, 1, 1], 144),
+            weights(256 + 18, [256, 2, 1, 1], 144),
+        ] {
+            let e = weights_split(&rs, &op).unwrap_err();
+            assert!(e.contains("q | k | v"), "{e}");
+        }
+        assert!(check_write(&rs, BufferId(1), 0, 256, "a write").is_ok());
+        assert!(check_write(&rs, BufferId(2), 256, 10, "a write").is_ok());
+        let e = check_write(&rs, BufferId(1), 255, 2, "a write").unwrap_err();
+        assert!(e.to_string().contains("q | k | v"), "{e}");
+    }
+
+    /// A read of any byte range gives ggml's bytes back from split rows.
+    #[test]
+    fn reads_join_the_rows_they_touch() {
+        let (offset, rows, row_bytes) = (32usize, 3usize, 144usize);
+        let ggml: Vec<u8> = (0..offset + rows * row_bytes + 20)
+            .map(|i| (i * 13 + 1) as u8)
+            .collect();
+        let mut device = ggml.clone();
+        for r in 0..rows {
+            let at = offset + r * row_bytes;
+            split_row(
+                QType::Q4_0,
+                &ggml[at..at + row_bytes],
+                &mut device[at..at + row_bytes],
+            );
+        }
+        assert_ne!(device, ggml);
+        let rs = vec![region("w", offset, 256, rows)];
+        for (a, b) in [
+            (0, ggml.len()),
+            (offset + 5, offset + 150),
+            (offset + 300, ggml.len()),
+            (3, 40),
+        ] {
+            let mut out = device[a..b].to_vec();
+            join_read(&rs, BufferId(1), a, &mut out, |at, buf| {
+                buf.copy_from_slice(&device[at..at + buf.len()]);
+                Ok(())
+            })
+            .unwrap();
+            assert!(out == ggml[a..b], "bytes {a}..{b}");
+        }
+    }
+}
