@@ -23,6 +23,7 @@ use graft::backend::cuda::CudaBackend;
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
+use graft::quant::QType;
 use proptest::prelude::any;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -206,16 +207,8 @@ fn prop_mul_mat_decode_q8_1_unaligned() {
 #[test]
 fn decode_q8_1_single_output_near_zero() {
     let case = QCase {
-        op: QOp::MulMat { add: false },
-        q: graft::quant::QType::Q8_0,
-        k: 4608,
-        rows: 1,
         pad: 1,
-        offset: 0,
-        n: 1,
-        a_batch: [1, 1],
-        repeat: [1, 1],
-        seed: 7931866750241223111,
+        ..QCase::mul_mat(QType::Q8_0, 4608, 1, 1, false, 7931866750241223111)
     };
     on_gpu(
         "mul_mat decode, near-zero output",
@@ -383,7 +376,7 @@ fn prop_attention_then_decode_q8_1() {
 /// heads, GQA group, queries, keys, weight rows) and the seed of every value.
 #[derive(Debug)]
 struct AttnProduct {
-    q: graft::quant::QType,
+    q: QType,
     kv: DType,
     shape: (usize, usize, usize, usize, usize, usize),
     seed: u64,
@@ -475,7 +468,7 @@ fn prop_mul_mat_prefill() {
 fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
     use proptest::sample::select;
     (
-        select(vec![graft::quant::QType::Q4_0, graft::quant::QType::Q8_0]),
+        select(vec![QType::Q4_0, QType::Q8_0]),
         select(vec![256usize, 512, 768, 2304, 4096, 96]),
         1usize..150,
         select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
@@ -487,16 +480,9 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
     )
         .prop_map(|(q, k, rows, n, offset, pad, add, seed, mmvq)| {
             let c = QCase {
-                op: QOp::MulMat { add },
-                q,
-                k,
-                rows,
                 pad,
                 offset,
-                n,
-                a_batch: [1, 1],
-                repeat: [1, 1],
-                seed,
+                ..QCase::mul_mat(q, k, rows, n, add, seed)
             };
             (c, mmvq)
         })
@@ -525,18 +511,7 @@ fn frozen_weight_past_one_chunk() {
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
-    let c = QCase {
-        op: QOp::MulMat { add: false },
-        q: graft::quant::QType::Q4_0,
-        k: 4096,
-        rows: 29_300,
-        pad: 0,
-        offset: 0,
-        n: 1,
-        a_batch: [1, 1],
-        repeat: [1, 1],
-        seed: 3,
-    };
+    let c = QCase::mul_mat(QType::Q4_0, 4096, 29_300, 1, false, 3);
     check_frozen(&c, true, &mut cuda).unwrap();
 }
 
@@ -587,26 +562,18 @@ fn frozen_weights_read_back_and_refuse_writes() {
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
-    for q in [graft::quant::QType::Q4_0, graft::quant::QType::Q8_0] {
+    for q in [QType::Q4_0, QType::Q8_0] {
         frozen_read_back_and_writes(&mut be, q);
     }
 }
 
 /// One type's case of `frozen_weights_read_back_and_refuse_writes`.
-fn frozen_read_back_and_writes(be: &mut CudaBackend, q: graft::quant::QType) {
+fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
     use graft::backend::FrozenTensor;
     let (k, rows, offset) = (512usize, 37usize, 256usize);
     let c = QCase {
-        op: QOp::MulMat { add: false },
-        q,
-        k,
-        rows,
-        pad: 0,
         offset,
-        n: 1,
-        a_batch: [1, 1],
-        repeat: [1, 1],
-        seed: 11,
+        ..QCase::mul_mat(q, k, rows, 1, false, 11)
     };
     let w = qs::weight_bytes(&c);
     let total = offset + w.len() + 300;

@@ -61,6 +61,23 @@ pub struct QCase {
 }
 
 impl QCase {
+    /// A mul_mat case over one dense `[k, rows]` weight of `q` at the start of its buffer
+    /// (no padding, batches or broadcast) by `n` columns, with the residual add when `add`.
+    pub fn mul_mat(q: QType, k: usize, rows: usize, n: usize, add: bool, seed: u64) -> QCase {
+        QCase {
+            op: QOp::MulMat { add },
+            q,
+            k,
+            rows,
+            pad: 0,
+            offset: 0,
+            n,
+            a_batch: [1, 1],
+            repeat: [1, 1],
+            seed,
+        }
+    }
+
     /// Elements of a row in memory (the view's `k` plus the padding blocks).
     pub fn stride_elems(&self) -> usize {
         self.k + self.pad * self.q.block_size()
