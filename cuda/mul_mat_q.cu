@@ -84,6 +84,20 @@ __device__ __forceinline__ void stage_bytes(char* dst, const char* src, int n, i
     for (int i = 16 * lane; i < body; i += 16 * WARP_SIZE) copy16(dst + head + i, src + head + i);
 }
 
+// The sums of the NC columns' sub-block s0 + s (b in the layout of Q: quant.cuh,
+// act_at) with weight sub-block w, into acc.
+template <typename Q, int NC>
+__device__ __forceinline__ void dot_cols(const QGemvArgs& p, const typename Q::W& w, int s0, int s, float* acc) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (NC == 1 || c < p.ncols) {  // one column: ncols is 1, no test in the loop
+            Act y;
+            load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
+            acc[c] += Q::dot(w, y);
+        }
+    }
+}
+
 // One staged chunk of nsub sub-blocks at w0 whose first is sub-block s0 of the row, into
 // the lane's sums acc; b in the layout of Q (quant.cuh, act_at). A 32-element type's lane
 // s takes sub-blocks s, s + 32, ... (ACT_BLOCKS).
@@ -93,14 +107,7 @@ __device__ __forceinline__ void chunk_single(const QGemvArgs& p, const char* w0,
     for (int s = lane; s < nsub; s += WARP_SIZE) {
         typename Q::W w;
         Q::template load<Smem>(w0 + s * Q::BYTES, 0, w);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            if (NC == 1 || c < p.ncols) {  // one column: ncols is 1, no test in the loop
-                Act y;
-                load_act(p.b + c * p.b_nb1, p.k, s0 + s, y);
-                acc[c] += Q::dot(w, y);
-            }
-        }
+        dot_cols<Q, NC>(p, w, s0, s, acc);
     }
 }
 
@@ -201,14 +208,7 @@ __device__ void mmvq_split(const QGemvArgs& p) {
     for (int s = lane; s < nb; s += WARP_SIZE) {
         typename S::Q::W w;
         S::load(a, nb, s, w);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            if (NC == 1 || c < p.ncols) {
-                Act y;
-                load_act(p.b + c * p.b_nb1, p.k, s, y);
-                acc[c] += S::Q::dot(w, y);
-            }
-        }
+        dot_cols<typename S::Q, NC>(p, w, 0, s, acc);
     }
     write_row<NC>(p, row, acc, lane);
 }

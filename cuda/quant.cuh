@@ -249,16 +249,22 @@ __device__ __forceinline__ void nibbles8(const char* p, int shift, int* q) {
     }
 }
 
-// Quants of a 4-bit block at qs: low nibbles are elements 0..15, high 16..31.
-template <typename M>
-__device__ __forceinline__ void load_nibbles(const char* qs, int* q) {
-    int v[4];
-    ld_words<M, 4>(qs, v);
+// The 32 quants of a 4-bit block from its 16 bytes as 4 words v: low nibbles are
+// elements 0..15, high 16..31.
+__device__ __forceinline__ void nibbles_of(const int* v, int* q) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         q[k] = v[k] & 0x0f0f0f0f;
         q[k + 4] = (v[k] >> 4) & 0x0f0f0f0f;
     }
+}
+
+// Quants of a 4-bit block at qs (nibbles_of).
+template <typename M>
+__device__ __forceinline__ void load_nibbles(const char* qs, int* q) {
+    int v[4];
+    ld_words<M, 4>(qs, v);
+    nibbles_of(v, q);
 }
 
 // Quants of a 5-bit block: nibbles at qs, fifth bits in qh (bit i: element i).
@@ -305,11 +311,7 @@ struct BlockQ4_0 {
             int n[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) n[k] = (int)(mis ? v[k + 1] : __funnelshift_r(v[k], v[k + 1], 16));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                w.q[k] = n[k] & 0x0f0f0f0f;
-                w.q[k + 4] = (n[k] >> 4) & 0x0f0f0f0f;
-            }
+            nibbles_of(n, w.q);
         } else {
             w.d = ld_f16<M>(b);
             load_nibbles<M>(b + 2, w.q);
@@ -319,10 +321,11 @@ struct BlockQ4_0 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return w.d * ((float)s * y.d - 8.0f * y.s);
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
-        const float d = ld_f16(b);
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_at(ld_f16(b), b + 2, g, v); }
+    // deq8 of a block with scale d and its 16 quant bytes at qs (split rows keep them apart).
+    static __device__ __forceinline__ void deq8_at(float d, const char* qs, int g, float* v) {
         int q[8];
-        quants8_legacy<false>(b + 2, 0, g, q);
+        quants8_legacy<false>(qs, 0, g, q);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
     }
@@ -423,11 +426,12 @@ struct BlockQ8 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return w.d * y.d * (float)s;
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
-        const float d = ld_f16(b);
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_at(ld_f16(b), b + QS, g, v); }
+    // deq8 of a block with scale d and its 32 quant bytes at qs (split rows keep them apart).
+    static __device__ __forceinline__ void deq8_at(float d, const char* qs, int g, float* v) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const unsigned u = ld_u16(b + QS + 8 * g + 2 * k);
+            const unsigned u = ld_u16(qs + 8 * g + 2 * k);
             v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
             v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
         }
@@ -663,20 +667,12 @@ struct SplitQ4_0 {
     static __device__ __forceinline__ void load(const char* row, int nb, int b, Q::W& w) {
         const int4 v = ld_stream16(row + QB * (i64)b);
         const int n[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            w.q[k] = n[k] & 0x0f0f0f0f;
-            w.q[k + 4] = (n[k] >> 4) & 0x0f0f0f0f;
-        }
+        nibbles_of(n, w.q);
         w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
     }
     // Elements 8g..8g+7 of block b, as BlockQ4_0::deq8 gives them.
     static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
-        const float d = ld_f16(row + QB * nb + 2 * b);
-        int q[8];
-        quants8_legacy<false>(row + QB * b, 0, g, q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
+        Q::deq8_at(ld_f16(row + QB * nb + 2 * b), row + QB * b, g, v);
     }
 };
 
@@ -690,12 +686,6 @@ struct SplitQ8_0 {
         w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
     }
     static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
-        const float d = ld_f16(row + QB * nb + 2 * b);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const unsigned u = ld_u16(row + QB * b + 8 * g + 2 * k);
-            v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
-            v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
-        }
+        Q::deq8_at(ld_f16(row + QB * nb + 2 * b), row + QB * b, g, v);
     }
 };

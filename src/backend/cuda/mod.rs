@@ -569,6 +569,41 @@ impl CudaBackend {
         Ok((steps, lw.consts, lw.scratch_need))
     }
 
+    /// [`Backend::freeze_weights`] before the regions are coalesced: splits each tensor of
+    /// `tensors` in `buf` that can be, and records its region.
+    fn split_tensors(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
+        let (base, size) = {
+            let mem = self.buffer(buf)?;
+            (mem.ptr(), mem.bytes())
+        };
+        for t in tensors {
+            let Some(q) = t.dtype.quant().filter(|&q| has_split_rows(q)) else {
+                continue;
+            };
+            let bytes = t.dtype.row_bytes(t.row_len) * t.rows;
+            range_check("cuda", "freeze", buf, t.offset, bytes, size)?;
+            let region = SplitRows::new(&t.name, buf, base, t.offset, q, t.row_len, t.rows);
+            let Some(region) = region.filter(|_| self.split_rows) else {
+                continue;
+            };
+            if let Some(r) = self.split.iter().find(|r| r.overlaps(buf, t.offset, bytes)) {
+                if r.holds(&region) {
+                    continue; // frozen already
+                }
+                return Err(Error::plan(format!(
+                    "cuda: freezing {} (bytes {}..{} of buffer {buf:?}) overlaps the frozen weight {}",
+                    t.name,
+                    t.offset,
+                    t.offset + bytes,
+                    r.name
+                )));
+            }
+            self.split_in_place(base, &region)?;
+            self.split.push(region);
+        }
+        Ok(())
+    }
+
     /// Rewrites the rows of `r` (in the buffer at device address `base`) as split rows,
     /// [`SPLIT_CHUNK`] bytes of rows at a time: a copy of them to a temporary allocation,
     /// then `split_rows_<q>` from it back into place.
@@ -676,37 +711,10 @@ impl Backend for CudaBackend {
 
     fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
         self.bind()?;
-        let (base, size) = {
-            let mem = self.buffer(buf)?;
-            (mem.ptr(), mem.bytes())
-        };
-        for t in tensors {
-            let Some(q) = t.dtype.quant().filter(|&q| has_split_rows(q)) else {
-                continue;
-            };
-            let bytes = t.dtype.row_bytes(t.row_len) * t.rows;
-            range_check("cuda", "freeze", buf, t.offset, bytes, size)?;
-            let region = SplitRows::new(&t.name, buf, base, t.offset, q, t.row_len, t.rows);
-            let Some(region) = region.filter(|_| self.split_rows) else {
-                continue;
-            };
-            if let Some(r) = self.split.iter().find(|r| r.overlaps(buf, t.offset, bytes)) {
-                if r.holds(&region) {
-                    continue; // frozen already
-                }
-                return Err(Error::plan(format!(
-                    "cuda: freezing {} (bytes {}..{} of buffer {buf:?}) overlaps the frozen weight {}",
-                    t.name,
-                    t.offset,
-                    t.offset + bytes,
-                    r.name
-                )));
-            }
-            self.split_in_place(base, &region)?;
-            self.split.push(region);
-            split::coalesce(&mut self.split);
-        }
-        Ok(())
+        let frozen = self.split_tensors(buf, tensors);
+        // Once, for the regions added (even when a later tensor failed).
+        split::coalesce(&mut self.split);
+        frozen
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
@@ -715,13 +723,12 @@ impl Backend for CudaBackend {
         range_check("cuda", "read", buf, offset, out.len(), mem.bytes())?;
         let base = mem.ptr();
         self.synchronize_checked()?;
-        self.dtoh(base + offset as u64, out)?;
         let regions = std::mem::take(&mut self.split);
-        let joined = split::join_read(&regions, buf, offset, out, |at, rows| {
-            self.dtoh(base + at as u64, rows)
+        let read = split::read_joined(&regions, buf, offset, out, |at, bytes| {
+            self.dtoh(base + at as u64, bytes)
         });
         self.split = regions;
-        joined
+        read
     }
 
     fn fill_random(

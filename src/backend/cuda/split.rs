@@ -11,7 +11,8 @@
 //!   prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
 //!   way, or writes one, fails to load with an error naming the tensor ([`check_plan`]).
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) joins the rows it
-//!   reads back into ggml's layout; writes into a region are errors ([`check_write`]).
+//!   reads back into ggml's layout ([`read_joined`]); writes into a region are errors
+//!   ([`check_write`]).
 //! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
 
 use crate::error::{Error, Result};
@@ -126,14 +127,15 @@ pub(crate) fn coalesce(regions: &mut Vec<SplitRows>) {
     *regions = out;
 }
 
-/// The region an operand's bytes touch, if any.
-fn touched<'r>(regions: &'r [SplitRows], op: &Operand) -> Option<&'r SplitRows> {
+/// The region an operand's bytes touch, if any, and the operand's offset in its buffer.
+fn touched<'r>(regions: &'r [SplitRows], op: &Operand) -> Option<(&'r SplitRows, usize)> {
     let Loc::Buffer(buf, off) = op.loc else {
         return None;
     };
     regions
         .iter()
         .find(|r| r.overlaps(buf, off, op.nbytes().max(1)))
+        .map(|r| (r, off))
 }
 
 /// Whether the mul_mat weights `a` lie in split rows: `Ok(false)` outside every region,
@@ -143,10 +145,7 @@ pub(crate) fn weights_split(
     regions: &[SplitRows],
     a: &Operand,
 ) -> std::result::Result<bool, String> {
-    let Some(r) = touched(regions, a) else {
-        return Ok(false);
-    };
-    let Loc::Buffer(_, off) = a.loc else {
+    let Some((r, off)) = touched(regions, a) else {
         return Ok(false);
     };
     let rows = a.ne[1] * a.ne[2] * a.ne[3];
@@ -197,11 +196,11 @@ pub(crate) fn check_plan(regions: &[SplitRows], plan: &Plan) -> Result<()> {
         ),
     };
     for step in &plan.steps {
-        if let Some(r) = touched(regions, &step.dst) {
+        if let Some((r, _)) = touched(regions, &step.dst) {
             return Err(fail(&step.name, step.op.name(), r, "writes"));
         }
         for (i, src) in step.src.iter().enumerate() {
-            if let Some(r) = touched(regions, src) {
+            if let Some((r, _)) = touched(regions, src) {
                 if !(step.op == Op::MulMat && i == 0) {
                     return Err(fail(
                         &step.name,
@@ -236,28 +235,44 @@ pub(crate) fn check_write(
     }
 }
 
-/// After `out` was read from bytes `[offset, ..)` of `buf`: the rows of every region it
-/// covers, in ggml's layout. `read_rows(first_byte, bytes)` reads whole rows of the buffer
-/// from the device.
-pub(crate) fn join_read(
+/// Reads bytes `[offset, offset + out.len())` of `buf` into `out` with `read(first_byte,
+/// bytes)`, which reads the device, in ggml's layout: one read, widened to whole rows
+/// of every region it touches, whose rows are then joined.
+pub(crate) fn read_joined(
     regions: &[SplitRows],
     buf: BufferId,
     offset: usize,
     out: &mut [u8],
-    mut read_rows: impl FnMut(usize, &mut [u8]) -> Result<()>,
+    mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
 ) -> Result<()> {
-    let (len, end) = (out.len(), offset + out.len());
-    for r in regions.iter().filter(|r| r.overlaps(buf, offset, len)) {
-        let lo = offset.max(r.offset);
-        let hi = end.min(r.end());
-        let first = (lo - r.offset) / r.row_bytes;
-        let last = (hi - r.offset).div_ceil(r.row_bytes);
-        let start = r.offset + first * r.row_bytes;
-        let mut rows = vec![0u8; (last - first) * r.row_bytes];
-        read_rows(start, &mut rows)?;
-        let joined = r.join(&rows);
-        out[lo - offset..hi - offset].copy_from_slice(&joined[lo - start..hi - start]);
+    let end = offset + out.len();
+    let hit: Vec<&SplitRows> = regions
+        .iter()
+        .filter(|r| r.overlaps(buf, offset, out.len()))
+        .collect();
+    if hit.is_empty() {
+        return read(offset, out);
     }
+    // Each region's rows from the one holding max(offset, start) to the one holding
+    // min(end, its end) - 1.
+    let rows_of = |r: &SplitRows| {
+        let first = (offset.max(r.offset) - r.offset) / r.row_bytes;
+        let last = (end.min(r.end()) - r.offset).div_ceil(r.row_bytes);
+        (
+            r.offset + first * r.row_bytes,
+            r.offset + last * r.row_bytes,
+        )
+    };
+    let lo = hit.iter().map(|r| rows_of(r).0).fold(offset, usize::min);
+    let hi = hit.iter().map(|r| rows_of(r).1).fold(end, usize::max);
+    let mut bytes = vec![0u8; hi - lo];
+    read(lo, &mut bytes)?;
+    for r in hit {
+        let (a, b) = rows_of(r);
+        let joined = r.join(&bytes[a - lo..b - lo]);
+        bytes[a - lo..b - lo].copy_from_slice(&joined);
+    }
+    out.copy_from_slice(&bytes[offset - lo..end - lo]);
     Ok(())
 }
 
@@ -358,20 +373,40 @@ mod tests {
             );
         }
         assert_ne!(device, ggml);
-        let rs = vec![region("w", offset, 256, rows)];
-        for (a, b) in [
+        // One region of the 3 rows, or rows 0 and 2 as two regions (row 1, split on the
+        // "device" here, then reads back split: it is not a frozen weight's).
+        let one = vec![region("w", offset, 256, rows)];
+        let two = vec![
+            region("w", offset, 256, 1),
+            region("v", offset + 2 * row_bytes, 256, 1),
+        ];
+        let ranges = [
             (0, ggml.len()),
             (offset + 5, offset + 150),
             (offset + 300, ggml.len()),
             (3, 40),
-        ] {
-            let mut out = device[a..b].to_vec();
-            join_read(&rs, BufferId(1), a, &mut out, |at, buf| {
-                buf.copy_from_slice(&device[at..at + buf.len()]);
-                Ok(())
-            })
-            .unwrap();
-            assert!(out == ggml[a..b], "bytes {a}..{b}");
+            (offset + 100, offset + 2 * row_bytes + 7),
+        ];
+        for (rs, want) in [(&one, ggml.clone()), (&two, ggml_but_row_1(&ggml, &device))] {
+            for (a, b) in ranges {
+                let mut out = vec![0u8; b - a];
+                let mut reads = 0;
+                read_joined(rs, BufferId(1), a, &mut out, |at, buf| {
+                    reads += 1;
+                    buf.copy_from_slice(&device[at..at + buf.len()]);
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(reads, 1, "bytes {a}..{b}: one device read");
+                assert!(out == want[a..b], "{} regions, bytes {a}..{b}", rs.len());
+            }
         }
+    }
+
+    /// `ggml` with row 1 (bytes 32 + 144..32 + 288) as the device holds it.
+    fn ggml_but_row_1(ggml: &[u8], device: &[u8]) -> Vec<u8> {
+        let mut v = ggml.to_vec();
+        v[32 + 144..32 + 288].copy_from_slice(&device[32 + 144..32 + 288]);
+        v
     }
 }
