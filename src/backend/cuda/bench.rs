@@ -2,7 +2,9 @@
 //! bandwidth, then each kernel path at Llama-7B decode and prefill sizes (float weights,
 //! and block-quantized Q4_0 / Q4_K / Q8_0 weights on both decode paths, quantized on the
 //! device from seeded random values and frozen as a model freezes them, so Q4_0 and
-//! Q8_0 take the split-row kernels; the fused attention, whose decode row's bandwidth is
+//! Q8_0 take the split-row kernels; every type's `__dp4a` product also as a model runs
+//! it, its Q8_1 input made once for all nodes, not by a quantizing launch of its own;
+//! the fused attention, whose decode row's bandwidth is
 //! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a
 //! causal 512 x 512), then a graph of many small nodes run eagerly and replayed. The bytes of a
 //! quantized product are those of its blocks.
@@ -290,12 +292,13 @@ fn fill_inputs(be: &mut CudaBackend, exec: ExecId) -> Result<()> {
     Ok(())
 }
 
-/// The kernels of the first step of a plan, for the report.
+/// The kernels of the last step of a plan, for the report (every step of a case is one
+/// node's, but the first of a shared-activation case also quantizes them).
 fn kernel_names(be: &CudaBackend, exec: ExecId) -> Result<String> {
     let e = be.exec(exec)?;
     let names: Vec<&str> = e
         .steps
-        .first()
+        .last()
         .map(|ops| ops.iter().map(DevOp::name).collect())
         .unwrap_or_default();
     Ok(names.join(" + "))
@@ -442,6 +445,35 @@ fn qgemv_case<'a>(q: QType, k: usize, m: usize, mmvq: bool) -> Case<'a> {
             // Lowering reads the switch when the plan loads, after every node is built.
             be.set_mmvq(Some(mmvq));
             let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
+            let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
+            g.mul_mat(w, x)
+        }),
+    }
+}
+
+/// The decode product of [`qgemv_case`] on the Q8_1 + dp4a path as a model step runs it:
+/// every node reads the same activations, so the plan quantizes them to Q8_1 once (in a
+/// model the norm before the products writes that copy, and no quantizing launch runs)
+/// and each node is the product kernel alone. The one quantizing launch is counted,
+/// spread over the nodes.
+fn qgemv_shared_case<'a>(q: QType, k: usize, m: usize) -> Case<'a> {
+    let bytes = (DType::Quant(q).row_bytes(k) * m + 4 * (k + m)) as f64;
+    let x = std::cell::Cell::new(None);
+    Case {
+        name: format!("mul_mat {q} [{k}, {m}] x f32 [{k}] (decode, product alone: one Q8_1 copy for all nodes)"),
+        reps: reps_for(bytes),
+        bytes,
+        flops: 2.0 * (k * m) as f64,
+        build: Box::new(move |be, g, r| {
+            be.set_mmvq(Some(true));
+            let x = match x.get() {
+                Some(x) => x,
+                None => {
+                    let t = g.input("x", DType::F32, &[k])?;
+                    x.set(Some(t));
+                    t
+                }
+            };
             let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
             g.mul_mat(w, x)
         }),
@@ -762,6 +794,20 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
             for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
                 cases.push(qgemv_case(q, k, m, mmvq));
             }
+        }
+        for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
+            cases.push(qgemv_shared_case(q, k, m));
+        }
+    }
+    for q in [
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q5_K,
+        QType::Q6_K,
+    ] {
+        for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
+            cases.push(qgemv_shared_case(q, k, m));
         }
     }
     cases.extend([QType::Q4_0, QType::Q4_K, QType::Q8_0].map(qprefill_case));
