@@ -32,8 +32,21 @@
 //     48 registers): on the H100 that read the 7B shapes at 70 / 89 / 82 / 92% of the copy
 //     bandwidth where the staged kernel read 66 / 81 / 74 / 84% ([4096, 4096] /
 //     [4096, 11008] / [11008, 4096] / [4096, 12288], a replayed chain of 48 products with
-//     programmatic dependent launch; unroll 1, 3, 4 and 8, 8 rows a block and weight loads
-//     issued before the wait measured slower).
+//     programmatic dependent launch; unroll 1, 3, 4 and 8 and 8 rows a block measured
+//     slower).
+//   mul_mat_vec_qsp_c<NC>_<q>: the same for grids the GPU holds at once (the launcher's
+//     one_wave): every block is resident from the start, so each lane's first blocks
+//     (Q4_0: 4, Q8_0: 1, then unroll 4) are loaded before the wait, overlapping the
+//     previous kernel's tail. In the same chain: Q4_0 [4096, 4096] 70 -> 86% and
+//     [11008, 4096] 82 -> 93%, Q8_0 80 -> 82% and 88 -> 89%; on multi-wave grids
+//     ([4096, 11008]) it lost 2-3%, so those keep mul_mat_vec_qs.
+//   mul_mat_vec_qd_c<NC>_<q>: Q4_K and Q5_K rows at 16-byte aligned addresses (blocks of 144
+//     and 176 bytes keep every block aligned) read in place, nothing staged: each lane's
+//     pair of sub-blocks as 16-byte loads through the non-coherent cache, the first pair
+//     before the wait, unroll 2; the pairs and order of mul_mat_vec_q, so the same sums.
+//     Q4_K in the chain: 65 / 77 / 73% -> 79 / 85 / 87% of the copy bandwidth on
+//     [4096, 4096] / [4096, 11008] / [11008, 4096] (the same kernel without the early
+//     pair: 59 / 82 / 67%).
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
 //     vec, scalar otherwise). mul_mat_vec_dqs_c<NC>_<q>: the same on split rows.
@@ -98,6 +111,21 @@ __device__ __forceinline__ void dot_cols(const QGemvArgs& p, const typename Q::W
     }
 }
 
+// The sums of the NC columns' sub-blocks s0 + s (even) and s0 + s + 1 (b in the ACT_PAIRS layout)
+// with the weight sub-blocks wa and wb, into acc.
+template <typename Q, int NC>
+__device__ __forceinline__ void dot_pairs(const QGemvArgs& p, const typename Q::W& wa, const typename Q::W& wb, int s0,
+                                          int s, float* acc) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (NC == 1 || c < p.ncols) {
+            Act ya, yb;
+            load_act2(p.b + c * p.b_nb1, p.k, s0 + s, ya, yb);
+            acc[c] += Q::dot(wa, ya) + Q::dot(wb, yb);
+        }
+    }
+}
+
 // One staged chunk of nsub sub-blocks at w0 whose first is sub-block s0 of the row, into
 // the lane's sums acc; b in the layout of Q (quant.cuh, act_at). A 32-element type's lane
 // s takes sub-blocks s, s + 32, ... (ACT_BLOCKS).
@@ -123,14 +151,7 @@ __device__ __forceinline__ void chunk_pairs(const QGemvArgs& p, const char* w0, 
     for (int s = 2 * lane; s < nsub; s += 2 * WARP_SIZE) {
         typename Q::W wa, wb;
         Q::template load2<A>(w0 + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            if (NC == 1 || c < p.ncols) {
-                Act ya, yb;
-                load_act2(p.b + c * p.b_nb1, p.k, s0 + s, ya, yb);
-                acc[c] += Q::dot(wa, ya) + Q::dot(wb, yb);
-            }
-        }
+        dot_pairs<Q, NC>(p, wa, wb, s0, s, acc);
     }
 }
 
@@ -191,8 +212,55 @@ __device__ __forceinline__ void load_x8(const float* x, bool vec, float* f) {
     }
 }
 
-// S: the split-row reader (SplitQ4_0, SplitQ8_0 in quant.cuh).
-template <typename S, int NC>
+// The lane's first PRE blocks of a split row: blocks lane, lane + 32, ...
+template <typename S, int PRE>
+__device__ __forceinline__ void load_first(const char* a, int nb, int lane, typename S::Q::W* w) {
+#pragma unroll
+    for (int u = 0; u < PRE; ++u) {
+        if (lane + WARP_SIZE * u < nb) S::load(a, nb, lane + WARP_SIZE * u, w[u]);
+    }
+}
+
+// Q4_K and Q5_K rows at 16-byte aligned addresses, read in place: lane t takes the pairs
+// of sub-blocks 2t and 2t + 1, 2t + 64 and 2t + 65, ... (the pairs and the order of
+// mmvq's chunk_pairs, so the same sums), each pair's block header and quant bytes as
+// 16-byte loads straight from global memory, nothing staged. The first pair is loaded
+// before the wait when nothing in the plan writes the weights.
+template <typename Q, int NC>
+__device__ void mmvq_direct(const QGemvArgs& p) {
+    pdl_launch_dependents();
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 row = blockIdx.x * (i64)GEMV_WARPS + warp;
+    if (row >= p.m) return;  // the whole warp
+    const char* a = p.a + row * p.a_nb1;
+    const int nsub = (int)(p.k / 32);
+    const auto load = [&](int s, typename Q::W& wa, typename Q::W& wb) {
+        Q::template load2<GLOBAL16>(a + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
+    };
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    const int s0 = 2 * lane;
+    {
+        typename Q::W wa, wb;
+        if (!p.prefetch) pdl_wait();
+        if (s0 < nsub) load(s0, wa, wb);
+        if (p.prefetch) pdl_wait();
+        if (s0 < nsub) dot_pairs<Q, NC>(p, wa, wb, 0, s0, acc);
+    }
+#pragma unroll 2
+    for (int s = s0 + 2 * WARP_SIZE; s < nsub; s += 2 * WARP_SIZE) {
+        typename Q::W wa, wb;
+        load(s, wa, wb);
+        dot_pairs<Q, NC>(p, wa, wb, 0, s, acc);
+    }
+    write_row<NC>(p, row, acc, lane);
+}
+
+// S: the split-row reader (SplitQ4_0, SplitQ8_0 in quant.cuh). PRE > 0 (the qsp kernels,
+// for grids the GPU holds at once): the lane's first PRE blocks are loaded before the
+// wait when nothing in the plan writes the weights. U: blocks a lane in flight.
+template <typename S, int NC, int PRE, int U>
 __device__ void mmvq_split(const QGemvArgs& p) {
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -200,12 +268,22 @@ __device__ void mmvq_split(const QGemvArgs& p) {
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
     const int nb = (int)(p.k / S::QK);
-    pdl_wait();
+    if constexpr (PRE == 0) pdl_wait();
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-#pragma unroll 2
-    for (int s = lane; s < nb; s += WARP_SIZE) {
+    if constexpr (PRE > 0) {
+        typename S::Q::W w[PRE];
+        if (!p.prefetch) pdl_wait();
+        load_first<S, PRE>(a, nb, lane, w);
+        if (p.prefetch) pdl_wait();
+#pragma unroll
+        for (int u = 0; u < PRE; ++u) {
+            if (lane + WARP_SIZE * u < nb) dot_cols<typename S::Q, NC>(p, w[u], 0, lane + WARP_SIZE * u, acc);
+        }
+    }
+#pragma unroll U
+    for (int s = lane + WARP_SIZE * PRE; s < nb; s += WARP_SIZE) {
         typename S::Q::W w;
         S::load(a, nb, s, w);
         dot_cols<typename S::Q, NC>(p, w, 0, s, acc);
@@ -321,19 +399,35 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dq_c4_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dq_c8_q6_k(const QGemvArgs p) { dmmv<Blocks<BlockQ6_K>, 8>(p); }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 1, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 1, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 2, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 2, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 4, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 4, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 8, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q4_0(const QGemvArgs p) { mmvq_split<SplitQ4_0, 8, 4, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q4_0(const QGemvArgs p) { dmmv<SplitQ4_0, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 1, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 1, 1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 2, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 2, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 4, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 4, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 8, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q8_0(const QGemvArgs p) { mmvq_split<SplitQ8_0, 8, 1, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c1_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c2_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c1_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c2_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 8>(p); }

@@ -16,7 +16,8 @@
 //                        must agree
 //   load(blk, sub, w)    reads sub-block `sub` of the block at blk (all but Q4_K, Q5_K)
 //   load2<A>(blk, j, w0, w1)  with PAIRS: sub-blocks j (even) and j + 1 of the block at
-//                        blk, in shared memory at alignment A
+//                        blk, in shared memory at alignment A (or, A = GLOBAL16 and
+//                        Q4_K, Q5_K only, in global memory at a 16-byte aligned address)
 //   dot(w, y)            the sub-block's dot product with one Q8_1 block, integer sums by
 //                        __dp4a, scales and offsets applied in f32 as src/quant/dot.rs does
 //   deq8(blk, g, v)      elements 8g..8g+7 of the block, dequantized exactly as
@@ -85,11 +86,21 @@ __device__ __forceinline__ void ld_words(const char* p, int* out) {
     }
 }
 
+// ld_smem's alignment tag for read-only global memory at a 16-byte aligned address.
+constexpr int GLOBAL16 = -16;
+
 // N consecutive 32-bit words at p in shared memory, p A-byte aligned: 16-byte loads for
-// A = 16, ld_words otherwise.
+// A = 16, ld_words otherwise; A = GLOBAL16: p in read-only global memory, 16-byte aligned,
+// read as 16-byte loads through the non-coherent cache.
 template <int A, int N>
 __device__ __forceinline__ void ld_smem(const char* p, int* out) {
-    if constexpr (A >= 16 && N % 4 == 0) {
+    if constexpr (A == GLOBAL16 && N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);
+            out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+        }
+    } else if constexpr (A >= 16 && N % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < N / 4; ++i) {
             const int4 v = reinterpret_cast<const int4*>(p)[i];

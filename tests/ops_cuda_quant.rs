@@ -470,7 +470,8 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
     (
         select(vec![QType::Q4_0, QType::Q8_0]),
         select(vec![256usize, 512, 768, 2304, 4096, 96]),
-        1usize..150,
+        // one wave of blocks (mul_mat_vec_qsp_*) or more (mul_mat_vec_qs_*)
+        proptest::prop_oneof![1usize..150, 4225usize..4400],
         select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
         select(vec![0usize, 16, 2064, 2]),
         select(vec![0usize, 0, 8]),
@@ -489,9 +490,10 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
 }
 
 /// Frozen Q4_0 and Q8_0 weights (`Backend::freeze_weights`) give the very bytes the same weights
-/// give unfrozen, on both decode paths and the prefill path; the profile shows the split
-/// kernels ran exactly when the rows could be split (a multiple of 256 elements, 16-byte
-/// aligned), so the check cannot pass by freezing changing nothing. A view of part of each
+/// give unfrozen, on both decode paths and the prefill path, in grids of one wave of blocks
+/// and more; the profile shows the split kernels ran exactly when the rows could be split
+/// (a multiple of 256 elements, 16-byte aligned), so the check cannot pass by freezing
+/// changing nothing. A view of part of each
 /// frozen row (padded rows) must fail to load with an error naming the tensor.
 #[test]
 fn prop_frozen_weights_match_unfrozen() {
@@ -501,6 +503,127 @@ fn prop_frozen_weights_match_unfrozen() {
         96,
         |(c, mmvq), cuda, _cpu| check_frozen(c, *mmvq, cuda),
     );
+}
+
+/// Q4_K and Q5_K decode products at 16-byte aligned rows, which the backend reads in
+/// place (`mul_mat_vec_qd_*`), against the same weights 2 bytes further into their
+/// buffer, which the staged kernel (`mul_mat_vec_q_*`) reads: the same result bytes
+/// (the same sums in the same order), each kernel seen in its profile so the check
+/// cannot pass by both taking one path, and the aligned result held to the oracle and
+/// the CPU. Row lengths from one super-block to past a 4,096-element staging chunk,
+/// padded rows, 1-8 columns, the fused residual add on and off.
+#[test]
+fn prop_aligned_k_quant_rows_match_staged() {
+    use proptest::sample::select;
+    let case = (
+        select(vec![QType::Q4_K, QType::Q5_K]),
+        select(vec![256usize, 512, 1024, 4096, 4352, 11008]),
+        1usize..90,
+        select(vec![1usize, 2, 3, 4, 5, 8]),
+        select(vec![0usize, 32, 2064]),
+        0usize..=1,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(q, k, rows, n, offset, pad, add, seed)| QCase {
+            pad,
+            offset,
+            ..QCase::mul_mat(q, k, rows, n, add, seed)
+        });
+    on_gpu("aligned K-quant rows", case, 48, |c, cuda, cpu| {
+        let staged_case = QCase {
+            offset: c.offset + 2,
+            ..c.clone()
+        };
+        let (aligned, aligned_kernels) = run_profiled(c, cuda)?;
+        let (staged, staged_kernels) = run_profiled(&staged_case, cuda)?;
+        let nc = match c.n {
+            1 => 1,
+            2 => 2,
+            3 | 4 => 4,
+            _ => 8,
+        };
+        let q = c.q.to_string().to_lowercase();
+        for (kernels, want) in [
+            (&aligned_kernels, format!("mul_mat_vec_qd_c{nc}_{q}")),
+            (&staged_kernels, format!("mul_mat_vec_q_c{nc}_{q}")),
+        ] {
+            if !kernels.iter().any(|k| k.contains(&want)) {
+                return Err(format!("{c:?}: no {want} in {kernels:?}"));
+            }
+        }
+        if let Some(d) = first_diff(&aligned, &staged, 4) {
+            return Err(format!("{c:?}: aligned and staged results differ: {d}"));
+        }
+        check_mul_mat(c, cuda, cpu, true, NMSE_MMVQ)
+    });
+}
+
+/// Runs `c` on the Q8_1 path with the profiler on: the result bytes and the kernels of
+/// every step.
+fn run_profiled(c: &QCase, cuda: &mut CudaBackend) -> Result<(Vec<u8>, Vec<String>), String> {
+    cuda.set_mmvq(Some(true));
+    cuda.set_profiling(true);
+    let out = run_on(c, cuda);
+    let profile = cuda.take_profile();
+    cuda.set_profiling(false);
+    cuda.set_mmvq(None);
+    let kernels = profile.into_iter().map(|s| s.kernels).collect();
+    Ok((out?.1, kernels))
+}
+
+/// Q4_K weights quantized by the plan itself (a cast into the arena, 16-byte aligned)
+/// and then multiplied: the in-place product must wait for the cast before it loads
+/// them (nothing may be read early from weights the plan writes), giving what the CPU
+/// gives.
+#[test]
+fn k_quant_weights_written_by_the_plan_are_read_after_the_wait() {
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let mut cpu = CpuBackend::new();
+    let (k, rows) = (4096, 300);
+    let w = qs::values(11, k * rows);
+    let x = qs::values(12, k);
+    let run = |be: &mut dyn Backend| -> graft::Result<Vec<f32>> {
+        let mut g = Graph::new();
+        let wf = g.input("wf", DType::F32, &[k, rows])?;
+        let xt = g.input("x", DType::F32, &[k, 1])?;
+        let wq = g.cast(wf, DType::Quant(QType::Q4_K))?;
+        let y = g.mul_mat(wq, xt)?;
+        let plan = g.plan(&[y])?;
+        let exec = be.load(&plan)?;
+        let mut out = vec![0u8; rows * 4];
+        for _ in 0..2 {
+            be.set_input(exec, wf, &qs::f32_bytes(&w))?;
+            be.set_input(exec, xt, &qs::f32_bytes(&x))?;
+            be.compute(exec)?;
+        }
+        be.get_output(exec, y, &mut out)?;
+        be.unload(exec)?;
+        Ok(out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect())
+    };
+    let want = run(&mut cpu).unwrap();
+    cuda.set_mmvq(Some(true));
+    cuda.set_profiling(true);
+    let got = run(&mut cuda);
+    let profile = cuda.take_profile();
+    cuda.set_profiling(false);
+    cuda.set_mmvq(None);
+    let got = got.unwrap();
+    assert!(
+        profile
+            .iter()
+            .any(|s| s.kernels.contains("mul_mat_vec_qd_c1_q4_k")),
+        "{:?}",
+        profile.iter().map(|s| &s.kernels).collect::<Vec<_>>()
+    );
+    let e = qs::nmse(&got, &want);
+    assert!(e <= NMSE_MMVQ, "NMSE vs cpu {e:e}");
 }
 
 /// A frozen weight of more than the 64 MiB of rows the backend splits at a time
@@ -540,9 +663,14 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
         return Err(format!("{what}: frozen and unfrozen results differ: {d}"));
     }
     let ran_split = profile.iter().any(|s| {
-        ["mul_mat_vec_qs_", "mul_mat_vec_dqs_", "cpy_split_"]
-            .iter()
-            .any(|k| s.kernels.contains(k))
+        [
+            "mul_mat_vec_qs_",
+            "mul_mat_vec_qsp_",
+            "mul_mat_vec_dqs_",
+            "cpy_split_",
+        ]
+        .iter()
+        .any(|k| s.kernels.contains(k))
     });
     if ran_split != split {
         let kernels: Vec<&str> = profile.iter().map(|s| s.kernels.as_str()).collect();
@@ -656,8 +784,8 @@ fn frozen_tiny_model_matches_unfrozen() {
         return;
     };
     for (plan, kernel) in [
-        (QuantPlan::Q4_0, "mul_mat_vec_qs_c1_q4_0"),
-        (QuantPlan::Q8_0, "mul_mat_vec_qs_c1_q8_0"),
+        (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
+        (QuantPlan::Q8_0, "mul_mat_vec_qsp_c1_q8_0"),
     ] {
         tiny_model_split_and_not(&mut be, plan, kernel);
     }
@@ -697,7 +825,7 @@ fn tiny_model_split_and_not(be: &mut CudaBackend, plan: graft::models::QuantPlan
         "{plan} split decode kernels: {k_split}"
     );
     assert!(
-        !k_plain.contains("mul_mat_vec_qs_"),
+        !k_plain.contains("mul_mat_vec_qs"),
         "{plan} unsplit decode kernels: {k_plain}"
     );
     assert_eq!(plain.len(), split.len());

@@ -156,6 +156,9 @@ pub(crate) const MAX_GRID_YZ: usize = 65535;
 pub(crate) const MAX_BLOCK: usize = 1024;
 /// Threads of a warp.
 pub(crate) const WARP: usize = 32;
+/// Streaming multiprocessors the lowering sizes grids for (an H100 SXM has 132): the
+/// decode attention's split and the decode products whose grid fits at once.
+pub(crate) const SMS: usize = 132;
 
 impl<'a> Lowering<'a> {
     /// A lowering context with every region at address 0 and nothing collected yet

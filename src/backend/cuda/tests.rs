@@ -867,7 +867,7 @@ fn q8_1_copies_take_the_layout_of_their_product() {
         names,
         [
             "rms_norm_mul_f32_f32",
-            "mul_mat_vec_q_c1_q4_k",
+            "mul_mat_vec_qd_c1_q4_k",
             "quantize_q8_1_f32",
             "mul_mat_vec_q_c1_q4_0"
         ]
@@ -880,6 +880,78 @@ fn q8_1_copies_take_the_layout_of_their_product() {
     let quant = args::<CpyArgs>(launches[2]);
     assert_eq!(quant.mode, ACT_BLOCKS);
     assert_eq!(args::<QGemvArgs>(launches[3]).b, quant.dst.data);
+}
+
+/// Q4_K and Q5_K decode products over rows at 16-byte aligned addresses and strides read
+/// them in place (`mul_mat_vec_qd_*`, weights loaded before the wait as weights in a
+/// buffer no step writes); rows at other addresses keep the staged kernel, Q6_K (210-byte
+/// blocks) always does, and the dequantizing path is the same for both.
+#[test]
+fn aligned_k_quant_rows_are_read_in_place() {
+    use crate::graph::{BufferId, BufferRef};
+    use crate::quant::QType;
+    let cases = [
+        (QType::Q4_K, 0, "mul_mat_vec_qd_c1_q4_k"),
+        (QType::Q4_K, 2, "mul_mat_vec_q_c1_q4_k"),
+        (QType::Q5_K, 32, "mul_mat_vec_qd_c1_q5_k"),
+        (QType::Q5_K, 18, "mul_mat_vec_q_c1_q5_k"),
+        (QType::Q6_K, 0, "mul_mat_vec_q_c1_q6_k"),
+    ];
+    for (q, offset, want) in cases {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[512, 1]).unwrap();
+        let data = BufferRef {
+            buffer: BufferId(3),
+            offset,
+        };
+        let w = g.weight("w", DType::Quant(q), &[512, 8], data).unwrap();
+        let y = g.mul_mat(w, x).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        for mmvq in [true, false] {
+            let mut lw = Lowering::new(&fake_addr_any, mmvq, 1);
+            let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+            let launches: Vec<&super::lowering::Launch> = ops
+                .iter()
+                .flatten()
+                .filter_map(|op| match op {
+                    DevOp::Kernel(k) => Some(k),
+                    DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+                })
+                .collect();
+            let product = launches.last().expect("a product launch");
+            if mmvq {
+                assert_eq!(product.kernel.name, want, "{q} at offset {offset}");
+                assert_eq!(args::<QGemvArgs>(product).prefetch, 1, "{q}: weights");
+            } else {
+                assert!(
+                    product.kernel.name.starts_with("mul_mat_vec_dq_c1_"),
+                    "{q} at offset {offset}: {}",
+                    product.kernel.name
+                );
+            }
+        }
+    }
+    // weights the plan writes (a quantizing cast into the arena): in place, loaded after
+    // the wait
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[512, 1]).unwrap();
+    let wf = g.input("wf", DType::F32, &[512, 8]).unwrap();
+    let w = g.cast(wf, DType::Quant(QType::Q4_K)).unwrap();
+    let y = g.mul_mat(w, x).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    let mut lw = Lowering::new(&fake_addr_any, true, 1);
+    let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let product = ops
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            DevOp::Kernel(k) => Some(k),
+            DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+        })
+        .next_back()
+        .expect("a product launch");
+    assert_eq!(product.kernel.name, "mul_mat_vec_qd_c1_q4_k");
+    assert_eq!(args::<QGemvArgs>(product).prefetch, 0);
 }
 
 /// A step that writes memory the quantized activations came from makes the copy stale;

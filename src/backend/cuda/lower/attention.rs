@@ -17,13 +17,11 @@ use crate::backend::cuda::args::{
 };
 use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::mul_mat_q;
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, SMS, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
 
 /// Queries up to which the decode kernel runs (it handles any count, slowly for many).
 pub(crate) const DECODE_MAX_QUERIES: usize = 8;
-/// Streaming multiprocessors the decode split aims to fill (an H100 SXM has 132).
-const SMS: usize = 132;
 /// Blocks per SM the decode split aims for: a block of 4 warps keeps 4 keys' K and V
 /// rows per lane group in flight, and 4 such blocks per SM hide the memory latency.
 const BLOCKS_PER_SM: usize = 4;

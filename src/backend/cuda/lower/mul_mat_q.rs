@@ -24,8 +24,13 @@
 //!
 //! Frozen Q4_0 and Q8_0 weights in split rows ([`crate::backend::cuda::split`]) take the
 //! same paths with their own kernels: `mul_mat_vec_qs_c<NC>_<q>` (no staging: a lane
-//! reads a block's quants as 16-byte loads), `mul_mat_vec_dqs_c<NC>_<q>` and
+//! reads a block's quants as 16-byte loads; `mul_mat_vec_qsp_c<NC>_<q>` when the grid fits
+//! on the GPU at once, loading each lane's first blocks before the wait),
+//! `mul_mat_vec_dqs_c<NC>_<q>` and
 //! `cpy_split_<q>_f16`, the same values in the same order as the ggml-layout kernels.
+//! Q4_K and Q5_K blocks (144 and 176 bytes) are multiples of 16 bytes: rows that start
+//! 16-byte aligned at a 16-byte multiple stride are read in place on the `__dp4a` path
+//! (`mul_mat_vec_qd_c<NC>_<q>`, [`Rows::Aligned`]), the same sums as the staged kernel.
 
 use super::cpy::copy_to;
 use super::mul_mat::{lower_gemm, padded, Gemv};
@@ -33,7 +38,9 @@ use crate::backend::cuda::args::{
     CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, CPY_SAME_SHAPE, GEMV_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, KernelSet};
-use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
+use crate::backend::cuda::lowering::{
+    flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, SMS,
+};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
 
@@ -135,42 +142,88 @@ fn split_copy(lw: &Lowering, a: &Operand, dense: &Operand, addr: u64) -> Result<
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }
 
-/// The decode kernel set for `ncols` columns on the chosen path, for weights in ggml's
-/// layout or (`split`) frozen Q4_0 / Q8_0 weights in split rows.
-fn kernel_set(mmvq: bool, ncols: usize, split: bool) -> KernelSet<1> {
+/// How a decode kernel reads the rows of its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rows {
+    /// ggml's layout, staged through shared memory (the `__dp4a` path) or read as
+    /// 2-byte aligned blocks (the dequantizing path).
+    Ggml,
+    /// Frozen Q4_0 / Q8_0 weights in split rows.
+    Split,
+    /// Split rows in a grid the GPU holds at once ([`one_wave`]): each lane's first
+    /// blocks are loaded before the kernel waits for its predecessor
+    /// (`mul_mat_vec_qsp_c<NC>_<q>`).
+    SplitOneWave,
+    /// ggml's layout at 16-byte aligned rows, read in place: Q4_K and Q5_K on the
+    /// `__dp4a` path (`mul_mat_vec_qd_c<NC>_<q>`).
+    Aligned,
+}
+
+/// The decode kernel set for `ncols` columns on the chosen path and row reading.
+fn kernel_set(mmvq: bool, ncols: usize, rows: Rows) -> KernelSet<1> {
     // by column count: 1, 2, up to 4, up to 8
-    let sets = match (mmvq, split) {
-        (true, false) => [
+    let sets = match (mmvq, rows) {
+        (true, Rows::Ggml) => [
             by::MUL_MAT_VEC_Q_C1,
             by::MUL_MAT_VEC_Q_C2,
             by::MUL_MAT_VEC_Q_C4,
             by::MUL_MAT_VEC_Q_C8,
         ],
-        (true, true) => [
+        (true, Rows::Split) => [
             by::MUL_MAT_VEC_QS_C1,
             by::MUL_MAT_VEC_QS_C2,
             by::MUL_MAT_VEC_QS_C4,
             by::MUL_MAT_VEC_QS_C8,
         ],
-        (false, false) => [
+        (true, Rows::SplitOneWave) => [
+            by::MUL_MAT_VEC_QSP_C1,
+            by::MUL_MAT_VEC_QSP_C2,
+            by::MUL_MAT_VEC_QSP_C4,
+            by::MUL_MAT_VEC_QSP_C8,
+        ],
+        (true, Rows::Aligned) => [
+            by::MUL_MAT_VEC_QD_C1,
+            by::MUL_MAT_VEC_QD_C2,
+            by::MUL_MAT_VEC_QD_C4,
+            by::MUL_MAT_VEC_QD_C8,
+        ],
+        (false, Rows::Ggml | Rows::Aligned) => [
             by::MUL_MAT_VEC_DQ_C1,
             by::MUL_MAT_VEC_DQ_C2,
             by::MUL_MAT_VEC_DQ_C4,
             by::MUL_MAT_VEC_DQ_C8,
         ],
-        (false, true) => [
+        (false, Rows::Split | Rows::SplitOneWave) => [
             by::MUL_MAT_VEC_DQS_C1,
             by::MUL_MAT_VEC_DQS_C2,
             by::MUL_MAT_VEC_DQS_C4,
             by::MUL_MAT_VEC_DQS_C8,
         ],
     };
-    sets[match ncols {
+    sets[cols_index(ncols)]
+}
+
+/// The kernel of a set for `ncols` columns: 1, 2, up to 4, up to 8.
+fn cols_index(ncols: usize) -> usize {
+    match ncols {
         1 => 0,
         2 => 1,
         3 | 4 => 2,
         _ => 3,
-    }]
+    }
+}
+
+/// Thread blocks an SM holds of the decode kernels, by [`cols_index`] (their
+/// `__launch_bounds__` in cuda/mul_mat_q.cu).
+const RESIDENT: [usize; 4] = [8, 8, 6, 4];
+
+/// Whether the grid of a decode product of `m` rows by `ncols` columns fits on the GPU at
+/// once, so that every block can load its first weights before the previous kernel ends.
+/// On the H100 that took the split Q4_0 product of [4096, 4096] from 70 to 86% of the copy
+/// bandwidth and [11008, 4096] from 82 to 93%, but [4096, 11008] (2,752 blocks) from 89
+/// to 85%: blocks past the first wave gain nothing from it (a chain of 48 products).
+fn one_wave(m: usize, ncols: usize) -> bool {
+    m.div_ceil(ROWS) <= SMS * RESIDENT[cols_index(ncols)]
 }
 
 /// Whether `a b` (block-quantized `a`) is a decode product: 1..=8 columns of `b` with
@@ -197,8 +250,11 @@ fn decode_layout(a: &Operand, b: &Operand) -> bool {
 /// ([`q8_1_copy`]).
 pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<(&'s Operand, i64)> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
-    let split = |a: &Operand| lw.weights_split(a).unwrap_or(false);
-    let dp4a = |a: &Operand| kernel_set(true, b.ne[1], split(a)).get([a.dtype]).is_ok();
+    let rows = |a: &Operand| match lw.weights_split(a) {
+        Ok(true) => Rows::Split,
+        _ => Rows::Ggml,
+    };
+    let dp4a = |a: &Operand| kernel_set(true, b.ne[1], rows(a)).get([a.dtype]).is_ok();
     (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a))
         .then_some((b, act_layout(a.dtype)))
 }
@@ -235,12 +291,19 @@ pub(crate) fn gemv(
         .map(|c| c.addr);
     let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
     let q8 = lw.mmvq && (copy.is_some() || !small);
-    let split = match lw.weights_split(a) {
-        Ok(split) => split,
+    let a_addr = lw.addr(a);
+    let rows = match lw.weights_split(a) {
+        Ok(true) if one_wave(m, n) => Rows::SplitOneWave,
+        Ok(true) => Rows::Split,
+        Ok(false) if a_addr % 16 == 0 && a.nb[1] % 16 == 0 => Rows::Aligned,
+        Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
-    let kernel = kernel_set(q8, n, split).get([a.dtype]).ok()?;
-    let a_addr = lw.addr(a);
+    // Aligned rows of a type without in-place kernels take the ggml-layout ones.
+    let kernel = kernel_set(q8, n, rows)
+        .get([a.dtype])
+        .or_else(|_| kernel_set(q8, n, Rows::Ggml).get([a.dtype]))
+        .ok()?;
     let mut args = QGemvArgs {
         a: a_addr,
         b: lw.addr(b),
