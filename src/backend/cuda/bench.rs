@@ -431,47 +431,47 @@ fn gemv_case<'a>(dtype: DType, k: usize, m: usize) -> Case<'a> {
     }
 }
 
+/// How a quantized decode case runs its products.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QPath {
+    /// Each node quantizes its own activations to Q8_1, then the `__dp4a` product.
+    Dp4a,
+    /// Each node dequantizes the weights in registers against F32 activations.
+    Dequantize,
+    /// The `__dp4a` product as a model step runs it: every node reads the same
+    /// activations, so the plan quantizes them to Q8_1 once (in a model the norm before
+    /// the products writes that copy, and no quantizing launch runs) and each node is the
+    /// product kernel alone; the one quantizing launch is counted, spread over the nodes.
+    Dp4aShared,
+}
+
 /// A decode product with block-quantized weights `w` [k, m] of `q` times an F32 vector,
-/// on the Q8_1 + dp4a path (`mmvq`) or the dequantize-in-registers path.
-fn qgemv_case<'a>(q: QType, k: usize, m: usize, mmvq: bool) -> Case<'a> {
+/// on `path`.
+fn qgemv_case<'a>(q: QType, k: usize, m: usize, path: QPath) -> Case<'a> {
     let bytes = (DType::Quant(q).row_bytes(k) * m + 4 * (k + m)) as f64;
-    let path = if mmvq { "q8_1 + dp4a" } else { "dequantize" };
+    let what = match path {
+        QPath::Dp4a => "q8_1 + dp4a",
+        QPath::Dequantize => "dequantize",
+        QPath::Dp4aShared => "product alone: one Q8_1 copy for all nodes",
+    };
+    let shared = std::cell::Cell::new(None);
     Case {
-        name: format!("mul_mat {q} [{k}, {m}] x f32 [{k}] (decode, {path})"),
+        name: format!("mul_mat {q} [{k}, {m}] x f32 [{k}] (decode, {what})"),
         reps: reps_for(bytes),
         bytes,
         flops: 2.0 * (k * m) as f64,
         build: Box::new(move |be, g, r| {
             // Lowering reads the switch when the plan loads, after every node is built.
-            be.set_mmvq(Some(mmvq));
-            let x = g.input(&format!("x{r}"), DType::F32, &[k])?;
-            let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
-            g.mul_mat(w, x)
-        }),
-    }
-}
-
-/// The decode product of [`qgemv_case`] on the Q8_1 + dp4a path as a model step runs it:
-/// every node reads the same activations, so the plan quantizes them to Q8_1 once (in a
-/// model the norm before the products writes that copy, and no quantizing launch runs)
-/// and each node is the product kernel alone. The one quantizing launch is counted,
-/// spread over the nodes.
-fn qgemv_shared_case<'a>(q: QType, k: usize, m: usize) -> Case<'a> {
-    let bytes = (DType::Quant(q).row_bytes(k) * m + 4 * (k + m)) as f64;
-    let x = std::cell::Cell::new(None);
-    Case {
-        name: format!("mul_mat {q} [{k}, {m}] x f32 [{k}] (decode, product alone: one Q8_1 copy for all nodes)"),
-        reps: reps_for(bytes),
-        bytes,
-        flops: 2.0 * (k * m) as f64,
-        build: Box::new(move |be, g, r| {
-            be.set_mmvq(Some(true));
-            let x = match x.get() {
-                Some(x) => x,
-                None => {
-                    let t = g.input("x", DType::F32, &[k])?;
-                    x.set(Some(t));
-                    t
+            be.set_mmvq(Some(path != QPath::Dequantize));
+            let x = match (path, shared.get()) {
+                (QPath::Dp4aShared, Some(x)) => x,
+                (QPath::Dp4aShared, None) => {
+                    let x = g.input("x", DType::F32, &[k])?;
+                    shared.set(Some(x));
+                    x
+                }
+                (QPath::Dp4a | QPath::Dequantize, _) => {
+                    g.input(&format!("x{r}"), DType::F32, &[k])?
                 }
             };
             let w = quant_leaf(be, g, &format!("w{r}"), q, &[k, m], r as u64)?;
@@ -790,13 +790,10 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
     cases.extend(small_cases());
     cases.extend(prefill_cases());
     for q in [QType::Q4_0, QType::Q4_K, QType::Q8_0] {
-        for mmvq in [true, false] {
+        for path in [QPath::Dp4a, QPath::Dequantize, QPath::Dp4aShared] {
             for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
-                cases.push(qgemv_case(q, k, m, mmvq));
+                cases.push(qgemv_case(q, k, m, path));
             }
-        }
-        for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
-            cases.push(qgemv_shared_case(q, k, m));
         }
     }
     for q in [
@@ -807,7 +804,7 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
         QType::Q6_K,
     ] {
         for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
-            cases.push(qgemv_shared_case(q, k, m));
+            cases.push(qgemv_case(q, k, m, QPath::Dp4aShared));
         }
     }
     cases.extend([QType::Q4_0, QType::Q4_K, QType::Q8_0].map(qprefill_case));

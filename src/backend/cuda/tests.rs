@@ -830,6 +830,17 @@ fn q8_1_activations_are_quantized_once() {
     assert!(!lowered_names(&plan, false).contains(&quant));
 }
 
+/// The kernel launches of lowered steps, in order.
+fn kernel_launches(ops: &[Vec<DevOp>]) -> Vec<&super::lowering::Launch> {
+    ops.iter()
+        .flatten()
+        .filter_map(|op| match op {
+            DevOp::Kernel(k) => Some(k),
+            DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+        })
+        .collect()
+}
+
 /// A Q8_1 copy takes the layout of the product that reads it (`ACT_PAIRS` for the
 /// K-quants, `ACT_BLOCKS` for the 32-element types): the fused norm writes the first
 /// product's, and a product of the same activations in the other layout quantizes them
@@ -854,14 +865,7 @@ fn q8_1_copies_take_the_layout_of_their_product() {
     let plan = g.plan(&[a, b]).unwrap();
     let mut lw = Lowering::new(&fake_addr_any, true, 1);
     let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
-    let launches: Vec<&super::lowering::Launch> = ops
-        .iter()
-        .flatten()
-        .filter_map(|op| match op {
-            DevOp::Kernel(k) => Some(k),
-            DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
-        })
-        .collect();
+    let launches = kernel_launches(&ops);
     let names: Vec<&str> = launches.iter().map(|k| k.kernel.name).collect();
     assert_eq!(
         names,
@@ -910,14 +914,7 @@ fn aligned_k_quant_rows_are_read_in_place() {
         for mmvq in [true, false] {
             let mut lw = Lowering::new(&fake_addr_any, mmvq, 1);
             let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
-            let launches: Vec<&super::lowering::Launch> = ops
-                .iter()
-                .flatten()
-                .filter_map(|op| match op {
-                    DevOp::Kernel(k) => Some(k),
-                    DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
-                })
-                .collect();
+            let launches = kernel_launches(&ops);
             let product = launches.last().expect("a product launch");
             if mmvq {
                 assert_eq!(product.kernel.name, want, "{q} at offset {offset}");
@@ -941,15 +938,8 @@ fn aligned_k_quant_rows_are_read_in_place() {
     let plan = g.plan(&[y]).unwrap();
     let mut lw = Lowering::new(&fake_addr_any, true, 1);
     let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
-    let product = ops
-        .iter()
-        .flatten()
-        .filter_map(|op| match op {
-            DevOp::Kernel(k) => Some(k),
-            DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
-        })
-        .next_back()
-        .expect("a product launch");
+    let launches = kernel_launches(&ops);
+    let product = launches.last().expect("a product launch");
     assert_eq!(product.kernel.name, "mul_mat_vec_qd_c1_q4_k");
     assert_eq!(args::<QGemvArgs>(product).prefetch, 0);
 }
