@@ -7,11 +7,11 @@
 //     The values are the CPU's dequantize_row bits (then rounded to f16 for _f16).
 //     Same-shape copies into dense, 16-byte aligned rows (the prefill's F16 weight copies)
 //     take deq_rows: 32-bit index math and 16-byte stores.
-//   cpy_split_<q>_f16 (q4_0, q8_0): cpy_<q>_f16 from a frozen weight in split rows
-//     (SplitQ4_0, SplitQ8_0 in quant.cuh), the prefill's F16 copy of it: deq_rows only
+//   cpy_split_<q>_f16 (q4_0, q4_1, q5_0, q5_1, q8_0): cpy_<q>_f16 from a frozen weight in
+//     split rows (Split in quant.cuh), the prefill's F16 copy of it: deq_rows only
 //     (the lowering checks that it fits, src/backend/cuda/lower/mul_mat_q.rs), the same
 //     values.
-//   split_rows_<q> (q4_0, q8_0): the rows of src (ggml's blocks, dense, rows src.nb[1]
+//   split_rows_<q> (the same types): the rows of src (ggml's blocks, dense, rows src.nb[1]
 //     apart) into split rows at dst (rows dst.nb[1] apart, 16-byte aligned, nb[1] a
 //     multiple of 16): one thread per block, n blocks in all. src and dst must not overlap.
 //   get_rows_<q>: F32 dst row (i1, i2, i3) = dequantized table row ids[i1, i2, i3] of
@@ -112,11 +112,14 @@ __device__ void split_rows(const CpyArgs& p) {
         char* row = p.dst.data + r * p.dst.nb[1];
 #pragma unroll
         for (int w = 0; w < S::QB / 16; ++w) {
-            const char* q = blk + 2 + 16 * w;
+            const char* q = blk + S::H + 16 * w;
             const int4 v = make_int4(ld_i32_a2(q), ld_i32_a2(q + 4), ld_i32_a2(q + 8), ld_i32_a2(q + 12));
             *reinterpret_cast<int4*>(row + S::QB * b + 16 * w) = v;
         }
-        *reinterpret_cast<unsigned short*>(row + S::QB * nb + 2 * b) = (unsigned short)ld_u16(blk);
+#pragma unroll
+        for (int h = 0; h < S::H; h += 2) {
+            *reinterpret_cast<unsigned short*>(row + S::QB * nb + S::H * b + h) = (unsigned short)ld_u16(blk + h);
+        }
     }
 }
 
@@ -130,6 +133,12 @@ extern "C" __global__ void cpy_split_q4_0_f16(const CpyArgs p) { cpy_split<Split
 extern "C" __global__ void cpy_split_q8_0_f16(const CpyArgs p) { cpy_split<SplitQ8_0>(p); }
 extern "C" __global__ void split_rows_q4_0(const CpyArgs p) { split_rows<SplitQ4_0>(p); }
 extern "C" __global__ void split_rows_q8_0(const CpyArgs p) { split_rows<SplitQ8_0>(p); }
+extern "C" __global__ void cpy_split_q4_1_f16(const CpyArgs p) { cpy_split<SplitQ4_1>(p); }
+extern "C" __global__ void cpy_split_q5_0_f16(const CpyArgs p) { cpy_split<SplitQ5_0>(p); }
+extern "C" __global__ void cpy_split_q5_1_f16(const CpyArgs p) { cpy_split<SplitQ5_1>(p); }
+extern "C" __global__ void split_rows_q4_1(const CpyArgs p) { split_rows<SplitQ4_1>(p); }
+extern "C" __global__ void split_rows_q5_0(const CpyArgs p) { split_rows<SplitQ5_0>(p); }
+extern "C" __global__ void split_rows_q5_1(const CpyArgs p) { split_rows<SplitQ5_1>(p); }
 
 extern "C" __global__ void cpy_q4_0_f32(const CpyArgs p) { cpy_deq<BlockQ4_0, float>(p); }
 extern "C" __global__ void cpy_q4_0_f16(const CpyArgs p) { cpy_deq<BlockQ4_0, f16>(p); }

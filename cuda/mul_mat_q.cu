@@ -24,7 +24,7 @@
 //     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
 //     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
 //     the CPU oracle).
-//   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0 and Q8_0 weights in split
+//   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split
 //     rows (SplitQ4_0, SplitQ8_0 in quant.cuh): nothing staged, lane s reads block s's
 //     quants as one or two 16-byte loads straight from memory (a warp's loads are 512
 //     contiguous bytes), its scale as a 2-byte one, then the same dot products in the
@@ -423,6 +423,42 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q8_0(const QGemvArgs p) { dmmv<SplitQ8_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 1, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 1, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 2, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 2, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 4, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 4, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 8, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q4_1(const QGemvArgs p) { mmvq_split<SplitQ4_1, 8, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q4_1(const QGemvArgs p) { dmmv<SplitQ4_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q4_1(const QGemvArgs p) { dmmv<SplitQ4_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q4_1(const QGemvArgs p) { dmmv<SplitQ4_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q4_1(const QGemvArgs p) { dmmv<SplitQ4_1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 1, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 1, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 2, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 2, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 4, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 4, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 8, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q5_0(const QGemvArgs p) { mmvq_split<SplitQ5_0, 8, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q5_0(const QGemvArgs p) { dmmv<SplitQ5_0, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q5_0(const QGemvArgs p) { dmmv<SplitQ5_0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q5_0(const QGemvArgs p) { dmmv<SplitQ5_0, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q5_0(const QGemvArgs p) { dmmv<SplitQ5_0, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c1_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 1, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 1, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qs_c2_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 2, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 2, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 4, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 4, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 8, 0, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q5_1(const QGemvArgs p) { mmvq_split<SplitQ5_1, 8, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 8>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c1_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c2_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 4>(p); }

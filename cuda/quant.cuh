@@ -278,16 +278,22 @@ __device__ __forceinline__ void load_nibbles(const char* qs, int* q) {
     nibbles_of(v, q);
 }
 
-// Quants of a 5-bit block: nibbles at qs, fifth bits in qh (bit i: element i).
-template <typename M>
-__device__ __forceinline__ void load_5bit(const char* qs, unsigned qh, int* q) {
-    int v[4];
-    ld_words<M, 4>(qs, v);
+// The 32 quants of a 5-bit block from its 16 nibble bytes as 4 words v and its fifth bits
+// qh (bit i: element i).
+__device__ __forceinline__ void fives_of(const int* v, unsigned qh, int* q) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         q[k] = (v[k] & 0x0f0f0f0f) | spread4(qh >> (4 * k));
         q[k + 4] = ((v[k] >> 4) & 0x0f0f0f0f) | spread4(qh >> (16 + 4 * k));
     }
+}
+
+// Quants of a 5-bit block: nibbles at qs, fifth bits in qh (fives_of).
+template <typename M>
+__device__ __forceinline__ void load_5bit(const char* qs, unsigned qh, int* q) {
+    int v[4];
+    ld_words<M, 4>(qs, v);
+    fives_of(v, qh, q);
 }
 
 // Elements 8g..8g+7 of a 4-bit block's quants (qs), plus the fifth bits of qh when FIVE.
@@ -340,6 +346,14 @@ struct BlockQ4_0 {
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
     }
+    // Split rows (Split below): the block from its header at h and its quant bytes as words.
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+        nibbles_of(v, w.q);
+        w.d = ld_f16(h);
+    }
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        deq8_at(ld_f16(h), qs, g, v);
+    }
 };
 
 struct BlockQ4_1 {
@@ -359,10 +373,17 @@ struct BlockQ4_1 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return (float)s * (w.d * y.d) + w.m * y.s;
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
-        const float d = ld_f16(b), m = ld_f16(b + 2);
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_split(b, b + 4, g, v); }
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+        w.d = ld_f16(h);
+        w.m = ld_f16(h + 2);
+        nibbles_of(v, w.q);
+    }
+    // deq8 of a block with its header (d, m) at h and its quant bytes at qs.
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        const float d = ld_f16(h), m = ld_f16(h + 2);
         int q[8];
-        quants8_legacy<false>(b + 4, 0, g, q);
+        quants8_legacy<false>(qs, 0, g, q);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(mul_rn((float)q[i], d), m);
     }
@@ -384,10 +405,16 @@ struct BlockQ5_0 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return w.d * ((float)s * y.d - 16.0f * y.s);
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
-        const float d = ld_f16(b);
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_split(b, b + 6, g, v); }
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+        w.d = ld_f16(h);
+        fives_of(v, (unsigned)ld_i32_a2(h + 2), w.q);
+    }
+    // deq8 of a block with its header (d, qh) at h and its quant bytes at qs.
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        const float d = ld_f16(h);
         int q[8];
-        quants8_legacy<true>(b + 6, (unsigned)ld_i32_a2(b + 2), g, q);
+        quants8_legacy<true>(qs, (unsigned)ld_i32_a2(h + 2), g, q);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 16), d);
     }
@@ -410,10 +437,17 @@ struct BlockQ5_1 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return (float)s * (w.d * y.d) + w.m * y.s;
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
-        const float d = ld_f16(b), m = ld_f16(b + 2);
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_split(b, b + 8, g, v); }
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+        w.d = ld_f16(h);
+        w.m = ld_f16(h + 2);
+        fives_of(v, (unsigned)ld_i32_a2(h + 4), w.q);
+    }
+    // deq8 of a block with its header (d, m, qh) at h and its quant bytes at qs.
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        const float d = ld_f16(h), m = ld_f16(h + 2);
         int q[8];
-        quants8_legacy<true>(b + 8, (unsigned)ld_i32_a2(b + 4), g, q);
+        quants8_legacy<true>(qs, (unsigned)ld_i32_a2(h + 4), g, q);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(mul_rn((float)q[i], d), m);
     }
@@ -446,6 +480,14 @@ struct BlockQ8 {
             v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
             v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
         }
+    }
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = v[k];
+        w.d = ld_f16(h);
+    }
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        deq8_at(ld_f16(h), qs, g, v);
     }
 };
 typedef BlockQ8<2, 34> BlockQ8_0;
@@ -657,11 +699,13 @@ struct Blocks {
     }
 };
 
-// Frozen Q4_0 and Q8_0 weights in split rows (src/quant/split.rs, src/backend/cuda/split.rs):
-// a row of nb blocks holds their quant bytes (QB: 16 for Q4_0, 32 for Q8_0) at row + QB b,
-// then their f16 scales at row + QB nb + 2 b; as many bytes as in ggml's layout, nb a
-// multiple of 8 and every row 16-byte aligned, so a block's quants are aligned 16-byte
-// loads. The quants are read once: no L1 allocation.
+// Frozen weights in split rows (src/quant/split.rs, src/backend/cuda/split.rs): a row of nb
+// blocks of B holds their QB quant bytes (16, Q8_0: 32) at row + QB b, then their
+// headers, the block's other H = BYTES - QB bytes in ggml's order (the f16 scale, Q4_1's
+// and Q5_1's f16 min, Q5_0's and Q5_1's 4 bytes of fifth bits), at row + QB nb + H b; as
+// many bytes as in ggml's layout, rows of a multiple of 16 bytes so that every row stays
+// 16-byte aligned and a block's quants are aligned 16-byte loads. The quants are read
+// once: no L1 allocation.
 
 __device__ __forceinline__ int4 ld_stream16(const char* p) {
     int4 v;
@@ -671,32 +715,28 @@ __device__ __forceinline__ int4 ld_stream16(const char* p) {
     return v;
 }
 
-struct SplitQ4_0 {
-    typedef BlockQ4_0 Q;  // the block type: its W and dot
-    static constexpr int QK = 32, BYTES = 18, QB = 16;
-    // Block b as BlockQ4_0::load gives it.
-    static __device__ __forceinline__ void load(const char* row, int nb, int b, Q::W& w) {
-        const int4 v = ld_stream16(row + QB * (i64)b);
-        const int n[4] = {v.x, v.y, v.z, v.w};
-        nibbles_of(n, w.q);
-        w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
+template <typename B, int QB_>
+struct Split {
+    typedef B Q;  // the block type: its W and dot
+    static constexpr int QK = 32, BYTES = B::BYTES, QB = QB_, H = B::BYTES - QB_;
+    static __device__ __forceinline__ const char* head(const char* row, i64 nb, i64 b) { return row + QB * nb + H * b; }
+    // Block b as B::load gives it.
+    static __device__ __forceinline__ void load(const char* row, int nb, int b, typename Q::W& w) {
+        int v[QB / 4];
+#pragma unroll
+        for (int i = 0; i < QB / 16; ++i) {
+            const int4 x = ld_stream16(row + QB * (i64)b + 16 * i);
+            v[4 * i] = x.x, v[4 * i + 1] = x.y, v[4 * i + 2] = x.z, v[4 * i + 3] = x.w;
+        }
+        Q::from_split(head(row, nb, b), v, w);
     }
-    // Elements 8g..8g+7 of block b, as BlockQ4_0::deq8 gives them.
+    // Elements 8g..8g+7 of block b, as B::deq8 gives them.
     static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
-        Q::deq8_at(ld_f16(row + QB * nb + 2 * b), row + QB * b, g, v);
+        Q::deq8_split(head(row, nb, b), row + QB * b, g, v);
     }
 };
-
-struct SplitQ8_0 {
-    typedef BlockQ8_0 Q;
-    static constexpr int QK = 32, BYTES = 34, QB = 32;
-    static __device__ __forceinline__ void load(const char* row, int nb, int b, Q::W& w) {
-        const int4 lo = ld_stream16(row + QB * (i64)b), hi = ld_stream16(row + QB * (i64)b + 16);
-        w.q[0] = lo.x, w.q[1] = lo.y, w.q[2] = lo.z, w.q[3] = lo.w;
-        w.q[4] = hi.x, w.q[5] = hi.y, w.q[6] = hi.z, w.q[7] = hi.w;
-        w.d = ld_f16(row + QB * (i64)nb + 2 * (i64)b);
-    }
-    static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
-        Q::deq8_at(ld_f16(row + QB * nb + 2 * b), row + QB * b, g, v);
-    }
-};
+typedef Split<BlockQ4_0, 16> SplitQ4_0;
+typedef Split<BlockQ4_1, 16> SplitQ4_1;
+typedef Split<BlockQ5_0, 16> SplitQ5_0;
+typedef Split<BlockQ5_1, 16> SplitQ5_1;
+typedef Split<BlockQ8_0, 32> SplitQ8_0;

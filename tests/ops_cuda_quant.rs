@@ -468,8 +468,14 @@ fn prop_mul_mat_prefill() {
 fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
     use proptest::sample::select;
     (
-        select(vec![QType::Q4_0, QType::Q8_0]),
-        select(vec![256usize, 512, 768, 2304, 4096, 96]),
+        select(vec![
+            QType::Q4_0,
+            QType::Q4_1,
+            QType::Q5_0,
+            QType::Q5_1,
+            QType::Q8_0,
+        ]),
+        select(vec![256usize, 512, 768, 2304, 4096, 96, 128, 64]),
         // one wave of blocks (mul_mat_vec_qsp_*) or more (mul_mat_vec_qs_*)
         proptest::prop_oneof![1usize..150, 4225usize..4400],
         select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
@@ -489,10 +495,10 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
         })
 }
 
-/// Frozen Q4_0 and Q8_0 weights (`Backend::freeze_weights`) give the very bytes the same weights
+/// Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (`Backend::freeze_weights`) give the very bytes the same weights
 /// give unfrozen, on both decode paths and the prefill path, in grids of one wave of blocks
 /// and more; the profile shows the split kernels ran exactly when the rows could be split
-/// (a multiple of 256 elements, 16-byte aligned), so the check cannot pass by freezing
+/// (rows of a whole number of 16 bytes, 16-byte aligned), so the check cannot pass by freezing
 /// changing nothing. A view of part of each
 /// frozen row (padded rows) must fail to load with an error naming the tensor.
 #[test]
@@ -639,7 +645,10 @@ fn frozen_weight_past_one_chunk() {
 }
 
 fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), String> {
-    let split = c.stride_elems() % 256 == 0 && c.offset % 16 == 0;
+    // rows of whole 16-byte multiples (Q4_0, Q5_0, Q8_0: 256 elements; Q4_1: 128; Q5_1:
+    // 64) at a 16-byte aligned start
+    let row_bytes = c.stride_elems() / 32 * c.q.block_bytes();
+    let split = row_bytes % 16 == 0 && c.offset % 16 == 0;
     cuda.set_mmvq(Some(mmvq));
     let plain = run_on(c, cuda);
     cuda.set_profiling(true);
@@ -771,7 +780,7 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
     be.free_buffer(buf).unwrap();
 }
 
-/// The `tiny` preset in Q4_0 and in Q8_0 (rows of 256 and 768 elements: every matrix
+/// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (rows of 256 and 768 elements: every matrix
 /// but the embedding table is split when the model freezes its weights) gives the same
 /// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
 /// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
@@ -785,6 +794,9 @@ fn frozen_tiny_model_matches_unfrozen() {
     };
     for (plan, kernel) in [
         (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
+        (QuantPlan::Q4_1, "mul_mat_vec_qsp_c1_q4_1"),
+        (QuantPlan::Q5_0, "mul_mat_vec_qsp_c1_q5_0"),
+        (QuantPlan::Q5_1, "mul_mat_vec_qsp_c1_q5_1"),
         (QuantPlan::Q8_0, "mul_mat_vec_qsp_c1_q8_0"),
     ] {
         tiny_model_split_and_not(&mut be, plan, kernel);

@@ -1,9 +1,9 @@
-//! Frozen Q4_0 and Q8_0 weights in split rows ([`crate::quant::split`]): what
+//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows ([`crate::quant::split`]): what
 //! [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
 //! backend, and the rules that keep the layout invisible from outside.
 //!
-//! - Freezing splits, in place, each Q4_0 or Q8_0 tensor whose rows are a multiple of 256
-//!   elements and start 16-byte aligned (`split_rows_<q>` from a temporary copy), and
+//! - Freezing splits, in place, each tensor of those types whose rows are a whole number
+//!   of 16 bytes and start 16-byte aligned (`split_rows_<q>` from a temporary copy), and
 //!   records it as a [`SplitRows`] region; a tensor whose rows continue a region's (a
 //!   model's q, k and v, stored as one matrix) extends it. Other tensors stay as they are.
 //! - Plans: a mul_mat whose weights (`src[0]`) are whole rows of a region lowers to the
@@ -20,7 +20,7 @@ use crate::graph::{BufferId, DType, Loc, Op, Operand, Plan};
 use crate::quant::split::{join_row, splittable};
 use crate::quant::QType;
 
-/// One frozen Q4_0 or Q8_0 tensor stored in split rows (or several adjacent ones).
+/// One frozen tensor of a type with split rows stored in them (or several adjacent ones).
 #[derive(Clone, Debug)]
 pub(crate) struct SplitRows {
     /// The tensor's name.

@@ -22,7 +22,7 @@
 //!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
 //!    The scratch is part of the loaded plan, so both stay inside a captured graph.
 //!
-//! Frozen Q4_0 and Q8_0 weights in split rows ([`crate::backend::cuda::split`]) take the
+//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows ([`crate::backend::cuda::split`]) take the
 //! same paths with their own kernels: `mul_mat_vec_qs_c<NC>_<q>` (no staging: a lane
 //! reads a block's quants as 16-byte loads; `mul_mat_vec_qsp_c<NC>_<q>` when the grid fits
 //! on the GPU at once, loading each lane's first blocks before the wait),
@@ -148,7 +148,7 @@ enum Rows {
     /// ggml's layout, staged through shared memory (the `__dp4a` path) or read as
     /// 2-byte aligned blocks (the dequantizing path).
     Ggml,
-    /// Frozen Q4_0 / Q8_0 weights in split rows.
+    /// Frozen weights in split rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
     Split,
     /// Split rows in a grid the GPU holds at once ([`one_wave`]): each lane's first
     /// blocks are loaded before the kernel waits for its predecessor
