@@ -495,9 +495,9 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
         })
 }
 
-/// Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (`Backend::freeze_weights`) give the very bytes the same weights
-/// give unfrozen, on both decode paths and the prefill path, in grids of one wave of blocks
-/// and more; the profile shows the split kernels ran exactly when the rows could be split
+/// Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (`Backend::freeze_weights`) give the
+/// very bytes the same weights give unfrozen, on both decode paths and the prefill path,
+/// in grids of one wave of blocks and more; the profile shows the split kernels ran exactly when the rows could be split
 /// (rows of a whole number of 16 bytes, 16-byte aligned), so the check cannot pass by freezing
 /// changing nothing. A view of part of each
 /// frozen row (padded rows) must fail to load with an error naming the tensor.
@@ -780,8 +780,8 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
     be.free_buffer(buf).unwrap();
 }
 
-/// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (rows of 256 and 768 elements: every matrix
-/// but the embedding table is split when the model freezes its weights) gives the same
+/// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (rows of 256 and 768 elements:
+/// every matrix but the embedding table is split when the model freezes its weights) gives the same
 /// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
 /// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
 /// ran.

@@ -1,5 +1,5 @@
-//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows ([`crate::quant::split`]): what
-//! [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
+//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows ([`crate::quant::split`]):
+//! what [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
 //! backend, and the rules that keep the layout invisible from outside.
 //!
 //! - Freezing splits, in place, each tensor of those types whose rows are a whole number
