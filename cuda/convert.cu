@@ -37,7 +37,7 @@ __device__ __forceinline__ bool deq_rows_fit(const CpyArgs& p) {
 // (one division per group) and 16-byte stores. (A thread per 32-element sub-block, the
 // block header read once, measured slower on an H100: 12.8k vs 14.9k tok/s prefill of a
 // Q4_0 7B, two runs of the same day.)
-// R: the row reader (Blocks<Q> or SplitQ4_0, quant.cuh).
+// R: the row reader (Blocks<Q> or Split, quant.cuh).
 template <typename R, typename D>
 __device__ void deq_rows(const CpyArgs& p) {
     const unsigned per_row = (unsigned)(p.src.ne[0] / 8), groups = (unsigned)(p.n / 8);

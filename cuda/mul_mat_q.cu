@@ -24,19 +24,20 @@
 //     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
 //     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
 //     the CPU oracle).
-//   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split
-//     rows (SplitQ4_0, SplitQ8_0 in quant.cuh): nothing staged, lane s reads block s's
+//   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+//     weights in split rows (Split in quant.cuh): nothing staged, lane s reads block s's
 //     quants as one or two 16-byte loads straight from memory (a warp's loads are 512
-//     contiguous bytes), its scale as a 2-byte one, then the same dot products in the
-//     same order as mul_mat_vec_q_c<NC>_<q>, so the same sums. Two blocks a lane in flight (unroll 2,
-//     48 registers): on the H100 that read the 7B shapes at 70 / 89 / 82 / 92% of the copy
+//     contiguous bytes), its header as 2-byte ones, then the same dot products in the
+//     same order as mul_mat_vec_q_c<NC>_<q>, so the same sums. Two blocks a lane in
+//     flight (unroll 2, 48 registers for Q4_0): on the H100 that read the 7B shapes at
+//     70 / 89 / 82 / 92% of the copy
 //     bandwidth where the staged kernel read 66 / 81 / 74 / 84% ([4096, 4096] /
 //     [4096, 11008] / [11008, 4096] / [4096, 12288], a replayed chain of 48 products with
 //     programmatic dependent launch; unroll 1, 3, 4 and 8 and 8 rows a block measured
 //     slower).
 //   mul_mat_vec_qsp_c<NC>_<q>: the same for grids the GPU holds at once (the launcher's
 //     one_wave): every block is resident from the start, so each lane's first blocks
-//     (Q4_0: 4, Q8_0: 1, then unroll 4) are loaded before the wait, overlapping the
+//     (Q8_0: 1, then unroll 4; the others 4) are loaded before the wait, overlapping the
 //     previous kernel's tail. In the same chain: Q4_0 [4096, 4096] 70 -> 86% and
 //     [11008, 4096] 82 -> 93%, Q8_0 80 -> 82% and 88 -> 89%; on multi-wave grids
 //     ([4096, 11008]) it lost 2-3%, so those keep mul_mat_vec_qs.
@@ -257,7 +258,7 @@ __device__ void mmvq_direct(const QGemvArgs& p) {
     write_row<NC>(p, row, acc, lane);
 }
 
-// S: the split-row reader (SplitQ4_0, SplitQ8_0 in quant.cuh). PRE > 0 (the qsp kernels,
+// S: the split-row reader (Split in quant.cuh). PRE > 0 (the qsp kernels,
 // for grids the GPU holds at once): the lane's first PRE blocks are loaded before the
 // wait when nothing in the plan writes the weights. U: blocks a lane in flight.
 template <typename S, int NC, int PRE, int U>
@@ -291,7 +292,7 @@ __device__ void mmvq_split(const QGemvArgs& p) {
     write_row<NC>(p, row, acc, lane);
 }
 
-// R: the row reader (Blocks<Q>, SplitQ4_0 or SplitQ8_0, quant.cuh).
+// R: the row reader (Blocks<Q> or Split, quant.cuh).
 template <typename R, int NC>
 __device__ void dmmv(const QGemvArgs& p) {
     pdl_launch_dependents();

@@ -338,21 +338,19 @@ struct BlockQ4_0 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return w.d * ((float)s * y.d - 8.0f * y.s);
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_at(ld_f16(b), b + 2, g, v); }
-    // deq8 of a block with scale d and its 16 quant bytes at qs (split rows keep them apart).
-    static __device__ __forceinline__ void deq8_at(float d, const char* qs, int g, float* v) {
-        int q[8];
-        quants8_legacy<false>(qs, 0, g, q);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
-    }
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_split(b, b + 2, g, v); }
     // Split rows (Split below): the block from its header at h and its quant bytes as words.
     static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
         nibbles_of(v, w.q);
         w.d = ld_f16(h);
     }
+    // deq8 of a block with its header (d) at h and its quant bytes at qs.
     static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
-        deq8_at(ld_f16(h), qs, g, v);
+        const float d = ld_f16(h);
+        int q[8];
+        quants8_legacy<false>(qs, 0, g, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(q[i] - 8), d);
     }
 };
 
@@ -471,23 +469,21 @@ struct BlockQ8 {
         const int s = dp4a_sum<0, 8>(w.q, y.q);
         return w.d * y.d * (float)s;
     }
-    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_at(ld_f16(b), b + QS, g, v); }
-    // deq8 of a block with scale d and its 32 quant bytes at qs (split rows keep them apart).
-    static __device__ __forceinline__ void deq8_at(float d, const char* qs, int g, float* v) {
+    static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { deq8_split(b, b + QS, g, v); }
+    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = v[k];
+        w.d = ld_f16(h);
+    }
+    // deq8 of a block with its scale at h and its 32 quant bytes at qs.
+    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
+        const float d = ld_f16(h);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const unsigned u = ld_u16(qs + 8 * g + 2 * k);
             v[2 * k] = mul_rn((float)(signed char)(u & 0xffu), d);
             v[2 * k + 1] = mul_rn((float)(signed char)(u >> 8), d);
         }
-    }
-    static __device__ __forceinline__ void from_split(const char* h, const int* v, W& w) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) w.q[k] = v[k];
-        w.d = ld_f16(h);
-    }
-    static __device__ __forceinline__ void deq8_split(const char* h, const char* qs, int g, float* v) {
-        deq8_at(ld_f16(h), qs, g, v);
     }
 };
 typedef BlockQ8<2, 34> BlockQ8_0;

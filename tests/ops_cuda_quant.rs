@@ -541,8 +541,9 @@ fn prop_aligned_k_quant_rows_match_staged() {
             offset: c.offset + 2,
             ..c.clone()
         };
-        let (aligned, aligned_kernels) = run_profiled(c, cuda)?;
-        let (staged, staged_kernels) = run_profiled(&staged_case, cuda)?;
+        let (aligned, aligned_kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
+        let (staged, staged_kernels) = profiled(cuda, true, |cuda| run_on(&staged_case, cuda));
+        let (aligned, staged) = (aligned?.1, staged?.1);
         let nc = match c.n {
             1 => 1,
             2 => 2,
@@ -565,17 +566,20 @@ fn prop_aligned_k_quant_rows_match_staged() {
     });
 }
 
-/// Runs `c` on the Q8_1 path with the profiler on: the result bytes and the kernels of
-/// every step.
-fn run_profiled(c: &QCase, cuda: &mut CudaBackend) -> Result<(Vec<u8>, Vec<String>), String> {
-    cuda.set_mmvq(Some(true));
+/// Runs `f` on `cuda` on the decode path `mmvq` (the Q8_1 one when true) with the
+/// profiler on, then puts both back: what `f` returned and the kernels of every step.
+fn profiled<T>(
+    cuda: &mut CudaBackend,
+    mmvq: bool,
+    f: impl FnOnce(&mut CudaBackend) -> T,
+) -> (T, Vec<String>) {
+    cuda.set_mmvq(Some(mmvq));
     cuda.set_profiling(true);
-    let out = run_on(c, cuda);
+    let out = f(cuda);
     let profile = cuda.take_profile();
     cuda.set_profiling(false);
     cuda.set_mmvq(None);
-    let kernels = profile.into_iter().map(|s| s.kernels).collect();
-    Ok((out?.1, kernels))
+    (out, profile.into_iter().map(|s| s.kernels).collect())
 }
 
 /// Q4_K weights quantized by the plan itself (a cast into the arena, 16-byte aligned)
@@ -614,19 +618,11 @@ fn k_quant_weights_written_by_the_plan_are_read_after_the_wait() {
             .collect())
     };
     let want = run(&mut cpu).unwrap();
-    cuda.set_mmvq(Some(true));
-    cuda.set_profiling(true);
-    let got = run(&mut cuda);
-    let profile = cuda.take_profile();
-    cuda.set_profiling(false);
-    cuda.set_mmvq(None);
+    let (got, kernels) = profiled(&mut cuda, true, |cuda| run(cuda));
     let got = got.unwrap();
     assert!(
-        profile
-            .iter()
-            .any(|s| s.kernels.contains("mul_mat_vec_qd_c1_q4_k")),
-        "{:?}",
-        profile.iter().map(|s| &s.kernels).collect::<Vec<_>>()
+        kernels.iter().any(|k| k.contains("mul_mat_vec_qd_c1_q4_k")),
+        "{kernels:?}"
     );
     let e = qs::nmse(&got, &want);
     assert!(e <= NMSE_MMVQ, "NMSE vs cpu {e:e}");
@@ -651,11 +647,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
     let split = row_bytes % 16 == 0 && c.offset % 16 == 0;
     cuda.set_mmvq(Some(mmvq));
     let plain = run_on(c, cuda);
-    cuda.set_profiling(true);
-    let frozen = qs::run_frozen(c, cuda);
-    let profile = cuda.take_profile();
-    cuda.set_profiling(false);
-    cuda.set_mmvq(None);
+    let (frozen, kernels) = profiled(cuda, mmvq, |cuda| qs::run_frozen(c, cuda));
     let what = format!("{c:?} (mmvq {mmvq})");
     if split && c.pad > 0 {
         return match frozen {
@@ -671,7 +663,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
     if let Some(d) = first_diff(&got, &want, 4) {
         return Err(format!("{what}: frozen and unfrozen results differ: {d}"));
     }
-    let ran_split = profile.iter().any(|s| {
+    let ran_split = kernels.iter().any(|s| {
         [
             "mul_mat_vec_qs_",
             "mul_mat_vec_qsp_",
@@ -679,10 +671,9 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
             "cpy_split_",
         ]
         .iter()
-        .any(|k| s.kernels.contains(k))
+        .any(|k| s.contains(k))
     });
     if ran_split != split {
-        let kernels: Vec<&str> = profile.iter().map(|s| s.kernels.as_str()).collect();
         return Err(format!(
             "{what}: split kernels ran: {ran_split}, expected {split}: {kernels:?}"
         ));

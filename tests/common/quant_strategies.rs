@@ -634,16 +634,8 @@ pub fn mul_mat_decode() -> BoxedStrategy<QCase> {
     )
         .prop_flat_map(|(q, seed, rows, pad, n, add)| {
             blocks(q).prop_map(move |k| QCase {
-                op: QOp::MulMat { add },
-                q,
-                k,
-                rows,
                 pad,
-                offset: 0,
-                n,
-                a_batch: [1, 1],
-                repeat: [1, 1],
-                seed,
+                ..QCase::mul_mat(q, k, rows, n, add, seed)
             })
         })
         .boxed()

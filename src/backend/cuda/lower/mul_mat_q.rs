@@ -299,11 +299,13 @@ pub(crate) fn gemv(
         Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
-    // Aligned rows of a type without in-place kernels take the ggml-layout ones.
-    let kernel = kernel_set(q8, n, rows)
-        .get([a.dtype])
-        .or_else(|_| kernel_set(q8, n, Rows::Ggml).get([a.dtype]))
-        .ok()?;
+    let kernel = match kernel_set(q8, n, rows).get([a.dtype]) {
+        Ok(kernel) => kernel,
+        // Aligned rows of a type without in-place kernels: the ggml-layout ones read them
+        // too. (Split rows never fall back: those kernels would misread them.)
+        Err(_) if rows == Rows::Aligned => kernel_set(q8, n, Rows::Ggml).get([a.dtype]).ok()?,
+        Err(_) => return None,
+    };
     let mut args = QGemvArgs {
         a: a_addr,
         b: lw.addr(b),
