@@ -7,13 +7,14 @@
 //     The values are the CPU's dequantize_row bits (then rounded to f16 for _f16).
 //     Same-shape copies into dense, 16-byte aligned rows (the prefill's F16 weight copies)
 //     take deq_rows: 32-bit index math and 16-byte stores.
-//   cpy_split_<q>_f16 (q4_0, q4_1, q5_0, q5_1, q8_0): cpy_<q>_f16 from a frozen weight in
-//     split rows (Split in quant.cuh), the prefill's F16 copy of it: deq_rows only
+//   cpy_split_<q>_f16 (q4_0, q4_1, q5_0, q5_1, q8_0, q5_k, q6_k): cpy_<q>_f16 from a frozen
+//     weight in split rows (Split, SplitQ5_K, SplitQ6_K in quant.cuh), the prefill's F16 copy: deq_rows only
 //     (the lowering checks that it fits, src/backend/cuda/lower/mul_mat_q.rs), the same
 //     values.
 //   split_rows_<q> (the same types): the rows of src (ggml's blocks, dense, rows src.nb[1]
 //     apart) into split rows at dst (rows dst.nb[1] apart, 16-byte aligned, nb[1] a
-//     multiple of 16): one thread per block, n blocks in all. src and dst must not overlap.
+//     multiple of 16; Q6_K: any even address and row length, rows rotated by their
+//     address): one thread per block, n blocks in all. src and dst must not overlap.
 //   get_rows_<q>: F32 dst row (i1, i2, i3) = dequantized table row ids[i1, i2, i3] of
 //     matrix (i2, i3). One block per dst row, a thread per 8-element group; an id outside
 //     0..rows is recorded in the index-error record and its dst row zero-filled.
@@ -101,26 +102,91 @@ __device__ void get_rows_q(const RowsArgs& p) {
     }
 }
 
-// split_rows_<q>: one thread per block of S's type.
-template <typename S>
-__device__ void split_rows(const CpyArgs& p) {
+// The loop of the split_rows_<q> kernels, one thread per block (n blocks in all): f(blk,
+// row, nb, b) for block b of each row of nb blocks, blk its ggml bytes in src, row the
+// row of dst it goes to.
+template <int QK, int BYTES, typename F>
+__device__ __forceinline__ void each_block(const CpyArgs& p, F f) {
     pdl_enter();
-    const i64 nb = p.src.ne[0] / S::QK;
+    const i64 nb = p.src.ne[0] / QK;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
         const i64 r = i / nb, b = i - r * nb;
-        const char* blk = p.src.data + r * p.src.nb[1] + S::BYTES * b;
-        char* row = p.dst.data + r * p.dst.nb[1];
+        f(p.src.data + r * p.src.nb[1] + BYTES * b, p.dst.data + r * p.dst.nb[1], nb, b);
+    }
+}
+
+// The 16 bytes at a 2-byte aligned address.
+__device__ __forceinline__ int4 ld16_a2(const char* q) {
+    return make_int4(ld_i32_a2(q), ld_i32_a2(q + 4), ld_i32_a2(q + 8), ld_i32_a2(q + 12));
+}
+
+// split_rows_<q> of the 32-element types (Split in quant.cuh).
+template <typename S>
+__device__ void split_rows(const CpyArgs& p) {
+    each_block<S::QK, S::BYTES>(p, [](const char* blk, char* row, i64 nb, i64 b) {
 #pragma unroll
         for (int w = 0; w < S::QB / 16; ++w) {
-            const char* q = blk + S::H + 16 * w;
-            const int4 v = make_int4(ld_i32_a2(q), ld_i32_a2(q + 4), ld_i32_a2(q + 8), ld_i32_a2(q + 12));
-            *reinterpret_cast<int4*>(row + S::QB * b + 16 * w) = v;
+            *reinterpret_cast<int4*>(row + S::QB * b + 16 * w) = ld16_a2(blk + S::H + 16 * w);
         }
 #pragma unroll
         for (int h = 0; h < S::H; h += 2) {
             *reinterpret_cast<unsigned short*>(row + S::QB * nb + S::H * b + h) = (unsigned short)ld_u16(blk + h);
         }
-    }
+    });
+}
+
+// split_rows_q6_k, into the layout of SplitQ6_K (quant.cuh).
+__device__ void split_rows_q6k(const CpyArgs& p) {
+    each_block<256, 210>(p, [](const char* blk, char* row, i64 nb, i64 b) {
+        const int o = SplitQ6_K::rot(row);
+#pragma unroll
+        for (int pr = 0; pr < 4; ++pr) {
+            const int c = pr >> 1, tt = pr & 1;  // half c, sub-blocks 4c + 2tt and 4c + 2tt + 1
+            int w[12];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const unsigned l0 = (unsigned)ld_i32_a2(blk + 64 * c + 4 * k);
+                const unsigned l1 = (unsigned)ld_i32_a2(blk + 64 * c + 32 + 4 * k);
+                w[k] = (int)(((l0 >> (4 * tt)) & 0x0f0f0f0fu) | (((l1 >> (4 * tt)) & 0x0f0f0f0fu) << 4));
+            }
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                unsigned hw = 0;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const unsigned h = (unsigned)ld_i32_a2(blk + 128 + 32 * c + 4 * (m + 4 * (s & 1)));
+                    hw |= ((h >> (2 * (2 * tt + (s >> 1)))) & 0x03030303u) << (2 * s);
+                }
+                w[8 + m] = (int)hw;
+            }
+            int4* dst = reinterpret_cast<int4*>(row + o + 192 * b + 48 * pr);
+#pragma unroll
+            for (int v = 0; v < 3; ++v) dst[v] = make_int4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+        }
+        *reinterpret_cast<int4*>(row + o + 192 * nb + 16 * b) = ld16_a2(blk + 192);
+        i64 at = 208 * nb + 2 * b + o;
+        if (at >= 210 * nb) at -= 210 * nb;
+        *reinterpret_cast<unsigned short*>(row + at) = (unsigned short)ld_u16(blk + 208);
+    });
+}
+
+// split_rows_q5_k, into the layout of SplitQ5_K (quant.cuh).
+__device__ void split_rows_q5k(const CpyArgs& p) {
+    each_block<256, 176>(p, [](const char* blk, char* row, i64 nb, i64 b) {
+        *reinterpret_cast<int4*>(row + 160 * nb + 16 * b) = ld16_a2(blk);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) *reinterpret_cast<int4*>(row + 128 * b + 16 * w) = ld16_a2(blk + 48 + 16 * w);
+        unsigned qh[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) qh[k] = (unsigned)ld_i32_a2(blk + 16 + 4 * k);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned h = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) h |= ((qh[k] >> j) & 0x01010101u) << k;
+            *reinterpret_cast<unsigned*>(row + 128 * nb + 32 * b + 4 * j) = h;
+        }
+    });
 }
 
 template <typename S>
@@ -167,3 +233,7 @@ extern "C" __global__ void get_rows_q5_k(const RowsArgs p) { get_rows_q<BlockQ5_
 extern "C" __global__ void cpy_q6_k_f32(const CpyArgs p) { cpy_deq<BlockQ6_K, float>(p); }
 extern "C" __global__ void cpy_q6_k_f16(const CpyArgs p) { cpy_deq<BlockQ6_K, f16>(p); }
 extern "C" __global__ void get_rows_q6_k(const RowsArgs p) { get_rows_q<BlockQ6_K>(p); }
+extern "C" __global__ void cpy_split_q6_k_f16(const CpyArgs p) { cpy_split<SplitQ6_K>(p); }
+extern "C" __global__ void split_rows_q6_k(const CpyArgs p) { split_rows_q6k(p); }
+extern "C" __global__ void cpy_split_q5_k_f16(const CpyArgs p) { cpy_split<SplitQ5_K>(p); }
+extern "C" __global__ void split_rows_q5_k(const CpyArgs p) { split_rows_q5k(p); }

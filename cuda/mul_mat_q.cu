@@ -48,6 +48,15 @@
 //     Q4_K in the chain: 65 / 77 / 73% -> 79 / 85 / 87% of the copy bandwidth on
 //     [4096, 4096] / [4096, 11008] / [11008, 4096] (the same kernel without the early
 //     pair: 59 / 82 / 67%).
+//   mul_mat_vec_qs_c<NC>_<q>, mul_mat_vec_qsp_c<NC>_<q> for q5_k and q6_k: frozen weights
+//     in split rows (SplitQ5_K, SplitQ6_K in quant.cuh), read by mmvq_direct: each lane's
+//     pair of sub-blocks is Q6_K's three 16-byte loads of repacked quants and one 4-byte
+//     load of its scales, or Q5_K's two 16-byte loads of quants, one 8-byte load of its
+//     fifth bits and one 16-byte load of the header, the first pair before the wait; the
+//     pairs and order of mul_mat_vec_q, so the same sums.
+//     qs keeps two more pairs a lane in flight (unroll 2), which costs the registers of
+//     the eighth block an SM; qsp, for grids the GPU holds at once at 8 blocks an SM (the
+//     7B shapes of 4,096 rows: 1,024 blocks), keeps one.
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
 //     vec, scalar otherwise). mul_mat_vec_dqs_c<NC>_<q>: the same on split rows.
@@ -222,22 +231,32 @@ __device__ __forceinline__ void load_first(const char* a, int nb, int lane, type
     }
 }
 
-// Q4_K and Q5_K rows at 16-byte aligned addresses, read in place: lane t takes the pairs
-// of sub-blocks 2t and 2t + 1, 2t + 64 and 2t + 65, ... (the pairs and the order of
-// mmvq's chunk_pairs, so the same sums), each pair's block header and quant bytes as
-// 16-byte loads straight from global memory, nothing staged. The first pair is loaded
-// before the wait when nothing in the plan writes the weights.
-template <typename Q, int NC>
+// Q4_K and Q5_K rows at 16-byte aligned addresses, read in place (the reader of
+// mmvq_direct): a pair's block header and quant bytes as 16-byte loads.
+template <typename B>
+struct InPlace {
+    typedef B Q;
+    static constexpr int QK = B::QK;
+    static __device__ __forceinline__ void load2(const char* row, int, int s, typename Q::W& wa, typename Q::W& wb) {
+        Q::template load2<GLOBAL16>(row + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
+    }
+};
+
+// Rows of a K-quant read in place by R (InPlace, or SplitQ6_K for frozen Q6_K weights):
+// lane t takes the pairs of sub-blocks 2t and 2t + 1, 2t + 64 and 2t + 65, ... (the pairs
+// and the order of mmvq's chunk_pairs, so the same sums) straight from global memory,
+// nothing staged. The first pair is loaded before the wait when nothing in the plan
+// writes the weights. U: pairs a lane in flight after the first.
+template <typename R, int NC, int U>
 __device__ void mmvq_direct(const QGemvArgs& p) {
+    typedef typename R::Q Q;
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + warp;
     if (row >= p.m) return;  // the whole warp
     const char* a = p.a + row * p.a_nb1;
-    const int nsub = (int)(p.k / 32);
-    const auto load = [&](int s, typename Q::W& wa, typename Q::W& wb) {
-        Q::template load2<GLOBAL16>(a + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
-    };
+    const int nsub = (int)(p.k / 32), nb = (int)(p.k / R::QK);
+    const auto load = [&](int s, typename Q::W& wa, typename Q::W& wb) { R::load2(a, nb, s, wa, wb); };
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
@@ -249,7 +268,7 @@ __device__ void mmvq_direct(const QGemvArgs& p) {
         if (p.prefetch) pdl_wait();
         if (s0 < nsub) dot_pairs<Q, NC>(p, wa, wb, 0, s0, acc);
     }
-#pragma unroll 2
+#pragma unroll U
     for (int s = s0 + 2 * WARP_SIZE; s < nsub; s += 2 * WARP_SIZE) {
         typename Q::W wa, wb;
         load(s, wa, wb);
@@ -332,7 +351,11 @@ __device__ void dmmv(const QGemvArgs& p) {
 // NC accumulators. Two exceptions for 1-2 columns: Q8_0 asks for 6, as many as its 35 KB
 // of staging buffers let an H100 SM hold anyway (the registers that frees took the 7B
 // decode from 279.9 to 282.5 tok/s), and Q5_K for 7, which its pairs need so as not to
-// spill (344.7 against 341.5 with 8 and 36 bytes of spills).
+// spill (344.7 against 341.5 with 8 and 36 bytes of spills). The frozen Q6_K qs kernels
+// ask for 7 (1 column) and 5 (2 columns), the most at which their two pairs in flight do
+// not spill (nvcc 13.0: 28 and 60 bytes of spills at 8); with one pair in flight (qsp)
+// 8 do not. The Q5_K qs kernels ask for 7 (c1 spills 4 bytes at 6 and 7, 8 at 8, as the
+// in-place qd_c1_q5_k does at 6).
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c1_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 1>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_q_c2_q4_0(const QGemvArgs p) { mmvq<BlockQ4_0, 2>(p); }
@@ -460,11 +483,35 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q5_1(const QGemvArgs p) { dmmv<SplitQ5_1, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c1_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c2_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q4_k(const QGemvArgs p) { mmvq_direct<BlockQ4_K, 8>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c1_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 1>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c2_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 2>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 4>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q5_k(const QGemvArgs p) { mmvq_direct<BlockQ5_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c1_q4_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ4_K>, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qd_c2_q4_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ4_K>, 2, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q4_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ4_K>, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q4_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ4_K>, 8, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c1_q5_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ5_K>, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c2_q5_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ5_K>, 2, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qd_c4_q5_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ5_K>, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qd_c8_q5_k(const QGemvArgs p) { mmvq_direct<InPlace<BlockQ5_K>, 8, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 7) mul_mat_vec_qs_c1_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 5) mul_mat_vec_qs_c2_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 2, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 2, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 4, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 8, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q6_k(const QGemvArgs p) { mmvq_direct<SplitQ6_K, 8, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q6_k(const QGemvArgs p) { dmmv<SplitQ6_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q6_k(const QGemvArgs p) { dmmv<SplitQ6_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q6_k(const QGemvArgs p) { dmmv<SplitQ6_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q6_k(const QGemvArgs p) { dmmv<SplitQ6_K, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 7) mul_mat_vec_qs_c1_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 1, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c1_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 1, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 7) mul_mat_vec_qs_c2_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 2, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_qsp_c2_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 2, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qs_c4_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 4, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_qsp_c4_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 4, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qs_c8_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 8, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_qsp_c8_q5_k(const QGemvArgs p) { mmvq_direct<SplitQ5_K, 8, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c1_q5_k(const QGemvArgs p) { dmmv<SplitQ5_K, 1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_dqs_c2_q5_k(const QGemvArgs p) { dmmv<SplitQ5_K, 2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_dqs_c4_q5_k(const QGemvArgs p) { dmmv<SplitQ5_K, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 4) mul_mat_vec_dqs_c8_q5_k(const QGemvArgs p) { dmmv<SplitQ5_K, 8>(p); }

@@ -736,3 +736,151 @@ typedef Split<BlockQ4_1, 16> SplitQ4_1;
 typedef Split<BlockQ5_0, 16> SplitQ5_0;
 typedef Split<BlockQ5_1, 16> SplitQ5_1;
 typedef Split<BlockQ8_0, 32> SplitQ8_0;
+
+// Frozen Q6_K weights in split rows (src/quant/split.rs): a row of nb >= 8 blocks holds one
+// sequence of every block's 192 quant bytes (block b at 192 b), then every block's 16
+// scales (at 192 nb + 16 b), then every block's d (at 208 nb + 2 b), as many bytes as
+// ggml's row, rotated forward by the distance from the row's start to the next 16-byte
+// boundary: a row's quants are aligned 16-byte loads wherever it starts (210-byte blocks
+// leave a row of 11008 elements 9030 bytes long, so rows start at every even offset),
+// and only the last d's wrap around to the row's start. A block's quants are its four
+// pairs of sub-blocks (2p, 2p + 1), 48 bytes each at 48 p: 32 bytes of low nibbles
+// (element i of sub-block 2p in the low half of byte i, of 2p + 1 in the high half), then
+// 16 bytes of high bit pairs (element 4k + i of sub-block 2p + u in byte i of word k % 4,
+// at bits 2 (2u + k / 4)). A lane's pair is three 16-byte loads and one 4-byte load of its
+// four scales.
+struct SplitQ6_K {
+    // Sub-block 2p + u of a pair in registers as loaded (the pair's repacked quants, its
+    // four scales, d), decoded in dot: the two sub-blocks of a pair share their registers,
+    // so that two pairs in flight fit in those of 8 blocks an SM. dot gives
+    // BlockQ6_K::dot's sums from the same values.
+    struct Q {
+        struct W {
+            int n[8], h[4];
+            unsigned sc;
+            float d;
+            int u;
+        };
+        static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+            int q[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const unsigned n = (unsigned)w.n[k] >> (4 * w.u), hk = (unsigned)w.h[k & 3] >> (2 * (k >> 2) + 4 * w.u);
+                q[k] = (int)__vsub4((n & 0x0f0f0f0fu) | ((hk & 0x03030303u) << 4), 0x20202020u);
+            }
+            const int sa = dp4a_sum<0, 4>(q, y.q), sb = dp4a_sum<4, 8>(q, y.q);
+            const int ca = (int)(signed char)((w.sc >> (16 * w.u)) & 0xffu);
+            const int cb = (int)(signed char)((w.sc >> (16 * w.u + 8)) & 0xffu);
+            return w.d * (y.d * (float)(ca * sa + cb * sb));
+        }
+    };
+    static constexpr int QK = 256, BYTES = 210, SUBS = 8;
+    // The rotation of the row at `row` (even: blocks are 210 bytes).
+    static __device__ __forceinline__ int rot(const char* row) { return (int)((0u - (unsigned)(uintptr_t)row) & 15u); }
+    static __device__ __forceinline__ float d(const char* row, int o, i64 nb, i64 b) {
+        i64 at = 208 * nb + 2 * b + o;
+        if (at >= 210 * nb) at -= 210 * nb;
+        return ld_f16(row + at);
+    }
+    // Sub-blocks s (even) and s + 1 of the row.
+    static __device__ __forceinline__ void load2(const char* row, int nb, int s, Q::W& w0, Q::W& w1) {
+        const int o = rot(row), b = s >> 3, p = (s & 7) >> 1;
+        const char* q = row + o + 192 * (i64)b + 48 * p;
+        const int4 n0 = ld_stream16(q), n1 = ld_stream16(q + 16), h = ld_stream16(q + 32);
+        w0.n[0] = n0.x, w0.n[1] = n0.y, w0.n[2] = n0.z, w0.n[3] = n0.w;
+        w0.n[4] = n1.x, w0.n[5] = n1.y, w0.n[6] = n1.z, w0.n[7] = n1.w;
+        w0.h[0] = h.x, w0.h[1] = h.y, w0.h[2] = h.z, w0.h[3] = h.w;
+        w0.sc = __ldg(reinterpret_cast<const unsigned*>(row + o + 192 * (i64)nb + 16 * b + 4 * p));
+        w0.d = d(row, o, nb, b);
+        w0.u = 0;
+        w1 = w0;
+        w1.u = 1;
+    }
+    // Elements 8g..8g+7 of block b, as BlockQ6_K::deq8 gives them.
+    static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
+        const int o = rot(row), j = g >> 2, gg = g & 3;
+        const char* q = row + o + 192 * b + 48 * (j >> 1);
+        const uint2 nib = __ldg(reinterpret_cast<const uint2*>(q + 8 * gg));
+        const uint2 hb = __ldg(reinterpret_cast<const uint2*>(q + 32 + 8 * (gg & 1)));
+        const int ns = 4 * (j & 1), hs = 2 * (2 * (j & 1) + (gg >> 1));
+        const float dj = mul_rn(d(row, o, nb, b), (float)(signed char)ld_u8(row + o + 192 * nb + 16 * b, 2 * j + (gg >> 1)));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const unsigned w = i < 4 ? nib.x : nib.y, h = i < 4 ? hb.x : hb.y;
+            const int sh = 8 * (i & 3);
+            const int q6 = (int)(((w >> (sh + ns)) & 15u) | (((h >> (sh + hs)) & 3u) << 4)) - 32;
+            v[i] = mul_rn(dj, (float)q6);
+        }
+    }
+};
+
+// Frozen Q5_K weights in split rows (src/quant/split.rs): a row of nb blocks holds every
+// block's 128 quant bytes as ggml has them (block b at 128 b), then every block's fifth
+// bits by pair of sub-blocks (at 128 nb + 32 b + 8 p: for sub-block 2p + u, the word at
+// 4u whose byte i holds at bit k the fifth bit of element 4k + i), then every block's 16
+// header bytes (d, dmin, scales; at 160 nb + 16 b). 176-byte blocks keep rows of whole
+// blocks 16-byte aligned, so nothing is rotated. A lane's pair is two 16-byte loads of
+// quants, one 8-byte load of fifth bits and one 16-byte load of the header, where the
+// in-place kernel loads all 32 bytes of fifth bits; the values are BlockQ5_K's, so the
+// same sums.
+struct SplitQ5_K {
+    // One sub-block in registers: the pair's quant bytes (sub-block j's nibbles), its
+    // fifth bits as one word, its scale and min.
+    struct Q {
+        struct W {
+            int qs[8], h;
+            int j, sc, m;
+            float d, dmin;
+        };
+        static __device__ __forceinline__ float dot(const W& w, const Act& y) {
+            const int shift = 4 * (w.j & 1);
+            int q[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) q[k] = ((w.qs[k] >> shift) & 0x0f0f0f0f) | (((w.h >> k) & 0x01010101) << 4);
+            const int s = dp4a_sum<0, 8>(q, y.q);
+            return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
+        }
+    };
+    static constexpr int QK = 256, BYTES = 176, SUBS = 8;
+    // Sub-blocks s (even) and s + 1 of the row.
+    static __device__ __forceinline__ void load2(const char* row, int nb, int s, Q::W& w0, Q::W& w1) {
+        const int b = s >> 3, j = s & 7;
+        int h[4];
+        ld_smem<GLOBAL16, 4>(row + 160 * (i64)nb + 16 * b, h);
+        ld_smem<GLOBAL16, 8>(row + 128 * (i64)b + 16 * j, w0.qs);
+        const uint2 fb = __ldg(reinterpret_cast<const uint2*>(row + 128 * (i64)nb + 32 * b + 4 * j));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w1.qs[k] = w0.qs[k];
+        w0.h = (int)fb.x, w1.h = (int)fb.y;
+        w0.j = j, w1.j = j + 1;
+        w0.d = w1.d = __half2float(__ushort_as_half((unsigned short)(h[0] & 0xffff)));
+        w0.dmin = w1.dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] >> 16)));
+        scale_min_words(h + 1, j, w0.sc, w0.m);
+        scale_min_words(h + 1, j + 1, w1.sc, w1.m);
+    }
+    // Elements 8g..8g+7 of block b, as BlockQ5_K::deq8 gives them.
+    static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {
+        const int j = g >> 2, off = 8 * (g & 3);
+        const char* h = row + 160 * nb + 16 * b;
+        const unsigned dd = __ldg(reinterpret_cast<const unsigned*>(h));
+        const int s[3] = {(int)__ldg(reinterpret_cast<const unsigned*>(h + 4)),
+                          (int)__ldg(reinterpret_cast<const unsigned*>(h + 8)),
+                          (int)__ldg(reinterpret_cast<const unsigned*>(h + 12))};
+        int sc, m;
+        scale_min_words(s, j, sc, m);
+        const float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffffu)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+        const float dj = mul_rn(d, (float)sc), mj = mul_rn(dmin, (float)m);
+        const uint2 qs = __ldg(reinterpret_cast<const uint2*>(row + 128 * b + 32 * (j >> 1) + off));
+        const unsigned fw = __ldg(reinterpret_cast<const unsigned*>(row + 128 * nb + 32 * b + 4 * j));
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const unsigned w = i < 4 ? qs.x : qs.y;
+            const int e = off + i;  // element 4k + r of the sub-block: bit k of byte r
+            int q = (int)((w >> (8 * (i & 3) + shift)) & 15u);
+            q |= (int)(((fw >> (8 * (e & 3) + (e >> 2))) & 1u) << 4);
+            v[i] = __fsub_rn(mul_rn(dj, (float)q), mj);
+        }
+    }
+};

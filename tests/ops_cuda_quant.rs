@@ -462,30 +462,33 @@ fn prop_mul_mat_prefill() {
     });
 }
 
-/// A Q4_0 or Q8_0 mul_mat case over frozen weights: `k` a multiple of 256 (the rows the CUDA
-/// backend splits) or not, at an offset of 16 bytes or more (aligned: split) or 2 (not),
-/// decode widths and prefill widths, a fused residual add or not, padded rows or not.
-fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
+/// A mul_mat case over frozen weights of one of `types`: `k` one of `ks` (rows the CUDA
+/// backend splits or not), at one of `offsets` (16-byte aligned or not), one wave of
+/// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths and prefill
+/// widths, a fused residual add or not, padded rows (`pad` blocks, one of `pads`) or not,
+/// on either decode path.
+fn frozen_case(
+    types: Vec<QType>,
+    ks: Vec<usize>,
+    offsets: Vec<usize>,
+    pads: Vec<usize>,
+) -> impl Strategy<Value = (QCase, bool)> {
     use proptest::sample::select;
     (
-        select(vec![
-            QType::Q4_0,
-            QType::Q4_1,
-            QType::Q5_0,
-            QType::Q5_1,
-            QType::Q8_0,
-        ]),
-        select(vec![256usize, 512, 768, 2304, 4096, 96, 128, 64]),
-        // one wave of blocks (mul_mat_vec_qsp_*) or more (mul_mat_vec_qs_*)
+        select(types),
+        select(ks),
         proptest::prop_oneof![1usize..150, 4225usize..4400],
         select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
-        select(vec![0usize, 16, 2064, 2]),
-        select(vec![0usize, 0, 8]),
+        select(offsets),
+        select(pads),
         any::<bool>(),
         any::<u64>(),
         any::<bool>(),
     )
         .prop_map(|(q, k, rows, n, offset, pad, add, seed, mmvq)| {
+            // rows of at most 4,096 elements in the grids of more than one wave: the
+            // weights are quantized on the host
+            let k = if rows > 150 { k.min(4096) } else { k };
             let c = QCase {
                 pad,
                 offset,
@@ -503,10 +506,36 @@ fn frozen_case() -> impl Strategy<Value = (QCase, bool)> {
 /// frozen row (padded rows) must fail to load with an error naming the tensor.
 #[test]
 fn prop_frozen_weights_match_unfrozen() {
+    use QType::*;
+    let case = frozen_case(
+        vec![Q4_0, Q4_1, Q5_0, Q5_1, Q8_0],
+        vec![256, 512, 768, 2304, 4096, 96, 128, 64],
+        vec![0, 16, 2064, 2],
+        vec![0, 0, 8],
+    );
+    on_gpu("frozen weights", case, 96, |(c, mmvq), cuda, _cpu| {
+        check_frozen(c, *mmvq, cuda)
+    });
+}
+
+/// `prop_frozen_weights_match_unfrozen` for Q5_K and Q6_K. Q6_K's split rows are rotated
+/// by their address: rows of 1-43 super-blocks (split from 8 on: 2,048 elements), at
+/// offsets that leave every even rotation to some row (rows of 9, 11, 43 blocks are 2, 6
+/// and 6 bytes past a multiple of 16); Q5_K's are split at 16-byte aligned offsets only.
+/// Grids of one wave of blocks and more, padded rows, decode and prefill widths, both
+/// decode paths.
+#[test]
+fn prop_frozen_k_quant_weights_match_unfrozen() {
+    let case = frozen_case(
+        vec![QType::Q5_K, QType::Q6_K],
+        vec![256, 1792, 2048, 2304, 2816, 4096, 11008],
+        vec![0, 16, 2064, 2, 6, 10, 14],
+        vec![0, 0, 1],
+    );
     on_gpu(
-        "frozen weights",
-        frozen_case(),
-        96,
+        "frozen K-quant weights",
+        case,
+        64,
         |(c, mmvq), cuda, _cpu| check_frozen(c, *mmvq, cuda),
     );
 }
@@ -642,9 +671,12 @@ fn frozen_weight_past_one_chunk() {
 
 fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), String> {
     // rows of whole 16-byte multiples (Q4_0, Q5_0, Q8_0: 256 elements; Q4_1: 128; Q5_1:
-    // 64) at a 16-byte aligned start
-    let row_bytes = c.stride_elems() / 32 * c.q.block_bytes();
-    let split = row_bytes % 16 == 0 && c.offset % 16 == 0;
+    // 64) at a 16-byte aligned start; Q6_K rows of 8 super-blocks or more at an even one
+    let blocks = c.stride_elems() / c.q.block_size();
+    let split = match c.q {
+        QType::Q6_K => blocks >= 8 && c.offset % 2 == 0,
+        _ => blocks * c.q.block_bytes() % 16 == 0 && c.offset % 16 == 0,
+    };
     cuda.set_mmvq(Some(mmvq));
     let plain = run_on(c, cuda);
     let (frozen, kernels) = profiled(cuda, mmvq, |cuda| qs::run_frozen(c, cuda));
@@ -690,15 +722,22 @@ fn frozen_weights_read_back_and_refuse_writes() {
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
-    for q in [QType::Q4_0, QType::Q8_0] {
-        frozen_read_back_and_writes(&mut be, q);
+    // Q6_K rows of 2,304 elements (1,890 bytes) from an offset 6 past a 16-byte
+    // boundary: each row rotated by its own address
+    for (q, k, offset) in [
+        (QType::Q4_0, 512, 256),
+        (QType::Q8_0, 512, 256),
+        (QType::Q5_K, 512, 256),
+        (QType::Q6_K, 2304, 262),
+    ] {
+        frozen_read_back_and_writes(&mut be, q, k, offset);
     }
 }
 
 /// One type's case of `frozen_weights_read_back_and_refuse_writes`.
-fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
+fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType, k: usize, offset: usize) {
     use graft::backend::FrozenTensor;
-    let (k, rows, offset) = (512usize, 37usize, 256usize);
+    let rows = 37usize;
     let c = QCase {
         offset,
         ..QCase::mul_mat(q, k, rows, 1, false, 11)
@@ -746,10 +785,10 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
         be.fill_random(buf, offset, DType::F32, 4, 1, 1.0),
         "fill_random over the region",
     );
-    // Half a row in: whole rows of its own, but not rows of the frozen region.
+    // Half a row in (an even byte): whole rows of its own, but not rows of the region.
     let other = FrozenTensor {
         name: "v".into(),
-        offset: offset + w.len() / rows / 2,
+        offset: offset + w.len() / rows / 4 * 2,
         rows: 2,
         ..qs::frozen(&c)
     };
@@ -771,11 +810,12 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType) {
     be.free_buffer(buf).unwrap();
 }
 
-/// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (rows of 256 and 768 elements:
+/// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q5_K (rows of 256 and 768 elements:
 /// every matrix but the embedding table is split when the model freezes its weights) gives the same
 /// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
 /// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
-/// ran.
+/// ran. The same for a wider model (rows of 2,048 and 2,304 elements) in Q6_K and Q4_K_M,
+/// whose Q6_K matrices are split.
 #[test]
 fn frozen_tiny_model_matches_unfrozen() {
     use graft::models::QuantPlan;
@@ -783,23 +823,45 @@ fn frozen_tiny_model_matches_unfrozen() {
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
+    let tiny = graft::models::presets::preset("tiny").unwrap();
     for (plan, kernel) in [
         (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
         (QuantPlan::Q4_1, "mul_mat_vec_qsp_c1_q4_1"),
         (QuantPlan::Q5_0, "mul_mat_vec_qsp_c1_q5_0"),
         (QuantPlan::Q5_1, "mul_mat_vec_qsp_c1_q5_1"),
         (QuantPlan::Q8_0, "mul_mat_vec_qsp_c1_q8_0"),
+        (QuantPlan::Q5_K, "mul_mat_vec_qsp_c1_q5_k"),
     ] {
-        tiny_model_split_and_not(&mut be, plan, kernel);
+        tiny_model_split_and_not(&mut be, &tiny, plan, kernel);
+    }
+    // Rows of 2,048 and 2,304 elements (1,890 bytes: rotated Q6_K rows), an output head of
+    // its own: Q6_K split, and Q4_K_M (Q6_K for v, half of down and the head, in split
+    // rows, next to Q4_K read in place).
+    let wide = graft::models::Config {
+        hidden_size: 2048,
+        intermediate_size: 2304,
+        num_hidden_layers: 2,
+        num_attention_heads: 16,
+        num_key_value_heads: 4,
+        head_dim: 128,
+        tie_word_embeddings: false,
+        ..tiny
+    };
+    for plan in [QuantPlan::Q6_K, QuantPlan::Q4_K_M] {
+        tiny_model_split_and_not(&mut be, &wide, plan, "mul_mat_vec_qsp_c1_q6_k");
     }
     be.set_split(true);
 }
 
-/// The logits of the `tiny` preset in `plan` over a prefill and 6 decode steps, and the
+/// The logits of the model `cfg` in `plan` over a prefill and 6 decode steps, and the
 /// kernels of the first decode step, with and without split rows; `kernel` must run with.
-fn tiny_model_split_and_not(be: &mut CudaBackend, plan: graft::models::QuantPlan, kernel: &str) {
-    use graft::models::{presets, CacheTypes, Logits, Model};
-    let cfg = presets::preset("tiny").unwrap();
+fn tiny_model_split_and_not(
+    be: &mut CudaBackend,
+    cfg: &graft::models::Config,
+    plan: graft::models::QuantPlan,
+    kernel: &str,
+) {
+    use graft::models::{CacheTypes, Logits, Model};
     let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
     let mut run = |split: bool| {
         be.set_split(split);

@@ -708,7 +708,7 @@ impl Weights {
     /// Declares every matrix but the embedding tables frozen on `be`
     /// ([`Backend::freeze_weights`]): the model only reads them as mul_mat weights from
     /// now on, so the backend may store them in its own layout (the CUDA backend splits
-    /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows for its decode products). The embedding tables
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K rows for its decode products). The embedding tables
     /// stay as they are: get_rows reads them, and with tied embeddings the output head is
     /// the token table.
     pub fn freeze(&self, cfg: &Config, be: &mut dyn Backend) -> Result<()> {

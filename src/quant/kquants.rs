@@ -312,7 +312,7 @@ pub fn quantize_q6_k(x: &[f32; QK_K], y: &mut [u8; 210]) {
 }
 
 /// Packs 256 six-bit quants into Q6_K's `ql[128]` and `qh[64]`.
-fn pack_q6_k(l: &[u8; QK_K], y: &mut [u8; 210]) {
+pub(crate) fn pack_q6_k(l: &[u8; QK_K], y: &mut [u8; 210]) {
     let (ql, rest) = y.split_at_mut(128);
     let qh = &mut rest[..64];
     for c in 0..2 {

@@ -260,7 +260,7 @@ fn quant_leaf(
     be.unload(exec)?;
     be.free_buffer(src)?;
     // Frozen as a model freezes its matrices, so that the products are the model's
-    // (split rows for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, unless GRAFT_CUDA_SPLIT=0).
+    // (split rows for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K, unless GRAFT_CUDA_SPLIT=0).
     let frozen = FrozenTensor {
         name: name.to_string(),
         offset: 0,

@@ -125,7 +125,7 @@ pub(crate) struct Lowering<'a> {
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
     pub launched: bool,
-    /// The frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights stored in split rows (see
+    /// The frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights stored in split rows (see
     /// [`super::split`]).
     pub split: &'a [SplitRows],
     /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or

@@ -100,8 +100,8 @@ pub struct CudaBackend {
     /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
     /// [`CudaBackend::set_mmvq`]).
     small_dq: bool,
-    /// Whether [`Backend::freeze_weights`] stores Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights
-    /// in split rows (see [`split`]; `GRAFT_CUDA_SPLIT=0` turns it off).
+    /// Whether [`Backend::freeze_weights`] stores Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K
+    /// weights in split rows (see [`split`]; `GRAFT_CUDA_SPLIT=0` turns it off).
     split_rows: bool,
     /// The frozen tensors stored in split rows.
     split: Vec<SplitRows>,
@@ -299,8 +299,8 @@ impl CudaBackend {
         }
     }
 
-    /// Whether [`Backend::freeze_weights`] from now on stores Q4_0, Q4_1, Q5_0, Q5_1 and
-    /// Q8_0 weights in split rows (default on unless `GRAFT_CUDA_SPLIT=0`; tensors frozen
+    /// Whether [`Backend::freeze_weights`] from now on stores Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    /// Q5_K and Q6_K weights in split rows (default on unless `GRAFT_CUDA_SPLIT=0`; tensors frozen
     /// already stay as they are).
     pub fn set_split(&mut self, on: bool) {
         self.split_rows = on;

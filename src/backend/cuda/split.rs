@@ -1,13 +1,15 @@
-//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows ([`crate::quant::split`]):
-//! what [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
+//! Frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights in split rows
+//! ([`crate::quant::split`]): what
+//! [`Backend::freeze_weights`](crate::backend::Backend::freeze_weights) does on this
 //! backend, and the rules that keep the layout invisible from outside.
 //!
-//! - Freezing splits, in place, each tensor of those types whose rows are a whole number
-//!   of 16 bytes and start 16-byte aligned (`split_rows_<q>` from a temporary copy), and
+//! - Freezing splits, in place, each tensor of those types whose rows can be split (a
+//!   whole number of 16 bytes starting 16-byte aligned; Q6_K rows of at least 2,048
+//!   elements anywhere, see [`splittable_at`]) (`split_rows_<q>` from a temporary copy), and
 //!   records it as a [`SplitRows`] region; a tensor whose rows continue a region's (a
 //!   model's q, k and v, stored as one matrix) extends it. Other tensors stay as they are.
 //! - Plans: a mul_mat whose weights (`src[0]`) are whole rows of a region lowers to the
-//!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_dqs_*`, `cpy_split_<q>_f16` for the
+//!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_qsp_*`, `mul_mat_vec_dqs_*`, `cpy_split_<q>_f16` for the
 //!   prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
 //!   way, or writes one, fails to load with an error naming the tensor ([`check_plan`]).
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) joins the rows it
@@ -17,7 +19,7 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Op, Operand, Plan};
-use crate::quant::split::{join_row, splittable};
+use crate::quant::split::{join_row, splittable_at};
 use crate::quant::QType;
 
 /// One frozen tensor of a type with split rows stored in them (or several adjacent ones).
@@ -27,6 +29,8 @@ pub(crate) struct SplitRows {
     pub name: String,
     /// Its buffer.
     pub buffer: BufferId,
+    /// The device address of the buffer (Q6_K rows are rotated by their address).
+    pub base: u64,
     /// The block type.
     pub q: QType,
     /// Byte offset of its first row in the buffer.
@@ -42,7 +46,7 @@ pub(crate) struct SplitRows {
 impl SplitRows {
     /// A region for `rows` rows of `row_len` elements of `q` at `offset` of `buffer`
     /// (device address `base`), or None when such rows cannot be split (see
-    /// [`splittable`]; the first row must also be 16-byte aligned).
+    /// [`splittable_at`]).
     pub fn new(
         name: &str,
         buffer: BufferId,
@@ -52,10 +56,10 @@ impl SplitRows {
         row_len: usize,
         rows: usize,
     ) -> Option<Self> {
-        let aligned = (base + offset as u64) % 16 == 0;
-        (aligned && rows > 0 && splittable(q, row_len)).then(|| SplitRows {
+        (rows > 0 && splittable_at(q, row_len, base + offset as u64)).then(|| SplitRows {
             name: name.to_string(),
             buffer,
+            base,
             q,
             offset,
             row_len,
@@ -98,15 +102,16 @@ impl SplitRows {
         self.name = format!("{} | {}", self.name, next.name);
     }
 
-    /// Joins the split rows `first..` held in `bytes` (whole rows, as read from the
-    /// device) back into ggml's layout.
-    fn join(&self, bytes: &[u8]) -> Vec<u8> {
+    /// Joins the split rows held in `bytes` (whole rows of the region from byte `at` of
+    /// its buffer, as read from the device) back into ggml's layout.
+    fn join(&self, at: usize, bytes: &[u8]) -> Vec<u8> {
         let mut out = vec![0u8; bytes.len()];
-        for (src, dst) in bytes
+        let rows = bytes
             .chunks_exact(self.row_bytes)
-            .zip(out.chunks_exact_mut(self.row_bytes))
-        {
-            join_row(self.q, src, dst);
+            .zip(out.chunks_exact_mut(self.row_bytes));
+        for (r, (src, dst)) in rows.enumerate() {
+            let addr = self.base + (at + r * self.row_bytes) as u64;
+            join_row(self.q, src, dst, addr);
         }
         out
     }
@@ -269,7 +274,7 @@ pub(crate) fn read_joined(
     read(lo, &mut bytes)?;
     for r in hit {
         let (a, b) = rows_of(r);
-        let joined = r.join(&bytes[a - lo..b - lo]);
+        let joined = r.join(a, &bytes[a - lo..b - lo]);
         bytes[a - lo..b - lo].copy_from_slice(&joined);
     }
     out.copy_from_slice(&bytes[offset - lo..end - lo]);
@@ -356,38 +361,50 @@ mod tests {
         assert!(e.to_string().contains("q | k | v"), "{e}");
     }
 
-    /// A read of any byte range gives ggml's bytes back from split rows.
+    /// A read of any byte range gives ggml's bytes back from split rows: Q4_0 rows of 256
+    /// elements, and Q6_K rows of 2,304 (1,890 bytes, so each row has its own rotation) in
+    /// a buffer at an address 6 bytes past a 16-byte boundary.
     #[test]
     fn reads_join_the_rows_they_touch() {
-        let (offset, rows, row_bytes) = (32usize, 3usize, 144usize);
+        for (q, row_len, base) in [(QType::Q4_0, 256usize, 0u64), (QType::Q6_K, 2304, 6)] {
+            reads_join(q, row_len, base);
+        }
+    }
+
+    fn reads_join(q: QType, row_len: usize, base: u64) {
+        let (offset, rows) = (32usize, 3usize);
+        let row_bytes = q.row_bytes(row_len).unwrap();
         let ggml: Vec<u8> = (0..offset + rows * row_bytes + 20)
             .map(|i| (i * 13 + 1) as u8)
             .collect();
         let mut device = ggml.clone();
         for r in 0..rows {
             let at = offset + r * row_bytes;
-            split_row(
-                QType::Q4_0,
-                &ggml[at..at + row_bytes],
-                &mut device[at..at + row_bytes],
-            );
+            let (src, dst) = (&ggml[at..at + row_bytes], &mut device[at..at + row_bytes]);
+            split_row(q, src, dst, base + at as u64);
         }
         assert_ne!(device, ggml);
+        let region = |name: &str, offset: usize, rows: usize| {
+            SplitRows::new(name, BufferId(1), base, offset, q, row_len, rows).unwrap()
+        };
         // One region of the 3 rows, or rows 0 and 2 as two regions (row 1, split on the
         // "device" here, then reads back split: it is not a frozen weight's).
-        let one = vec![region("w", offset, 256, rows)];
+        let one = vec![region("w", offset, rows)];
         let two = vec![
-            region("w", offset, 256, 1),
-            region("v", offset + 2 * row_bytes, 256, 1),
+            region("w", offset, 1),
+            region("v", offset + 2 * row_bytes, 1),
         ];
+        let mut but_row_1 = ggml.clone();
+        let row_1 = offset + row_bytes..offset + 2 * row_bytes;
+        but_row_1[row_1.clone()].copy_from_slice(&device[row_1]);
         let ranges = [
             (0, ggml.len()),
             (offset + 5, offset + 150),
-            (offset + 300, ggml.len()),
+            (offset + row_bytes + 12, ggml.len()),
             (3, 40),
             (offset + 100, offset + 2 * row_bytes + 7),
         ];
-        for (rs, want) in [(&one, ggml.clone()), (&two, ggml_but_row_1(&ggml, &device))] {
+        for (rs, want) in [(&one, &ggml), (&two, &but_row_1)] {
             for (a, b) in ranges {
                 let mut out = vec![0u8; b - a];
                 let mut reads = 0;
@@ -397,16 +414,13 @@ mod tests {
                     Ok(())
                 })
                 .unwrap();
-                assert_eq!(reads, 1, "bytes {a}..{b}: one device read");
-                assert!(out == want[a..b], "{} regions, bytes {a}..{b}", rs.len());
+                assert_eq!(reads, 1, "{q} bytes {a}..{b}: one device read");
+                assert!(
+                    out == want[a..b],
+                    "{q}: {} regions, bytes {a}..{b}",
+                    rs.len()
+                );
             }
         }
-    }
-
-    /// `ggml` with row 1 (bytes 32 + 144..32 + 288) as the device holds it.
-    fn ggml_but_row_1(ggml: &[u8], device: &[u8]) -> Vec<u8> {
-        let mut v = ggml.to_vec();
-        v[32 + 144..32 + 288].copy_from_slice(&device[32 + 144..32 + 288]);
-        v
     }
 }

@@ -22,11 +22,13 @@
 //!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
 //!    The scratch is part of the loaded plan, so both stay inside a captured graph.
 //!
-//! Frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in split rows
+//! Frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights in split rows
 //! ([`crate::backend::cuda::split`]) take the same paths with their own kernels:
-//! `mul_mat_vec_qs_c<NC>_<q>` (no staging: a lane reads a block's quants as 16-byte
-//! loads; `mul_mat_vec_qsp_c<NC>_<q>` when the grid fits on the GPU at once, loading each
-//! lane's first blocks before the wait), `mul_mat_vec_dqs_c<NC>_<q>` and
+//! `mul_mat_vec_qs_c<NC>_<q>` (no staging: a lane reads a block's quants, Q5_K and Q6_K a
+//! pair of sub-blocks, as 16-byte loads; `mul_mat_vec_qsp_c<NC>_<q>` when the grid fits on
+//! the GPU at once, loading each lane's first blocks before the wait; Q5_K's and Q6_K's
+//! load the first pair early in any grid and differ in the pairs a lane keeps in flight),
+//! `mul_mat_vec_dqs_c<NC>_<q>` and
 //! `cpy_split_<q>_f16`, the same values in the same order as the ggml-layout kernels.
 //! Q4_K and Q5_K blocks (144 and 176 bytes) are multiples of 16 bytes: rows that start
 //! 16-byte aligned at a 16-byte multiple stride are read in place on the `__dp4a` path
@@ -148,7 +150,7 @@ enum Rows {
     /// ggml's layout, staged through shared memory (the `__dp4a` path) or read as
     /// 2-byte aligned blocks (the dequantizing path).
     Ggml,
-    /// Frozen weights in split rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+    /// Frozen weights in split rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K, Q6_K).
     Split,
     /// Split rows in a grid the GPU holds at once ([`one_wave`]): each lane's first
     /// blocks are loaded before the kernel waits for its predecessor
