@@ -5,12 +5,13 @@
 //!
 //! - Freezing splits, in place, each tensor of those types whose rows can be split (a
 //!   whole number of 16 bytes starting 16-byte aligned; Q6_K rows of at least 2,048
-//!   elements anywhere, see [`splittable_at`]) (`split_rows_<q>` from a temporary copy), and
+//!   elements at any even address, see [`splittable_at`]) (`split_rows_<q>` from a
+//!   temporary copy), and
 //!   records it as a [`SplitRows`] region; a tensor whose rows continue a region's (a
 //!   model's q, k and v, stored as one matrix) extends it. Other tensors stay as they are.
 //! - Plans: a mul_mat whose weights (`src[0]`) are whole rows of a region lowers to the
-//!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_qsp_*`, `mul_mat_vec_dqs_*`, `cpy_split_<q>_f16` for the
-//!   prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
+//!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_qsp_*`, `mul_mat_vec_dqs_*`,
+//!   `cpy_split_<q>_f16` for the prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
 //!   way, or writes one, fails to load with an error naming the tensor ([`check_plan`]).
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) joins the rows it
 //!   reads back into ggml's layout ([`read_joined`]); writes into a region are errors
