@@ -242,7 +242,7 @@ struct InPlace {
     }
 };
 
-// Rows of a K-quant read in place by R (InPlace, or SplitQ6_K for frozen Q6_K weights):
+// Rows of a K-quant read in place by R (InPlace, or SplitQ5_K / SplitQ6_K for frozen weights):
 // lane t takes the pairs of sub-blocks 2t and 2t + 1, 2t + 64 and 2t + 65, ... (the pairs
 // and the order of mmvq's chunk_pairs, so the same sums) straight from global memory,
 // nothing staged. The first pair is loaded before the wait when nothing in the plan

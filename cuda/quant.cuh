@@ -517,6 +517,23 @@ __device__ __forceinline__ void scale_min_words(const int* s, int j, int& sc, in
     m = (int)(j < 4 ? (b4 & 63u) : ((b4 >> 4) | ((bj >> 6) << 4)));
 }
 
+// A Q4_K / Q5_K header as 4 words h (d and dmin, then the 12 scale bytes) into the
+// sub-blocks j (even) and j + 1 of a pair (W: a j, d, dmin, sc and m each).
+template <typename W>
+__device__ __forceinline__ void k4_head(const int* h, int j, W& w0, W& w1) {
+    w0.j = j, w1.j = j + 1;
+    w0.d = w1.d = __half2float(__ushort_as_half((unsigned short)(h[0] & 0xffff)));
+    w0.dmin = w1.dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] >> 16)));
+    scale_min_words(h + 1, j, w0.sc, w0.m);
+    scale_min_words(h + 1, j + 1, w1.sc, w1.m);
+}
+
+// A Q4_K / Q5_K sub-block's sum from its integer dot product s with the Q8_1 block y.
+template <typename W>
+__device__ __forceinline__ float k4_sum(const W& w, const Act& y, int s) {
+    return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
+}
+
 // Q4_K (FIVE false) and Q5_K (FIVE true): d, dmin, scales[12], [qh[32]], qs[128].
 template <bool FIVE>
 struct BlockK4 {
@@ -542,11 +559,7 @@ struct BlockK4 {
         if (FIVE) ld_smem<A, 8>(b + 16, w0.qh);
 #pragma unroll
         for (int k = 0; k < 8; ++k) w1.qs[k] = w0.qs[k], w1.qh[k] = FIVE ? w0.qh[k] : 0;
-        w0.j = j, w1.j = j + 1;
-        w0.d = w1.d = __half2float(__ushort_as_half((unsigned short)(h[0] & 0xffff)));
-        w0.dmin = w1.dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] >> 16)));
-        scale_min_words(h + 1, j, w0.sc, w0.m);
-        scale_min_words(h + 1, j + 1, w1.sc, w1.m);
+        k4_head(h, j, w0, w1);
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) {
         const int shift = 4 * (w.j & 1);
@@ -556,8 +569,7 @@ struct BlockK4 {
             q[k] = (w.qs[k] >> shift) & 0x0f0f0f0f;
             if (FIVE) q[k] |= ((w.qh[k] >> w.j) & 0x01010101) << 4;
         }
-        const int s = dp4a_sum<0, 8>(q, y.q);
-        return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
+        return k4_sum(w, y, dp4a_sum<0, 8>(q, y.q));
     }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         if (((uintptr_t)b & 15u) == 0) {
@@ -837,8 +849,7 @@ struct SplitQ5_K {
             int q[8];
 #pragma unroll
             for (int k = 0; k < 8; ++k) q[k] = ((w.qs[k] >> shift) & 0x0f0f0f0f) | (((w.h >> k) & 0x01010101) << 4);
-            const int s = dp4a_sum<0, 8>(q, y.q);
-            return w.d * (y.d * (float)(w.sc * s)) - w.dmin * (y.s * (float)w.m);
+            return k4_sum(w, y, dp4a_sum<0, 8>(q, y.q));
         }
     };
     static constexpr int QK = 256, BYTES = 176, SUBS = 8;
@@ -852,11 +863,7 @@ struct SplitQ5_K {
 #pragma unroll
         for (int k = 0; k < 8; ++k) w1.qs[k] = w0.qs[k];
         w0.h = (int)fb.x, w1.h = (int)fb.y;
-        w0.j = j, w1.j = j + 1;
-        w0.d = w1.d = __half2float(__ushort_as_half((unsigned short)(h[0] & 0xffff)));
-        w0.dmin = w1.dmin = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] >> 16)));
-        scale_min_words(h + 1, j, w0.sc, w0.m);
-        scale_min_words(h + 1, j + 1, w1.sc, w1.m);
+        k4_head(h, j, w0, w1);
     }
     // Elements 8g..8g+7 of block b, as BlockQ5_K::deq8 gives them.
     static __device__ __forceinline__ void deq8(const char* row, i64 nb, i64 b, int g, float* v) {

@@ -180,15 +180,15 @@ fn split_q6_k(src: &[u8], dst: &mut [u8], rot: usize) {
         seq[192 * nb + 16 * b..192 * nb + 16 * (b + 1)].copy_from_slice(&blk[192..208]);
         seq[208 * nb + 2 * b..208 * nb + 2 * (b + 1)].copy_from_slice(&blk[208..]);
     }
-    let len = dst.len();
-    dst[rot..].copy_from_slice(&seq[..len - rot]);
-    dst[..rot].copy_from_slice(&seq[len - rot..]);
+    dst.copy_from_slice(&seq);
+    dst.rotate_right(rot);
 }
 
 /// [`split_q6_k`] undone.
 fn join_q6_k(src: &[u8], dst: &mut [u8], rot: usize) {
     let nb = src.len() / 210;
-    let seq: Vec<u8> = src[rot..].iter().chain(&src[..rot]).copied().collect();
+    let mut seq = src.to_vec();
+    seq.rotate_left(rot);
     for (b, blk) in dst.chunks_exact_mut(210).enumerate() {
         let q = unpack_q6_k_pairs(&seq[192 * b..192 * (b + 1)]);
         let blk: &mut [u8; 210] = blk.try_into().expect("210-byte chunks");
