@@ -24,8 +24,15 @@
 //     use, and rescales the running state once per step. Each group keeps its own running
 //     (max, sum, acc) per row, merged at the end by shuffles across groups and shared
 //     memory across warps. fattn_vec1_d<D>_<kv> is the same kernel for one row per block
-//     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split == 1 the block writes the normalized result, otherwise the
-//     partial (max, sum, acc[D]) of its chunk into p.part for fattn_combine.
+//     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split ==
+//     1 the block writes the normalized result, otherwise the partial (max, sum, acc[D])
+//     of its chunk into p.part for fattn_combine.
+//   fattn_vec1s_d<D>_<f16|bf16>  (MHA decode of 16-bit caches whose rows start 16-byte
+//     aligned) fattn_vec1's grid, lanes and arithmetic, but K and V go to shared memory by
+//     cp.async in VEC1S_STAGES buffers of VEC1S_UNROLL keys per lane group, the next
+//     stage in flight while one is computed (the bytes in flight are not bounded by
+//     registers), and nothing is copied past the last key of the chunk the mask leaves
+//     visible (a decode graph reads a whole KV-length bucket with a masked tail).
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max);
 //     with p.q8 it also writes the row as the Q8_1 activations of the decode product that
@@ -118,6 +125,82 @@ struct Piece<f16> : Piece16<f16> {};
 template <>
 struct Piece<bf16> : Piece16<bf16> {};
 
+// The end of a decode block: the running states (m, l, acc) of its key groups merged, by
+// a butterfly over the groups of each warp and then over the warps through shared memory,
+// and its rows written: normalized with split == 1, else the chunk's partials. `sacc`
+// starts zeroed; `sq` and `sh` give each row's query and head.
+template <int D, int R>
+__device__ __forceinline__ void finish_rows(const FattnArgs& p, float (&m)[R], float (&l)[R], float (&acc)[R][8], int nrows,
+                            float (*sacc)[vec_lanes<D>() * 8], float (*sm)[R], float (*sl)[R], const int* sq,
+                            const int* sh, int b, i64 split) {
+    constexpr int L = vec_lanes<D>();
+    constexpr int NW = FATTN_VEC_WARPS;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const int sub = lane / L, e0 = (lane % L) * 8;
+    const bool active = e0 < D;
+    const i64 n_q = p.q.ne[1], n_head = p.q.ne[2];
+    // Merge the key groups of the warp (a butterfly: every group ends with the sum).
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= nrows) break;
+#pragma unroll
+        for (int o = L; o < WARP_SIZE; o <<= 1) {
+            const float m2 = __shfl_xor_sync(FULL_MASK, m[r], o);
+            const float l2 = __shfl_xor_sync(FULL_MASK, l[r], o);
+            float acc2[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc2[i] = __shfl_xor_sync(FULL_MASK, acc[r][i], o);
+            merge_state(m[r], l[r], acc[r], m2, l2, acc2);
+        }
+        if (lane == 0) {
+            sm[warp][r] = m[r];
+            sl[warp][r] = l[r];
+        }
+    }
+    __syncthreads();
+    // Then the warps, through shared memory, one after another (a fixed order of the
+    // additions, so that a run's result does not depend on how the warps were
+    // scheduled): each adds its accumulator rescaled to the block's maximum.
+    for (int w = 0; w < NW; ++w) {
+        if (warp == w && sub == 0 && active) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (r >= nrows) break;
+                float mx = -INFINITY;
+                for (int v = 0; v < NW; ++v) mx = fmaxf(mx, sm[v][r]);
+                if (m[r] == -INFINITY) continue;
+                const float f = expf(m[r] - mx);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) sacc[r][e0 + i] += acc[r][i] * f;
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
+        const int r = idx / D, e = idx % D;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm[w][r]);
+        if (mx != -INFINITY) {
+            for (int w = 0; w < NW; ++w) {
+                if (sm[w][r] != -INFINITY) sum += sl[w][r] * expf(sm[w][r] - mx);
+            }
+        }
+        const i64 qi = sq[r], h = sh[r];
+        if (p.split == 1) {
+            store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? sacc[r][e] / sum : 0.0f);
+        } else {
+            const i64 row = (b * n_q + qi) * n_head + h;
+            float* part = p.part + (row * p.split + split) * (D + 2);
+            if (e == 0) {
+                part[0] = mx;
+                part[1] = sum;
+            }
+            part[2 + e] = sacc[r][e];
+        }
+    }
+}
+
 // R: query rows per block (1 for one query of one head per KV head, else FATTN_VEC_ROWS).
 template <int D, int R, typename T>
 __device__ void fattn_vec(const FattnArgs& p) {
@@ -135,7 +218,7 @@ __device__ void fattn_vec(const FattnArgs& p) {
 
     pdl_enter();
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const i64 n_q = p.q.ne[1], n_head = p.q.ne[2], n_kv = p.k.ne[1];
+    const i64 n_q = p.q.ne[1], n_kv = p.k.ne[1];
     // 32-bit index math: the grid limits keep batch, rows and heads far below 2^31, and
     // a 64-bit division is a long call on the kernel's critical path
     const int batch = (int)p.q.ne[3], group = (int)p.group;
@@ -234,68 +317,16 @@ __device__ void fattn_vec(const FattnArgs& p) {
         }
     }
 
-    // Merge the key groups of the warp (a butterfly: every group ends with the sum).
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r >= nrows) break;
-#pragma unroll
-        for (int o = L; o < WARP_SIZE; o <<= 1) {
-            const float m2 = __shfl_xor_sync(FULL_MASK, m[r], o);
-            const float l2 = __shfl_xor_sync(FULL_MASK, l[r], o);
-            float acc2[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc2[i] = __shfl_xor_sync(FULL_MASK, acc[r][i], o);
-            merge_state(m[r], l[r], acc[r], m2, l2, acc2);
-        }
-        if (lane == 0) {
-            sm[warp][r] = m[r];
-            sl[warp][r] = l[r];
-        }
-    }
-    __syncthreads();
-    // Then the warps, through shared memory, one after another (a fixed order of the
-    // additions, so that a run's result does not depend on how the warps were
-    // scheduled): each adds its accumulator rescaled to the block's maximum.
-    for (int w = 0; w < NW; ++w) {
-        if (warp == w && sub == 0 && active) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (r >= nrows) break;
-                float mx = -INFINITY;
-                for (int v = 0; v < NW; ++v) mx = fmaxf(mx, sm[v][r]);
-                if (m[r] == -INFINITY) continue;
-                const float f = expf(m[r] - mx);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) sacc[r][e0 + i] += acc[r][i] * f;
-            }
-        }
-        __syncthreads();
-    }
-
-    for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
-        const int r = idx / D, e = idx % D;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm[w][r]);
-        if (mx != -INFINITY) {
-            for (int w = 0; w < NW; ++w) {
-                if (sm[w][r] != -INFINITY) sum += sl[w][r] * expf(sm[w][r] - mx);
-            }
-        }
-        const i64 qi = sq[r], h = sh[r];
-        if (p.split == 1) {
-            store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? sacc[r][e] / sum : 0.0f);
-        } else {
-            const i64 row = (b * n_q + qi) * n_head + h;
-            float* part = p.part + (row * p.split + split) * (D + 2);
-            if (e == 0) {
-                part[0] = mx;
-                part[1] = sum;
-            }
-            part[2 + e] = sacc[r][e];
-        }
-    }
+    finish_rows<D, R>(p, m, l, acc, nrows, sacc, sm, sl, sq, sh, b, split);
 }
 
+// The one-row decode kernel for 16-bit caches whose rows start 16-byte aligned (MHA
+// decode of F16 and BF16 caches): fattn_vec's lanes and arithmetic, but K and V reach
+// shared memory by cp.async in NS stages of UN keys per lane group, so that the next
+// stages' copies are in flight while a stage is computed and the loads in flight are not
+// bounded by registers. Before the first copy the block finds the last key of its chunk
+// the mask leaves visible (the decode graph reads a whole KV-length bucket whose tail is
+// masked) and copies nothing past it.
 // Merges the split partials of row blockIdx.x (flat over [n_head, n_q, batch]): the first
 // warp loads every chunk's (max, sum) at once (split <= 2 * WARP_SIZE) and turns them into
 // the chunk weights exp(max_i - max) / sum, then each thread sums its elements over the
@@ -354,6 +385,160 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
     } else {
         combine<ACT_BLOCKS>(p);
     }
+}
+
+// Stages and keys per lane group per stage of fattn_vec1s. H200, 32 heads of 128 over
+// 768, 2,304, 4,352 and 16,640 keys (of which 576, 2,100, 4,160 and 16,448 visible), against
+// 2 x 4, 3 x 2, 4 x 2, 4 x 1 and 8 x 1 at their best split: 2 x 2 was the fastest at
+// 768, 4,352 and 16,640 keys, 6% behind 3 x 2 at 2,304.
+constexpr int VEC1S_STAGES = 2;
+constexpr int VEC1S_UNROLL = 2;
+
+template <int D, typename H, int NS, int UN>
+__device__ void fattn_vec1s(const FattnArgs& p) {
+    constexpr int L = vec_lanes<D>();
+    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
+    constexpr int NW = FATTN_VEC_WARPS;
+    constexpr int NT = NW * WARP_SIZE;
+    constexpr int DP = L * 8;
+    constexpr int KS = UN * NW * KPW;  // keys per stage
+    constexpr int PIECES = D / 8;      // 16-byte pieces per K/V row
+    constexpr int COPIES = 2 * KS * PIECES;
+    __shared__ __align__(16) H kv[NS][2][KS][DP];
+    __shared__ __align__(16) float qs[1][DP];
+    __shared__ float sacc[1][DP];
+    __shared__ float sm[NW][1], sl[NW][1];
+    __shared__ int slive[NW];
+    __shared__ int sq[1], sh[1];
+
+    pdl_enter();
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const i64 n_kv = p.k.ne[1];
+    const int b = (int)blockIdx.z;
+    const i64 split = blockIdx.x, hk = blockIdx.y;
+    const char* mrow = mask_row(p, 0, hk, b);
+    const float slope = p.slopes[hk];
+    const i64 j_begin = split * p.chunk, j_chunk_end = min(n_kv, j_begin + p.chunk);
+
+    const char* kbase = at(p.k, 0, 0, hk, b);
+    const char* vbase = at(p.v, 0, 0, hk, b);
+    const i64 kstride = p.k.nb[1], vstride = p.v.nb[1];
+    // The copies of stage t into buffer t % NS: piece c of the stage is row c / PIECES of
+    // K (then of V), 16 bytes at (c % PIECES) * 8; keys from `last` on copy key `last`.
+    auto issue = [&](int t, i64 last) {
+        const i64 j0 = j_begin + (i64)t * KS;
+#pragma unroll
+        for (int c0 = 0; c0 < COPIES; c0 += NT) {
+            const int c = c0 + tid;
+            if (COPIES % NT == 0 || c < COPIES) {
+                const int is_v = c / (KS * PIECES), rem = c % (KS * PIECES);
+                const int key = rem / PIECES, piece = rem % PIECES;
+                const i64 j = min(j0 + key, last);
+                const char* src = is_v ? vbase + j * vstride : kbase + j * kstride;
+                copy16(reinterpret_cast<char*>(&kv[t % NS][is_v][key][piece * 8]), src + piece * 16);
+            }
+        }
+    };
+    // The first stage goes out before the chunk's mask is read (its masked keys are
+    // copied, and weigh nothing); the others stop at the last visible key.
+    issue(0, j_chunk_end - 1);
+    stage_commit();
+
+    // q, and the last visible key of the chunk
+    for (int e = tid; e < DP; e += NT) {
+        qs[0][e] = e < D ? load<float>(at(p.q, e, 0, hk, b)) : 0.0f;
+        sacc[0][e] = 0.0f;
+    }
+    i64 live = j_begin - 1;
+    if (mrow == nullptr) {
+        live = j_chunk_end - 1;
+    } else {
+#pragma unroll 4
+        for (i64 j = j_begin + tid; j < j_chunk_end; j += NT) {
+            if (mask_bias(p, mrow, slope, j) != -INFINITY) live = j;
+        }
+    }
+    // key offsets within a chunk fit 32 bits (a chunk is at most n_kv keys)
+    int live_off = warp_max((int)(live - j_begin));
+    if (lane == 0) slive[warp] = live_off;
+    if (tid == 0) {
+        sq[0] = 0;
+        sh[0] = (int)hk;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < NW; ++w) live_off = max(live_off, slive[w]);
+    const i64 j_end = j_begin + live_off + 1;
+    const int stages = (int)((j_end - j_begin + KS - 1) / KS);
+#pragma unroll
+    for (int t = 1; t < NS - 1; ++t) {
+        if (t < stages) issue(t, j_end - 1);
+        stage_commit();
+    }
+
+    const int sub = lane / L, e0 = (lane % L) * 8;
+    const bool active = e0 < D;
+    float m[1] = {-INFINITY}, l[1] = {0.0f}, acc[1][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[0][i] = 0.0f;
+    // the mask of the lane's keys of a stage, read a stage ahead
+    auto biases = [&](int t, float out[UN]) {
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const i64 j = j_begin + (i64)t * KS + (u * NW + warp) * KPW + sub;
+            out[u] = j < j_end ? mask_bias(p, mrow, slope, j) : -INFINITY;
+        }
+    };
+    float bias[UN], bias_next[UN];
+    biases(0, bias);
+    const float4 qa = *reinterpret_cast<const float4*>(&qs[0][e0]);
+    const float4 qb = *reinterpret_cast<const float4*>(&qs[0][e0 + 4]);
+    for (int t = 0; t < stages; ++t) {
+        if (t + NS - 1 < stages) issue(t + NS - 1, j_end - 1);
+        stage_commit();
+        if (t + 1 < stages) biases(t + 1, bias_next);
+        stage_wait<NS - 1>();
+        __syncthreads();
+        float s[UN];
+        float mx = m[0];
+        Piece16<H> vp[UN];
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const int key = (u * NW + warp) * KPW + sub;
+            Piece16<H> kp;
+            kp.zero();
+            vp[u].zero();
+            if (active) {
+                kp.u = *reinterpret_cast<const uint4*>(&kv[t % NS][0][key][e0]);
+                vp[u].u = *reinterpret_cast<const uint4*>(&kv[t % NS][1][key][e0]);
+            }
+            float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) +
+                        qb.x * kp.get(4) + qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
+#pragma unroll
+            for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+            s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
+            mx = fmaxf(mx, s[u]);
+        }
+        __syncthreads();  // every lane has read buffer t % NS: the next issue may overwrite it
+        if (mx != -INFINITY) {
+            const float c = exp2f((m[0] - mx) * LOG2E_F);
+            l[0] *= c;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[0][i] *= c;
+#pragma unroll
+            for (int u = 0; u < UN; ++u) {
+                const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
+                l[0] += w;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[0][i] += w * vp[u].get(i);
+            }
+            m[0] = mx;
+        }
+#pragma unroll
+        for (int u = 0; u < UN; ++u) bias[u] = bias_next[u];
+    }
+    stage_wait<0>();  // a chunk with no visible key leaves its first stage in flight
+    finish_rows<D, 1>(p, m, l, acc, 1, sacc, sm, sl, sq, sh, b, split);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1019,6 +1204,23 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
 
 // The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
 // is fattn_vec for one query row per KV head (R = 1).
+// fattn_vec1s_*: the streamed one-row kernel for F16 and BF16 caches with aligned rows.
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_f16(const FattnArgs p) { fattn_vec1s<16, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_bf16(const FattnArgs p) { fattn_vec1s<16, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_f16(const FattnArgs p) { fattn_vec1s<32, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_bf16(const FattnArgs p) { fattn_vec1s<32, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_f16(const FattnArgs p) { fattn_vec1s<64, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_bf16(const FattnArgs p) { fattn_vec1s<64, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_f16(const FattnArgs p) { fattn_vec1s<80, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_bf16(const FattnArgs p) { fattn_vec1s<80, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_f16(const FattnArgs p) { fattn_vec1s<96, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_bf16(const FattnArgs p) { fattn_vec1s<96, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_f16(const FattnArgs p) { fattn_vec1s<112, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_bf16(const FattnArgs p) { fattn_vec1s<112, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_f16(const FattnArgs p) { fattn_vec1s<128, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_bf16(const FattnArgs p) { fattn_vec1s<128, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_f16(const FattnArgs p) { fattn_vec1s<256, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_bf16(const FattnArgs p) { fattn_vec1s<256, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }

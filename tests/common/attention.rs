@@ -52,6 +52,9 @@ pub enum MaskKind {
     /// Query `i` sees the `w` keys up to its causal position (a sliding window), except
     /// the queries of every 64-row group whose index is 3 modulo 7, which see none.
     Window(usize),
+    /// Every query sees keys `0..v` (a decode graph over a KV-length bucket: the
+    /// positions past those filled so far are masked; `v = 0`: no key).
+    Visible(usize),
 }
 
 /// Values of `n` elements of `dt` as the backend stores them, and as f64 after the
@@ -92,6 +95,8 @@ fn mask_values(c: &Case, rng: &mut StdRng) -> Vec<f32> {
                 MaskKind::Causal => 0.0,
                 MaskKind::Arbitrary if fully_masked || rng.random_bool(0.3) => f32::NEG_INFINITY,
                 MaskKind::Arbitrary => rng.random_range(-2.0..2.0),
+                MaskKind::Visible(v) if j >= v => f32::NEG_INFINITY,
+                MaskKind::Visible(_) => 0.0,
                 MaskKind::Window(w) => {
                     let last = c.n_kv - c.n_q + i;
                     if (i / 64) % 7 == 3 || j > last || last - j >= w {
@@ -132,9 +137,10 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
                         }
                         match c.mask {
                             MaskKind::None => s,
-                            MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) => {
-                                s + slope * mask[i * c.n_kv + j] as f64
-                            }
+                            MaskKind::Causal
+                            | MaskKind::Arbitrary
+                            | MaskKind::Window(_)
+                            | MaskKind::Visible(_) => s + slope * mask[i * c.n_kv + j] as f64,
                         }
                     })
                     .collect();
@@ -215,7 +221,7 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
         let rows = c.n_q + c.mask_pad;
         let mi = match c.mask {
             MaskKind::None => None,
-            MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) => {
+            MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) | MaskKind::Visible(_) => {
                 Some(g.input("mask", mask_dt, &[c.n_kv, rows]).map_err(e)?)
             }
         };
@@ -349,13 +355,19 @@ pub fn case() -> impl Strategy<Value = Case> {
 /// of the CUDA one-row decode kernel, which [`case`] draws about once in 160 cases; this
 /// draws only it, with [`case`]'s other fields and its own key count (1..2,000: [`case`]
 /// shrinks its keys for the query and head counts it drew, which this case does not have).
+/// A third of the cases see only a prefix of the keys (`MaskKind::Visible`, a decode over
+/// a KV-length bucket), which the streamed kernel stops copying at.
 pub fn mha_decode_case() -> impl Strategy<Value = Case> {
-    (case(), prop::bool::ANY, 1usize..2000).prop_map(|(mut c, bf16, n_kv)| {
+    (case(), prop::bool::ANY, 1usize..2000, 0.0f64..1.5).prop_map(|(mut c, bf16, n_kv, seen)| {
         c.ctx = c.ctx - c.n_kv + n_kv;
         c.n_kv = n_kv;
         c.n_q = 1;
         c.group = 1;
         c.kv = if bf16 { DType::BF16 } else { DType::F16 };
+        if seen < 0.5 {
+            // 0..=n_kv visible keys, all of them or none included
+            c.mask = MaskKind::Visible(((seen * 2.0 * (n_kv + 1) as f64) as usize).min(n_kv));
+        }
         c
     })
 }

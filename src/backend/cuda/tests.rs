@@ -514,6 +514,52 @@ fn attention_gemv_paths() {
     assert_eq!(check(&g, y, &[vc, p], 3), vec!["mul_mat_vec_nc_f16_f32"]);
 }
 
+/// The decode kernel of one query row per KV head (MHA decode): the streamed one for F16
+/// and BF16 caches whose rows start 16-byte aligned, in one wave of chunks; the register
+/// one for other caches and for rows off that alignment; GQA on the tensor-core kernel.
+#[test]
+fn mha_decode_attention_kernels() {
+    use crate::graph::FlashAttnParams;
+    let (hd, ctx) = (128, 4400);
+    for (dt, n_head_kv, offs, n_kv, want, split) in [
+        (DType::F16, 32, 0, 4352, "fattn_vec1s_d128_f16", 16),
+        (DType::BF16, 32, 0, 768, "fattn_vec1s_d128_bf16", 12),
+        (DType::F16, 32, 2, 4352, "fattn_vec1_d128_f16", 17),
+        (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", 17),
+        (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", 46),
+    ] {
+        let mut g = Graph::new();
+        let row = hd * n_head_kv * dt.block_bytes();
+        let kc = g.input("kc", dt, &[hd * n_head_kv, ctx]).unwrap();
+        let vc = g.input("vc", dt, &[hd * n_head_kv, ctx]).unwrap();
+        let es = dt.block_bytes();
+        let k = g
+            .view_3d(kc, hd, n_kv, n_head_kv, row, hd * es, offs)
+            .unwrap();
+        let v = g
+            .view_3d(vc, hd, n_kv, n_head_kv, row, hd * es, offs)
+            .unwrap();
+        let q = g.input("q", DType::F32, &[hd, 1, 32]).unwrap();
+        let mask = g.input("mask", DType::F16, &[n_kv, 1]).unwrap();
+        let p = FlashAttnParams {
+            scale: 0.1,
+            max_bias: 0.0,
+            softcap: 0.0,
+        };
+        let y = g.flash_attn_ext(q, k, v, Some(mask), p).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        let mut lw = Lowering::new(&fake_addr, true, 1);
+        let steps = fuse::lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
+        let launches = kernel_launches(&steps);
+        let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+        let a = args::<FattnArgs>(launches[0]);
+        assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
+        assert_eq!(a.split, split, "{want}");
+        assert_eq!(launches[0].grid.0 as i64, split);
+        assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
+    }
+}
+
 #[test]
 fn cublas_paths() {
     // F16 weights, F32 activations: converted, plain GEMM.
