@@ -387,6 +387,82 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
     }
 }
 
+// One past the last key of j_begin..j_end that mask row `mrow` leaves visible (j_begin
+// when none; j_end without a mask), found by the whole block of NW warps (`slive`: NW
+// ints of shared memory). Ends with a barrier, after which the block's earlier shared
+// stores are visible too.
+template <int NW>
+__device__ __forceinline__ i64 visible_end(const FattnArgs& p, const char* mrow, float slope, i64 j_begin,
+                                           i64 j_end, int* slive) {
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    i64 live = j_begin - 1;
+    if (mrow == nullptr) {
+        live = j_end - 1;
+    } else {
+#pragma unroll 4
+        for (i64 j = j_begin + tid; j < j_end; j += NW * WARP_SIZE) {
+            if (mask_bias(p, mrow, slope, j) != -INFINITY) live = j;
+        }
+    }
+    // key offsets within a chunk fit 32 bits (a chunk is at most n_kv keys)
+    int live_off = warp_max((int)(live - j_begin));
+    if (lane == 0) slive[warp] = live_off;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < NW; ++w) live_off = max(live_off, slive[w]);
+    return j_begin + live_off + 1;
+}
+
+// One stage of fattn_vec1s for a lane: the scores of its group's UN keys of the stage (K
+// rows `ks`, V rows `vs` in shared memory, bias -inf for a key past the visible ones),
+// then its running state (m, l, acc) rescaled and their V rows added. The barrier
+// between the two lets the next stage's copies overwrite the buffer.
+template <int D, typename H, int UN>
+__device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[vec_lanes<D>() * 8],
+                                            const H (*vs)[vec_lanes<D>() * 8], float4 qa, float4 qb,
+                                            const float bias[UN], float& m, float& l, float acc[8]) {
+    constexpr int L = vec_lanes<D>();
+    constexpr int KPW = WARP_SIZE / L;
+    constexpr int NW = FATTN_VEC_WARPS;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int sub = lane / L, e0 = (lane % L) * 8;
+    const bool active = e0 < D;
+    float s[UN];
+    float mx = m;
+    Piece16<H> vp[UN];
+#pragma unroll
+    for (int u = 0; u < UN; ++u) {
+        const int key = (u * NW + warp) * KPW + sub;
+        Piece16<H> kp;
+        kp.zero();
+        vp[u].zero();
+        if (active) {
+            kp.u = *reinterpret_cast<const uint4*>(&ks[key][e0]);
+            vp[u].u = *reinterpret_cast<const uint4*>(&vs[key][e0]);
+        }
+        float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) +
+                    qb.x * kp.get(4) + qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+        s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
+        mx = fmaxf(mx, s[u]);
+    }
+    __syncthreads();  // every lane has read the buffer: the next issue may overwrite it
+    if (mx == -INFINITY) return;  // every key so far masked
+    const float c = exp2f((m - mx) * LOG2E_F);
+    l *= c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= c;
+#pragma unroll
+    for (int u = 0; u < UN; ++u) {
+        const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
+        l += w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += w * vp[u].get(i);
+    }
+    m = mx;
+}
+
 // Stages and keys per lane group per stage of fattn_vec1s. H200, 32 heads of 128 over
 // 768, 2,304, 4,352 and 16,640 keys (of which 576, 2,100, 4,160 and 16,448 visible), against
 // 2 x 4, 3 x 2, 4 x 2, 4 x 1 and 8 x 1 at their best split: 2 x 2 was the fastest at
@@ -449,26 +525,11 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         qs[0][e] = e < D ? load<float>(at(p.q, e, 0, hk, b)) : 0.0f;
         sacc[0][e] = 0.0f;
     }
-    i64 live = j_begin - 1;
-    if (mrow == nullptr) {
-        live = j_chunk_end - 1;
-    } else {
-#pragma unroll 4
-        for (i64 j = j_begin + tid; j < j_chunk_end; j += NT) {
-            if (mask_bias(p, mrow, slope, j) != -INFINITY) live = j;
-        }
-    }
-    // key offsets within a chunk fit 32 bits (a chunk is at most n_kv keys)
-    int live_off = warp_max((int)(live - j_begin));
-    if (lane == 0) slive[warp] = live_off;
     if (tid == 0) {
         sq[0] = 0;
         sh[0] = (int)hk;
     }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < NW; ++w) live_off = max(live_off, slive[w]);
-    const i64 j_end = j_begin + live_off + 1;
+    const i64 j_end = visible_end<NW>(p, mrow, slope, j_begin, j_chunk_end, slive);
     const int stages = (int)((j_end - j_begin + KS - 1) / KS);
 #pragma unroll
     for (int t = 1; t < NS - 1; ++t) {
@@ -477,7 +538,6 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     }
 
     const int sub = lane / L, e0 = (lane % L) * 8;
-    const bool active = e0 < D;
     float m[1] = {-INFINITY}, l[1] = {0.0f}, acc[1][8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[0][i] = 0.0f;
@@ -499,41 +559,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         if (t + 1 < stages) biases(t + 1, bias_next);
         stage_wait<NS - 1>();
         __syncthreads();
-        float s[UN];
-        float mx = m[0];
-        Piece16<H> vp[UN];
-#pragma unroll
-        for (int u = 0; u < UN; ++u) {
-            const int key = (u * NW + warp) * KPW + sub;
-            Piece16<H> kp;
-            kp.zero();
-            vp[u].zero();
-            if (active) {
-                kp.u = *reinterpret_cast<const uint4*>(&kv[t % NS][0][key][e0]);
-                vp[u].u = *reinterpret_cast<const uint4*>(&kv[t % NS][1][key][e0]);
-            }
-            float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) +
-                        qb.x * kp.get(4) + qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
-#pragma unroll
-            for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-            s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
-            mx = fmaxf(mx, s[u]);
-        }
-        __syncthreads();  // every lane has read buffer t % NS: the next issue may overwrite it
-        if (mx != -INFINITY) {
-            const float c = exp2f((m[0] - mx) * LOG2E_F);
-            l[0] *= c;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[0][i] *= c;
-#pragma unroll
-            for (int u = 0; u < UN; ++u) {
-                const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
-                l[0] += w;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[0][i] += w * vp[u].get(i);
-            }
-            m[0] = mx;
-        }
+        vec1s_stage<D, H, UN>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, bias, m[0], l[0], acc[0]);
 #pragma unroll
         for (int u = 0; u < UN; ++u) bias[u] = bias_next[u];
     }
