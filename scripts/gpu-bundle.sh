@@ -226,4 +226,6 @@ ls -la "$BUNDLE/tests" "$BUNDLE/bin"
 tar cJf "$BUNDLE.tar.xz" -C "$(dirname "$BUNDLE")" "$(basename "$BUNDLE")"
 size=$(du -sm "$BUNDLE.tar.xz" | cut -f1)
 echo "gpu-bundle: $BUNDLE.tar.xz is ${size} MiB"
-[ "$size" -lt 40 ] || die "the packed bundle is ${size} MiB, over the 40 MiB budget"
+# The device tool carries 64 MiB in all: the bundle may take 56, which leaves 8 for what
+# travels with it (the llama.cpp source for the peer runs is 4.5).
+[ "$size" -lt 56 ] || die "the packed bundle is ${size} MiB, over the 56 MiB budget"
