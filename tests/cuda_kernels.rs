@@ -112,6 +112,25 @@ fn every_kernel_loads() {
     }
 }
 
+/// The streamed MHA decode attention launches with at most 4 blocks an SM (its grid is one
+/// wave of 4): the reservation that caps it leaves exactly 4 where more fit without it.
+#[test]
+fn capped_attention_holds_four_blocks_per_sm() {
+    let Some(be) = gpu() else { return };
+    let streamed: Vec<_> = ALL
+        .iter()
+        .filter(|k| k.name.starts_with("fattn_vec1s_"))
+        .collect();
+    assert_eq!(streamed.len(), 16, "8 head dims x F16, BF16");
+    for kernel in streamed {
+        let free = be.blocks_per_sm(*kernel, 128, 0).unwrap();
+        let capped = be.blocks_per_sm(*kernel, 128, 4).unwrap();
+        println!("{:26} {free} blocks an SM, {capped} capped", kernel.name);
+        assert!(free >= 4, "{}: {free} blocks an SM", kernel.name);
+        assert_eq!(capped, 4, "{}", kernel.name);
+    }
+}
+
 /// The hot kernels of decode with block-quantized weights: both decode paths for every
 /// column count and weight type, and the activation quantizer.
 fn quantized_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {

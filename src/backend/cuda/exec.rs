@@ -94,6 +94,7 @@ impl Launcher<'_> {
         match op {
             DevOp::Kernel(l) => {
                 let mut params = [l.args.as_param()];
+                let smem = self.kernels.smem_cap(l.kernel, l.per_sm);
                 let launched = if self.pdl && l.early {
                     let mut attr = sys::CUlaunchAttribute {
                         id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
@@ -109,7 +110,7 @@ impl Launcher<'_> {
                         blockDimX: l.block.0,
                         blockDimY: l.block.1,
                         blockDimZ: l.block.2,
-                        sharedMemBytes: 0,
+                        sharedMemBytes: smem,
                         hStream: self.stream.cu_stream(),
                         attrs: &mut attr,
                         numAttrs: 1,
@@ -133,13 +134,14 @@ impl Launcher<'_> {
                     // layout as the C struct), which the driver copies before returning;
                     // every device address in it was resolved at load to memory owned by
                     // the exec or the backend's buffers, with extents checked by
-                    // validate_plan and lowering.
+                    // validate_plan and lowering; no kernel uses dynamic shared memory (a
+                    // cap's reservation is within the per-block limit and only occupies).
                     unsafe {
                         result::launch_kernel(
                             self.kernels.func(l.kernel),
                             l.grid,
                             l.block,
-                            0,
+                            smem,
                             self.stream.cu_stream(),
                             &mut params,
                         )

@@ -84,7 +84,40 @@ impl Drop for LoadedModule {
 /// Every module loaded into one context, with a function handle per kernel of [`ALL`].
 pub struct KernelTable {
     funcs: Vec<sys::CUfunction>,
+    /// Static shared memory of each kernel, bytes.
+    static_smem: Vec<u32>,
+    smem: SmemLimits,
     _modules: Vec<LoadedModule>,
+}
+
+/// The shared memory of the GPU the table is loaded on, bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct SmemLimits {
+    /// What an SM holds.
+    pub per_sm: u32,
+    /// What the system reserves for each resident block.
+    pub reserved: u32,
+    /// What a block may have without opting in.
+    pub per_block: u32,
+}
+
+impl SmemLimits {
+    /// Dynamic shared memory for a block with `static_smem` bytes of its own so that `n`
+    /// such blocks fit on an SM and `n + 1` do not: 0 when its own shared memory already
+    /// keeps the count to `n` or less, or when the reservation would not leave room for
+    /// `n` or would pass `per_block`.
+    pub fn cap(&self, static_smem: u32, n: u32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let own = static_smem + self.reserved;
+        // the smallest footprint of which n + 1 exceed the SM
+        let want = self.per_sm / (n + 1) + 1;
+        if own >= want || want * n > self.per_sm || want - self.reserved > self.per_block {
+            return 0;
+        }
+        want - own
+    }
 }
 
 impl KernelTable {
@@ -105,6 +138,7 @@ impl KernelTable {
             });
         }
         let mut funcs = Vec::with_capacity(ALL.len());
+        let mut static_smem = Vec::with_capacity(ALL.len());
         for k in ALL {
             debug_assert_eq!(k.index, funcs.len());
             let name = CString::new(k.name).expect("kernel names have no NUL");
@@ -125,12 +159,54 @@ impl KernelTable {
             unsafe { sys::cuFuncLoad(f) }
                 .result()
                 .map_err(|e| driver_error(&format!("cuFuncLoad({})", k.name), e))?;
+            // SAFETY: as for cuFuncLoad.
+            let shared = unsafe {
+                result::function::get_function_attribute(
+                    f,
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                )
+            }
+            .map_err(|e| driver_error(&format!("cuFuncGetAttribute({})", k.name), e))?;
             funcs.push(f);
+            static_smem.push(shared as u32);
         }
+        let attr = |a, what: &str| {
+            ctx.attribute(a)
+                .map(|v| v as u32)
+                .map_err(|e| driver_error(&format!("cuDeviceGetAttribute({what})"), e))
+        };
+        use sys::CUdevice_attribute as D;
+        let smem = SmemLimits {
+            per_sm: attr(
+                D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                "shared memory per SM",
+            )?,
+            reserved: attr(
+                D::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+                "reserved shared memory per block",
+            )?,
+            per_block: attr(
+                D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+                "shared memory per block",
+            )?,
+        };
         Ok(KernelTable {
             funcs,
+            static_smem,
+            smem,
             _modules: modules,
         })
+    }
+
+    /// The dynamic shared memory a launch of `k` reserves so that at most `n` of its
+    /// blocks share an SM ([`SmemLimits::cap`]; 0 for `n` = 0: no limit).
+    pub fn smem_cap(&self, k: Kernel, n: u32) -> u32 {
+        self.smem.cap(self.static_smem[k.index], n)
+    }
+
+    /// The shared memory limits of the table's GPU.
+    pub fn smem_limits(&self) -> SmemLimits {
+        self.smem
     }
 
     /// The function handle of `k`.
@@ -173,5 +249,48 @@ fn module_error(ctx: &CudaContext, module: &str, e: result::DriverError) -> Erro
             "cannot load kernel module {module}: {}; {hint}",
             driver_error("cuModuleLoadData", e)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SmemLimits;
+
+    /// The reservation leaves room for exactly n blocks wherever it can, never passes a
+    /// block's limit, and is 0 where the block's own memory already caps it.
+    #[test]
+    fn smem_cap_leaves_room_for_n_blocks() {
+        // H100/H200, A100, RTX 30xx/40xx
+        for per_sm in [233_472, 167_936, 102_400] {
+            let lim = SmemLimits {
+                per_sm,
+                reserved: 1024,
+                per_block: 49_152,
+            };
+            let fit = |own: u32| per_sm / (own + lim.reserved);
+            for n in 1..=16 {
+                for st in (0..49_152).step_by(1000).chain([17_464]) {
+                    let cap = lim.cap(st, n);
+                    if cap > 0 {
+                        assert_eq!(fit(st + cap), n, "{per_sm} {st} {n}: {cap}");
+                        assert!(st + cap <= lim.per_block);
+                    } else {
+                        // already n or fewer, or the reservation would not fit a block
+                        let want = per_sm / (n + 1) + 1 - lim.reserved;
+                        assert!(fit(st) <= n || want > lim.per_block, "{per_sm} {st} {n}");
+                    }
+                }
+            }
+        }
+        // the streamed attention kernel on an H200: 17,464 bytes of its own, 4 an SM
+        let h200 = SmemLimits {
+            per_sm: 233_472,
+            reserved: 1024,
+            per_block: 49_152,
+        };
+        assert_eq!(h200.cap(17_464, 4), 28_207);
+        assert_eq!(h200.cap(17_464, 0), 0);
+        // 2 an SM would need 76 KB a block: more than a block gets
+        assert_eq!(h200.cap(17_464, 2), 0);
     }
 }

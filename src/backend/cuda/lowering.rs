@@ -40,6 +40,8 @@ pub(crate) struct Launch {
     /// Whether the kernel may launch while its predecessor runs (programmatic dependent
     /// launch, where the backend uses it); see [`DevOp::in_order`].
     pub early: bool,
+    /// At most this many blocks on one SM ([`DevOp::at_most_per_sm`]); 0: as many as fit.
+    pub per_sm: u32,
 }
 
 impl DevOp {
@@ -66,6 +68,7 @@ impl DevOp {
             block,
             args: ArgBytes::new(args),
             early: true,
+            per_sm: 0,
         })
     }
 
@@ -78,6 +81,18 @@ impl DevOp {
     pub fn in_order(mut self) -> Self {
         if let DevOp::Kernel(l) = &mut self {
             l.early = false;
+        }
+        self
+    }
+
+    /// This launch with at most `n` of its blocks on one SM: it reserves dynamic shared
+    /// memory that leaves no room for another (see `KernelTable::smem_cap`). For grids
+    /// sized to fill every SM with `n` blocks at once: launched while the kernel before
+    /// still runs, their blocks otherwise crowd onto the SMs freed first, and those SMs
+    /// then set the kernel's time.
+    pub fn at_most_per_sm(mut self, n: u32) -> Self {
+        if let DevOp::Kernel(l) = &mut self {
+            l.per_sm = n;
         }
         self
     }

@@ -348,6 +348,26 @@ impl CudaBackend {
         ))
     }
 
+    /// Blocks of `threads` threads of `k` that one SM holds at once, launched with the
+    /// reservation of [`DevOp::at_most_per_sm`]`(per_sm)` (0: none).
+    pub fn blocks_per_sm(&self, k: Kernel, threads: u32, per_sm: u32) -> Result<u32> {
+        self.bind()?;
+        let mut n = 0;
+        let smem = self.kernels.smem_cap(k, per_sm);
+        // SAFETY: the handle belongs to the loaded kernel table; writes one int.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.kernels.func(k),
+                threads as i32,
+                smem as usize,
+            )
+        }
+        .result()
+        .map_err(|e| driver_error("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        Ok(n as u32)
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx
             .bind_to_thread()

@@ -555,6 +555,15 @@ fn mha_decode_attention_kernels() {
         let a = args::<FattnArgs>(launches[0]);
         assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
         assert_eq!(a.split, split, "{want}");
+        // the streamed kernel's one wave at most 4 blocks an SM; the others uncapped
+        let cap = if want.starts_with("fattn_vec1s") {
+            4
+        } else {
+            0
+        };
+        assert_eq!(launches[0].per_sm, cap, "{want}");
+        assert_eq!(launches[1].per_sm, 0);
+        assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
         assert_eq!(launches[0].grid.0 as i64, split);
         assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
     }
