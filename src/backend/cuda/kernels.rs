@@ -204,11 +204,6 @@ impl KernelTable {
         self.smem.cap(self.static_smem[k.index], n)
     }
 
-    /// The shared memory limits of the table's GPU.
-    pub fn smem_limits(&self) -> SmemLimits {
-        self.smem
-    }
-
     /// The function handle of `k`.
     pub fn func(&self, k: Kernel) -> sys::CUfunction {
         self.funcs[k.index]
