@@ -110,6 +110,21 @@ fn every_kernel_loads() {
             kernel.name
         );
     }
+    // The split-row and in-place decode kernels: none spills but the two Q5_K one-column
+    // kernels whose 4-byte spill cuda/mul_mat_q.cu documents (an 8-byte frame; asking for
+    // fewer blocks an SM to remove it measured slower).
+    for kernel in split_and_in_place_decode_kernels() {
+        let local = be.kernel_resources(kernel).unwrap().1;
+        let allowed = match kernel.name {
+            "mul_mat_vec_qs_c1_q5_k" | "mul_mat_vec_qd_c1_q5_k" => 8,
+            _ => 0,
+        };
+        assert!(
+            local <= allowed,
+            "{} spills: {local} local bytes",
+            kernel.name
+        );
+    }
 }
 
 /// The streamed MHA decode attention launches with at most 4 blocks an SM (its grid is one
@@ -151,6 +166,40 @@ fn quantized_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
         .collect();
     assert_eq!(v.len(), 64, "8 weight types x 4 column counts x 2 paths");
     v.push(k::QUANTIZE_Q8_1_F32);
+    v
+}
+
+/// The decode kernels of frozen weights in split rows (`qs`, `qsp`, `dqs`) and of rows
+/// read in place (`qd`), every type and column count.
+fn split_and_in_place_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
+    use graft::backend::cuda::kernels::by;
+    let sets = [
+        by::MUL_MAT_VEC_QS_C1.entries,
+        by::MUL_MAT_VEC_QS_C2.entries,
+        by::MUL_MAT_VEC_QS_C4.entries,
+        by::MUL_MAT_VEC_QS_C8.entries,
+        by::MUL_MAT_VEC_QSP_C1.entries,
+        by::MUL_MAT_VEC_QSP_C2.entries,
+        by::MUL_MAT_VEC_QSP_C4.entries,
+        by::MUL_MAT_VEC_QSP_C8.entries,
+        by::MUL_MAT_VEC_DQS_C1.entries,
+        by::MUL_MAT_VEC_DQS_C2.entries,
+        by::MUL_MAT_VEC_DQS_C4.entries,
+        by::MUL_MAT_VEC_DQS_C8.entries,
+        by::MUL_MAT_VEC_QD_C1.entries,
+        by::MUL_MAT_VEC_QD_C2.entries,
+        by::MUL_MAT_VEC_QD_C4.entries,
+        by::MUL_MAT_VEC_QD_C8.entries,
+    ];
+    let v: Vec<_> = sets
+        .iter()
+        .flat_map(|s| s.iter().map(|(_, k)| *k))
+        .collect();
+    assert_eq!(
+        v.len(),
+        92,
+        "7 split-row types x 4 column counts x 3 paths + 2 in-place types x 4"
+    );
     v
 }
 

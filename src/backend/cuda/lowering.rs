@@ -129,6 +129,10 @@ pub(crate) struct Lowering<'a> {
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
     pub devices: usize,
+    /// Streaming multiprocessors of the GPU (the backend reads them from the device;
+    /// [`DEFAULT_SMS`] otherwise): the grids that must fit the GPU at once are sized for
+    /// them (the decode attention's split, the one-wave decode products).
+    pub sms: usize,
     /// The Q8_1 copy the last decode product made of its activations: the next decode
     /// product of the same activations (a layer's q, k and v when a mix gives them
     /// different types, so that they are not one fused matrix) reads it instead of
@@ -172,9 +176,9 @@ pub(crate) const MAX_GRID_YZ: usize = 65535;
 pub(crate) const MAX_BLOCK: usize = 1024;
 /// Threads of a warp.
 pub(crate) const WARP: usize = 32;
-/// Streaming multiprocessors the lowering sizes grids for (an H100 SXM has 132): the
-/// decode attention's split and the decode products whose grid fits at once.
-pub(crate) const SMS: usize = 132;
+/// Streaming multiprocessors a lowering without a GPU at hand sizes grids for (host tests):
+/// those of an H100 SXM or an H200. The backend's lowerings use the device's count.
+pub(crate) const DEFAULT_SMS: usize = 132;
 
 impl<'a> Lowering<'a> {
     /// A lowering context with every region at address 0 and nothing collected yet
@@ -193,6 +197,7 @@ impl<'a> Lowering<'a> {
             mmvq,
             small_dq: false,
             devices,
+            sms: DEFAULT_SMS,
             q8_1: None,
             q8_1_made: None,
             launched: false,

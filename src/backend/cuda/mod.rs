@@ -100,6 +100,9 @@ pub struct CudaBackend {
     /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
     /// [`CudaBackend::set_mmvq`]).
     small_dq: bool,
+    /// Streaming multiprocessors of the GPU: the lowering sizes the grids that must fit
+    /// it at once (the decode attention's split, one-wave decode products) for them.
+    sms: usize,
     /// Whether [`Backend::freeze_weights`] stores Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K
     /// weights in split rows (see [`split`]; `GRAFT_CUDA_SPLIT=0` turns it off).
     split_rows: bool,
@@ -206,6 +209,9 @@ impl CudaBackend {
         let (cc_major, _) = ctx
             .compute_capability()
             .map_err(|e| driver_error("reading the compute capability", e))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver_error("cuDeviceGetAttribute(multiprocessors)", e))?;
         let index_err = DeviceMem::alloc(
             &ctx,
             std::mem::size_of::<IndexError>(),
@@ -225,6 +231,7 @@ impl CudaBackend {
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
+            sms: usize::try_from(sms).unwrap_or(0).max(1),
             split_rows: env_flag("GRAFT_CUDA_SPLIT") != Some(false),
             split: Vec::new(),
             skip: Vec::new(),
@@ -575,6 +582,7 @@ impl CudaBackend {
             err: self.index_err.ptr(),
             small_dq: self.small_dq,
             split: &self.split,
+            sms: self.sms,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
@@ -799,7 +807,10 @@ impl Backend for CudaBackend {
 
     fn supports(&self, step: &Step) -> std::result::Result<(), String> {
         let resolve = |loc: Loc| self.resolve(0, loc);
-        let mut lw = Lowering::new(&resolve, self.mmvq, self.group_size());
+        let mut lw = Lowering {
+            sms: self.sms,
+            ..Lowering::new(&resolve, self.mmvq, self.group_size())
+        };
         lower_step(step, &mut lw).map(|_| ())
     }
 

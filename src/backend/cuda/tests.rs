@@ -521,12 +521,14 @@ fn attention_gemv_paths() {
 fn mha_decode_attention_kernels() {
     use crate::graph::FlashAttnParams;
     let (hd, ctx) = (128, 4400);
-    for (dt, n_head_kv, offs, n_kv, want, split) in [
-        (DType::F16, 32, 0, 4352, "fattn_vec1s_d128_f16", 16),
-        (DType::BF16, 32, 0, 768, "fattn_vec1s_d128_bf16", 12),
-        (DType::F16, 32, 2, 4352, "fattn_vec1_d128_f16", 17),
-        (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", 17),
-        (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", 46),
+    // the splits on 132 SMs (H100 SXM, H200) and on 108 (A100): the streamed kernel's one
+    // wave of 4 blocks an SM holds 16 chunks of 32 heads on the first, 13 on the second
+    for (dt, n_head_kv, offs, n_kv, want, splits) in [
+        (DType::F16, 32, 0, 4352, "fattn_vec1s_d128_f16", [16, 13]),
+        (DType::BF16, 32, 0, 768, "fattn_vec1s_d128_bf16", [12, 12]),
+        (DType::F16, 32, 2, 4352, "fattn_vec1_d128_f16", [17, 14]),
+        (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
+        (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
     ] {
         let mut g = Graph::new();
         let row = hd * n_head_kv * dt.block_bytes();
@@ -548,24 +550,29 @@ fn mha_decode_attention_kernels() {
         };
         let y = g.flash_attn_ext(q, k, v, Some(mask), p).unwrap();
         let plan = g.plan(&[y]).unwrap();
-        let mut lw = Lowering::new(&fake_addr, true, 1);
-        let steps = fuse::lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
-        let launches = kernel_launches(&steps);
-        let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
-        let a = args::<FattnArgs>(launches[0]);
-        assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
-        assert_eq!(a.split, split, "{want}");
-        // the streamed kernel's one wave at most 4 blocks an SM; the others uncapped
-        let cap = if want.starts_with("fattn_vec1s") {
-            4
-        } else {
-            0
-        };
-        assert_eq!(launches[0].per_sm, cap, "{want}");
-        assert_eq!(launches[1].per_sm, 0);
-        assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
-        assert_eq!(launches[0].grid.0 as i64, split);
-        assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
+        for (sms, split) in [132, 108].into_iter().zip(splits) {
+            let mut lw = Lowering {
+                sms,
+                ..Lowering::new(&fake_addr, true, 1)
+            };
+            let steps = fuse::lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
+            let launches = kernel_launches(&steps);
+            let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+            let a = args::<FattnArgs>(launches[0]);
+            assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
+            assert_eq!(a.split, split, "{want} on {sms} SMs");
+            // the streamed kernel's one wave at most 4 blocks an SM; the others uncapped
+            let cap = if want.starts_with("fattn_vec1s") {
+                4
+            } else {
+                0
+            };
+            assert_eq!(launches[0].per_sm, cap, "{want}");
+            assert_eq!(launches[1].per_sm, 0);
+            assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
+            assert_eq!(launches[0].grid.0 as i64, split);
+            assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
+        }
     }
 }
 

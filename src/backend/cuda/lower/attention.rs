@@ -18,7 +18,7 @@ use crate::backend::cuda::args::{
 };
 use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::mul_mat_q;
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, SMS, WARP};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
 
 /// Queries up to which the decode kernel runs (it handles any count, slowly for many).
@@ -168,7 +168,7 @@ impl Decode {
     fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
         let row_blocks = (self.n_q * self.n_head / self.n_head_kv).div_ceil(DEC_ROWS);
         let blocks = self.grid_rows(row_blocks)?;
-        let (split, chunk) = dec_split(self.n_kv, blocks);
+        let (split, chunk) = dec_split(self.n_kv, blocks, lw.sms);
         args.split = split as i64;
         args.chunk = chunk as i64;
         let kernel = dec_family(self.d)?.get([DType::F16])?;
@@ -186,7 +186,7 @@ impl Decode {
         let streamed = one && matches!(dt, DType::F16 | DType::BF16) && args.kv_vec != 0;
         let row_blocks = rows_per_kv.div_ceil(if one { 1 } else { FATTN_VEC_ROWS as usize });
         let blocks = self.grid_rows(row_blocks)?;
-        let (split, chunk) = decode_split(self.n_kv, self.n_head_kv * blocks, streamed);
+        let (split, chunk) = decode_split(self.n_kv, self.n_head_kv * blocks, streamed, lw.sms);
         args.split = split as i64;
         args.chunk = chunk as i64;
         let set = match (one, streamed) {
@@ -433,14 +433,14 @@ fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
 }
 
 /// Chunks and keys per chunk of the tensor-core decode kernel, `blocks` blocks per chunk:
-/// chunks of whole tiles, enough of them to fill the GPU with [`DEC_BLOCKS_PER_SM`] blocks
-/// per SM; a short cache (two tiles a chunk or less) is latency-bound and gets one tile a
+/// chunks of whole tiles, enough of them to fill a GPU of `sms` SMs with
+/// [`DEC_BLOCKS_PER_SM`] blocks per SM; a short cache (two tiles a chunk or less) is latency-bound and gets one tile a
 /// chunk. Measured on an H100 (F16 cache): head dim 64, 3 KV heads, 768 keys took 7.0 µs
 /// with the combine in 24 chunks and 8.5 in 12; head dim 128, 32 KV heads, 768 keys 9.7
 /// µs in 24 chunks and 10.5 in 12.
-pub(crate) fn dec_split(n_kv: usize, blocks: usize) -> (usize, usize) {
+pub(crate) fn dec_split(n_kv: usize, blocks: usize, sms: usize) -> (usize, usize) {
     let tiles = n_kv.div_ceil(DEC_TILE).max(1);
-    let want = (SMS * DEC_BLOCKS_PER_SM)
+    let want = (sms * DEC_BLOCKS_PER_SM)
         .div_ceil(blocks.max(1))
         .clamp(1, MAX_SPLIT);
     let mut per = tiles.div_ceil(want);
@@ -452,13 +452,18 @@ pub(crate) fn dec_split(n_kv: usize, blocks: usize) -> (usize, usize) {
 }
 
 /// Chunks and keys per chunk of the decode kernel: enough chunks that `blocks` blocks per
-/// chunk fill the GPU with [`BLOCKS_PER_SM`] blocks per SM, each of at least
+/// chunk fill a GPU of `sms` SMs with [`BLOCKS_PER_SM`] blocks per SM, each of at least
 /// [`MIN_CHUNK`] keys (fewer keys: one chunk). `one_wave` rounds the chunks down, so that
 /// the blocks fit the GPU at once (the streamed kernel, whose blocks each keep a stage in
 /// flight from start to end: H200, 32 KV heads x 4,352 keys, 23.9 µs in 16 chunks and
 /// 29.4 in 23, two waves).
-pub(crate) fn decode_split(n_kv: usize, blocks: usize, one_wave: bool) -> (usize, usize) {
-    let slots = SMS * BLOCKS_PER_SM;
+pub(crate) fn decode_split(
+    n_kv: usize,
+    blocks: usize,
+    one_wave: bool,
+    sms: usize,
+) -> (usize, usize) {
+    let slots = sms * BLOCKS_PER_SM;
     let want = if one_wave {
         (slots / blocks.max(1)).max(1)
     } else {
@@ -471,40 +476,63 @@ pub(crate) fn decode_split(n_kv: usize, blocks: usize, one_wave: bool) -> (usize
 
 #[cfg(test)]
 mod tests {
-    use super::{dec_split, decode_split, DEC_TILE, MAX_SPLIT};
+    use super::{dec_split, decode_split, BLOCKS_PER_SM, DEC_TILE, MAX_SPLIT};
 
     #[test]
     fn decode_split_fills_the_gpu_with_whole_chunks() {
-        // Llama-2-7B decode: 32 KV heads, 4096 keys.
-        let (split, chunk) = decode_split(4096, 32, false);
+        // Llama-2-7B decode on 132 SMs: 32 KV heads, 4096 keys.
+        let (split, chunk) = decode_split(4096, 32, false, 132);
         assert_eq!((split, chunk), (17, 241));
         assert!(split * chunk >= 4096 && (split - 1) * chunk < 4096);
         // in one wave: 16 chunks of 32 blocks fit 132 SMs x 4
-        assert_eq!(decode_split(4352, 32, true), (16, 272));
-        assert_eq!(decode_split(768, 32, true), (12, 64));
-        assert_eq!(decode_split(16_640, 32, true), (16, 1040));
+        assert_eq!(decode_split(4352, 32, true, 132), (16, 272));
+        assert_eq!(decode_split(768, 32, true, 132), (12, 64));
+        assert_eq!(decode_split(16_640, 32, true, 132), (16, 1040));
         for one_wave in [false, true] {
-            assert_eq!(decode_split(1, 1, one_wave), (1, 1));
-            assert_eq!(decode_split(100, 1, one_wave), (1, 100));
-            assert_eq!(decode_split(100, 10_000, one_wave), (1, 100));
-            let (s, c) = decode_split(1999, 8, one_wave);
+            assert_eq!(decode_split(1, 1, one_wave, 132), (1, 1));
+            assert_eq!(decode_split(100, 1, one_wave, 132), (1, 100));
+            assert_eq!(decode_split(100, 10_000, one_wave, 132), (1, 100));
+            let (s, c) = decode_split(1999, 8, one_wave, 132);
             assert!(s * c >= 1999 && (s - 1) * c < 1999 && c >= 64);
         }
     }
 
     #[test]
+    fn decode_split_follows_the_sm_count() {
+        // 132 SMs (H100 SXM, H200) hold 16 chunks of 32 heads in one wave of 4 an SM; an
+        // H100 PCIe (114) 14, an A100 (108) 13, an RTX 3090 (82) 10: 16 would take two.
+        for (sms, one_wave_split) in [(132, 16), (128, 16), (114, 14), (108, 13), (82, 10), (8, 1)]
+        {
+            let (split, chunk) = decode_split(4352, 32, true, sms);
+            assert_eq!(split, one_wave_split, "{sms} SMs");
+            assert!(
+                split == 1 || split * 32 <= sms * BLOCKS_PER_SM,
+                "{sms} SMs: {split}"
+            );
+            assert!(split * chunk >= 4352 && (split - 1) * chunk < 4352);
+            // without the one-wave rule the chunks fill every slot
+            let (split, _) = decode_split(1 << 20, 32, false, sms);
+            assert!(split * 32 >= sms * BLOCKS_PER_SM, "{sms} SMs: {split}");
+            assert!((split - 1) * 32 < sms * BLOCKS_PER_SM, "{sms} SMs: {split}");
+        }
+        // the tensor-core decode's chunks follow too: Llama-3-8B, 16,640 keys
+        assert_eq!(dec_split(16_640, 8, 132).0, 48);
+        assert!(dec_split(16_640, 8, 66).0 < 48);
+    }
+
+    #[test]
     fn dec_split_takes_whole_tiles() {
         // Llama-3-8B at 16,640 keys: 8 KV heads, 11 tiles a chunk
-        assert_eq!(dec_split(16_640, 8), (48, 352));
+        assert_eq!(dec_split(16_640, 8, 132), (48, 352));
         // Llama-2-7B at 4,352 keys: 32 KV heads
-        assert_eq!(dec_split(4352, 32), (13, 352));
+        assert_eq!(dec_split(4352, 32, 132), (13, 352));
         // short caches: one tile a chunk
-        assert_eq!(dec_split(768, 32), (24, 32));
-        assert_eq!(dec_split(768, 3), (24, 32));
-        assert_eq!(dec_split(1, 1), (1, 32));
+        assert_eq!(dec_split(768, 32, 132), (24, 32));
+        assert_eq!(dec_split(768, 3, 132), (24, 32));
+        assert_eq!(dec_split(1, 1, 132), (1, 32));
         // at most MAX_SPLIT chunks, every key in one
         for (n_kv, blocks) in [(100_000, 1), (5000, 7), (33, 200), (64 * 32 + 1, 1)] {
-            let (s, c) = dec_split(n_kv, blocks);
+            let (s, c) = dec_split(n_kv, blocks, 132);
             assert!(
                 s <= MAX_SPLIT && c % DEC_TILE == 0,
                 "{n_kv} {blocks}: {s} {c}"

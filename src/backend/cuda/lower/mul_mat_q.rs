@@ -40,9 +40,7 @@ use crate::backend::cuda::args::{
     CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, CPY_SAME_SHAPE, GEMV_WARPS,
 };
 use crate::backend::cuda::kernels::{by, k, KernelSet};
-use crate::backend::cuda::lowering::{
-    flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, SMS,
-};
+use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
 
@@ -219,13 +217,13 @@ fn cols_index(ncols: usize) -> usize {
 /// `__launch_bounds__` in cuda/mul_mat_q.cu).
 const RESIDENT: [usize; 4] = [8, 8, 6, 4];
 
-/// Whether the grid of a decode product of `m` rows by `ncols` columns fits on the GPU at
-/// once, so that every block can load its first weights before the previous kernel ends.
+/// Whether the grid of a decode product of `m` rows by `ncols` columns fits a GPU of `sms`
+/// SMs at once, so that every block can load its first weights before the previous kernel ends.
 /// On the H100 that took the split Q4_0 product of [4096, 4096] from 70 to 86% of the copy
 /// bandwidth and [11008, 4096] from 82 to 93%, but [4096, 11008] (2,752 blocks) from 89
 /// to 85%: blocks past the first wave gain nothing from it (a chain of 48 products).
-fn one_wave(m: usize, ncols: usize) -> bool {
-    m.div_ceil(ROWS) <= SMS * RESIDENT[cols_index(ncols)]
+fn one_wave(m: usize, ncols: usize, sms: usize) -> bool {
+    m.div_ceil(ROWS) <= sms * RESIDENT[cols_index(ncols)]
 }
 
 /// Whether `a b` (block-quantized `a`) is a decode product: 1..=8 columns of `b` with
@@ -295,7 +293,7 @@ pub(crate) fn gemv(
     let q8 = lw.mmvq && (copy.is_some() || !small);
     let a_addr = lw.addr(a);
     let rows = match lw.weights_split(a) {
-        Ok(true) if one_wave(m, n) => Rows::SplitOneWave,
+        Ok(true) if one_wave(m, n, lw.sms) => Rows::SplitOneWave,
         Ok(true) => Rows::Split,
         Ok(false) if a_addr % 16 == 0 && a.nb[1] % 16 == 0 => Rows::Aligned,
         Ok(false) => Rows::Ggml,
@@ -384,4 +382,23 @@ fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, De
             &args,
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_wave;
+
+    #[test]
+    fn one_wave_follows_the_sm_count() {
+        // [4096, 4096] for one column: 1,024 blocks of 4 rows; 8 an SM fit 132 SMs (1,056
+        // slots) but not an H100 PCIe's 114 (912) or an A100's 108 (864).
+        assert!(one_wave(4096, 1, 132));
+        assert!(!one_wave(4096, 1, 114));
+        assert!(!one_wave(4096, 1, 108));
+        // [11008, 4096]: 2,752 blocks, more than one wave anywhere here
+        assert!(!one_wave(11_008, 1, 132));
+        // 8 columns: 4 blocks an SM
+        assert!(one_wave(2048, 8, 132) && !one_wave(2048, 8, 127));
+        assert!(one_wave(4 * 4 * 127, 8, 127) && !one_wave(4 * 4 * 127 + 1, 8, 127));
+    }
 }
