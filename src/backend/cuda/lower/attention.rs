@@ -434,10 +434,10 @@ fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
 
 /// Chunks and keys per chunk of the tensor-core decode kernel, `blocks` blocks per chunk:
 /// chunks of whole tiles, enough of them to fill a GPU of `sms` SMs with
-/// [`DEC_BLOCKS_PER_SM`] blocks per SM; a short cache (two tiles a chunk or less) is latency-bound and gets one tile a
-/// chunk. Measured on an H100 (F16 cache): head dim 64, 3 KV heads, 768 keys took 7.0 µs
-/// with the combine in 24 chunks and 8.5 in 12; head dim 128, 32 KV heads, 768 keys 9.7
-/// µs in 24 chunks and 10.5 in 12.
+/// [`DEC_BLOCKS_PER_SM`] blocks per SM; a short cache (two tiles a chunk or less) is
+/// latency-bound and gets one tile a chunk. Measured on an H100 (F16 cache): head dim 64,
+/// 3 KV heads, 768 keys took 7.0 µs with the combine in 24 chunks and 8.5 in 12; head dim
+/// 128, 32 KV heads, 768 keys 9.7 µs in 24 chunks and 10.5 in 12.
 pub(crate) fn dec_split(n_kv: usize, blocks: usize, sms: usize) -> (usize, usize) {
     let tiles = n_kv.div_ceil(DEC_TILE).max(1);
     let want = (sms * DEC_BLOCKS_PER_SM)

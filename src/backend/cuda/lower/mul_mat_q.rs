@@ -218,8 +218,8 @@ fn cols_index(ncols: usize) -> usize {
 const RESIDENT: [usize; 4] = [8, 8, 6, 4];
 
 /// Whether the grid of a decode product of `m` rows by `ncols` columns fits a GPU of `sms`
-/// SMs at once, so that every block can load its first weights before the previous kernel ends.
-/// On the H100 that took the split Q4_0 product of [4096, 4096] from 70 to 86% of the copy
+/// SMs at once, so that every block can load its first weights before the previous kernel
+/// ends. On the H100 that took the split Q4_0 product of [4096, 4096] from 70 to 86% of the copy
 /// bandwidth and [11008, 4096] from 82 to 93%, but [4096, 11008] (2,752 blocks) from 89
 /// to 85%: blocks past the first wave gain nothing from it (a chain of 48 products).
 fn one_wave(m: usize, ncols: usize, sms: usize) -> bool {
