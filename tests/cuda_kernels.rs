@@ -111,8 +111,8 @@ fn every_kernel_loads() {
         );
     }
     // The split-row and in-place decode kernels: none spills but the two Q5_K one-column
-    // kernels whose 4-byte spill cuda/mul_mat_q.cu documents (an 8-byte frame; asking for
-    // fewer blocks an SM to remove it measured slower).
+    // kernels, whose 4-byte spill (an 8-byte frame) cuda/mul_mat_q.cu documents at every
+    // block count it tried (6-8 an SM).
     for kernel in split_and_in_place_decode_kernels() {
         let local = be.kernel_resources(kernel).unwrap().1;
         let allowed = match kernel.name {
@@ -160,10 +160,7 @@ fn quantized_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
         by::MUL_MAT_VEC_DQ_C4,
         by::MUL_MAT_VEC_DQ_C8,
     ];
-    let mut v: Vec<_> = sets
-        .iter()
-        .flat_map(|s| s.entries.iter().map(|(_, k)| *k))
-        .collect();
+    let mut v = kernels_of(&sets);
     assert_eq!(v.len(), 64, "8 weight types x 4 column counts x 2 paths");
     v.push(k::QUANTIZE_Q8_1_F32);
     v
@@ -174,33 +171,39 @@ fn quantized_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
 fn split_and_in_place_decode_kernels() -> Vec<graft::backend::cuda::kernels::Kernel> {
     use graft::backend::cuda::kernels::by;
     let sets = [
-        by::MUL_MAT_VEC_QS_C1.entries,
-        by::MUL_MAT_VEC_QS_C2.entries,
-        by::MUL_MAT_VEC_QS_C4.entries,
-        by::MUL_MAT_VEC_QS_C8.entries,
-        by::MUL_MAT_VEC_QSP_C1.entries,
-        by::MUL_MAT_VEC_QSP_C2.entries,
-        by::MUL_MAT_VEC_QSP_C4.entries,
-        by::MUL_MAT_VEC_QSP_C8.entries,
-        by::MUL_MAT_VEC_DQS_C1.entries,
-        by::MUL_MAT_VEC_DQS_C2.entries,
-        by::MUL_MAT_VEC_DQS_C4.entries,
-        by::MUL_MAT_VEC_DQS_C8.entries,
-        by::MUL_MAT_VEC_QD_C1.entries,
-        by::MUL_MAT_VEC_QD_C2.entries,
-        by::MUL_MAT_VEC_QD_C4.entries,
-        by::MUL_MAT_VEC_QD_C8.entries,
+        by::MUL_MAT_VEC_QS_C1,
+        by::MUL_MAT_VEC_QS_C2,
+        by::MUL_MAT_VEC_QS_C4,
+        by::MUL_MAT_VEC_QS_C8,
+        by::MUL_MAT_VEC_QSP_C1,
+        by::MUL_MAT_VEC_QSP_C2,
+        by::MUL_MAT_VEC_QSP_C4,
+        by::MUL_MAT_VEC_QSP_C8,
+        by::MUL_MAT_VEC_DQS_C1,
+        by::MUL_MAT_VEC_DQS_C2,
+        by::MUL_MAT_VEC_DQS_C4,
+        by::MUL_MAT_VEC_DQS_C8,
+        by::MUL_MAT_VEC_QD_C1,
+        by::MUL_MAT_VEC_QD_C2,
+        by::MUL_MAT_VEC_QD_C4,
+        by::MUL_MAT_VEC_QD_C8,
     ];
-    let v: Vec<_> = sets
-        .iter()
-        .flat_map(|s| s.iter().map(|(_, k)| *k))
-        .collect();
+    let v = kernels_of(&sets);
     assert_eq!(
         v.len(),
         92,
         "7 split-row types x 4 column counts x 3 paths + 2 in-place types x 4"
     );
     v
+}
+
+/// Every kernel of the one-dtype kernel sets `sets`.
+fn kernels_of(
+    sets: &[graft::backend::cuda::kernels::KernelSet<1>],
+) -> Vec<graft::backend::cuda::kernels::Kernel> {
+    sets.iter()
+        .flat_map(|s| s.entries.iter().map(|(_, k)| *k))
+        .collect()
 }
 
 /// fill_random on the GPU gives the CPU backend's bytes, bit for bit, for every float
