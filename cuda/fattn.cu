@@ -32,7 +32,9 @@
 //     cp.async in VEC1S_STAGES buffers of VEC1S_UNROLL keys per lane group, the next
 //     stage in flight while one is computed (the bytes in flight are not bounded by
 //     registers), and nothing is copied past the last key of the chunk the mask leaves
-//     visible (a decode graph reads a whole KV-length bucket with a masked tail).
+//     visible (a decode graph reads a whole KV-length bucket with a masked tail). When
+//     every key before that one has a zero mask entry (a causal row), the loop reads
+//     no mask entry per key.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max);
 //     with p.q8 it also writes the row as the Q8_1 activations of the decode product that
@@ -389,27 +391,39 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
 
 // One past the last key of j_begin..j_end that mask row `mrow` leaves visible (j_begin
 // when none; j_end without a mask), found by the whole block of NW warps (`slive`: NW
-// ints of shared memory). Ends with a barrier, after which the block's earlier shared
-// stores are visible too.
+// pairs of ints of shared memory). `plain` tells whether the bias of every key before it
+// is 0 (no mask, or a causal row: the caller then reads no mask entry per key). Ends with
+// a barrier, after which the block's earlier shared stores are visible too.
 template <int NW>
 __device__ __forceinline__ i64 visible_end(const FattnArgs& p, const char* mrow, float slope, i64 j_begin,
-                                           i64 j_end, int* slive) {
+                                           i64 j_end, int (*slive)[2], bool& plain) {
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    i64 live = j_begin - 1;
+    // the last visible key, and the first key whose bias is not 0 (masked or not)
+    i64 live = j_begin - 1, odd = j_end;
     if (mrow == nullptr) {
         live = j_end - 1;
     } else {
 #pragma unroll 4
         for (i64 j = j_begin + tid; j < j_end; j += NW * WARP_SIZE) {
-            if (mask_bias(p, mrow, slope, j) != -INFINITY) live = j;
+            const float bias = mask_bias(p, mrow, slope, j);
+            if (bias != -INFINITY) live = j;
+            if (bias != 0.0f && odd == j_end) odd = j;
         }
     }
     // key offsets within a chunk fit 32 bits (a chunk is at most n_kv keys)
     int live_off = warp_max((int)(live - j_begin));
-    if (lane == 0) slive[warp] = live_off;
+    int odd_off = warp_min((int)(odd - j_begin));
+    if (lane == 0) {
+        slive[warp][0] = live_off;
+        slive[warp][1] = odd_off;
+    }
     __syncthreads();
 #pragma unroll
-    for (int w = 0; w < NW; ++w) live_off = max(live_off, slive[w]);
+    for (int w = 0; w < NW; ++w) {
+        live_off = max(live_off, slive[w][0]);
+        odd_off = min(odd_off, slive[w][1]);
+    }
+    plain = odd_off > live_off;
     return j_begin + live_off + 1;
 }
 
@@ -484,7 +498,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     __shared__ __align__(16) float qs[1][DP];
     __shared__ float sacc[1][DP];
     __shared__ float sm[NW][1], sl[NW][1];
-    __shared__ int slive[NW];
+    __shared__ int slive[NW][2];
     __shared__ int sq[1], sh[1];
 
     pdl_enter();
@@ -529,7 +543,8 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         sq[0] = 0;
         sh[0] = (int)hk;
     }
-    const i64 j_end = visible_end<NW>(p, mrow, slope, j_begin, j_chunk_end, slive);
+    bool plain;
+    const i64 j_end = visible_end<NW>(p, mrow, slope, j_begin, j_chunk_end, slive, plain);
     const int stages = (int)((j_end - j_begin + KS - 1) / KS);
 #pragma unroll
     for (int t = 1; t < NS - 1; ++t) {
@@ -541,12 +556,13 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     float m[1] = {-INFINITY}, l[1] = {0.0f}, acc[1][8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[0][i] = 0.0f;
-    // the mask of the lane's keys of a stage, read a stage ahead
+    // the mask of the lane's keys of a stage, read a stage ahead (0 before j_end when
+    // the chunk's row is plain)
     auto biases = [&](int t, float out[UN]) {
 #pragma unroll
         for (int u = 0; u < UN; ++u) {
             const i64 j = j_begin + (i64)t * KS + (u * NW + warp) * KPW + sub;
-            out[u] = j < j_end ? mask_bias(p, mrow, slope, j) : -INFINITY;
+            out[u] = j < j_end ? (plain ? 0.0f : mask_bias(p, mrow, slope, j)) : -INFINITY;
         }
     };
     float bias[UN], bias_next[UN];
