@@ -15,7 +15,9 @@
 //! fused kernel also writes its result as the Q8_1 activations that product reads, and
 //! the product's own quantizing launch goes ([`Lowering::q8_1_made`]). (Folding the norm
 //! into the GEMV that reads it, each warp summing x^2 itself, measured no faster on an
-//! H100 and was dropped.) A fused kernel still reads the first step's sources while it
+//! H100 and was dropped; so was a fold into the products on both sides, the one before
+//! writing block sums of x^2, which made the one after slower than the norm's launch on
+//! an H200: docs/benchmarks.md, twentieth session.) A fused kernel still reads the first step's sources while it
 //! writes the later steps' results, which the allocator may have placed in memory one of
 //! those sources had (free once the first step was done): so steps fuse only when a
 //! result overlaps no source it is read alongside, except the exact same layout for
