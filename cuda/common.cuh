@@ -13,6 +13,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "args.cuh"
 
 typedef __half f16;
@@ -248,6 +250,19 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// The scale of a norm folded into the products around it (NormFold in args.cuh):
+// 1 / sqrt(sum of the `count` block sums at `parts` / n + eps), as rms_norm computes it;
+// 1 when parts is null. Every block of a launch adds the sums in the same order, so all
+// get the same scale. Called by every thread of the block (block_sum).
+__device__ __forceinline__ float fold_scale(const float* parts, i64 count, float n, float eps,
+                                            float* scratch) {
+    if (parts == nullptr) return 1.0f;
+    float s = 0.0f;
+    for (i64 i = threadIdx.x; i < count; i += blockDim.x) s += parts[i];
+    s = block_sum(s, scratch);
+    return 1.0f / sqrtf(s / n + eps);
+}
+
 // Records the first bad index of a run (later ones are dropped until the host clears it).
 __device__ __forceinline__ void record_index_error(IndexError* e, i64 tag, i64 index, i64 position,
                                                    i64 limit) {
@@ -282,16 +297,18 @@ __device__ __forceinline__ int set_row_id(const Tensor4& ids, const Tensor4& dst
     return id;
 }
 
-// Element i (row-major over src.ne = [ne0, n, ne2, ne3]) of a set_rows: src (type S) to
-// row set_row_id of dst (type D); an element of a bad id's row is skipped.
+// Element i (row-major over src.ne = [ne0, n, ne2, ne3]) of a set_rows: src (type S; F32
+// sources times `scale`) to row set_row_id of dst (type D); an element of a bad id's row is
+// skipped.
 template <typename S, typename D>
 __device__ __forceinline__ void set_row_element(const Tensor4& src, const Tensor4& ids,
                                                 const Tensor4& dst, IndexError* err, i64 tag,
-                                                i64 i) {
+                                                i64 i, float scale = 1.0f) {
     i64 ix[4];
     unflatten(src.ne, i, ix);
     const int id = set_row_id(ids, dst, err, tag, ix[1], ix[2], ix[3], ix[0] == 0);
     if (id < 0) return;
-    *reinterpret_cast<D*>(at(dst, ix[0], id, ix[2], ix[3])) =
-        convert<D>(*reinterpret_cast<const S*>(at(src, ix[0], ix[1], ix[2], ix[3])));
+    S x = *reinterpret_cast<const S*>(at(src, ix[0], ix[1], ix[2], ix[3]));
+    if constexpr (std::is_same<S, float>::value) x *= scale;
+    *reinterpret_cast<D*>(at(dst, ix[0], id, ix[2], ix[3])) = convert<D>(x);
 }

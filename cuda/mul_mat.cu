@@ -11,6 +11,9 @@
 //     loads (vec == 0). Chosen over one block per row on the H100 (81/94/89% of copy
 //     bandwidth on 4096x4096, 11008x4096, 4096x11008 F16, against 73/91/88%; a
 //     microbenchmark of 16 variants).
+//   mul_mat_vec_fold_{f16,bf16,f32}: the same with the next decode RMS norm folded in
+//     (NormFold in args.cuh): also y * w and each block's sum of y^2, for the product after
+//     the norm and the kernel after that.
 //   mul_mat_vec_nc_f16_f32: the same kernel over channels (blockIdx.y) with rows of `a` at
 //     any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads];
 //     channel ch of b reads channel ch / ratio of a (GQA).
@@ -76,16 +79,40 @@ __device__ __forceinline__ void load_x(const float* x, float* f) {
     }
 }
 
+// The folded norm's part of mul_mat_vec_fold_* (one column): y, the row's result in lane 0,
+// times the norm's weight into rw, and the block's sum of y^2 (its warps' in order) into
+// parts. Called by every thread of the block, rows past m included (they add nothing).
+__device__ __forceinline__ void fold_rows(const GemvArgs& p, i64 row, float y) {
+    __shared__ float part[GEMV_WARPS];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const NormFold* f = p.fold;
+    if (lane == 0) {
+        const bool live = row < p.m;
+        if (live) f->rw[row] = y * f->w[row];
+        part[warp] = live ? y * y : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; ++w) s += part[w];
+        f->parts[blockIdx.x] = s;
+    }
+}
+
 // One warp per row: row = blockIdx.x * GEMV_WARPS + warp, channel blockIdx.y (channel ch
 // of b and dst, ch / ratio of a). vec requires a, a_nb1, a_nb2, b and b_nb2 multiples of
-// 16 bytes.
-template <typename T>
+// 16 bytes. FOLD: see fold_rows.
+template <typename T, bool FOLD = false>
 __device__ void gemv_rows(const GemvArgs& p) {
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
     const i64 ch = blockIdx.y;
-    if (row >= p.m) return;  // the whole warp
+    if (row >= p.m) {  // the whole warp
+        if constexpr (FOLD) fold_rows(p, row, 0.0f);
+        return;
+    }
     const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
     const float* x = reinterpret_cast<const float*>(p.b + ch * p.b_nb2);
     constexpr int N = Pack16<T>::N;
@@ -136,6 +163,7 @@ __device__ void gemv_rows(const GemvArgs& p) {
         if (p.add) sum += reinterpret_cast<const float*>(p.add)[row];
         *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = sum;
     }
+    if constexpr (FOLD) fold_rows(p, row, sum);
 }
 
 // dot of 4 halves (8 bytes) with 4 floats.
@@ -201,5 +229,8 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 // F32 rows need more registers per 16 bytes (4 lanes of x per weight, i64 indices): a
 // cap of 6 blocks per SM instead of 8 keeps them from spilling.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_f16(const GemvArgs p) { gemv_rows<f16, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_bf16(const GemvArgs p) { gemv_rows<bf16, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_fold_f32(const GemvArgs p) { gemv_rows<float, true>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_rows<f16>(p); }
 extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

@@ -7,16 +7,17 @@
 // Each pair is read and written by one thread, so in place is safe.
 #include "common.cuh"
 
-// One row: x (type S, element stride snb0) rotated by position t into y (type D).
+// One row: x (type S, element stride snb0) times `scale` (a folded norm's, else 1) rotated by
+// position t into y (type D).
 template <typename S, typename D>
 __device__ void rope_row(const char* x, i64 snb0, char* y, i64 dnb0, i64 ne0, float t,
-                         const float* freqs, i64 n_dims, i64 neox) {
+                         const float* freqs, i64 n_dims, i64 neox, float scale = 1.0f) {
     const i64 half = n_dims / 2;
     for (i64 i = threadIdx.x; i < half; i += blockDim.x) {
         const i64 j0 = neox ? i : 2 * i;
         const i64 j1 = neox ? i + half : 2 * i + 1;
-        const float x0 = load<S>(x + j0 * snb0);
-        const float x1 = load<S>(x + j1 * snb0);
+        const float x0 = load<S>(x + j0 * snb0) * scale;
+        const float x1 = load<S>(x + j1 * snb0) * scale;
         float s, c;
         sincosf(t * freqs[i], &s, &c);
         // Separate roundings, like the CPU reference.
@@ -24,7 +25,7 @@ __device__ void rope_row(const char* x, i64 snb0, char* y, i64 dnb0, i64 ne0, fl
         store<D>(y + j1 * dnb0, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
     }
     for (i64 i0 = n_dims + threadIdx.x; i0 < ne0; i0 += blockDim.x) {
-        store<D>(y + i0 * dnb0, load<S>(x + i0 * snb0));
+        store<D>(y + i0 * dnb0, load<S>(x + i0 * snb0) * scale);
     }
 }
 
@@ -48,16 +49,20 @@ __device__ void rope(const RopeArgs& p) {
 // type), one launch for what would be two ropes and two set_rows: blocks 0..q_rows rope a
 // row of q (F32) into q_dst, the next k_rows rope a row of k (F32) straight into its cache
 // row ids[token], the last v_blocks copy v's elements into theirs (set_rows' element loop).
-// The CUDA backend fuses the steps when k's rope is read by its cache write alone.
+// The CUDA backend fuses the steps when k's rope is read by its cache write alone. With a
+// folded norm (fold_parts) q, k and v are the product of an unnormalized vector: each is
+// scaled by the norm's factor first (rope is linear, so this is the rope of the normalized).
 template <typename D>
 __device__ void rope_store(const RopeStoreArgs& p) {
+    __shared__ float scratch[WARP_SIZE];
     pdl_enter();
+    const float scale = fold_scale(p.fold_parts, p.fold_count, p.fold_n, p.fold_eps, scratch);
     i64 b = blockIdx.x;
     if (b < p.q_rows) {
         const RowIndex r = row_index(p.q_src.ne, b);
         rope_row<float, float>(at(p.q_src, 0, r.i1, r.i2, r.i3), p.q_src.nb[0],
                                at(p.q_dst, 0, r.i1, r.i2, r.i3), p.q_dst.nb[0], p.q_src.ne[0],
-                               position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox);
+                               position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox, scale);
         return;
     }
     b -= p.q_rows;
@@ -70,13 +75,13 @@ __device__ void rope_store(const RopeStoreArgs& p) {
         }
         rope_row<float, D>(at(p.k_src, 0, r.i1, r.i2, r.i3), p.k_src.nb[0],
                            at(p.k_dst, 0, r.i1, id, r.i3), p.k_dst.nb[0], p.k_src.ne[0],
-                           position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox);
+                           position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox, scale);
         return;
     }
     b -= p.k_rows;
     const i64 n = p.v_src.ne[0] * p.v_src.ne[1] * p.v_src.ne[2] * p.v_src.ne[3];
     for (i64 i = b * blockDim.x + threadIdx.x; i < n; i += p.v_blocks * (i64)blockDim.x) {
-        set_row_element<float, D>(p.v_src, p.ids, p.v_dst, p.err, p.tag, i);
+        set_row_element<float, D>(p.v_src, p.ids, p.v_dst, p.err, p.tag, i, scale);
     }
 }
 

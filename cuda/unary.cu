@@ -55,16 +55,19 @@ extern "C" __global__ void scale_bf16(const UnaryArgs p) { scale<bf16>(p); }
 // multiplication that reads it when nothing else does. When q8 is not null, row r of the
 // result is also written as split Q8_1 activations at q8 + r * q8_nb1 for the decode
 // product that reads it (store_act; the launcher ensures ne0 % 32 == 0 and a block of a
-// multiple of 32 threads, so each warp holds whole 32-element blocks).
+// multiple of 32 threads, so each warp holds whole 32-element blocks). With a folded norm
+// (fold_parts) gate and up are products of an unnormalized vector: both are scaled by the
+// norm's factor first.
 template <int LAYOUT>
-__device__ void swiglu(const GluArgs& p) {
+__device__ void swiglu(const GluArgs& p, float scale) {
     for_each_row(p.dst.ne, [&](i64 i1, i64 i2, i64 i3) {
         const char* g = at(p.gate, 0, i1, i2, i3);
         const char* u = at(p.up, 0, i1, i2, i3);
         char* d = at(p.dst, 0, i1, i2, i3);
         char* q8 = p.q8 == nullptr ? nullptr : p.q8 + (i1 + p.dst.ne[1] * (i2 + p.dst.ne[2] * i3)) * p.q8_nb1;
         return [=, &p](i64 i0) {
-            const float y = Silu::apply(load<float>(g + i0 * p.gate.nb[0])) * load<float>(u + i0 * p.up.nb[0]);
+            const float y = Silu::apply(load<float>(g + i0 * p.gate.nb[0]) * scale) *
+                            (load<float>(u + i0 * p.up.nb[0]) * scale);
             store<float>(d + i0 * p.dst.nb[0], y);
             if (q8 != nullptr) store_act(y, q8, p.dst.ne[0], i0 / 32, i0 % 32, LAYOUT);
         };
@@ -72,11 +75,13 @@ __device__ void swiglu(const GluArgs& p) {
 }
 
 extern "C" __global__ void swiglu_f32(const GluArgs p) {
+    __shared__ float scratch[WARP_SIZE];
     pdl_enter();
+    const float scale = fold_scale(p.fold_parts, p.fold_count, p.fold_n, p.fold_eps, scratch);
     if (p.q8_layout == ACT_PAIRS) {
-        swiglu<ACT_PAIRS>(p);
+        swiglu<ACT_PAIRS>(p, scale);
     } else {
-        swiglu<ACT_BLOCKS>(p);
+        swiglu<ACT_BLOCKS>(p, scale);
     }
 }
 

@@ -629,26 +629,62 @@ fn skipped_kernels_are_not_launched() {
 }
 
 /// One case of [`attention_inputs_match_cpu`]: the weight type, the rope pairing, the
-/// caches' type and whether V is cached transposed.
+/// caches' type, whether V is cached transposed and whether the product's input is a
+/// residual add and RMS norm (which the CUDA backend folds into the launches around the
+/// product) rather than an input.
 struct QkvCase {
     w: DType,
     mode: RopeMode,
     cache: DType,
     v_transposed: bool,
+    fold: bool,
 }
 
+/// `n` values in [-1, 1) from `seed`, alike on every backend.
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+        .collect()
+}
+
+/// The F32 inputs of a [`qkv_graph`] with the values they take.
+type Inputs = Vec<(TensorId, Vec<f32>)>;
+
 /// A q|k|v product, its views, the ropes of q and k and the cache writes of k and v (the
-/// steps of a decode layer's attention inputs) for one token at cache slot `slot`: the
-/// plan, its inputs (x, pos, slot), its outputs (roped q) and the two caches.
+/// steps of a decode layer's attention inputs) for one token at cache slot `slot`, the
+/// product's input x an input or, with `c.fold`, `rms_norm(r + wo a) * wn` (r, a, wo, wn
+/// F32 inputs): the plan, its F32 inputs with their values, its other inputs (pos,
+/// slot), its output (roped q) and the two caches.
 fn qkv_graph(
     be: &mut dyn Backend,
     c: &QkvCase,
     caches: &mut Vec<(BufferId, usize)>,
-) -> graft::Result<(Plan, [TensorId; 4])> {
+) -> graft::Result<(Plan, Inputs, [TensorId; 3])> {
     const K: usize = 256;
     let (m, slots) = ((N_HEAD + 2 * N_KV_HEAD) * HD, CTX);
     let mut g = Graph::new();
-    let x = g.input("x", DType::F32, &[K, 1])?;
+    let mut inputs = Vec::new();
+    let x = if c.fold {
+        let mut input = |g: &mut Graph, name: &str, ne: &[usize], scale: f32| {
+            let t = g.input(name, DType::F32, ne)?;
+            let n = ne.iter().product();
+            let v = values(n, inputs.len()).iter().map(|x| x * scale).collect();
+            inputs.push((t, v));
+            graft::Result::Ok(t)
+        };
+        let r = input(&mut g, "r", &[K, 1], 3.0)?;
+        let a = input(&mut g, "a", &[K, 1], 1.0)?;
+        let wo = input(&mut g, "wo", &[K, K], 0.1)?;
+        let wn = input(&mut g, "wn", &[K], 1.0)?;
+        let o = g.mul_mat(wo, a)?;
+        let y = g.add(r, o)?;
+        let n = g.rms_norm(y, 1e-5)?;
+        g.mul(n, wn)?
+    } else {
+        let x = g.input("x", DType::F32, &[K, 1])?;
+        inputs.push((x, values(K, 0)));
+        x
+    };
     let pos = g.input("pos", DType::I32, &[1])?;
     let slot = g.input("slot", DType::I32, &[1])?;
     // weights seeded alike on both backends, quantized on the host where they are blocks
@@ -710,7 +746,7 @@ fn qkv_graph(
         false => g.set_rows(vc, v, slot)?,
     };
     let plan = g.plan(&[q, k_written, v_written])?;
-    Ok((plan, [x, pos, slot, q]))
+    Ok((plan, inputs, [pos, slot, q]))
 }
 
 /// A decode step's attention inputs (a q|k|v product, the ropes of q and k, the cache
@@ -719,8 +755,11 @@ fn qkv_graph(
 /// written cache rows within 1e-9 (F32), 1e-6 (F16) or 1e-4 (BF16: the two products' sums
 /// can round apart), every other cache byte as it was (a wrong slot, row order or rotation
 /// is off by order 1). Weights F16 and Q4_0 (the `__dp4a` kernel), NeoX and normal pairs,
-/// F32, F16 and BF16 caches, V by position and transposed. A slot outside the cache is an
-/// index error that names it and the cache's slots, and no cache byte changes.
+/// F32, F16 and BF16 caches, V by position and transposed. With a residual add and RMS norm
+/// before the product, the norm is folded: one `mul_mat_vec_fold_f32` launch for the
+/// product before it, its add and the norm, and `rope_store` scales q, k and v by the
+/// norm's factor. A slot outside the cache is an index error that names it and the
+/// cache's slots, and no cache byte changes.
 #[test]
 fn attention_inputs_match_cpu() {
     use graft::quant::QType;
@@ -732,33 +771,36 @@ fn attention_inputs_match_cpu() {
     gpu.set_profiling(true);
     let q4 = DType::Quant(QType::Q4_0);
     let cases = [
-        (q4, RopeMode::Neox, DType::F16, false),
-        (q4, RopeMode::Normal, DType::F32, true),
-        (q4, RopeMode::Neox, DType::BF16, true),
-        (DType::F16, RopeMode::Neox, DType::F16, false),
-        (DType::F16, RopeMode::Normal, DType::BF16, true),
+        (q4, RopeMode::Neox, DType::F16, false, false),
+        (q4, RopeMode::Normal, DType::F32, true, false),
+        (q4, RopeMode::Neox, DType::BF16, true, false),
+        (DType::F16, RopeMode::Neox, DType::F16, false, false),
+        (DType::F16, RopeMode::Normal, DType::BF16, true, false),
+        (DType::F16, RopeMode::Neox, DType::F16, false, true),
+        (DType::F16, RopeMode::Normal, DType::F32, true, true),
+        (q4, RopeMode::Neox, DType::BF16, false, true),
     ];
-    for (w, mode, cache, v_transposed) in cases {
+    for (w, mode, cache, v_transposed, fold) in cases {
         let c = QkvCase {
             w,
             mode,
             cache,
             v_transposed,
+            fold,
         };
-        let what = format!("{w} {mode:?} {cache} transposed {v_transposed}");
-        let x: Vec<f32> = (0..256)
-            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-            .collect();
+        let what = format!("{w} {mode:?} {cache} transposed {v_transposed} fold {fold}");
         let mut results = Vec::new();
         for be in [&mut gpu as &mut dyn Backend, &mut CpuBackend::new()] {
             let mut caches = Vec::new();
-            let (plan, [xi, pos, slot, q]) = qkv_graph(be, &c, &mut caches).unwrap();
+            let (plan, inputs, [pos, slot, q]) = qkv_graph(be, &c, &mut caches).unwrap();
             // sentinels: every cache byte 0x5a before the run
             for &(buf, bytes) in &caches {
                 be.write_buffer(buf, 0, &vec![0x5a; bytes]).unwrap();
             }
             let e = be.load(&plan).unwrap();
-            be.set_input_f32(e, xi, &x).unwrap();
+            for (id, v) in &inputs {
+                be.set_input_f32(e, *id, v).unwrap();
+            }
             be.set_input_i32(e, pos, &[1234]).unwrap();
             // a slot outside the cache first: an index error (the GPU reports it when
             // it next waits for the device), nothing written
@@ -794,13 +836,20 @@ fn attention_inputs_match_cpu() {
             .filter(|k| !k.starts_with("(fused"))
             .collect();
         // two runs, each the product's step (with the activations' quantization for
-        // Q4_0), then one rope_store launch for the other four steps
+        // Q4_0; with an F16 product after a norm, one step with the folded launch before
+        // it), then one rope_store launch for the other four steps; a Q4_0 product after
+        // a norm takes no fold (two more steps a run: the o product and the norm)
+        let folds = fold && w == DType::F16;
+        let folded = |k: &&str| k.starts_with("mul_mat_vec_fold_f32 + mul_mat_vec_f16");
         let product = |k: &&str| k.contains("mul_mat_vec_");
         let store = |k: &&str| k.starts_with(&format!("rope_store_{}", cache.name()));
+        let unfolded = 4 * usize::from(fold && !folds);
+        let count = |f: &dyn Fn(&&str) -> bool| kernels.iter().filter(|k| f(k)).count();
         assert!(
-            kernels.len() == 4
-                && kernels.iter().filter(|k| product(k)).count() == 2
-                && kernels.iter().filter(|k| store(k)).count() == 2,
+            kernels.len() == 4 + unfolded
+                && count(&folded) == 2 * usize::from(folds)
+                && count(&product) == 2 + unfolded / 2
+                && count(&store) == 2,
             "{what}: {kernels:?}"
         );
         let ((gq, gc), (cq, cc)) = (&results[0], &results[1]);

@@ -9,15 +9,16 @@
 //! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` (block weights: `mul_mat_vec_q_*` / `mul_mat_vec_dq_*`, 1..=8 columns) with `add = r` |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | `rope_store_<cache>` |
 //! | `flash_attn_ext` (a decode that ends in `fattn_combine`), then a decode product of its result on the `__dp4a` path | the combine writes the product's Q8_1 activations too; the attention step keeps its own launches, the product loses its quantizing one |
+//! | float decode GEMV `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode GEMV of the norm's result whose every use is read by the next `rope_store` or SwiGLU launch | `mul_mat_vec_fold_*` (also `y * w` and block sums of `y^2`, in scratch), the product reading `y * w`; the `rope_store` or SwiGLU launch scales by the norm's factor ([`norm_fold`]) |
 //!
 //! The later steps then have no launch of their own. When the step after a fused norm or
 //! SwiGLU is a decode product with block-quantized weights on the `__dp4a` path, the
 //! fused kernel also writes its result as the Q8_1 activations that product reads, and
 //! the product's own quantizing launch goes ([`Lowering::q8_1_made`]). (Folding the norm
 //! into the GEMV that reads it, each warp summing x^2 itself, measured no faster on an
-//! H100 and was dropped; so was a fold into the products on both sides, the one before
-//! writing block sums of x^2, which made the one after slower than the norm's launch on
-//! an H200: docs/benchmarks.md, twentieth session.) A fused kernel still reads the first
+//! H100 and was dropped; so was a fold whose second product read the block sums itself,
+//! slower than the norm's launch on an H200: docs/benchmarks.md, twentieth session. The
+//! kept fold leaves the sums to the small launch after the second product.) A fused kernel still reads the first
 //! step's sources while it writes the later steps' results, which the allocator may have
 //! placed in memory one of those sources had (free once the first step was done): so
 //! steps fuse only when a result overlaps no source it is read alongside, except the
@@ -26,13 +27,13 @@
 
 use std::collections::HashMap;
 
-use super::args::{GluArgs, NormMulArgs, NORM_VEC};
+use super::args::{GluArgs, NormMulArgs, GEMV_WARPS, NORM_VEC};
 use super::kernels::{by, k};
 use super::lower::mul_mat::{self, Gemv};
 use super::lower::mul_mat_q::{self, MAX_DECODE_COLS};
 use super::lower::rope::{self, RopeStore};
 use super::lower::{attention, check_operands, lower_step};
-use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering, Q8Copy};
+use super::lowering::{disjoint, elementwise_grid, row_grid, DevOp, Lowering, NormFoldOut, Q8Copy};
 use crate::graph::{
     AllocKind, BinaryOp, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, Step, TensorId, UnaryOp,
 };
@@ -61,7 +62,7 @@ pub(crate) fn lower_plan<'s>(
         let step = &plan.steps[i];
         lw.tag = tag(i);
         let fused = match fusion {
-            true => fuse(&plan.steps[i..], &readers, lw, &|j| tag(i + j)),
+            true => fuse(plan, &plan.steps[i..], &readers, lw, &|j| tag(i + j)),
             false => None,
         };
         let (ops, used) = match fused {
@@ -74,20 +75,33 @@ pub(crate) fn lower_plan<'s>(
         lw.step_done(plan.steps[i..i + used].iter().map(|s| &s.dst));
         i += used;
     }
+    if let (Some(fold), Some(last)) = (&lw.fold, plan.steps.last()) {
+        return Err((
+            last,
+            format!(
+                "internal: the norm folded for tensor {:?} was not applied",
+                fold.of
+            ),
+        ));
+    }
     Ok(steps)
+}
+
+/// The tensor whose memory `id` is (itself, or the base of a view).
+fn base(plan: &Plan, id: TensorId) -> TensorId {
+    match plan.alloc.info.get(id).map(|i| i.kind) {
+        Some(AllocKind::View(b)) => b,
+        _ => id,
+    }
 }
 
 /// How many times each tensor's memory is read: by step sources (through views too) and
 /// as a plan output.
 fn readers(plan: &Plan) -> HashMap<TensorId, usize> {
-    let base = |id: TensorId| match plan.alloc.info.get(id).map(|i| i.kind) {
-        Some(AllocKind::View(b)) => b,
-        _ => id,
-    };
     let mut n = HashMap::new();
     let srcs = plan.steps.iter().flat_map(|s| s.src.iter());
     for op in srcs.chain(plan.outputs.iter().map(|io| &io.operand)) {
-        *n.entry(base(op.id)).or_insert(0) += 1;
+        *n.entry(base(plan, op.id)).or_insert(0) += 1;
     }
     n
 }
@@ -124,13 +138,19 @@ fn residual_of<'s>(
 /// when they start no pattern. `readers` comes from [`readers`]; `tag(j)` is the
 /// index-error tag of `window[j]`.
 fn fuse(
+    plan: &Plan,
     window: &[Step],
     readers: &HashMap<TensorId, usize>,
     lw: &mut Lowering,
     tag: &dyn Fn(usize) -> i64,
 ) -> Option<(Result<Vec<DevOp>, String>, usize)> {
-    if let Some(fused) = rope_store(window, readers, lw, tag) {
-        return Some(fused);
+    if let Some((store, used, k_write)) = rope_store(window, readers) {
+        lw.tag = tag(k_write);
+        let fold = take_fold(plan, lw, &store.sources());
+        return Some((rope::lower_store(&store, fold.as_ref(), lw), used));
+    }
+    if let Some(fused) = norm_fold(plan, window, readers, lw) {
+        return Some((fused, 5));
     }
     let (first, second) = (window.first()?, window.get(1)?);
     if let Op::FlashAttnExt(p) = &first.op {
@@ -142,7 +162,155 @@ fn fuse(
             .and_then(|()| attention::lower(p, &first.src, &first.dst, Some((&b, layout)), lw));
         return Some((ops, 1));
     }
-    pair(first, second, window.get(2), readers, lw).map(|ops| (ops, 2))
+    pair(plan, first, second, window.get(2), readers, lw).map(|ops| (ops, 2))
+}
+
+/// A decode RMS norm folded into the launches around the product after it, where the
+/// steps are a float decode product `mul_mat(a, v)` (`a` not block-quantized, one column),
+/// `add(r, that)`, `rms_norm(y)` and `mul(that, w)` (`w` one dense F32 row), the next step
+/// a product of the norm's result read by it alone, and the steps after it one
+/// `rope_store` launch or a SwiGLU pair that reads every use of that product's result. The
+/// first four steps become one `mul_mat_vec_fold_*` launch: it writes `y`, `rw = y * w`
+/// and the sum of `y^2` over each of its blocks (both in scratch, held until taken: the
+/// norm's own block may be one the launch reads, such as `v`'s); the next product, a
+/// float decode GEMV too, reads `rw` in place of the norm's result; the `rope_store` or
+/// SwiGLU launch scales its inputs by `1 / sqrt(sum / n + eps)` ([`Lowering::fold`]): the
+/// products are linear, so this is the product of the normalized vector. Saves the norm's
+/// launch. Returns the two launches of the first five steps.
+fn norm_fold(
+    plan: &Plan,
+    window: &[Step],
+    readers: &HashMap<TensorId, usize>,
+    lw: &mut Lowering,
+) -> Option<Result<Vec<DevOp>, String>> {
+    let [mm, add, norm, mul, next, rest @ ..] = window else {
+        return None;
+    };
+    let (a, v) = (mm.src.first()?, mm.src.get(1)?);
+    let next_a = next.src.first()?;
+    let r = residual_of(mm, add, readers)?;
+    let (Op::MulMat, Op::Norm(NormOp::RmsNorm { eps }), Op::Binary(BinaryOp::Mul), Op::MulMat) =
+        (&mm.op, &norm.op, &mul.op, &next.op)
+    else {
+        return None;
+    };
+    let (y, xn, w) = (&add.dst, &mul.dst, mul.src.get(1)?);
+    let fits = mul_mat::float_gemv(a, v)
+        && norm.src[0] == *y
+        && readers.get(&norm.dst.id) == Some(&1)
+        && mul.src[0].id == norm.dst.id
+        && readers.get(&xn.id) == Some(&1)
+        && next.src.get(1).is_some_and(|b| b.id == xn.id)
+        && mul_mat::float_gemv(next_a, xn)
+        && lw.fold_norms
+        && lw.fold.is_none()
+        && dense_f32(w)
+        && dense_f32(xn)
+        && w.ne == y.ne
+        && xn.ne == y.ne
+        && y.nrows() == 1
+        && disjoint_or_same(y, r)
+        && disjoint(y, v)
+        && disjoint(y, a)
+        && disjoint(y, w)
+        && folds_into(plan, rest, &next.dst, readers);
+    if !fits {
+        return None;
+    }
+    if let Err(e) = check_operands(next, lw) {
+        return Some(Err(e));
+    }
+    let m = y.ne[0];
+    let count = m.div_ceil(GEMV_WARPS as usize);
+    let mut held = 0;
+    let parts = lw.reserve_scratch(&mut held, count * 4);
+    let rw = lw.reserve_scratch(&mut held, m * 4);
+    let fold: Vec<u8> = [lw.addr(w), rw, parts]
+        .iter()
+        .flat_map(|x| x.to_ne_bytes())
+        .collect();
+    let extra = Gemv {
+        dst: Some(y),
+        add: Some(r),
+        fold: Some(lw.push_consts(&fold)),
+        b: None,
+    };
+    let mut ops = match mul_mat::gemv(a, v, &mm.dst, extra, lw)? {
+        Ok(ops) => ops,
+        Err(e) => return Some(Err(e)),
+    };
+    lw.scratch_held = held;
+    lw.fold = Some(NormFoldOut {
+        of: base(plan, next.dst.id),
+        parts,
+        count: count as i64,
+        n: m as f32,
+        eps: *eps,
+    });
+    let read_rw = Gemv {
+        b: Some(rw),
+        ..Gemv::default()
+    };
+    Some(
+        mul_mat::gemv(next_a, xn, &next.dst, read_rw, lw)?.map(|more| {
+            ops.extend(more);
+            ops
+        }),
+    )
+}
+
+/// Whether the launch that `steps` start with reads every use of `out` and can scale
+/// them by a folded norm's factor: a `rope_store` launch or a SwiGLU pair.
+fn folds_into(
+    plan: &Plan,
+    steps: &[Step],
+    out: &Operand,
+    readers: &HashMap<TensorId, usize>,
+) -> bool {
+    let of = base(plan, out.id);
+    let uses = |srcs: &[&Operand]| srcs.iter().filter(|t| base(plan, t.id) == of).count();
+    let read = match (rope_store(steps, readers), steps) {
+        (Some((store, ..)), _) => uses(&store.sources()),
+        (None, [silu, mul, ..]) => {
+            swiglu_of(silu, mul, readers).map_or(0, |(g, u, _)| uses(&[g, u]))
+        }
+        (None, _) => 0,
+    };
+    read > 0 && readers.get(&of) == Some(&read)
+}
+
+/// The folded norm that the launch reading `srcs` must apply, taken from the lowering
+/// (None when none is pending for them).
+fn take_fold(plan: &Plan, lw: &mut Lowering, srcs: &[&Operand]) -> Option<NormFoldOut> {
+    let of = lw.fold.as_ref()?.of;
+    if !srcs.iter().any(|t| base(plan, t.id) == of) {
+        return None;
+    }
+    lw.scratch_held = 0;
+    lw.fold.take()
+}
+
+/// `silu(gate)` then `mul(that, up)` as one SwiGLU launch: (gate, up, result), when the
+/// silu is read by the multiplication alone and all are F32 of one shape whose result
+/// touches no source it is read alongside (the same layout is fine).
+fn swiglu_of<'s>(
+    silu: &'s Step,
+    mul: &'s Step,
+    readers: &HashMap<TensorId, usize>,
+) -> Option<(&'s Operand, &'s Operand, &'s Operand)> {
+    if (&silu.op, &mul.op) != (&Op::Unary(UnaryOp::Silu), &Op::Binary(BinaryOp::Mul))
+        || readers.get(&silu.dst.id) != Some(&1)
+    {
+        return None;
+    }
+    let (gate, up, y) = (silu.src.first()?, mul.src.get(1)?, &mul.dst);
+    let fits = mul.src[0].id == silu.dst.id
+        && [gate, up, y].iter().all(|t| t.dtype == DType::F32)
+        && up.ne == gate.ne
+        && y.ne == gate.ne
+        && disjoint_or_same(y, gate)
+        && disjoint_or_same(y, up);
+    fits.then_some((gate, up, y))
 }
 
 /// Where a fused step's result `y` also goes as Q8_1 activations (address, column stride
@@ -203,12 +371,32 @@ fn norm_vec_threads(ne0: usize) -> u32 {
 /// The fused launch of `first` then `second` (`next` the step after them), or None when
 /// the pair is not a pattern.
 fn pair(
+    plan: &Plan,
     first: &Step,
     second: &Step,
     next: Option<&Step>,
     readers: &HashMap<TensorId, usize>,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
+    if let Some((gate, up, y)) = swiglu_of(first, second, readers) {
+        let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
+        let fold = take_fold(plan, lw, &[gate, up]);
+        let (fold_parts, fold_count, fold_n, fold_eps) = NormFoldOut::fields(fold.as_ref());
+        let args = GluArgs {
+            gate: lw.t4(gate),
+            up: lw.t4(up),
+            dst: lw.t4(y),
+            q8,
+            q8_nb1,
+            q8_layout,
+            fold_parts,
+            fold_count,
+            fold_n,
+            fold_eps,
+        };
+        let (grid, block) = elementwise_grid(y.ne);
+        return Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]));
+    }
     let mid = &first.dst;
     if readers.get(&mid.id) != Some(&1) {
         return None;
@@ -261,29 +449,6 @@ fn pair(
                 )])
             }))
         }
-        (Op::Unary(UnaryOp::Silu), Op::Binary(BinaryOp::Mul)) => {
-            let (gate, up, y) = (&first.src[0], &second.src[1], &second.dst);
-            if second.src[0].id != mid.id
-                || [gate, up, y].iter().any(|t| t.dtype != DType::F32)
-                || up.ne != gate.ne
-                || y.ne != gate.ne
-                || !disjoint_or_same(y, gate)
-                || !disjoint_or_same(y, up)
-            {
-                return None;
-            }
-            let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
-            let args = GluArgs {
-                gate: lw.t4(gate),
-                up: lw.t4(up),
-                dst: lw.t4(y),
-                q8,
-                q8_nb1,
-                q8_layout,
-            };
-            let (grid, block) = elementwise_grid(y.ne);
-            Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]))
-        }
         (Op::MulMat, Op::Binary(BinaryOp::Add)) => {
             let residual = residual_of(first, second, readers)?;
             let (w, v, y) = (&first.src[0], &first.src[1], &second.dst);
@@ -293,6 +458,7 @@ fn pair(
             let extra = Gemv {
                 dst: Some(y),
                 add: Some(residual),
+                ..Gemv::default()
             };
             mul_mat::gemv(w, v, mid, extra, lw)
         }
@@ -304,15 +470,13 @@ fn pair(
 /// rope of k read by its cache write alone (`set_rows` of k's rows, one dense row per
 /// token), with the rope of q (same positions and parameters) and the V cache write (same
 /// ids) when they are next to that pair, before or after it (the plan's order depends on
-/// the attention's graph), and touch nothing the launch writes. Returns the launch and
-/// the steps it covers (`window[..n]`). An id outside the cache is reported as the K
-/// write's (`tag(j)` of `window[j]`; the V write has the same ids).
-fn rope_store(
-    window: &[Step],
+/// the attention's graph), and touch nothing the launch writes. Returns the launch's
+/// steps, how many it covers (`window[..n]`) and which is the K write (an id outside the
+/// cache is reported as its; the V write has the same ids).
+fn rope_store<'s>(
+    window: &'s [Step],
     readers: &HashMap<TensorId, usize>,
-    lw: &mut Lowering,
-    tag: &dyn Fn(usize) -> i64,
-) -> Option<(Result<Vec<DevOp>, String>, usize)> {
+) -> Option<(RopeStore<'s>, usize, usize)> {
     let w = &window[..window.len().min(4)];
     (0..3).find_map(|at| {
         let (rk, sk) = (w.get(at)?, w.get(at + 1)?);
@@ -327,8 +491,7 @@ fn rope_store(
                 .iter()
                 .take_while(|s| join(&mut store, s))
                 .count();
-        lw.tag = tag(at + 1);
-        Some((rope::lower_store(&store, lw), used))
+        Some((store, used, at + 1))
     })
 }
 

@@ -11,7 +11,7 @@ use super::args::{ArgBytes, KernelArgs, Tensor4};
 use super::gemm::Gemm;
 use super::kernels::Kernel;
 use super::split::SplitRows;
-use crate::graph::{BufferId, DType, Loc, Operand};
+use crate::graph::{BufferId, DType, Loc, Operand, TensorId};
 
 /// One device operation of a lowered step.
 pub(crate) enum DevOp {
@@ -151,6 +151,39 @@ pub(crate) struct Lowering<'a> {
     /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
     /// writes are accounted for ([`Lowering::step_done`]).
     pub q8_1_made: Option<Q8Copy>,
+    /// A decode RMS norm folded into the launch before the product that reads it: the
+    /// launch that reads that product's result must scale by it (see [`super::fuse`]).
+    /// Taken by that launch; one left at the end of the plan is an error.
+    pub fold: Option<NormFoldOut>,
+    /// Whether fusion may fold decode norms at all (`GRAFT_CUDA_FOLD=0`: never).
+    pub fold_norms: bool,
+    /// Scratch bytes held from one step to a later one (a pending fold's block sums):
+    /// [`Lowering::reserve_scratch`] places every step's scratch after them.
+    pub scratch_held: usize,
+}
+
+/// The block sums of `y^2` that a folded norm's first launch wrote (see [`super::fuse`]).
+#[derive(Clone, Debug)]
+pub struct NormFoldOut {
+    /// The result of the product after the norm: the launch that reads it scales by the
+    /// norm's factor.
+    pub of: TensorId,
+    /// Address of the sums (F32, one per block of the first launch).
+    pub parts: u64,
+    /// How many sums.
+    pub count: i64,
+    /// Elements of the normalized row.
+    pub n: f32,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+impl NormFoldOut {
+    /// The `fold_parts`, `fold_count`, `fold_n` and `fold_eps` arguments of the launch
+    /// that applies `fold` (zeros: none).
+    pub fn fields(fold: Option<&Self>) -> (u64, i64, f32, f32) {
+        fold.map_or((0, 0, 0.0, 0.0), |f| (f.parts, f.count, f.n, f.eps))
+    }
 }
 
 /// A Q8_1 copy of F32 activations in scratch, as the decode products read them
@@ -202,6 +235,9 @@ impl<'a> Lowering<'a> {
             q8_1_made: None,
             launched: false,
             split: &[],
+            fold: None,
+            fold_norms: true,
+            scratch_held: 0,
         }
     }
 }
@@ -236,12 +272,13 @@ impl Lowering<'_> {
         self.consts_base + off as u64
     }
 
-    /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
+    /// Reserves `bytes` of scratch at `*offset` (advanced past them) after the held bytes
+    /// ([`Lowering::scratch_held`]); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
-        let addr = self.scratch_base + *offset as u64;
+        let addr = self.scratch_base + (self.scratch_held + *offset) as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
-        self.scratch_need = self.scratch_need.max(*offset);
+        self.scratch_need = self.scratch_need.max(self.scratch_held + *offset);
         addr
     }
 

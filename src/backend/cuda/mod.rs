@@ -89,6 +89,9 @@ pub struct CudaBackend {
     sync_each: bool,
     /// Whether load fuses consecutive steps (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
     fusion: bool,
+    /// Whether fusion folds a decode RMS norm into the launches around the product after
+    /// it (see [`fuse`]); `GRAFT_CUDA_FOLD=0` keeps the norm's launch.
+    fold_norms: bool,
     /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
     /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
     pdl: bool,
@@ -228,6 +231,7 @@ impl CudaBackend {
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
+            fold_norms: env_flag("GRAFT_CUDA_FOLD") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
@@ -583,6 +587,7 @@ impl CudaBackend {
             small_dq: self.small_dq,
             split: &self.split,
             sms: self.sms,
+            fold_norms: self.fold_norms,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))

@@ -10,9 +10,9 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use super::args::{
-    BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormMulArgs, QGemvArgs,
+    BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormFold, NormMulArgs, QGemvArgs,
     RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
-    CPY_SAME_SHAPE,
+    CPY_SAME_SHAPE, GEMV_WARPS,
 };
 use super::fuse;
 use super::gemm::Gemm;
@@ -141,6 +141,9 @@ fn run_gemv(name: &str, p: GemvArgs) {
                 // SAFETY: `add` is a dense F32 vector of m elements in the plan's memory.
                 acc += unsafe { load((p.add as i64 + r * 4) as *const u8, DType::F32) };
             }
+            if p.fold != 0 {
+                fold_row(&p, r, acc);
+            }
             // SAFETY: as above.
             unsafe {
                 store(
@@ -151,6 +154,38 @@ fn run_gemv(name: &str, p: GemvArgs) {
             };
         }
     }
+}
+
+/// The folded norm's part of `mul_mat_vec_fold_*` for row `r` (result `y`): `y * w` into
+/// `rw`, and `y^2` added to its block's sum (rows in order, as the kernel's warps).
+fn fold_row(p: &GemvArgs, r: i64, y: f32) {
+    let rows = i64::from(GEMV_WARPS);
+    // SAFETY: `fold` points at a NormFold in the plan's constants; its vectors lie in the
+    // plan's memory (w and rw m elements, parts one per block of rows).
+    unsafe {
+        let f = *(p.fold as *const NormFold);
+        let w = load((f.w as i64 + r * 4) as *const u8, DType::F32);
+        store((f.rw as i64 + r * 4) as *mut u8, DType::F32, y * w);
+        let part = (f.parts as i64 + (r / rows) * 4) as *mut u8;
+        let before = if r % rows == 0 {
+            0.0
+        } else {
+            load(part, DType::F32)
+        };
+        store(part, DType::F32, before + y * y);
+    }
+}
+
+/// The scale of a folded norm whose block sums the launch reads (1 without one).
+fn fold_scale(parts: u64, count: i64, n: f32, eps: f32) -> f32 {
+    if parts == 0 {
+        return 1.0;
+    }
+    // SAFETY: `parts` holds `count` F32 sums in the plan's scratch.
+    let sum: f32 = (0..count)
+        .map(|i| unsafe { load((parts as i64 + i * 4) as *const u8, DType::F32) })
+        .sum();
+    1.0 / (sum / n + eps).sqrt()
 }
 
 /// Host version of split_*_bf16: hi = bf16(x) at dst, lo = bf16(x - hi) at dst + lo_offset.
@@ -235,16 +270,17 @@ fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
 /// Host version of swiglu_f32: y = silu(gate) * up, elementwise, any strides.
 fn run_swiglu(a: GluArgs) {
     assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
+    let s = fold_scale(a.fold_parts, a.fold_count, a.fold_n, a.fold_eps);
     let n: i64 = a.dst.ne.iter().product();
     for i in 0..n {
         let ix = elem(a.dst.ne, i);
         // SAFETY: the three tensors lie in the plan's memory with these shapes.
         unsafe {
-            let g = load(
+            let g = s * load(
                 (a.gate.data as i64 + offset(a.gate.nb, ix)) as *const u8,
                 DType::F32,
             );
-            let u = load(
+            let u = s * load(
                 (a.up.data as i64 + offset(a.up.nb, ix)) as *const u8,
                 DType::F32,
             );
@@ -747,6 +783,170 @@ fn fusion_patterns() {
     assert_eq!(names.last().map(String::as_str), Some("mul_mat_vec_f32"));
 }
 
+/// Two decode FFN blocks whose norms fold (o + add + norm, then down + add + norm), 70
+/// rows (the last block of a fold's launch has 2): the result (the second SwiGLU, plus a
+/// view of the second product's result when `extra_reader`) and the inputs.
+fn fold_graph(extra_reader: bool) -> (Graph, TensorId, Vec<TensorId>) {
+    let (d, ff) = (70, 40);
+    let mut g = Graph::new();
+    let x0 = g.input("x0", DType::F32, &[d, 1]).unwrap();
+    let v0 = g.input("v0", DType::F32, &[d, 1]).unwrap();
+    let x = g.scale(x0, 4.0).unwrap();
+    let v = g.scale(v0, 0.5).unwrap();
+    let wo = g.input("wo", DType::F16, &[d, d]).unwrap();
+    let wd = g.input("wd", DType::BF16, &[ff, d]).unwrap();
+    let mut inputs = vec![x0, v0, wo, wd];
+    let mut ffn = |g: &mut Graph, x: TensorId, name: &str| {
+        let wn = g.input(&format!("{name}.wn"), DType::F32, &[d]).unwrap();
+        let wgu = g
+            .input(&format!("{name}.wgu"), DType::F32, &[d, 2 * ff])
+            .unwrap();
+        inputs.extend([wn, wgu]);
+        let n = g.rms_norm(x, 1e-5).unwrap();
+        let cur = g.mul(n, wn).unwrap();
+        let gu = g.mul_mat(wgu, cur).unwrap();
+        let row = g.tensor(gu).nb[1];
+        let gate = g.view_2d(gu, ff, 1, row, 0).unwrap();
+        let up = g.view_2d(gu, ff, 1, row, ff * 4).unwrap();
+        let h = g.silu(gate).unwrap();
+        (g.mul(h, up).unwrap(), up)
+    };
+    let o = g.mul_mat(wo, v).unwrap();
+    let x1 = g.add(x, o).unwrap();
+    let (h, _) = ffn(&mut g, x1, "l0");
+    let dn = g.mul_mat(wd, h).unwrap();
+    let x2 = g.add(dn, x1).unwrap();
+    let (h2, up2) = ffn(&mut g, x2, "l1");
+    let y = match extra_reader {
+        true => g.add(h2, up2).unwrap(),
+        false => h2,
+    };
+    (g, y, inputs)
+}
+
+/// The decode plans (classic attention, then flash attention) of the tiny preset with
+/// every weight of type `wt`, a 256-slot cache: (flash attention, layers, plan).
+fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
+    use crate::graph::BufferId;
+    use crate::models::blocks::build_decode;
+    use crate::models::kv_cache::{CacheTypes, KvCache};
+    use crate::models::presets;
+    use crate::models::weights::{uniform, Weights};
+    let cfg = presets::preset("tiny").unwrap();
+    let w = Weights::layout(&cfg, &uniform(wt), BufferId::fresh());
+    [false, true]
+        .into_iter()
+        .map(|flash_attn| {
+            let types = CacheTypes {
+                flash_attn,
+                ..CacheTypes::default()
+            };
+            let kv = KvCache::layout(&cfg, 256, types, BufferId::fresh());
+            let plan = build_decode(&cfg, &w, &kv, 256).unwrap().plan().unwrap();
+            (flash_attn, cfg.num_hidden_layers, plan)
+        })
+        .collect()
+}
+
+/// A decode step of an F16 Llama: every norm after a layer's o or down product is folded
+/// (the first layer's attention norm follows the embedding, the final norm feeds the
+/// head, so those two stay `rms_norm_mul` launches), each applied by the next
+/// `rope_store` or SwiGLU, with or without flash attention; without fusion nothing folds.
+#[test]
+fn decode_norm_folds() {
+    for (flash_attn, l, plan) in tiny_decode_plans(DType::F16) {
+        for fusion in [true, false] {
+            let mut lw = Lowering {
+                scratch_base: 1 << 50,
+                ..Lowering::new(&fake_addr_any, true, 1)
+            };
+            let ops = fuse::lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap();
+            let launches = kernel_launches(&ops);
+            let count = |k: &str| launches.iter().filter(|l| l.kernel.name == k).count();
+            let (folds, norms) = match fusion {
+                true => (2 * l - 1, 2),
+                false => (0, 0),
+            };
+            assert_eq!(
+                count("mul_mat_vec_fold_f16"),
+                folds,
+                "{flash_attn} {fusion}"
+            );
+            assert_eq!(
+                count("rms_norm_mul_f32_f32"),
+                norms,
+                "{flash_attn} {fusion}"
+            );
+            if !fusion {
+                continue;
+            }
+            // each fold is taken by the launch after the next product, in order
+            let mut pending = None;
+            for launch in &launches {
+                let taken = match launch.kernel.name {
+                    "mul_mat_vec_fold_f16" => {
+                        assert!(pending.is_none(), "a fold before the last was taken");
+                        // SAFETY: the args point into the plan's constants, as lowered
+                        let f: NormFold = unsafe {
+                            let at = args::<GemvArgs>(launch).fold - lw.consts_base;
+                            std::ptr::read_unaligned(lw.consts.as_ptr().add(at as usize).cast())
+                        };
+                        pending = Some(f.parts);
+                        continue;
+                    }
+                    "rope_store_f16" => args::<RopeStoreArgs>(launch).fold_parts,
+                    "swiglu_f32" => args::<GluArgs>(launch).fold_parts,
+                    _ => continue,
+                };
+                assert_eq!(Some(taken).filter(|&p| p != 0), pending.take());
+            }
+            assert!(pending.is_none());
+        }
+    }
+}
+
+/// The decode norm folded into the launches around the product after it, checked by the
+/// interpreter against the CPU: two folds in a row, each applied by the SwiGLU after the
+/// next product; and no fold where that product's result has another reader.
+#[test]
+fn norm_fold_pattern() {
+    let (g, y, inputs) = fold_graph(false);
+    let names = check_lowering(&g, y, &inputs, 17, 1e-9, true);
+    assert_eq!(
+        names,
+        [
+            "scale_f32",
+            "scale_f32",
+            "mul_mat_vec_fold_f16",
+            "mul_mat_vec_f32",
+            "swiglu_f32",
+            "mul_mat_vec_fold_bf16",
+            "mul_mat_vec_f32",
+            "swiglu_f32"
+        ]
+    );
+    let plan = g.plan(&[y]).unwrap();
+    let (ops, _) = lower_on_host_with(&plan, true);
+    let swiglus: Vec<GluArgs> = kernel_launches(&ops)
+        .iter()
+        .filter(|l| l.kernel.name == "swiglu_f32")
+        .map(|l| args(l))
+        .collect();
+    for s in &swiglus {
+        assert_eq!((s.fold_count, s.fold_n, s.fold_eps), (18, 70.0, 1e-5));
+    }
+    // each fold's sums start the scratch, held until its SwiGLU takes them
+    assert_ne!(swiglus[0].fold_parts, 0);
+    assert_eq!(swiglus[0].fold_parts, swiglus[1].fold_parts);
+
+    // The second product's result also read by the final add: its norm stays a launch.
+    let (g, y, inputs) = fold_graph(true);
+    let names = check_lowering(&g, y, &inputs, 18, 1e-9, true);
+    let count = |k: &str| names.iter().filter(|n| n.starts_with(k)).count();
+    assert_eq!(count("rms_norm_mul"), 1, "{names:?}");
+    assert_eq!(count("mul_mat_vec_fold"), 1, "{names:?}");
+}
+
 #[test]
 fn f16_round_trip_of_the_interpreter() {
     // The interpreter's loads and stores agree with `half` (guards the checks above).
@@ -1058,24 +1258,9 @@ fn fake_addr_any(loc: Loc) -> u64 {
 /// kernels' Q8_1 copies are at the address the products read.
 #[test]
 fn decode_layer_fusions() {
-    use crate::graph::BufferId;
-    use crate::models::blocks::build_decode;
-    use crate::models::kv_cache::{CacheTypes, KvCache};
-    use crate::models::presets;
-    use crate::models::weights::{uniform, Weights};
-    let cfg = presets::preset("tiny").unwrap();
-    let w = Weights::layout(
-        &cfg,
-        &uniform(DType::Quant(crate::quant::QType::Q4_0)),
-        BufferId::fresh(),
-    );
-    for flash_attn in [false, true] {
-        let types = CacheTypes {
-            flash_attn,
-            ..CacheTypes::default()
-        };
-        let kv = KvCache::layout(&cfg, 256, types, BufferId::fresh());
-        let plan = build_decode(&cfg, &w, &kv, 256).unwrap().plan().unwrap();
+    let cfg = crate::models::presets::preset("tiny").unwrap();
+    let q4 = DType::Quant(crate::quant::QType::Q4_0);
+    for (flash_attn, l, plan) in tiny_decode_plans(q4) {
         let lower = |fusion, small_dq| {
             let mut lw = Lowering {
                 scratch_base: 1 << 50,
@@ -1088,7 +1273,6 @@ fn decode_layer_fusions() {
         let fused: Vec<&DevOp> = fused_ops.iter().flatten().collect();
         let names: Vec<&str> = fused.iter().map(|op| op.name()).collect();
         let count = |names: &[&str], k: &str| names.iter().filter(|n| **n == k).count();
-        let l = cfg.num_hidden_layers;
         // quantizing launches: only the attention output's (o product) remains, and not
         // even that after flash attention, whose combine writes the copy; the head reads
         // the final norm's copy

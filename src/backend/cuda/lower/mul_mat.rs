@@ -101,6 +101,12 @@ pub(crate) struct Gemv<'a> {
     pub dst: Option<&'a Operand>,
     /// A dense F32 vector added to the result (a fused residual add).
     pub add: Option<&'a Operand>,
+    /// The address of a folded norm's `NormFold` (float weights only; see
+    /// [`super::super::fuse`]): the launch takes `mul_mat_vec_fold_*`.
+    pub fold: Option<u64>,
+    /// Where the vector `b` is read instead of its own place (float weights only: a
+    /// folded norm's `y * w` in scratch), with `b`'s layout.
+    pub b: Option<u64>,
 }
 
 /// The decode GEMV launches computing `a b` into the dense F32 `dst` (or `extra.dst`),
@@ -117,24 +123,19 @@ pub(crate) fn gemv(
     if a.dtype.quant().is_some() {
         return mul_mat_q::gemv(a, b, dst, extra, lw);
     }
-    let (kk, m) = (a.ne[0], a.ne[1]);
-    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
-    if !(kk < i32::MAX as usize
-        && b.dtype == DType::F32
-        && b.rows_contiguous()
-        && b.ne[1] == 1
-        && b.ne[0] == kk
-        && single(a)
-        && single(b)
-        && a.rows_contiguous())
-    {
+    if !float_gemv(a, b) {
         return None;
     }
-    let kernel = match by::MUL_MAT_VEC.get([a.dtype]) {
+    let (kk, m) = (a.ne[0], a.ne[1]);
+    let set = match extra.fold {
+        Some(_) => by::MUL_MAT_VEC_FOLD,
+        None => by::MUL_MAT_VEC,
+    };
+    let kernel = match set.get([a.dtype]) {
         Ok(kernel) => kernel,
         Err(e) => return Some(Err(e)),
     };
-    let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
+    let (a_addr, b_addr) = (lw.addr(a), extra.b.unwrap_or_else(|| lw.addr(b)));
     let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
     let args = GemvArgs {
         a: a_addr,
@@ -151,6 +152,7 @@ pub(crate) fn gemv(
         vec: i64::from(vec),
         add: extra.add.map_or(0, |r| lw.addr(r)),
         prefetch: i64::from(lw.read_only(a)),
+        fold: extra.fold.unwrap_or(0),
     };
     Some(row_grid(m.div_ceil(GEMV_ROWS)).map(|grid| {
         vec![DevOp::kernel(
@@ -160,6 +162,22 @@ pub(crate) fn gemv(
             &args,
         )]
     }))
+}
+
+/// Whether `a b` with float weights `a` takes the decode GEMV (`mul_mat_vec_*`): one
+/// column, every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with
+/// dense elements.
+pub(crate) fn float_gemv(a: &Operand, b: &Operand) -> bool {
+    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
+    a.dtype.quant().is_none()
+        && a.ne[0] < i32::MAX as usize
+        && b.dtype == DType::F32
+        && b.rows_contiguous()
+        && b.ne[1] == 1
+        && b.ne[0] == a.ne[0]
+        && single(a)
+        && single(b)
+        && a.rows_contiguous()
 }
 
 /// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading
@@ -180,6 +198,7 @@ fn channel_args(a: &Operand, b: &Operand, dst: &Operand, lw: &Lowering) -> GemvA
         vec: 0,
         add: 0,
         prefetch: 0,
+        fold: 0,
     }
 }
 

@@ -6,7 +6,7 @@
 use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{
-    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, MAX_GRID_X,
+    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, NormFoldOut, MAX_GRID_X,
 };
 use crate::graph::{DType, Operand, RopeMode, RopeParams};
 
@@ -89,8 +89,21 @@ pub(crate) fn stores_to(dt: DType) -> bool {
 /// Threads per block of the V part of `rope_store` (a grid-stride element loop).
 const V_BLOCK: usize = 256;
 
-/// The `rope_store_<cache>` launch of `s`.
-pub(crate) fn lower_store(s: &RopeStore, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+impl<'s> RopeStore<'s> {
+    /// The tensors the launch reads element by element: k, and q and v when it has them.
+    pub fn sources(&self) -> Vec<&'s Operand> {
+        let q = self.q.map(|(src, _)| src);
+        let v = self.v.map(|(src, _)| src);
+        [Some(self.k.0), q, v].into_iter().flatten().collect()
+    }
+}
+
+/// The `rope_store_<cache>` launch of `s`, scaling q, k and v by `fold`'s factor when given.
+pub(crate) fn lower_store(
+    s: &RopeStore,
+    fold: Option<&NormFoldOut>,
+    lw: &mut Lowering,
+) -> Result<Vec<DevOp>, String> {
     let (k, cache) = s.k;
     let kernel = by::ROPE_STORE.get([cache.dtype])?;
     let freqs = freqs(s.p, k, s.pos, lw)?;
@@ -128,6 +141,7 @@ pub(crate) fn lower_store(s: &RopeStore, lw: &mut Lowering) -> Result<Vec<DevOp>
             "{blocks} rope and cache rows exceed the grid limit of {MAX_GRID_X}"
         ));
     }
+    let (fold_parts, fold_count, fold_n, fold_eps) = NormFoldOut::fields(fold);
     let args = RopeStoreArgs {
         q_src,
         q_dst,
@@ -147,6 +161,10 @@ pub(crate) fn lower_store(s: &RopeStore, lw: &mut Lowering) -> Result<Vec<DevOp>
         slots: cache.ne[1] as i64,
         err: lw.err,
         tag: lw.tag,
+        fold_parts,
+        fold_count,
+        fold_n,
+        fold_eps,
     };
     let threads = match v_blocks {
         0 => rope_block(s.p, k.ne[0]),
