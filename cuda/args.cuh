@@ -123,15 +123,20 @@ static_assert(sizeof(ArgmaxArgs) == 144, "ArgmaxArgs layout");
 // A decode RMS norm folded into the kernels around the product after it (see
 // src/backend/cuda/fuse.rs): the product that computes the residual y (m rows,
 // mul_mat_vec_fold_*) also writes rw = y * w, the vector the next product reads in place of
-// the norm's result, and the sum of y^2 over each block's GEMV_WARPS rows; the kernel that
-// reads that next product's result (rope_store, swiglu) scales its inputs by
-// 1 / sqrt(sum of the parts / m + eps) (fold_scale in common.cuh).
+// the norm's result, and the sum of y^2 over each block's GEMV_WARPS rows; block 0 of that
+// next product (mul_mat_vec_total_*) adds the sums and writes the norm's factor
+// 1 / sqrt(sum / n + eps), by which the kernel that reads the product's result (rope_store,
+// swiglu) scales its inputs.
 struct NormFold {
     const float* w;  // F32 [m], the norm's weight
     float* rw;       // F32 [m], y * w
-    float* parts;    // F32 [ceil(m / GEMV_WARPS)], the sum of y^2 over each block's rows
+    float* parts;    // F32 [count], the sum of y^2 over each block's rows
+    float* scale;    // F32, the norm's factor
+    i64 count;       // ceil(m / GEMV_WARPS)
+    float n;         // m, the elements of the normalized row
+    float eps;
 };
-static_assert(sizeof(NormFold) == 24, "NormFold layout");
+static_assert(sizeof(NormFold) == 48, "NormFold layout");
 
 // Matrix-vector products dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with rows of `a`
 // dense (consecutive elements) and b, dst dense along dim 0.
@@ -151,8 +156,8 @@ struct GemvArgs {
     const char* add;  // F32 [m] added to the result (a fused residual add), or null
     i64 prefetch;     // 1 when `a` is read-only in the plan (weights): its first loads may
                       // start before the previous kernel ends
-    const NormFold* fold;  // mul_mat_vec_fold_*: the folded norm (in the plan's constant
-                           // region; one column, channels == 1); null otherwise
+    const NormFold* fold;  // mul_mat_vec_fold_* and mul_mat_vec_total_*: the folded norm (in
+                           // the plan's constant region; one column); null otherwise
 };
 // Past 128 bytes ptxas schedules the unchanged mul_mat_vec_f16 worse (docs/benchmarks.md,
 // twentieth session): grow it no further.
@@ -206,13 +211,10 @@ struct GluArgs {  // swiglu: dst = silu(gate) * up; q8 as in NormMulArgs
     char* q8;
     i64 q8_nb1;
     i64 q8_layout;
-    const float* fold_parts;  // a folded norm's block sums (NormFold::parts): the inputs are
-                              // scaled by 1 / sqrt(their sum / fold_n + fold_eps); null: none
-    i64 fold_count;           // entries of fold_parts
-    float fold_n;             // elements of the normalized row
-    float fold_eps;
+    const float* fold_scale;  // a folded norm's factor (NormFold::scale) that scales the
+                              // inputs; null: none
 };
-static_assert(sizeof(GluArgs) == 264, "GluArgs layout");
+static_assert(sizeof(GluArgs) == 248, "GluArgs layout");
 
 struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K/V cache writes
     Tensor4 q_src;   // q rows roped into q_dst (q_rows of them; 0: no q)
@@ -234,13 +236,10 @@ struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K
                      // (v_dst.ne[1] for V)
     IndexError* err;
     i64 tag;
-    const float* fold_parts;  // a folded norm's block sums (NormFold::parts): the inputs are
-                              // scaled by 1 / sqrt(their sum / fold_n + fold_eps); null: none
-    i64 fold_count;           // entries of fold_parts
-    float fold_n;             // elements of the normalized row
-    float fold_eps;
+    const float* fold_scale;  // a folded norm's factor (NormFold::scale) that scales the
+                              // inputs; null: none
 };
-static_assert(sizeof(RopeStoreArgs) == 616, "RopeStoreArgs layout");
+static_assert(sizeof(RopeStoreArgs) == 600, "RopeStoreArgs layout");
 
 struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
     Tensor4 src;

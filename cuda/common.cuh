@@ -250,17 +250,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
-// The scale of a norm folded into the products around it (NormFold in args.cuh):
-// 1 / sqrt(sum of the `count` block sums at `parts` / n + eps), as rms_norm computes it;
-// 1 when parts is null. Every block of a launch adds the sums in the same order, so all
-// get the same scale. Called by every thread of the block (block_sum).
-__device__ __forceinline__ float fold_scale(const float* parts, i64 count, float n, float eps,
-                                            float* scratch) {
-    if (parts == nullptr) return 1.0f;
-    float s = 0.0f;
-    for (i64 i = threadIdx.x; i < count; i += blockDim.x) s += parts[i];
-    s = block_sum(s, scratch);
-    return 1.0f / sqrtf(s / n + eps);
+// The factor of a norm folded into the products around it (NormFold in args.cuh), or 1
+// when there is none.
+__device__ __forceinline__ float fold_scale(const float* scale) {
+    return scale == nullptr ? 1.0f : *scale;
 }
 
 // Records the first bad index of a run (later ones are dropped until the host clears it).

@@ -14,6 +14,8 @@
 //   mul_mat_vec_fold_{f16,bf16,f32}: the same with the next decode RMS norm folded in
 //     (NormFold in args.cuh): also y * w and each block's sum of y^2, for the product after
 //     the norm and the kernel after that.
+//   mul_mat_vec_total_{f16,bf16,f32}: the product after a folded norm: block 0 also adds the
+//     block sums and writes the norm's factor.
 //   mul_mat_vec_nc_f16_f32: the same kernel over channels (blockIdx.y) with rows of `a` at
 //     any row and channel strides, e.g. a transposed V-cache view [n_kv, hd, n_kv_heads];
 //     channel ch of b reads channel ch / ratio of a (GQA).
@@ -100,17 +102,35 @@ __device__ __forceinline__ void fold_rows(const GemvArgs& p, i64 row, float y) {
     }
 }
 
+// The total of mul_mat_vec_total_*, by every thread of block 0: the sum of the folded norm's
+// block sums (in one order) and its factor 1 / sqrt(sum / n + eps), as rms_norm computes it.
+__device__ __forceinline__ void fold_total(const GemvArgs& p) {
+    __shared__ float scratch[WARP_SIZE];
+    const NormFold* f = p.fold;
+    float s = 0.0f;
+    for (i64 i = threadIdx.x; i < f->count; i += blockDim.x) s += f->parts[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) *f->scale = 1.0f / sqrtf(s / f->n + f->eps);
+}
+
+// What a GEMV kernel adds to its rows: nothing, a folded norm's first part (fold_rows) or
+// its total (fold_total).
+enum class Fold { None, Rows, Total };
+
 // One warp per row: row = blockIdx.x * GEMV_WARPS + warp, channel blockIdx.y (channel ch
 // of b and dst, ch / ratio of a). vec requires a, a_nb1, a_nb2, b and b_nb2 multiples of
-// 16 bytes. FOLD: see fold_rows.
-template <typename T, bool FOLD = false>
+// 16 bytes.
+template <typename T, Fold FOLD = Fold::None>
 __device__ void gemv_rows(const GemvArgs& p) {
     pdl_launch_dependents();
     const int lane = threadIdx.x % WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE;
     const i64 ch = blockIdx.y;
     if (row >= p.m) {  // the whole warp
-        if constexpr (FOLD) fold_rows(p, row, 0.0f);
+        if constexpr (FOLD == Fold::Rows) fold_rows(p, row, 0.0f);
+        if constexpr (FOLD == Fold::Total) {
+            if (blockIdx.x == 0) fold_total(p);
+        }
         return;
     }
     const char* a = p.a + row * p.a_nb1 + (ch / p.ratio) * p.a_nb2;
@@ -163,7 +183,10 @@ __device__ void gemv_rows(const GemvArgs& p) {
         if (p.add) sum += reinterpret_cast<const float*>(p.add)[row];
         *reinterpret_cast<float*>(p.dst + ch * p.dst_nb2 + row * 4) = sum;
     }
-    if constexpr (FOLD) fold_rows(p, row, sum);
+    if constexpr (FOLD == Fold::Rows) fold_rows(p, row, sum);
+    if constexpr (FOLD == Fold::Total) {
+        if (blockIdx.x == 0) fold_total(p);
+    }
 }
 
 // dot of 4 halves (8 bytes) with 4 floats.
@@ -229,8 +252,11 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_
 // F32 rows need more registers per 16 bytes (4 lanes of x per weight, i64 indices): a
 // cap of 6 blocks per SM instead of 8 keeps them from spilling.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_f32(const GemvArgs p) { gemv_rows<float>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_f16(const GemvArgs p) { gemv_rows<f16, true>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_bf16(const GemvArgs p) { gemv_rows<bf16, true>(p); }
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_fold_f32(const GemvArgs p) { gemv_rows<float, true>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_f16(const GemvArgs p) { gemv_rows<f16, Fold::Rows>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_fold_bf16(const GemvArgs p) { gemv_rows<bf16, Fold::Rows>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_fold_f32(const GemvArgs p) { gemv_rows<float, Fold::Rows>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_total_f16(const GemvArgs p) { gemv_rows<f16, Fold::Total>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_total_bf16(const GemvArgs p) { gemv_rows<bf16, Fold::Total>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 6) mul_mat_vec_total_f32(const GemvArgs p) { gemv_rows<float, Fold::Total>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP_SIZE, 8) mul_mat_vec_nc_f16_f32(const GemvArgs p) { gemv_rows<f16>(p); }
 extern "C" __global__ void __launch_bounds__(P021_THREADS, 8) mul_mat_p021_f16_f32(const GemvArgs p) { gemv_short_f16(p); }

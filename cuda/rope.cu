@@ -50,13 +50,12 @@ __device__ void rope(const RopeArgs& p) {
 // row of q (F32) into q_dst, the next k_rows rope a row of k (F32) straight into its cache
 // row ids[token], the last v_blocks copy v's elements into theirs (set_rows' element loop).
 // The CUDA backend fuses the steps when k's rope is read by its cache write alone. With a
-// folded norm (fold_parts) q, k and v are the product of an unnormalized vector: each is
+// folded norm (fold_scale) q, k and v are the product of an unnormalized vector: each is
 // scaled by the norm's factor first (rope is linear, so this is the rope of the normalized).
 template <typename D>
 __device__ void rope_store(const RopeStoreArgs& p) {
-    __shared__ float scratch[WARP_SIZE];
     pdl_enter();
-    const float scale = fold_scale(p.fold_parts, p.fold_count, p.fold_n, p.fold_eps, scratch);
+    const float scale = fold_scale(p.fold_scale);
     i64 b = blockIdx.x;
     if (b < p.q_rows) {
         const RowIndex r = row_index(p.q_src.ne, b);

@@ -56,7 +56,7 @@ extern "C" __global__ void scale_bf16(const UnaryArgs p) { scale<bf16>(p); }
 // result is also written as split Q8_1 activations at q8 + r * q8_nb1 for the decode
 // product that reads it (store_act; the launcher ensures ne0 % 32 == 0 and a block of a
 // multiple of 32 threads, so each warp holds whole 32-element blocks). With a folded norm
-// (fold_parts) gate and up are products of an unnormalized vector: both are scaled by the
+// (fold_scale) gate and up are products of an unnormalized vector: both are scaled by the
 // norm's factor first.
 template <int LAYOUT>
 __device__ void swiglu(const GluArgs& p, float scale) {
@@ -75,9 +75,8 @@ __device__ void swiglu(const GluArgs& p, float scale) {
 }
 
 extern "C" __global__ void swiglu_f32(const GluArgs p) {
-    __shared__ float scratch[WARP_SIZE];
     pdl_enter();
-    const float scale = fold_scale(p.fold_parts, p.fold_count, p.fold_n, p.fold_eps, scratch);
+    const float scale = fold_scale(p.fold_scale);
     if (p.q8_layout == ACT_PAIRS) {
         swiglu<ACT_PAIRS>(p, scale);
     } else {

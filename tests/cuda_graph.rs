@@ -757,8 +757,8 @@ fn qkv_graph(
 /// is off by order 1). Weights F16 and Q4_0 (the `__dp4a` kernel), NeoX and normal pairs,
 /// F32, F16 and BF16 caches, V by position and transposed. With a residual add and RMS norm
 /// before the product, the norm is folded: one `mul_mat_vec_fold_f32` launch for the
-/// product before it, its add and the norm, and `rope_store` scales q, k and v by the
-/// norm's factor. A slot outside the cache is an index error that names it and the
+/// product before it, its add and the norm, the product as `mul_mat_vec_total_f16` (which
+/// also makes the norm's factor), and `rope_store` scales q, k and v by that factor. A slot outside the cache is an index error that names it and the
 /// cache's slots, and no cache byte changes.
 #[test]
 fn attention_inputs_match_cpu() {
@@ -840,7 +840,7 @@ fn attention_inputs_match_cpu() {
         // it), then one rope_store launch for the other four steps; a Q4_0 product after
         // a norm takes no fold (two more steps a run: the o product and the norm)
         let folds = fold && w == DType::F16;
-        let folded = |k: &&str| k.starts_with("mul_mat_vec_fold_f32 + mul_mat_vec_f16");
+        let folded = |k: &&str| k.starts_with("mul_mat_vec_fold_f32 + mul_mat_vec_total_f16");
         let product = |k: &&str| k.contains("mul_mat_vec_");
         let store = |k: &&str| k.starts_with(&format!("rope_store_{}", cache.name()));
         let unfolded = 4 * usize::from(fold && !folds);

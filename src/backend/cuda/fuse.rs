@@ -9,7 +9,7 @@
 //! | decode GEMV `mul_mat(w, v)`, `add(r, that)` or `add(that, r)`, same shape | `mul_mat_vec_*` (block weights: `mul_mat_vec_q_*` / `mul_mat_vec_dq_*`, 1..=8 columns) with `add = r` |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | `rope_store_<cache>` |
 //! | `flash_attn_ext` (a decode that ends in `fattn_combine`), then a decode product of its result on the `__dp4a` path | the combine writes the product's Q8_1 activations too; the attention step keeps its own launches, the product loses its quantizing one |
-//! | float decode GEMV `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode GEMV of the norm's result whose every use is read by the next `rope_store` or SwiGLU launch | `mul_mat_vec_fold_*` (also `y * w` and block sums of `y^2`, in scratch), the product reading `y * w`; the `rope_store` or SwiGLU launch scales by the norm's factor ([`norm_fold`]) |
+//! | float decode GEMV `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode GEMV of the norm's result whose every use is read by the next `rope_store` or SwiGLU launch | `mul_mat_vec_fold_*` (also `y * w` and block sums of `y^2`, in scratch), then `mul_mat_vec_total_*` reading `y * w` (block 0 also makes the norm's factor); the `rope_store` or SwiGLU launch scales by that factor ([`norm_fold`]) |
 //!
 //! The later steps then have no launch of their own. When the step after a fused norm or
 //! SwiGLU is a decode product with block-quantized weights on the `__dp4a` path, the
@@ -17,8 +17,8 @@
 //! the product's own quantizing launch goes ([`Lowering::q8_1_made`]). (Folding the norm
 //! into the GEMV that reads it, each warp summing x^2 itself, measured no faster on an
 //! H100 and was dropped; so was a fold whose second product read the block sums itself,
-//! slower than the norm's launch on an H200: docs/benchmarks.md, twentieth session. The
-//! kept fold leaves the sums to the small launch after the second product.) A fused kernel still reads the first
+//! slower than the norm's launch on an H200: docs/benchmarks.md, twentieth session. In the
+//! kept fold one block of the second product adds the sums.) A fused kernel still reads the first
 //! step's sources while it writes the later steps' results, which the allocator may have
 //! placed in memory one of those sources had (free once the first step was done): so
 //! steps fuse only when a result overlaps no source it is read alongside, except the
@@ -29,7 +29,7 @@ use std::collections::HashMap;
 
 use super::args::{GluArgs, NormMulArgs, GEMV_WARPS, NORM_VEC};
 use super::kernels::{by, k};
-use super::lower::mul_mat::{self, Gemv};
+use super::lower::mul_mat::{self, FoldPart, Gemv};
 use super::lower::mul_mat_q::{self, MAX_DECODE_COLS};
 use super::lower::rope::{self, RopeStore};
 use super::lower::{attention, check_operands, lower_step};
@@ -173,10 +173,12 @@ fn fuse(
 /// first four steps become one `mul_mat_vec_fold_*` launch: it writes `y`, `rw = y * w`
 /// and the sum of `y^2` over each of its blocks (both in scratch, held until taken: the
 /// norm's own block may be one the launch reads, such as `v`'s); the next product, a
-/// float decode GEMV too, reads `rw` in place of the norm's result; the `rope_store` or
-/// SwiGLU launch scales its inputs by `1 / sqrt(sum / n + eps)` ([`Lowering::fold`]): the
-/// products are linear, so this is the product of the normalized vector. Saves the norm's
-/// launch. Returns the two launches of the first five steps.
+/// float decode GEMV too (`mul_mat_vec_total_*`), reads `rw` in place of the norm's
+/// result, and its block 0 adds the sums into the norm's factor `1 / sqrt(sum / n + eps)`
+/// (scratch); the `rope_store` or SwiGLU launch scales its inputs by it
+/// ([`Lowering::fold`]): the products are linear, so this is the product of the
+/// normalized vector. Saves the norm's launch; no launch but one block reads the sums.
+/// Returns the two launches of the first five steps.
 fn norm_fold(
     plan: &Plan,
     window: &[Step],
@@ -225,14 +227,18 @@ fn norm_fold(
     let mut held = 0;
     let parts = lw.reserve_scratch(&mut held, count * 4);
     let rw = lw.reserve_scratch(&mut held, m * 4);
-    let fold: Vec<u8> = [lw.addr(w), rw, parts]
+    let scale = lw.reserve_scratch(&mut held, 4);
+    // NormFold: w, rw, parts, scale, count, n, eps
+    let mut fold: Vec<u8> = [lw.addr(w), rw, parts, scale, count as u64]
         .iter()
         .flat_map(|x| x.to_ne_bytes())
         .collect();
+    fold.extend([m as f32, *eps].iter().flat_map(|x| x.to_ne_bytes()));
+    let fold = lw.push_consts(&fold);
     let extra = Gemv {
         dst: Some(y),
         add: Some(r),
-        fold: Some(lw.push_consts(&fold)),
+        fold: Some((fold, FoldPart::Rows)),
         b: None,
     };
     let mut ops = match mul_mat::gemv(a, v, &mm.dst, extra, lw)? {
@@ -242,13 +248,11 @@ fn norm_fold(
     lw.scratch_held = held;
     lw.fold = Some(NormFoldOut {
         of: base(plan, next.dst.id),
-        parts,
-        count: count as i64,
-        n: m as f32,
-        eps: *eps,
+        scale,
     });
     let read_rw = Gemv {
         b: Some(rw),
+        fold: Some((fold, FoldPart::Total)),
         ..Gemv::default()
     };
     Some(
@@ -381,7 +385,6 @@ fn pair(
     if let Some((gate, up, y)) = swiglu_of(first, second, readers) {
         let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
         let fold = take_fold(plan, lw, &[gate, up]);
-        let (fold_parts, fold_count, fold_n, fold_eps) = NormFoldOut::fields(fold.as_ref());
         let args = GluArgs {
             gate: lw.t4(gate),
             up: lw.t4(up),
@@ -389,10 +392,7 @@ fn pair(
             q8,
             q8_nb1,
             q8_layout,
-            fold_parts,
-            fold_count,
-            fold_n,
-            fold_eps,
+            fold_scale: NormFoldOut::scale_of(fold.as_ref()),
         };
         let (grid, block) = elementwise_grid(y.ne);
         return Some(Ok(vec![DevOp::kernel(k::SWIGLU_F32, grid, block, &args)]));

@@ -157,32 +157,25 @@ pub(crate) struct Lowering<'a> {
     pub fold: Option<NormFoldOut>,
     /// Whether fusion may fold decode norms at all (`GRAFT_CUDA_FOLD=0`: never).
     pub fold_norms: bool,
-    /// Scratch bytes held from one step to a later one (a pending fold's block sums):
+    /// Scratch bytes held from one step to a later one (a pending fold's vector and sums):
     /// [`Lowering::reserve_scratch`] places every step's scratch after them.
     pub scratch_held: usize,
 }
 
-/// The block sums of `y^2` that a folded norm's first launch wrote (see [`super::fuse`]).
+/// The factor of a folded norm that the product after it computes (see [`super::fuse`]).
 #[derive(Clone, Debug)]
 pub struct NormFoldOut {
     /// The result of the product after the norm: the launch that reads it scales by the
     /// norm's factor.
     pub of: TensorId,
-    /// Address of the sums (F32, one per block of the first launch).
-    pub parts: u64,
-    /// How many sums.
-    pub count: i64,
-    /// Elements of the normalized row.
-    pub n: f32,
-    /// The norm's epsilon.
-    pub eps: f32,
+    /// Address of the factor (F32, in held scratch).
+    pub scale: u64,
 }
 
 impl NormFoldOut {
-    /// The `fold_parts`, `fold_count`, `fold_n` and `fold_eps` arguments of the launch
-    /// that applies `fold` (zeros: none).
-    pub fn fields(fold: Option<&Self>) -> (u64, i64, f32, f32) {
-        fold.map_or((0, 0, 0.0, 0.0), |f| (f.parts, f.count, f.n, f.eps))
+    /// The `fold_scale` argument of the launch that applies `fold` (0: none).
+    pub fn scale_of(fold: Option<&Self>) -> u64 {
+        fold.map_or(0, |f| f.scale)
     }
 }
 

@@ -141,7 +141,7 @@ fn run_gemv(name: &str, p: GemvArgs) {
                 // SAFETY: `add` is a dense F32 vector of m elements in the plan's memory.
                 acc += unsafe { load((p.add as i64 + r * 4) as *const u8, DType::F32) };
             }
-            if p.fold != 0 {
+            if name.contains("_fold_") {
                 fold_row(&p, r, acc);
             }
             // SAFETY: as above.
@@ -153,6 +153,9 @@ fn run_gemv(name: &str, p: GemvArgs) {
                 )
             };
         }
+    }
+    if name.contains("_total_") {
+        fold_total(&p);
     }
 }
 
@@ -176,16 +179,30 @@ fn fold_row(p: &GemvArgs, r: i64, y: f32) {
     }
 }
 
-/// The scale of a folded norm whose block sums the launch reads (1 without one).
-fn fold_scale(parts: u64, count: i64, n: f32, eps: f32) -> f32 {
-    if parts == 0 {
-        return 1.0;
+/// The total of `mul_mat_vec_total_*`: the folded norm's factor from its block sums.
+fn fold_total(p: &GemvArgs) {
+    // SAFETY: `fold` points at a NormFold in the plan's constants; `parts` holds `count`
+    // F32 sums and `scale` one F32 in the plan's scratch.
+    unsafe {
+        let f = *(p.fold as *const NormFold);
+        let sum: f32 = (0..f.count)
+            .map(|i| load((f.parts as i64 + i * 4) as *const u8, DType::F32))
+            .sum();
+        store(
+            f.scale as *mut u8,
+            DType::F32,
+            1.0 / (sum / f.n + f.eps).sqrt(),
+        );
     }
-    // SAFETY: `parts` holds `count` F32 sums in the plan's scratch.
-    let sum: f32 = (0..count)
-        .map(|i| unsafe { load((parts as i64 + i * 4) as *const u8, DType::F32) })
-        .sum();
-    1.0 / (sum / n + eps).sqrt()
+}
+
+/// The factor of a folded norm that a launch applies (1 without one).
+fn fold_scale(scale: u64) -> f32 {
+    match scale {
+        0 => 1.0,
+        // SAFETY: a fold's factor is one F32 in the plan's scratch.
+        at => unsafe { load(at as *const u8, DType::F32) },
+    }
 }
 
 /// Host version of split_*_bf16: hi = bf16(x) at dst, lo = bf16(x - hi) at dst + lo_offset.
@@ -270,7 +287,7 @@ fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
 /// Host version of swiglu_f32: y = silu(gate) * up, elementwise, any strides.
 fn run_swiglu(a: GluArgs) {
     assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
-    let s = fold_scale(a.fold_parts, a.fold_count, a.fold_n, a.fold_eps);
+    let s = fold_scale(a.fold_scale);
     let n: i64 = a.dst.ne.iter().product();
     for i in 0..n {
         let ix = elem(a.dst.ne, i);
@@ -867,11 +884,9 @@ fn decode_norm_folds() {
                 true => (2 * l - 1, 2),
                 false => (0, 0),
             };
-            assert_eq!(
-                count("mul_mat_vec_fold_f16"),
-                folds,
-                "{flash_attn} {fusion}"
-            );
+            for k in ["mul_mat_vec_fold_f16", "mul_mat_vec_total_f16"] {
+                assert_eq!(count(k), folds, "{k} {flash_attn} {fusion}");
+            }
             assert_eq!(
                 count("rms_norm_mul_f32_f32"),
                 norms,
@@ -891,11 +906,13 @@ fn decode_norm_folds() {
                             let at = args::<GemvArgs>(launch).fold - lw.consts_base;
                             std::ptr::read_unaligned(lw.consts.as_ptr().add(at as usize).cast())
                         };
-                        pending = Some(f.parts);
+                        let hidden = crate::models::presets::preset("tiny").unwrap().hidden_size;
+                        assert_eq!((f.n, f.count), (hidden as f32, hidden.div_ceil(4) as i64));
+                        pending = Some(f.scale);
                         continue;
                     }
-                    "rope_store_f16" => args::<RopeStoreArgs>(launch).fold_parts,
-                    "swiglu_f32" => args::<GluArgs>(launch).fold_parts,
+                    "rope_store_f16" => args::<RopeStoreArgs>(launch).fold_scale,
+                    "swiglu_f32" => args::<GluArgs>(launch).fold_scale,
                     _ => continue,
                 };
                 assert_eq!(Some(taken).filter(|&p| p != 0), pending.take());
@@ -918,10 +935,10 @@ fn norm_fold_pattern() {
             "scale_f32",
             "scale_f32",
             "mul_mat_vec_fold_f16",
-            "mul_mat_vec_f32",
+            "mul_mat_vec_total_f32",
             "swiglu_f32",
             "mul_mat_vec_fold_bf16",
-            "mul_mat_vec_f32",
+            "mul_mat_vec_total_f32",
             "swiglu_f32"
         ]
     );
@@ -932,12 +949,11 @@ fn norm_fold_pattern() {
         .filter(|l| l.kernel.name == "swiglu_f32")
         .map(|l| args(l))
         .collect();
-    for s in &swiglus {
-        assert_eq!((s.fold_count, s.fold_n, s.fold_eps), (18, 70.0, 1e-5));
-    }
-    // each fold's sums start the scratch, held until its SwiGLU takes them
-    assert_ne!(swiglus[0].fold_parts, 0);
-    assert_eq!(swiglus[0].fold_parts, swiglus[1].fold_parts);
+    // each fold's vector, sums and factor are held in scratch until its SwiGLU takes them,
+    // so the second fold's factor is where the first's was
+    assert_eq!(swiglus.len(), 2);
+    assert_ne!(swiglus[0].fold_scale, 0);
+    assert_eq!(swiglus[0].fold_scale, swiglus[1].fold_scale);
 
     // The second product's result also read by the final add: its norm stays a launch.
     let (g, y, inputs) = fold_graph(true);
@@ -945,6 +961,7 @@ fn norm_fold_pattern() {
     let count = |k: &str| names.iter().filter(|n| n.starts_with(k)).count();
     assert_eq!(count("rms_norm_mul"), 1, "{names:?}");
     assert_eq!(count("mul_mat_vec_fold"), 1, "{names:?}");
+    assert_eq!(count("mul_mat_vec_total"), 1, "{names:?}");
 }
 
 #[test]

@@ -94,6 +94,15 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     lower_gemm(a, a_addr, b, dst, lw, 0, Vec::new())
 }
 
+/// A decode GEMV's part in a folded norm (see [`super::super::fuse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FoldPart {
+    /// The product before the norm: also `y * w` and block sums of `y^2`.
+    Rows,
+    /// The product after it: block 0 also adds the sums into the norm's factor.
+    Total,
+}
+
 /// What a GEMV launch fuses into the product (see [`super::fuse`]).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Gemv<'a> {
@@ -102,8 +111,9 @@ pub(crate) struct Gemv<'a> {
     /// A dense F32 vector added to the result (a fused residual add).
     pub add: Option<&'a Operand>,
     /// The address of a folded norm's `NormFold` (float weights only; see
-    /// [`super::super::fuse`]): the launch takes `mul_mat_vec_fold_*`.
-    pub fold: Option<u64>,
+    /// [`super::super::fuse`]) and the launch's part in it: `mul_mat_vec_fold_*` (the
+    /// product before the norm) or `mul_mat_vec_total_*` (the product after it).
+    pub fold: Option<(u64, FoldPart)>,
     /// Where the vector `b` is read instead of its own place (float weights only: a
     /// folded norm's `y * w` in scratch), with `b`'s layout.
     pub b: Option<u64>,
@@ -128,7 +138,8 @@ pub(crate) fn gemv(
     }
     let (kk, m) = (a.ne[0], a.ne[1]);
     let set = match extra.fold {
-        Some(_) => by::MUL_MAT_VEC_FOLD,
+        Some((_, FoldPart::Rows)) => by::MUL_MAT_VEC_FOLD,
+        Some((_, FoldPart::Total)) => by::MUL_MAT_VEC_TOTAL,
         None => by::MUL_MAT_VEC,
     };
     let kernel = match set.get([a.dtype]) {
@@ -152,7 +163,7 @@ pub(crate) fn gemv(
         vec: i64::from(vec),
         add: extra.add.map_or(0, |r| lw.addr(r)),
         prefetch: i64::from(lw.read_only(a)),
-        fold: extra.fold.unwrap_or(0),
+        fold: extra.fold.map_or(0, |(at, _)| at),
     };
     Some(row_grid(m.div_ceil(GEMV_ROWS)).map(|grid| {
         vec![DevOp::kernel(

@@ -141,7 +141,6 @@ pub(crate) fn lower_store(
             "{blocks} rope and cache rows exceed the grid limit of {MAX_GRID_X}"
         ));
     }
-    let (fold_parts, fold_count, fold_n, fold_eps) = NormFoldOut::fields(fold);
     let args = RopeStoreArgs {
         q_src,
         q_dst,
@@ -161,10 +160,7 @@ pub(crate) fn lower_store(
         slots: cache.ne[1] as i64,
         err: lw.err,
         tag: lw.tag,
-        fold_parts,
-        fold_count,
-        fold_n,
-        fold_eps,
+        fold_scale: NormFoldOut::scale_of(fold),
     };
     let threads = match v_blocks {
         0 => rope_block(s.p, k.ne[0]),
