@@ -222,19 +222,10 @@ fn norm_fold(
     if let Err(e) = check_operands(next, lw) {
         return Some(Err(e));
     }
-    let m = y.ne[0];
-    let count = m.div_ceil(GEMV_WARPS as usize);
-    let mut held = 0;
-    let parts = lw.reserve_scratch(&mut held, count * 4);
-    let rw = lw.reserve_scratch(&mut held, m * 4);
-    let scale = lw.reserve_scratch(&mut held, 4);
-    // NormFold: w, rw, parts, scale, count, n, eps
-    let mut fold: Vec<u8> = [lw.addr(w), rw, parts, scale, count as u64]
-        .iter()
-        .flat_map(|x| x.to_ne_bytes())
-        .collect();
-    fold.extend([m as f32, *eps].iter().flat_map(|x| x.to_ne_bytes()));
-    let fold = lw.push_consts(&fold);
+    // Both products lower (float_gemv): the fold is pending from here, so that any scratch
+    // they reserve lies after what it holds.
+    let (fold, rw, out) = fold_scratch(lw, w, y.ne[0], *eps, base(plan, next.dst.id));
+    lw.fold = Some(out);
     let extra = Gemv {
         dst: Some(y),
         add: Some(r),
@@ -245,11 +236,6 @@ fn norm_fold(
         Ok(ops) => ops,
         Err(e) => return Some(Err(e)),
     };
-    lw.scratch_held = held;
-    lw.fold = Some(NormFoldOut {
-        of: base(plan, next.dst.id),
-        scale,
-    });
     let read_rw = Gemv {
         b: Some(rw),
         fold: Some((fold, FoldPart::Total)),
@@ -261,6 +247,31 @@ fn norm_fold(
             ops
         }),
     )
+}
+
+/// Holds the scratch of a norm over `m` elements folded for the product result `of`
+/// (block sums of `y^2`, `rw = y * w`, the factor) from offset 0, and writes its
+/// `NormFold` constants (cuda/args.cuh): their address, `rw`'s, and the pending fold.
+fn fold_scratch(
+    lw: &mut Lowering,
+    w: &Operand,
+    m: usize,
+    eps: f32,
+    of: TensorId,
+) -> (u64, u64, NormFoldOut) {
+    let count = m.div_ceil(GEMV_WARPS as usize);
+    let mut held = 0;
+    let parts = lw.reserve_scratch(&mut held, count * 4);
+    let rw = lw.reserve_scratch(&mut held, m * 4);
+    let scale = lw.reserve_scratch(&mut held, 4);
+    // NormFold: w, rw, parts, scale, count, n, eps
+    let mut fold: Vec<u8> = [lw.addr(w), rw, parts, scale, count as u64]
+        .iter()
+        .flat_map(|x| x.to_ne_bytes())
+        .collect();
+    fold.extend([m as f32, eps].iter().flat_map(|x| x.to_ne_bytes()));
+    let fold = lw.push_consts(&fold);
+    (fold, rw, NormFoldOut { of, scale, held })
 }
 
 /// Whether the launch that `steps` start with reads every use of `out` and can scale
@@ -284,13 +295,13 @@ fn folds_into(
 }
 
 /// The folded norm that the launch reading `srcs` must apply, taken from the lowering
-/// (None when none is pending for them).
+/// (None when none is pending for them). Taking it frees the scratch it holds, so the
+/// launch reserves its own scratch first (as `q8_1_out` before it in [`pair`]).
 fn take_fold(plan: &Plan, lw: &mut Lowering, srcs: &[&Operand]) -> Option<NormFoldOut> {
     let of = lw.fold.as_ref()?.of;
     if !srcs.iter().any(|t| base(plan, t.id) == of) {
         return None;
     }
-    lw.scratch_held = 0;
     lw.fold.take()
 }
 

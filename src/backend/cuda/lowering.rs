@@ -157,9 +157,6 @@ pub(crate) struct Lowering<'a> {
     pub fold: Option<NormFoldOut>,
     /// Whether fusion may fold decode norms at all (`GRAFT_CUDA_FOLD=0`: never).
     pub fold_norms: bool,
-    /// Scratch bytes held from one step to a later one (a pending fold's vector and sums):
-    /// [`Lowering::reserve_scratch`] places every step's scratch after them.
-    pub scratch_held: usize,
 }
 
 /// The factor of a folded norm that the product after it computes (see [`super::fuse`]).
@@ -170,6 +167,9 @@ pub struct NormFoldOut {
     pub of: TensorId,
     /// Address of the factor (F32, in held scratch).
     pub scale: u64,
+    /// Scratch bytes the fold holds until taken (its `y * w`, block sums and factor, from
+    /// offset 0): [`Lowering::reserve_scratch`] places every step's scratch after them.
+    pub held: usize,
 }
 
 impl NormFoldOut {
@@ -230,7 +230,6 @@ impl<'a> Lowering<'a> {
             split: &[],
             fold: None,
             fold_norms: true,
-            scratch_held: 0,
         }
     }
 }
@@ -265,13 +264,14 @@ impl Lowering<'_> {
         self.consts_base + off as u64
     }
 
-    /// Reserves `bytes` of scratch at `*offset` (advanced past them) after the held bytes
-    /// ([`Lowering::scratch_held`]); returns the address.
+    /// Reserves `bytes` of scratch at `*offset` (advanced past them) after the bytes a
+    /// pending fold holds ([`NormFoldOut::held`]); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
-        let addr = self.scratch_base + (self.scratch_held + *offset) as u64;
+        let held = self.fold.as_ref().map_or(0, |f| f.held);
+        let addr = self.scratch_base + (held + *offset) as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
-        self.scratch_need = self.scratch_need.max(self.scratch_held + *offset);
+        self.scratch_need = self.scratch_need.max(held + *offset);
         addr
     }
 
