@@ -16,7 +16,7 @@ use super::args::{
 };
 use super::fuse;
 use super::gemm::Gemm;
-use super::lowering::{DevOp, Lowering, Q8Copy, REGION_ALIGN};
+use super::lowering::{DevOp, Lowering, NormFoldOut, Q8Copy, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendExt};
 use crate::graph::{DType, Graph, Loc, Plan, TensorId};
@@ -962,6 +962,36 @@ fn norm_fold_pattern() {
     assert_eq!(count("rms_norm_mul"), 1, "{names:?}");
     assert_eq!(count("mul_mat_vec_fold"), 1, "{names:?}");
     assert_eq!(count("mul_mat_vec_total"), 1, "{names:?}");
+}
+
+/// A pending fold's scratch comes before every reservation made while it is pending, and
+/// is free again once the fold is taken.
+#[test]
+fn pending_fold_holds_its_scratch() {
+    let resolve = |_: Loc| 0;
+    let mut lw = Lowering {
+        scratch_base: 1 << 20,
+        ..Lowering::new(&resolve, true, 1)
+    };
+    let mut offset = 0;
+    assert_eq!(lw.reserve_scratch(&mut offset, 100), 1 << 20);
+    lw.fold = Some(NormFoldOut {
+        of: TensorId::default(),
+        scale: 0,
+        held: 3 * REGION_ALIGN,
+    });
+    let mut offset = 0;
+    let held = (1 << 20) + 3 * REGION_ALIGN as u64;
+    assert_eq!(lw.reserve_scratch(&mut offset, 100), held);
+    assert_eq!(
+        lw.reserve_scratch(&mut offset, 10),
+        held + REGION_ALIGN as u64
+    );
+    assert_eq!(lw.scratch_need, 5 * REGION_ALIGN);
+    lw.fold = None;
+    let mut offset = 0;
+    assert_eq!(lw.reserve_scratch(&mut offset, 100), 1 << 20);
+    assert_eq!(lw.scratch_need, 5 * REGION_ALIGN);
 }
 
 #[test]
