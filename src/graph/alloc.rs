@@ -131,175 +131,183 @@ impl FreeList {
 /// many unused bytes (and the arena starts with them), so a test can poison the arena
 /// and catch a kernel writing past a tensor.
 pub fn allocate(g: &Graph, fwd: &Forward, guard_bytes: usize) -> Allocation {
-    let guard = align(guard_bytes);
-    let mut children: SecondaryMap<TensorId, usize> = SecondaryMap::new();
-    let mut views: SecondaryMap<TensorId, usize> = SecondaryMap::new();
-    let mut keep: SecondaryMap<TensorId, ()> = SecondaryMap::new();
-    for &id in &fwd.order {
-        children.insert(id, 0);
-        views.insert(id, 0);
-    }
-    for &id in &fwd.order {
-        let t = g.tensor(id);
-        for &s in &t.src {
-            children[s] += 1;
-        }
-        if let Some(base) = t.view_src {
-            if let Some(v) = views.get_mut(base) {
-                *v += 1;
-            }
-        }
-    }
-    // Inputs and outputs are never reused; an output view keeps its base alive.
-    for &id in &fwd.order {
-        let t = g.tensor(id);
-        if t.flags.intersects(Flags::INPUT | Flags::OUTPUT) || fwd.outputs.contains(&id) {
-            keep.insert(id, ());
-            if let Some(base) = t.view_src {
-                keep.insert(base, ());
-            }
-        }
-    }
-
-    let mut fl = FreeList::default();
-    if guard > 0 {
-        fl.alloc(guard);
-    }
-    let mut alloc = Allocation::default();
-    // The block each tensor currently owns (moves along an in-place chain).
-    let mut owns: SecondaryMap<TensorId, (usize, usize)> = SecondaryMap::new();
-
+    let mut p = Planner::new(g, fwd, align(guard_bytes));
     // Inputs first, at stable places.
     for &id in &fwd.order {
         let t = g.tensor(id);
         if t.op.is_leaf() && t.data.is_none() {
-            let size = align(t.nbytes());
-            let off = fl.alloc(size + guard);
-            alloc.report.naive_bytes += size;
-            alloc.report.n_blocks += 1;
-            owns.insert(id, (off, size + guard));
-            alloc.info.insert(
-                id,
-                AllocInfo {
-                    kind: AllocKind::Arena,
-                    offset: off,
-                    size: t.nbytes(),
-                },
-            );
+            p.alloc.report.naive_bytes += align(t.nbytes());
+            p.block(id);
+        }
+    }
+    for &id in &fwd.order {
+        let t = g.tensor(id);
+        if !t.op.is_leaf() {
+            p.place(id);
+            p.consumed(id);
+        } else if t.data.is_some() {
+            p.record(id, AllocKind::External, 0);
+        }
+    }
+    p.alloc.report.peak_bytes = p.fl.peak;
+    p.alloc
+}
+
+/// The allocator's state while it walks an execution order.
+struct Planner<'g> {
+    g: &'g Graph,
+    /// Unused bytes after every block.
+    guard: usize,
+    /// Consumers of each tensor that have not run yet.
+    children: SecondaryMap<TensorId, usize>,
+    /// Views of each tensor whose consumers have not all run yet.
+    views: SecondaryMap<TensorId, usize>,
+    /// Tensors whose memory is never reused: inputs, outputs and the bases of output views.
+    keep: SecondaryMap<TensorId, ()>,
+    fl: FreeList,
+    /// The block each tensor currently owns (moves along an in-place chain).
+    owns: SecondaryMap<TensorId, (usize, usize)>,
+    alloc: Allocation,
+}
+
+impl<'g> Planner<'g> {
+    /// Counts the consumers and views of every tensor of `fwd` and marks those kept.
+    fn new(g: &'g Graph, fwd: &Forward, guard: usize) -> Self {
+        let mut children: SecondaryMap<TensorId, usize> = SecondaryMap::new();
+        let mut views: SecondaryMap<TensorId, usize> = SecondaryMap::new();
+        let mut keep: SecondaryMap<TensorId, ()> = SecondaryMap::new();
+        for &id in &fwd.order {
+            children.insert(id, 0);
+            views.insert(id, 0);
+        }
+        for &id in &fwd.order {
+            let t = g.tensor(id);
+            for &s in &t.src {
+                children[s] += 1;
+            }
+            if let Some(base) = t.view_src {
+                if let Some(v) = views.get_mut(base) {
+                    *v += 1;
+                }
+            }
+        }
+        // Inputs and outputs are never reused; an output view keeps its base alive.
+        for &id in &fwd.order {
+            let t = g.tensor(id);
+            if t.flags.intersects(Flags::INPUT | Flags::OUTPUT) || fwd.outputs.contains(&id) {
+                keep.insert(id, ());
+                if let Some(base) = t.view_src {
+                    keep.insert(base, ());
+                }
+            }
+        }
+        let mut fl = FreeList::default();
+        if guard > 0 {
+            fl.alloc(guard);
+        }
+        Planner {
+            g,
+            guard,
+            children,
+            views,
+            keep,
+            fl,
+            owns: SecondaryMap::new(),
+            alloc: Allocation::default(),
         }
     }
 
-    for &id in &fwd.order {
-        let t = g.tensor(id);
-        if t.op.is_leaf() {
-            if t.data.is_some() {
-                alloc.info.insert(
-                    id,
-                    AllocInfo {
-                        kind: AllocKind::External,
-                        offset: 0,
-                        size: t.nbytes(),
-                    },
-                );
-            }
-            continue;
-        }
+    /// Records where `id` lives with `kind` at `offset`.
+    fn record(&mut self, id: TensorId, kind: AllocKind, offset: usize) {
+        let size = self.g.tensor(id).nbytes();
+        self.alloc.info.insert(id, AllocInfo { kind, offset, size });
+    }
+
+    /// Gives `id` a block of its own (and the guard after it).
+    fn block(&mut self, id: TensorId) {
+        let size = align(self.g.tensor(id).nbytes()) + self.guard;
+        let off = self.fl.alloc(size);
+        self.owns.insert(id, (off, size));
+        self.alloc.report.n_blocks += 1;
+        self.record(id, AllocKind::Arena, off);
+    }
+
+    /// Places the computed tensor `id`: its base's memory for a view, its first source's
+    /// block when it can run in place there, else a block of its own.
+    fn place(&mut self, id: TensorId) {
+        let t = self.g.tensor(id);
         if let Some(base) = t.view_src {
-            let offset = alloc.info.get(base).map_or(0, |b| {
+            let offset = self.alloc.info.get(base).map_or(0, |b| {
                 if b.kind == AllocKind::External {
                     0
                 } else {
                     b.offset + t.view_offs
                 }
             });
-            alloc.report.n_views += 1;
-            alloc.info.insert(
-                id,
-                AllocInfo {
-                    kind: AllocKind::View(base),
-                    offset,
-                    size: t.nbytes(),
-                },
-            );
-        } else {
-            let size = align(t.nbytes());
-            alloc.report.naive_bytes += size;
-            let parent = t.src.first().copied().filter(|&p| {
-                let pt = g.tensor(p);
-                t.op.can_inplace()
-                    && pt.view_src.is_none()
-                    && owns.contains_key(p)
-                    && !keep.contains_key(p)
-                    && children[p] == 1
-                    && views[p] == 0
-                    && pt.dtype == t.dtype
-                    && pt.ne == t.ne
-                    && pt.nb == t.nb
-            });
-            if let Some(p) = parent {
-                let block = owns.remove(p).expect("checked above");
-                owns.insert(id, block);
-                alloc.report.n_inplace += 1;
-                alloc.info.insert(
-                    id,
-                    AllocInfo {
-                        kind: AllocKind::InPlace(p),
-                        offset: block.0,
-                        size: t.nbytes(),
-                    },
-                );
-            } else {
-                let off = fl.alloc(size + guard);
-                owns.insert(id, (off, size + guard));
-                alloc.report.n_blocks += 1;
-                alloc.info.insert(
-                    id,
-                    AllocInfo {
-                        kind: AllocKind::Arena,
-                        offset: off,
-                        size: t.nbytes(),
-                    },
-                );
-            }
+            self.alloc.report.n_views += 1;
+            self.record(id, AllocKind::View(base), offset);
+            return;
         }
-        // This node has consumed its sources.
-        for &s in &t.src {
-            children[s] -= 1;
-            if children[s] > 0 {
+        self.alloc.report.naive_bytes += align(t.nbytes());
+        match t.src.first().copied().filter(|&p| self.takes_over(id, p)) {
+            Some(p) => {
+                let block = self.owns.remove(p).expect("checked by takes_over");
+                self.owns.insert(id, block);
+                self.alloc.report.n_inplace += 1;
+                self.record(id, AllocKind::InPlace(p), block.0);
+            }
+            None => self.block(id),
+        }
+    }
+
+    /// Whether `id` can take over the block of its first source `p`: it runs in place, and
+    /// `p` owns a block that nothing else will read, with the same layout.
+    fn takes_over(&self, id: TensorId, p: TensorId) -> bool {
+        let (t, pt) = (self.g.tensor(id), self.g.tensor(p));
+        t.op.can_inplace()
+            && pt.view_src.is_none()
+            && self.owns.contains_key(p)
+            && !self.keep.contains_key(p)
+            && self.children[p] == 1
+            && self.views[p] == 0
+            && pt.dtype == t.dtype
+            && pt.ne == t.ne
+            && pt.nb == t.nb
+    }
+
+    /// `id` has run: frees each source (or a view's base) whose last consumer it was.
+    fn consumed(&mut self, id: TensorId) {
+        let g = self.g;
+        for &s in &g.tensor(id).src {
+            self.children[s] -= 1;
+            if self.children[s] > 0 {
                 continue;
             }
-            let st = g.tensor(s);
-            match st.view_src {
+            match g.tensor(s).view_src {
                 Some(base) => {
-                    if let Some(v) = views.get_mut(base) {
+                    if let Some(v) = self.views.get_mut(base) {
                         *v -= 1;
-                        if *v == 0 && children[base] == 0 {
-                            free(&mut fl, &mut owns, &keep, base);
+                        if *v == 0 && self.children[base] == 0 {
+                            self.free(base);
                         }
                     }
                 }
                 None => {
-                    if views[s] == 0 {
-                        free(&mut fl, &mut owns, &keep, s);
+                    if self.views[s] == 0 {
+                        self.free(s);
                     }
                 }
             }
         }
     }
-    alloc.report.peak_bytes = fl.peak;
-    alloc
-}
 
-fn free(
-    fl: &mut FreeList,
-    owns: &mut SecondaryMap<TensorId, (usize, usize)>,
-    keep: &SecondaryMap<TensorId, ()>,
-    id: TensorId,
-) {
-    if keep.contains_key(id) {
-        return;
-    }
-    if let Some((off, size)) = owns.remove(id) {
-        fl.release(off, size);
+    /// Returns `id`'s block to the free list, unless it is kept.
+    fn free(&mut self, id: TensorId) {
+        if self.keep.contains_key(id) {
+            return;
+        }
+        if let Some((off, size)) = self.owns.remove(id) {
+            self.fl.release(off, size);
+        }
     }
 }
