@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use graft::backend::profile_table;
+use graft::backend::{profile_table, Backend, Stats, StepTime};
 use graft::models::{Logits, Model, QuantPlan};
 use graft::Result;
 
@@ -114,144 +114,230 @@ pub fn run(a: Args) -> Result<()> {
     let ctx =
         a.p.checked_add(a.n)
             .ok_or_else(|| graft::Error::model("-p + -n overflows"))?;
-    let (mut model, label, dtype) = match (&a.model, &a.preset) {
+    let (mut model, label, dtype) = open_model(&a, be, ctx)?;
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let vocab = model.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..a.p).map(|_| rng.random_range(0..vocab)).collect();
+
+    let pp = time_prefill(&mut model, be, &prompt, a.reps)?;
+    let (tg, tok) = time_generation(&mut model, be, &prompt, a.n)?;
+    let stats = be.stats();
+    let plans = model.plan_counts();
+    // Profiles after the timed runs, so they change none of the figures above.
+    let profiles = match a.profile {
+        true => Some(profile(&mut model, be, &prompt, tok)?),
+        false => None,
+    };
+    let f = Figures {
+        label,
+        dtype,
+        backend: be.name().to_string(),
+        pp,
+        tg,
+        weight_bytes: model.weights().bytes,
+        // per device: each device reads its share of the weights, at its own bandwidth
+        per_token: model.weights().bytes_per_token(model.shard()),
+        devices: be.devices(),
+        kv_cache_bytes: model.cache().bytes(),
+        copy_bw,
+        plans: (plans.prefill, plans.decode),
+        stats,
+        profiles,
+    };
+    print_out(&match a.json {
+        true => f.json(&a),
+        false => f.text(&a),
+    })
+}
+
+/// The model `a` names (its file or folder, else the preset with seeded random weights),
+/// holding `ctx` positions, with its label and weight type for the report.
+fn open_model(a: &Args, be: &mut dyn Backend, ctx: usize) -> Result<(Model, String, String)> {
+    match (&a.model, &a.preset) {
         (Some(path), _) => {
             let m = load_model(path, be, Some(ctx), a.quantize, &a.cache, true)?;
             let dtype = a.quantize.map_or("as stored".to_string(), |q| {
                 QuantPlan::from(q).name().to_string()
             });
-            (m, path.display().to_string(), dtype)
+            Ok((m, path.display().to_string(), dtype))
         }
         (None, Some(name)) => {
             let plan = QuantPlan::from(a.dtype);
             let m = Model::random(preset(name)?, plan, ctx, a.cache.types(), a.seed, be)?;
-            (m, name.clone(), plan.name().to_string())
+            Ok((m, name.clone(), plan.name().to_string()))
         }
-        (None, None) => return Err(graft::Error::model("give --preset or --model")),
-    };
-    let cfg = model.config().clone();
-    let mut rng = StdRng::seed_from_u64(a.seed);
-    let prompt: Vec<u32> = (0..a.p)
-        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
-        .collect();
+        (None, None) => Err(graft::Error::model("give --preset or --model")),
+    }
+}
 
-    // Prompt processing: warm up, then time replays of the same plan.
-    model.prefill(be, &prompt, Logits::None)?;
+/// Prompt processing in tokens/s: one prefill of `prompt` to build and load the plan, then
+/// the median of `reps` timed prefills that replay it.
+fn time_prefill(
+    model: &mut Model,
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    reps: usize,
+) -> Result<f64> {
+    model.prefill(be, prompt, Logits::None)?;
     let mut secs = Vec::new();
-    for _ in 0..a.reps {
+    for _ in 0..reps {
         model.reset();
         let t = Instant::now();
-        model.prefill(be, &prompt, Logits::None)?;
+        model.prefill(be, prompt, Logits::None)?;
         secs.push(t.elapsed().as_secs_f64());
     }
     secs.sort_by(f64::total_cmp);
-    let pp = a.p as f64 / secs[secs.len() / 2];
+    Ok(prompt.len() as f64 / secs[secs.len() / 2])
+}
 
-    // Generation: warm up the first bucket's plan, rewind, time n greedy steps (the host
-    // a step behind the device, as `graft generate` runs them).
-    let mut tok = {
-        model.reset();
-        model.prefill(be, &prompt, Logits::None)?.argmax
-    };
+/// Generation in tokens/s after `prompt`, and the last token: the first bucket's plan
+/// warmed up, the cache rewound, then `n` timed greedy steps (the host a step behind the
+/// device, as `graft generate` runs them).
+fn time_generation(
+    model: &mut Model,
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(f64, u32)> {
+    model.reset();
+    let mut tok = model.prefill(be, prompt, Logits::None)?.argmax;
     model.decode_step(be, tok, false)?;
-    model.truncate(a.p);
+    model.truncate(prompt.len());
     let t = Instant::now();
     let first = tok;
-    model.decode_greedy(be, first, a.n, &mut |t| {
+    model.decode_greedy(be, first, n, &mut |t| {
         tok = t;
         Ok(true)
     })?;
-    let tg = a.n as f64 / t.elapsed().as_secs_f64();
+    Ok((n as f64 / t.elapsed().as_secs_f64(), tok))
+}
 
-    let stats = be.stats();
-    let plans = model.plan_counts();
-    // Profiles after the timed runs, so they change none of the figures above.
-    let profiles = if a.profile {
-        be.set_profiling(true);
-        model.reset();
-        model.prefill(be, &prompt, Logits::None)?;
-        let prefill = be.take_profile();
-        model.decode_step(be, tok, false)?;
-        let decode = be.take_profile();
-        be.set_profiling(false);
-        Some((prefill, decode))
-    } else {
-        None
-    };
-    let weight_bytes = model.weights().bytes;
-    // per device: each device reads its share of the weights, at its own bandwidth
-    let per_token = model.weights().bytes_per_token(model.shard());
-    let devices = be.devices();
-    let roofline = copy_bw.map(|bw| per_token as f64 * tg / (bw * 1e9));
-    if a.json {
+/// The step times of one eager prefill of `prompt` and of one decode step of `tok`.
+fn profile(
+    model: &mut Model,
+    be: &mut dyn Backend,
+    prompt: &[u32],
+    tok: u32,
+) -> Result<(Vec<StepTime>, Vec<StepTime>)> {
+    be.set_profiling(true);
+    model.reset();
+    model.prefill(be, prompt, Logits::None)?;
+    let prefill = be.take_profile();
+    model.decode_step(be, tok, false)?;
+    let decode = be.take_profile();
+    be.set_profiling(false);
+    Ok((prefill, decode))
+}
+
+/// What one `graft bench` run measured.
+struct Figures {
+    /// The model's preset name or path, and its weight type.
+    label: String,
+    dtype: String,
+    backend: String,
+    /// Prompt processing and generation, tokens/s.
+    pp: f64,
+    tg: f64,
+    weight_bytes: usize,
+    /// Weight bytes each device reads per token.
+    per_token: usize,
+    devices: usize,
+    kv_cache_bytes: usize,
+    /// The copy bandwidth the roofline compares with, GB/s.
+    copy_bw: Option<f64>,
+    /// Prefill and decode plans built.
+    plans: (usize, usize),
+    stats: Stats,
+    /// `--profile`: one eager prefill's and one decode step's step times.
+    profiles: Option<(Vec<StepTime>, Vec<StepTime>)>,
+}
+
+impl Figures {
+    /// The fraction of the copy bandwidth that generation reads the weights at.
+    fn roofline(&self) -> Option<f64> {
+        self.copy_bw
+            .map(|bw| self.per_token as f64 * self.tg / (bw * 1e9))
+    }
+
+    /// The report as one JSON object (a line).
+    fn json(&self, a: &Args) -> String {
+        let rows = |rows: &[StepTime]| {
+            rows.iter()
+                .map(|r| json!({"name": r.name, "op": r.op, "kernels": r.kernels, "us": r.us}))
+                .collect::<Vec<_>>()
+        };
+        let total = |rows: &[StepTime]| rows.iter().map(|r| r.us).sum::<f64>();
         let obj = json!({
-            "model": label,
-            "dtype": dtype,
-            "backend": be.name(),
+            "model": self.label,
+            "dtype": self.dtype,
+            "backend": self.backend,
             "n_prompt": a.p,
             "n_gen": a.n,
             "reps": a.reps,
-            "prompt_tokens_per_s": pp,
-            "gen_tokens_per_s": tg,
-            "devices": devices,
-            "weight_bytes": weight_bytes,
-            "weight_bytes_per_token": per_token,
-            "kv_cache_bytes": model.cache().bytes(),
-            "copy_bw_gbps": copy_bw,
-            "roofline_fraction": roofline,
-            "plans": {"prefill": plans.prefill, "decode": plans.decode},
-            "captures": stats.captures,
-            "replays": stats.replays,
-            "eager_runs": stats.eager_runs,
-            "profile": profiles.as_ref().map(|(p, d)| json!({
-                "prefill_us": p.iter().map(|r| r.us).sum::<f64>(),
-                "decode_us": d.iter().map(|r| r.us).sum::<f64>(),
-                "prefill": p.iter().map(|r| json!({"name": r.name, "op": r.op, "kernels": r.kernels, "us": r.us})).collect::<Vec<_>>(),
-                "decode": d.iter().map(|r| json!({"name": r.name, "op": r.op, "kernels": r.kernels, "us": r.us})).collect::<Vec<_>>(),
+            "prompt_tokens_per_s": self.pp,
+            "gen_tokens_per_s": self.tg,
+            "devices": self.devices,
+            "weight_bytes": self.weight_bytes,
+            "weight_bytes_per_token": self.per_token,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "copy_bw_gbps": self.copy_bw,
+            "roofline_fraction": self.roofline(),
+            "plans": {"prefill": self.plans.0, "decode": self.plans.1},
+            "captures": self.stats.captures,
+            "replays": self.stats.replays,
+            "eager_runs": self.stats.eager_runs,
+            "profile": self.profiles.as_ref().map(|(p, d)| json!({
+                "prefill_us": total(p),
+                "decode_us": total(d),
+                "prefill": rows(p),
+                "decode": rows(d),
             })),
         });
-        print_out(&format!("{obj}\n"))?;
-    } else {
+        format!("{obj}\n")
+    }
+
+    /// The report as text, with the profile tables after it.
+    fn text(&self, a: &Args) -> String {
         let gb = |b: usize| b as f64 / 1e9;
-        let roof = match (roofline, copy_bw) {
+        let roof = match (self.roofline(), self.copy_bw) {
             (Some(f), Some(bw)) => format!("{:.1}% of {bw:.0} GB/s", f * 100.0),
             _ => "unknown (pass --copy-bw GBPS)".into(),
         };
-        print_out(&format!(
+        let devices = match self.devices {
+            1 => String::new(),
+            n => format!(" per device, {n} devices"),
+        };
+        let mut out = format!(
             "graft bench: {} {} on {} (p={}, n={}, {} reps)\n\
-             \x20 weights     {:.3} GB ({:.3} GB read per token){}\n\
+             \x20 weights     {:.3} GB ({:.3} GB read per token){devices}\n\
              \x20 prompt      {:>10.1} tok/s\n\
              \x20 generation  {:>10.1} tok/s\n\
              \x20 roofline    {roof}\n\
              \x20 plans       {} prefill, {} decode; {} captures, {} replays, {} eager runs\n",
-            label,
-            dtype,
-            be.name(),
+            self.label,
+            self.dtype,
+            self.backend,
             a.p,
             a.n,
             a.reps,
-            gb(weight_bytes),
-            gb(per_token),
-            match devices {
-                1 => String::new(),
-                n => format!(" per device, {n} devices"),
-            },
-            pp,
-            tg,
-            plans.prefill,
-            plans.decode,
-            stats.captures,
-            stats.replays,
-            stats.eager_runs
-        ))?;
-        if let Some((prefill, decode)) = &profiles {
-            print_out(&format!(
+            gb(self.weight_bytes),
+            gb(self.per_token),
+            self.pp,
+            self.tg,
+            self.plans.0,
+            self.plans.1,
+            self.stats.captures,
+            self.stats.replays,
+            self.stats.eager_runs
+        );
+        if let Some((prefill, decode)) = &self.profiles {
+            out += &format!(
                 "\nprefill of {} tokens, step by step (eager):\n{}\none decode step, step by step (eager):\n{}",
                 a.p,
                 profile_table(prefill),
                 profile_table(decode)
-            ))?;
+            );
         }
+        out
     }
-    Ok(())
 }
