@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use graft::backend::Backend;
 use graft::models::chat_session::{ChatSession, EndReason, LlamaOn};
 use graft::models::model::default_ctx;
-use graft::models::{tokenizer, Model, QuantPlan, Stop};
+use graft::models::{tokenizer, Generation, Model, QuantPlan, Stop, Tokenizer};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
@@ -106,20 +107,7 @@ pub fn run(a: Args) -> Result<()> {
             (model, tokenizer, path)
         }
     };
-    let text = prompt_text(&a)?;
-    let prompt = match (&text, &a.token_ids) {
-        (Some(text), _) => match &tokenizer {
-            Some(t) => t.encode(text)?,
-            None => {
-                return Err(Error::model(format!(
-                    "--prompt needs a tokenizer.json in {} (or tokenizer metadata in a .gguf file); pass --token-ids instead",
-                    path.display()
-                )))
-            }
-        },
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(Error::model("give --prompt, --file or --token-ids")),
-    };
+    let prompt = prompt_ids(&a, tokenizer.as_ref(), &path)?;
     let mut sampler = a.sampling.sampler()?;
     model.set_context_shift(a.context_shift);
     model.set_ignore_eos(a.ignore_eos);
@@ -150,7 +138,35 @@ pub fn run(a: Args) -> Result<()> {
             None => print_out(&format!(" {id}")),
         }
     })?;
+    report(&a, be, &model, &prompt, &g, tokenizer.as_ref())
+}
 
+/// The prompt's token ids: `--prompt` or `--file` encoded with the model's tokenizer, or
+/// `--token-ids`.
+fn prompt_ids(a: &Args, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<Vec<u32>> {
+    match (prompt_text(a)?, &a.token_ids) {
+        (Some(text), _) => match tokenizer {
+            Some(t) => t.encode(&text),
+            None => Err(Error::model(format!(
+                "--prompt needs a tokenizer.json in {} (or tokenizer metadata in a .gguf file); pass --token-ids instead",
+                path.display()
+            ))),
+        },
+        (None, Some(ids)) => Ok(ids.clone()),
+        (None, None) => Err(Error::model("give --prompt, --file or --token-ids")),
+    }
+}
+
+/// After a generation `g` of `prompt`: one JSON object on stdout (`--json`), else the
+/// end of the streamed line and, unless `--quiet`, speeds and plan counters on stderr.
+fn report(
+    a: &Args,
+    be: &dyn Backend,
+    model: &Model,
+    prompt: &[u32],
+    g: &Generation,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
     let stats = be.stats();
     let plans = model.plan_counts();
     let stop = match g.stop {
@@ -158,10 +174,7 @@ pub fn run(a: Args) -> Result<()> {
         Stop::Length => "length",
     };
     if a.json {
-        let text = tokenizer
-            .as_ref()
-            .map(|t| t.decode(&g.tokens))
-            .transpose()?;
+        let text = tokenizer.map(|t| t.decode(&g.tokens)).transpose()?;
         let obj = json!({
             "backend": be.name(),
             "prompt_ids": prompt,
@@ -178,24 +191,23 @@ pub fn run(a: Args) -> Result<()> {
             "replays": stats.replays,
             "eager_runs": stats.eager_runs,
         });
-        print_out(&format!("{obj}\n"))?;
-    } else {
-        print_out("\n")?;
-        if !a.quiet {
-            eprintln!(
-                "prompt: {} tokens, {:.1} tok/s | generated: {} tokens (stop: {stop}), {} | plans: {} prefill, {} decode | {} backend: {} captures, {} replays",
-                g.prompt_tokens,
-                g.prompt_tokens_per_s(),
-                g.tokens.len(),
-                g.gen_tokens_per_s()
-                    .map_or("no decode step".into(), |t| format!("{t:.1} tok/s")),
-                plans.prefill,
-                plans.decode,
-                be.name(),
-                stats.captures,
-                stats.replays
-            );
-        }
+        return print_out(&format!("{obj}\n"));
+    }
+    print_out("\n")?;
+    if !a.quiet {
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens (stop: {stop}), {} | plans: {} prefill, {} decode | {} backend: {} captures, {} replays",
+            g.prompt_tokens,
+            g.prompt_tokens_per_s(),
+            g.tokens.len(),
+            g.gen_tokens_per_s()
+                .map_or("no decode step".into(), |t| format!("{t:.1} tok/s")),
+            plans.prefill,
+            plans.decode,
+            be.name(),
+            stats.captures,
+            stats.replays
+        );
     }
     Ok(())
 }
