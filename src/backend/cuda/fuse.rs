@@ -383,6 +383,48 @@ fn norm_vec_threads(ne0: usize) -> u32 {
         .clamp(32, 1024) as u32
 }
 
+/// `rms_norm(x) * w` into `y` as one launch (F32 rows, `w` one row), writing the Q8_1
+/// copy of `y` that a decode product `next` reads too.
+fn rms_norm_mul(
+    x: &Operand,
+    w: &Operand,
+    y: &Operand,
+    eps: f32,
+    next: Option<&Step>,
+    lw: &mut Lowering,
+) -> Result<Vec<DevOp>, String> {
+    let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype])?;
+    let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
+    let vec = norm_vec(x, y, w, lw);
+    let args = NormMulArgs {
+        src: lw.t4(x),
+        dst: lw.t4(y),
+        w: lw.t4(w),
+        eps,
+        vec: i32::from(vec),
+        q8,
+        q8_nb1,
+        q8_layout,
+        // a weight, read while the previous kernel of the plan finishes
+        w_early: i64::from(lw.read_only(w) && lw.launched),
+    };
+    // The vector path: NORM_VEC groups of 4 elements a thread. Otherwise a decode step
+    // normalizes a few rows: a warp per 32 elements (up to 1024 threads) keeps it short; a
+    // prefill has rows enough for a warp each (a wide block for long rows).
+    let threads = match (vec, x.nrows() <= MAX_DECODE_COLS, x.ne[0] <= 1024) {
+        (true, _, _) => norm_vec_threads(x.ne[0]),
+        (false, true, _) => x.ne[0].next_multiple_of(32).min(1024) as u32,
+        (false, false, true) => 32,
+        (false, false, false) => 1024,
+    };
+    Ok(vec![DevOp::kernel(
+        kernel,
+        row_grid(y.nrows())?,
+        (threads, 1, 1),
+        &args,
+    )])
+}
+
 /// The fused launch of `first` then `second` (`next` the step after them), or None when
 /// the pair is not a pattern.
 fn pair(
@@ -426,39 +468,7 @@ fn pair(
             {
                 return None;
             }
-            let kernel = by::RMS_NORM_MUL.get([x.dtype, w.dtype]);
-            Some(kernel.and_then(|kernel| {
-                let (q8, q8_nb1, q8_layout) = q8_1_out(y, next, lw);
-                let vec = norm_vec(x, y, w, lw);
-                let args = NormMulArgs {
-                    src: lw.t4(x),
-                    dst: lw.t4(y),
-                    w: lw.t4(w),
-                    eps: *eps,
-                    vec: i32::from(vec),
-                    q8,
-                    q8_nb1,
-                    q8_layout,
-                    // a weight, read while the previous kernel of the plan finishes
-                    w_early: i64::from(lw.read_only(w) && lw.launched),
-                };
-                // The vector path: NORM_VEC groups of 4 elements a thread. Otherwise a
-                // decode step normalizes a few rows: a warp per 32 elements (up to 1024
-                // threads) keeps it short; a prefill has rows enough for a warp each (a
-                // wide block for long rows).
-                let threads = match (vec, x.nrows() <= MAX_DECODE_COLS, x.ne[0] <= 1024) {
-                    (true, _, _) => norm_vec_threads(x.ne[0]),
-                    (false, true, _) => x.ne[0].next_multiple_of(32).min(1024) as u32,
-                    (false, false, true) => 32,
-                    (false, false, false) => 1024,
-                };
-                Ok(vec![DevOp::kernel(
-                    kernel,
-                    row_grid(y.nrows())?,
-                    (threads, 1, 1),
-                    &args,
-                )])
-            }))
+            Some(rms_norm_mul(x, w, y, *eps, next, lw))
         }
         (Op::MulMat, Op::Binary(BinaryOp::Add)) => {
             let residual = residual_of(first, second, readers)?;
