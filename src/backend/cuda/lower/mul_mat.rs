@@ -345,6 +345,69 @@ fn split_to(
     let (grid, block) = flat_grid(n);
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }
+/// `b` as the GEMM with `dtype` weights reads it, and where its low halves start (None:
+/// no split): in place when it has that type and cuBLAS can describe it, else a dense copy
+/// in scratch; with BF16 weights and other activations, two BF16 halves (hi, then lo at
+/// the returned shift; see the module docs).
+fn gemm_b(
+    b: &Operand,
+    dtype: DType,
+    lw: &mut Lowering,
+    offset: &mut usize,
+    ops: &mut Vec<DevOp>,
+) -> Result<(GemmOperand, Option<u64>), String> {
+    if dtype == DType::BF16 && b.dtype != DType::BF16 {
+        let dense = padded(b, dtype);
+        let lo_shift = dense.nbytes().next_multiple_of(16) as u64;
+        let addr = lw.reserve_scratch(offset, 2 * lo_shift as usize);
+        ops.push(split_to(lw, b, &dense, addr, lo_shift)?);
+        let op = describe(&dense, addr, false).expect("a padded copy is describable");
+        return Ok((op, Some(lo_shift)));
+    }
+    let described = (b.dtype == dtype)
+        .then(|| describe(b, lw.addr(b), false))
+        .flatten();
+    let op = match described {
+        Some(d) => d,
+        None => {
+            let (addr, dense) = scratch_copy(lw, b, dtype, offset, ops)?;
+            describe(&dense, addr, false).expect("a padded copy is describable")
+        }
+    };
+    Ok((op, None))
+}
+
+/// The pointer arrays of a batched GEMM over `b`'s `b2 x b3` channels, in the constant
+/// region: A (channel `(i2 / r2, i3 / r3)` of the weights), then B shifted by `b_shift`,
+/// then C.
+fn batch_ptrs(
+    aop: &GemmOperand,
+    bop: &GemmOperand,
+    b_shift: u64,
+    dst: &Operand,
+    (b2, b3): (usize, usize),
+    (r2, r3): (usize, usize),
+    lw: &mut Lowering,
+) -> u64 {
+    let mut arrays: Vec<u64> = Vec::with_capacity(3 * b2 * b3);
+    for i3 in 0..b3 {
+        for i2 in 0..b2 {
+            arrays.push(aop.addr + ((i2 / r2) * aop.nb2 + (i3 / r3) * aop.nb3) as u64);
+        }
+    }
+    for i3 in 0..b3 {
+        for i2 in 0..b2 {
+            arrays.push(bop.addr + b_shift + (i2 * bop.nb2 + i3 * bop.nb3) as u64);
+        }
+    }
+    for i3 in 0..b3 {
+        for i2 in 0..b2 {
+            arrays.push(lw.addr(dst) + (i2 * dst.nb[2] + i3 * dst.nb[3]) as u64);
+        }
+    }
+    let bytes: Vec<u8> = arrays.iter().flat_map(|p| p.to_ne_bytes()).collect();
+    lw.push_consts(&bytes)
+}
 
 /// The cuBLAS product of `a` (float, at `a_addr`: where it lives, or a scratch copy) and
 /// `b` into `dst`, after the launches `ops` that used scratch up to `offset`.
@@ -360,28 +423,7 @@ pub(crate) fn lower_gemm(
     let dtype = a.dtype;
     let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
-
-    // With BF16 weights, the activations go in as two BF16 halves (see the module docs).
-    let split = dtype == DType::BF16 && b.dtype != DType::BF16;
-    let mut lo_shift = 0u64;
-    let bop = if split {
-        let dense = padded(b, dtype);
-        lo_shift = dense.nbytes().next_multiple_of(16) as u64;
-        let addr = lw.reserve_scratch(&mut offset, 2 * lo_shift as usize);
-        ops.push(split_to(lw, b, &dense, addr, lo_shift)?);
-        describe(&dense, addr, false).expect("a padded copy is describable")
-    } else {
-        match (b.dtype == dtype)
-            .then(|| describe(b, lw.addr(b), false))
-            .flatten()
-        {
-            Some(d) => d,
-            None => {
-                let (addr, dense) = scratch_copy(lw, b, dtype, &mut offset, &mut ops)?;
-                describe(&dense, addr, false).expect("a padded copy is describable")
-            }
-        }
-    };
+    let (bop, lo_shift) = gemm_b(b, dtype, lw, &mut offset, &mut ops)?;
     let aop = match describe(a, a_addr, true) {
         Some(d) => d,
         None => {
@@ -392,32 +434,12 @@ pub(crate) fn lower_gemm(
 
     let batch = b2 * b3;
     let (r2, r3) = (b2 / a2, b3 / a3);
-    // Pointer arrays (A, then B shifted by `b_shift`, then C) for a batched GEMM.
-    let mut ptrs = |b_shift: u64| -> u64 {
-        if batch == 1 {
-            return 0;
-        }
-        let mut arrays: Vec<u64> = Vec::with_capacity(3 * batch);
-        for i3 in 0..b3 {
-            for i2 in 0..b2 {
-                arrays.push(aop.addr + ((i2 / r2) * aop.nb2 + (i3 / r3) * aop.nb3) as u64);
-            }
-        }
-        for i3 in 0..b3 {
-            for i2 in 0..b2 {
-                arrays.push(bop.addr + b_shift + (i2 * bop.nb2 + i3 * bop.nb3) as u64);
-            }
-        }
-        for i3 in 0..b3 {
-            for i2 in 0..b2 {
-                arrays.push(lw.addr(dst) + (i2 * dst.nb[2] + i3 * dst.nb[3]) as u64);
-            }
-        }
-        let bytes: Vec<u8> = arrays.iter().flat_map(|p| p.to_ne_bytes()).collect();
-        lw.push_consts(&bytes)
+    let mut ptrs = |b_shift: u64| match batch {
+        1 => 0,
+        _ => batch_ptrs(&aop, &bop, b_shift, dst, (b2, b3), (r2, r3), lw),
     };
     let hi_ptrs = ptrs(0);
-    let lo_ptrs = if split { ptrs(lo_shift) } else { 0 };
+    let lo = lo_shift.map(|shift| (shift, ptrs(shift)));
     let c = lw.addr(dst);
     let gemm = |b_shift: u64, beta: f32, ptrs: u64| -> Result<DevOp, String> {
         Ok(DevOp::Gemm(Gemm {
@@ -439,8 +461,8 @@ pub(crate) fn lower_gemm(
         }))
     };
     ops.push(gemm(0, 0.0, hi_ptrs)?);
-    if split {
-        ops.push(gemm(lo_shift, 1.0, lo_ptrs)?);
+    if let Some((shift, lo_ptrs)) = lo {
+        ops.push(gemm(shift, 1.0, lo_ptrs)?);
     }
     Ok(ops)
 }
