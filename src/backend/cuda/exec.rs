@@ -78,7 +78,7 @@ pub(crate) fn node_error(step: &Step, msg: impl std::fmt::Display) -> Error {
 pub(crate) struct Launcher<'a> {
     pub kernels: &'a KernelTable,
     pub blas: &'a Blas,
-    pub stream: &'a CudaStream,
+    pub stream: &'a Arc<CudaStream>,
     /// Synchronize after every step (debugging: errors then name their node).
     pub sync_each: bool,
     /// Launch kernels with programmatic stream serialization (PDL, sm_90+): a kernel may
@@ -241,5 +241,22 @@ impl Launcher<'_> {
             self.run_step(step, ops)?;
         }
         Ok(())
+    }
+
+    /// Captures the whole plan's launches into a CUDA graph, or says why it could not (the
+    /// capture is ended even after a failed launch).
+    pub fn capture(&self, exec: &CudaExec) -> std::result::Result<CudaGraph, String> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        self.stream
+            .begin_capture(mode)
+            .map_err(|err| format!("cuStreamBeginCapture: {}", driver_error_text(err)))?;
+        let enqueued = self.run_all(exec);
+        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        match (enqueued, ended) {
+            (Ok(()), Ok(Some(graph))) => Ok(graph),
+            (Err(err), _) => Err(err.to_string()),
+            (Ok(()), Ok(None)) => Err("the capture recorded nothing".into()),
+            (Ok(()), Err(err)) => Err(format!("cuStreamEndCapture: {}", driver_error_text(err))),
+        }
     }
 }

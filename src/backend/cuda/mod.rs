@@ -965,42 +965,23 @@ impl Backend for CudaBackend {
                     .map_err(|err| driver_error("launching the CUDA graph", err))?;
                 self.stats.replays += 1;
             }
-            GraphState::Fresh if use_graphs => {
-                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-                let captured = match self.stream.begin_capture(mode) {
-                    Err(err) => Err(format!("cuStreamBeginCapture: {}", driver_error_text(err))),
-                    Ok(()) => {
-                        let enqueued = launcher.run_all(e);
-                        // Always end the capture, even after a failed launch.
-                        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
-                        match (enqueued, ended) {
-                            (Ok(()), Ok(Some(graph))) => Ok(graph),
-                            (Err(err), _) => Err(err.to_string()),
-                            (Ok(()), Ok(None)) => Err("the capture recorded nothing".into()),
-                            (Ok(()), Err(err)) => {
-                                Err(format!("cuStreamEndCapture: {}", driver_error_text(err)))
-                            }
-                        }
-                    }
-                };
-                match captured {
-                    Ok(graph) => {
-                        graph
-                            .launch()
-                            .map_err(|err| driver_error("launching the CUDA graph", err))?;
-                        e.graph = GraphState::Captured(graph);
-                        self.stats.captures += 1;
-                    }
-                    Err(reason) => {
-                        e.graph = GraphState::Failed;
-                        warning = Some(format!(
+            GraphState::Fresh if use_graphs => match launcher.capture(e) {
+                Ok(graph) => {
+                    graph
+                        .launch()
+                        .map_err(|err| driver_error("launching the CUDA graph", err))?;
+                    e.graph = GraphState::Captured(graph);
+                    self.stats.captures += 1;
+                }
+                Err(reason) => {
+                    e.graph = GraphState::Failed;
+                    warning = Some(format!(
                             "capturing plan {exec:?} into a CUDA graph failed ({reason}); it runs eagerly"
                         ));
-                        launcher.run_all(e)?;
-                        self.stats.eager_runs += 1;
-                    }
+                    launcher.run_all(e)?;
+                    self.stats.eager_runs += 1;
                 }
-            }
+            },
             GraphState::Captured(_) | GraphState::Fresh | GraphState::Failed => {
                 launcher.run_all(e)?;
                 self.stats.eager_runs += 1;
