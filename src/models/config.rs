@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::graph::DType;
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
-use super::arch::Arch;
+use super::arch::{Arch, HfKeys};
 
 /// Default `rope_theta` of transformers' `LlamaConfig`, used when the file has none.
 pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
@@ -90,38 +90,7 @@ impl Config {
         f.check_supported(arch)?;
 
         let hidden_size = f.usize(keys.hidden)?;
-        let num_attention_heads = f.usize(keys.heads)?;
-        let num_key_value_heads = match keys.kv_heads {
-            Some(k) => f.opt_usize(k)?.unwrap_or(num_attention_heads),
-            None => num_attention_heads,
-        };
-        let head_dim = match f.opt_usize("head_dim")? {
-            Some(d) => d,
-            None => {
-                if hidden_size % num_attention_heads != 0 {
-                    return Err(f.bad(
-                        "head_dim",
-                        format!("is missing and {} {hidden_size} is not a multiple of {} {num_attention_heads}", keys.hidden, keys.heads),
-                    ));
-                }
-                hidden_size / num_attention_heads
-            }
-        };
-        if num_attention_heads % num_key_value_heads != 0 {
-            return Err(f.bad(
-                keys.kv_heads.unwrap_or(keys.heads),
-                format!(
-                    "{num_key_value_heads} must divide {} {num_attention_heads}",
-                    keys.heads
-                ),
-            ));
-        }
-        if head_dim % 2 != 0 {
-            return Err(f.bad(
-                "head_dim",
-                format!("{head_dim} must be even (rope rotates pairs)"),
-            ));
-        }
+        let (num_attention_heads, num_key_value_heads, head_dim) = f.heads(&keys, hidden_size)?;
         let norm_eps = f.f32(keys.eps)?;
         if !(norm_eps.is_finite() && norm_eps > 0.0) {
             return Err(f.bad(keys.eps, format!("{norm_eps} must be > 0")));
@@ -330,6 +299,42 @@ impl Fields<'_> {
         Ok(())
     }
 
+    /// `(num_attention_heads, num_key_value_heads, head_dim)`: the head dim given, else
+    /// the hidden size over the heads; the KV heads dividing the heads, the head dim even.
+    fn heads(&self, keys: &HfKeys, hidden_size: usize) -> Result<(usize, usize, usize)> {
+        let heads = self.usize(keys.heads)?;
+        let kv_heads = match keys.kv_heads {
+            Some(k) => self.opt_usize(k)?.unwrap_or(heads),
+            None => heads,
+        };
+        let head_dim = match self.opt_usize("head_dim")? {
+            Some(d) => d,
+            None if hidden_size % heads != 0 => {
+                return Err(self.bad(
+                    "head_dim",
+                    format!(
+                        "is missing and {} {hidden_size} is not a multiple of {} {heads}",
+                        keys.hidden, keys.heads
+                    ),
+                ))
+            }
+            None => hidden_size / heads,
+        };
+        if heads % kv_heads != 0 {
+            return Err(self.bad(
+                keys.kv_heads.unwrap_or(keys.heads),
+                format!("{kv_heads} must divide {} {heads}", keys.heads),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(self.bad(
+                "head_dim",
+                format!("{head_dim} must be even (rope rotates pairs)"),
+            ));
+        }
+        Ok((heads, kv_heads, head_dim))
+    }
+
     /// The sliding window: Mistral's `sliding_window`; Qwen's only when
     /// `use_sliding_window` is true, which graft does not run (its windows depend on the
     /// layer).
@@ -394,30 +399,7 @@ impl Fields<'_> {
             .filter(|v| !v.is_null());
         let scaling = match kind.map(|v| v.as_str()) {
             None | Some(Some("default")) => None,
-            Some(Some("llama3")) => {
-                let num = |key: &str| -> Result<f64> {
-                    obj.get(key).and_then(Value::as_f64).ok_or_else(|| {
-                        self.bad(&format!("{prefix}.{key}"), "is missing or not a number")
-                    })
-                };
-                let s = Llama3Scaling {
-                    factor: num("factor")? as f32,
-                    low_freq_factor: num("low_freq_factor")? as f32,
-                    high_freq_factor: num("high_freq_factor")? as f32,
-                    original_max_position: num("original_max_position_embeddings")? as usize,
-                };
-                if !(s.factor > 0.0
-                    && s.low_freq_factor > 0.0
-                    && s.high_freq_factor > s.low_freq_factor
-                    && s.original_max_position > 0)
-                {
-                    return Err(self.bad(
-                        prefix,
-                        format!("has invalid llama3 values {s:?}: need factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0"),
-                    ));
-                }
-                Some(s)
-            }
+            Some(Some("llama3")) => Some(self.llama3_scaling(obj, prefix)?),
             Some(_) => {
                 return Err(self.bad(
                     &format!("{prefix}.rope_type"),
@@ -429,6 +411,33 @@ impl Fields<'_> {
             }
         };
         Ok((theta, scaling))
+    }
+
+    /// Llama 3's rope scaling from the object `obj` (the field `prefix`): factor > 0,
+    /// 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0.
+    fn llama3_scaling(&self, obj: &Map<String, Value>, prefix: &str) -> Result<Llama3Scaling> {
+        let num = |key: &str| -> Result<f64> {
+            obj.get(key)
+                .and_then(Value::as_f64)
+                .ok_or_else(|| self.bad(&format!("{prefix}.{key}"), "is missing or not a number"))
+        };
+        let s = Llama3Scaling {
+            factor: num("factor")? as f32,
+            low_freq_factor: num("low_freq_factor")? as f32,
+            high_freq_factor: num("high_freq_factor")? as f32,
+            original_max_position: num("original_max_position_embeddings")? as usize,
+        };
+        if !(s.factor > 0.0
+            && s.low_freq_factor > 0.0
+            && s.high_freq_factor > s.low_freq_factor
+            && s.original_max_position > 0)
+        {
+            return Err(self.bad(
+                prefix,
+                format!("has invalid llama3 values {s:?}: need factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0"),
+            ));
+        }
+        Ok(s)
     }
 
     fn opt_f32(&self, field: &str) -> Result<Option<f32>> {
