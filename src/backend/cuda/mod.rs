@@ -165,41 +165,48 @@ fn driver_version() -> std::result::Result<i32, result::DriverError> {
 /// The oldest driver API the bindings use (CUDA 13.0, driver 580).
 const MIN_DRIVER: i32 = 13000;
 
+/// Fails with [`Error::NoDevice`], naming what is missing, unless the driver library, a
+/// CUDA 13 driver, GPU `ordinal` and cuBLAS are all present.
+fn check_device(ordinal: usize) -> Result<()> {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDevice(
+            "the NVIDIA driver library (libcuda.so.1) was not found: no GPU driver on this machine"
+                .into(),
+        ));
+    }
+    let version = driver_version().map_err(|e| no_device("cuDriverGetVersion", e))?;
+    if version < MIN_DRIVER {
+        return Err(Error::NoDevice(format!(
+            "the NVIDIA driver supports CUDA {}.{}; graft needs a CUDA {}.{} driver (580 or newer)",
+            version / 1000,
+            version % 1000 / 10,
+            MIN_DRIVER / 1000,
+            MIN_DRIVER % 1000 / 10
+        )));
+    }
+    let count = CudaContext::device_count().map_err(|e| no_device("cuInit", e))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(Error::NoDevice(format!(
+            "GPU {ordinal} asked for, {count} present"
+        )));
+    }
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Err(Error::NoDevice(
+            "cuBLAS (libcublas.so.13, libcublasLt.so.13) was not found; where the CUDA \
+             toolkit has it, run with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl CudaBackend {
     /// Opens GPU `ordinal`. Fails with [`Error::NoDevice`] when there is no driver, no
     /// such GPU, or no cuBLAS library.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: only tries to open the shared library.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::NoDevice(
-                "the NVIDIA driver library (libcuda.so.1) was not found: no GPU driver on this machine"
-                    .into(),
-            ));
-        }
-        let version = driver_version().map_err(|e| no_device("cuDriverGetVersion", e))?;
-        if version < MIN_DRIVER {
-            return Err(Error::NoDevice(format!(
-                "the NVIDIA driver supports CUDA {}.{}; graft needs a CUDA {}.{} driver (580 or newer)",
-                version / 1000,
-                version % 1000 / 10,
-                MIN_DRIVER / 1000,
-                MIN_DRIVER % 1000 / 10
-            )));
-        }
-        let count = CudaContext::device_count().map_err(|e| no_device("cuInit", e))?;
-        if ordinal >= count.max(0) as usize {
-            return Err(Error::NoDevice(format!(
-                "GPU {ordinal} asked for, {count} present"
-            )));
-        }
-        // SAFETY: only tries to open the shared library.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(Error::NoDevice(
-                "cuBLAS (libcublas.so.13, libcublasLt.so.13) was not found; where the CUDA \
-                 toolkit has it, run with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
-                    .into(),
-            ));
-        }
+        check_device(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| no_device("creating a context", e))?;
         // SAFETY: all work goes to the one stream below, so no slice needs events to
         // order streams; events recorded by cudarc would also break stream capture.
