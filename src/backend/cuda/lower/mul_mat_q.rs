@@ -321,22 +321,16 @@ pub(crate) fn gemv(
     };
     let mut ops = Vec::with_capacity(2);
     if q8 {
-        let addr = match copy {
+        args.b = match copy {
             Some(addr) => addr,
             None => match quantize_q8_1(b, layout, lw) {
                 Ok((addr, op)) => {
                     ops.push(op);
-                    lw.q8_1 = Some(Q8Copy {
-                        of: b.clone(),
-                        addr,
-                        layout,
-                    });
                     addr
                 }
                 Err(e) => return Some(Err(e)),
             },
         };
-        args.b = addr;
         args.b_nb1 = q8_1_column_bytes(kk) as i64;
     } else {
         let b_addr = lw.addr(b);
@@ -354,7 +348,8 @@ pub(crate) fn gemv(
 }
 
 /// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (a column of
-/// [`q8_1_column_bytes`] each): the scratch address and the launch.
+/// [`q8_1_column_bytes`] each), recorded as the copy that later decode products of `b`
+/// read ([`Lowering::q8_1`]): the scratch address and the launch.
 fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
     let (addr, row) = q8_1_copy(b, &mut 0, lw);
@@ -373,6 +368,11 @@ fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, De
         n.min(MAX_GRID_YZ) as u32,
         1,
     );
+    lw.q8_1 = Some(Q8Copy {
+        of: b.clone(),
+        addr,
+        layout,
+    });
     Ok((
         addr,
         DevOp::kernel(
