@@ -370,6 +370,79 @@ fn check(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64) -> Vec<String> 
 fn check_within(g: &Graph, y: TensorId, inputs: &[TensorId], seed: u64, tol: f64) -> Vec<String> {
     check_lowering(g, y, inputs, seed, tol, false)
 }
+/// Runs one lowered operation in host memory with the interpreter; returns its name.
+fn interpret(op: &DevOp) -> String {
+    let l = match op {
+        DevOp::Kernel(l) => l,
+        DevOp::AllReduce(_) => panic!("unexpected all_reduce in a one-device plan"),
+        DevOp::Gemm(gm) => {
+            run_gemm(gm);
+            return format!(
+                "gemm(batch {}, t{}{})",
+                gm.batch,
+                u8::from(gm.transa),
+                u8::from(gm.transb)
+            );
+        }
+    };
+    let name = l.kernel.name;
+    match name {
+        _ if name.starts_with("cpy_") => run_cpy(name, args(l)),
+        _ if name.starts_with("split_") => run_split(name, args(l)),
+        _ if name.starts_with("mul_mat_") => run_gemv(name, args(l)),
+        _ if name.starts_with("rms_norm_mul_") => run_rms_norm_mul(name, args(l)),
+        "scale_f32" => run_scale(args(l)),
+        "add_f32_f32" => run_binary(args(l), |x, y| x + y),
+        "rms_norm_f32" => run_rms_norm(args(l)),
+        "mul_f32_f32" => run_binary(args(l), |x, y| x * y),
+        "swiglu_f32" => run_swiglu(args(l)),
+        _ => panic!("unexpected kernel {name}"),
+    }
+    name.to_string()
+}
+
+/// `scale_f32`: dst = src * scale, F32, any strides.
+fn run_scale(a: UnaryArgs) {
+    let n: i64 = a.dst.ne.iter().product();
+    for i in 0..n {
+        let ix = elem(a.dst.ne, i);
+        // SAFETY: both tensors lie in the plan's memory with these shapes.
+        unsafe {
+            let x = load(
+                (a.src.data as i64 + offset(a.src.nb, ix)) as *const u8,
+                DType::F32,
+            );
+            store(
+                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
+                DType::F32,
+                x * a.scale,
+            );
+        }
+    }
+}
+
+/// `rms_norm_f32`: the same kernel as rms_norm_mul with a weight of ones.
+fn run_rms_norm(a: NormArgs) {
+    let ones = vec![1f32; a.src.ne[0] as usize];
+    run_rms_norm_mul(
+        "rms_norm_mul_f32_f32",
+        NormMulArgs {
+            src: a.src,
+            dst: a.dst,
+            w: Tensor4 {
+                data: ones.as_ptr() as u64,
+                ne: [a.src.ne[0], 1, 1, 1],
+                nb: [4, 0, 0, 0],
+            },
+            eps: a.eps,
+            vec: 0,
+            q8: 0,
+            q8_nb1: 0,
+            q8_layout: 0,
+            w_early: 0,
+        },
+    );
+}
 
 /// [`check_within`], lowering with step fusion on or off.
 fn check_lowering(
@@ -406,94 +479,7 @@ fn check_lowering(
     let out = plan.outputs[0].operand.clone();
     let want = cpu.get_output_f32(e, y, out.nelements()).unwrap();
 
-    let mut names = Vec::new();
-    for op in ops.iter().flatten() {
-        match op {
-            DevOp::Kernel(l) if l.kernel.name.starts_with("cpy_") => {
-                names.push(l.kernel.name.to_string());
-                run_cpy(l.kernel.name, args(l));
-            }
-            DevOp::Kernel(l) if l.kernel.name.starts_with("split_") => {
-                names.push(l.kernel.name.to_string());
-                run_split(l.kernel.name, args(l));
-            }
-            DevOp::Kernel(l) if l.kernel.name.starts_with("mul_mat_") => {
-                names.push(l.kernel.name.to_string());
-                run_gemv(l.kernel.name, args(l));
-            }
-            DevOp::Kernel(l) if l.kernel.name.starts_with("rms_norm_mul_") => {
-                names.push(l.kernel.name.to_string());
-                run_rms_norm_mul(l.kernel.name, args(l));
-            }
-            DevOp::Kernel(l) if l.kernel.name == "scale_f32" => {
-                names.push(l.kernel.name.to_string());
-                let a: UnaryArgs = args(l);
-                let n: i64 = a.dst.ne.iter().product();
-                for i in 0..n {
-                    let ix = elem(a.dst.ne, i);
-                    // SAFETY: both tensors lie in the plan's memory with these shapes.
-                    unsafe {
-                        let x = load(
-                            (a.src.data as i64 + offset(a.src.nb, ix)) as *const u8,
-                            DType::F32,
-                        );
-                        store(
-                            (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                            DType::F32,
-                            x * a.scale,
-                        );
-                    }
-                }
-            }
-            DevOp::Kernel(l) if l.kernel.name == "add_f32_f32" => {
-                names.push(l.kernel.name.to_string());
-                run_binary(args(l), |x, y| x + y);
-            }
-            DevOp::Kernel(l) if l.kernel.name == "rms_norm_f32" => {
-                names.push(l.kernel.name.to_string());
-                let a: NormArgs = args(l);
-                // The same kernel as rms_norm_mul with a weight of ones.
-                let ones = vec![1f32; a.src.ne[0] as usize];
-                run_rms_norm_mul(
-                    "rms_norm_mul_f32_f32",
-                    NormMulArgs {
-                        src: a.src,
-                        dst: a.dst,
-                        w: Tensor4 {
-                            data: ones.as_ptr() as u64,
-                            ne: [a.src.ne[0], 1, 1, 1],
-                            nb: [4, 0, 0, 0],
-                        },
-                        eps: a.eps,
-                        vec: 0,
-                        q8: 0,
-                        q8_nb1: 0,
-                        q8_layout: 0,
-                        w_early: 0,
-                    },
-                );
-            }
-            DevOp::Kernel(l) if l.kernel.name == "mul_f32_f32" => {
-                names.push(l.kernel.name.to_string());
-                run_binary(args(l), |x, y| x * y);
-            }
-            DevOp::Kernel(l) if l.kernel.name == "swiglu_f32" => {
-                names.push(l.kernel.name.to_string());
-                run_swiglu(args(l));
-            }
-            DevOp::Kernel(l) => panic!("unexpected kernel {}", l.kernel.name),
-            DevOp::AllReduce(_) => panic!("unexpected all_reduce in a one-device plan"),
-            DevOp::Gemm(gm) => {
-                names.push(format!(
-                    "gemm(batch {}, t{}{})",
-                    gm.batch,
-                    u8::from(gm.transa),
-                    u8::from(gm.transb)
-                ));
-                run_gemm(gm);
-            }
-        }
-    }
+    let names: Vec<String> = ops.iter().flatten().map(interpret).collect();
     let Loc::Arena(off) = out.loc else {
         unreachable!()
     };
