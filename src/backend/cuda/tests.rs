@@ -87,6 +87,22 @@ fn offset(nb: [i64; 4], i: [i64; 4]) -> i64 {
     (0..4).map(|d| i[d] * nb[d]).sum()
 }
 
+/// Element `ix` of the F32 tensor `t`.
+///
+/// # Safety
+/// `t` lies in host memory with its shape and strides, and `ix` is inside its shape.
+unsafe fn get_f32(t: &Tensor4, ix: [i64; 4]) -> f32 {
+    load((t.data as i64 + offset(t.nb, ix)) as *const u8, DType::F32)
+}
+
+/// Sets element `ix` of the F32 tensor `t` to `v`.
+///
+/// # Safety
+/// As for [`get_f32`].
+unsafe fn set_f32(t: &Tensor4, ix: [i64; 4], v: f32) {
+    store((t.data as i64 + offset(t.nb, ix)) as *mut u8, DType::F32, v)
+}
+
 /// Host version of cpy_S_D.
 fn run_cpy(name: &str, a: CpyArgs) {
     let mut parts = name.split('_').skip(1);
@@ -266,21 +282,7 @@ fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
         let ix = elem(a.dst.ne, i);
         let ib = [0, 1, 2, 3].map(|d| ix[d] % a.b.ne[d]);
         // SAFETY: the three tensors lie in the plan's memory with these shapes.
-        unsafe {
-            let x = load(
-                (a.a.data as i64 + offset(a.a.nb, ix)) as *const u8,
-                DType::F32,
-            );
-            let y = load(
-                (a.b.data as i64 + offset(a.b.nb, ib)) as *const u8,
-                DType::F32,
-            );
-            store(
-                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                DType::F32,
-                f(x, y),
-            );
-        }
+        unsafe { set_f32(&a.dst, ix, f(get_f32(&a.a, ix), get_f32(&a.b, ib))) };
     }
 }
 
@@ -293,20 +295,8 @@ fn run_swiglu(a: GluArgs) {
         let ix = elem(a.dst.ne, i);
         // SAFETY: the three tensors lie in the plan's memory with these shapes.
         unsafe {
-            let g = s * load(
-                (a.gate.data as i64 + offset(a.gate.nb, ix)) as *const u8,
-                DType::F32,
-            );
-            let u = s * load(
-                (a.up.data as i64 + offset(a.up.nb, ix)) as *const u8,
-                DType::F32,
-            );
-            let y = g / (1.0 + (-g).exp()) * u;
-            store(
-                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                DType::F32,
-                y,
-            );
+            let (g, u) = (s * get_f32(&a.gate, ix), s * get_f32(&a.up, ix));
+            set_f32(&a.dst, ix, g / (1.0 + (-g).exp()) * u);
         }
     }
 }
@@ -407,17 +397,7 @@ fn run_scale(a: UnaryArgs) {
     for i in 0..n {
         let ix = elem(a.dst.ne, i);
         // SAFETY: both tensors lie in the plan's memory with these shapes.
-        unsafe {
-            let x = load(
-                (a.src.data as i64 + offset(a.src.nb, ix)) as *const u8,
-                DType::F32,
-            );
-            store(
-                (a.dst.data as i64 + offset(a.dst.nb, ix)) as *mut u8,
-                DType::F32,
-                x * a.scale,
-            );
-        }
+        unsafe { set_f32(&a.dst, ix, get_f32(&a.src, ix) * a.scale) };
     }
 }
 
