@@ -383,8 +383,9 @@ fn norm_vec_threads(ne0: usize) -> u32 {
         .clamp(32, 1024) as u32
 }
 
-/// `rms_norm(x) * w` into `y` as one launch (F32 rows, `w` one row), writing the Q8_1
-/// copy of `y` that a decode product `next` reads too.
+/// `rms_norm(x) * w` into `y` as one launch (F32 rows, `w` one row); when the step after
+/// (`next`) is a quantized decode product of `y`, the launch also writes the Q8_1 copy
+/// of `y` that it reads.
 fn rms_norm_mul(
     x: &Operand,
     w: &Operand,
