@@ -758,8 +758,9 @@ fn qkv_graph(
 /// F32, F16 and BF16 caches, V by position and transposed. With a residual add and RMS norm
 /// before the product, the norm is folded: one `mul_mat_vec_fold_f32` launch for the
 /// product before it, its add and the norm, the product as `mul_mat_vec_total_f16` (which
-/// also makes the norm's factor), and `rope_store` scales q, k and v by that factor. A slot outside the cache is an index error that names it and the
-/// cache's slots, and no cache byte changes.
+/// also makes the norm's factor), and `rope_store` scales q, k and v by that factor. A slot
+/// outside the cache is an index error that names it and the cache's slots, and no cache
+/// byte changes.
 #[test]
 fn attention_inputs_match_cpu() {
     use graft::quant::QType;

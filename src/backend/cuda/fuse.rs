@@ -18,11 +18,11 @@
 //! into the GEMV that reads it, each warp summing x^2 itself, measured no faster on an
 //! H100 and was dropped; so was a fold whose second product read the block sums itself,
 //! slower than the norm's launch on an H200: docs/benchmarks.md, twentieth session. In the
-//! kept fold one block of the second product adds the sums.) A fused kernel still reads the first
-//! step's sources while it writes the later steps' results, which the allocator may have
-//! placed in memory one of those sources had (free once the first step was done): so
-//! steps fuse only when a result overlaps no source it is read alongside, except the
-//! exact same layout for sources read element by element at the index being written
+//! kept fold one block of the second product adds the sums.) A fused kernel still reads
+//! the first step's sources while it writes the later steps' results, which the allocator
+//! may have placed in memory one of those sources had (free once the first step was
+//! done): so steps fuse only when a result overlaps no source it is read alongside, except
+//! the exact same layout for sources read element by element at the index being written
 //! (`x`, `gate`, `up`, `r`, q's rope), which is the in-place case.
 
 use std::collections::HashMap;

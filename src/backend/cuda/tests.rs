@@ -837,6 +837,7 @@ fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
 /// `rope_store` or SwiGLU, with or without flash attention; without fusion nothing folds.
 #[test]
 fn decode_norm_folds() {
+    let hidden = crate::models::presets::preset("tiny").unwrap().hidden_size;
     for (flash_attn, l, plan) in tiny_decode_plans(DType::F16) {
         for fusion in [true, false] {
             let mut lw = Lowering {
@@ -872,7 +873,6 @@ fn decode_norm_folds() {
                             let at = args::<GemvArgs>(launch).fold - lw.consts_base;
                             std::ptr::read_unaligned(lw.consts.as_ptr().add(at as usize).cast())
                         };
-                        let hidden = crate::models::presets::preset("tiny").unwrap().hidden_size;
                         assert_eq!((f.n, f.count), (hidden as f32, hidden.div_ceil(4) as i64));
                         pending = Some(f.scale);
                         continue;

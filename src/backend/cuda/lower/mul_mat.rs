@@ -312,18 +312,25 @@ pub(crate) fn padded(x: &Operand, dtype: DType) -> Operand {
     }
 }
 
-/// A copy of `x` converted to `dtype` in scratch with 16-byte rows ([`padded`]).
-fn scratch_copy(
-    lw: &mut Lowering,
+/// `x` as cuBLAS reads it (`x_t`: as the transposed operand): in place at `at` when given
+/// and describable, else a copy converted to `dtype` in scratch with 16-byte rows
+/// ([`padded`]), its launch appended to `ops`.
+fn gemm_operand(
     x: &Operand,
+    at: Option<u64>,
+    x_t: bool,
     dtype: DType,
+    lw: &mut Lowering,
     offset: &mut usize,
     ops: &mut Vec<DevOp>,
-) -> Result<(u64, Operand), String> {
+) -> Result<GemmOperand, String> {
+    if let Some(d) = at.and_then(|addr| describe(x, addr, x_t)) {
+        return Ok(d);
+    }
     let dense = padded(x, dtype);
     let addr = lw.reserve_scratch(offset, dense.nbytes());
     ops.push(copy_to(lw, x, &dense, addr)?);
-    Ok((addr, dense))
+    Ok(describe(&dense, addr, x_t).expect("a padded copy is describable"))
 }
 
 /// `x` split into two BF16 tensors of layout `dense` at `addr` (hi) and `addr + lo`.
@@ -345,6 +352,7 @@ fn split_to(
     let (grid, block) = flat_grid(n);
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }
+
 /// `b` as the GEMM with `dtype` weights reads it, and where its low halves start (None:
 /// no split): in place when it has that type and cuBLAS can describe it, else a dense copy
 /// in scratch; with BF16 weights and other activations, two BF16 halves (hi, then lo at
@@ -364,17 +372,8 @@ fn gemm_b(
         let op = describe(&dense, addr, false).expect("a padded copy is describable");
         return Ok((op, Some(lo_shift)));
     }
-    let described = (b.dtype == dtype)
-        .then(|| describe(b, lw.addr(b), false))
-        .flatten();
-    let op = match described {
-        Some(d) => d,
-        None => {
-            let (addr, dense) = scratch_copy(lw, b, dtype, offset, ops)?;
-            describe(&dense, addr, false).expect("a padded copy is describable")
-        }
-    };
-    Ok((op, None))
+    let at = (b.dtype == dtype).then(|| lw.addr(b));
+    Ok((gemm_operand(b, at, false, dtype, lw, offset, ops)?, None))
 }
 
 /// The pointer arrays of a batched GEMM over `b`'s `b2 x b3` channels, in the constant
@@ -424,13 +423,7 @@ pub(crate) fn lower_gemm(
     let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
     let (bop, lo_shift) = gemm_b(b, dtype, lw, &mut offset, &mut ops)?;
-    let aop = match describe(a, a_addr, true) {
-        Some(d) => d,
-        None => {
-            let (addr, dense) = scratch_copy(lw, a, dtype, &mut offset, &mut ops)?;
-            describe(&dense, addr, true).expect("a padded copy is describable")
-        }
-    };
+    let aop = gemm_operand(a, Some(a_addr), true, dtype, lw, &mut offset, &mut ops)?;
 
     let batch = b2 * b3;
     let (r2, r3) = (b2 / a2, b3 / a3);
