@@ -92,6 +92,40 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float acc[8], fl
     m = mx;
 }
 
+// q . k for one key by a group of L lanes: the lane's 8 elements (qa, qb: q's elements
+// e0..e0+8) against its piece of the key's row, then a butterfly over the group, so every
+// lane of the group ends with the sum.
+template <int L, typename P>
+__device__ __forceinline__ float group_dot(const P& kp, float4 qa, float4 qb) {
+    float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) + qb.x * kp.get(4) +
+                qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+    return dot;
+}
+
+// The online softmax step of a row for U keys with scores s (-inf for a masked key) and
+// V pieces vp, mx the row's new maximum (not -inf): the state (m, l, acc) rescaled to mx,
+// then each key's weight exp(s - mx) added to l and its V piece to acc. exp(x - mx) is
+// exp2((x - mx) log2 e): one multiply and the hardware exp2 (expf's range reduction was
+// most of the per-key instructions).
+template <int U, typename P>
+__device__ __forceinline__ void online_add(float mx, const float (&s)[U], const P (&vp)[U], float& m, float& l,
+                                           float (&acc)[8]) {
+    const float c = exp2f((m - mx) * LOG2E_F);
+    l *= c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= c;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
+        l += w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += w * vp[u].get(i);
+    }
+    m = mx;
+}
+
 // 8 elements of a K/V row as loaded: F16 and BF16 stay packed in one 16-byte register
 // quad until used (so a lane can hold several keys' rows in flight), the other types are
 // converted at load.
@@ -203,32 +237,15 @@ __device__ __forceinline__ void finish_rows(const FattnArgs& p, float (&m)[R], f
     }
 }
 
-// R: query rows per block (1 for one query of one head per KV head, else FATTN_VEC_ROWS).
-template <int D, int R, typename T>
-__device__ void fattn_vec(const FattnArgs& p) {
-    constexpr int L = vec_lanes<D>();
-    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
-    constexpr int NW = FATTN_VEC_WARPS;
-    constexpr int U = FATTN_VEC_UNROLL;  // keys per lane group per step, loaded together
-    constexpr int DP = L * 8;  // D padded to whole lane groups
-    __shared__ __align__(16) float qs[R][DP];
-    __shared__ float sacc[R][DP];
-    __shared__ float sm[NW][R], sl[NW][R];
-    __shared__ const char* smrow[R];
-    __shared__ float sslope[R];
-    __shared__ int sq[R], sh[R];  // query and head of each row
-
-    pdl_enter();
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const i64 n_q = p.q.ne[1], n_kv = p.k.ne[1];
-    // 32-bit index math: the grid limits keep batch, rows and heads far below 2^31, and
-    // a 64-bit division is a long call on the kernel's critical path
-    const int batch = (int)p.q.ne[3], group = (int)p.group;
-    const i64 split = blockIdx.x, hk = blockIdx.y;
-    const int b = (int)blockIdx.z % batch, rb = (int)blockIdx.z / batch;
-    const int first_row = rb * R;  // flat row t: query t / group, head hk * group + t % group
-    const int nrows = (int)min((i64)R, p.group * n_q - first_row);
-
+// The query rows of a fattn_vec block, the nrows from flat row first_row (row t: query t /
+// group, head hk * group + t % group): each row's query and head (sq, sh), mask row and
+// slope, its q in qs (zero past D) and its sacc zeroed. Ends with a barrier.
+template <int D, int R>
+__device__ __forceinline__ void vec_rows(const FattnArgs& p, int first_row, int nrows, i64 hk, int b,
+                                         float (*qs)[vec_lanes<D>() * 8], float (*sacc)[vec_lanes<D>() * 8],
+                                         const char** smrow, float* sslope, int* sq, int* sh) {
+    constexpr int DP = vec_lanes<D>() * 8;
+    const int tid = threadIdx.x, group = (int)p.group;
     if (tid < R) {
         const int t = first_row + tid;
         const int qi = t / group, h = (int)hk * group + t % group;
@@ -246,6 +263,53 @@ __device__ void fattn_vec(const FattnArgs& p) {
         sacc[r][e] = 0.0f;
     }
     __syncthreads();
+}
+
+// One row's part of a fattn_vec step: the scores of the lane group's U keys (K pieces kp,
+// biases bias, -inf for a key past the chunk) and the online softmax step with their V
+// pieces.
+template <int L, int U, int R, typename P>
+__device__ __forceinline__ void row_keys(const FattnArgs& p, float4 qa, float4 qb, const P (&kp)[U],
+                                         const P (&vp)[U], const float (&bias)[U][R], int r, float& m, float& l,
+                                         float (&acc)[8]) {
+    float s[U];
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const float dot = group_dot<L>(kp[u], qa, qb);
+        s[u] = bias[u][r] == -INFINITY ? -INFINITY : score(p, dot, bias[u][r]);
+        mx = fmaxf(mx, s[u]);
+    }
+    if (mx == -INFINITY) return;  // every key so far masked
+    online_add(mx, s, vp, m, l, acc);
+}
+
+// R: query rows per block (1 for one query of one head per KV head, else FATTN_VEC_ROWS).
+template <int D, int R, typename T>
+__device__ void fattn_vec(const FattnArgs& p) {
+    constexpr int L = vec_lanes<D>();
+    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
+    constexpr int NW = FATTN_VEC_WARPS;
+    constexpr int U = FATTN_VEC_UNROLL;  // keys per lane group per step, loaded together
+    constexpr int DP = L * 8;  // D padded to whole lane groups
+    __shared__ __align__(16) float qs[R][DP];
+    __shared__ float sacc[R][DP];
+    __shared__ float sm[NW][R], sl[NW][R];
+    __shared__ const char* smrow[R];
+    __shared__ float sslope[R];
+    __shared__ int sq[R], sh[R];  // query and head of each row
+
+    pdl_enter();
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 n_kv = p.k.ne[1];
+    // 32-bit index math: the grid limits keep batch, rows and heads far below 2^31, and
+    // a 64-bit division is a long call on the kernel's critical path
+    const int batch = (int)p.q.ne[3];
+    const i64 split = blockIdx.x, hk = blockIdx.y;
+    const int b = (int)blockIdx.z % batch, rb = (int)blockIdx.z / batch;
+    const int first_row = rb * R;
+    const int nrows = (int)min((i64)R, p.group * p.q.ne[1] - first_row);
+    vec_rows<D, R>(p, first_row, nrows, hk, b, qs, sacc, smrow, sslope, sq, sh);
 
     const int sub = lane / L, e0 = (lane % L) * 8;
     const bool active = e0 < D;
@@ -289,33 +353,7 @@ __device__ void fattn_vec(const FattnArgs& p) {
             if (r >= nrows) break;  // uniform over the block
             const float4 qa = *reinterpret_cast<const float4*>(&qs[r][e0]);
             const float4 qb = *reinterpret_cast<const float4*>(&qs[r][e0 + 4]);
-            float s[U];
-            float mx = m[r];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                float dot = qa.x * kp[u].get(0) + qa.y * kp[u].get(1) + qa.z * kp[u].get(2) +
-                            qa.w * kp[u].get(3) + qb.x * kp[u].get(4) + qb.y * kp[u].get(5) +
-                            qb.z * kp[u].get(6) + qb.w * kp[u].get(7);
-#pragma unroll
-                for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-                s[u] = bias[u][r] == -INFINITY ? -INFINITY : score(p, dot, bias[u][r]);
-                mx = fmaxf(mx, s[u]);
-            }
-            if (mx == -INFINITY) continue;  // every key so far masked
-            // exp(x - mx) as exp2((x - mx) log2 e): one multiply and the hardware exp2
-            // (expf's range reduction was most of the per-key instructions)
-            const float c = exp2f((m[r] - mx) * LOG2E_F);
-            l[r] *= c;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[r][i] *= c;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
-                l[r] += w;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[r][i] += w * vp[u].get(i);
-            }
-            m[r] = mx;
+            row_keys<L, U>(p, qa, qb, kp, vp, bias, r, m[r], l[r], acc[r]);
         }
     }
 
@@ -434,7 +472,7 @@ __device__ __forceinline__ i64 visible_end(const FattnArgs& p, const char* mrow,
 template <int D, typename H, int UN>
 __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[vec_lanes<D>() * 8],
                                             const H (*vs)[vec_lanes<D>() * 8], float4 qa, float4 qb,
-                                            const float bias[UN], float& m, float& l, float acc[8]) {
+                                            const float (&bias)[UN], float& m, float& l, float (&acc)[8]) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;
     constexpr int NW = FATTN_VEC_WARPS;
@@ -454,27 +492,13 @@ __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[ve
             kp.u = *reinterpret_cast<const uint4*>(&ks[key][e0]);
             vp[u].u = *reinterpret_cast<const uint4*>(&vs[key][e0]);
         }
-        float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) +
-                    qb.x * kp.get(4) + qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
-#pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
+        const float dot = group_dot<L>(kp, qa, qb);
         s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
         mx = fmaxf(mx, s[u]);
     }
     __syncthreads();  // every lane has read the buffer: the next issue may overwrite it
     if (mx == -INFINITY) return;  // every key so far masked
-    const float c = exp2f((m - mx) * LOG2E_F);
-    l *= c;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] *= c;
-#pragma unroll
-    for (int u = 0; u < UN; ++u) {
-        const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
-        l += w;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += w * vp[u].get(i);
-    }
-    m = mx;
+    online_add(mx, s, vp, m, l, acc);
 }
 
 // Stages and keys per lane group per stage of fattn_vec1s. H200, 32 heads of 128 over
@@ -484,38 +508,21 @@ __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[ve
 constexpr int VEC1S_STAGES = 2;
 constexpr int VEC1S_UNROLL = 2;
 
-template <int D, typename H, int NS, int UN>
-__device__ void fattn_vec1s(const FattnArgs& p) {
-    constexpr int L = vec_lanes<D>();
-    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
-    constexpr int NW = FATTN_VEC_WARPS;
-    constexpr int NT = NW * WARP_SIZE;
-    constexpr int DP = L * 8;
-    constexpr int KS = UN * NW * KPW;  // keys per stage
-    constexpr int PIECES = D / 8;      // 16-byte pieces per K/V row
-    constexpr int COPIES = 2 * KS * PIECES;
-    __shared__ __align__(16) H kv[NS][2][KS][DP];
-    __shared__ __align__(16) float qs[1][DP];
-    __shared__ float sacc[1][DP];
-    __shared__ float sm[NW][1], sl[NW][1];
-    __shared__ int slive[NW][2];
-    __shared__ int sq[1], sh[1];
+// The cp.async copies of fattn_vec1s's stages, by every thread of the block: stage t is
+// the KS keys from j_begin + t * KS of K and V, into buffer t % NS. Piece c of a stage is
+// row c / PIECES of K (then of V), 16 bytes at (c % PIECES) * 8; keys from `last` on copy
+// key `last`.
+template <int D, typename H, int NS, int KS>
+struct Vec1sCopies {
+    const char* kbase;
+    const char* vbase;
+    i64 kstride, vstride, j_begin;
 
-    pdl_enter();
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const i64 n_kv = p.k.ne[1];
-    const int b = (int)blockIdx.z;
-    const i64 split = blockIdx.x, hk = blockIdx.y;
-    const char* mrow = mask_row(p, 0, hk, b);
-    const float slope = p.slopes[hk];
-    const i64 j_begin = split * p.chunk, j_chunk_end = min(n_kv, j_begin + p.chunk);
-
-    const char* kbase = at(p.k, 0, 0, hk, b);
-    const char* vbase = at(p.v, 0, 0, hk, b);
-    const i64 kstride = p.k.nb[1], vstride = p.v.nb[1];
-    // The copies of stage t into buffer t % NS: piece c of the stage is row c / PIECES of
-    // K (then of V), 16 bytes at (c % PIECES) * 8; keys from `last` on copy key `last`.
-    auto issue = [&](int t, i64 last) {
+    __device__ __forceinline__ void issue(H (*kv)[2][KS][vec_lanes<D>() * 8], int t, i64 last) const {
+        constexpr int NT = FATTN_VEC_WARPS * WARP_SIZE;
+        constexpr int PIECES = D / 8;  // 16-byte pieces per K/V row
+        constexpr int COPIES = 2 * KS * PIECES;
+        const int tid = threadIdx.x;
         const i64 j0 = j_begin + (i64)t * KS;
 #pragma unroll
         for (int c0 = 0; c0 < COPIES; c0 += NT) {
@@ -528,10 +535,36 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
                 copy16(reinterpret_cast<char*>(&kv[t % NS][is_v][key][piece * 8]), src + piece * 16);
             }
         }
-    };
+    }
+};
+
+template <int D, typename H, int NS, int UN>
+__device__ void fattn_vec1s(const FattnArgs& p) {
+    constexpr int L = vec_lanes<D>();
+    constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
+    constexpr int NW = FATTN_VEC_WARPS;
+    constexpr int NT = NW * WARP_SIZE;
+    constexpr int DP = L * 8;
+    constexpr int KS = UN * NW * KPW;  // keys per stage
+    __shared__ __align__(16) H kv[NS][2][KS][DP];
+    __shared__ __align__(16) float qs[1][DP];
+    __shared__ float sacc[1][DP];
+    __shared__ float sm[NW][1], sl[NW][1];
+    __shared__ int slive[NW][2];
+    __shared__ int sq[1], sh[1];
+
+    pdl_enter();
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const int b = (int)blockIdx.z;
+    const i64 split = blockIdx.x, hk = blockIdx.y;
+    const char* mrow = mask_row(p, 0, hk, b);
+    const float slope = p.slopes[hk];
+    const i64 j_begin = split * p.chunk, j_chunk_end = min(p.k.ne[1], j_begin + p.chunk);
+    const Vec1sCopies<D, H, NS, KS> copies{at(p.k, 0, 0, hk, b), at(p.v, 0, 0, hk, b), p.k.nb[1], p.v.nb[1],
+                                           j_begin};
     // The first stage goes out before the chunk's mask is read (its masked keys are
     // copied, and weigh nothing); the others stop at the last visible key.
-    issue(0, j_chunk_end - 1);
+    copies.issue(kv, 0, j_chunk_end - 1);
     stage_commit();
 
     // q, and the last visible key of the chunk
@@ -548,7 +581,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     const int stages = (int)((j_end - j_begin + KS - 1) / KS);
 #pragma unroll
     for (int t = 1; t < NS - 1; ++t) {
-        if (t < stages) issue(t, j_end - 1);
+        if (t < stages) copies.issue(kv, t, j_end - 1);
         stage_commit();
     }
 
@@ -570,7 +603,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     const float4 qa = *reinterpret_cast<const float4*>(&qs[0][e0]);
     const float4 qb = *reinterpret_cast<const float4*>(&qs[0][e0 + 4]);
     for (int t = 0; t < stages; ++t) {
-        if (t + NS - 1 < stages) issue(t + NS - 1, j_end - 1);
+        if (t + NS - 1 < stages) copies.issue(kv, t + NS - 1, j_end - 1);
         stage_commit();
         if (t + 1 < stages) biases(t + 1, bias_next);
         stage_wait<NS - 1>();
@@ -777,6 +810,70 @@ __device__ __forceinline__ bool tile_bias(const FattnArgs& p, const uint32_t raw
     return __any_sync(FULL_MASK, live);
 }
 
+// The scores of one warp's tile as score() computes them (scale, softcap, bias; the
+// softcap branch taken once per tile), and each of the lane's two rows' maximum over the
+// tile (mx: rows g and g + 8, whose values are spread over the 4 lanes of a quad).
+template <int BK>
+__device__ __forceinline__ void tile_scores(const FattnArgs& p, const float (*bias)[4], float (&s)[BK / 8][4],
+                                            float (&mx)[2]) {
+    const float scale = p.scale, cap = p.softcap;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[n][x] *= scale;
+    }
+    if (cap > 0.0f) {
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) s[n][x] = cap * tanhf(s[n][x] / cap);
+        }
+    }
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const float bs = bias[n][x];
+            s[n][x] = bs == -INFINITY ? -INFINITY : s[n][x] + bs;
+            mx[x / 2] = fmaxf(mx[x / 2], s[n][x]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+    }
+}
+
+// The state of a warp's rows rescaled to their new maxima (the old ones and the tile's
+// mx): m, l and o updated, and ml = each row's new max times log2(e), with which the
+// tile's weights are exp2(s log2e - ml) = exp(s - max).
+template <int D>
+__device__ __forceinline__ void rescale_rows(MmaState<D>& st, const float (&mx)[2], float (&ml)[2]) {
+    float c[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float mnew = fmaxf(st.m[r], mx[r]);
+        // a row with no live key so far keeps mnew = -inf, and then every term is 0
+        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E_F;
+        c[r] = exp2f(fmaf(st.m[r], LOG2E_F, -ml[r]));
+        st.m[r] = mnew;
+        st.l[r] *= c[r];
+    }
+    // (the accumulator keeps its scale while no row's max grows: most tiles after the
+    // first few)
+    if (__any_sync(FULL_MASK, c[0] != 1.0f || c[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            st.o[n][0] *= c[0];
+            st.o[n][1] *= c[0];
+            st.o[n][2] *= c[1];
+            st.o[n][3] *= c[1];
+        }
+    }
+}
+
 // One K/V tile for one warp's 16 rows: scores S = Q K^T (mma, F32), the online softmax
 // update of the state, and o += P V with P reused as the A operand from registers.
 template <int D, int BK, int LD>
@@ -797,55 +894,10 @@ __device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa
             mma_16816(s[n + 1], qa[kt], b[2], b[3]);
         }
     }
-    // Scores as score() (scale, softcap, bias), the softcap branch taken once per tile; a
-    // row's values are spread over the 4 lanes of a quad.
-    const float scale = p.scale, cap = p.softcap;
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) s[n][x] *= scale;
-    }
-    if (cap > 0.0f) {
-#pragma unroll
-        for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) s[n][x] = cap * tanhf(s[n][x] / cap);
-        }
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-            const float bs = bias[n][x];
-            s[n][x] = bs == -INFINITY ? -INFINITY : s[n][x] + bs;
-            mx[x / 2] = fmaxf(mx[x / 2], s[n][x]);
-        }
-    }
-    float c[2], ml[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
-        const float mnew = fmaxf(st.m[r], mx[r]);
-        // exp(s - mnew) as exp2(s log2e - mnew log2e); a row with no live key so far
-        // keeps mnew = -inf, and then every term is 0
-        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E_F;
-        c[r] = exp2f(fmaf(st.m[r], LOG2E_F, -ml[r]));
-        st.m[r] = mnew;
-        st.l[r] *= c[r];
-    }
-    // (the accumulator keeps its scale while no row's max grows: most tiles after the
-    // first few)
-    if (__any_sync(FULL_MASK, c[0] != 1.0f || c[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            st.o[n][0] *= c[0];
-            st.o[n][1] *= c[0];
-            st.o[n][2] *= c[1];
-            st.o[n][3] *= c[1];
-        }
-    }
+    float mx[2];
+    tile_scores<BK>(p, bias, s, mx);
+    float ml[2];
+    rescale_rows(st, mx, ml);
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) {
 #pragma unroll
