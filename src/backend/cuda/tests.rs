@@ -534,8 +534,9 @@ fn attention_gemv_paths() {
 }
 
 /// The decode kernel of one query row per KV head (MHA decode): the streamed one for F16
-/// and BF16 caches whose rows start 16-byte aligned, in one wave of chunks; the register
-/// one for other caches and for rows off that alignment; GQA on the tensor-core kernel.
+/// and BF16 caches whose rows start 16-byte aligned and Q8_0 and Q4_0 caches (head dim
+/// 128) whose rows start 8-byte aligned, in one wave of chunks; the register one for F32
+/// caches and for rows off that alignment; GQA on the tensor-core kernel.
 #[test]
 fn mha_decode_attention_kernels() {
     use crate::graph::FlashAttnParams;
@@ -546,20 +547,18 @@ fn mha_decode_attention_kernels() {
         (DType::F16, 32, 0, 4352, "fattn_vec1s_d128_f16", [16, 13]),
         (DType::BF16, 32, 0, 768, "fattn_vec1s_d128_bf16", [12, 12]),
         (DType::F16, 32, 2, 4352, "fattn_vec1_d128_f16", [17, 14]),
+        (DType::Q8_0, 32, 0, 4352, "fattn_vec1s_d128_q8_0", [16, 13]),
+        (DType::Q4_0, 32, 0, 768, "fattn_vec1s_d128_q4_0", [12, 12]),
+        (DType::Q8_0, 32, 4, 4352, "fattn_vec1_d128_q8_0", [17, 14]),
         (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
         (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
     ] {
         let mut g = Graph::new();
-        let row = hd * n_head_kv * dt.block_bytes();
+        let (hs, row) = (dt.row_bytes(hd), dt.row_bytes(hd) * n_head_kv);
         let kc = g.input("kc", dt, &[hd * n_head_kv, ctx]).unwrap();
         let vc = g.input("vc", dt, &[hd * n_head_kv, ctx]).unwrap();
-        let es = dt.block_bytes();
-        let k = g
-            .view_3d(kc, hd, n_kv, n_head_kv, row, hd * es, offs)
-            .unwrap();
-        let v = g
-            .view_3d(vc, hd, n_kv, n_head_kv, row, hd * es, offs)
-            .unwrap();
+        let k = g.view_3d(kc, hd, n_kv, n_head_kv, row, hs, offs).unwrap();
+        let v = g.view_3d(vc, hd, n_kv, n_head_kv, row, hs, offs).unwrap();
         let q = g.input("q", DType::F32, &[hd, 1, 32]).unwrap();
         let mask = g.input("mask", DType::F16, &[n_kv, 1]).unwrap();
         let p = FlashAttnParams {
@@ -595,8 +594,10 @@ fn mha_decode_attention_kernels() {
     }
 }
 
+/// Operands cuBLAS reads as they are: dense, batched with broadcast, either one
+/// transposed.
 #[test]
-fn cublas_paths() {
+fn cublas_paths_in_place() {
     // F16 weights, F32 activations: converted, plain GEMM.
     let mut g = Graph::new();
     let w = g.input("w", DType::F16, &[24, 10]).unwrap();
@@ -629,7 +630,11 @@ fn cublas_paths() {
     let b = g.transpose(bt).unwrap(); // [8, 4], nb0 = 16
     let y = g.mul_mat(a, b).unwrap();
     assert_eq!(check(&g, y, &[a, bt], 7), vec!["gemm(batch 1, t11)"]);
+}
 
+/// Operands cuBLAS cannot read as they are: copied densely (or with 16-byte rows) first.
+#[test]
+fn cublas_paths_copied() {
     // Rows, leading dimensions or batch strides off 16 bytes (an F16 view 2 bytes into
     // its tensor, 98-byte rows): copied with 16-byte rows first, never given to cuBLAS.
     let mut g = Graph::new();
@@ -650,6 +655,21 @@ fn cublas_paths() {
         vec!["cpy_f16_f16", "cpy_f16_f16", "gemm(batch 1, t10)"]
     );
 
+    // Neither dim of `a` dense: copied densely first. `b` F16 under F32 `a`: converted.
+    let mut g = Graph::new();
+    let a0 = g.input("a0", DType::F32, &[3, 7, 5]).unwrap();
+    let a = g.permute(a0, [2, 0, 1, 3]).unwrap(); // [7, 5, 3], nb0 = 12, nb1 = 84
+    let b = g.input("b", DType::F16, &[7, 2, 3]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    assert_eq!(
+        check(&g, y, &[a0, b], 9),
+        vec!["cpy_f16_f32", "cpy_f32_f32", "gemm(batch 3, t10)"]
+    );
+}
+
+/// Attention's permuted operands and BF16 channels: batched GEMMs over heads.
+#[test]
+fn cublas_paths_batched() {
     // Permuted attention operands: batched over heads with GQA, activations converted.
     let (hd, ctx, kvh, nh, t) = (16, 24, 2, 4, 3);
     let mut g = Graph::new();
@@ -663,17 +683,6 @@ fn cublas_paths() {
     assert_eq!(
         check(&g, y, &[kc, q], 8),
         vec!["cpy_f32_f16", "gemm(batch 4, t10)"]
-    );
-
-    // Neither dim of `a` dense: copied densely first. `b` F16 under F32 `a`: converted.
-    let mut g = Graph::new();
-    let a0 = g.input("a0", DType::F32, &[3, 7, 5]).unwrap();
-    let a = g.permute(a0, [2, 0, 1, 3]).unwrap(); // [7, 5, 3], nb0 = 12, nb1 = 84
-    let b = g.input("b", DType::F16, &[7, 2, 3]).unwrap();
-    let y = g.mul_mat(a, b).unwrap();
-    assert_eq!(
-        check(&g, y, &[a0, b], 9),
-        vec!["cpy_f16_f32", "cpy_f32_f32", "gemm(batch 3, t10)"]
     );
 
     // One column but channels of another dtype than F16: batched GEMM, n = 1; BF16
@@ -1263,6 +1272,54 @@ fn fake_addr_any(loc: Loc) -> u64 {
     }
 }
 
+/// Each Q8_1 copy a fused kernel of `ops` writes is what the next launch, a decode
+/// product, reads.
+fn q8_copies_feed_products(ops: &[&DevOp], flash_attn: bool) {
+    for pair in ops.windows(2) {
+        let (DevOp::Kernel(a), DevOp::Kernel(b)) = (pair[0], pair[1]) else {
+            continue;
+        };
+        let q8 = match a.kernel.name {
+            n if n.starts_with("rms_norm_mul_") => args::<NormMulArgs>(a).q8,
+            "swiglu_f32" => args::<GluArgs>(a).q8,
+            "fattn_combine" => args::<FattnArgs>(a).q8,
+            _ => continue,
+        };
+        assert!(
+            q8 != 0,
+            "{} writes no Q8_1 copy before {} ({flash_attn})",
+            a.kernel.name,
+            b.kernel.name
+        );
+        assert!(
+            b.kernel.name.starts_with("mul_mat_vec_q_c1_"),
+            "{}",
+            b.kernel.name
+        );
+        assert_eq!(args::<QGemvArgs>(b).b, q8);
+    }
+}
+
+/// The `rope_store` launch of a decode layer of `cfg` covers q, k and v of the token.
+fn rope_store_covers_the_token(ops: &[&DevOp], cfg: &crate::models::Config) {
+    let rs = ops
+        .iter()
+        .find_map(|op| match op {
+            DevOp::Kernel(k) if k.kernel.name == "rope_store_f16" => Some(args::<RopeStoreArgs>(k)),
+            DevOp::Kernel(_) | DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
+        })
+        .unwrap();
+    let (hd, heads, kv_heads) = (
+        cfg.head_dim,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+    );
+    assert_eq!((rs.q_rows, rs.k_rows), (heads as i64, kv_heads as i64));
+    assert!(rs.v_blocks > 0);
+    assert_eq!(rs.k_src.ne, [hd as i64, kv_heads as i64, 1, 1]);
+    assert_eq!(rs.slots, 256);
+}
+
 /// One decode layer of a Q4_0 Llama with fusion: the attention norm writes the Q8_1 copy
 /// the q|k|v product reads (no quantizing launch of its own), the ropes of q and k and the
 /// cache writes of k and v are one `rope_store` launch, and SwiGLU writes the Q8_1 copy
@@ -1311,49 +1368,8 @@ fn decode_layer_fusions() {
             (11 + usize::from(flash_attn)) * l + 2,
             "{names:?}"
         );
-        // each Q8_1 copy a fused kernel writes is what the next launch (a decode product) reads
-        for pair in fused.windows(2) {
-            let (DevOp::Kernel(a), DevOp::Kernel(b)) = (pair[0], pair[1]) else {
-                continue;
-            };
-            let q8 = match a.kernel.name {
-                n if n.starts_with("rms_norm_mul_") => args::<NormMulArgs>(a).q8,
-                "swiglu_f32" => args::<GluArgs>(a).q8,
-                "fattn_combine" => args::<FattnArgs>(a).q8,
-                _ => continue,
-            };
-            assert!(
-                q8 != 0,
-                "{} writes no Q8_1 copy before {} ({flash_attn})",
-                a.kernel.name,
-                b.kernel.name
-            );
-            assert!(
-                b.kernel.name.starts_with("mul_mat_vec_q_c1_"),
-                "{}",
-                b.kernel.name
-            );
-            assert_eq!(args::<QGemvArgs>(b).b, q8);
-        }
-        // the rope_store launch covers q, k and v of the token
-        let rs = fused
-            .iter()
-            .find_map(|op| match op {
-                DevOp::Kernel(k) if k.kernel.name == "rope_store_f16" => {
-                    Some(args::<RopeStoreArgs>(k))
-                }
-                DevOp::Kernel(_) | DevOp::Gemm(_) | DevOp::AllReduce(_) => None,
-            })
-            .unwrap();
-        let (hd, heads, kv_heads) = (
-            cfg.head_dim,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-        );
-        assert_eq!((rs.q_rows, rs.k_rows), (heads as i64, kv_heads as i64));
-        assert!(rs.v_blocks > 0);
-        assert_eq!(rs.k_src.ne, [hd as i64, kv_heads as i64, 1, 1]);
-        assert_eq!(rs.slots, 256);
+        q8_copies_feed_products(&fused, flash_attn);
+        rope_store_covers_the_token(&fused, &cfg);
         // small products pick their kernel: with a Q8_1 copy at hand the dp4a kernel,
         // without one (the attention output's) the dequantizing one, in one launch
         let auto_ops = lower(true, true);
