@@ -27,9 +27,11 @@
 //     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split ==
 //     1 the block writes the normalized result, otherwise the partial (max, sum, acc[D])
 //     of its chunk into p.part for fattn_combine.
-//   fattn_vec1s_d<D>_<f16|bf16>  (MHA decode of 16-bit caches whose rows start 16-byte
-//     aligned) fattn_vec1's grid, lanes and arithmetic, but K and V go to shared memory by
-//     cp.async in VEC1S_STAGES buffers of VEC1S_UNROLL keys per lane group, the next
+//   fattn_vec1s_d<D>_<kv>  (MHA decode of F16 and BF16 caches whose rows start 16-byte
+//     aligned, and of Q8_0 and Q4_0 caches of head dims 64, 128 and 256 whose rows start
+//     4- or 8-byte aligned, see KvRow) fattn_vec1's grid, lanes and arithmetic, but K and
+//     V go to shared memory by cp.async in VEC1S_STAGES buffers of VEC1S_UNROLL keys per
+//     lane group (quantized rows whole, dequantized from shared memory), the next
 //     stage in flight while one is computed (the bytes in flight are not bounded by
 //     registers), and nothing is copied past the last key of the chunk the mask leaves
 //     visible (a decode graph reads a whole KV-length bucket with a masked tail). When
@@ -465,13 +467,53 @@ __device__ __forceinline__ i64 visible_end(const FattnArgs& p, const char* mrow,
     return j_begin + live_off + 1;
 }
 
+// A K/V row of D elements of type T in fattn_vec1s: SRC bytes in the cache, copied to
+// shared memory in COPY-byte asynchronous copies into a slot of BYTES. 16-bit rows are
+// copied by 16 bytes into slots of whole lane groups (fattn_vec's padded row); Q8_0 and
+// Q4_0 rows (D / 32 blocks of 34 or 18 bytes) by 8 bytes where their length is a multiple
+// of 8 (head dims 128 and 256), else by 4 (64), into slots rounded up to 16 bytes. Other
+// quantized rows (head dims 32 and 96: 2-byte multiples) are not streamed.
+template <typename T, int D>
+struct KvRow {
+    static constexpr int SRC = D * 2;
+    static constexpr int COPY = 16;
+    static constexpr int BYTES = vec_lanes<D>() * 8 * 2;
+};
+template <int D, int BLOCK>
+struct KvRowQ {
+    static constexpr int SRC = D / 32 * BLOCK;
+    static constexpr int COPY = SRC % 8 == 0 ? 8 : 4;
+    static constexpr int BYTES = (SRC + 15) / 16 * 16;
+    static_assert(SRC % 4 == 0, "quantized rows are streamed in whole 4-byte words");
+};
+template <int D>
+struct KvRow<KvQ8_0, D> : KvRowQ<D, 34> {};
+template <int D>
+struct KvRow<KvQ4_0, D> : KvRowQ<D, 18> {};
+
+// N bytes from global src to shared dst (both N-byte aligned; N = 4, 8 or 16), as copy16.
+template <int N>
+__device__ __forceinline__ void copy_async(char* dst, const char* src) {
+    if constexpr (N == 16) {
+        copy16(dst, src);
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(N) : "memory");
+#else
+        using W = std::conditional_t<N == 8, uint2, unsigned>;
+        *reinterpret_cast<W*>(dst) = *reinterpret_cast<const W*>(src);
+#endif
+    }
+}
+
 // One stage of fattn_vec1s for a lane: the scores of its group's UN keys of the stage (K
 // rows `ks`, V rows `vs` in shared memory, bias -inf for a key past the visible ones),
 // then its running state (m, l, acc) rescaled and their V rows added. The barrier
 // between the two lets the next stage's copies overwrite the buffer.
-template <int D, typename H, int UN>
-__device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[vec_lanes<D>() * 8],
-                                            const H (*vs)[vec_lanes<D>() * 8], float4 qa, float4 qb,
+template <int D, typename T, int UN>
+__device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const char (*ks)[KvRow<T, D>::BYTES],
+                                            const char (*vs)[KvRow<T, D>::BYTES], float4 qa, float4 qb,
                                             const float (&bias)[UN], float& m, float& l, float (&acc)[8]) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;
@@ -481,16 +523,16 @@ __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const H (*ks)[ve
     const bool active = e0 < D;
     float s[UN];
     float mx = m;
-    Piece16<H> vp[UN];
+    Piece<T> vp[UN];
 #pragma unroll
     for (int u = 0; u < UN; ++u) {
         const int key = (u * NW + warp) * KPW + sub;
-        Piece16<H> kp;
+        Piece<T> kp;
         kp.zero();
         vp[u].zero();
         if (active) {
-            kp.u = *reinterpret_cast<const uint4*>(&ks[key][e0]);
-            vp[u].u = *reinterpret_cast<const uint4*>(&vs[key][e0]);
+            kp.load(ks[key], e0, true);
+            vp[u].load(vs[key], e0, true);
         }
         const float dot = group_dot<L>(kp, qa, qb);
         s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
@@ -510,17 +552,18 @@ constexpr int VEC1S_UNROLL = 2;
 
 // The cp.async copies of fattn_vec1s's stages, by every thread of the block: stage t is
 // the KS keys from j_begin + t * KS of K and V, into buffer t % NS. Piece c of a stage is
-// row c / PIECES of K (then of V), 16 bytes at (c % PIECES) * 8; keys from `last` on copy
-// key `last`.
-template <int D, typename H, int NS, int KS>
+// row c / PIECES of K (then of V), COPY bytes at (c % PIECES) * COPY (KvRow); keys from
+// `last` on copy key `last`.
+template <int D, typename T, int NS, int KS>
 struct Vec1sCopies {
     const char* kbase;
     const char* vbase;
     i64 kstride, vstride, j_begin;
 
-    __device__ __forceinline__ void issue(H (*kv)[2][KS][vec_lanes<D>() * 8], int t, i64 last) const {
+    __device__ __forceinline__ void issue(char (*kv)[2][KS][KvRow<T, D>::BYTES], int t, i64 last) const {
         constexpr int NT = FATTN_VEC_WARPS * WARP_SIZE;
-        constexpr int PIECES = D / 8;  // 16-byte pieces per K/V row
+        constexpr int COPY = KvRow<T, D>::COPY;
+        constexpr int PIECES = KvRow<T, D>::SRC / COPY;  // copies per K/V row
         constexpr int COPIES = 2 * KS * PIECES;
         const int tid = threadIdx.x;
         const i64 j0 = j_begin + (i64)t * KS;
@@ -532,13 +575,13 @@ struct Vec1sCopies {
                 const int key = rem / PIECES, piece = rem % PIECES;
                 const i64 j = min(j0 + key, last);
                 const char* src = is_v ? vbase + j * vstride : kbase + j * kstride;
-                copy16(reinterpret_cast<char*>(&kv[t % NS][is_v][key][piece * 8]), src + piece * 16);
+                copy_async<COPY>(&kv[t % NS][is_v][key][piece * COPY], src + piece * COPY);
             }
         }
     }
 };
 
-template <int D, typename H, int NS, int UN>
+template <int D, typename T, int NS, int UN>
 __device__ void fattn_vec1s(const FattnArgs& p) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
@@ -546,7 +589,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     constexpr int NT = NW * WARP_SIZE;
     constexpr int DP = L * 8;
     constexpr int KS = UN * NW * KPW;  // keys per stage
-    __shared__ __align__(16) H kv[NS][2][KS][DP];
+    __shared__ __align__(16) char kv[NS][2][KS][KvRow<T, D>::BYTES];
     __shared__ __align__(16) float qs[1][DP];
     __shared__ float sacc[1][DP];
     __shared__ float sm[NW][1], sl[NW][1];
@@ -560,7 +603,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     const char* mrow = mask_row(p, 0, hk, b);
     const float slope = p.slopes[hk];
     const i64 j_begin = split * p.chunk, j_chunk_end = min(p.k.ne[1], j_begin + p.chunk);
-    const Vec1sCopies<D, H, NS, KS> copies{at(p.k, 0, 0, hk, b), at(p.v, 0, 0, hk, b), p.k.nb[1], p.v.nb[1],
+    const Vec1sCopies<D, T, NS, KS> copies{at(p.k, 0, 0, hk, b), at(p.v, 0, 0, hk, b), p.k.nb[1], p.v.nb[1],
                                            j_begin};
     // The first stage goes out before the chunk's mask is read (its masked keys are
     // copied, and weigh nothing); the others stop at the last visible key.
@@ -608,7 +651,7 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         if (t + 1 < stages) biases(t + 1, bias_next);
         stage_wait<NS - 1>();
         __syncthreads();
-        vec1s_stage<D, H, UN>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, bias, m[0], l[0], acc[0]);
+        vec1s_stage<D, T, UN>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, bias, m[0], l[0], acc[0]);
 #pragma unroll
         for (int u = 0; u < UN; ++u) bias[u] = bias_next[u];
     }
@@ -1315,6 +1358,12 @@ extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_bf16(const FattnArgs p) { fattn_vec1s<128, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_f16(const FattnArgs p) { fattn_vec1s<256, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_bf16(const FattnArgs p) { fattn_vec1s<256, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q8_0(const FattnArgs p) { fattn_vec1s<64, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q4_0(const FattnArgs p) { fattn_vec1s<64, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }

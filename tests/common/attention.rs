@@ -351,23 +351,36 @@ pub fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-/// MHA decode with a 16-bit cache (one query row per KV head, F16 or BF16 K/V), the case
-/// of the CUDA one-row decode kernel, which [`case`] draws about once in 160 cases; this
+/// MHA decode (one query row per KV head; F16, BF16, Q8_0 or Q4_0 K/V, quantized only for
+/// head dims that are whole 32-element blocks), the case of the CUDA one-row decode
+/// kernels, which [`case`] draws about once in 160 cases; this
 /// draws only it, with [`case`]'s other fields and its own key count (1..2,000: [`case`]
 /// shrinks its keys for the query and head counts it drew, which this case does not have).
 /// A third of the cases see only a prefix of the keys (`MaskKind::Visible`, a decode over
 /// a KV-length bucket), which the streamed kernel stops copying at.
 pub fn mha_decode_case() -> impl Strategy<Value = Case> {
-    (case(), prop::bool::ANY, 1usize..2000, 0.0f64..1.5).prop_map(|(mut c, bf16, n_kv, seen)| {
-        c.ctx = c.ctx - c.n_kv + n_kv;
-        c.n_kv = n_kv;
-        c.n_q = 1;
-        c.group = 1;
-        c.kv = if bf16 { DType::BF16 } else { DType::F16 };
-        if seen < 0.5 {
-            // 0..=n_kv visible keys, all of them or none included
-            c.mask = MaskKind::Visible(((seen * 2.0 * (n_kv + 1) as f64) as usize).min(n_kv));
-        }
-        c
-    })
+    let kv = [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0];
+    (
+        case(),
+        prop::sample::select(kv.to_vec()),
+        1usize..2000,
+        0.0f64..1.5,
+    )
+        .prop_map(|(mut c, kv, n_kv, seen)| {
+            c.ctx = c.ctx - c.n_kv + n_kv;
+            c.n_kv = n_kv;
+            c.n_q = 1;
+            c.group = 1;
+            // the quantized caches need whole 32-element blocks per row
+            c.kv = if kv.quant().is_some() && c.d % 32 != 0 {
+                DType::F16
+            } else {
+                kv
+            };
+            if seen < 0.5 {
+                // 0..=n_kv visible keys, all of them or none included
+                c.mask = MaskKind::Visible(((seen * 2.0 * (n_kv + 1) as f64) as usize).min(n_kv));
+            }
+            c
+        })
 }

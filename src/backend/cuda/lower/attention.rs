@@ -5,7 +5,8 @@
 //! KV head); the other cases the CUDA-core kernel `fattn_vec_d<D>_<kv>`
 //! (`fattn_vec1_d<D>_<kv>` when each KV head has a single query row: MHA decode;
 //! `fattn_vec1s_d<D>_<kv>`, K/V streamed through shared memory, for F16 and BF16 caches
-//! with 16-byte aligned rows), exact in F32 and BF16. Beyond that the tensor-core prefill kernel `fattn_mma_d<D>_<kv>`,
+//! with 16-byte aligned rows and Q8_0 and Q4_0 caches of head dims 64, 128 and 256 with
+//! 4- or 8-byte aligned rows), exact in F32 and BF16. Beyond that the tensor-core prefill kernel `fattn_mma_d<D>_<kv>`,
 //! after `fattn_kv_range` when there is a mask (the live keys of each block of query
 //! rows, so that masked tiles are never loaded). The ALiBi slope of every head goes into
 //! the constant region, the decode partials and key ranges into scratch, and so does the
@@ -20,6 +21,7 @@ use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::mul_mat_q;
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
+use crate::quant::QType;
 
 /// Queries up to which the decode kernel runs (it handles any count, slowly for many).
 pub(crate) const DECODE_MAX_QUERIES: usize = 8;
@@ -84,7 +86,7 @@ pub(crate) fn lower(
         scale: p.scale,
         softcap: p.softcap,
         mask_f16: i32::from(mask.is_some_and(|m| m.dtype == DType::F16)),
-        kv_vec: i32::from(vector_rows(lw, kt) && vector_rows(lw, vt)),
+        kv_vec: i32::from(aligned_rows(lw, kt, 16) && aligned_rows(lw, vt, 16)),
         group: (n_head / n_head_kv) as i64,
         split: 1,
         chunk: n_kv as i64,
@@ -115,6 +117,8 @@ pub(crate) fn lower(
         n_head_kv,
         batch,
         n_kv,
+        streams: stream_unit(kt.dtype, d)
+            .is_some_and(|u| aligned_rows(lw, kt, u) && aligned_rows(lw, vt, u)),
         q8_for: q8_for
             .filter(|(b, _)| same_columns(b, dst, d))
             .map(|(b, layout)| (b.clone(), layout)),
@@ -158,6 +162,8 @@ struct Decode {
     n_head_kv: usize,
     batch: usize,
     n_kv: usize,
+    /// Whether the cache's rows suit the streamed kernel `fattn_vec1s` ([`stream_unit`]).
+    streams: bool,
     q8_for: Option<(Operand, i64)>,
 }
 
@@ -178,12 +184,12 @@ impl Decode {
 
     /// The CUDA-core decode kernel `fattn_vec_d<D>_<kv>`; for one row per KV head (MHA
     /// decode) `fattn_vec1_d<D>_<kv>` (one accumulator in registers instead of
-    /// FATTN_VEC_ROWS), or `fattn_vec1s_d<D>_<kv>` for F16 and BF16 caches with aligned
-    /// rows (K/V streamed through shared memory, in one wave of blocks).
+    /// FATTN_VEC_ROWS), or `fattn_vec1s_d<D>_<kv>` where the cache's rows allow it
+    /// ([`stream_unit`]: K/V streamed through shared memory, in one wave of blocks).
     fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
         let rows_per_kv = self.n_q * self.n_head / self.n_head_kv;
         let one = rows_per_kv == 1;
-        let streamed = one && matches!(dt, DType::F16 | DType::BF16) && args.kv_vec != 0;
+        let streamed = one && self.streams;
         let row_blocks = rows_per_kv.div_ceil(if one { 1 } else { FATTN_VEC_ROWS as usize });
         let blocks = self.grid_rows(row_blocks)?;
         let (split, chunk) = decode_split(self.n_kv, self.n_head_kv * blocks, streamed, lw.sms);
@@ -427,9 +433,23 @@ fn vec1s_family(d: usize) -> Result<KernelSet<1>, String> {
     })
 }
 
-/// Whether every row of `t` starts 16-byte aligned (the kernels' vector loads).
-fn vector_rows(lw: &Lowering, t: &Operand) -> bool {
-    lw.addr(t) % 16 == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] % 16 == 0)
+/// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).
+fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
+    lw.addr(t) % align == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] as u64 % align == 0)
+}
+
+/// The alignment the streamed decode kernel `fattn_vec1s` needs of the starts of K/V rows
+/// of `d` elements of `dt` (the size of its copies, `KvRow` in cuda/fattn.cu): 16 bytes
+/// for F16 and BF16; for Q8_0 and Q4_0, 8 where a row's bytes are a multiple of 8 (head
+/// dims 128 and 256), 4 where they are a multiple of 4 (64). None: no streamed kernel
+/// (other types; Q8_0 and Q4_0 rows of head dims 32 and 96, 2-byte multiples).
+fn stream_unit(dt: DType, d: usize) -> Option<u64> {
+    let bytes = match dt {
+        DType::F16 | DType::BF16 => return Some(16),
+        DType::Quant(QType::Q8_0 | QType::Q4_0) => dt.row_bytes(d),
+        DType::F32 | DType::I32 | DType::Quant(_) => return None,
+    };
+    [8, 4].into_iter().find(|u| bytes % *u as usize == 0)
 }
 
 /// Chunks and keys per chunk of the tensor-core decode kernel, `blocks` blocks per chunk:
