@@ -267,9 +267,9 @@ __device__ __forceinline__ void vec_rows(const FattnArgs& p, int first_row, int 
     __syncthreads();
 }
 
-// One row's part of a fattn_vec step: the scores of the lane group's U keys (K pieces kp,
-// biases bias, -inf for a key past the chunk) and the online softmax step with their V
-// pieces.
+// Row r's part of a fattn_vec step: the scores of the lane group's U keys (K pieces kp,
+// the row's biases bias[u][r], -inf for a key past the chunk) and the online softmax step
+// with their V pieces.
 template <int L, int U, int R, typename P>
 __device__ __forceinline__ void row_keys(const FattnArgs& p, float4 qa, float4 qb, const P (&kp)[U],
                                          const P (&vp)[U], const float (&bias)[U][R], int r, float& m, float& l,

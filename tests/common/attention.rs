@@ -353,9 +353,9 @@ pub fn case() -> impl Strategy<Value = Case> {
 
 /// MHA decode (one query row per KV head; F16, BF16, Q8_0 or Q4_0 K/V, quantized only for
 /// head dims that are whole 32-element blocks), the case of the CUDA one-row decode
-/// kernels, which [`case`] draws about once in 160 cases; this
-/// draws only it, with [`case`]'s other fields and its own key count (1..2,000: [`case`]
-/// shrinks its keys for the query and head counts it drew, which this case does not have).
+/// kernels, which [`case`] draws about once in 160 cases; this draws only it, with
+/// [`case`]'s other fields and its own key count (1..2,000: [`case`] shrinks its keys for
+/// the query and head counts it drew, which this case does not have).
 /// A third of the cases see only a prefix of the keys (`MaskKind::Visible`, a decode over
 /// a KV-length bucket), which the streamed kernel stops copying at.
 pub fn mha_decode_case() -> impl Strategy<Value = Case> {
