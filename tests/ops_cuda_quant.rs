@@ -903,3 +903,76 @@ fn tiny_model_split_and_not(
         "{plan}: logit {diff:?} differs with split rows"
     );
 }
+
+/// MHA models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the
+/// streamed decode kernel copies 4 and 8 bytes at a time), against the same seeded model on
+/// the CPU: the decode steps must run `fattn_vec1s_d<D>_<type>` in several chunks (a
+/// 300-token prompt) and their logits stay within the op's NMSE bound for quantized caches
+/// (1e-3, `prop_flash_attn_ext_mha_decode`). Both backends quantize the same K/V rows into
+/// the cache, so what differs is the order of the sums; a wrong block offset, scale or
+/// nibble order gives errors of order 1.
+#[test]
+fn quantized_caches_stream_in_mha_model_decode() {
+    use graft::models::{presets, CacheTypes, Config as ModelConfig};
+    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let tiny = presets::preset("tiny").unwrap();
+    for (d, ty) in [
+        (64, QType::Q8_0),
+        (128, QType::Q4_0),
+        (256, QType::Q8_0),
+        (64, QType::Q4_0),
+    ] {
+        let heads = tiny.hidden_size / d;
+        let cfg = ModelConfig {
+            num_attention_heads: heads,
+            num_key_value_heads: heads,
+            head_dim: d,
+            ..tiny.clone()
+        };
+        let cache = CacheTypes {
+            k: DType::Quant(ty),
+            v: DType::Quant(ty),
+            flash_attn: true,
+        };
+        let (got, kernels) = mha_model_logits(&mut cuda, &cfg, cache);
+        let (want, _) = mha_model_logits(&mut CpuBackend::new(), &cfg, cache);
+        let kernel = format!("fattn_vec1s_d{d}_{ty}");
+        assert!(
+            kernels.contains(&kernel) && kernels.contains("fattn_combine"),
+            "head dim {d}, {ty} cache: the last decode step ran {kernels}"
+        );
+        let e = common::nmse(&got, &want);
+        println!("head dim {d}, {ty} cache: NMSE against the CPU {e:.2e}");
+        assert!(
+            e <= 1e-3,
+            "head dim {d}, {ty} cache: NMSE {e:e} against the CPU"
+        );
+    }
+}
+
+/// The logits of a seeded random F32 model `cfg` with caches `cache` over the last
+/// prompt token and 6 decode steps of fixed tokens after a 300-token prompt, and the
+/// kernels of the last step (profiled).
+fn mha_model_logits(
+    be: &mut dyn Backend,
+    cfg: &graft::models::Config,
+    cache: graft::models::CacheTypes,
+) -> (Vec<f32>, String) {
+    use graft::models::{Logits, Model, QuantPlan};
+    let vocab = cfg.vocab_size as u32;
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
+    let mut m = Model::random(cfg.clone(), QuantPlan::F32, 320, cache, 5, be).unwrap();
+    let mut logits = m.prefill(be, &prompt, Logits::Last).unwrap().logits;
+    let tokens = [7, 901, 13, 4000, 250, 64];
+    for (i, t) in tokens.into_iter().enumerate() {
+        be.set_profiling(i + 1 == tokens.len());
+        logits.extend(m.decode_step(be, t, true).unwrap().logits);
+    }
+    let kernels: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
+    be.set_profiling(false);
+    m.release(be).unwrap();
+    (logits, kernels.join(" "))
+}
