@@ -28,14 +28,16 @@
 //     1 the block writes the normalized result, otherwise the partial (max, sum, acc[D])
 //     of its chunk into p.part for fattn_combine.
 //   fattn_vec1s_d<D>_<kv>  (MHA decode of F16 and BF16 caches whose rows start 16-byte
-//     aligned, and of Q8_0 and Q4_0 caches of head dims 64, 128 and 256 whose rows start
-//     4- or 8-byte aligned, see KvRow) fattn_vec1's grid, lanes and arithmetic, but K and
-//     V go to shared memory by cp.async in VEC1S_STAGES buffers of VEC1S_UNROLL keys per
-//     lane group (quantized rows whole, dequantized from shared memory), the next
-//     stage in flight while one is computed (the bytes in flight are not bounded by
-//     registers), and nothing is copied past the last key of the chunk the mask leaves
-//     visible (a decode graph reads a whole KV-length bucket with a masked tail). When
-//     every key before that one has a zero mask entry (a causal row), the loop reads
+//     aligned, and one-query decode, MHA or GQA, of Q8_0 and Q4_0 caches of head dims 64,
+//     128 and 256 whose rows start 4- or 8-byte aligned, see KvRow) grid (split, n_head,
+//     batch): one query head h per block, reading KV head h / group (with GQA the blocks
+//     of a group read the same rows, the repeats can come from L2). fattn_vec1's lanes and
+//     arithmetic, but K and V go to shared memory by cp.async in VEC1S_STAGES buffers of
+//     VEC1S_UNROLL keys per lane group (quantized rows whole, dequantized from shared
+//     memory), the next stage in flight while one is computed (the bytes in flight are not
+//     bounded by registers), and nothing is copied past the last key of the chunk the mask
+//     leaves visible (a decode graph reads a whole KV-length bucket with a masked tail).
+//     When every key before that one has a zero mask entry (a causal row), the loop reads
 //     no mask entry per key.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max);
@@ -598,10 +600,11 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
 
     pdl_enter();
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    // one query row per block: query head h, of KV head h / group
     const int b = (int)blockIdx.z;
-    const i64 split = blockIdx.x, hk = blockIdx.y;
-    const char* mrow = mask_row(p, 0, hk, b);
-    const float slope = p.slopes[hk];
+    const i64 split = blockIdx.x, h = blockIdx.y, hk = h / p.group;
+    const char* mrow = mask_row(p, 0, h, b);
+    const float slope = p.slopes[h];
     const i64 j_begin = split * p.chunk, j_chunk_end = min(p.k.ne[1], j_begin + p.chunk);
     const Vec1sCopies<D, T, NS, KS> copies{at(p.k, 0, 0, hk, b), at(p.v, 0, 0, hk, b), p.k.nb[1], p.v.nb[1],
                                            j_begin};
@@ -612,12 +615,12 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
 
     // q, and the last visible key of the chunk
     for (int e = tid; e < DP; e += NT) {
-        qs[0][e] = e < D ? load<float>(at(p.q, e, 0, hk, b)) : 0.0f;
+        qs[0][e] = e < D ? load<float>(at(p.q, e, 0, h, b)) : 0.0f;
         sacc[0][e] = 0.0f;
     }
     if (tid == 0) {
         sq[0] = 0;
-        sh[0] = (int)hk;
+        sh[0] = (int)h;
     }
     bool plain;
     const i64 j_end = visible_end<NW>(p, mrow, slope, j_begin, j_chunk_end, slive, plain);

@@ -26,6 +26,9 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The result of one check: what is wrong, if anything.
+type Check = Result<(), String>;
+
 /// "Live until after the last step".
 const FOREVER: usize = usize::MAX;
 
@@ -549,62 +552,95 @@ impl Block {
     }
 }
 
-/// Checks a plan against liveness computed here from the graph and the order alone.
-fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
-    let order = &plan.forward.order;
-    let info = &plan.alloc.info;
-    let report = plan.alloc.report;
-    let base = |id: TensorId| g.tensor(id).view_src.unwrap_or(id);
-    let pos: HashMap<TensorId, usize> = order.iter().enumerate().map(|(p, &id)| (id, p)).collect();
+/// The base tensor whose memory `id` uses (itself, or its view source).
+fn base_of(g: &Graph, id: TensorId) -> TensorId {
+    g.tensor(id).view_src.unwrap_or(id)
+}
 
-    // Outputs: listed or flagged; they and the bases of output views live to the end.
-    let mut pinned: HashSet<TensorId> = HashSet::new();
-    for &id in order {
-        let t = g.tensor(id);
-        if t.flags.intersects(Flags::INPUT | Flags::OUTPUT) || plan.forward.outputs.contains(&id) {
-            pinned.insert(id);
-            pinned.insert(base(id));
-        }
-    }
-    // Last step reading each base tensor, directly or through views.
-    let mut last: HashMap<TensorId, usize> = HashMap::new();
-    for (p, &id) in order.iter().enumerate() {
-        let t = g.tensor(id);
-        if t.op.computes() {
-            for &s in &t.src {
-                last.insert(base(s), p);
+/// What the check derives from the graph and the plan's order alone.
+struct Liveness {
+    /// Each node's step.
+    pos: HashMap<TensorId, usize>,
+    /// Inputs and outputs (listed or flagged) and the bases of output views: they live
+    /// to the end.
+    pinned: HashSet<TensorId>,
+    /// The last step reading each base tensor, directly or through views.
+    last: HashMap<TensorId, usize>,
+    /// Until which step each base tensor is held for the in-place rule: like `last`, but
+    /// the extra sources of `after` (ordering only, no read) are held until the `after`.
+    hold: HashMap<TensorId, usize>,
+}
+
+impl Liveness {
+    fn new(g: &Graph, plan: &Plan) -> Liveness {
+        let order = &plan.forward.order;
+        let pos = order.iter().enumerate().map(|(p, &id)| (id, p)).collect();
+        let mut pinned = HashSet::new();
+        for &id in order {
+            let t = g.tensor(id);
+            if t.flags.intersects(Flags::INPUT | Flags::OUTPUT)
+                || plan.forward.outputs.contains(&id)
+            {
+                pinned.insert(id);
+                pinned.insert(base_of(g, id));
             }
         }
-    }
-    // Until which step each base tensor is held for the in-place rule: like `last`, but
-    // the extra sources of `after` (ordering only, no read) are held until the `after`.
-    let mut hold = last.clone();
-    for (p, &id) in order.iter().enumerate() {
-        let t = g.tensor(id);
-        if t.op.is_view() {
-            for &s in &t.src {
-                if Some(base(s)) != t.view_src {
-                    let h = hold.entry(base(s)).or_insert(p);
-                    *h = (*h).max(p);
+        let mut last = HashMap::new();
+        for (p, &id) in order.iter().enumerate() {
+            let t = g.tensor(id);
+            if t.op.computes() {
+                for &s in &t.src {
+                    last.insert(base_of(g, s), p);
                 }
             }
         }
+        let mut hold = last.clone();
+        for (p, &id) in order.iter().enumerate() {
+            let t = g.tensor(id);
+            if t.op.is_view() {
+                for &s in &t.src {
+                    if Some(base_of(g, s)) != t.view_src {
+                        let h = hold.entry(base_of(g, s)).or_insert(p);
+                        *h = (*h).max(p);
+                    }
+                }
+            }
+        }
+        Liveness {
+            pos,
+            pinned,
+            last,
+            hold,
+        }
     }
-    let end_of = |id: TensorId| {
-        if pinned.contains(&id) {
+
+    /// The last step at which the memory of `id` must still hold it.
+    fn end_of(&self, id: TensorId) -> usize {
+        if self.pinned.contains(&id) {
             FOREVER
         } else {
-            last.get(&id).copied().unwrap_or(pos[&id])
+            self.last.get(&id).copied().unwrap_or(self.pos[&id])
         }
-    };
+    }
+}
 
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut block_of: HashMap<TensorId, usize> = HashMap::new();
-    let (mut n_blocks, mut n_inplace, mut n_views) = (0, 0, 0);
-    let mut naive = 0;
-    for (p, &id) in order.iter().enumerate() {
+/// The arena blocks a plan's allocation implies, and the figures its report must give.
+#[derive(Default)]
+struct Blocks {
+    blocks: Vec<Block>,
+    block_of: HashMap<TensorId, usize>,
+    n_blocks: usize,
+    n_inplace: usize,
+    n_views: usize,
+    /// Every computed tensor's aligned bytes: the arena without any reuse.
+    naive: usize,
+}
+
+impl Blocks {
+    /// Checks the allocation of node `id` and adds it to the blocks.
+    fn add(&mut self, g: &Graph, plan: &Plan, lv: &Liveness, id: TensorId) -> Check {
         let t = g.tensor(id);
-        let Some(a) = info.get(id) else {
+        let Some(a) = plan.alloc.info.get(id) else {
             return Err(format!("'{}' has no allocation", t.name));
         };
         ensure!(
@@ -615,33 +651,8 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
             t.nbytes()
         );
         if let Some(vb) = t.view_src {
-            // Views: no memory of their own, exactly base + view_offs, inside the base.
-            n_views += 1;
-            ensure!(
-                a.kind == AllocKind::View(vb),
-                "view '{}' has kind {:?}",
-                t.name,
-                a.kind
-            );
-            let bt = g.tensor(vb);
-            if bt.data.is_none() {
-                let b = info[vb];
-                ensure!(
-                    a.offset == b.offset + t.view_offs,
-                    "view '{}' at {} but its base '{}' is at {} + view_offs {}",
-                    t.name,
-                    a.offset,
-                    bt.name,
-                    b.offset,
-                    t.view_offs
-                );
-                ensure!(
-                    t.view_offs + t.nbytes() <= bt.nbytes(),
-                    "view '{}' reaches past its base",
-                    t.name
-                );
-            }
-            continue;
+            self.n_views += 1;
+            return check_view(g, plan, id, vb);
         }
         if t.data.is_some() {
             ensure!(
@@ -650,9 +661,9 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
                 t.name,
                 a.kind
             );
-            continue;
+            return Ok(());
         }
-        naive += align(t.nbytes());
+        self.naive += align(t.nbytes());
         ensure!(
             a.offset % ALIGN == 0,
             "'{}' at unaligned {}",
@@ -660,70 +671,145 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
             a.offset
         );
         match a.kind {
-            AllocKind::Arena => {
-                n_blocks += 1;
-                let input = t.op.is_leaf();
-                ensure!(
-                    !input || t.flags.contains(Flags::INPUT),
-                    "leaf '{}' in the arena is not an input",
-                    t.name
-                );
-                block_of.insert(id, blocks.len());
-                blocks.push(Block {
-                    members: vec![id],
-                    off: a.offset,
-                    size: t.nbytes(),
-                    start: if input { 0 } else { p },
-                    end: if input { FOREVER } else { end_of(id) },
-                    input,
-                    pinned: pinned.contains(&id),
-                });
-            }
-            AllocKind::InPlace(src) => {
-                n_inplace += 1;
-                check_inplace_allowed(g, &pos, &pinned, &hold, id, src)?;
-                ensure!(
-                    info[src].offset == a.offset,
-                    "in-place '{}' at {} but its source '{}' at {}",
-                    t.name,
-                    a.offset,
-                    g.tensor(src).name,
-                    info[src].offset
-                );
-                let k = block_of[&src];
-                block_of.insert(id, k);
-                let b = &mut blocks[k];
-                b.members.push(id);
-                b.end = b.end.max(end_of(id));
-                b.pinned |= pinned.contains(&id);
-            }
+            AllocKind::Arena => self.open(g, lv, id, a.offset)?,
+            AllocKind::InPlace(src) => self.extend(g, plan, lv, id, src)?,
             other => return Err(format!("computed '{}' has kind {other:?}", t.name)),
         }
-        // The converse: whenever the conditions hold, the node does run in place.
-        if let Some(&src) = t.src.first() {
-            if matches!(a.kind, AllocKind::Arena)
-                && check_inplace_allowed(g, &pos, &pinned, &hold, id, src).is_ok()
-                && info.get(src).is_some_and(|s| {
-                    matches!(s.kind, AllocKind::Arena | AllocKind::InPlace(_))
-                        && !g.tensor(src).op.is_leaf()
-                })
-            {
-                return Err(format!(
-                    "'{}' could run in place over '{}' but got a block of its own",
-                    t.name,
-                    g.tensor(src).name
-                ));
-            }
-        }
+        check_no_missed_inplace(g, plan, lv, id)
     }
 
-    // Report figures.
+    /// A new block for node `id` at `offset`.
+    fn open(&mut self, g: &Graph, lv: &Liveness, id: TensorId, offset: usize) -> Check {
+        let t = g.tensor(id);
+        self.n_blocks += 1;
+        let input = t.op.is_leaf();
+        ensure!(
+            !input || t.flags.contains(Flags::INPUT),
+            "leaf '{}' in the arena is not an input",
+            t.name
+        );
+        self.block_of.insert(id, self.blocks.len());
+        self.blocks.push(Block {
+            members: vec![id],
+            off: offset,
+            size: t.nbytes(),
+            start: if input { 0 } else { lv.pos[&id] },
+            end: if input { FOREVER } else { lv.end_of(id) },
+            input,
+            pinned: lv.pinned.contains(&id),
+        });
+        Ok(())
+    }
+
+    /// Node `id`, in place over `src`, joins the block of `src`.
+    fn extend(
+        &mut self,
+        g: &Graph,
+        plan: &Plan,
+        lv: &Liveness,
+        id: TensorId,
+        src: TensorId,
+    ) -> Check {
+        let (t, info) = (g.tensor(id), &plan.alloc.info);
+        self.n_inplace += 1;
+        check_inplace_allowed(g, lv, id, src)?;
+        ensure!(
+            info[src].offset == info[id].offset,
+            "in-place '{}' at {} but its source '{}' at {}",
+            t.name,
+            info[id].offset,
+            g.tensor(src).name,
+            info[src].offset
+        );
+        let k = self.block_of[&src];
+        self.block_of.insert(id, k);
+        let b = &mut self.blocks[k];
+        b.members.push(id);
+        b.end = b.end.max(lv.end_of(id));
+        b.pinned |= lv.pinned.contains(&id);
+        Ok(())
+    }
+}
+
+/// A view `id` of `vb`: no memory of its own, exactly at its base's offset + view_offs,
+/// inside the base.
+fn check_view(g: &Graph, plan: &Plan, id: TensorId, vb: TensorId) -> Check {
+    let (t, info) = (g.tensor(id), &plan.alloc.info);
+    let a = info[id];
+    ensure!(
+        a.kind == AllocKind::View(vb),
+        "view '{}' has kind {:?}",
+        t.name,
+        a.kind
+    );
+    let bt = g.tensor(vb);
+    if bt.data.is_none() {
+        let b = info[vb];
+        ensure!(
+            a.offset == b.offset + t.view_offs,
+            "view '{}' at {} but its base '{}' is at {} + view_offs {}",
+            t.name,
+            a.offset,
+            bt.name,
+            b.offset,
+            t.view_offs
+        );
+        ensure!(
+            t.view_offs + t.nbytes() <= bt.nbytes(),
+            "view '{}' reaches past its base",
+            t.name
+        );
+    }
+    Ok(())
+}
+
+/// The converse of the in-place rule: whenever its conditions hold, node `id` does run
+/// in place over its first source.
+fn check_no_missed_inplace(g: &Graph, plan: &Plan, lv: &Liveness, id: TensorId) -> Check {
+    let (t, info) = (g.tensor(id), &plan.alloc.info);
+    let Some(&src) = t.src.first() else {
+        return Ok(());
+    };
+    if matches!(info[id].kind, AllocKind::Arena)
+        && check_inplace_allowed(g, lv, id, src).is_ok()
+        && info.get(src).is_some_and(|s| {
+            matches!(s.kind, AllocKind::Arena | AllocKind::InPlace(_))
+                && !g.tensor(src).op.is_leaf()
+        })
+    {
+        return Err(format!(
+            "'{}' could run in place over '{}' but got a block of its own",
+            t.name,
+            g.tensor(src).name
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a plan against liveness computed here from the graph and the order alone.
+fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Check {
+    let lv = Liveness::new(g, plan);
+    let mut blocks = Blocks::default();
+    for &id in &plan.forward.order {
+        blocks.add(g, plan, &lv, id)?;
+    }
+    check_report(g, plan, &blocks, guard)?;
+    check_pairs(g, &blocks.blocks, align(guard))?;
+    check_steps(g, plan)
+}
+
+/// The report's figures against the blocks: counts, the arena without reuse, the peak
+/// (the end of the highest block and its guard), every block inside the guards.
+fn check_report(g: &Graph, plan: &Plan, b: &Blocks, guard: usize) -> Check {
+    let report = plan.alloc.report;
     ensure!(plan.arena_bytes == report.peak_bytes, "arena_bytes != peak");
+    let (n_blocks, n_inplace, n_views) = (b.n_blocks, b.n_inplace, b.n_views);
     ensure!(
         (report.n_blocks, report.n_inplace, report.n_views) == (n_blocks, n_inplace, n_views),
         "report counts {:?} != ({n_blocks}, {n_inplace}, {n_views})",
         report
     );
+    let naive = b.naive;
     ensure!(
         report.naive_bytes == naive,
         "naive {} != {naive}",
@@ -738,7 +824,7 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
         );
     }
     let mut top = guard_a;
-    for b in &blocks {
+    for b in &b.blocks {
         ensure!(
             b.off >= guard_a && b.off + b.size + guard_a <= report.peak_bytes,
             "block of '{}' at {}+{} (guard {guard_a}) outside the arena of {}",
@@ -750,13 +836,16 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
         top = top.max(b.off + align(b.size) + guard_a);
     }
     ensure!(
-        blocks.is_empty() || top == report.peak_bytes,
+        b.blocks.is_empty() || top == report.peak_bytes,
         "peak {} but the highest block ends at {top}",
         report.peak_bytes
     );
+    Ok(())
+}
 
-    // Pairs of blocks: no overlap while both live; guards between them; inputs never
-    // overlapped; outputs never overwritten after being produced.
+/// Pairs of blocks: no overlap while both live; guards of `guard_a` bytes between them;
+/// inputs never overlapped; outputs never overwritten after being produced.
+fn check_pairs(g: &Graph, blocks: &[Block], guard_a: usize) -> Check {
     for (i, x) in blocks.iter().enumerate() {
         for y in &blocks[i + 1..] {
             let name = |b: &Block| g.tensor(b.members[0]).name.clone();
@@ -783,11 +872,13 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
 
-    // Steps: exactly the computing nodes, with operands where the allocation says.
-    let computing: Vec<TensorId> = order
-        .iter()
-        .copied()
+/// Steps: exactly the computing nodes, with operands where the allocation says.
+fn check_steps(g: &Graph, plan: &Plan) -> Check {
+    let info = &plan.alloc.info;
+    let computing: Vec<TensorId> = (plan.forward.order.iter().copied())
         .filter(|&id| g.tensor(id).op.computes())
         .collect();
     ensure!(
@@ -796,7 +887,7 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
     );
     let expect_loc = |o: &Operand| {
         let t = g.tensor(o.id);
-        let b = base(o.id);
+        let b = base_of(g, o.id);
         let offs = if t.view_src.is_some() { t.view_offs } else { 0 };
         match g.tensor(b).data {
             Some(r) => Loc::Buffer(r.buffer, r.offset + offs),
@@ -833,16 +924,8 @@ fn check_plan(g: &Graph, plan: &Plan, guard: usize) -> Result<(), String> {
 /// output, weight or state, with the same layout, held for the last time by `id` (no
 /// later reader, directly or through a view, and no later `after` ordered on it) and
 /// read by `id` only as `src[0]`.
-fn check_inplace_allowed(
-    g: &Graph,
-    pos: &HashMap<TensorId, usize>,
-    pinned: &HashSet<TensorId>,
-    hold: &HashMap<TensorId, usize>,
-    id: TensorId,
-    src: TensorId,
-) -> Result<(), String> {
+fn check_inplace_allowed(g: &Graph, lv: &Liveness, id: TensorId, src: TensorId) -> Check {
     let (t, s) = (g.tensor(id), g.tensor(src));
-    let base = |x: TensorId| g.tensor(x).view_src.unwrap_or(x);
     ensure!(
         t.op.can_inplace(),
         "'{}' ({}) cannot run in place",
@@ -863,7 +946,7 @@ fn check_inplace_allowed(
     ensure!(
         !s.flags
             .intersects(Flags::INPUT | Flags::OUTPUT | Flags::WEIGHT | Flags::STATE)
-            && !pinned.contains(&src),
+            && !lv.pinned.contains(&src),
         "'{}' in place over input/output '{}'",
         t.name,
         s.name
@@ -875,14 +958,14 @@ fn check_inplace_allowed(
         s.name
     );
     ensure!(
-        hold.get(&src) == Some(&pos[&id]),
+        lv.hold.get(&src) == Some(&lv.pos[&id]),
         "'{}' (step {}) in place over '{}', which is used until step {:?}",
         t.name,
-        pos[&id],
+        lv.pos[&id],
         s.name,
-        hold.get(&src)
+        lv.hold.get(&src)
     );
-    let reads = t.src.iter().filter(|&&x| base(x) == src).count();
+    let reads = t.src.iter().filter(|&&x| base_of(g, x) == src).count();
     ensure!(
         reads == 1,
         "'{}' in place over '{}', which it reads {reads} times",

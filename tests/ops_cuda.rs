@@ -269,12 +269,12 @@ fn prop_flash_attn_ext() {
     flash_attn_cases(common::attention::case(), 64);
 }
 
-/// flash_attn_ext as [`prop_flash_attn_ext`], MHA decode only, over F16, BF16, Q8_0 and
-/// Q4_0 caches (the one-row decode kernels, streamed or not, which
-/// [`prop_flash_attn_ext`] draws about once in 160 cases).
+/// flash_attn_ext as [`prop_flash_attn_ext`], one-query decode only (MHA in half the
+/// cases, GQA in the others), over F16, BF16, Q8_0 and Q4_0 caches: the one-row decode
+/// kernels, streamed or not, and the streamed GQA over quantized caches.
 #[test]
-fn prop_flash_attn_ext_mha_decode() {
-    flash_attn_cases(common::attention::mha_decode_case(), 64);
+fn prop_flash_attn_ext_one_query_decode() {
+    flash_attn_cases(common::attention::one_query_decode_case(), 64);
 }
 
 /// Runs `cases` cases of `strategy` on CUDA and on the CPU and holds the CUDA result to

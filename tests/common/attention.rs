@@ -351,26 +351,29 @@ pub fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-/// MHA decode (one query row per KV head; F16, BF16, Q8_0 or Q4_0 K/V, quantized only for
-/// head dims that are whole 32-element blocks), the case of the CUDA one-row decode
-/// kernels, which [`case`] draws about once in 160 cases; this draws only it, with
-/// [`case`]'s other fields and its own key count (1..2,000: [`case`] shrinks its keys for
-/// the query and head counts it drew, which this case does not have).
+/// One-query decode, MHA in half the cases and GQA (2, 4 or 8 query heads a KV head) in
+/// the others (F16, BF16, Q8_0 or Q4_0 K/V, quantized only for head dims that are whole
+/// 32-element blocks): the case of the CUDA one-row decode kernels and of the streamed
+/// kernel's GQA over quantized caches, which [`case`] draws rarely (MHA decode about once
+/// in 160 cases); this draws only it, with [`case`]'s other fields and its own key count
+/// (1..2,000: [`case`] shrinks its keys for the query and head counts it drew, which this
+/// case does not have).
 /// A third of the cases see only a prefix of the keys (`MaskKind::Visible`, a decode over
 /// a KV-length bucket), which the streamed kernel stops copying at.
-pub fn mha_decode_case() -> impl Strategy<Value = Case> {
+pub fn one_query_decode_case() -> impl Strategy<Value = Case> {
     let kv = [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0];
     (
         case(),
         prop::sample::select(kv.to_vec()),
         1usize..2000,
         0.0f64..1.5,
+        prop::sample::select(vec![1, 1, 1, 2, 4, 8]),
     )
-        .prop_map(|(mut c, kv, n_kv, seen)| {
+        .prop_map(|(mut c, kv, n_kv, seen, group)| {
             c.ctx = c.ctx - c.n_kv + n_kv;
             c.n_kv = n_kv;
             c.n_q = 1;
-            c.group = 1;
+            c.group = group;
             // the quantized caches need whole 32-element blocks per row
             c.kv = if kv.quant().is_some() && c.d % 32 != 0 {
                 DType::F16

@@ -533,12 +533,14 @@ fn attention_gemv_paths() {
     assert_eq!(check(&g, y, &[vc, p], 3), vec!["mul_mat_vec_nc_f16_f32"]);
 }
 
-/// The decode kernel of one query row per KV head (MHA decode): the streamed one for F16
-/// and BF16 caches whose rows start 16-byte aligned and Q8_0 and Q4_0 caches (head dim
+/// The decode kernels of one query: with one row per KV head (MHA) the streamed one for
+/// F16 and BF16 caches whose rows start 16-byte aligned and Q8_0 and Q4_0 caches (head dim
 /// 128) whose rows start 8-byte aligned, in one wave of chunks; the register one for F32
-/// caches and for rows off that alignment; GQA on the tensor-core kernel.
+/// caches and for rows off that alignment. GQA: F16 on the tensor-core kernel, aligned
+/// Q8_0 and Q4_0 streamed (a block per query head), BF16 and unaligned rows on
+/// `fattn_vec`.
 #[test]
-fn mha_decode_attention_kernels() {
+fn one_query_decode_attention_kernels() {
     use crate::graph::FlashAttnParams;
     let (hd, ctx) = (128, 4400);
     // the splits on 132 SMs (H100 SXM, H200) and on 108 (A100): the streamed kernel's one
@@ -552,6 +554,11 @@ fn mha_decode_attention_kernels() {
         (DType::Q8_0, 32, 4, 4352, "fattn_vec1_d128_q8_0", [17, 14]),
         (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
         (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
+        // GQA (4 query heads a KV head): quantized caches streamed, one block per query head
+        (DType::Q8_0, 8, 0, 4352, "fattn_vec1s_d128_q8_0", [16, 13]),
+        (DType::Q4_0, 8, 0, 768, "fattn_vec1s_d128_q4_0", [12, 12]),
+        (DType::Q8_0, 8, 4, 4352, "fattn_vec_d128_q8_0", [64, 54]),
+        (DType::BF16, 8, 0, 4352, "fattn_vec_d128_bf16", [64, 54]),
     ] {
         let mut g = Graph::new();
         let (hs, row) = (dt.row_bytes(hd), dt.row_bytes(hd) * n_head_kv);
@@ -589,6 +596,9 @@ fn mha_decode_attention_kernels() {
             assert_eq!(launches[1].per_sm, 0);
             assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
             assert_eq!(launches[0].grid.0 as i64, split);
+            // the streamed kernel's blocks are query heads, the others' KV heads
+            let heads = if cap == 4 { 32 } else { n_head_kv };
+            assert_eq!(launches[0].grid.1 as usize, heads, "{want}");
             assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
         }
     }
