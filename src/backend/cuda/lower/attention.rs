@@ -6,7 +6,8 @@
 //! (`fattn_vec1_d<D>_<kv>` when each KV head has a single query row: MHA decode;
 //! `fattn_vec1s_d<D>_<kv>`, K/V streamed through shared memory, for F16 and BF16 caches
 //! with 16-byte aligned rows and Q8_0 and Q4_0 caches of head dims 64, 128 and 256 with
-//! 4- or 8-byte aligned rows), exact in F32 and BF16. Beyond that the tensor-core
+//! 4- or 8-byte aligned rows; the latter also with GQA and one query, a block per query
+//! head), exact in F32 and BF16. Beyond that the tensor-core
 //! prefill kernel `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is a mask
 //! (the live keys of each block of query rows, so that masked tiles are never loaded).
 //! The ALiBi slope of every head goes into the constant region, the decode partials and
