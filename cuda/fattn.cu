@@ -27,18 +27,21 @@
 //     (MHA decode: one accumulator in registers instead of FATTN_VEC_ROWS). With split ==
 //     1 the block writes the normalized result, otherwise the partial (max, sum, acc[D])
 //     of its chunk into p.part for fattn_combine.
-//   fattn_vec1s_d<D>_<kv>  (MHA decode of F16 and BF16 caches whose rows start 16-byte
-//     aligned, and one-query decode, MHA or GQA, of Q8_0 and Q4_0 caches of head dims 64,
-//     128 and 256 whose rows start 4- or 8-byte aligned, see KvRow) grid (split, n_head,
-//     batch): one query head h per block, reading KV head h / group (with GQA the blocks
-//     of a group read the same rows, the repeats can come from L2). fattn_vec1's lanes and
-//     arithmetic, but K and V go to shared memory by cp.async in VEC1S_STAGES buffers of
-//     VEC1S_UNROLL keys per lane group (quantized rows whole, dequantized from shared
-//     memory), the next stage in flight while one is computed (the bytes in flight are not
-//     bounded by registers), and nothing is copied past the last key of the chunk the mask
-//     leaves visible (a decode graph reads a whole KV-length bucket with a masked tail).
-//     When every key before that one has a zero mask entry (a causal row), the loop reads
-//     no mask entry per key.
+//   fattn_vec1s_d<D>_<kv>, fattn_vec4s_d<D>_<kv>  (streamed one-query decode: vec1s for
+//     MHA of F16 and BF16 caches whose rows start 16-byte aligned; for Q8_0 and Q4_0
+//     caches of head dims 64, 128 and 256 whose rows start 4- or 8-byte aligned, see
+//     KvRow, vec4s for GQA at head dims 128 and 256, vec1s for the rest: MHA, head dim
+//     64, a mask per head) grid (split, n_head_kv * ceil(group / R), batch), R = 1 or 4:
+//     a block takes up to R query heads of one KV head (R = 1: query head blockIdx.y, KV
+//     head blockIdx.y / group; R = 4: the group's heads 4 at a time, each K/V row copied
+//     and dequantized once for all of them; they share a mask row). fattn_vec1's lanes
+//     and arithmetic, but K and V go to shared memory by cp.async in VEC1S_STAGES buffers
+//     of VEC1S_UNROLL keys per lane group (quantized rows whole, dequantized from shared
+//     memory), the next stage in flight while one is computed (the bytes in flight are
+//     not bounded by registers), and nothing is copied past the last key of the chunk the
+//     mask leaves visible (a decode graph reads a whole KV-length bucket with a masked
+//     tail). When every key before that one has a zero mask entry (a causal row), the
+//     loop reads no mask entry per key.
 //   fattn_combine  grid (n_head * n_q * batch), block FATTN_COMBINE_THREADS: merges the
 //     split partials of one row (either decode kernel's), rescaling each by exp(max_i - max);
 //     with p.q8 it also writes the row as the Q8_1 activations of the decode product that
@@ -241,9 +244,10 @@ __device__ __forceinline__ void finish_rows(const FattnArgs& p, float (&m)[R], f
     }
 }
 
-// The query rows of a fattn_vec block, the nrows from flat row first_row (row t: query t /
-// group, head hk * group + t % group): each row's query and head (sq, sh), mask row and
-// slope, its q in qs (zero past D) and its sacc zeroed. Ends with a barrier.
+// The query rows of a fattn_vec or fattn_vec1s block, the nrows from flat row first_row
+// (row t: query t / group, head hk * group + t % group): each row's query and head (sq,
+// sh), mask row and slope, its q in qs (zero past D) and its sacc zeroed. Ends with a
+// barrier.
 template <int D, int R>
 __device__ __forceinline__ void vec_rows(const FattnArgs& p, int first_row, int nrows, i64 hk, int b,
                                          float (*qs)[vec_lanes<D>() * 8], float (*sacc)[vec_lanes<D>() * 8],
@@ -510,21 +514,27 @@ __device__ __forceinline__ void copy_async(char* dst, const char* src) {
 }
 
 // One stage of fattn_vec1s for a lane: the scores of its group's UN keys of the stage (K
-// rows `ks`, V rows `vs` in shared memory, bias -inf for a key past the visible ones),
-// then its running state (m, l, acc) rescaled and their V rows added. The barrier
-// between the two lets the next stage's copies overwrite the buffer.
-template <int D, typename T, int UN>
+// rows `ks`, V rows `vs` in shared memory; `bias` the keys' mask entries, -inf for a key
+// past the visible ones) for each of the block's nrows query rows (q: qa, qb for one row,
+// else qs; ALiBi slopes `slope`), then each row's running state (m, l, acc) rescaled and
+// the keys' V rows added. The K and V pieces are read from shared memory (and
+// dequantized) once for all the rows. The barrier between the two lets the next stage's
+// copies overwrite the buffer.
+template <int D, typename T, int UN, int R>
 __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const char (*ks)[KvRow<T, D>::BYTES],
                                             const char (*vs)[KvRow<T, D>::BYTES], float4 qa, float4 qb,
-                                            const float (&bias)[UN], float& m, float& l, float (&acc)[8]) {
+                                            const float (*qs)[vec_lanes<D>() * 8], int nrows,
+                                            const float (&slope)[R], const float (&bias)[UN], float (&m)[R],
+                                            float (&l)[R], float (&acc)[R][8]) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;
     constexpr int NW = FATTN_VEC_WARPS;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int sub = lane / L, e0 = (lane % L) * 8;
     const bool active = e0 < D;
-    float s[UN];
-    float mx = m;
+    float s[R][UN], mx[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) mx[r] = m[r];
     Piece<T> vp[UN];
 #pragma unroll
     for (int u = 0; u < UN; ++u) {
@@ -536,13 +546,25 @@ __device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const char (*ks)
             kp.load(ks[key], e0, true);
             vp[u].load(vs[key], e0, true);
         }
-        const float dot = group_dot<L>(kp, qa, qb);
-        s[u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, bias[u]);
-        mx = fmaxf(mx, s[u]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r >= nrows) break;  // uniform over the block
+            if constexpr (R > 1) {
+                qa = *reinterpret_cast<const float4*>(&qs[r][e0]);
+                qb = *reinterpret_cast<const float4*>(&qs[r][e0 + 4]);
+            }
+            const float dot = group_dot<L>(kp, qa, qb);
+            s[r][u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, slope[r] * bias[u]);
+            mx[r] = fmaxf(mx[r], s[r][u]);
+        }
     }
     __syncthreads();  // every lane has read the buffer: the next issue may overwrite it
-    if (mx == -INFINITY) return;  // every key so far masked
-    online_add(mx, s, vp, m, l, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= nrows) break;
+        if (mx[r] == -INFINITY) continue;  // every key so far masked
+        online_add(mx[r], s[r], vp, m[r], l[r], acc[r]);
+    }
 }
 
 // Stages and keys per lane group per stage of fattn_vec1s. H200, 32 heads of 128 over
@@ -583,28 +605,33 @@ struct Vec1sCopies {
     }
 };
 
-template <int D, typename T, int NS, int UN>
+// R: query rows per block, the query heads of one KV head (1: one head, MHA decode or a
+// mask per head; 4: up to 4 heads of a group, a group of more in several blocks).
+template <int D, typename T, int NS, int UN, int R>
 __device__ void fattn_vec1s(const FattnArgs& p) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
     constexpr int NW = FATTN_VEC_WARPS;
-    constexpr int NT = NW * WARP_SIZE;
     constexpr int DP = L * 8;
     constexpr int KS = UN * NW * KPW;  // keys per stage
     __shared__ __align__(16) char kv[NS][2][KS][KvRow<T, D>::BYTES];
-    __shared__ __align__(16) float qs[1][DP];
-    __shared__ float sacc[1][DP];
-    __shared__ float sm[NW][1], sl[NW][1];
+    __shared__ __align__(16) float qs[R][DP];
+    __shared__ float sacc[R][DP];
+    __shared__ float sm[NW][R], sl[NW][R];
     __shared__ int slive[NW][2];
-    __shared__ int sq[1], sh[1];
+    __shared__ const char* smrow[R];
+    __shared__ float sslope[R];
+    __shared__ int sq[R], sh[R];
 
     pdl_enter();
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    // one query row per block: query head h, of KV head h / group
-    const int b = (int)blockIdx.z;
-    const i64 split = blockIdx.x, h = blockIdx.y, hk = h / p.group;
-    const char* mrow = mask_row(p, 0, h, b);
-    const float slope = p.slopes[h];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    // grid.y: KV head hk's ceil(group / R) blocks of up to R query heads (R = 1: query
+    // head blockIdx.y); one query. The rows of a block share one mask row (the lowering
+    // takes R > 1 only for a mask broadcast over heads).
+    const int b = (int)blockIdx.z, row_blocks = ((int)p.group + R - 1) / R;
+    const int hk = (int)blockIdx.y / row_blocks, first = (int)blockIdx.y % row_blocks * R;
+    const int nrows = min(R, (int)p.group - first);
+    const i64 split = blockIdx.x;
     const i64 j_begin = split * p.chunk, j_chunk_end = min(p.k.ne[1], j_begin + p.chunk);
     const Vec1sCopies<D, T, NS, KS> copies{at(p.k, 0, 0, hk, b), at(p.v, 0, 0, hk, b), p.k.nb[1], p.v.nb[1],
                                            j_begin};
@@ -614,16 +641,13 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     stage_commit();
 
     // q, and the last visible key of the chunk
-    for (int e = tid; e < DP; e += NT) {
-        qs[0][e] = e < D ? load<float>(at(p.q, e, 0, h, b)) : 0.0f;
-        sacc[0][e] = 0.0f;
-    }
-    if (tid == 0) {
-        sq[0] = 0;
-        sh[0] = (int)h;
-    }
+    vec_rows<D, R>(p, first, nrows, hk, b, qs, sacc, smrow, sslope, sq, sh);
+    const char* mrow = smrow[0];
+    float slope[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) slope[r] = sslope[r];
     bool plain;
-    const i64 j_end = visible_end<NW>(p, mrow, slope, j_begin, j_chunk_end, slive, plain);
+    const i64 j_end = visible_end<NW>(p, mrow, slope[0], j_begin, j_chunk_end, slive, plain);
     const int stages = (int)((j_end - j_begin + KS - 1) / KS);
 #pragma unroll
     for (int t = 1; t < NS - 1; ++t) {
@@ -632,20 +656,26 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
     }
 
     const int sub = lane / L, e0 = (lane % L) * 8;
-    float m[1] = {-INFINITY}, l[1] = {0.0f}, acc[1][8];
+    float m[R], l[R], acc[R][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[0][i] = 0.0f;
-    // the mask of the lane's keys of a stage, read a stage ahead (0 before j_end when
-    // the chunk's row is plain)
+    for (int r = 0; r < R; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][i] = 0.0f;
+    }
+    // the mask entries of the lane's keys of a stage, read a stage ahead (0 before j_end
+    // when the chunk's row is plain); each row scales them by its slope
     auto biases = [&](int t, float out[UN]) {
 #pragma unroll
         for (int u = 0; u < UN; ++u) {
             const i64 j = j_begin + (i64)t * KS + (u * NW + warp) * KPW + sub;
-            out[u] = j < j_end ? (plain ? 0.0f : mask_bias(p, mrow, slope, j)) : -INFINITY;
+            out[u] = j < j_end ? (plain ? 0.0f : mask_bias(p, mrow, 1.0f, j)) : -INFINITY;
         }
     };
     float bias[UN], bias_next[UN];
     biases(0, bias);
+    // one row's q stays in registers; more rows' are read from qs at each stage
     const float4 qa = *reinterpret_cast<const float4*>(&qs[0][e0]);
     const float4 qb = *reinterpret_cast<const float4*>(&qs[0][e0 + 4]);
     for (int t = 0; t < stages; ++t) {
@@ -654,12 +684,12 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         if (t + 1 < stages) biases(t + 1, bias_next);
         stage_wait<NS - 1>();
         __syncthreads();
-        vec1s_stage<D, T, UN>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, bias, m[0], l[0], acc[0]);
+        vec1s_stage<D, T, UN, R>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, qs, nrows, slope, bias, m, l, acc);
 #pragma unroll
         for (int u = 0; u < UN; ++u) bias[u] = bias_next[u];
     }
     stage_wait<0>();  // a chunk with no visible key leaves its first stage in flight
-    finish_rows<D, 1>(p, m, l, acc, 1, sacc, sm, sl, sq, sh, b, split);
+    finish_rows<D, R>(p, m, l, acc, nrows, sacc, sm, sl, sq, sh, b, split);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1345,28 +1375,36 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
 // The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
 // is fattn_vec for one query row per KV head (R = 1).
 // fattn_vec1s_*: the streamed one-row kernel for F16 and BF16 caches with aligned rows.
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_f16(const FattnArgs p) { fattn_vec1s<16, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_bf16(const FattnArgs p) { fattn_vec1s<16, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_f16(const FattnArgs p) { fattn_vec1s<32, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_bf16(const FattnArgs p) { fattn_vec1s<32, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_f16(const FattnArgs p) { fattn_vec1s<64, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_bf16(const FattnArgs p) { fattn_vec1s<64, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_f16(const FattnArgs p) { fattn_vec1s<80, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_bf16(const FattnArgs p) { fattn_vec1s<80, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_f16(const FattnArgs p) { fattn_vec1s<96, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_bf16(const FattnArgs p) { fattn_vec1s<96, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_f16(const FattnArgs p) { fattn_vec1s<112, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_bf16(const FattnArgs p) { fattn_vec1s<112, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_f16(const FattnArgs p) { fattn_vec1s<128, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_bf16(const FattnArgs p) { fattn_vec1s<128, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_f16(const FattnArgs p) { fattn_vec1s<256, f16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_bf16(const FattnArgs p) { fattn_vec1s<256, bf16, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q8_0(const FattnArgs p) { fattn_vec1s<64, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q4_0(const FattnArgs p) { fattn_vec1s<64, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_f16(const FattnArgs p) { fattn_vec1s<16, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_bf16(const FattnArgs p) { fattn_vec1s<16, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_f16(const FattnArgs p) { fattn_vec1s<32, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_bf16(const FattnArgs p) { fattn_vec1s<32, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_f16(const FattnArgs p) { fattn_vec1s<64, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_bf16(const FattnArgs p) { fattn_vec1s<64, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_f16(const FattnArgs p) { fattn_vec1s<80, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_bf16(const FattnArgs p) { fattn_vec1s<80, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_f16(const FattnArgs p) { fattn_vec1s<96, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_bf16(const FattnArgs p) { fattn_vec1s<96, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_f16(const FattnArgs p) { fattn_vec1s<112, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_bf16(const FattnArgs p) { fattn_vec1s<112, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_f16(const FattnArgs p) { fattn_vec1s<128, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_bf16(const FattnArgs p) { fattn_vec1s<128, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_f16(const FattnArgs p) { fattn_vec1s<256, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_bf16(const FattnArgs p) { fattn_vec1s<256, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q8_0(const FattnArgs p) { fattn_vec1s<64, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q4_0(const FattnArgs p) { fattn_vec1s<64, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
+// fattn_vec4s_*: the streamed kernel over the query heads of one KV head, 4 a block
+// (one-query GQA decode of Q8_0 and Q4_0 caches), 4 blocks an SM (the one wave the
+// lowering sizes) within the register file: no spill at head dims 128 and 256 (121-128
+// registers); at 64 the Q8_0 kernel spilled 96 bytes, so head dim 64 keeps fattn_vec1s.
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }

@@ -63,6 +63,7 @@ fn masked_rows_and_errors() {
         mask: MaskKind::Arbitrary,
         mask_f16: false,
         mask_pad: 0,
+        mask_heads: 1,
         p: FlashAttnParams {
             scale: 0.125,
             max_bias: 0.0,

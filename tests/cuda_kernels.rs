@@ -127,19 +127,19 @@ fn every_kernel_loads() {
     }
 }
 
-/// The streamed MHA decode attention launches with at most 4 blocks an SM (its grid is one
+/// The streamed decode attention launches with at most 4 blocks an SM (its grid is one
 /// wave of 4): the reservation that caps it leaves exactly 4 where more fit without it.
 #[test]
 fn capped_attention_holds_four_blocks_per_sm() {
     let Some(be) = gpu() else { return };
     let streamed: Vec<_> = ALL
         .iter()
-        .filter(|k| k.name.starts_with("fattn_vec1s_"))
+        .filter(|k| k.name.starts_with("fattn_vec1s_") || k.name.starts_with("fattn_vec4s_"))
         .collect();
     assert_eq!(
         streamed.len(),
-        22,
-        "8 head dims x F16, BF16; head dims 64, 128, 256 x Q8_0, Q4_0"
+        26,
+        "vec1s: 8 head dims x F16, BF16, head dims 64, 128, 256 x Q8_0, Q4_0; vec4s: 128, 256"
     );
     for kernel in streamed {
         let free = be.blocks_per_sm(*kernel, 128, 0).unwrap();

@@ -234,6 +234,7 @@ fn flash_attn_ext_long_prefill_skips_masked_tiles() {
             mask,
             mask_f16,
             mask_pad: 0,
+            mask_heads: 1,
             p: graft::graph::FlashAttnParams {
                 scale: 1.0 / (d as f32).sqrt(),
                 max_bias: 0.0,

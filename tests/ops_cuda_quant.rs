@@ -905,13 +905,14 @@ fn tiny_model_split_and_not(
 }
 
 /// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the
-/// streamed decode kernel copies 4 and 8 bytes at a time; MHA, and GQA with 2 and 4 query
-/// heads a KV head), against the same seeded model on the CPU: the decode steps must run
-/// `fattn_vec1s_d<D>_<type>` in several chunks (a 300-token prompt) and their logits stay
-/// within 2e-5 NMSE of the CPU's (measured on an H200: 2.3e-7 and 2.7e-7 with Q8_0
-/// caches, 4.3e-6 with Q4_0, MHA). Both backends quantize the same K/V rows into the
-/// cache, so what differs is the order of the sums; a wrong block offset, scale, nibble
-/// order or KV head gives errors of order 1.
+/// streamed decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8
+/// query heads a KV head), against the same seeded model on the CPU: the decode steps
+/// must run `fattn_vec1s_d<D>_<type>` (MHA, and head dim 64) or `fattn_vec4s_d<D>_<type>`
+/// (GQA; 3 heads: one block short of 4, 8: two blocks a KV head) in several chunks (a
+/// 300-token prompt) and their logits stay within 2e-5 NMSE of the CPU's (measured on an
+/// H200: 2.3e-7 and 2.7e-7 with Q8_0 caches, 4.3e-6 with Q4_0, MHA). Both backends
+/// quantize the same K/V rows into the cache, so what differs is the order of the sums; a
+/// wrong block offset, scale, nibble order, KV head or query head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
     use graft::models::{presets, CacheTypes, Config as ModelConfig};
@@ -920,15 +921,19 @@ fn quantized_caches_stream_in_model_decode() {
         return;
     };
     let tiny = presets::preset("tiny").unwrap();
-    for (d, group, ty) in [
-        (64, 1, QType::Q8_0),
-        (128, 1, QType::Q4_0),
-        (256, 1, QType::Q8_0),
-        (64, 1, QType::Q4_0),
-        (64, 4, QType::Q8_0),
-        (128, 2, QType::Q4_0),
+    // head dim, query heads, query heads a KV head, cache type
+    for (d, heads, group, ty) in [
+        (64, 4, 1, QType::Q8_0),
+        (128, 2, 1, QType::Q4_0),
+        (256, 1, 1, QType::Q8_0),
+        (64, 4, 1, QType::Q4_0),
+        (64, 4, 4, QType::Q8_0),
+        (128, 2, 2, QType::Q4_0),
+        (128, 8, 4, QType::Q8_0),
+        (256, 4, 4, QType::Q4_0),
+        (128, 6, 3, QType::Q4_0),
+        (128, 16, 8, QType::Q8_0),
     ] {
-        let heads = tiny.hidden_size / d;
         let cfg = ModelConfig {
             num_attention_heads: heads,
             num_key_value_heads: heads / group,
@@ -942,7 +947,8 @@ fn quantized_caches_stream_in_model_decode() {
         };
         let (got, kernels) = model_logits(&mut cuda, &cfg, cache);
         let (want, _) = model_logits(&mut CpuBackend::new(), &cfg, cache);
-        let kernel = format!("fattn_vec1s_d{d}_{ty}");
+        let rows = if group == 1 || d == 64 { 1 } else { 4 };
+        let kernel = format!("fattn_vec{rows}s_d{d}_{ty}");
         assert!(
             kernels.contains(&kernel) && kernels.contains("fattn_combine"),
             "head dim {d}, group {group}, {ty} cache: the last decode step ran {kernels}"

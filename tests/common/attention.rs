@@ -38,6 +38,9 @@ pub struct Case {
     pub mask_f16: bool,
     /// Mask rows beyond n_q (ggml pads the mask's rows).
     pub mask_pad: usize,
+    /// The mask's heads (a divisor of the query heads; head h reads mask head
+    /// h % mask_heads), each drawn on its own.
+    pub mask_heads: usize,
     pub p: FlashAttnParams,
     pub seed: u64,
 }
@@ -83,13 +86,14 @@ fn kv_values(rng: &mut StdRng, dt: DType, n: usize, row: usize) -> (Vec<u8>, Vec
     }
 }
 
-/// The mask [n_kv, n_q] of a case (F32 values; -inf hides a key).
+/// The mask [n_kv, n_q, mask_heads] of a case (F32 values; -inf hides a key).
 fn mask_values(c: &Case, rng: &mut StdRng) -> Vec<f32> {
-    let mut m = vec![0f32; c.n_kv * c.n_q];
-    for i in 0..c.n_q {
+    let mut m = vec![0f32; c.n_kv * c.n_q * c.mask_heads];
+    for (t, row) in m.chunks_mut(c.n_kv).enumerate() {
+        let i = t % c.n_q;
         let fully_masked = c.mask == MaskKind::Arbitrary && rng.random_bool(0.1);
-        for j in 0..c.n_kv {
-            m[i * c.n_kv + j] = match c.mask {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = match c.mask {
                 MaskKind::None => 0.0,
                 MaskKind::Causal if j + c.n_q > c.n_kv + i => f32::NEG_INFINITY,
                 MaskKind::Causal => 0.0,
@@ -126,6 +130,9 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
             let slope = c.p.slope(h, n_head) as f64;
             for i in 0..c.n_q {
                 let qrow = &q[((b * n_head + h) * c.n_q + i) * c.d..][..c.d];
+                let mrow = mask
+                    .get(((h % c.mask_heads) * c.n_q + i) * c.n_kv..)
+                    .unwrap_or(&[]);
                 let scores: Vec<f64> = (0..c.n_kv)
                     .map(|j| {
                         let key = &k[((b * c.n_head_kv + hk) * c.ctx + c.first + j) * c.d..][..c.d];
@@ -140,7 +147,7 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
                             MaskKind::Causal
                             | MaskKind::Arbitrary
                             | MaskKind::Window(_)
-                            | MaskKind::Visible(_) => s + slope * mask[i * c.n_kv + j] as f64,
+                            | MaskKind::Visible(_) => s + slope * mrow[j] as f64,
                         }
                     })
                     .collect();
@@ -222,7 +229,10 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
         let mi = match c.mask {
             MaskKind::None => None,
             MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) | MaskKind::Visible(_) => {
-                Some(g.input("mask", mask_dt, &[c.n_kv, rows]).map_err(e)?)
+                Some(
+                    g.input("mask", mask_dt, &[c.n_kv, rows, c.mask_heads])
+                        .map_err(e)?,
+                )
             }
         };
         let y = g.flash_attn_ext(qi, k, v, mi, c.p).map_err(e)?;
@@ -242,10 +252,10 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
                 be.set_input_f32(exec, qi, &q)?;
                 if let Some(m) = mi {
                     // The padding rows are all -inf: no kernel may read them.
-                    let mut padded = mask.clone();
-                    padded.resize(c.n_kv * rows, f32::NEG_INFINITY);
-                    let bytes: Vec<u8> = padded
-                        .iter()
+                    let pad = vec![f32::NEG_INFINITY; c.n_kv * c.mask_pad];
+                    let bytes: Vec<u8> = mask
+                        .chunks(c.n_kv * c.n_q)
+                        .flat_map(|head| head.iter().chain(&pad))
                         .flat_map(|&x| encode_value(mask_dt, x))
                         .collect();
                     be.set_input(exec, m, &bytes)?;
@@ -297,7 +307,13 @@ pub fn case() -> impl Strategy<Value = Case> {
         ]),
         prop::sample::select(vec![MaskKind::None, MaskKind::Causal, MaskKind::Arbitrary]),
         (prop::bool::ANY, prop::bool::ANY),
-        (any::<u64>(), prop::bool::ANY, 0usize..4),
+        (
+            any::<u64>(),
+            prop::bool::ANY,
+            0usize..4,
+            // the mask's heads: 1 (broadcast), every query head (0), or 2
+            prop::sample::select(vec![1usize, 1, 1, 0, 2]),
+        ),
     )
         .prop_map(
             |(
@@ -311,12 +327,18 @@ pub fn case() -> impl Strategy<Value = Case> {
                 kv,
                 mask,
                 (cap, alibi),
-                (seed, mask_f16, mask_pad),
+                (seed, mask_f16, mask_pad, mask_heads),
             )| {
                 // Keep each case to a few million multiply-adds: shrink n_q and n_kv together.
                 let work = d * n_head_kv * group * batch;
                 let n_kv = n_kv.min(4_000_000 / (work * n_q.min(64)).max(1)).max(1);
                 let n_q = n_q.min(4_000_000 / (work * n_kv).max(1)).max(1);
+                let n_head = n_head_kv * group;
+                let mask_heads = match mask_heads {
+                    0 => n_head,
+                    m if n_head % m == 0 => m,
+                    _ => 1,
+                };
                 // The quantized caches need whole 32-element blocks per row.
                 let kv = if kv.quant().is_some() && d % 32 != 0 {
                     DType::F16
@@ -336,6 +358,7 @@ pub fn case() -> impl Strategy<Value = Case> {
                     mask,
                     mask_f16,
                     mask_pad,
+                    mask_heads,
                     p: FlashAttnParams {
                         scale: 1.0 / (d as f32).sqrt(),
                         max_bias: if alibi && mask != MaskKind::None {
@@ -373,6 +396,12 @@ pub fn one_query_decode_case() -> impl Strategy<Value = Case> {
             c.ctx = c.ctx - c.n_kv + n_kv;
             c.n_kv = n_kv;
             c.n_q = 1;
+            // a mask per head stays one per head; 2 heads divide every head count drawn
+            if c.mask_heads == c.n_head_kv * c.group {
+                c.mask_heads = c.n_head_kv * group;
+            } else if (c.n_head_kv * group) % c.mask_heads != 0 {
+                c.mask_heads = 1;
+            }
             c.group = group;
             // the quantized caches need whole 32-element blocks per row
             c.kv = if kv.quant().is_some() && c.d % 32 != 0 {

@@ -537,28 +537,97 @@ fn attention_gemv_paths() {
 /// F16 and BF16 caches whose rows start 16-byte aligned and Q8_0 and Q4_0 caches (head dim
 /// 128) whose rows start 8-byte aligned, in one wave of chunks; the register one for F32
 /// caches and for rows off that alignment. GQA: F16 on the tensor-core kernel, aligned
-/// Q8_0 and Q4_0 streamed (a block per query head), BF16 and unaligned rows on
-/// `fattn_vec`.
+/// Q8_0 and Q4_0 streamed (a block per 4 query heads of a KV head; with a mask per head a
+/// block per query head), BF16 and unaligned rows on `fattn_vec`.
 #[test]
 fn one_query_decode_attention_kernels() {
     use crate::graph::FlashAttnParams;
     let (hd, ctx) = (128, 4400);
     // the splits on 132 SMs (H100 SXM, H200) and on 108 (A100): the streamed kernel's one
     // wave of 4 blocks an SM holds 16 chunks of 32 heads on the first, 13 on the second
-    for (dt, n_head_kv, offs, n_kv, want, splits) in [
-        (DType::F16, 32, 0, 4352, "fattn_vec1s_d128_f16", [16, 13]),
-        (DType::BF16, 32, 0, 768, "fattn_vec1s_d128_bf16", [12, 12]),
-        (DType::F16, 32, 2, 4352, "fattn_vec1_d128_f16", [17, 14]),
-        (DType::Q8_0, 32, 0, 4352, "fattn_vec1s_d128_q8_0", [16, 13]),
-        (DType::Q4_0, 32, 0, 768, "fattn_vec1s_d128_q4_0", [12, 12]),
-        (DType::Q8_0, 32, 4, 4352, "fattn_vec1_d128_q8_0", [17, 14]),
-        (DType::F32, 32, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
-        (DType::F16, 16, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
-        // GQA (4 query heads a KV head): quantized caches streamed, one block per query head
-        (DType::Q8_0, 8, 0, 4352, "fattn_vec1s_d128_q8_0", [16, 13]),
-        (DType::Q4_0, 8, 0, 768, "fattn_vec1s_d128_q4_0", [12, 12]),
-        (DType::Q8_0, 8, 4, 4352, "fattn_vec_d128_q8_0", [64, 54]),
-        (DType::BF16, 8, 0, 4352, "fattn_vec_d128_bf16", [64, 54]),
+    for (dt, n_head_kv, mask_heads, offs, n_kv, want, splits) in [
+        (DType::F16, 32, 1, 0, 4352, "fattn_vec1s_d128_f16", [16, 13]),
+        (
+            DType::BF16,
+            32,
+            1,
+            0,
+            768,
+            "fattn_vec1s_d128_bf16",
+            [12, 12],
+        ),
+        (DType::F16, 32, 1, 2, 4352, "fattn_vec1_d128_f16", [17, 14]),
+        (
+            DType::Q8_0,
+            32,
+            1,
+            0,
+            4352,
+            "fattn_vec1s_d128_q8_0",
+            [16, 13],
+        ),
+        (
+            DType::Q4_0,
+            32,
+            32,
+            0,
+            768,
+            "fattn_vec1s_d128_q4_0",
+            [12, 12],
+        ),
+        (
+            DType::Q8_0,
+            32,
+            1,
+            4,
+            4352,
+            "fattn_vec1_d128_q8_0",
+            [17, 14],
+        ),
+        (DType::F32, 32, 1, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
+        (DType::F16, 16, 1, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
+        // GQA: quantized caches streamed, a block per 4 query heads of a KV head (8 KV
+        // heads: 8 blocks a chunk, 64 chunks fit one wave on 132 SMs, 54 on 108), or per
+        // query head with a mask per head
+        (
+            DType::Q8_0,
+            8,
+            1,
+            0,
+            4352,
+            "fattn_vec4s_d128_q8_0",
+            [64, 54],
+        ),
+        (DType::Q4_0, 8, 1, 0, 768, "fattn_vec4s_d128_q4_0", [12, 12]),
+        (
+            DType::Q8_0,
+            4,
+            1,
+            0,
+            4352,
+            "fattn_vec4s_d128_q8_0",
+            [64, 54],
+        ),
+        (
+            DType::Q4_0,
+            16,
+            1,
+            0,
+            4352,
+            "fattn_vec4s_d128_q4_0",
+            [33, 27],
+        ),
+        (
+            DType::Q8_0,
+            8,
+            32,
+            0,
+            4352,
+            "fattn_vec1s_d128_q8_0",
+            [16, 13],
+        ),
+        (DType::Q8_0, 8, 1, 4, 4352, "fattn_vec_d128_q8_0", [64, 54]),
+        (DType::BF16, 8, 1, 0, 4352, "fattn_vec_d128_bf16", [64, 54]),
     ] {
         let mut g = Graph::new();
         let (hs, row) = (dt.row_bytes(hd), dt.row_bytes(hd) * n_head_kv);
@@ -567,7 +636,7 @@ fn one_query_decode_attention_kernels() {
         let k = g.view_3d(kc, hd, n_kv, n_head_kv, row, hs, offs).unwrap();
         let v = g.view_3d(vc, hd, n_kv, n_head_kv, row, hs, offs).unwrap();
         let q = g.input("q", DType::F32, &[hd, 1, 32]).unwrap();
-        let mask = g.input("mask", DType::F16, &[n_kv, 1]).unwrap();
+        let mask = g.input("mask", DType::F16, &[n_kv, 1, mask_heads]).unwrap();
         let p = FlashAttnParams {
             scale: 0.1,
             max_bias: 0.0,
@@ -586,18 +655,23 @@ fn one_query_decode_attention_kernels() {
             let a = args::<FattnArgs>(launches[0]);
             assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
             assert_eq!(a.split, split, "{want} on {sms} SMs");
-            // the streamed kernel's one wave at most 4 blocks an SM; the others uncapped
-            let cap = if want.starts_with("fattn_vec1s") {
-                4
-            } else {
-                0
-            };
+            // the streamed kernels' one wave at most 4 blocks an SM; the others uncapped
+            let (one, four) = (
+                want.starts_with("fattn_vec1s"),
+                want.starts_with("fattn_vec4s"),
+            );
+            let cap = if one || four { 4 } else { 0 };
             assert_eq!(launches[0].per_sm, cap, "{want}");
             assert_eq!(launches[1].per_sm, 0);
             assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
             assert_eq!(launches[0].grid.0 as i64, split);
-            // the streamed kernel's blocks are query heads, the others' KV heads
-            let heads = if cap == 4 { 32 } else { n_head_kv };
+            // blocks along y: query heads (fattn_vec1s), 4 query heads of a KV head
+            // (fattn_vec4s), KV heads (the others)
+            let heads = match (one, four) {
+                (true, _) => 32,
+                (_, true) => n_head_kv * (32 / n_head_kv).div_ceil(4),
+                _ => n_head_kv,
+            };
             assert_eq!(launches[0].grid.1 as usize, heads, "{want}");
             assert!(a.split * a.chunk >= n_kv as i64 && (a.split - 1) * a.chunk < n_kv as i64);
         }

@@ -6,8 +6,11 @@
 //! (`fattn_vec1_d<D>_<kv>` when each KV head has a single query row: MHA decode;
 //! `fattn_vec1s_d<D>_<kv>`, K/V streamed through shared memory, for F16 and BF16 caches
 //! with 16-byte aligned rows and Q8_0 and Q4_0 caches of head dims 64, 128 and 256 with
-//! 4- or 8-byte aligned rows; the latter also with GQA and one query, a block per query
-//! head), exact in F32 and BF16. Beyond that the tensor-core
+//! 4- or 8-byte aligned rows; the latter also with GQA and one query as
+//! `fattn_vec4s_d<D>_<kv>`, a block per 4 query heads of a KV head (head dims 128 and
+//! 256), or `fattn_vec1s`, a block per query head (64, or a mask per head)), exact in F32
+//! and BF16. Beyond
+//! that the tensor-core
 //! prefill kernel `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is a mask
 //! (the live keys of each block of query rows, so that masked tiles are never loaded).
 //! The ALiBi slope of every head goes into the constant region, the decode partials and
@@ -35,6 +38,8 @@ const BLOCKS_PER_SM: usize = 4;
 /// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
 /// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
 const RANGE_MIN_SCORES: usize = 1 << 24;
+/// Query heads per block of `fattn_vec4s` (the `R` of its instantiation in cuda/fattn.cu).
+const STREAM_ROWS: usize = 4;
 /// Fewest keys per decode block of the CUDA-core kernel when the keys are split.
 const MIN_CHUNK: usize = 64;
 /// Most chunks of one row's keys (`fattn_combine` loads two chunks' (max, sum) a lane).
@@ -121,6 +126,7 @@ pub(crate) fn lower(
         n_kv,
         streams: stream_unit(kt.dtype, d)
             .is_some_and(|u| aligned_rows(lw, kt, u) && aligned_rows(lw, vt, u)),
+        mask_per_head: mask.is_some_and(|m| m.ne[2] > 1),
         q8_for: q8_for
             .filter(|(b, _)| same_columns(b, dst, d))
             .map(|(b, layout)| (b.clone(), layout)),
@@ -166,6 +172,8 @@ struct Decode {
     n_kv: usize,
     /// Whether the cache's rows suit the streamed kernel `fattn_vec1s` ([`stream_unit`]).
     streams: bool,
+    /// Whether the mask has a row per head (not broadcast over the heads).
+    mask_per_head: bool,
     q8_for: Option<(Operand, i64)>,
 }
 
@@ -188,24 +196,32 @@ impl Decode {
     /// decode) `fattn_vec1_d<D>_<kv>` (one accumulator in registers instead of
     /// FATTN_VEC_ROWS), or `fattn_vec1s_d<D>_<kv>` where the cache's rows allow it
     /// ([`stream_unit`]: K/V streamed through shared memory, in one wave of blocks, one
-    /// block per query head), which also takes the one-query GQA decode of quantized caches.
+    /// block per query head). The one-query GQA decode of quantized caches is streamed
+    /// too: `fattn_vec4s_d<D>_<kv>`, a block per [`STREAM_ROWS`] query heads of a KV head
+    /// (head dims 128 and 256), or `fattn_vec1s` (head dim 64, or a mask per head).
     fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
-        let rows_per_kv = self.n_q * self.n_head / self.n_head_kv;
-        let one = rows_per_kv == 1;
-        // GQA over a quantized cache: a block per query head, each reading its KV head's
-        // rows whole by cp.async, against fattn_vec's one block per group of heads and its
-        // 2-byte register loads of the blocks (Llama-3-8B, Q8_0 cache after 4,096 tokens,
-        // H200: 164.1 tok/s on fattn_vec, 0.93x llama.cpp's; 187.4 streamed, 1.07x)
+        let group = self.n_head / self.n_head_kv;
+        let one = self.n_q * group == 1;
+        // GQA over a quantized cache: K/V rows copied whole by cp.async and dequantized
+        // once for the block's query heads, against fattn_vec's 2-byte register loads
+        // of the blocks (Llama-3-8B, Q8_0 cache after 4,096 tokens, H200: 164.1 tok/s on
+        // fattn_vec, 0.93x llama.cpp's; 187.4 with a block per query head, 1.07x)
         let gqa = self.n_q == 1 && matches!(dt, DType::Quant(_));
         let streamed = (one || gqa) && self.streams;
-        // the kernels, the heads along the grid's y and the row blocks per batch along its z
+        let shared = gqa && !self.mask_per_head && group > 1 && self.d >= 128;
+        // the kernels, the blocks along the grid's y and the row blocks per batch along its z
         let (set, heads, row_blocks) = match (one, streamed) {
+            (_, true) if shared => (
+                vec4s_family(self.d)?,
+                self.n_head_kv * group.div_ceil(STREAM_ROWS),
+                1,
+            ),
             (_, true) => (vec1s_family(self.d)?, self.n_head, 1),
             (true, false) => (vec1_family(self.d)?, self.n_head_kv, 1),
             (false, false) => (
                 family(self.d, false)?,
                 self.n_head_kv,
-                rows_per_kv.div_ceil(FATTN_VEC_ROWS as usize),
+                (self.n_q * group).div_ceil(FATTN_VEC_ROWS as usize),
             ),
         };
         let blocks = self.grid_rows(row_blocks)?;
@@ -440,6 +456,21 @@ fn vec1s_family(d: usize) -> Result<KernelSet<1>, String> {
         d => {
             return Err(format!(
                 "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
+            ))
+        }
+    })
+}
+
+/// The streamed decode kernels over [`STREAM_ROWS`] query heads of a KV head, head dim `d`
+/// (Q8_0 and Q4_0 caches of head dims 128 and 256; at 64 the Q8_0 kernel spilled within
+/// the register bound of 4 blocks an SM, and head dim 64 keeps `fattn_vec1s`).
+fn vec4s_family(d: usize) -> Result<KernelSet<1>, String> {
+    Ok(match d {
+        128 => by::FATTN_VEC4S_D128,
+        256 => by::FATTN_VEC4S_D256,
+        d => {
+            return Err(format!(
+                "flash_attn_ext: no streamed GQA kernel for head dim {d}"
             ))
         }
     })
