@@ -1,11 +1,12 @@
-//! The flash_attn_ext cases shared by `tests/attention.rs` (the CPU backend against an
-//! f64 oracle) and `tests/ops_cuda.rs` (CUDA against the CPU on the same inputs): the
-//! case strategy (head dims from the kernels' list, query and key counts that are not
-//! multiples of any tile, GQA ratios 1, 2, 4, 8, causal and arbitrary masks with fully
-//! masked rows, F32 or F16 masks with padding rows, softcapping and ALiBi on and off, K/V
-//! as views into a larger cache at an offset, F32/F16/BF16/Q8_0/Q4_0 K/V), the oracle,
-//! and [`run`], which runs a case on any backend with the arena poisoned by
-//! [`SENTINEL`] and guard bytes after every block, and checks the sentinels after.
+//! The flash_attn_ext cases shared by `tests/attention.rs` (the CPU backend against an f64
+//! oracle) and `tests/ops_cuda.rs` (CUDA against the CPU on the same inputs): the case
+//! strategy (head dims from the kernels' list, query and key counts that are not multiples
+//! of any tile, GQA ratios 1, 2, 4, 8, causal and arbitrary masks with fully masked rows,
+//! F32 or F16 masks with padding rows, broadcast over the heads or with a row per head (or
+//! per 2 heads), softcapping and ALiBi on and off, K/V as views into a larger cache at an
+//! offset, F32/F16/BF16/Q8_0/Q4_0 K/V), the oracle, and [`run`], which runs a case on any
+//! backend with the arena poisoned by [`SENTINEL`] and guard bytes after every block, and
+//! checks the sentinels after.
 
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, FlashAttnParams, Graph, PlanOptions};
