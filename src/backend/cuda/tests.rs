@@ -543,91 +543,28 @@ fn attention_gemv_paths() {
 fn one_query_decode_attention_kernels() {
     use crate::graph::FlashAttnParams;
     let (hd, ctx) = (128, 4400);
-    // the splits on 132 SMs (H100 SXM, H200) and on 108 (A100): the streamed kernel's one
-    // wave of 4 blocks an SM holds 16 chunks of 32 heads on the first, 13 on the second
+    // the kernel (less its `fattn_` prefix) and the splits on 132 SMs (H100 SXM, H200)
+    // and on 108 (A100): the streamed kernel's one wave of 4 blocks an SM holds 16 chunks
+    // of 32 heads on the first, 13 on the second
     for (dt, n_head_kv, mask_heads, offs, n_kv, want, splits) in [
-        (DType::F16, 32, 1, 0, 4352, "fattn_vec1s_d128_f16", [16, 13]),
-        (
-            DType::BF16,
-            32,
-            1,
-            0,
-            768,
-            "fattn_vec1s_d128_bf16",
-            [12, 12],
-        ),
-        (DType::F16, 32, 1, 2, 4352, "fattn_vec1_d128_f16", [17, 14]),
-        (
-            DType::Q8_0,
-            32,
-            1,
-            0,
-            4352,
-            "fattn_vec1s_d128_q8_0",
-            [16, 13],
-        ),
-        (
-            DType::Q4_0,
-            32,
-            32,
-            0,
-            768,
-            "fattn_vec1s_d128_q4_0",
-            [12, 12],
-        ),
-        (
-            DType::Q8_0,
-            32,
-            1,
-            4,
-            4352,
-            "fattn_vec1_d128_q8_0",
-            [17, 14],
-        ),
-        (DType::F32, 32, 1, 0, 4352, "fattn_vec1_d128_f32", [17, 14]),
-        (DType::F16, 16, 1, 0, 4352, "fattn_dec_d128_f16", [46, 46]),
+        (DType::F16, 32, 1, 0, 4352, "vec1s_d128_f16", [16, 13]),
+        (DType::BF16, 32, 1, 0, 768, "vec1s_d128_bf16", [12, 12]),
+        (DType::F16, 32, 1, 2, 4352, "vec1_d128_f16", [17, 14]),
+        (DType::Q8_0, 32, 1, 0, 4352, "vec1s_d128_q8_0", [16, 13]),
+        (DType::Q4_0, 32, 32, 0, 768, "vec1s_d128_q4_0", [12, 12]),
+        (DType::Q8_0, 32, 1, 4, 4352, "vec1_d128_q8_0", [17, 14]),
+        (DType::F32, 32, 1, 0, 4352, "vec1_d128_f32", [17, 14]),
+        (DType::F16, 16, 1, 0, 4352, "dec_d128_f16", [46, 46]),
         // GQA: quantized caches streamed, a block per 4 query heads of a KV head (8 KV
         // heads: 8 blocks a chunk, 64 chunks fit one wave on 132 SMs, 54 on 108), or per
         // query head with a mask per head
-        (
-            DType::Q8_0,
-            8,
-            1,
-            0,
-            4352,
-            "fattn_vec4s_d128_q8_0",
-            [64, 54],
-        ),
-        (DType::Q4_0, 8, 1, 0, 768, "fattn_vec4s_d128_q4_0", [12, 12]),
-        (
-            DType::Q8_0,
-            4,
-            1,
-            0,
-            4352,
-            "fattn_vec4s_d128_q8_0",
-            [64, 54],
-        ),
-        (
-            DType::Q4_0,
-            16,
-            1,
-            0,
-            4352,
-            "fattn_vec4s_d128_q4_0",
-            [33, 27],
-        ),
-        (
-            DType::Q8_0,
-            8,
-            32,
-            0,
-            4352,
-            "fattn_vec1s_d128_q8_0",
-            [16, 13],
-        ),
-        (DType::Q8_0, 8, 1, 4, 4352, "fattn_vec_d128_q8_0", [64, 54]),
-        (DType::BF16, 8, 1, 0, 4352, "fattn_vec_d128_bf16", [64, 54]),
+        (DType::Q8_0, 8, 1, 0, 4352, "vec4s_d128_q8_0", [64, 54]),
+        (DType::Q4_0, 8, 1, 0, 768, "vec4s_d128_q4_0", [12, 12]),
+        (DType::Q8_0, 4, 1, 0, 4352, "vec4s_d128_q8_0", [64, 54]),
+        (DType::Q4_0, 16, 1, 0, 4352, "vec4s_d128_q4_0", [33, 27]),
+        (DType::Q8_0, 8, 32, 0, 4352, "vec1s_d128_q8_0", [16, 13]),
+        (DType::Q8_0, 8, 1, 4, 4352, "vec_d128_q8_0", [64, 54]),
+        (DType::BF16, 8, 1, 0, 4352, "vec_d128_bf16", [64, 54]),
     ] {
         let mut g = Graph::new();
         let (hs, row) = (dt.row_bytes(hd), dt.row_bytes(hd) * n_head_kv);
@@ -653,17 +590,15 @@ fn one_query_decode_attention_kernels() {
             let launches = kernel_launches(&steps);
             let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
             let a = args::<FattnArgs>(launches[0]);
-            assert_eq!(names, [want, "fattn_combine"], "{dt} {offs}");
+            let kernel = format!("fattn_{want}");
+            assert_eq!(names, [kernel.as_str(), "fattn_combine"], "{dt} {offs}");
             assert_eq!(a.split, split, "{want} on {sms} SMs");
             // the streamed kernels' one wave at most 4 blocks an SM; the others uncapped
-            let (one, four) = (
-                want.starts_with("fattn_vec1s"),
-                want.starts_with("fattn_vec4s"),
-            );
+            let (one, four) = (want.starts_with("vec1s"), want.starts_with("vec4s"));
             let cap = if one || four { 4 } else { 0 };
             assert_eq!(launches[0].per_sm, cap, "{want}");
             assert_eq!(launches[1].per_sm, 0);
-            assert_eq!(launches[0].early, !want.starts_with("fattn_dec"), "{want}");
+            assert_eq!(launches[0].early, !want.starts_with("dec"), "{want}");
             assert_eq!(launches[0].grid.0 as i64, split);
             // blocks along y: query heads (fattn_vec1s), 4 query heads of a KV head
             // (fattn_vec4s), KV heads (the others)
