@@ -1374,7 +1374,8 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
 
 // The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
 // is fattn_vec for one query row per KV head (R = 1).
-// fattn_vec1s_*: the streamed one-row kernel for F16 and BF16 caches with aligned rows.
+// fattn_vec1s_*: the streamed kernel, one query head a block (F16 and BF16 caches with
+// aligned rows at every head dim; Q8_0 and Q4_0 ones at head dims 64, 128 and 256).
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_f16(const FattnArgs p) { fattn_vec1s<16, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_bf16(const FattnArgs p) { fattn_vec1s<16, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_f16(const FattnArgs p) { fattn_vec1s<32, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
@@ -1399,8 +1400,9 @@ extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
 // fattn_vec4s_*: the streamed kernel over the query heads of one KV head, 4 a block
 // (one-query GQA decode of Q8_0 and Q4_0 caches), 4 blocks an SM (the one wave the
-// lowering sizes) within the register file: no spill at head dims 128 and 256 (121-128
-// registers); at 64 the Q8_0 kernel spilled 96 bytes, so head dim 64 keeps fattn_vec1s.
+// lowering sizes) within the register file: no spill at head dims 128 and 256 (119-122
+// registers, nvcc 13.0, sm_90); at 64 the Q8_0 kernel spilled 96 bytes, so head dim 64
+// keeps fattn_vec1s.
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
 extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }

@@ -397,7 +397,8 @@ pub fn one_query_decode_case() -> impl Strategy<Value = Case> {
             c.ctx = c.ctx - c.n_kv + n_kv;
             c.n_kv = n_kv;
             c.n_q = 1;
-            // a mask per head stays one per head; 2 heads divide every head count drawn
+            // a mask per head stays one per head, a mask of 2 heads one of 2 where 2
+            // divides the new head count (else one for all)
             if c.mask_heads == c.n_head_kv * c.group {
                 c.mask_heads = c.n_head_kv * group;
             } else if (c.n_head_kv * group) % c.mask_heads != 0 {

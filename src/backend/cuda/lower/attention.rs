@@ -1,21 +1,19 @@
 //! Fused attention, `flash_attn_ext` (`cuda/fattn.cu`). Up to [`DECODE_MAX_QUERIES`]
 //! queries, flash-decoding: the keys split into chunks over blocks, then `fattn_combine`
-//! when there is more than one chunk. F16 caches with more than one query row per KV
-//! head take the tensor-core kernel `fattn_dec_d<D>_f16` (one warp per 16 query rows of a
-//! KV head); the other cases the CUDA-core kernel `fattn_vec_d<D>_<kv>`
+//! when there is more than one chunk. F16 caches with more than one query row per KV head
+//! take the tensor-core kernel `fattn_dec_d<D>_f16` (one warp per 16 query rows of a KV
+//! head); the other cases the CUDA-core kernel `fattn_vec_d<D>_<kv>`
 //! (`fattn_vec1_d<D>_<kv>` when each KV head has a single query row: MHA decode;
 //! `fattn_vec1s_d<D>_<kv>`, K/V streamed through shared memory, for F16 and BF16 caches
 //! with 16-byte aligned rows and Q8_0 and Q4_0 caches of head dims 64, 128 and 256 with
-//! 4- or 8-byte aligned rows; the latter also with GQA and one query as
-//! `fattn_vec4s_d<D>_<kv>`, a block per 4 query heads of a KV head (head dims 128 and
-//! 256), or `fattn_vec1s`, a block per query head (64, or a mask per head)), exact in F32
-//! and BF16. Beyond
-//! that the tensor-core
-//! prefill kernel `fattn_mma_d<D>_<kv>`, after `fattn_kv_range` when there is a mask
-//! (the live keys of each block of query rows, so that masked tiles are never loaded).
-//! The ALiBi slope of every head goes into the constant region, the decode partials and
-//! key ranges into scratch, and so does the Q8_1 copy of the result that `fattn_combine`
-//! writes for a quantized product after it.
+//! 4-byte or 8-byte aligned rows; the latter also with GQA and one query as
+//! `fattn_vec4s_d<D>_<kv>`, a block per 4 query heads of a KV head (head dims 128 and 256),
+//! or `fattn_vec1s`, a block per query head (64, or a mask per head)), exact in F32 and
+//! BF16. Beyond that the tensor-core prefill kernel `fattn_mma_d<D>_<kv>`, after
+//! `fattn_kv_range` when there is a mask (the live keys of each block of query rows, so
+//! that masked tiles are never loaded). The ALiBi slope of every head goes into the
+//! constant region, the decode partials and key ranges into scratch, and so does the Q8_1
+//! copy of the result that `fattn_combine` writes for a quantized product after it.
 
 use crate::backend::cuda::args::{
     FattnArgs, FATTN_COMBINE_THREADS, FATTN_MMA_KEYS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256,
@@ -202,23 +200,24 @@ impl Decode {
     fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
         let group = self.n_head / self.n_head_kv;
         let one = self.n_q * group == 1;
-        // GQA over a quantized cache: K/V rows copied whole by cp.async and dequantized
-        // once for the block's query heads, against fattn_vec's 2-byte register loads
-        // of the blocks (Llama-3-8B, Q8_0 cache after 4,096 tokens, H200: 164.1 tok/s on
-        // fattn_vec, 0.93x llama.cpp's; 187.4 with a block per query head, 1.07x)
+        // GQA over a quantized cache: K/V rows copied whole by cp.async, against
+        // fattn_vec's 2-byte register loads of the blocks, and dequantized once for 4 query
+        // heads (Llama-3-8B, Q8_0 cache, H200: after 4,096 tokens 164.1 tok/s on fattn_vec,
+        // 0.93x llama.cpp's, 187.4 with a block per query head, 1.07x; after 16,384 tokens
+        // 133.7 with a block per query head, 150.8 with 4, 1.10x)
         let gqa = self.n_q == 1 && matches!(dt, DType::Quant(_));
         let streamed = (one || gqa) && self.streams;
-        let shared = gqa && !self.mask_per_head && group > 1 && self.d >= 128;
+        let four = if streamed && gqa && group > 1 && !self.mask_per_head {
+            vec4s_family(self.d)
+        } else {
+            None
+        };
         // the kernels, the blocks along the grid's y and the row blocks per batch along its z
-        let (set, heads, row_blocks) = match (one, streamed) {
-            (_, true) if shared => (
-                vec4s_family(self.d)?,
-                self.n_head_kv * group.div_ceil(STREAM_ROWS),
-                1,
-            ),
-            (_, true) => (vec1s_family(self.d)?, self.n_head, 1),
-            (true, false) => (vec1_family(self.d)?, self.n_head_kv, 1),
-            (false, false) => (
+        let (set, heads, row_blocks) = match (one, streamed, four) {
+            (_, _, Some(set)) => (set, self.n_head_kv * group.div_ceil(STREAM_ROWS), 1),
+            (_, true, None) => (vec1s_family(self.d)?, self.n_head, 1),
+            (true, false, None) => (vec1_family(self.d)?, self.n_head_kv, 1),
+            (false, false, None) => (
                 family(self.d, false)?,
                 self.n_head_kv,
                 (self.n_q * group).div_ceil(FATTN_VEC_ROWS as usize),
@@ -462,18 +461,14 @@ fn vec1s_family(d: usize) -> Result<KernelSet<1>, String> {
 }
 
 /// The streamed decode kernels over [`STREAM_ROWS`] query heads of a KV head, head dim `d`
-/// (Q8_0 and Q4_0 caches of head dims 128 and 256; at 64 the Q8_0 kernel spilled within
-/// the register bound of 4 blocks an SM, and head dim 64 keeps `fattn_vec1s`).
-fn vec4s_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        128 => by::FATTN_VEC4S_D128,
-        256 => by::FATTN_VEC4S_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no streamed GQA kernel for head dim {d}"
-            ))
-        }
-    })
+/// (Q8_0 and Q4_0 caches of head dims 128 and 256; none at 64, where the Q8_0 kernel
+/// spilled within the register bound of 4 blocks an SM: it keeps `fattn_vec1s`).
+fn vec4s_family(d: usize) -> Option<KernelSet<1>> {
+    match d {
+        128 => Some(by::FATTN_VEC4S_D128),
+        256 => Some(by::FATTN_VEC4S_D256),
+        _ => None,
+    }
 }
 
 /// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).
