@@ -904,16 +904,16 @@ fn tiny_model_split_and_not(
     );
 }
 
-/// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the
-/// streamed decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8
-/// query heads a KV head), against the same seeded model on the CPU: the decode steps
-/// must run `fattn_vec1s_d<D>_<type>` (MHA, and head dim 64) or `fattn_vec4s_d<D>_<type>`
-/// (GQA; 3 heads: one block short of 4, 8: two blocks a KV head) in several chunks (a
-/// 300-token prompt) and their logits stay within 2e-5 NMSE of the CPU's (measured on an
-/// H200: 1.4e-7 to 2.7e-7 with Q8_0 caches, 4.3e-6 to 1.0e-5 with Q4_0; the runs are
-/// deterministic, the same every time). Both backends
-/// quantize the same K/V rows into the cache, so what differs is the order of the sums; a
-/// wrong block offset, scale, nibble order, KV head or query head gives errors of order 1.
+/// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the streamed
+/// decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8 query heads
+/// a KV head), against the same seeded model on the CPU: the decode steps must run
+/// `fattn_vec1s_d<D>_<type>` (MHA, and head dim 64) or `fattn_vec4s_d<D>_<type>` (GQA; 3
+/// heads: one block short of 4, 8: two blocks a KV head) in several chunks (a 300-token
+/// prompt) and their logits stay within 2e-5 NMSE of the CPU's (measured on an H200: 1.4e-7
+/// to 2.7e-7 with Q8_0 caches, 4.3e-6 to 1.0e-5 with Q4_0; the runs are deterministic, the
+/// same every time). Both backends quantize the same K/V rows into the cache, so what
+/// differs is the order of the sums; a wrong block offset, scale, nibble order, KV head or
+/// query head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
     use graft::models::{presets, CacheTypes, Config as ModelConfig};

@@ -170,7 +170,8 @@ struct Decode {
     n_kv: usize,
     /// Whether the cache's rows suit the streamed kernel `fattn_vec1s` ([`stream_unit`]).
     streams: bool,
-    /// Whether the mask has a row per head (not broadcast over the heads).
+    /// Whether the mask has more than one head (`ne[2] > 1`: the heads of a group may
+    /// read different mask rows, so they cannot share a `fattn_vec4s` block).
     mask_per_head: bool,
     q8_for: Option<(Operand, i64)>,
 }
