@@ -1058,59 +1058,8 @@ impl Rig {
                 let s = self.random_shape();
                 self.external(&s, c % 3 == 0)
             }
-            2 | 3 => {
-                let b = if c % 3 == 0 {
-                    let s = self.divisor_shape(na);
-                    self.input(&s)
-                } else {
-                    let cands: Vec<TensorId> = pool
-                        .0
-                        .iter()
-                        .copied()
-                        .filter(|&b| (0..4).all(|k| na[k] % self.ne(b)[k] == 0))
-                        .collect();
-                    cands[i.b as usize % cands.len()]
-                };
-                let r = self.binary(a, b, i.op == 3);
-                self.tame(r)
-            }
-            4 => {
-                let s = [0.5, -1.25, 2.0, 0.75][c % 4];
-                let r = self.unary(a, Unary::Scale(s));
-                self.tame(r)
-            }
-            5 => {
-                let r = self.unary(a, Unary::Op(UnaryOp::Silu));
-                self.tame(r)
-            }
-            6 => {
-                // GELU's tanh form loses f32 precision below about -4 (1 + tanh cancels).
-                let min = self.vals[&a].iter().fold(0f64, |m, &x| m.min(x));
-                let op = if min < -4.0 {
-                    Unary::Op(UnaryOp::Silu)
-                } else {
-                    Unary::Op(UnaryOp::Gelu)
-                };
-                let r = self.unary(a, op);
-                self.tame(r)
-            }
-            7 => {
-                let eps = [1e-5, 1e-6][c % 2];
-                // norm is ill-conditioned on nearly constant rows: f32 and f64 round the
-                // tiny deviations differently and the division magnifies them.
-                let ne0 = self.ne(a)[0];
-                let spread = self.vals[&a].chunks_exact(ne0).fold(f64::MAX, |m, row| {
-                    let lo = row.iter().copied().fold(f64::MAX, f64::min);
-                    let hi = row.iter().copied().fold(f64::MIN, f64::max);
-                    m.min(hi - lo)
-                });
-                let r = if c % 3 == 0 && ne0 > 1 && spread > 0.1 {
-                    self.norm(a, eps)
-                } else {
-                    self.rms_norm(a, eps)
-                };
-                self.tame(r)
-            }
+            2 | 3 => self.step_binary(pool, a, i),
+            4..=7 => self.step_unary(a, i.op, c),
             8 => {
                 let mask = (c % 2 == 1).then(|| {
                     let m1 = if c % 4 == 1 { na[1] } else { 1 };
@@ -1129,62 +1078,127 @@ impl Rig {
                 self.rope(a, pos, n_dims, mode)
             }
             9 => self.unary(a, Unary::Op(UnaryOp::Silu)),
-            10 | 11 => {
-                // x [k, n, x2, x3]; w [k, m, w2 | x2, w3 | x3]; w^T x -> [m, n, x2, x3].
-                let cands: Vec<TensorId> = pool
-                    .0
-                    .iter()
-                    .copied()
-                    .filter(|&w| {
-                        let nw = self.ne(w);
-                        nw[0] == na[0] && na[2] % nw[2] == 0 && na[3] % nw[3] == 0
-                    })
-                    .collect();
-                let w = if c % 3 == 0 {
-                    let m = self.rng.random_range(1..=5);
-                    let w2 = if c % 2 == 0 { na[2] } else { 1 };
-                    if i.op == 10 {
-                        self.external(&[na[0], m, w2], false)
-                    } else {
-                        self.input(&[na[0], m, w2])
-                    }
-                } else {
-                    cands[i.b as usize % cands.len()]
-                };
-                let r = self.mul_mat(w, a);
-                self.tame(r)
-            }
+            10 | 11 => self.step_mul_mat(pool, a, i),
             12 => self.cont(a),
             13 => self.get_rows(a, 1 + c % 4),
+            14..=16 => self.step_view(a, i.op, c),
+            _ => self.cpy_to_state(a),
+        }
+    }
+
+    /// Instructions 2 and 3: `a` plus or times a fresh input or a pool tensor whose shape
+    /// broadcasts to `a`'s (3: the op in place).
+    fn step_binary(&mut self, pool: &Pool, a: TensorId, i: &Instr) -> TensorId {
+        let na = self.ne(a);
+        let b = if i.c % 3 == 0 {
+            let s = self.divisor_shape(na);
+            self.input(&s)
+        } else {
+            let cands: Vec<TensorId> = pool
+                .0
+                .iter()
+                .copied()
+                .filter(|&b| (0..4).all(|k| na[k] % self.ne(b)[k] == 0))
+                .collect();
+            cands[i.b as usize % cands.len()]
+        };
+        let r = self.binary(a, b, i.op == 3);
+        self.tame(r)
+    }
+
+    /// Instructions 4 to 7: scale, SiLU, GELU (SiLU where GELU's tanh form would lose
+    /// precision) and the norms.
+    fn step_unary(&mut self, a: TensorId, op: u8, c: usize) -> TensorId {
+        let r = match op {
+            4 => self.unary(a, Unary::Scale([0.5, -1.25, 2.0, 0.75][c % 4])),
+            5 => self.unary(a, Unary::Op(UnaryOp::Silu)),
+            6 => {
+                // GELU's tanh form loses f32 precision below about -4 (1 + tanh cancels).
+                let min = self.vals[&a].iter().fold(0f64, |m, &x| m.min(x));
+                let op = if min < -4.0 {
+                    Unary::Op(UnaryOp::Silu)
+                } else {
+                    Unary::Op(UnaryOp::Gelu)
+                };
+                self.unary(a, op)
+            }
+            _ => {
+                let eps = [1e-5, 1e-6][c % 2];
+                // norm is ill-conditioned on nearly constant rows: f32 and f64 round the
+                // tiny deviations differently and the division magnifies them.
+                let ne0 = self.ne(a)[0];
+                let spread = self.vals[&a].chunks_exact(ne0).fold(f64::MAX, |m, row| {
+                    let lo = row.iter().copied().fold(f64::MAX, f64::min);
+                    let hi = row.iter().copied().fold(f64::MIN, f64::max);
+                    m.min(hi - lo)
+                });
+                if c % 3 == 0 && ne0 > 1 && spread > 0.1 {
+                    self.norm(a, eps)
+                } else {
+                    self.rms_norm(a, eps)
+                }
+            }
+        };
+        self.tame(r)
+    }
+
+    /// Instructions 10 and 11: `w^T a` with `w` [k, m, w2 | x2, w3 | x3] from the pool or
+    /// fresh (10: an external buffer, 11: an input), `a` [k, n, x2, x3] -> [m, n, x2, x3].
+    fn step_mul_mat(&mut self, pool: &Pool, a: TensorId, i: &Instr) -> TensorId {
+        let na = self.ne(a);
+        let c = i.c as usize;
+        let cands: Vec<TensorId> = pool
+            .0
+            .iter()
+            .copied()
+            .filter(|&w| {
+                let nw = self.ne(w);
+                nw[0] == na[0] && na[2] % nw[2] == 0 && na[3] % nw[3] == 0
+            })
+            .collect();
+        let w = if c % 3 == 0 {
+            let m = self.rng.random_range(1..=5);
+            let w2 = if c % 2 == 0 { na[2] } else { 1 };
+            if i.op == 10 {
+                self.external(&[na[0], m, w2], false)
+            } else {
+                self.input(&[na[0], m, w2])
+            }
+        } else {
+            cands[i.b as usize % cands.len()]
+        };
+        let r = self.mul_mat(w, a);
+        self.tame(r)
+    }
+
+    /// Instructions 14 to 16: a strided window of `a` with its own strides; a reshape, a
+    /// 1-D view or a transpose; a random permutation.
+    fn step_view(&mut self, a: TensorId, op: u8, c: usize) -> TensorId {
+        let t = self.g.tensor(a).clone();
+        match op {
             14 => {
-                // A strided window of `a` with `a`'s own strides.
-                let t = self.g.tensor(a).clone();
                 let ne = t.ne.map(|n| self.rng.random_range(1..=n));
                 let offs: usize = (0..4)
                     .map(|k| self.rng.random_range(0..=t.ne[k] - ne[k]) * t.nb[k])
                     .sum();
                 self.view(a, ne, t.nb, offs)
             }
-            15 => {
-                let t = self.g.tensor(a).clone();
-                if t.is_contiguous() && c % 2 == 0 {
-                    self.reshape(a, &[t.ne[0] * t.ne[1], t.ne[2] * t.ne[3]])
-                } else if t.is_contiguous() {
-                    let n = self.rng.random_range(1..=t.nelements());
-                    let start = self.rng.random_range(0..=t.nelements() - n);
-                    self.view_1d(a, n, start * 4)
-                } else {
-                    self.transpose(a)
-                }
+            15 if t.is_contiguous() && c % 2 == 0 => {
+                self.reshape(a, &[t.ne[0] * t.ne[1], t.ne[2] * t.ne[3]])
             }
-            16 => {
+            15 if t.is_contiguous() => {
+                let n = self.rng.random_range(1..=t.nelements());
+                let start = self.rng.random_range(0..=t.nelements() - n);
+                self.view_1d(a, n, start * 4)
+            }
+            15 => self.transpose(a),
+            _ => {
                 let mut axes = [0, 1, 2, 3];
                 for k in (1..4).rev() {
                     axes.swap(k, self.rng.random_range(0..=k));
                 }
                 self.permute(a, axes)
             }
-            _ => self.cpy_to_state(a),
         }
     }
 }
