@@ -31,6 +31,16 @@
         }                                                                          \
     } while (0)
 
+// A Q4_0 block from its 16 quant bytes and the bits of its f16 scale, as
+// BlockQ4_0::from_split gives it.
+__device__ __forceinline__ BlockQ4_0::W unpack_q4_0(int4 q, unsigned short d) {
+    BlockQ4_0::W w;
+    int v[4] = {q.x, q.y, q.z, q.w};
+    nibbles_of(v, w.q);
+    w.d = __half2float(__ushort_as_half(d));
+    return w;
+}
+
 // The product of mmvq_split (Q4_0 split rows, one column) with WARPS rows a block, the
 // first PRE blocks of a lane loaded before the wait, and the next kernel's trigger at TRIG:
 // 0 at the start (the tree's), 1 after the early loads, 2 after the wait, 3 before the
@@ -52,16 +62,16 @@ __device__ void product(const QGemvArgs& p) {
     int4 q[RAW ? PRE : 1];
     unsigned short h[RAW ? PRE : 1];
     typename S::Q::W w[RAW ? 1 : PRE];
+    if constexpr (RAW) {
 #pragma unroll
-    for (int u = 0; u < PRE; ++u) {
-        const int b = lane + WARP_SIZE * u;
-        if (b >= nb) continue;
-        if constexpr (RAW) {
+        for (int u = 0; u < PRE; ++u) {
+            const int b = lane + WARP_SIZE * u;
+            if (b >= nb) continue;
             q[u] = ld_stream16(a + 16 * (i64)b);
             h[u] = (unsigned short)ld_u16(a + 16 * (i64)nb + 2 * (i64)b);
-        } else {
-            S::load(a, nb, b, w[u]);
         }
+    } else {
+        load_first<S, PRE>(a, nb, lane, w);
     }
     if (TRIG == 1) pdl_launch_dependents();
     pdl_wait();
@@ -71,11 +81,7 @@ __device__ void product(const QGemvArgs& p) {
         const int b = lane + WARP_SIZE * u;
         if (b >= nb) continue;
         if constexpr (RAW) {
-            typename S::Q::W x;
-            int v[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-            nibbles_of(v, x.q);
-            x.d = __half2float(__ushort_as_half(h[u]));
-            dot_cols<typename S::Q, 1>(p, x, 0, b, &acc);
+            dot_cols<typename S::Q, 1>(p, unpack_q4_0(q[u], h[u]), 0, b, &acc);
         } else {
             dot_cols<typename S::Q, 1>(p, w[u], 0, b, &acc);
         }
@@ -111,11 +117,8 @@ __device__ void staged(const QGemvArgs& p) {
 #pragma unroll 2
     for (int b = lane; b < nb; b += WARP_SIZE) {
         const int4 q = *reinterpret_cast<const int4*>(s + 16 * b);
-        BlockQ4_0::W x;
-        int v[4] = {q.x, q.y, q.z, q.w};
-        nibbles_of(v, x.q);
-        x.d = __half2float(*reinterpret_cast<const __half*>(s + 16 * nb + 2 * b));
-        dot_cols<BlockQ4_0, 1>(p, x, 0, b, &acc);
+        const unsigned short d = *reinterpret_cast<const unsigned short*>(s + 16 * nb + 2 * b);
+        dot_cols<BlockQ4_0, 1>(p, unpack_q4_0(q, d), 0, b, &acc);
     }
     write_row<1>(p, row, &acc, lane);
 }
@@ -167,7 +170,7 @@ struct Variant {
     int rows_a_block;   // rows of the product a block covers
     bool smem;          // a row of shared memory a warp
     bool pdl;           // launched with programmatic dependent launch
-    int rows_a_warp;    // empty nodes only: rows a warp stands for (fewer blocks)
+    int rows_a_warp;    // rows a warp stands for: 1, or more for an empty node of fewer blocks
     bool checked;       // a product: its result must equal the tree's
 };
 
@@ -204,7 +207,7 @@ static float time_chain(cudaStream_t st, const Variant& v, const std::vector<cha
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (size_t i = 0; i < w.size(); ++i) {
         QGemvArgs a{};
-        a.a = w[i], a.b = b, a.dst = d[i], a.add = nullptr, a.k = k, a.m = m, a.ncols = v.checked ? 1 : v.rows_a_warp;
+        a.a = w[i], a.b = b, a.dst = d[i], a.add = nullptr, a.k = k, a.m = m, a.ncols = v.rows_a_warp;
         a.a_nb1 = row_bytes, a.b_nb1 = b_nb1, a.vec = 0, a.prefetch = 1;
         cudaLaunchConfig_t cfg{};
         cfg.gridDim = dim3(grid), cfg.blockDim = dim3(v.threads), cfg.stream = st;
