@@ -4,8 +4,10 @@
 //
 //   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column, one warp per row of `a`,
 //     GEMV_WARPS rows per block. Each lane streams 16-byte pieces of the row (8 halves)
-//     with GEMV_UNROLL independent loads in flight before the first use (weights read
-//     once, evict-first), x read through L1, then a warp shuffle reduction; an optional
+//     in rounds of GEMV_ROUND independent loads, double-buffered in registers: the next
+//     round's loads go out before the current round is used (weights read once,
+//     evict-first; the first round, for read-only weights, before the wait on the
+//     previous kernel), x read through L1, then a warp shuffle reduction; an optional
 //     F32 vector `add` is added to the result (a residual add fused into the product).
 //     Rows of any length: a scalar tail covers k % 8 and rows not aligned for vector
 //     loads (vec == 0). Chosen over one block per row on the H100 (81/94/89% of copy
@@ -25,7 +27,13 @@
 //     the query heads sharing a KV head (GQA) read its rows while they are in L1.
 #include "common.cuh"
 
-#define GEMV_UNROLL 4
+// 16-byte pieces a lane pulls into L2 before the wait on the previous kernel (read-only
+// weights), and loads a round of the double-buffered loop. H200, Llama-2-7B F16 decode:
+// rounds of 2 double-buffered 228.3 -> 230.0 tok/s after 4,096 tokens and 254.9 -> 257.8
+// after 512, against rounds of 4 used before the next was issued (docs/benchmarks.md,
+// twenty-seventh session).
+#define GEMV_PREFETCH 4
+#define GEMV_ROUND 2
 
 // 16 bytes of weights, read once: evict first.
 __device__ __forceinline__ uint4 load16(const uint4* p) { return __ldcs(p); }
@@ -140,30 +148,38 @@ __device__ void gemv_rows(const GemvArgs& p) {
     const int nv = p.vec ? (int)(p.k / N) : 0;
     const uint4* av = reinterpret_cast<const uint4*>(a);
     // Weights nothing in the plan writes: while the previous kernel finishes, pull the
-    // first round of this row into L2 (one prefetch per 128-byte line); everything else
-    // waits for it.
+    // first rounds of this row into L2 (one prefetch per 128-byte line) and load the
+    // first round into registers; everything else waits for it.
     if (p.prefetch && lane % 8 == 0) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < GEMV_PREFETCH; ++u) {
             const int v = lane + u * WARP_SIZE;
             if (v < nv) asm volatile("prefetch.global.L2 [%0];" ::"l"(av + v));
         }
     }
-    pdl_wait();
-    // One accumulator per load slot: GEMV_UNROLL independent FMA chains.
-    float acc[GEMV_UNROLL];
+    // Rounds of GEMV_ROUND loads, double-buffered: the next round's loads are issued
+    // before the current round is used.
+    constexpr int U = GEMV_ROUND, STEP = GEMV_ROUND * WARP_SIZE;
+    uint4 w[U];
+    auto round = [&](int v0, uint4 (&r)[U]) {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) acc[u] = 0.0f;
-    for (int v0 = lane; v0 < nv; v0 += GEMV_UNROLL * WARP_SIZE) {
-        // GEMV_UNROLL independent 16-byte loads in flight before the first use.
-        uint4 w[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int v = v0 + u * WARP_SIZE;
-            w[u] = v < nv ? load16(av + v) : make_uint4(0u, 0u, 0u, 0u);
+            r[u] = v < nv ? load16(av + v) : make_uint4(0u, 0u, 0u, 0u);
         }
+    };
+    if (p.prefetch) round(lane, w);
+    pdl_wait();
+    if (!p.prefetch) round(lane, w);
+    // One accumulator per load slot: U independent FMA chains.
+    float acc[U];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) acc[u] = 0.0f;
+    for (int v0 = lane; v0 < nv; v0 += STEP) {
+        uint4 nx[U];
+        round(v0 + STEP, nx);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
             const int v = v0 + u * WARP_SIZE;
             if (v < nv) {
                 float wf[N], xf[N];
@@ -173,11 +189,13 @@ __device__ void gemv_rows(const GemvArgs& p) {
                 for (int i = 0; i < N; ++i) acc[u] += wf[i] * xf[i];
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; ++u) w[u] = nx[u];
     }
     for (i64 i = (i64)nv * N + lane; i < p.k; i += WARP_SIZE) acc[0] += load<T>(a + i * (i64)sizeof(T)) * x[i];
     float sum = 0.0f;
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) sum += acc[u];
+    for (int u = 0; u < U; ++u) sum += acc[u];
     sum = warp_sum(sum);
     if (lane == 0) {
         if (p.add) sum += reinterpret_cast<const float*>(p.add)[row];
