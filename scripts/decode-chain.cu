@@ -41,12 +41,43 @@ __device__ __forceinline__ BlockQ4_0::W unpack_q4_0(int4 q, unsigned short d) {
     return w;
 }
 
+// Flag dependencies in place of the grid dependency: node p.vec of a chain counts its
+// finished blocks in g_done[p.vec] (after a fence), and node i > 0 waits for node i - 1's
+// count to reach its grid (thread 0 polls, the block waits at a barrier) instead of
+// griddepcontrol.wait; node 0 waits as the tree does. The graph clears the counts first.
+__device__ unsigned g_done[256];
+
+__device__ __forceinline__ void flag_wait(const QGemvArgs& p) {
+    const int i = (int)p.vec;
+    if (i == 0) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x == 0) {
+        unsigned n;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(&g_done[i - 1]) : "memory");
+            if (n >= gridDim.x) break;
+            __nanosleep(20);
+        }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void flag_done(const QGemvArgs& p) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(&g_done[p.vec], 1u);
+    }
+}
+
 // The product of mmvq_split (Q4_0 split rows, one column) with WARPS rows a block, the
 // first PRE blocks of a lane loaded before the wait, and the next kernel's trigger at TRIG:
 // 0 at the start (the tree's), 1 after the early loads, 2 after the wait, 3 before the
 // write. RAW keeps the early blocks as loaded (16 quant bytes and the 2-byte scale) and
 // unpacks them after the wait, so that they fit 32 registers.
-template <int PRE, int WARPS, int TRIG, bool RAW>
+template <int PRE, int WARPS, int TRIG, bool RAW, bool FLAG = false>
 __device__ void product(const QGemvArgs& p) {
     typedef SplitQ4_0 S;
     if (TRIG == 0) pdl_launch_dependents();
@@ -74,7 +105,11 @@ __device__ void product(const QGemvArgs& p) {
         load_first<S, PRE>(a, nb, lane, w);
     }
     if (TRIG == 1) pdl_launch_dependents();
-    pdl_wait();
+    if constexpr (FLAG) {
+        flag_wait(p);
+    } else {
+        pdl_wait();
+    }
     if (TRIG == 2) pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < PRE; ++u) {
@@ -94,6 +129,7 @@ __device__ void product(const QGemvArgs& p) {
     }
     if (TRIG == 3) pdl_launch_dependents();
     write_row<1>(p, row, &acc, lane);
+    if constexpr (FLAG) flag_done(p);
 }
 
 // The warp's whole split row copied into shared memory (cp.async, before the wait), then
@@ -125,12 +161,17 @@ __device__ void staged(const QGemvArgs& p) {
 
 // The floor: waits for the previous node and writes one float for each of its rows.
 // p.ncols is the rows a warp stands for (a grid of fewer blocks covering the same rows).
-template <bool PDL>
+template <bool PDL, bool FLAG = false>
 __device__ void empty(const QGemvArgs& p) {
     if (PDL) pdl_launch_dependents();
     const i64 row = (blockIdx.x * (i64)GEMV_WARPS + threadIdx.x / WARP_SIZE) * p.ncols;
-    if (PDL) pdl_wait();
+    if constexpr (FLAG) {
+        flag_wait(p);
+    } else if (PDL) {
+        pdl_wait();
+    }
     if (row < p.m && threadIdx.x % WARP_SIZE == 0) reinterpret_cast<float*>(p.dst)[row] = 0.0f;
+    if constexpr (FLAG) flag_done(p);
 }
 
 #define LB(t, n) __launch_bounds__(t, n)
@@ -144,6 +185,8 @@ extern "C" __global__ void LB(128, 8) c_trig_wait(const QGemvArgs p) { product<4
 extern "C" __global__ void LB(128, 8) c_trig_end(const QGemvArgs p) { product<4, 4, 3, false>(p); }
 extern "C" __global__ void LB(256, 4) c_warps8(const QGemvArgs p) { product<4, 8, 0, false>(p); }
 extern "C" __global__ void LB(1024, 1) c_warps32(const QGemvArgs p) { product<4, 32, 0, false>(p); }
+extern "C" __global__ void LB(128, 16) c_empty_flag(const QGemvArgs p) { empty<true, true>(p); }
+extern "C" __global__ void LB(128, 8) c_flag(const QGemvArgs p) { product<4, 4, 0, false, true>(p); }
 
 // Seeded bytes.
 __global__ void fill(unsigned* p, size_t n, unsigned seed) {
@@ -172,6 +215,7 @@ struct Variant {
     bool pdl;           // launched with programmatic dependent launch
     int rows_a_warp;    // rows a warp stands for: 1, or more for an empty node of fewer blocks
     bool checked;       // a product: its result must equal the tree's
+    bool flag = false;  // waits on the previous node's count of finished blocks (flag_wait)
 };
 
 // The median of `runs` timings (ms) of the work `enqueue` puts on `st`, after `warm`
@@ -204,11 +248,18 @@ static float time_chain(cudaStream_t st, const Variant& v, const std::vector<cha
     const unsigned grid = (unsigned)((m + v.rows_a_block * v.rows_a_warp - 1) / (v.rows_a_block * v.rows_a_warp));
     cudaGraph_t g;
     cudaGraphExec_t ge;
+    void* done;
+    CK(cudaGetSymbolAddress(&done, g_done));
+    if (w.size() > 256) {
+        fprintf(stderr, "at most 256 nodes\n");
+        exit(2);
+    }
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    if (v.flag) CK(cudaMemsetAsync(done, 0, 256 * sizeof(unsigned), st));
     for (size_t i = 0; i < w.size(); ++i) {
         QGemvArgs a{};
         a.a = w[i], a.b = b, a.dst = d[i], a.add = nullptr, a.k = k, a.m = m, a.ncols = v.rows_a_warp;
-        a.a_nb1 = row_bytes, a.b_nb1 = b_nb1, a.vec = 0, a.prefetch = 1;
+        a.a_nb1 = row_bytes, a.b_nb1 = b_nb1, a.vec = v.flag ? (long)i : 0, a.prefetch = 1;
         cudaLaunchConfig_t cfg{};
         cfg.gridDim = dim3(grid), cfg.blockDim = dim3(v.threads), cfg.stream = st;
         cfg.dynamicSmemBytes = v.smem ? (size_t)v.rows_a_block * row_bytes : 0;
@@ -262,6 +313,9 @@ int main(int argc, char** argv) {
         {"trigger before the write", c_trig_end, 128, 4, false, true, 1, true},
         {"8 warps a block", c_warps8, 256, 8, false, true, 1, true},
         {"32 warps a block", c_warps32, 1024, 32, false, true, 1, true},
+        {"empty node, flag dependencies", c_empty_flag, 128, 4, false, true, 1, false, true},
+        {"empty node, 1/8 of the blocks, flag dependencies", c_empty_flag, 128, 4, false, true, 8, false, true},
+        {"flag dependencies (the tree's qsp otherwise)", c_flag, 128, 4, false, true, 1, true, true},
     };
     for (const Variant& v : vars) {
         CK(cudaFuncSetAttribute((const void*)v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
