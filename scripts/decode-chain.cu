@@ -13,7 +13,8 @@
 //   - variants of the product, each checked to give the tree's result bit for bit:
 //     two grids resident at once (16 blocks an SM: the first blocks in registers, or the
 //     whole row staged in shared memory), the next kernel's trigger later in the
-//     kernel, and blocks of 8 or 32 warps.
+//     kernel, blocks of 8 or 32 warps, and flag dependencies (each node counts its
+//     finished blocks, the next polls the count instead of the grid dependency).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
