@@ -27,12 +27,13 @@
 //     the query heads sharing a KV head (GQA) read its rows while they are in L1.
 #include "common.cuh"
 
-// 16-byte pieces a lane pulls into L2 before the wait on the previous kernel (read-only
-// weights), and loads a round of the double-buffered loop. H200, Llama-2-7B F16 decode:
-// rounds of 2 double-buffered 228.3 -> 230.0 tok/s after 4,096 tokens and 254.9 -> 257.8
-// after 512, against rounds of 4 used before the next was issued (docs/benchmarks.md,
-// twenty-seventh session).
+// 16-byte pieces of its row a lane of mul_mat_vec_* pulls into L2 before the wait on the
+// previous kernel (read-only weights).
 #define GEMV_PREFETCH 4
+// 16-byte loads a lane has in a round of the double-buffered loop. H200, Llama-2-7B F16
+// decode: rounds of 2 double-buffered 228.3 -> 230.0 tok/s after 4,096 tokens and 254.9
+// -> 257.8 after 512, against rounds of 4 used before the next was issued
+// (docs/benchmarks.md, twenty-seventh session).
 #define GEMV_ROUND 2
 
 // 16 bytes of weights, read once: evict first.

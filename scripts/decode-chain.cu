@@ -46,7 +46,8 @@ __device__ __forceinline__ BlockQ4_0::W unpack_q4_0(int4 q, unsigned short d) {
 // finished blocks in g_done[p.vec] (after a fence), and node i > 0 waits for node i - 1's
 // count to reach its grid (thread 0 polls, the block waits at a barrier) instead of
 // griddepcontrol.wait; node 0 waits as the tree does. The graph clears the counts first.
-__device__ unsigned g_done[256];
+constexpr int MAX_NODES = 256;
+__device__ unsigned g_done[MAX_NODES];
 
 __device__ __forceinline__ void flag_wait(const QGemvArgs& p) {
     const int i = (int)p.vec;
@@ -251,12 +252,8 @@ static float time_chain(cudaStream_t st, const Variant& v, const std::vector<cha
     cudaGraphExec_t ge;
     void* done;
     CK(cudaGetSymbolAddress(&done, g_done));
-    if (w.size() > 256) {
-        fprintf(stderr, "at most 256 nodes\n");
-        exit(2);
-    }
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    if (v.flag) CK(cudaMemsetAsync(done, 0, 256 * sizeof(unsigned), st));
+    if (v.flag) CK(cudaMemsetAsync(done, 0, sizeof(g_done), st));
     for (size_t i = 0; i < w.size(); ++i) {
         QGemvArgs a{};
         a.a = w[i], a.b = b, a.dst = d[i], a.add = nullptr, a.k = k, a.m = m, a.ncols = v.rows_a_warp;
@@ -280,6 +277,10 @@ static float time_chain(cudaStream_t st, const Variant& v, const std::vector<cha
 
 int main(int argc, char** argv) {
     const int nodes = argc > 1 ? atoi(argv[1]) : 48;
+    if (nodes < 1 || nodes > MAX_NODES) {
+        fprintf(stderr, "chains of 1 to %d nodes\n", MAX_NODES);
+        return 2;
+    }
     CK(cudaSetDevice(0));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
