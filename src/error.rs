@@ -128,10 +128,10 @@ pub enum TemplateProblem {
     Render,
     /// The template called `raise_exception` (it rejects the conversation).
     Raised,
-    /// Rendering took more than [`crate::models::chat::MAX_TEMPLATE_STEPS`] steps (a
+    /// Rendering took more than [`crate::models::text::chat::MAX_TEMPLATE_STEPS`] steps (a
     /// template that loops without end).
     TooManySteps,
-    /// The rendered text passed [`crate::models::chat::MAX_RENDERED_BYTES`].
+    /// The rendered text passed [`crate::models::text::chat::MAX_RENDERED_BYTES`].
     TooLong,
 }
 

@@ -16,9 +16,9 @@
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
 use crate::gguf::GgufFile;
-use crate::models::chat::{ChatTemplate, Message};
-use crate::models::gguf_model::{config_from_gguf, load_gguf_weights};
-use crate::models::loader::load_weights_from_bytes;
+use crate::models::load::gguf::{config_from_gguf, load_gguf_weights};
+use crate::models::load::safetensors::load_weights_from_bytes;
+use crate::models::text::chat::{ChatTemplate, Message};
 use crate::models::{Config, LoadOptions, TokenizerSpec};
 use crate::{Error, Result};
 

@@ -16,9 +16,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use graft::backend::cpu::CpuBackend;
-use graft::models::chat::{Continuation, Message};
-use graft::models::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
-use graft::models::{tokenizer, LoadOptions, Logits, Model, Sampler};
+use graft::models::text::chat::{Continuation, Message};
+use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
+use graft::models::{text::tokenizer, LoadOptions, Logits, Model, Sampler};
 
 const TINY: &str = "llama3-tiny-bf16";
 

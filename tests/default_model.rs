@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use default_model::cached_default_model;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
-use graft::models::{tokenizer, CacheTypes, LoadOptions, Logits, Model};
+use graft::models::{text::tokenizer, CacheTypes, LoadOptions, Logits, Model};
 use graft::ops::mul_mat::QuantDot;
 use reference::{f32_data, nmse};
 use serde::Deserialize;

@@ -231,7 +231,7 @@ fn make_seeds() {
         std::fs::read_to_string(fixtures::fixture("tokenizer/smollm2-135m-instruct.json")).unwrap();
     let smol: serde_json::Value = serde_json::from_str(&smol).unwrap();
     let templates = [
-        ("seed-ok-chatml", graft::models::chat::CHATML.to_string()),
+        ("seed-ok-chatml", graft::models::text::chat::CHATML.to_string()),
         ("seed-ok-smollm2", smol["spec"]["chat_template"].as_str().unwrap().to_string()),
         ("seed-ok-llama3", "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% set c = m.content | trim %}{% else %}{% set c = m.content %}{% endif %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ c }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}".to_string()),
         ("seed-raise", "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ messages | length }}".to_string()),

@@ -423,7 +423,7 @@ fn api_errors() {
 #[test]
 fn decode_plans_stay_bounded_over_a_long_run() {
     use graft::models::Sampler;
-    use graft::models::{blocks::DECODE_BUCKET, model::MAX_DECODE_PLANS};
+    use graft::models::{blocks::DECODE_BUCKET, runtime::model::MAX_DECODE_PLANS};
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
     let n = DECODE_BUCKET * (MAX_DECODE_PLANS + 1) + 5;

@@ -823,7 +823,7 @@ fn frozen_tiny_model_matches_unfrozen() {
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
-    let tiny = graft::models::presets::preset("tiny").unwrap();
+    let tiny = graft::models::arch::presets::preset("tiny").unwrap();
     for (plan, kernel) in [
         (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
         (QuantPlan::Q4_1, "mul_mat_vec_qsp_c1_q4_1"),
@@ -916,7 +916,7 @@ fn tiny_model_split_and_not(
 /// query head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
-    use graft::models::{presets, CacheTypes, Config as ModelConfig};
+    use graft::models::{arch::presets, CacheTypes, Config as ModelConfig};
     let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;

@@ -28,7 +28,7 @@ mod reference;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{presets, CacheTypes, LoadOptions, Logits, Model, QuantPlan, Role};
+use graft::models::{arch::presets, CacheTypes, LoadOptions, Logits, Model, QuantPlan, Role};
 
 use reference::{check_model, nmse, reference, FIXTURES};
 

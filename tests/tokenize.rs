@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use graft::gguf::{Array, GgufFile, GgufWriter, Metadata, Value};
-use graft::models::tokenizer;
+use graft::models::text::tokenizer;
 use graft::models::TokenizerSpec;
 use graft::Error;
 use serde::Deserialize;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use graft::error::TemplateProblem;
-use graft::models::chat::{ChatTemplate, Continuation, Message};
+use graft::models::text::chat::{ChatTemplate, Continuation, Message};
 use graft::models::TokenizerSpec;
 use graft::Error;
 use serde::Deserialize;
@@ -365,7 +365,7 @@ fn runaway_templates_stop_with_named_limits() {
     .unwrap();
     let (problem, detail) = chat_err(t.render(&[], false));
     assert_eq!(problem, TemplateProblem::TooLong, "{detail}");
-    assert!(detail.contains(&graft::models::chat::MAX_RENDERED_BYTES.to_string()));
+    assert!(detail.contains(&graft::models::text::chat::MAX_RENDERED_BYTES.to_string()));
 
     let chatml = ChatTemplate::new(None, "", "").unwrap();
     let long: Vec<Message> = (0..20_000)

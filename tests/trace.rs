@@ -1,4 +1,4 @@
-//! `graft trace` and the trace library (`graft::models::trace`): graft's own trace has
+//! `graft trace` and the trace library (`graft::models::runtime::trace`): graft's own trace has
 //! every documented name in order with the documented shapes and the logits of a plain
 //! prefill; a trace written with `--out` reads back whole; a fixture with two weights of
 //! one layer swapped diverges exactly at that layer's MLP output, against graft's trace of
@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
 use graft::models::blocks::TRACE_NAMES;
-use graft::models::trace::{self, compare, Trace, ORDER_KEY, SOURCE_KEY, TOKENS_KEY};
+use graft::models::runtime::trace::{self, compare, Trace, ORDER_KEY, SOURCE_KEY, TOKENS_KEY};
 use graft::models::{CacheTypes, Config, LoadOptions, Logits, Model, TraceTensor};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};

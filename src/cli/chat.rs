@@ -1,12 +1,12 @@
 //! `graft chat`: an interactive conversation on stdin/stdout (see
-//! `graft::models::chat_session`).
+//! `graft::models::text::chat_session`).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use graft::models::chat::ChatTemplate;
-use graft::models::chat_session::{ChatSession, LlamaOn};
-use graft::models::{pull, tokenizer, Tokenizer};
+use graft::models::text::chat::ChatTemplate;
+use graft::models::text::chat_session::{ChatSession, LlamaOn};
+use graft::models::{pull, text::tokenizer, Tokenizer};
 use graft::{Error, Result};
 
 use super::{load_model, make_backend, BackendKind, CacheArgs, SamplingArgs};

@@ -33,7 +33,10 @@ pub struct Args {
 /// Runs `graft convert`.
 pub fn run(a: Args) -> Result<()> {
     let plan = QuantPlan::from(a.ty);
-    graft::files::check_output(&a.out, &graft::models::loader::input_files(&a.model))?;
+    graft::files::check_output(
+        &a.out,
+        &graft::models::load::safetensors::input_files(&a.model),
+    )?;
     let done = convert(&a.model, plan, &a.out, a.name.as_deref())?;
     if !a.quiet {
         for note in &done.notes {

@@ -9,11 +9,11 @@ use clap::ValueEnum;
 
 use graft::files::{check_output, write_output_guarded};
 use graft::graph::{dump, BufferId, DType};
+use graft::models::arch::tp::Split;
 use graft::models::blocks::{build_decode, build_prefill, decode_n_kv};
-use graft::models::loader::input_files;
-use graft::models::model::default_ctx;
-use graft::models::tp::Split;
-use graft::models::{presets, Config, KvCache, QuantPlan, Weights};
+use graft::models::load::safetensors::input_files;
+use graft::models::runtime::model::default_ctx;
+use graft::models::{arch::presets, Config, KvCache, QuantPlan, Weights};
 use graft::{Error, Result};
 
 use super::{print_out, CacheArgs, DTypeArg};
@@ -75,8 +75,8 @@ pub fn run(a: Args) -> Result<()> {
         check_output(path, &inputs)?;
     }
     let cfg = match (&a.model, &a.preset) {
-        (Some(file), _) if graft::models::gguf_model::is_gguf_path(file) => {
-            graft::models::gguf_model::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
+        (Some(file), _) if graft::models::load::gguf::is_gguf_path(file) => {
+            graft::models::load::gguf::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
         }
         (Some(dir), _) => {
             if !dir.is_dir() {

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use graft::backend::Backend;
-use graft::models::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::model::default_ctx;
-use graft::models::{tokenizer, Generation, Model, QuantPlan, Stop, Tokenizer};
+use graft::models::runtime::model::default_ctx;
+use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn};
+use graft::models::{text::tokenizer, Generation, Model, QuantPlan, Stop, Tokenizer};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};

@@ -44,7 +44,7 @@ pub struct Args {
 
 /// Runs `graft logits`.
 pub fn run(a: Args) -> Result<()> {
-    let inputs = graft::models::loader::input_files(&a.model);
+    let inputs = graft::models::load::safetensors::input_files(&a.model);
     check_output(&a.out, &inputs)?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();

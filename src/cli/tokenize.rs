@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use graft::models::tokenizer::{self, Tokenizer};
+use graft::models::text::tokenizer::{self, Tokenizer};
 use graft::{Error, Result};
 
 use super::print_out;

@@ -2,7 +2,7 @@
 //! norms, q/k/v, attention, MLP and residuals, the final norm, the logits), written to a
 //! safetensors file and/or compared with another trace (an HF transformers run written by
 //! `scripts/hf-trace.py`, or graft on another backend) to find the first tensor where
-//! the two part ways. The comparison itself lives in [`graft::models::trace`].
+//! the two part ways. The comparison itself lives in [`graft::models::runtime::trace`].
 //!
 //! Exit status: 0 when nothing crosses the threshold (or nothing was compared), 1 when a
 //! divergence is found (the report says where; no `error:` line), and for an error,
@@ -15,9 +15,11 @@ use serde_json::{json, Value};
 
 use graft::backend::Backend;
 use graft::files::{check_output, write_output_guarded};
-use graft::models::loader::input_files;
-use graft::models::tokenizer;
-use graft::models::trace::{check_same_tokens, compare, stats, Compared, Comparison, Stats, Trace};
+use graft::models::load::safetensors::input_files;
+use graft::models::runtime::trace::{
+    check_same_tokens, compare, stats, Compared, Comparison, Stats, Trace,
+};
+use graft::models::text::tokenizer;
 use graft::{Error, Result};
 
 use super::{load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg};

@@ -9,7 +9,7 @@
 //! The tokenizer comes from the folder's `tokenizer.json`, converted by
 //! [`TokenizerSpec::from_hf_tokenizer_json`]. Llama 3 rope scaling is written as
 //! llama.cpp's `rope_freqs.weight` tensor and, for graft, as the `graft.rope.llama3.*`
-//! keys (see [`gguf_model`](super::gguf_model)).
+//! keys (see [`gguf_model`](crate::models::load::gguf)).
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -18,14 +18,16 @@ use crate::error::{Error, Result};
 use crate::gguf::{Array, GgmlType, GgufWriter, Metadata, Value};
 use crate::graph::BufferId;
 
-use super::arch::{NormKind, Positions};
-use super::config::Config;
-use super::gguf_model::{ggml_type, llama3_keys, permuted_heads, rope_freq_divisors, ROPE_FREQS};
-use super::gguf_tokenizer::TokenizerSpec;
-use super::loader::{fallback_notes, with_hf_tensors, Found};
-use super::quant_plan::QuantPlan;
-use super::rows::{convert_rows, permute_rope_rows};
-use super::weights::Weights;
+use crate::models::arch::config::Config;
+use crate::models::arch::{NormKind, Positions};
+use crate::models::load::gguf::{
+    ggml_type, llama3_keys, permuted_heads, rope_freq_divisors, ROPE_FREQS,
+};
+use crate::models::load::quant_plan::QuantPlan;
+use crate::models::load::rows::{convert_rows, permute_rope_rows};
+use crate::models::load::safetensors::{fallback_notes, with_hf_tensors, Found};
+use crate::models::load::weights::Weights;
+use crate::models::text::gguf_tokenizer::TokenizerSpec;
 
 /// ggml's quantization version (`GGML_QNT_VERSION`), written with quantized files.
 const QNT_VERSION: u32 = 2;
@@ -100,7 +102,7 @@ pub fn convert(dir: &Path, plan: QuantPlan, out: &Path, name: Option<&str>) -> R
                 Cow::Borrowed(f.as_slice()),
             )?;
         }
-        w.write_file_guarded(out, &crate::models::loader::input_files(dir))?;
+        w.write_file_guarded(out, &crate::models::load::safetensors::input_files(dir))?;
         Ok(Converted {
             tensors: count + usize::from(freqs.is_some()),
             data_bytes,

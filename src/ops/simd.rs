@@ -5,14 +5,10 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs the AVX2 + FMA + F16C kernels (std caches the detection).
+/// Whether this CPU runs the AVX2 + FMA + F16C kernels (one detection for the quantized
+/// dot products and these).
 #[cfg(target_arch = "x86_64")]
-#[inline]
-pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
+pub(crate) use crate::quant::simd_available as available;
 
 /// Largest input of [`exp_ps`] taken as it is: `127 * ln 2` rounded down, so `2^n` stays
 /// a normal f32 (larger inputs give `exp(88)`, about `1.65e38`).

@@ -26,8 +26,14 @@ const Q8: usize = 36;
 /// Column counts from which kernels use one accumulator set (see [`Acc`]).
 const SPLIT_BELOW: usize = 3;
 
-/// Whether this CPU runs these kernels.
-pub(crate) use crate::ops::simd::available;
+/// Whether this CPU runs the AVX2 + FMA + F16C kernels, these and `ops::simd`'s (std
+/// caches the detection).
+#[inline]
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
 
 /// `out[c]` = the dot product of the weight row `w` (blocks of `q`) with the Q8_1 row
 /// `a[c * row..(c + 1) * row]`, `row = a.len() / out.len()`; `ds` holds the `d` and `s`

@@ -83,6 +83,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::available as simd_available;
 pub mod dot;
 pub mod kquants;
 pub mod legacy;

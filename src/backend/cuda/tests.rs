@@ -839,10 +839,10 @@ fn fold_graph(extra_reader: bool) -> (Graph, TensorId, Vec<TensorId>) {
 /// every weight of type `wt`, a 256-slot cache: (flash attention, layers, plan).
 fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
     use crate::graph::BufferId;
+    use crate::models::arch::presets;
     use crate::models::blocks::build_decode;
-    use crate::models::kv_cache::{CacheTypes, KvCache};
-    use crate::models::presets;
-    use crate::models::weights::{uniform, Weights};
+    use crate::models::blocks::kv_cache::{CacheTypes, KvCache};
+    use crate::models::load::weights::{uniform, Weights};
     let cfg = presets::preset("tiny").unwrap();
     let w = Weights::layout(&cfg, &uniform(wt), BufferId::fresh());
     [false, true]
@@ -865,7 +865,9 @@ fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
 /// `rope_store` or SwiGLU, with or without flash attention; without fusion nothing folds.
 #[test]
 fn decode_norm_folds() {
-    let hidden = crate::models::presets::preset("tiny").unwrap().hidden_size;
+    let hidden = crate::models::arch::presets::preset("tiny")
+        .unwrap()
+        .hidden_size;
     for (flash_attn, l, plan) in tiny_decode_plans(DType::F16) {
         for fusion in [true, false] {
             let mut lw = Lowering {
@@ -1347,7 +1349,7 @@ fn rope_store_covers_the_token(ops: &[&DevOp], cfg: &crate::models::Config) {
 /// kernels' Q8_1 copies are at the address the products read.
 #[test]
 fn decode_layer_fusions() {
-    let cfg = crate::models::presets::preset("tiny").unwrap();
+    let cfg = crate::models::arch::presets::preset("tiny").unwrap();
     let q4 = DType::Quant(crate::quant::QType::Q4_0);
     for (flash_attn, l, plan) in tiny_decode_plans(q4) {
         let lower = |fusion, small_dq| {

@@ -8,7 +8,7 @@
 //! not (the published `gpt2` files); both are accepted.
 
 use super::{HfKeys, MlpKind, NormKind, Positions, Source, Spec};
-use crate::models::weights::Role;
+use crate::models::arch::role::Role;
 
 /// GPT-2.
 pub const SPEC: Spec = Spec {

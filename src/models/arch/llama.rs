@@ -4,7 +4,7 @@
 //! (Mistral, Qwen2, Qwen3).
 
 use super::{HfKeys, MlpKind, NormKind, Positions, Source, Spec};
-use crate::models::weights::Role;
+use crate::models::arch::role::Role;
 
 /// Llama.
 pub const SPEC: Spec = Spec {

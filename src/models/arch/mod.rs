@@ -2,8 +2,8 @@
 //! shared blocks its layers use (norm kind, biases, per-head q/k norms, MLP kind, how
 //! positions enter) and what its tensors and config keys are called in Hugging Face
 //! folders and in GGUF files. Everything else (config parsing, weight layout, loading,
-//! the graphs in [`blocks`](super::blocks), the KV cache, sampling and the generation
-//! loop in [`model`](super::model)) is shared and reads the spec.
+//! the graphs in [`blocks`](crate::models::blocks), the KV cache, sampling and the generation
+//! loop in [`model`](crate::models::runtime::model)) is shared and reads the spec.
 //!
 //! - [`llama`]: Llama 2 / 3 (RMSNorm, SwiGLU, rope, GQA);
 //! - [`mistral`]: Llama with sliding-window attention;
@@ -11,16 +11,25 @@
 //! - [`qwen3`]: Llama with a per-head RMSNorm on q and k and an explicit head size;
 //! - [`gpt2`]: LayerNorm with bias, GELU MLP, learned positions, fused `c_attn`, Conv1D
 //!   (transposed) weights, biases everywhere.
+//!
+//! Beside the specs, what every architecture is described by: [`config`] (hyper-parameters
+//! from a Hugging Face `config.json` or GGUF keys), [`role`] (what each weight tensor is and
+//! what it is called), [`presets`] (benchmark shapes) and [`tp`] (how the tensors split over
+//! the devices of a group). This room depends on no other room of `models`.
 
+pub mod config;
 pub mod gpt2;
 pub mod llama;
 pub mod mistral;
+pub mod presets;
 pub mod qwen2;
 pub mod qwen3;
+pub mod role;
+pub mod tp;
 
 use std::fmt;
 
-use super::weights::Role;
+use crate::models::arch::role::Role;
 
 /// How a block normalizes its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,13 +17,13 @@
 
 use std::io::{BufRead, Write};
 
-use super::chat::{ChatTemplate, Continuation, Message};
-use super::model::Model;
-use super::output::{Logits, Output};
-use super::sampler::Sampler;
-use super::tokenizer::Tokenizer;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::models::runtime::model::Model;
+use crate::models::runtime::output::{Logits, Output};
+use crate::models::runtime::sampler::Sampler;
+use crate::models::text::chat::{ChatTemplate, Continuation, Message};
+use crate::models::text::tokenizer::Tokenizer;
 
 /// What a chat needs from a model: a KV cache that grows with each forward pass.
 pub trait ChatModel {

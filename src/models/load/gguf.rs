@@ -32,13 +32,14 @@ use crate::gguf::{GgmlType, GgufFile};
 use crate::graph::{BufferId, DType};
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
-use super::arch::{Arch, NormKind};
-use super::config::{Config, DEFAULT_ROPE_THETA};
-use super::loader::{fallback_notes, upload};
-use super::model::LoadOptions;
-use super::rows::{permute_rope_rows, source_bytes, source_shape};
-use super::tp::Split;
-use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Weights};
+use crate::models::arch::config::{Config, DEFAULT_ROPE_THETA};
+use crate::models::arch::role::Role;
+use crate::models::arch::tp::Split;
+use crate::models::arch::{Arch, NormKind};
+use crate::models::load::options::LoadOptions;
+use crate::models::load::rows::{permute_rope_rows, source_bytes, source_shape};
+use crate::models::load::safetensors::{fallback_notes, upload};
+use crate::models::load::weights::{check_sizes, layers_named, uniform, SizeFields, Weights};
 
 /// The keys `graft convert` writes for Llama 3 rope scaling (llama.cpp reads
 /// `rope_freqs.weight` instead and ignores these).

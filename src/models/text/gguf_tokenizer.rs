@@ -43,9 +43,9 @@ use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
 };
 
-use super::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Metadata};
+use crate::models::text::tokenizer::Tokenizer;
 
 /// The GGUF keys a [`TokenizerSpec`] mirrors, for error messages.
 mod key {

@@ -6,7 +6,7 @@
 //! the MLP and the output norm; biases, LayerNorm biases, per-head q/k norms, the gate
 //! and learned positions come with the architectures that have them. Vectors (norm
 //! weights, biases) are F32; each matrix has its own dtype (F32, F16, BF16 or a block
-//! type, see [`QuantPlan`](super::quant_plan::QuantPlan)). Two layouts differ from a
+//! type, see [`QuantPlan`](crate::models::load::quant_plan::QuantPlan)). Two layouts differ from a
 //! checkpoint's list of tensors when the parts share one dtype:
 //! - `q | k | v` are stored as adjacent rows of one tensor `attn_qkv`
 //!   [n_embd, n_q + 2 * n_kv_dim], so one mul_mat computes q, k and v (the graph then
@@ -29,200 +29,9 @@ use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
-use super::arch::{MlpKind, NormKind, Positions};
-use super::config::Config;
-
-/// What a weight tensor is: picks its dtype and names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Role {
-    /// `token_embd` [n_embd, vocab].
-    TokEmbd,
-    /// `position_embd` [n_embd, n_ctx_train] (learned positions).
-    PosEmbd,
-    /// `attn_norm` [n_embd].
-    AttnNorm,
-    /// `attn_norm.bias` [n_embd] (LayerNorm).
-    AttnNormB,
-    /// `attn_q` [n_embd, n_q].
-    AttnQ,
-    /// `attn_k` [n_embd, n_kv_dim].
-    AttnK,
-    /// `attn_v` [n_embd, n_kv_dim].
-    AttnV,
-    /// `attn_q.bias` [n_q].
-    AttnQB,
-    /// `attn_k.bias` [n_kv_dim].
-    AttnKB,
-    /// `attn_v.bias` [n_kv_dim].
-    AttnVB,
-    /// `attn_q_norm` [head_dim] (per-head RMSNorm of q).
-    AttnQNorm,
-    /// `attn_k_norm` [head_dim] (per-head RMSNorm of k).
-    AttnKNorm,
-    /// `attn_output` [n_q, n_embd].
-    AttnOut,
-    /// `attn_output.bias` [n_embd].
-    AttnOutB,
-    /// `ffn_norm` [n_embd].
-    FfnNorm,
-    /// `ffn_norm.bias` [n_embd] (LayerNorm).
-    FfnNormB,
-    /// `ffn_gate` [n_embd, n_ff].
-    FfnGate,
-    /// `ffn_up` [n_embd, n_ff].
-    FfnUp,
-    /// `ffn_up.bias` [n_ff].
-    FfnUpB,
-    /// `ffn_down` [n_ff, n_embd].
-    FfnDown,
-    /// `ffn_down.bias` [n_embd].
-    FfnDownB,
-    /// `output_norm` [n_embd].
-    OutNorm,
-    /// `output_norm.bias` [n_embd] (LayerNorm).
-    OutNormB,
-    /// `output` [n_embd, vocab].
-    Output,
-}
-
-impl Role {
-    /// Whether this is a vector (a norm weight or a bias), always F32.
-    pub fn is_vector(self) -> bool {
-        self.ne_rank() == 1
-    }
-
-    fn ne_rank(self) -> usize {
-        match self {
-            Role::TokEmbd
-            | Role::PosEmbd
-            | Role::AttnQ
-            | Role::AttnK
-            | Role::AttnV
-            | Role::AttnOut
-            | Role::FfnGate
-            | Role::FfnUp
-            | Role::FfnDown
-            | Role::Output => 2,
-            Role::AttnNorm
-            | Role::AttnNormB
-            | Role::AttnQB
-            | Role::AttnKB
-            | Role::AttnVB
-            | Role::AttnQNorm
-            | Role::AttnKNorm
-            | Role::AttnOutB
-            | Role::FfnNorm
-            | Role::FfnNormB
-            | Role::FfnUpB
-            | Role::FfnDownB
-            | Role::OutNorm
-            | Role::OutNormB => 1,
-        }
-    }
-
-    /// Which third of q|k|v this weight or bias is (0 for q, 1 for k, 2 for v).
-    pub fn qkv_part(self) -> Option<usize> {
-        match self {
-            Role::AttnQ | Role::AttnQB => Some(0),
-            Role::AttnK | Role::AttnKB => Some(1),
-            Role::AttnV | Role::AttnVB => Some(2),
-            Role::TokEmbd
-            | Role::PosEmbd
-            | Role::AttnNorm
-            | Role::AttnNormB
-            | Role::AttnQNorm
-            | Role::AttnKNorm
-            | Role::AttnOut
-            | Role::AttnOutB
-            | Role::FfnNorm
-            | Role::FfnNormB
-            | Role::FfnGate
-            | Role::FfnUp
-            | Role::FfnUpB
-            | Role::FfnDown
-            | Role::FfnDownB
-            | Role::OutNorm
-            | Role::OutNormB
-            | Role::Output => None,
-        }
-    }
-
-    /// Whether this is a bias (named `.bias` in files).
-    pub fn is_bias(self) -> bool {
-        matches!(
-            self,
-            Role::AttnNormB
-                | Role::AttnQB
-                | Role::AttnKB
-                | Role::AttnVB
-                | Role::AttnOutB
-                | Role::FfnNormB
-                | Role::FfnUpB
-                | Role::FfnDownB
-                | Role::OutNormB
-        )
-    }
-
-    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[n]` for a vector.
-    pub fn ne(self, cfg: &Config) -> Vec<usize> {
-        let (n_embd, vocab, n_ff) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-        match self {
-            Role::TokEmbd | Role::Output => vec![n_embd, vocab],
-            Role::PosEmbd => vec![n_embd, cfg.max_position_embeddings],
-            Role::AttnNorm
-            | Role::AttnNormB
-            | Role::FfnNorm
-            | Role::FfnNormB
-            | Role::OutNorm
-            | Role::OutNormB
-            | Role::AttnOutB
-            | Role::FfnDownB => vec![n_embd],
-            Role::AttnQ => vec![n_embd, cfg.n_q()],
-            Role::AttnK | Role::AttnV => vec![n_embd, cfg.n_kv_dim()],
-            Role::AttnQB => vec![cfg.n_q()],
-            Role::AttnKB | Role::AttnVB => vec![cfg.n_kv_dim()],
-            Role::AttnQNorm | Role::AttnKNorm => vec![cfg.head_dim],
-            Role::AttnOut => vec![cfg.n_q(), n_embd],
-            Role::FfnGate | Role::FfnUp => vec![n_embd, n_ff],
-            Role::FfnUpB => vec![n_ff],
-            Role::FfnDown => vec![n_ff, n_embd],
-        }
-    }
-
-    /// Elements of one row (`ne[0]`).
-    pub fn row_len(self, cfg: &Config) -> usize {
-        self.ne(cfg)[0]
-    }
-
-    /// The ggml (GGUF) base name without `.weight` / `.bias` (`blk.0.attn_q`).
-    pub fn ggml_base(self, layer: Option<usize>) -> String {
-        let l = layer.unwrap_or(0);
-        let blk = |s: &str| format!("blk.{l}.{s}");
-        match self {
-            Role::TokEmbd => "token_embd".into(),
-            Role::PosEmbd => "position_embd".into(),
-            Role::OutNorm | Role::OutNormB => "output_norm".into(),
-            Role::Output => "output".into(),
-            Role::AttnNorm | Role::AttnNormB => blk("attn_norm"),
-            Role::AttnQ | Role::AttnQB => blk("attn_q"),
-            Role::AttnK | Role::AttnKB => blk("attn_k"),
-            Role::AttnV | Role::AttnVB => blk("attn_v"),
-            Role::AttnQNorm => blk("attn_q_norm"),
-            Role::AttnKNorm => blk("attn_k_norm"),
-            Role::AttnOut | Role::AttnOutB => blk("attn_output"),
-            Role::FfnNorm | Role::FfnNormB => blk("ffn_norm"),
-            Role::FfnGate => blk("ffn_gate"),
-            Role::FfnUp | Role::FfnUpB => blk("ffn_up"),
-            Role::FfnDown | Role::FfnDownB => blk("ffn_down"),
-        }
-    }
-
-    /// The GGUF tensor name (`blk.0.attn_q.weight`, `blk.0.attn_q.bias`).
-    pub fn gguf_name(self, layer: Option<usize>) -> String {
-        let suffix = if self.is_bias() { "bias" } else { "weight" };
-        format!("{}.{suffix}", self.ggml_base(layer))
-    }
-}
+use crate::models::arch::config::Config;
+use crate::models::arch::role::Role;
+use crate::models::arch::{MlpKind, NormKind, Positions};
 
 /// The tensors of a model shaped `cfg`, in buffer order, as groups laid out adjacently
 /// (q|k|v, their biases, gate|up): the globals before the layers (`None`), each layer's
@@ -596,7 +405,7 @@ impl Weights {
         be: &mut dyn Backend,
     ) -> Result<Weights> {
         let bytes = Weights::layout(cfg, dtype_of, BufferId(0)).bytes;
-        crate::models::memory::check_weights(bytes, be)?;
+        crate::models::load::fit::check_weights(bytes, be)?;
         let buffer = be.alloc_buffer(bytes)?;
         Ok(Weights::layout(cfg, dtype_of, buffer))
     }
@@ -912,8 +721,8 @@ pub fn quantize_on_backend(
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::models::presets;
-    use crate::models::quant_plan::QuantPlan;
+    use crate::models::arch::presets;
+    use crate::models::load::quant_plan::QuantPlan;
 
     #[test]
     fn slots_tile_the_buffer_without_overlap() {

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::graph::DType;
 use crate::quant::{dequantize_row, quantize_row};
 
-use super::arch::Source;
+use crate::models::arch::Source;
 
 /// Decodes one row of `dtype` (bytes) into f32 values.
 fn decode_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {

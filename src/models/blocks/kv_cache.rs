@@ -13,7 +13,7 @@
 //!
 //! The buffer starts zeroed and is only ever written with finite values, which is what
 //! lets a decode graph read a whole KV-length bucket and mask the positions it must not
-//! see (see [`super::blocks`]).
+//! see (see [`crate::models::blocks`]).
 //!
 //! **Sliding windows.** A model whose attention sees only the last `window` positions
 //! (Mistral) needs no more than `window` positions of cache plus the tokens of one
@@ -30,67 +30,9 @@ use crate::error::{Error, Result};
 use crate::graph::alloc::ALIGN;
 use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 
-use super::arch::Positions;
-use super::config::Config;
-
-/// The types a cache may have.
-pub const CACHE_TYPES: [DType; 5] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-];
-
-/// The cache's element types and the attention the model runs over it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CacheTypes {
-    /// Type of the K cache.
-    pub k: DType,
-    /// Type of the V cache.
-    pub v: DType,
-    /// Whether attention is the fused `flash_attn_ext` op (V stored by position) or the
-    /// classic chain of ops (V stored transposed).
-    pub flash_attn: bool,
-}
-
-impl Default for CacheTypes {
-    fn default() -> Self {
-        CacheTypes {
-            k: DType::F16,
-            v: DType::F16,
-            flash_attn: true,
-        }
-    }
-}
-
-impl CacheTypes {
-    /// Checks the types against the model: cache types from [`CACHE_TYPES`], whole blocks
-    /// per head for a block type, and no transposed block-typed V.
-    pub fn check(&self, cfg: &Config) -> Result<()> {
-        for (what, dt) in [("K", self.k), ("V", self.v)] {
-            if !CACHE_TYPES.contains(&dt) {
-                return Err(Error::model(format!(
-                    "{what} cache type {dt} is not one of f32, f16, bf16, q8_0, q4_0"
-                )));
-            }
-            if cfg.head_dim % dt.block_size() != 0 {
-                return Err(Error::model(format!(
-                    "a {dt} {what} cache needs a head size that is a multiple of {}; this model's is {}",
-                    dt.block_size(),
-                    cfg.head_dim
-                )));
-            }
-        }
-        if !self.flash_attn && self.v.quant().is_some() {
-            return Err(Error::model(format!(
-                "a {} V cache needs flash attention (--flash-attn on): without it V is stored transposed",
-                self.v
-            )));
-        }
-        Ok(())
-    }
-}
+use crate::models::arch::config::Config;
+use crate::models::arch::Positions;
+use crate::models::load::options::CacheTypes;
 
 /// The tokens of one prefill chunk of a ring cache: at most 256, and at most the window
 /// (so a ring holds at most twice the window).
@@ -244,7 +186,7 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::presets;
+    use crate::models::arch::presets;
 
     /// Learned positions end at the position table; a sliding window makes a ring.
     #[test]

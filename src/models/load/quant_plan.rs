@@ -23,8 +23,8 @@
 
 use crate::graph::DType;
 
-use super::config::Config;
-use super::weights::Role;
+use crate::models::arch::config::Config;
+use crate::models::arch::role::Role;
 
 /// A conversion of every weight: one type, or one of ggml's K-quant mixes.
 #[allow(non_camel_case_types)]
@@ -255,7 +255,7 @@ impl std::fmt::Display for QuantPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::presets;
+    use crate::models::arch::presets;
 
     #[test]
     fn use_more_bits_matches_ggml_for_32_layers() {

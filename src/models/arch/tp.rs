@@ -22,10 +22,10 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::config::Config;
-use super::weights::Role;
 use crate::error::{Error, Result};
 use crate::graph::DType;
+use crate::models::arch::config::Config;
+use crate::models::arch::role::Role;
 
 /// Which part of a tensor one device holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,7 +212,7 @@ impl Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::presets;
+    use crate::models::arch::presets;
 
     /// The shares of q, k/v and the MLP tile the whole tensors; the shard config has
     /// the shares' sizes.

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{Error, Result};
 
-use super::output::Output;
+use crate::models::runtime::output::Output;
 
 /// Picks the next token from a forward pass's output.
 #[derive(Clone, Debug)]

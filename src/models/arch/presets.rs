@@ -5,8 +5,8 @@
 
 use crate::ops::Llama3Scaling;
 
-use super::arch::Arch;
-use super::config::Config;
+use crate::models::arch::config::Config;
+use crate::models::arch::Arch;
 
 /// Every preset name.
 pub const NAMES: [&str; 7] = [
@@ -133,7 +133,7 @@ pub fn preset(name: &str) -> Option<Config> {
 mod tests {
     use super::*;
     use crate::graph::{BufferId, DType};
-    use crate::models::weights::{uniform, Weights};
+    use crate::models::load::weights::{uniform, Weights};
 
     /// The published parameter counts: 6.74 B for Llama 2 7B, 68.98 B for Llama 2 70B,
     /// 8.03 B for Llama 3 8B,

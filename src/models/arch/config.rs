@@ -1,6 +1,6 @@
 //! A model's hyper-parameters, read from a Hugging Face `config.json`: the architecture
 //! from `model_type` (see [`Arch`]; Llama when absent), the sizes under the names that
-//! architecture's configs use ([`HfKeys`](super::arch::HfKeys): `hidden_size` or GPT-2's
+//! architecture's configs use ([`HfKeys`](crate::models::arch::HfKeys): `hidden_size` or GPT-2's
 //! `n_embd`, ...), and Mistral's `sliding_window`.
 //!
 //! Both forms of the rope settings are understood: the classic `rope_theta` +
@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::graph::DType;
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
-use super::arch::{Arch, HfKeys};
+use crate::models::arch::{Arch, HfKeys};
 
 /// Default `rope_theta` of transformers' `LlamaConfig`, used when the file has none.
 pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
@@ -62,7 +62,7 @@ pub struct Config {
     /// Sliding-window attention (Mistral): a query at position `i` sees keys
     /// `i - window < j <= i`.
     pub sliding_window: Option<usize>,
-    /// Devices the model is split over (tensor parallelism, [`Split`](super::tp::Split)):
+    /// Devices the model is split over (tensor parallelism, [`Split`](crate::models::arch::tp::Split)):
     /// 1 for the whole model; above 1 this is one device's share, whose head counts and
     /// `intermediate_size` are that share's, and whose graphs sum the devices' partial
     /// projections with `all_reduce`.

@@ -6,14 +6,13 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::graph::BufferId;
+use crate::models::arch::config::Config;
+use crate::models::blocks::kv_cache::KvCache;
 use crate::models::blocks::{build_decode, build_prefill, decode_n_kv, prefill_room};
-use crate::models::config::Config;
-use crate::models::kv_cache::{CacheTypes, KvCache};
-use crate::models::weights::Weights;
+use crate::models::load::options::CacheTypes;
+use crate::models::load::weights::Weights;
 
-/// Device memory left free beyond the planned buffers: cuBLAS workspaces, captured
-/// graphs, the context's own allocations.
-pub const HEADROOM: usize = 512 << 20;
+pub use crate::models::load::fit::HEADROOM;
 
 /// Prompt tokens whose prefill arena is counted at load (a longer prompt's arena is
 /// allocated, and checked, when its plan is loaded).
@@ -104,23 +103,11 @@ pub fn check_backend(
     }
 }
 
-/// Checks that `bytes` of weights fit in what `be` has free.
-pub fn check_weights(bytes: usize, be: &mut dyn Backend) -> Result<()> {
-    match be.free_memory()? {
-        Some(free) if bytes.saturating_add(HEADROOM) > free => Err(Error::model(format!(
-            "the weights need {bytes} bytes (+{HEADROOM} bytes of headroom) and {} has \
-             {free} bytes free: use a smaller weight type (--quantize) or model",
-            be.name()
-        ))),
-        Some(_) | None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::presets;
-    use crate::models::quant_plan::QuantPlan;
+    use crate::models::arch::presets;
+    use crate::models::load::quant_plan::QuantPlan;
 
     fn seven_b() -> (Config, Weights) {
         let cfg = presets::preset("llama2-7b").unwrap();

@@ -15,8 +15,8 @@ use minijinja::value::Serde;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
-use super::gguf_tokenizer::TokenizerSpec;
 use crate::error::{Error, Result, TemplateProblem};
+use crate::models::text::gguf_tokenizer::TokenizerSpec;
 
 /// The built-in template for models that carry none: ChatML
 /// (`<|im_start|>role\ncontent<|im_end|>\n` per message).

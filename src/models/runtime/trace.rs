@@ -1,5 +1,5 @@
 //! Traces of a forward pass (`graft trace`): every named intermediate of
-//! [`TRACE_NAMES`](super::blocks::TRACE_NAMES), read and written as safetensors files,
+//! [`TRACE_NAMES`](crate::models::blocks::TRACE_NAMES), read and written as safetensors files,
 //! and compared tensor by tensor to find the first one where two runs part ways.
 //!
 //! A trace file holds one F32 tensor per name (its shape, tokens first) and three
@@ -21,7 +21,7 @@ use safetensors::Dtype;
 
 use crate::error::{Error, Result};
 
-use super::model::TraceTensor;
+use crate::models::runtime::model::TraceTensor;
 
 /// Metadata key: the tensor names in execution order, comma-separated.
 pub const ORDER_KEY: &str = "graft.trace.order";

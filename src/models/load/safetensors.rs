@@ -29,12 +29,19 @@ use crate::error::{Error, Result};
 use crate::files::{join_inside, open_regular, read_regular_to_string};
 use crate::graph::{BufferId, DType};
 
-use super::config::Config;
-use super::model::LoadOptions;
-use super::quant_plan::QuantPlan;
-use super::rows::{convert_rows, source_bytes, source_shape};
-use super::tp::Split;
-use super::weights::{check_sizes, layers_named, uniform, Role, SizeFields, Slot, Weights};
+use crate::models::arch::config::Config;
+use crate::models::arch::role::Role;
+use crate::models::arch::tp::Split;
+use crate::models::load::options::LoadOptions;
+use crate::models::load::quant_plan::QuantPlan;
+use crate::models::load::rows::{convert_rows, source_bytes, source_shape};
+use crate::models::load::weights::{check_sizes, layers_named, uniform, SizeFields, Slot, Weights};
+
+/// File name of a Hugging Face tokenizer inside a model folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// File name of the Hugging Face tokenizer settings (chat template, BOS/EOS texts).
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
 /// The single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -51,8 +58,8 @@ pub fn input_files(path: &Path) -> Vec<PathBuf> {
     let named = [
         "config.json",
         INDEX_FILE,
-        crate::models::tokenizer::TOKENIZER_FILE,
-        crate::models::tokenizer::TOKENIZER_CONFIG_FILE,
+        TOKENIZER_FILE,
+        TOKENIZER_CONFIG_FILE,
     ];
     let mut files: Vec<PathBuf> = named.iter().map(|n| path.join(n)).collect();
     if let Ok(entries) = std::fs::read_dir(path) {

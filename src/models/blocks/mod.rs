@@ -1,6 +1,6 @@
 //! The shared building blocks of decoder-only transformers, as functions over graft's
 //! graph API, and the two graphs every model runs. A model's architecture
-//! ([`Arch`](super::arch::Arch)) picks the blocks; nothing here is written for one model.
+//! ([`Arch`](crate::models::arch::Arch)) picks the blocks; nothing here is written for one model.
 //!
 //! A block is pre-norm: `x += attn(norm(x)); x += mlp(norm(x))` where
 //! - the norm is RMSNorm (`rms_norm(x) * w`) or LayerNorm (`norm(x) * w + b`);
@@ -35,14 +35,19 @@
 //! A **trace** graph ([`build_trace`]) is the prefill graph from position 0 with every
 //! named intermediate ([`TRACE_NAMES`]) kept as an output, for `graft trace`.
 
+pub mod kv_cache;
+
 use crate::error::{Error, Result};
 use crate::graph::{DType, FlashAttnParams, Graph, Plan, TensorId};
 use crate::ops::RopeParams;
 
-use super::arch::{MlpKind, NormKind, Positions};
-use super::config::Config;
-use super::kv_cache::{ring_chunk, CacheTypes, KvCache};
-use super::weights::{GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights};
+use crate::models::arch::config::Config;
+use crate::models::arch::{MlpKind, NormKind, Positions};
+use crate::models::load::options::CacheTypes;
+use crate::models::load::weights::{
+    GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights,
+};
+use kv_cache::{ring_chunk, KvCache};
 
 /// Positions per decode KV-length bucket (ggml pads the KV length the same way).
 pub const DECODE_BUCKET: usize = 256;
@@ -892,9 +897,10 @@ pub fn build_decode(
 mod tests {
     use super::*;
     use crate::graph::BufferId;
-    use crate::models::presets;
-    use crate::models::quant_plan::QuantPlan;
-    use crate::models::weights::{uniform, Role};
+    use crate::models::arch::presets;
+    use crate::models::arch::role::Role;
+    use crate::models::load::quant_plan::QuantPlan;
+    use crate::models::load::weights::uniform;
 
     #[test]
     fn buckets() {

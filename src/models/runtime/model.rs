@@ -1,5 +1,5 @@
 //! The inference API every architecture shares: a [`Model`] on a backend (weights, KV
-//! cache, the loaded plans of [`blocks`](super::blocks)' graphs), prefill and decode
+//! cache, the loaded plans of [`blocks`](crate::models::blocks)' graphs), prefill and decode
 //! steps, the generation loop with its stop rules and context shift, and traces of every
 //! named intermediate (`graft trace`).
 
@@ -11,20 +11,21 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::graph::TensorId;
 
-use super::blocks::{
+use crate::models::arch::config::Config;
+use crate::models::arch::tp::Split;
+use crate::models::blocks::kv_cache::KvCache;
+use crate::models::blocks::{
     attention_mask, build_decode, build_prefill, build_trace, decode_n_kv, prefill_room, ring_mask,
     ModelGraph,
 };
-use super::config::Config;
-use super::gguf_model;
-use super::kv_cache::{CacheTypes, KvCache};
-use super::loader;
-use super::memory;
-use super::output::{Logits, Output};
-use super::quant_plan::QuantPlan;
-use super::sampler::Sampler;
-use super::tp::Split;
-use super::weights::Weights;
+use crate::models::load::gguf;
+use crate::models::load::options::{CacheTypes, LoadOptions};
+use crate::models::load::quant_plan::QuantPlan;
+use crate::models::load::safetensors;
+use crate::models::load::weights::Weights;
+use crate::models::runtime::memory;
+use crate::models::runtime::output::{Logits, Output};
+use crate::models::runtime::sampler::Sampler;
 
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
 const MAX_PREFILL_PLANS: usize = 4;
@@ -144,26 +145,10 @@ pub struct PlanCounts {
     pub decode: usize,
 }
 
-/// Options of [`Model::load`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LoadOptions {
-    /// Convert the matrices on the host while loading ([`QuantPlan`]: one type, or one
-    /// of ggml's K-quant mixes); `None` keeps each tensor's own dtype (norms become F32).
-    pub quantize: Option<QuantPlan>,
-    /// KV-cache positions ([`default_ctx`] when `None`). A context longer than the
-    /// model's `max_position_embeddings` is allowed (the caller may warn): nothing in
-    /// graft limits it, but the model was not trained for it.
-    pub ctx: Option<usize>,
-    /// Whether to show a progress bar on stderr (only drawn on a terminal).
-    pub progress: bool,
-    /// The KV cache's types and the attention the model runs (fused by default).
-    pub cache: CacheTypes,
-}
-
 /// One intermediate tensor of a trace ([`Model::trace`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceTensor {
-    /// Its name (`blk.0.q`, see [`TRACE_NAMES`](super::blocks::TRACE_NAMES)).
+    /// Its name (`blk.0.q`, see [`TRACE_NAMES`](crate::models::blocks::TRACE_NAMES)).
     pub name: String,
     /// Its shape, outermost first (tokens first).
     pub shape: Vec<usize>,
@@ -275,7 +260,7 @@ impl Model {
     /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
     /// weights) or a GGUF file of architecture `llama` (see [`gguf_model`]).
     pub fn load(path: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Model> {
-        let gguf = gguf_model::is_gguf_path(path);
+        let gguf = gguf::is_gguf_path(path);
         if !gguf && !path.is_dir() {
             return Err(Error::model(format!(
                 "model {} does not exist or is neither a folder nor a GGUF file",
@@ -284,7 +269,7 @@ impl Model {
         }
         let (config, file) = if gguf {
             let f = GgufFile::open(path)?;
-            (gguf_model::config_from_gguf(&f)?, Some(f))
+            (gguf::config_from_gguf(&f)?, Some(f))
         } else {
             (Config::from_file(&path.join("config.json"))?, None)
         };
@@ -292,8 +277,8 @@ impl Model {
         let shard = Split::new(&config, be.devices())?.shard();
         KvCache::check_ctx(&shard, ctx, opts.cache)?;
         let weights = match &file {
-            Some(f) => gguf_model::load_gguf_weights(f, &config, be, opts)?,
-            None => loader::load_weights(path, &config, be, opts)?,
+            Some(f) => gguf::load_gguf_weights(f, &config, be, opts)?,
+            None => safetensors::load_weights(path, &config, be, opts)?,
         };
         weights.freeze(&shard, be)?;
         opts.cache.check(&shard)?;

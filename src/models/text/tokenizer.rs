@@ -1,5 +1,5 @@
 //! Tokenizer glue: a model folder's `tokenizer.json`, or GGUF tokenizer metadata (see
-//! [`super::gguf_tokenizer::TokenizerSpec`]), through the `tokenizers` crate.
+//! [`crate::models::text::gguf_tokenizer::TokenizerSpec`]), through the `tokenizers` crate.
 //!
 //! Encoding adds special tokens the way the file's post-processor says (a BOS in front
 //! for Llama 2 and 3). Decoding streams: [`TokenStream`] returns the text each new token
@@ -18,21 +18,17 @@ use tokenizers::{
     PreTokenizerWrapper,
 };
 
-use super::chat::ChatTemplate;
-use super::gguf_tokenizer::{TokenizerSpec, END_OF_TURN_TEXTS};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::models::text::chat::ChatTemplate;
+use crate::models::text::gguf_tokenizer::{TokenizerSpec, END_OF_TURN_TEXTS};
 
 /// Whether a special token's text marks the end of a text or of a turn.
 fn is_end_of_text(text: &str) -> bool {
     END_OF_TURN_TEXTS.contains(&text) || matches!(text, "</s>" | "<|end_of_text|>")
 }
 
-/// File name of a Hugging Face tokenizer inside a model folder.
-pub const TOKENIZER_FILE: &str = "tokenizer.json";
-
-/// File name of the Hugging Face tokenizer settings (chat template, BOS/EOS texts).
-pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+pub use crate::models::load::safetensors::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 
 /// The GGUF key that names the tokenizer kind; a file without it has no tokenizer.
 const GGUF_TOKENIZER_KEY: &str = "tokenizer.ggml.model";
