@@ -48,6 +48,7 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
         Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, None, lw),
+        Op::PagedAttn(_) => Err("paged_attn has no CUDA kernel in this build".into()),
         Op::AllReduce(p) => collective::lower(p, src, dst, lw),
     }
 }
