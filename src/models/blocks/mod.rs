@@ -35,6 +35,7 @@
 //! A **trace** graph ([`build_trace`]) is the prefill graph from position 0 with every
 //! named intermediate ([`TRACE_NAMES`]) kept as an output, for `graft trace`.
 
+pub mod batch;
 pub mod kv_cache;
 
 use crate::error::{Error, Result};

@@ -194,6 +194,73 @@ impl Generation {
     }
 }
 
+/// A model's weights on a backend, frozen: the whole model's hyper-parameters, one
+/// device's share of them and the weights laid out by that share.
+pub struct LoadedWeights {
+    /// The whole model's hyper-parameters.
+    pub config: Config,
+    /// One device's share ([`Split::shard`]); the whole model on one device.
+    pub shard: Config,
+    /// The weights.
+    pub weights: Weights,
+}
+
+/// Loads the weights of a Hugging Face folder or a GGUF file onto `be`; `check` sees
+/// the whole config and one device's share before any weight is read (a context that
+/// cannot fit fails before a long load).
+pub fn load_weights(
+    path: &Path,
+    be: &mut dyn Backend,
+    opts: &LoadOptions,
+    check: impl FnOnce(&Config, &Config) -> Result<()>,
+) -> Result<LoadedWeights> {
+    let is_gguf = gguf::is_gguf_path(path);
+    if !is_gguf && !path.is_dir() {
+        return Err(Error::model(format!(
+            "model {} does not exist or is neither a folder nor a GGUF file",
+            path.display()
+        )));
+    }
+    let (config, file) = if is_gguf {
+        let f = GgufFile::open(path)?;
+        (gguf::config_from_gguf(&f)?, Some(f))
+    } else {
+        (Config::from_file(&path.join("config.json"))?, None)
+    };
+    let shard = Split::new(&config, be.devices())?.shard();
+    check(&config, &shard)?;
+    let weights = match &file {
+        Some(f) => gguf::load_gguf_weights(f, &config, be, opts)?,
+        None => safetensors::load_weights(path, &config, be, opts)?,
+    };
+    weights.freeze(&shard, be)?;
+    Ok(LoadedWeights {
+        config,
+        shard,
+        weights,
+    })
+}
+
+/// Seeded random weights made on the device in the dtypes of `plan` (benchmarks; block
+/// types are quantized on the device from F32 values), frozen.
+pub fn random_weights(
+    config: Config,
+    plan: QuantPlan,
+    seed: u64,
+    be: &mut dyn Backend,
+) -> Result<LoadedWeights> {
+    let shard = Split::new(&config, be.devices())?.shard();
+    let pick = |role, layer| plan.pick(role, layer, &shard).dtype;
+    let weights = Weights::alloc(&shard, &pick, be)?;
+    weights.fill_random(&shard, be, seed)?;
+    weights.freeze(&shard, be)?;
+    Ok(LoadedWeights {
+        config,
+        shard,
+        weights,
+    })
+}
+
 /// A model of any supported architecture on a backend: weights, KV cache and the
 /// loaded plans.
 ///
@@ -258,33 +325,17 @@ impl Model {
     }
 
     /// Loads a model onto `be`: a Hugging Face folder (config.json and safetensors
-    /// weights) or a GGUF file of architecture `llama` (see [`gguf_model`]).
+    /// weights) or a GGUF file (see [`gguf`]), with a KV cache of `opts.ctx` positions.
     pub fn load(path: &Path, be: &mut dyn Backend, opts: &LoadOptions) -> Result<Model> {
-        let gguf = gguf::is_gguf_path(path);
-        if !gguf && !path.is_dir() {
-            return Err(Error::model(format!(
-                "model {} does not exist or is neither a folder nor a GGUF file",
-                path.display()
-            )));
-        }
-        let (config, file) = if gguf {
-            let f = GgufFile::open(path)?;
-            (gguf::config_from_gguf(&f)?, Some(f))
-        } else {
-            (Config::from_file(&path.join("config.json"))?, None)
-        };
-        let ctx = opts.ctx.unwrap_or_else(|| default_ctx(&config));
-        let shard = Split::new(&config, be.devices())?.shard();
-        KvCache::check_ctx(&shard, ctx, opts.cache)?;
-        let weights = match &file {
-            Some(f) => gguf::load_gguf_weights(f, &config, be, opts)?,
-            None => safetensors::load_weights(path, &config, be, opts)?,
-        };
-        weights.freeze(&shard, be)?;
-        opts.cache.check(&shard)?;
-        memory::check_backend(&shard, &weights, ctx, opts.cache, be)?;
-        let cache = KvCache::alloc(&shard, ctx, opts.cache, be)?;
-        Ok(Model::new_split(config, shard, weights, cache))
+        let mut ctx = 0;
+        let w = load_weights(path, be, opts, |config, shard| {
+            ctx = opts.ctx.unwrap_or_else(|| default_ctx(config));
+            KvCache::check_ctx(shard, ctx, opts.cache).map(|_| ())
+        })?;
+        opts.cache.check(&w.shard)?;
+        memory::check_backend(&w.shard, &w.weights, ctx, opts.cache, be)?;
+        let cache = KvCache::alloc(&w.shard, ctx, opts.cache, be)?;
+        Ok(Model::new_split(w.config, w.shard, w.weights, cache))
     }
 
     /// A model with seeded random weights made on the device (benchmarks), in the
@@ -297,15 +348,11 @@ impl Model {
         seed: u64,
         be: &mut dyn Backend,
     ) -> Result<Model> {
-        let shard = Split::new(&config, be.devices())?.shard();
-        let pick = |role, layer| plan.pick(role, layer, &shard).dtype;
-        let weights = Weights::alloc(&shard, &pick, be)?;
-        weights.fill_random(&shard, be, seed)?;
-        weights.freeze(&shard, be)?;
         cache.check(&config)?;
-        memory::check_backend(&shard, &weights, ctx, cache, be)?;
-        let cache = KvCache::alloc(&shard, ctx, cache, be)?;
-        Ok(Model::new_split(config, shard, weights, cache))
+        let w = random_weights(config, plan, seed, be)?;
+        memory::check_backend(&w.shard, &w.weights, ctx, cache, be)?;
+        let cache = KvCache::alloc(&w.shard, ctx, cache, be)?;
+        Ok(Model::new_split(w.config, w.shard, w.weights, cache))
     }
 
     /// The whole model's hyper-parameters.
