@@ -772,7 +772,7 @@ impl Model {
             on_token(t)?;
             Ok(g.tokens.len() < n)
         };
-        let mut next = sampler.pick(&out);
+        let mut next = sampler.pick(&out)?;
         let mut go = n > 0 && accept(&mut g, next)?;
         while go {
             let t = Instant::now();
@@ -795,7 +795,7 @@ impl Model {
                 let out = self.decode_step(be, next, true)?;
                 g.decode_secs += t.elapsed().as_secs_f64();
                 g.decode_steps += 1;
-                next = sampler.pick(&out);
+                next = sampler.pick(&out)?;
                 go = accept(&mut g, next)?;
             }
         }

@@ -64,25 +64,28 @@ impl Sampler {
 
     /// The next token: the argmax when greedy, else a sample from the last `vocab`
     /// logits of `out`.
-    pub fn pick(&mut self, out: &Output) -> u32 {
+    pub fn pick(&mut self, out: &Output) -> Result<u32> {
         if self.is_greedy() || out.logits.is_empty() {
-            out.argmax
+            Ok(out.argmax)
         } else {
             self.sample(&out.logits)
         }
     }
 
-    /// Samples a token from `logits` (NaN entries are never picked).
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let inv_t = 1.0 / self.temperature;
+    /// Samples a token from `logits` (NaN entries are never picked). Any finite positive
+    /// temperature works: the logits are scaled as differences from the largest one,
+    /// `(l - max) / t <= 0`, which cannot overflow, so a temperature too small to tell
+    /// two logits apart picks the largest (greedy). Probabilities that are not numbers
+    /// are an error, never a silent pick.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .filter(|(_, l)| !l.is_nan())
-            .map(|(i, &l)| (i as u32, l * inv_t))
+            .map(|(i, &l)| (i as u32, l))
             .collect();
         if cand.is_empty() {
-            return 0;
+            return Err(Error::model("sampling: every logit is NaN"));
         }
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if self.top_k > 0 && self.top_k < cand.len() {
@@ -95,7 +98,14 @@ impl Sampler {
             cand.sort_unstable_by(by_logit);
         }
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let t = self.temperature;
+        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| ((l - max) / t).exp()).collect();
+        if let Some(i) = probs.iter().position(|p| p.is_nan()) {
+            return Err(Error::model(format!(
+                "sampling: the probability of token {} is NaN (logit {}, temperature {t})",
+                cand[i].0, cand[i].1
+            )));
+        }
         let total: f32 = probs.iter().sum();
         if self.top_p < 1.0 {
             let mut acc = 0.0;
@@ -112,11 +122,13 @@ impl Sampler {
         let mut r = self.rng.random::<f32>() * kept;
         for (i, p) in probs.iter().enumerate() {
             if r < *p {
-                return cand[i].0;
+                return Ok(cand[i].0);
             }
             r -= p;
         }
-        cand[probs.len() - 1].0
+        // Rounding left r at or past the sum: the last token with any probability.
+        let last = probs.iter().rposition(|&p| p > 0.0).unwrap_or(0);
+        Ok(cand[last].0)
     }
 }
 
@@ -134,7 +146,7 @@ mod tests {
     fn histogram(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<f64> {
         let mut h = vec![0f64; logits.len()];
         for _ in 0..n {
-            h[s.sample(logits) as usize] += 1.0;
+            h[s.sample(logits).unwrap() as usize] += 1.0;
         }
         h.iter().map(|c| c / n as f64).collect()
     }
@@ -147,7 +159,7 @@ mod tests {
             argmax: 3,
             logits: vec![],
         };
-        assert_eq!(Sampler::greedy().pick(&out), 3);
+        assert_eq!(Sampler::greedy().pick(&out).unwrap(), 3);
         assert!(Sampler::new(0.0, None, None, 1).unwrap().is_greedy());
         assert!(Sampler::new(0.8, Some(1), None, 1).unwrap().is_greedy());
         assert!(!Sampler::new(0.8, None, None, 1).unwrap().is_greedy());
@@ -193,10 +205,26 @@ mod tests {
     fn seeds_reproduce() {
         let draw = |seed| {
             let mut s = Sampler::new(1.0, Some(4), Some(0.95), seed).unwrap();
-            (0..64).map(|_| s.sample(&LOGITS)).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| s.sample(&LOGITS).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(3), draw(3));
         assert_ne!(draw(3), draw(4));
+    }
+
+    /// A temperature so small that `1 / t` overflows (or is close to it) samples the
+    /// largest logit, as greedy does; it once gave the last id every time (`l * inf` is
+    /// NaN at l = 0 and `inf - inf` NaN elsewhere).
+    #[test]
+    fn a_tiny_temperature_is_greedy() {
+        let logits = [1.0, 0.0, 3.5, -2.0, 2.0, 0.25];
+        for t in [1e-45, 1e-40, 1e-38, f32::MIN_POSITIVE, 1e-30, 1e-6] {
+            let mut s = Sampler::new(t, None, None, 9).unwrap();
+            for _ in 0..50 {
+                assert_eq!(s.sample(&logits).unwrap(), 2, "temperature {t:e}");
+            }
+        }
     }
 
     #[test]

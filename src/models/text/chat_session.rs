@@ -277,7 +277,7 @@ impl<M: ChatModel> ChatSession<M> {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<(EndReason, Vec<u32>, Option<u32>)> {
         let greedy = self.sampler.is_greedy();
-        let mut next = self.sampler.pick(out);
+        let mut next = self.sampler.pick(out)?;
         let mut stream = self.tok.stream(&[])?;
         let mut ids = Vec::new();
         let reason = loop {
@@ -296,7 +296,7 @@ impl<M: ChatModel> ChatSession<M> {
                 break EndReason::ContextFull;
             }
             let out = self.model.decode(next, !greedy)?;
-            next = self.sampler.pick(&out);
+            next = self.sampler.pick(&out)?;
         };
         self.pending = vec![next];
         Ok((reason, ids, None))
