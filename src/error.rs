@@ -116,6 +116,13 @@ pub enum Error {
         msg: String,
     },
 
+    /// A sampling setting out of its range (a temperature below 0, a top-p above 1, a
+    /// logit bias for a token outside the vocabulary): `param` is the setting's name as
+    /// in [`SamplingParams`](crate::models::SamplingParams) (`top_p`), so a server can
+    /// name the request field.
+    #[error("sampling setting {param}: {msg}")]
+    Sampling { param: &'static str, msg: String },
+
     /// The default model could not be pulled into the cache: python3 or pip missing, the
     /// download failed, or the file's hash is wrong.
     #[error("pull: {0}")]
@@ -176,6 +183,14 @@ impl Error {
     pub fn tokenizer_spec(key: &'static str, msg: impl Into<String>) -> Self {
         Error::TokenizerSpec {
             key,
+            msg: msg.into(),
+        }
+    }
+
+    /// Shorthand for a sampling error naming its setting.
+    pub fn sampling(param: &'static str, msg: impl Into<String>) -> Self {
+        Error::Sampling {
+            param,
             msg: msg.into(),
         }
     }

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use graft::backend::cpu::CpuBackend;
 use graft::models::text::chat::{Continuation, Message};
 use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
-use graft::models::{text::tokenizer, LoadOptions, Logits, Model, Sampler};
+use graft::models::{text::tokenizer, LoadOptions, Logits, Model, SamplerChain};
 
 const TINY: &str = "llama3-tiny-bf16";
 
@@ -45,7 +45,7 @@ fn session<'a>(
         on,
         found.tokenizer,
         template,
-        Sampler::greedy(),
+        SamplerChain::greedy(),
         max_tokens,
         system,
     )
@@ -272,8 +272,15 @@ fn default_model_answers_the_capital_of_france() {
         model: &mut model,
         be: &mut be,
     };
-    let mut s =
-        ChatSession::new(on, found.tokenizer, template, Sampler::greedy(), 32, None).unwrap();
+    let mut s = ChatSession::new(
+        on,
+        found.tokenizer,
+        template,
+        SamplerChain::greedy(),
+        32,
+        None,
+    )
+    .unwrap();
     // This question's greedy answer has clear margins in transformers' float32 run (the
     // smallest before "Paris." is 1.02 logits); "What is the capital of France?" starts
     // with a near-tie (0.08) that quantization error decides either way.

@@ -7,7 +7,7 @@
 mod fixtures;
 
 use graft::backend::cpu::CpuBackend;
-use graft::models::{LoadOptions, Model, Sampler};
+use graft::models::{LoadOptions, Model, SamplerChain};
 
 const CTX: usize = 16;
 
@@ -23,7 +23,7 @@ fn load(be: &mut CpuBackend) -> Model {
 }
 
 fn greedy(m: &mut Model, be: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
-    m.generate(be, prompt, n, &mut Sampler::greedy(), &mut |_| Ok(()))
+    m.generate(be, prompt, n, &mut SamplerChain::greedy(), &mut |_| Ok(()))
         .unwrap()
         .tokens
 }
@@ -38,7 +38,7 @@ fn generation_goes_past_the_context_by_shifting() {
             &mut be,
             &prompt,
             40,
-            &mut Sampler::greedy(),
+            &mut SamplerChain::greedy(),
             &mut |_| Ok(()),
         )
         .unwrap_err()

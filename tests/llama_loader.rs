@@ -12,7 +12,7 @@ use std::path::Path;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
-use graft::models::{LoadOptions, Logits, Model, Sampler};
+use graft::models::{LoadOptions, Logits, Model, SamplerChain};
 use graft::Error;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -389,11 +389,17 @@ fn api_errors() {
     let e = m.prefill(be, &[], Logits::None).unwrap_err();
     assert!(e.to_string().contains("empty prompt"), "{e}");
     let e = m
-        .generate(be, &[], 3, &mut Sampler::greedy(), &mut |_| Ok(()))
+        .generate(be, &[], 3, &mut SamplerChain::greedy(), &mut |_| Ok(()))
         .unwrap_err();
     assert!(e.to_string().contains("empty prompt"), "{e}");
     let e = m
-        .generate(be, &[0; 15], 6, &mut Sampler::greedy(), &mut |_| Ok(()))
+        .generate(
+            be,
+            &[0; 15],
+            6,
+            &mut SamplerChain::greedy(),
+            &mut |_| Ok(()),
+        )
         .unwrap_err();
     assert!(
         e.to_string().contains("15 tokens") && e.to_string().contains("context of 20"),
@@ -411,9 +417,13 @@ fn api_errors() {
     );
     // A callback error stops generation and is returned as is.
     let e = m
-        .generate(be, &[0, 302, 466], 5, &mut Sampler::greedy(), &mut |_| {
-            Err(Error::model("stop here"))
-        })
+        .generate(
+            be,
+            &[0, 302, 466],
+            5,
+            &mut SamplerChain::greedy(),
+            &mut |_| Err(Error::model("stop here")),
+        )
         .unwrap_err();
     assert_eq!(e.to_string(), "stop here");
 }
@@ -422,7 +432,7 @@ fn api_errors() {
 /// are unloaded (least recently used first), so the loaded plans stay bounded.
 #[test]
 fn decode_plans_stay_bounded_over_a_long_run() {
-    use graft::models::Sampler;
+    use graft::models::SamplerChain;
     use graft::models::{blocks::DECODE_BUCKET, runtime::model::MAX_DECODE_PLANS};
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
@@ -434,7 +444,7 @@ fn decode_plans_stay_bounded_over_a_long_run() {
     };
     let mut m = Model::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
     let g = m
-        .generate(be, &[1], n, &mut Sampler::greedy(), &mut |_| Ok(()))
+        .generate(be, &[1], n, &mut SamplerChain::greedy(), &mut |_| Ok(()))
         .unwrap();
     assert_eq!(g.tokens.len(), n, "the run stopped early ({:?})", g.stop);
     let built = m.plan_counts().decode;

@@ -51,7 +51,7 @@ mod fixtures;
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{LoadOptions, Logits, Model, QuantPlan, Sampler, Stop};
+use graft::models::{LoadOptions, Logits, Model, QuantPlan, SamplerChain, SamplingParams, Stop};
 
 /// One fixture: the shared reference data (prompt, greedy tokens, logits) and what
 /// these tests add to it.
@@ -228,7 +228,7 @@ fn greedy_tokens_match_hf() {
             safe >= 12,
             "{name}: noise floor {floor} leaves only {safe} comparable steps"
         );
-        let mut sampler = Sampler::greedy();
+        let mut sampler = SamplerChain::greedy();
         let g = m
             .generate(be, &f.tokens, f.greedy.len(), &mut sampler, &mut |_| Ok(()))
             .unwrap();
@@ -438,7 +438,7 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
         let mut m = Model::new(cfg, w, kv);
         let mut seen = Vec::new();
         let g = m
-            .generate(be, &f.tokens, 20, &mut Sampler::greedy(), &mut |t| {
+            .generate(be, &f.tokens, 20, &mut SamplerChain::greedy(), &mut |t| {
                 seen.push(t);
                 Ok(())
             })
@@ -447,14 +447,28 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
         assert_eq!(g.tokens, f.greedy[..i]);
         assert_eq!(seen, g.tokens);
 
-        let mut top1 = Sampler::new(1.3, Some(1), None, 5).unwrap();
+        let vocab = m.config().vocab_size;
+        let top1 = SamplingParams {
+            temperature: 1.3,
+            top_k: 1,
+            seed: Some(5),
+            ..SamplingParams::greedy()
+        };
+        let mut top1 = SamplerChain::new(&top1, vocab).unwrap();
         let g = m
             .generate(be, &f.tokens, 20, &mut top1, &mut |_| Ok(()))
             .unwrap();
         assert_eq!((g.stop, &g.tokens[..]), (Stop::Eos, &f.greedy[..i]));
 
         let run = |m: &mut Model, be: &mut dyn Backend, seed| {
-            let mut s = Sampler::new(1.0, Some(40), Some(0.9), seed).unwrap();
+            let p = SamplingParams {
+                temperature: 1.0,
+                top_k: 40,
+                top_p: 0.9,
+                seed: Some(seed),
+                ..SamplingParams::greedy()
+            };
+            let mut s = SamplerChain::new(&p, vocab).unwrap();
             m.generate(be, &f.tokens, 12, &mut s, &mut |_| Ok(()))
                 .unwrap()
                 .tokens
@@ -511,7 +525,7 @@ fn cache_types_and_flash_attention() {
                 };
                 assert!(e < limit, "{label}: NMSE {e:e} >= {limit:e}");
                 m.reset();
-                let mut s = Sampler::greedy();
+                let mut s = SamplerChain::greedy();
                 let g = m
                     .generate(be, &f.tokens, 16, &mut s, &mut |_| Ok(()))
                     .unwrap();

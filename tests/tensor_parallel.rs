@@ -22,7 +22,7 @@ use graft::backend::group::DeviceGroup;
 use graft::backend::{Backend, ExecId};
 use graft::graph::{BufferId, DType, TensorId};
 use graft::models::blocks::build_decode;
-use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, Sampler};
+use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, SamplerChain};
 
 fn opts(cache: CacheTypes, quantize: Option<QuantPlan>) -> LoadOptions {
     LoadOptions {
@@ -56,7 +56,7 @@ fn run(name: &'static str, be: &mut dyn Backend, o: &LoadOptions) -> (Vec<f32>, 
         );
     }
     let logits = m.prefill(be, &r.tokens, Logits::All).unwrap().logits;
-    let mut greedy = Sampler::greedy();
+    let mut greedy = SamplerChain::greedy();
     let g = m
         .generate(be, &r.tokens, 6, &mut greedy, &mut |_| Ok(()))
         .unwrap();

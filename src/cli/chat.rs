@@ -68,10 +68,10 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
 pub fn run(a: Args) -> Result<()> {
     let path = model_path(a.model)?;
     let (tok, template) = chat_parts(&path)?;
-    let sampler = a.sampling.sampler()?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
+    let sampler = a.sampling.sampler(model.config().vocab_size)?;
     let on = LlamaOn {
         model: &mut model,
         be,

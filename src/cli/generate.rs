@@ -108,7 +108,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     let prompt = prompt_ids(&a, tokenizer.as_ref(), &path)?;
-    let mut sampler = a.sampling.sampler()?;
+    let mut sampler = a.sampling.sampler(model.config().vocab_size)?;
     model.set_context_shift(a.context_shift);
     model.set_ignore_eos(a.ignore_eos);
     model.check_generation(&prompt, a.n)?;
@@ -215,10 +215,10 @@ fn report(
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
 fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
-    let sampler = a.sampling.sampler()?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;
+    let sampler = a.sampling.sampler(model.config().vocab_size)?;
     let on = LlamaOn {
         model: &mut model,
         be,

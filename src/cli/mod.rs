@@ -211,9 +211,17 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The sampler these options ask for (or the error naming a bad value).
-    fn sampler(&self) -> Result<graft::models::Sampler> {
-        graft::models::Sampler::new(self.temperature, self.top_k, self.top_p, self.seed)
+    /// The sampler these options ask for over `vocab` tokens (or the error naming a bad
+    /// value).
+    fn sampler(&self, vocab: usize) -> Result<graft::models::SamplerChain> {
+        let p = graft::models::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k.unwrap_or(0),
+            top_p: self.top_p.unwrap_or(1.0),
+            seed: Some(self.seed),
+            ..graft::models::SamplingParams::greedy()
+        };
+        graft::models::SamplerChain::new(&p, vocab)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::models::load::safetensors;
 use crate::models::load::weights::Weights;
 use crate::models::runtime::memory;
 use crate::models::runtime::output::{Logits, Output};
-use crate::models::runtime::sampler::Sampler;
+use crate::models::runtime::sampling::SamplerChain;
 
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
 const MAX_PREFILL_PLANS: usize = 4;
@@ -473,10 +473,7 @@ impl Model {
             last = Some(out);
         }
         let out = last.ok_or_else(|| Error::model("prefill needs at least one token"))?;
-        Ok(Output {
-            argmax: out.argmax,
-            logits: all,
-        })
+        Ok(Output { logits: all, ..out })
     }
 
     /// One prefill graph over `tokens` (the whole prompt, or a ring cache's chunk).
@@ -692,7 +689,11 @@ impl Model {
             Vec::new()
         };
         let argmax = argmax_token(argmax, last, step)?;
-        Ok(Output { argmax, logits })
+        Ok(Output {
+            argmax,
+            logits,
+            top: None,
+        })
     }
 
     /// Runs `tokens` from an empty cache through the trace graph
@@ -779,16 +780,16 @@ impl Model {
         Ok(())
     }
 
-    /// Generates up to `n` tokens after `prompt` (from an empty cache), calling
-    /// `on_token` with each one as soon as it is known; stops early at an EOS token.
-    /// Greedy sampling reads back only the on-device argmax; other samplers read the
-    /// last logits.
+    /// Generates up to `n` tokens after `prompt` (from an empty cache) with `sampler`,
+    /// calling `on_token` with each one as soon as it is known; stops early at an EOS
+    /// token. Greedy sampling reads back only the on-device argmax; other samplers read
+    /// the last logits.
     pub fn generate(
         &mut self,
         be: &mut dyn Backend,
         prompt: &[u32],
         n: usize,
-        sampler: &mut Sampler,
+        sampler: &mut SamplerChain,
         on_token: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<Generation> {
         self.check_generation(prompt, n)?;
@@ -819,7 +820,9 @@ impl Model {
             on_token(t)?;
             Ok(g.tokens.len() < n)
         };
-        let mut next = sampler.pick(&out);
+        // the sequence so far, for the penalties
+        let mut seq = prompt.to_vec();
+        let mut next = sampler.pick(&out, &seq)?;
         let mut go = n > 0 && accept(&mut g, next)?;
         while go {
             let t = Instant::now();
@@ -840,9 +843,10 @@ impl Model {
                 g.decode_secs += t.elapsed().as_secs_f64();
             } else {
                 let out = self.decode_step(be, next, true)?;
+                seq.push(next);
+                next = sampler.pick(&out, &seq)?;
                 g.decode_secs += t.elapsed().as_secs_f64();
                 g.decode_steps += 1;
-                next = sampler.pick(&out);
                 go = accept(&mut g, next)?;
             }
         }

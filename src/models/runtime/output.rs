@@ -2,6 +2,9 @@
 //! for. Model-independent, so that sampling and the generation loop do not depend on a
 //! particular architecture.
 
+use crate::error::{Error, Result};
+use crate::models::runtime::sampling::Row;
+
 /// Which logits a forward pass reads back to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -13,6 +16,16 @@ pub enum Logits {
     All,
 }
 
+/// The largest logits of one position with their token ids, largest first (ties: lower
+/// id first).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopLogits {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Their logits.
+    pub logits: Vec<f32>,
+}
+
 /// What a forward pass returns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Output {
@@ -20,4 +33,35 @@ pub struct Output {
     pub argmax: u32,
     /// The logits asked for, `vocab` values per position (empty for [`Logits::None`]).
     pub logits: Vec<f32>,
+    /// The largest logits of the last position, when the forward pass selected them.
+    pub top: Option<TopLogits>,
+}
+
+impl Output {
+    /// Only the argmax (what [`Logits::None`] reads).
+    pub fn argmax(argmax: u32) -> Output {
+        Output {
+            argmax,
+            logits: Vec::new(),
+            top: None,
+        }
+    }
+
+    /// The last position's logits to sample from: the top candidates when read, else the
+    /// last `vocab` logits.
+    pub fn row(&self, vocab: usize) -> Result<Row<'_>> {
+        if let Some(t) = &self.top {
+            return Ok(Row::Top {
+                ids: &t.ids,
+                logits: &t.logits,
+            });
+        }
+        match self.logits.len().checked_sub(vocab) {
+            Some(from) if vocab > 0 => Ok(Row::Full(&self.logits[from..])),
+            _ => Err(Error::plan(format!(
+                "sampling needs the logits of the last position, but the forward pass read back {} values (vocabulary {vocab})",
+                self.logits.len()
+            ))),
+        }
+    }
 }

@@ -21,7 +21,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::models::runtime::model::Model;
 use crate::models::runtime::output::{Logits, Output};
-use crate::models::runtime::sampler::Sampler;
+use crate::models::runtime::sampling::SamplerChain;
 use crate::models::text::chat::{ChatTemplate, Continuation, Message};
 use crate::models::text::tokenizer::Tokenizer;
 
@@ -110,10 +110,12 @@ pub struct ChatSession<M: ChatModel> {
     model: M,
     tok: Tokenizer,
     template: ChatTemplate,
-    sampler: Sampler,
+    sampler: SamplerChain,
     max_tokens: usize,
     system: Option<String>,
     messages: Vec<Message>,
+    /// The tokens the cache holds, in order (the penalties' history).
+    history: Vec<u32>,
     /// The text the cache and `pending` stand for.
     seen: String,
     /// Tokens of `seen` not yet run through the model.
@@ -129,7 +131,7 @@ impl<M: ChatModel> ChatSession<M> {
         mut model: M,
         mut tok: Tokenizer,
         template: ChatTemplate,
-        sampler: Sampler,
+        sampler: SamplerChain,
         max_tokens: usize,
         system: Option<String>,
     ) -> Result<Self> {
@@ -146,6 +148,7 @@ impl<M: ChatModel> ChatSession<M> {
             max_tokens,
             system,
             messages: Vec::new(),
+            history: Vec::new(),
             seen: String::new(),
             pending: Vec::new(),
             totals: (0, 0),
@@ -188,6 +191,7 @@ impl<M: ChatModel> ChatSession<M> {
         }
         self.seen.clear();
         self.pending.clear();
+        self.history.clear();
     }
 
     /// One turn: `user` says something, the reply streams to `on_text` piece by piece.
@@ -207,6 +211,7 @@ impl<M: ChatModel> ChatSession<M> {
         }
         if from_scratch {
             self.model.reset();
+            self.history.clear();
         }
         let mode = if self.sampler.is_greedy() {
             Logits::None
@@ -214,6 +219,7 @@ impl<M: ChatModel> ChatSession<M> {
             Logits::Last
         };
         let out = self.model.prefill(&tokens, mode)?;
+        self.history.extend_from_slice(&tokens);
         self.pending.clear();
         self.messages = messages;
         self.seen = rendered;
@@ -277,7 +283,7 @@ impl<M: ChatModel> ChatSession<M> {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<(EndReason, Vec<u32>, Option<u32>)> {
         let greedy = self.sampler.is_greedy();
-        let mut next = self.sampler.pick(out);
+        let mut next = self.sampler.pick(out, &self.history)?;
         let mut stream = self.tok.stream(&[])?;
         let mut ids = Vec::new();
         let reason = loop {
@@ -296,7 +302,8 @@ impl<M: ChatModel> ChatSession<M> {
                 break EndReason::ContextFull;
             }
             let out = self.model.decode(next, !greedy)?;
-            next = self.sampler.pick(&out);
+            self.history.push(next);
+            next = self.sampler.pick(&out, &self.history)?;
         };
         self.pending = vec![next];
         Ok((reason, ids, None))
@@ -401,10 +408,7 @@ mod tests {
             } else {
                 self.script.remove(0)
             };
-            Output {
-                argmax,
-                logits: Vec::new(),
-            }
+            Output::argmax(argmax)
         }
     }
 
@@ -449,7 +453,7 @@ mod tests {
             decoded: Vec::new(),
         };
         let template = ChatTemplate::new(template, "<|begin_of_text|>", "<|eot_id|>").unwrap();
-        ChatSession::new(model, tok, template, Sampler::greedy(), 10, None).unwrap()
+        ChatSession::new(model, tok, template, SamplerChain::greedy(), 10, None).unwrap()
     }
 
     /// A stop token ends the reply, is not run during its turn, and opens the next turn's
