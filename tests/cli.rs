@@ -615,3 +615,167 @@ fn dump_shows_the_split_graph() {
     let plain = String::from_utf8(o.stdout).unwrap();
     assert!(!plain.contains("all_reduce") && !plain.contains("# device"));
 }
+
+/// A cache folder whose default model is the tiny llama3 fixture as GGUF (stamped as
+/// verified, so no download and no hashing).
+fn fake_default_model_cache(tag: &str) -> std::path::PathBuf {
+    use graft::models::pull::DEFAULT_MODEL;
+    let cache = std::env::temp_dir().join(format!("graft-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).unwrap();
+    let file = cache.join(DEFAULT_MODEL.file_name);
+    let m = fixture("llama3-tiny-bf16");
+    ok(&[
+        "convert",
+        "--model",
+        m.to_str().unwrap(),
+        "--type",
+        "f32",
+        "--out",
+        file.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let size = std::fs::metadata(&file).unwrap().len();
+    std::fs::write(
+        cache.join(format!("{}.sha256", DEFAULT_MODEL.file_name)),
+        format!("{} {size}\n", DEFAULT_MODEL.sha256),
+    )
+    .unwrap();
+    cache
+}
+
+/// graft with `args` and the cache folder `cache`.
+fn graft_cached(args: &[&str], cache: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args(args)
+        .env("GRAFT_CACHE", cache)
+        .output()
+        .expect("run graft")
+}
+
+/// Every command that reads a model takes the same `--model` and, without it, the
+/// default model from the cache: the output equals that of `--model` naming the file.
+#[test]
+fn commands_without_model_use_the_default_model() {
+    let cache = fake_default_model_cache("default");
+    let file = cache.join(graft::models::pull::DEFAULT_MODEL.file_name);
+    let f = file.to_str().unwrap();
+    let out = cache.join("l.safetensors");
+    let o = out.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["tokenize", "--text", "Hello world", "--json"],
+        vec!["logits", "--token-ids", "1,2,3", "--out", "-", "--quiet"],
+        vec![
+            "generate",
+            "--token-ids",
+            "1,2",
+            "-n",
+            "3",
+            "--json",
+            "--quiet",
+        ],
+        vec!["trace", "--tokens", "1,2", "--json", "--quiet"],
+        vec!["logits", "--token-ids", "4,5", "--out", o, "--quiet"],
+    ];
+    for args in cases {
+        let default = graft_cached(&args, &cache);
+        assert!(default.status.success(), "{args:?}: {}", stderr(&default));
+        let mut named = vec![args[0], "--model", f];
+        named.extend_from_slice(&args[1..]);
+        let named = graft_cached(&named, &cache);
+        assert!(named.status.success(), "{args:?}: {}", stderr(&named));
+        if args[0] == "generate" {
+            // Speeds differ between runs: compare the ids only.
+            let ids = |o: &Output| {
+                let v: serde_json::Value = serde_json::from_str(&stdout(o)).unwrap();
+                (v["prompt_ids"].clone(), v["generated_ids"].clone())
+            };
+            assert_eq!(ids(&default), ids(&named), "{args:?}");
+        } else {
+            assert_eq!(default.stdout, named.stdout, "{args:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// The model options are one set, accepted with the same meaning by every command that
+/// runs a model: `--dtype` is `--quantize` (also for `bench --model`, where it used to be
+/// ignored), and the context and cache options reach the model.
+#[test]
+fn every_command_that_runs_a_model_takes_the_model_options() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    let shared = [
+        "--model",
+        d,
+        "--ctx",
+        "16",
+        "--flash-attn",
+        "off",
+        "--ctk",
+        "f32",
+        "--ctv",
+        "bf16",
+        "--backend",
+        "cpu",
+        "--tp",
+        "1",
+    ];
+    let with = |head: &[&'static str], tail: &[&'static str]| {
+        let mut a: Vec<&str> = head.to_vec();
+        a.extend_from_slice(&shared);
+        a.extend_from_slice(tail);
+        a
+    };
+    let logits = |dtype: &[&'static str]| {
+        let mut tail = vec!["--token-ids", "1,2,3", "--out", "-", "--quiet"];
+        tail.extend_from_slice(dtype);
+        graft(&with(&["logits"], &tail)).stdout
+    };
+    let plain = logits(&[]);
+    let q = logits(&["--quantize", "q8_0"]);
+    assert!(!plain.is_empty() && plain != q, "q8_0 changed nothing");
+    assert_eq!(logits(&["--dtype", "q8_0"]), q, "--dtype is --quantize");
+    ok(&with(
+        &["generate"],
+        &["--token-ids", "1,2", "-n", "2", "--dtype", "q8_0"],
+    ));
+    ok(&with(
+        &["trace"],
+        &["--tokens", "1,2", "--dtype", "q8_0", "--quiet"],
+    ));
+    let bench = ok(&with(
+        &["bench"],
+        &[
+            "-p", "4", "-n", "2", "--reps", "1", "--dtype", "q8_0", "--json",
+        ],
+    ));
+    assert!(bench.contains("\"dtype\":\"q8_0\""), "{bench}");
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args(with(
+            &["chat"],
+            &["--quantize", "q8_0", "-n", "2", "--quiet"],
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    chat.stdin.take().unwrap().write_all(b"hi\n").unwrap();
+    let o = chat.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // --ctx reaches the model: 20 tokens do not fit 16 positions.
+    fails(
+        &with(
+            &["logits"],
+            &[
+                "--token-ids",
+                "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
+                "--out",
+                "-",
+            ],
+        ),
+        &["context of 16"],
+    );
+}

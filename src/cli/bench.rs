@@ -21,7 +21,7 @@ use graft::models::{Logits, Model, QuantPlan};
 use graft::Result;
 
 use super::dump::preset;
-use super::{load_model, make_backend, print_out, BackendKind, CacheArgs, DTypeArg};
+use super::{print_out, ModelArgs};
 
 /// Arguments of `graft bench`.
 #[derive(clap::Args)]
@@ -29,17 +29,8 @@ pub struct Args {
     /// Model shape: tiny, llama2-7b or llama3-8b (seeded random weights).
     #[arg(long, required_unless_present = "model", conflicts_with = "model")]
     preset: Option<String>,
-    /// A model file or folder (a `.gguf` file or an HF folder) instead of a preset: its
-    /// own weights, in the types it stores (or `--quantize`d).
-    #[arg(long)]
-    model: Option<std::path::PathBuf>,
-    /// With --model: quantize its weights while loading.
-    #[arg(long, value_enum, requires = "model")]
-    quantize: Option<DTypeArg>,
-    /// Weight dtype, or a quantization mix (block types are quantized on the device from
-    /// F32 random values).
-    #[arg(long, value_enum, default_value_t = DTypeArg::F16)]
-    dtype: DTypeArg,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Prompt tokens per prefill.
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     p: usize,
@@ -56,13 +47,6 @@ pub struct Args {
     /// when the backend is CUDA and this is absent; unknown on the CPU).
     #[arg(long)]
     copy_bw: Option<f64>,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    backend: BackendKind,
-    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
-    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -70,19 +54,16 @@ pub struct Args {
     /// where the time goes.
     #[arg(long)]
     profile: bool,
-    #[command(flatten)]
-    cache: CacheArgs,
 }
 
 /// The backend, and the copy bandwidth to compare with: the one given, else measured on
 /// a CUDA device.
 fn open_backend(
-    kind: BackendKind,
-    tp: usize,
+    m: &ModelArgs,
     given: Option<f64>,
 ) -> Result<(Box<dyn graft::backend::Backend>, Option<f64>)> {
     #[cfg(feature = "cuda")]
-    if kind == BackendKind::Cuda {
+    if m.backend == super::BackendKind::Cuda {
         // GPU 0's copy bandwidth: with --tp each GPU reads its own share of the weights at
         // its own bandwidth, and the roofline compares per-device bytes with it.
         let mut be = graft::backend::cuda::CudaBackend::new(0)?;
@@ -90,13 +71,13 @@ fn open_backend(
             Some(bw) => bw,
             None => graft::backend::cuda::bench::copy_bandwidth(&mut be)?,
         };
-        if tp == 1 {
+        if m.tp == 1 {
             return Ok((Box::new(be), Some(bw)));
         }
         drop(be);
-        return Ok((make_backend(kind, tp)?, Some(bw)));
+        return Ok((m.open_backend()?, Some(bw)));
     }
-    Ok((make_backend(kind, tp)?, given))
+    Ok((m.open_backend()?, given))
 }
 
 /// Runs `graft bench`.
@@ -109,7 +90,7 @@ pub fn run(a: Args) -> Result<()> {
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
-    let (mut be, copy_bw) = open_backend(a.backend, a.tp, a.copy_bw)?;
+    let (mut be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
     let be = be.as_mut();
     let ctx =
         a.p.checked_add(a.n)
@@ -153,18 +134,17 @@ pub fn run(a: Args) -> Result<()> {
 /// The model `a` names (its file or folder, else the preset with seeded random weights),
 /// holding `ctx` positions, with its label and weight type for the report.
 fn open_model(a: &Args, be: &mut dyn Backend, ctx: usize) -> Result<(Model, String, String)> {
-    match (&a.model, &a.preset) {
+    match (&a.model.location, &a.preset) {
         (Some(path), _) => {
-            let m = load_model(path, be, Some(ctx), a.quantize, &a.cache, true)?;
-            let dtype = a.quantize.map_or("as stored".to_string(), |q| {
+            let m = a.model.load(path, be, Some(ctx), true)?;
+            let dtype = a.model.quantize.map_or("as stored".to_string(), |q| {
                 QuantPlan::from(q).name().to_string()
             });
             Ok((m, path.display().to_string(), dtype))
         }
         (None, Some(name)) => {
-            let plan = QuantPlan::from(a.dtype);
-            let m = Model::random(preset(name)?, plan, ctx, a.cache.types(), a.seed, be)?;
-            Ok((m, name.clone(), plan.name().to_string()))
+            let m = a.model.random(preset(name)?, Some(ctx), a.seed, be)?;
+            Ok((m, name.clone(), a.model.plan().name().to_string()))
         }
         (None, None) => Err(graft::Error::model("give --preset or --model")),
     }

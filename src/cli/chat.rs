@@ -2,54 +2,31 @@
 //! `graft::models::text::chat_session`).
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use graft::models::text::chat::ChatTemplate;
 use graft::models::text::chat_session::{ChatSession, LlamaOn};
-use graft::models::{pull, text::tokenizer, Tokenizer};
+use graft::models::{text::tokenizer, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind, CacheArgs, SamplingArgs};
+use super::{ModelArgs, SamplingArgs};
 
 /// Arguments of `graft chat`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A `.gguf` file or a Hugging Face model folder (default: the default model,
-    /// SmolLM2-135M-Instruct Q4_1, pulled into the cache on first use).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// A system message that opens the conversation (and survives /reset).
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     n: usize,
-    /// KV-cache positions: the whole conversation must fit (default:
-    /// max_position_embeddings, at most 4096).
-    #[arg(long)]
-    ctx: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    backend: BackendKind,
-    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
-    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
     /// No progress bar and no greeting on stderr.
     #[arg(long)]
     quiet: bool,
-    #[command(flatten)]
-    cache: CacheArgs,
-}
-
-/// The model path: `--model`, or the default model (pulled first when missing).
-pub fn model_path(model: Option<PathBuf>) -> Result<PathBuf> {
-    match model {
-        Some(p) => Ok(p),
-        None => pull::default_model(),
-    }
 }
 
 /// The tokenizer and compiled chat template of the model at `path`.
@@ -66,11 +43,11 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
 
 /// Runs `graft chat`.
 pub fn run(a: Args) -> Result<()> {
-    let path = model_path(a.model)?;
+    let path = a.model.path()?;
     let (tok, template) = chat_parts(&path)?;
-    let mut be = make_backend(a.backend, a.tp)?;
+    let mut be = a.model.open_backend()?;
     let be = be.as_mut();
-    let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
+    let mut model = a.model.load(&path, be, None, a.quiet)?;
     let sampler = a.sampling.sampler(model.config().vocab_size)?;
     let on = LlamaOn {
         model: &mut model,

@@ -6,26 +6,19 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use graft::backend::Backend;
-use graft::models::runtime::model::default_ctx;
 use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::{text::tokenizer, Generation, Model, QuantPlan, Stop, Tokenizer};
+use graft::models::{text::tokenizer, Generation, Model, Stop, Tokenizer};
 use graft::{Error, Result};
 
-use super::chat::{chat_parts, model_path};
+use super::chat::chat_parts;
 use super::dump::preset;
-use super::{
-    load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg,
-    SamplingArgs,
-};
+use super::{print_out, read_prompt, ModelArgs, SamplingArgs};
 
 /// Arguments of `graft generate`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A `.gguf` file or a Hugging Face model folder (config.json, safetensors weights,
-    /// tokenizer.json); default: the default model, SmolLM2-135M-Instruct Q4_1, pulled
-    /// into the cache on first use.
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Instead of --model: a preset shape with seeded random weights made on the device
     /// (llama2-7b, mistral-7b, ...; --quantize picks their dtype, f16 when absent), for
     /// long runs and memory checks; needs --token-ids.
@@ -53,9 +46,6 @@ pub struct Args {
     n: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// KV-cache positions (default: max_position_embeddings, at most 4096).
-    #[arg(long)]
-    ctx: Option<usize>,
     /// When the context is full, keep its last half (prefilled again) and go on, so that
     /// -n may exceed --ctx; without it, prompt + -n must fit the context.
     #[arg(long, conflicts_with = "chat")]
@@ -63,46 +53,29 @@ pub struct Args {
     /// Go on past end-of-sequence tokens to -n tokens.
     #[arg(long, conflicts_with = "chat")]
     ignore_eos: bool,
-    /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
-    /// q4_k_m / q5_k_m mixes (norms stay F32).
-    #[arg(long, value_enum)]
-    quantize: Option<DTypeArg>,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    backend: BackendKind,
-    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
-    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
     /// Print one JSON object (ids, text, speeds, plan counters) instead of streaming.
     #[arg(long)]
     json: bool,
     /// No progress bar and no statistics on stderr.
     #[arg(long)]
     quiet: bool,
-    #[command(flatten)]
-    cache: CacheArgs,
 }
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
-    let mut be = make_backend(a.backend, a.tp)?;
+    let mut be = a.model.open_backend()?;
     let be = be.as_mut();
     let (mut model, tokenizer, path) = match &a.preset {
         Some(name) => {
-            let cfg = preset(name)?;
-            let ctx = a.ctx.unwrap_or_else(|| default_ctx(&cfg));
-            let plan = QuantPlan::from(a.quantize.unwrap_or(DTypeArg::F16));
-            let cache = a.cache.types();
-            let model = Model::random(cfg, plan, ctx, cache, 0, be)?;
+            let model = a.model.random(preset(name)?, None, 0, be)?;
             (model, None, PathBuf::from(name))
         }
         None => {
-            let path = model_path(a.model.clone())?;
+            let path = a.model.path()?;
             if a.chat {
-                return run_chat(&a, &path);
+                return run_chat(&a, &path, be);
             }
-            let model = load_model(&path, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
+            let model = a.model.load(&path, be, None, a.quiet || a.json)?;
             let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
             (model, tokenizer, path)
         }
@@ -213,11 +186,9 @@ fn report(
 }
 
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
-fn run_chat(a: &Args, path: &Path) -> Result<()> {
+fn run_chat(a: &Args, path: &Path, be: &mut dyn Backend) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
-    let mut be = make_backend(a.backend, a.tp)?;
-    let be = be.as_mut();
-    let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;
+    let mut model = a.model.load(path, be, None, a.quiet)?;
     let sampler = a.sampling.sampler(model.config().vocab_size)?;
     let on = LlamaOn {
         model: &mut model,
