@@ -18,11 +18,13 @@
 //! failure also exits with 1: `graft trace` finding a divergence (its report on stdout,
 //! no `error:` line), so that scripts can stop on it as on `diff`.
 
+mod batched_bench;
 mod bench;
 mod bench_ops;
 mod chat;
 mod convert;
 mod dump;
+mod engine_args;
 mod generate;
 mod logits;
 mod model_args;
@@ -67,6 +69,10 @@ enum Command {
     /// Benchmark prompt processing and generation on a preset with random weights.
     #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
+    /// Throughput of the batched engine over many sequences: llama-batched-bench's
+    /// batches (-npp, -ntg, -npl), or requests arriving at random (--requests, --rate).
+    #[command(allow_negative_numbers = true)]
+    BatchedBench(batched_bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
@@ -147,12 +153,22 @@ pub(crate) fn read_prompt(path: &std::path::Path, flag: &str) -> Result<String> 
 }
 
 /// Parses the command line and runs it.
+/// llama-batched-bench's flags with one dash (`-npp 128`) as graft's (`--npp 128`), so
+/// its command lines run as they are.
+fn llama_flags(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-npp" | "-ntg" | "-npl" | "-pps" => format!("-{a}"),
+        _ => a,
+    })
+    .collect()
+}
+
 pub fn main() -> ExitCode {
     // NVLink multicast stays off in NCCL whatever the environment says; set here, before
     // any thread of the process starts, for `--tp` over GPUs.
     #[cfg(feature = "cuda")]
     graft::backend::cuda::nccl::set_environment();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags(std::env::args()));
     let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {
         Command::Generate(a) => done(generate::run(a)),
@@ -160,6 +176,7 @@ pub fn main() -> ExitCode {
         Command::Logits(a) => done(logits::run(a)),
         Command::Dump(a) => done(dump::run(a)),
         Command::Bench(a) => done(bench::run(a)),
+        Command::BatchedBench(a) => done(batched_bench::run(a)),
         Command::BenchOps(a) => done(bench_ops::run(a)),
         Command::Convert(a) => done(convert::run(a)),
         Command::Tokenize(a) => done(tokenize::run(a)),

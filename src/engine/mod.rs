@@ -229,6 +229,29 @@ impl Engine {
         (self.runner.built, self.runner.loaded())
     }
 
+    /// The most sequences computed together.
+    pub fn max_seqs(&self) -> usize {
+        self.sched.cfg.max_seqs
+    }
+
+    /// With `on`, no decode token runs while a prompt is unfinished (what
+    /// llama-batched-bench measures); off, decode tokens go first (what a server wants).
+    pub fn set_prefill_first(&mut self, on: bool) {
+        self.sched.cfg.prefill_first = on;
+    }
+
+    /// Turns the prefix cache on or off for the requests admitted from now on.
+    pub fn set_prefix_cache(&mut self, on: bool) {
+        self.sched.cfg.prefix_cache = on;
+    }
+
+    /// Requests that have not produced a token yet (waiting, or in their prompt).
+    pub fn unstarted(&self) -> usize {
+        let fresh = |s: &Sequence| s.generated() == 0;
+        self.sched.running.iter().filter(|s| fresh(s)).count()
+            + self.sched.waiting.values().filter(|s| fresh(s)).count()
+    }
+
     /// Whether a request is running or waiting.
     pub fn has_work(&self) -> bool {
         self.sched.has_work()
