@@ -179,7 +179,7 @@ fn run_schedule(s: &Schedule) -> (Vec<(Outcome, bool)>, Engine) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Every sequence of a random schedule gets, bit for bit, the greedy tokens it gets
     /// alone (a cancelled one a prefix of them); afterwards no block is held.

@@ -47,7 +47,7 @@ use crate::models::runtime::model::{load_weights, random_weights, LoadedWeights}
 use crate::models::runtime::sampling::{Row, SamplerChain};
 
 use pool::BlockPool;
-use runner::{Runner, StepOutputs};
+use runner::Runner;
 use scheduler::{Scheduler, StepPlan};
 use sequence::Sequence;
 use text::{TextState, TextStep};
@@ -139,6 +139,16 @@ pub struct Engine {
     detok: Option<Arc<dyn Detokenize>>,
     ctx: usize,
     next: u64,
+    /// A step enqueued ahead (see [`Engine::step`]).
+    inflight: Option<InFlight>,
+}
+
+/// A step on the device: the sequences it computes (and how many tokens each), and
+/// whether it reads the logits.
+struct InFlight {
+    slices: Vec<(RequestId, usize)>,
+    logits: bool,
+    step: runner::Enqueued,
 }
 
 impl Engine {
@@ -186,6 +196,7 @@ impl Engine {
             detok: None,
             ctx: cfg.ctx,
             next: 0,
+            inflight: None,
         })
     }
 
@@ -252,9 +263,9 @@ impl Engine {
             + self.sched.waiting.values().filter(|s| fresh(s)).count()
     }
 
-    /// Whether a request is running or waiting.
+    /// Whether a request is running or waiting, or a step is on the device.
     pub fn has_work(&self) -> bool {
-        self.sched.has_work()
+        self.sched.has_work() || self.inflight.is_some()
     }
 
     /// Checks `req` and queues it; an error names the request field at fault and
@@ -359,40 +370,150 @@ impl Engine {
 
     /// Runs one step (see the module docs); nothing to do is an empty step. An error is
     /// one of the backend, which leaves every request where it was.
+    ///
+    /// When a step only decodes greedy sequences and nothing waits, the next step (the
+    /// same sequences, one position on) is enqueued before this one's tokens are read,
+    /// its tokens copied on the device from this step's argmax: the host works a step
+    /// behind the device and the device never waits for it. A sequence that finishes in
+    /// this step leaves that next step's token for it unread.
     pub fn step(&mut self) -> Result<Vec<Event>> {
-        let plan = self.sched.schedule();
-        if plan.slices.is_empty() {
-            return Ok(Vec::new());
+        let current = match self.inflight.take() {
+            Some(f) => f,
+            None => {
+                let plan = self.sched.schedule();
+                if plan.slices.is_empty() {
+                    return Ok(Vec::new());
+                }
+                self.enqueue(&plan)?
+            }
+        };
+        let next = match self.continuation(&current) {
+            Ok(next) => next,
+            Err(e) => {
+                self.abandon(current);
+                return Err(e);
+            }
+        };
+        match self.finish(current) {
+            Ok(events) => {
+                self.inflight = next;
+                Ok(events)
+            }
+            Err(e) => {
+                if let Some(n) = next {
+                    self.abandon(n);
+                }
+                Err(e)
+            }
         }
-        self.sched.stats.steps += 1;
-        let out = self.compute(&plan)?;
-        self.advance(&plan, &out)
     }
 
-    /// Computes the planned tokens.
-    fn compute(&mut self, plan: &StepPlan) -> Result<StepOutputs> {
+    /// Enqueues the planned step.
+    fn enqueue(&mut self, plan: &StepPlan) -> Result<InFlight> {
+        let running = &self.sched.running;
         let n_tokens = plan.slices.iter().map(|s| s.n).sum();
         let shape = self.runner.shape(n_tokens, plan.slices.len());
-        let x = self.runner.inputs(plan, &self.sched.running, shape);
+        let x = self.runner.inputs(plan, running, shape);
         self.runner.copy_blocks(self.be.as_mut(), &plan.copies)?;
         let logits = plan.slices.iter().any(|sl| {
-            let s = &self.sched.running[sl.seq];
+            let s = &running[sl.seq];
             s.computed + sl.n == s.tokens.len() && (!s.sampler.is_greedy() || s.logprobs.is_some())
         });
-        self.runner
-            .run(self.be.as_mut(), shape, &x, plan.slices.len(), logits)
+        let slices = plan
+            .slices
+            .iter()
+            .map(|sl| (running[sl.seq].id, sl.n))
+            .collect();
+        let step = self.runner.enqueue(self.be.as_mut(), shape, &x, None)?;
+        self.sched.stats.steps += 1;
+        Ok(InFlight {
+            slices,
+            logits,
+            step,
+        })
     }
 
-    /// Moves every planned sequence past its computed tokens, samples where a sequence
-    /// reached the end of its tokens, and retires finished ones.
-    fn advance(&mut self, plan: &StepPlan, out: &StepOutputs) -> Result<Vec<Event>> {
+    /// The next decode step of the sequences of `current`, enqueued with its tokens
+    /// forwarded on the device, when it is sure to be wanted: `current` decodes every
+    /// running sequence, all greedy without log-probabilities, none at its token limit
+    /// or the end of its context, nothing waits, and the next position's blocks are free.
+    fn continuation(&mut self, current: &InFlight) -> Result<Option<InFlight>> {
+        let sched = &self.sched;
+        let bs = self.runner.block_size;
+        if current.logits
+            || !sched.waiting.is_empty()
+            || sched.running.len() != current.slices.len()
+        {
+            return Ok(None);
+        }
+        let mut need = 0;
+        for (s, &(id, n)) in sched.running.iter().zip(&current.slices) {
+            let decoding = s.id == id && n == 1 && s.computed + 1 == s.tokens.len();
+            let goes_on = s.generated() + 1 < s.max_tokens && s.tokens.len() + 1 < self.ctx;
+            if !(decoding && goes_on && s.sampler.is_greedy() && s.logprobs.is_none()) {
+                return Ok(None);
+            }
+            need += s.blocks_for(s.tokens.len() + 1, bs);
+        }
+        if need > self.sched.pool.available() {
+            return Ok(None);
+        }
+        let n = current.slices.len();
+        let shape = self.runner.shape(n, n);
+        let mut x = runner::StepInputs::default();
+        for (col, s) in self.sched.running.iter_mut().enumerate() {
+            let grow = s.blocks_for(s.tokens.len() + 1, bs);
+            for _ in 0..grow {
+                let id = self
+                    .sched
+                    .pool
+                    .allocate()
+                    .expect("blocks checked available");
+                s.blocks.push(id);
+            }
+            let p = s.tokens.len();
+            x.pos.push(p as i32);
+            x.slots.push(s.slot(p, bs) as i32);
+            x.seqs.extend([col as i32, p as i32]);
+            x.out_rows.push(col as i32);
+            x.cols.push(col);
+        }
+        self.runner.pad(&mut x, &self.sched.running, shape);
+        let step = self
+            .runner
+            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        self.sched.stats.steps += 1;
+        Ok(Some(InFlight {
+            slices: current.slices.clone(),
+            logits: false,
+            step,
+        }))
+    }
+
+    /// Waits for an enqueued step whose results are not wanted (after an error).
+    fn abandon(&mut self, f: InFlight) {
+        let n = f.slices.len();
+        let _ = self.runner.finish(self.be.as_mut(), f.step, n, false);
+        let _ = self.be.synchronize();
+    }
+
+    /// Reads a step's results, moves its sequences past their computed tokens, samples
+    /// where a sequence reached the end of its tokens, and retires finished ones.
+    /// Sequences gone since the step was enqueued (finished, cancelled) are skipped.
+    fn finish(&mut self, f: InFlight) -> Result<Vec<Event>> {
+        let out = self
+            .runner
+            .finish(self.be.as_mut(), f.step, f.slices.len(), f.logits)?;
         let mut events = Vec::new();
-        let mut done: Vec<(usize, Option<FinishReason>)> = Vec::new();
+        let mut done: Vec<(RequestId, Option<FinishReason>)> = Vec::new();
         let vocab = self.config.vocab_size;
         let window = self.config.sliding_window;
-        for (col, sl) in plan.slices.iter().enumerate() {
-            let s = &mut self.sched.running[sl.seq];
-            s.computed += sl.n;
+        for (col, &(id, n)) in f.slices.iter().enumerate() {
+            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.sched.running[i];
+            s.computed += n;
             s.key_full_blocks(&mut self.sched.pool);
             if let Some(w) = window {
                 s.drop_out_of_window(w, &mut self.sched.pool);
@@ -406,23 +527,23 @@ impl Engine {
                 .map(|l| &l[col * vocab..(col + 1) * vocab]);
             match next_token(s, out.argmax[col], row) {
                 Ok((token, logprobs)) => {
-                    if let Some(reason) = self.accept(sl.seq, token, logprobs, &mut events)? {
-                        done.push((sl.seq, Some(reason)));
+                    if let Some(reason) = self.accept(i, token, logprobs, &mut events)? {
+                        done.push((id, Some(reason)));
                     }
                 }
                 Err(error) => {
-                    events.push(Event::Error { id: s.id, error });
-                    done.push((sl.seq, None));
+                    events.push(Event::Error { id, error });
+                    done.push((id, None));
                 }
             }
         }
-        done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
-            let mut s = self.sched.running.remove(i);
-            s.free_blocks(&mut self.sched.pool);
+        for (id, reason) in done {
+            let Some(mut s) = self.sched.remove(id) else {
+                continue;
+            };
             if let Some(reason) = reason {
                 events.push(Event::Finished {
-                    id: s.id,
+                    id,
                     reason,
                     text: s.text.finish(),
                     usage: s.usage(),
