@@ -312,3 +312,34 @@ fn cancelling_mid_prefill_frees_the_blocks() {
     assert!(!e.has_work());
     assert!(e.cancel(id).is_none());
 }
+
+/// With a context shift a generation runs past the context: at the end of the context
+/// the last half of the tokens is computed again, and what follows is what a fresh
+/// request with those tokens as its prompt gives.
+#[test]
+fn context_shift_goes_on_with_the_last_half() {
+    let prompt: Vec<u32> = (0..10).map(|i| 20 + 3 * i).collect();
+    let mut e = engine("llama3-tiny-bf16", config(64, 256, 4, 64));
+    let mut req = Request::greedy(prompt.clone(), 100);
+    req.stop.context_shift = true;
+    req.stop.ignore_eos = true;
+    let id = e.add(req).unwrap();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    let got = &out[&id];
+    assert_eq!(
+        (got.tokens.len(), got.finish),
+        (100, Some(FinishReason::Length))
+    );
+    // the shift came when prompt + generated reached 64 tokens: 54 generated; the last
+    // of them not computed yet, the last 32 tokens kept
+    let all: Vec<u32> = prompt.iter().chain(&got.tokens).copied().collect();
+    let kept = &all[64 - 32..64];
+    let mut fresh = engine("llama3-tiny-bf16", config(64, 256, 4, 64));
+    let mut req = Request::greedy(kept.to_vec(), 20);
+    req.stop.ignore_eos = true;
+    let id = fresh.add(req).unwrap();
+    let mut again = HashMap::new();
+    drain(&mut fresh, &mut again);
+    assert_eq!(again[&id].tokens, all[64..84]);
+}

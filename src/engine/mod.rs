@@ -292,7 +292,7 @@ impl Engine {
                 format!("token {t} at position {i} is outside the vocabulary of {vocab} tokens"),
             ));
         }
-        let max_tokens = self.max_tokens(prompt_len, req.max_tokens)?;
+        let max_tokens = self.max_tokens(prompt_len, req.max_tokens, req.stop.context_shift)?;
         if !req.stop.strings.is_empty() && self.detok.is_none() {
             return Err(Error::request(
                 "stop",
@@ -317,6 +317,7 @@ impl Engine {
             stop: req.stop,
             logprobs: req.logprobs,
             cached_tokens: None,
+            dropped: 0,
         };
         self.sched.waiting.insert(seq.order, seq);
         Ok(id)
@@ -324,8 +325,8 @@ impl Engine {
 
     /// The token limit of a request of `prompt_len` tokens asking for `asked`: what it
     /// asked, or what the context leaves; an error when the prompt and the tokens asked
-    /// exceed the context or the whole KV pool.
-    fn max_tokens(&self, prompt_len: usize, asked: Option<usize>) -> Result<usize> {
+    /// exceed the context (unless it `shifts` its context) or the whole KV pool.
+    fn max_tokens(&self, prompt_len: usize, asked: Option<usize>, shifts: bool) -> Result<usize> {
         let room = self.ctx.saturating_sub(prompt_len);
         if asked == Some(0) {
             return Err(Error::request(
@@ -335,7 +336,7 @@ impl Engine {
             ));
         }
         let max = asked.unwrap_or(room);
-        if prompt_len >= self.ctx || max > room {
+        if prompt_len >= self.ctx || (max > room && !shifts) {
             return Err(Error::request(
                 "max_tokens",
                 "context_length_exceeded",
@@ -346,7 +347,7 @@ impl Engine {
             ));
         }
         let bs = self.runner.block_size;
-        let need = (prompt_len + max).div_ceil(bs);
+        let need = (prompt_len + max).min(self.ctx).div_ceil(bs);
         let windowed = self.config.sliding_window.is_some();
         if !windowed && need > self.sched.pool.capacity() {
             return Err(Error::request(
@@ -581,9 +582,14 @@ impl Engine {
         });
         Ok(if stopped {
             Some(FinishReason::Stop)
-        } else if s.generated() >= s.max_tokens || s.tokens.len() >= self.ctx {
+        } else if s.generated() >= s.max_tokens
+            || (s.tokens.len() >= self.ctx && !s.stop.context_shift)
+        {
             Some(FinishReason::Length)
         } else {
+            if s.tokens.len() >= self.ctx {
+                s.shift(self.ctx / 2, &mut self.sched.pool);
+            }
             None
         })
     }
