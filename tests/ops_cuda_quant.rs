@@ -351,7 +351,7 @@ fn run_over_weights(
 /// (one-row and tensor-core decode kernels), 1-3 queries, 130-1,500 keys (split).
 #[test]
 fn prop_attention_then_decode_q8_1() {
-    let q = proptest::sample::select(qs::WEIGHT_TYPES.to_vec());
+    let q = proptest::sample::select(qs::weight_types());
     let kv = proptest::sample::select(vec![DType::F16, DType::F32]);
     let shape = (
         proptest::sample::select(vec![64usize, 128]),

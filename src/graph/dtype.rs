@@ -46,6 +46,14 @@ impl DType {
     pub const Q5_K: DType = DType::Quant(QType::Q5_K);
     /// `Q6_K`.
     pub const Q6_K: DType = DType::Quant(QType::Q6_K);
+    /// `Q2_K`.
+    pub const Q2_K: DType = DType::Quant(QType::Q2_K);
+    /// `Q3_K`.
+    pub const Q3_K: DType = DType::Quant(QType::Q3_K);
+    /// `IQ4_NL`.
+    pub const IQ4_NL: DType = DType::Quant(QType::IQ4_NL);
+    /// `IQ4_XS`.
+    pub const IQ4_XS: DType = DType::Quant(QType::IQ4_XS);
 
     /// Every dtype: the plain ones, then the quantized ones in ggml's order.
     pub fn all() -> impl Iterator<Item = DType> {

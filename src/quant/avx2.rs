@@ -132,15 +132,6 @@ impl Rows {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn run<const NC: usize>(&self, q: QType, a: Cols, out: &mut [f32]) {
-        macro_rules! each_row {
-            ($kernel:expr) => {
-                for r in 0..self.nrows {
-                    let v: [f32; NC] = $kernel(self.w.add(r * self.w_stride), self.nb, a);
-                    let at = r * self.ncols + self.c0;
-                    out[at..at + NC].copy_from_slice(&v);
-                }
-            };
-        }
         if NC == 1 {
             match q {
                 QType::Q4_0 => return self.one_column::<Q4_0>(a, out),
@@ -150,18 +141,25 @@ impl Rows {
                 QType::Q8_0 => return self.one_column::<Q8_0>(a, out),
                 QType::Q8_1 => return self.one_column::<Q8_1>(a, out),
                 QType::Q4_K | QType::Q5_K | QType::Q6_K => {}
+                QType::Q2_K
+                | QType::Q3_K
+                | QType::IQ4_NL
+                | QType::IQ4_XS
+                | QType::IQ2_XXS
+                | QType::IQ2_XS
+                | QType::IQ2_S
+                | QType::IQ3_XXS
+                | QType::IQ3_S
+                | QType::IQ1_S
+                | QType::IQ1_M
+                | QType::TQ1_0
+                | QType::TQ2_0 => {}
             }
         }
-        match q {
-            QType::Q4_0 => each_row!(legacy::<Q4_0, NC>),
-            QType::Q4_1 => each_row!(legacy::<Q4_1, NC>),
-            QType::Q5_0 => each_row!(legacy::<Q5_0, NC>),
-            QType::Q5_1 => each_row!(legacy::<Q5_1, NC>),
-            QType::Q8_0 => each_row!(legacy::<Q8_0, NC>),
-            QType::Q8_1 => each_row!(legacy::<Q8_1, NC>),
-            QType::Q4_K => each_row!(k4::<false, NC>),
-            QType::Q5_K => each_row!(k4::<true, NC>),
-            QType::Q6_K => each_row!(q6_k::<NC>),
+        for r in 0..self.nrows {
+            let v: [f32; NC] = row::<NC>(q, self.w.add(r * self.w_stride), self.nb, a);
+            let at = r * self.ncols + self.c0;
+            out[at..at + NC].copy_from_slice(&v);
         }
     }
 }
@@ -221,8 +219,16 @@ const Q8_1: u8 = 5;
 #[inline]
 unsafe fn run<const NC: usize>(q: QType, w: &[u8], a: Cols, out: &mut [f32]) {
     let nb = w.len() / q.block_bytes();
-    let w = w.as_ptr();
-    let r: [f32; NC] = match q {
+    out.copy_from_slice(&row::<NC>(q, w.as_ptr(), nb, a));
+}
+
+/// One weight row of `nb` blocks of `q` at `w` against `NC` Q8_1 columns: the type's
+/// kernel, or for the types without one (the lattice i-quants and the ternary types, a
+/// small share of what models store) the portable code column by column.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn row<const NC: usize>(q: QType, w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    match q {
         QType::Q4_0 => legacy::<Q4_0, NC>(w, nb, a),
         QType::Q4_1 => legacy::<Q4_1, NC>(w, nb, a),
         QType::Q5_0 => legacy::<Q5_0, NC>(w, nb, a),
@@ -232,8 +238,35 @@ unsafe fn run<const NC: usize>(q: QType, w: &[u8], a: Cols, out: &mut [f32]) {
         QType::Q4_K => k4::<false, NC>(w, nb, a),
         QType::Q5_K => k4::<true, NC>(w, nb, a),
         QType::Q6_K => q6_k::<NC>(w, nb, a),
-    };
-    out.copy_from_slice(&r);
+        QType::Q2_K
+        | QType::Q3_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => portable::<NC>(q, w, nb, a),
+    }
+}
+
+/// [`row`] by the portable code ([`super::dot::vec_dot_q8_1_cols_portable`]), one column
+/// at a time.
+#[inline]
+unsafe fn portable<const NC: usize>(q: QType, w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    // SAFETY: the row is nb whole blocks of valid memory (callers).
+    let w = unsafe { std::slice::from_raw_parts(w, nb * q.block_bytes()) };
+    let mut out = [0.0f32; NC];
+    for (c, o) in out.iter_mut().enumerate() {
+        // SAFETY: column c's Q8_1 blocks are the a.row bytes at a.q + c * a.row (Cols).
+        let col = unsafe { std::slice::from_raw_parts(a.q.add(c * a.row), a.row) };
+        super::dot::vec_dot_q8_1_cols_portable(q, w, col, std::slice::from_mut(o));
+    }
+    out
 }
 
 /// The two little-endian f16 at `p` as f32 (a 4-byte load into a zeroed register: no

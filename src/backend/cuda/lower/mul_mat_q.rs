@@ -61,12 +61,36 @@ fn q8_1_column_bytes(k: usize) -> usize {
 }
 
 /// The layout of the Q8_1 activations that `mul_mat_vec_q` reads for weights of type
-/// `q`: `ACT_PAIRS` for the K-quants (whose lanes take two sub-blocks), `ACT_BLOCKS`
-/// for the 32-element types (`PAIRS` in cuda/quant.cuh).
+/// `q`: `ACT_PAIRS` for the 256-element types (whose lanes take two sub-blocks),
+/// `ACT_BLOCKS` for the 32-element types (`PAIRS` in cuda/quant.cuh).
 pub(crate) fn act_layout(q: DType) -> i64 {
     match q.quant() {
-        Some(QType::Q4_K | QType::Q5_K | QType::Q6_K) => ACT_PAIRS,
-        Some(QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1)
+        Some(
+            QType::Q2_K
+            | QType::Q3_K
+            | QType::Q4_K
+            | QType::Q5_K
+            | QType::Q6_K
+            | QType::IQ4_XS
+            | QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M
+            | QType::TQ1_0
+            | QType::TQ2_0,
+        ) => ACT_PAIRS,
+        Some(
+            QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q8_1
+            | QType::IQ4_NL,
+        )
         | None => ACT_BLOCKS,
     }
 }
