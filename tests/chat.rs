@@ -200,7 +200,8 @@ fn graft() -> Command {
     Command::new(env!("CARGO_BIN_EXE_graft"))
 }
 
-/// `generate --chat` gives the reply of one session turn; `graft chat` reads stdin.
+/// `generate --chat` gives the reply of one session turn; `graft chat` reads stdin
+/// (both greedy with `--temperature 0`).
 #[test]
 fn chat_commands_end_to_end() {
     let mut be = CpuBackend::new();
@@ -212,7 +213,12 @@ fn chat_commands_end_to_end() {
     let model = dir.to_str().unwrap();
     let o = graft()
         .args(["generate", "--chat", "--model", model, "-n", "7", "--quiet"])
-        .args(["--prompt", "What is the capital of France?"])
+        .args([
+            "--temperature",
+            "0",
+            "--prompt",
+            "What is the capital of France?",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -223,7 +229,16 @@ fn chat_commands_end_to_end() {
     );
 
     let mut child = graft()
-        .args(["chat", "--model", model, "-n", "7", "--quiet"])
+        .args([
+            "chat",
+            "--model",
+            model,
+            "-n",
+            "7",
+            "--quiet",
+            "--temperature",
+            "0",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

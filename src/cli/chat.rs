@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use graft::models::text::chat::ChatTemplate;
 use graft::models::text::chat_session::{ChatSession, LlamaOn};
-use graft::models::{pull, text::tokenizer, Tokenizer};
+use graft::models::{pull, text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind, CacheArgs, SamplingArgs};
+use super::{load_model, make_backend, sampler_for, BackendKind, CacheArgs, SamplingArgs};
 
 /// Arguments of `graft chat`.
 #[derive(clap::Args)]
@@ -68,10 +68,11 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
 pub fn run(a: Args) -> Result<()> {
     let path = model_path(a.model)?;
     let (tok, template) = chat_parts(&path)?;
+    let settings = a.sampling.resolve(Some(&path), &SamplingParams::chat())?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
-    let sampler = a.sampling.sampler(model.config().vocab_size)?;
+    let sampler = sampler_for(&settings, &model)?;
     let on = LlamaOn {
         model: &mut model,
         be,

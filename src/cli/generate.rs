@@ -7,15 +7,18 @@ use serde_json::json;
 
 use graft::backend::Backend;
 use graft::models::runtime::model::default_ctx;
+use graft::models::runtime::sampling::Resolved;
 use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::{text::tokenizer, Generation, Model, QuantPlan, Stop, Tokenizer};
+use graft::models::{
+    text::tokenizer, Generation, Model, QuantPlan, SamplingParams, Stop, Tokenizer,
+};
 use graft::{Error, Result};
 
 use super::chat::{chat_parts, model_path};
 use super::dump::preset;
 use super::{
-    load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg,
-    SamplingArgs,
+    load_model, make_backend, print_out, read_prompt, sampler_for, BackendKind, CacheArgs,
+    DTypeArg, SamplingArgs,
 };
 
 /// Arguments of `graft generate`.
@@ -86,6 +89,11 @@ pub struct Args {
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
+    if a.chat {
+        return run_chat(&a, &model_path(a.model.clone())?);
+    }
+    // a plain completion is greedy unless flags say otherwise (docs/sampling.md)
+    let settings = a.sampling.resolve(None, &SamplingParams::greedy())?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let (mut model, tokenizer, path) = match &a.preset {
@@ -99,16 +107,13 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => {
             let path = model_path(a.model.clone())?;
-            if a.chat {
-                return run_chat(&a, &path);
-            }
             let model = load_model(&path, be, a.ctx, a.quantize, &a.cache, a.quiet || a.json)?;
             let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
             (model, tokenizer, path)
         }
     };
     let prompt = prompt_ids(&a, tokenizer.as_ref(), &path)?;
-    let mut sampler = a.sampling.sampler(model.config().vocab_size)?;
+    let mut sampler = sampler_for(&settings, &model)?;
     model.set_context_shift(a.context_shift);
     model.set_ignore_eos(a.ignore_eos);
     model.check_generation(&prompt, a.n)?;
@@ -138,7 +143,7 @@ pub fn run(a: Args) -> Result<()> {
             None => print_out(&format!(" {id}")),
         }
     })?;
-    report(&a, be, &model, &prompt, &g, tokenizer.as_ref())
+    report(&a, be, &model, &prompt, &g, tokenizer.as_ref(), &settings)
 }
 
 /// The prompt's token ids: `--prompt` or `--file` encoded with the model's tokenizer, or
@@ -166,6 +171,7 @@ fn report(
     prompt: &[u32],
     g: &Generation,
     tokenizer: Option<&Tokenizer>,
+    settings: &Resolved,
 ) -> Result<()> {
     let stats = be.stats();
     let plans = model.plan_counts();
@@ -190,6 +196,7 @@ fn report(
             "captures": stats.captures,
             "replays": stats.replays,
             "eager_runs": stats.eager_runs,
+            "sampling": settings.to_json(),
         });
         return print_out(&format!("{obj}\n"));
     }
@@ -215,10 +222,11 @@ fn report(
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
 fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
+    let settings = a.sampling.resolve(Some(path), &SamplingParams::chat())?;
     let mut be = make_backend(a.backend, a.tp)?;
     let be = be.as_mut();
     let mut model = load_model(path, be, a.ctx, a.quantize, &a.cache, a.quiet)?;
-    let sampler = a.sampling.sampler(model.config().vocab_size)?;
+    let sampler = sampler_for(&settings, &model)?;
     let on = LlamaOn {
         model: &mut model,
         be,

@@ -30,6 +30,7 @@ mod tokenize;
 mod trace;
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -38,7 +39,8 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::QuantPlan;
+use graft::models::runtime::sampling::{resolve, ModelSampling, PartialSampling, Resolved};
+use graft::models::{QuantPlan, SamplerChain, SamplingParams};
 use graft::{Error, Result};
 
 /// graft: a compute-graph framework for LLM inference.
@@ -193,35 +195,113 @@ struct CacheArgs {
     cache_type_v: CacheTypeArg,
 }
 
-/// Sampling options of `generate` and `chat`.
-#[derive(clap::Args, Clone, Copy, Debug)]
+/// Sampling options of `generate` and `chat`. Each one not given comes from the model's
+/// recommendation (chats only) or the defaults: see docs/sampling.md.
+#[derive(clap::Args, Clone, Debug)]
 struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy (the on-device argmax).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
+    /// Sampling temperature; 0 is greedy (the device's argmax).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Sample only among the K most likely tokens (0: all).
     #[arg(long)]
     top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
+    /// Sample only among the most likely tokens whose probabilities sum to P (1: all).
     #[arg(long)]
     top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Drop the tokens less than P times as likely as the most likely one (0: off).
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Locally typical sampling with mass P (1: off).
+    #[arg(long)]
+    typical_p: Option<f32>,
+    /// Penalize the tokens of the last --repeat-last-n tokens: positive logits divided,
+    /// negative ones multiplied by this (1: off).
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+    /// Subtracted from the logit of every token seen in the window (0: off).
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    /// Subtracted from a token's logit once per time it was seen in the window (0: off).
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    /// The window of the penalties, in tokens (prompt included; 0: no penalty).
+    #[arg(long)]
+    repeat_last_n: Option<usize>,
+    /// Seed of the sampler (default: drawn at random; --verbose and --json say which).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Add BIAS to the logit of token ID, as ID+BIAS or ID-BIAS (ID-inf bans it);
+    /// repeatable.
+    #[arg(long, value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
+    /// Print the sampling settings and where each came from (flag, model, default) once
+    /// on stderr.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// `ID+BIAS` or `ID-BIAS` (llama.cpp's `--logit-bias` syntax).
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("'{s}' is not ID+BIAS or ID-BIAS (e.g. 15043+1, 2-inf)"))?;
+    let id = s[..at]
+        .parse::<u32>()
+        .map_err(|e| format!("token id '{}': {e}", &s[..at]))?;
+    let bias = s[at..]
+        .parse::<f32>()
+        .map_err(|e| format!("bias '{}': {e}", &s[at..]))?;
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
-    /// The sampler these options ask for over `vocab` tokens (or the error naming a bad
-    /// value).
-    fn sampler(&self, vocab: usize) -> Result<graft::models::SamplerChain> {
-        let p = graft::models::SamplingParams {
+    /// The settings these flags give, before defaults.
+    fn flags(&self) -> PartialSampling {
+        PartialSampling {
             temperature: self.temperature,
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            seed: Some(self.seed),
-            ..graft::models::SamplingParams::greedy()
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+            logit_bias: self.logit_bias.clone(),
+        }
+    }
+
+    /// The settings of a run: these flags, then the recommendation of the model at
+    /// `model` (chats), then `base`; the seed drawn when none is given; printed once with
+    /// --verbose. Checked, but for the logit-bias ids (see [`SamplingArgs::chain`]).
+    fn resolve(&self, model: Option<&Path>, base: &SamplingParams) -> Result<Resolved> {
+        let recommended = match model {
+            Some(path) => ModelSampling::of(path)?,
+            None => ModelSampling::default(),
         };
-        graft::models::SamplerChain::new(&p, vocab)
+        let mut r = resolve(&self.flags(), &recommended.settings, base);
+        r.draw_seed();
+        r.params.validate(usize::MAX).map_err(flag_error)?;
+        if self.verbose {
+            eprintln!("{}", r.describe(&recommended));
+        }
+        Ok(r)
+    }
+}
+
+/// The chain of settings `r` over the vocabulary of `model`.
+fn sampler_for(r: &Resolved, model: &graft::models::Model) -> Result<SamplerChain> {
+    SamplerChain::new(&r.params, model.config().vocab_size).map_err(flag_error)
+}
+
+/// A sampling error in terms of the flag that set it (`--top-p`).
+fn flag_error(e: Error) -> Error {
+    match e {
+        Error::Sampling { param, msg } => {
+            Error::model(format!("--{}: {msg}", param.replace('_', "-")))
+        }
+        other => other,
     }
 }
 

@@ -29,6 +29,8 @@ pub enum Source {
     Model,
     /// The base set.
     Default,
+    /// Drawn from the operating system's entropy (a seed nothing set).
+    Random,
 }
 
 impl std::fmt::Display for Source {
@@ -37,6 +39,7 @@ impl std::fmt::Display for Source {
             Source::Flag => "flag",
             Source::Model => "model",
             Source::Default => "default",
+            Source::Random => "random",
         })
     }
 }
@@ -117,6 +120,25 @@ pub fn resolve(
         frequency_penalty,
         repeat_last_n
     );
+    // The base's penalties apply only when sampling: at temperature 0 a penalty that
+    // nothing set is off, so that greedy decoding stays the model's own argmax.
+    if params.temperature == 0.0 {
+        let neutral = SamplingParams::greedy();
+        for (name, source) in &sources {
+            match (*name, source) {
+                ("repeat_penalty", Source::Default) => {
+                    params.repeat_penalty = neutral.repeat_penalty
+                }
+                ("presence_penalty", Source::Default) => {
+                    params.presence_penalty = neutral.presence_penalty
+                }
+                ("frequency_penalty", Source::Default) => {
+                    params.frequency_penalty = neutral.frequency_penalty
+                }
+                _ => {}
+            }
+        }
+    }
     let seed = match flags.seed {
         Some(s) => (Some(s), Source::Flag),
         None => (base.seed, Source::Default),
@@ -135,6 +157,17 @@ pub fn resolve(
 }
 
 impl Resolved {
+    /// Draws the seed when nothing set one, so that it can be reported and the run
+    /// repeated with it.
+    pub fn draw_seed(&mut self) {
+        if self.params.seed.is_none() {
+            self.params.seed = Some(rand::random());
+            if let Some(s) = self.sources.iter_mut().find(|s| s.0 == "seed") {
+                s.1 = Source::Random;
+            }
+        }
+    }
+
     /// The settings as JSON (`--json`): every field of [`SamplingParams`] and `sources`,
     /// the source of each.
     pub fn to_json(&self) -> Value {
@@ -340,6 +373,34 @@ mod tests {
         assert_eq!(json["seed"], 5);
         assert_eq!(json["sources"]["top_p"], "model");
         assert_eq!(json["sources"]["repeat_last_n"], "default");
+        // temperature 0 from a flag or the model: the base's penalty is off (greedy is
+        // the argmax), one given stays
+        let greedy = PartialSampling {
+            temperature: Some(0.0),
+            ..PartialSampling::default()
+        };
+        let r = resolve(
+            &greedy,
+            &PartialSampling::default(),
+            &SamplingParams::chat(),
+        );
+        assert_eq!((r.params.temperature, r.params.repeat_penalty), (0.0, 1.0));
+        let model = PartialSampling {
+            temperature: Some(0.0),
+            ..PartialSampling::default()
+        };
+        let r = resolve(&PartialSampling::default(), &model, &SamplingParams::chat());
+        assert_eq!(r.params.repeat_penalty, 1.0);
+        let penalized = PartialSampling {
+            repeat_penalty: Some(1.3),
+            ..greedy
+        };
+        let r = resolve(
+            &penalized,
+            &PartialSampling::default(),
+            &SamplingParams::chat(),
+        );
+        assert_eq!(r.params.repeat_penalty, 1.3);
         // nothing given: the base, all default
         let r = resolve(
             &PartialSampling::default(),
