@@ -663,7 +663,7 @@ fn command_line_sizes_and_values_are_checked() {
     fails(&g(&["--temperature", "1", "--top-p", "1.5"]), &["top-p"]);
     fails(
         &["generate", "--model", d, "--token-ids", "1,600"],
-        &["index 600 at position 1"],
+        &["token 600 at position 1"],
     );
     fails_with(
         2,

@@ -1,6 +1,6 @@
-//! The chat loop ([`ChatSession`]) on the tiny Model 3 fixture (random weights, no chat
-//! template: ChatML) on the CPU: each turn prefills only the text it adds, the cache
-//! then holds what a whole prefill would, `/reset` and `/exit`, and a full context.
+//! The chat loop ([`ChatSession`] on the engine) on the tiny Llama 3 fixture (random
+//! weights, no chat template: ChatML) on the CPU: each turn computes only the text it
+//! adds (the prefix cache holds the rest), `/reset` and `/exit`, and a full context.
 //! Then `graft generate --chat` and `graft chat` end to end, and the real default model
 //! when it is in the cache.
 
@@ -16,106 +16,96 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use graft::backend::cpu::CpuBackend;
+use graft::engine::chat::{ChatSession, EndReason};
+use graft::engine::{Engine, EngineConfig, Event, KvBudget, Request};
 use graft::models::text::chat::{Continuation, Message};
-use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
-use graft::models::{text::tokenizer, LoadOptions, Logits, Model, SamplerChain};
+use graft::models::{text::tokenizer, LoadOptions, SamplingParams};
 
 const TINY: &str = "llama3-tiny-bf16";
 
-fn load(ctx: usize, be: &mut CpuBackend) -> Model {
+/// An engine over `model` with a context of `ctx` and a pool of two contexts.
+fn engine_for(model: &std::path::Path, ctx: usize) -> Engine {
+    let cfg = EngineConfig {
+        kv: KvBudget::Tokens(2 * ctx),
+        ..EngineConfig::new(ctx)
+    };
     let opts = LoadOptions {
-        ctx: Some(ctx),
         progress: false,
         ..LoadOptions::default()
     };
-    Model::load(&fixture(TINY), be, &opts).unwrap()
+    Engine::load(model, Box::new(CpuBackend::new()), &opts, cfg)
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()))
 }
 
-fn session<'a>(
-    model: &'a mut Model,
-    be: &'a mut CpuBackend,
-    max_tokens: usize,
-    system: Option<&str>,
-) -> ChatSession<LlamaOn<'a>> {
+fn session<'a>(e: &'a mut Engine, max_tokens: usize, system: Option<&str>) -> ChatSession<'a> {
     let found = tokenizer::for_model(&fixture(TINY)).unwrap().unwrap();
     let template = found.template.compile().unwrap();
-    let on = LlamaOn { model, be };
     let system = system.map(String::from);
     ChatSession::new(
-        on,
+        e,
         found.tokenizer,
         template,
-        SamplerChain::greedy(),
+        SamplingParams::greedy(),
         max_tokens,
         system,
     )
     .unwrap()
 }
 
-/// Forward passes a turn ran: the prefill's tokens and one decode step per sampled
-/// token but the last (left pending).
-fn positions(t: &TurnEnd) -> usize {
-    let stopped = usize::from(t.reason == EndReason::Stop);
-    t.prefilled + t.tokens.len() + stopped - 1
-}
-
-/// Turn 2 prefills the pending token and the tokens of the text the template adds, no
-/// more; the cache then gives the same next token as one prefill of everything.
+/// Turn 2 computes the last token of turn 1 (sampled, never run: the last reply token
+/// or the stop token) and the tokens of the text the template adds, no more: the rest
+/// comes from the prefix cache; a fresh engine given the whole conversation at once
+/// answers turn 2's first token.
 #[test]
 fn second_turn_prefills_only_the_new_tokens() {
-    let mut be = CpuBackend::new();
-    let mut model = load(256, &mut be);
-    let mut s = session(&mut model, &mut be, 6, None);
+    let mut e = engine_for(&fixture(TINY), 256);
+    let mut s = session(&mut e, 6, None);
     let mut streamed = String::new();
     let t1 = s.turn("Hello there!", |p| streamed.push_str(p)).unwrap();
-    assert!(t1.from_scratch);
+    assert!(!t1.from_scratch);
     assert_eq!(streamed, t1.reply);
-    let first = s.messages()[..1].to_vec();
-    let template = tokenizer::for_model(&fixture(TINY))
-        .unwrap()
-        .unwrap()
-        .template
-        .compile()
-        .unwrap();
-    let prompt1 = template.render(&first, true).unwrap();
-    let ids1 = s.tokenizer().encode(&prompt1).unwrap();
-    assert_eq!(t1.prefilled, ids1.len());
-    assert_eq!(s.model().model.n_past(), positions(&t1));
-    assert_eq!(s.pending().len(), 1);
+    let found = tokenizer::for_model(&fixture(TINY)).unwrap().unwrap();
+    let template = found.template.compile().unwrap();
+    let prompt1 = template.render(&s.messages()[..1], true).unwrap();
+    let ids1 = found.tokenizer.encode(&prompt1).unwrap();
+    assert_eq!(t1.prefilled, ids1.len(), "turn 1 computes its whole prompt");
 
-    let n_past1 = s.model().model.n_past();
     let seen1 = s.seen().to_string();
-    let pending1 = s.pending().to_vec();
     let mut next = s.messages().to_vec();
     next.push(Message::new("user", "Tell me more."));
     let Continuation::Suffix(suffix) = template.append(&seen1, &next, true).unwrap() else {
         panic!("ChatML extends the earlier rendering");
     };
-    let suffix_ids = s.tokenizer().encode_with(&suffix, false).unwrap();
+    let mut tok = found.tokenizer;
+    tok.set_parse_special(true);
+    let suffix_ids = tok.encode_with(&suffix, false).unwrap();
+    let history1 = s.history().to_vec();
     let t2 = s.turn("Tell me more.", |_| {}).unwrap();
     assert!(!t2.from_scratch);
     assert_eq!(
         t2.prefilled,
         1 + suffix_ids.len(),
-        "pending token + new text"
+        "the last token + new text"
     );
-    assert_eq!(s.model().model.n_past(), n_past1 + positions(&t2));
     assert_eq!(s.messages().len(), 4);
     let whole = template.render(s.messages(), false).unwrap();
     assert!(whole.starts_with(s.seen()), "{whole:?}\n{:?}", s.seen());
     drop(s);
 
-    // The same tokens in one prefill from an empty cache give turn 2's first token: the
-    // reply's tokens that were run, the pending one (the last reply token here, or the
-    // stop token), the new text.
-    let decoded = n_past1 - ids1.len();
-    let mut all = ids1;
-    all.extend(&t1.tokens[..decoded]);
-    all.extend(&pending1);
+    let mut all = history1;
     all.extend(&suffix_ids);
-    model.reset();
-    let out = model.prefill(&mut be, &all, Logits::None).unwrap();
-    assert_eq!(out.argmax, t2.tokens[0]);
+    let mut fresh = engine_for(&fixture(TINY), 256);
+    let id = fresh.add(Request::greedy(all, 1)).unwrap();
+    let first = fresh
+        .step()
+        .unwrap()
+        .into_iter()
+        .find_map(|ev| match ev {
+            Event::Token { id: i, token, .. } if i == id => Some(token),
+            Event::Token { .. } | Event::Finished { .. } | Event::Error { .. } => None,
+        })
+        .unwrap();
+    assert_eq!(first, t2.tokens[0]);
 }
 
 /// The interactive loop: `/reset` forgets the conversation (the system message stays),
@@ -123,9 +113,8 @@ fn second_turn_prefills_only_the_new_tokens() {
 /// the loop before the rest of the input.
 #[test]
 fn repl_reset_and_exit() {
-    let mut be = CpuBackend::new();
-    let mut model = load(256, &mut be);
-    let mut s = session(&mut model, &mut be, 5, Some("Be brief."));
+    let mut e = engine_for(&fixture(TINY), 256);
+    let mut s = session(&mut e, 5, Some("Be brief."));
     let input = "Hello!\n\n/reset\n/what\nHello!\n/exit\nNever read.\n";
     let mut out = Vec::new();
     s.repl(&mut input.as_bytes(), &mut out).unwrap();
@@ -149,7 +138,6 @@ fn repl_reset_and_exit() {
 /// changes nothing; `/reset` makes room again.
 #[test]
 fn full_context_is_reported_and_reset_recovers() {
-    let mut be = CpuBackend::new();
     let prompt_len = {
         let found = tokenizer::for_model(&fixture(TINY)).unwrap().unwrap();
         let t = found.template.compile().unwrap();
@@ -157,16 +145,12 @@ fn full_context_is_reported_and_reset_recovers() {
         found.tokenizer.encode(&text).unwrap().len()
     };
     let ctx = prompt_len + 3;
-    let mut model = load(ctx, &mut be);
-    let mut s = session(&mut model, &mut be, 100, None);
+    let mut e = engine_for(&fixture(TINY), ctx);
+    let mut s = session(&mut e, 100, None);
     let t1 = s.turn("Hi", |_| {}).unwrap();
     assert_eq!(t1.reason, EndReason::ContextFull);
-    assert_eq!(
-        t1.tokens.len(),
-        4,
-        "tokens sampled until the cache was full"
-    );
-    assert_eq!(s.model().model.n_past(), ctx);
+    assert_eq!(t1.tokens.len(), 3, "prompt and reply fill the context");
+    assert_eq!(s.history().len(), ctx);
     let note = s.note(&t1).unwrap();
     assert!(
         note.contains("context full") && note.contains("/reset"),
@@ -200,19 +184,24 @@ fn graft() -> Command {
     Command::new(env!("CARGO_BIN_EXE_graft"))
 }
 
-/// `generate --chat` gives the reply of one session turn; `graft chat` reads stdin.
+/// `generate --chat` gives the reply of one session turn; `graft chat` reads stdin
+/// (both greedy with `--temperature 0`).
 #[test]
 fn chat_commands_end_to_end() {
-    let mut be = CpuBackend::new();
-    let mut model = load(512, &mut be);
-    let want = session(&mut model, &mut be, 7, None)
+    let mut e = engine_for(&fixture(TINY), 512);
+    let want = session(&mut e, 7, None)
         .turn("What is the capital of France?", |_| {})
         .unwrap();
     let dir = fixture(TINY);
     let model = dir.to_str().unwrap();
     let o = graft()
         .args(["generate", "--chat", "--model", model, "-n", "7", "--quiet"])
-        .args(["--prompt", "What is the capital of France?"])
+        .args([
+            "--temperature",
+            "0",
+            "--prompt",
+            "What is the capital of France?",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -223,7 +212,16 @@ fn chat_commands_end_to_end() {
     );
 
     let mut child = graft()
-        .args(["chat", "--model", model, "-n", "7", "--quiet"])
+        .args([
+            "chat",
+            "--model",
+            model,
+            "-n",
+            "7",
+            "--quiet",
+            "--temperature",
+            "0",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -251,32 +249,21 @@ fn chat_commands_end_to_end() {
     assert!(err.contains("does not fit the context"), "{err}");
 }
 
-/// The default model answers in English. Skips (saying so) only when the model is not in
+/// The real default model, greedy, names Paris and goes on to a second turn, when it is in
 /// the cache (`graft pull` puts it there; CI pulls it).
 #[test]
 fn default_model_answers_the_capital_of_france() {
     let Some(path) = cached_default_model() else {
         return;
     };
-    let mut be = CpuBackend::new();
-    let opts = LoadOptions {
-        ctx: Some(256),
-        progress: false,
-        ..LoadOptions::default()
-    };
-    let mut model =
-        Model::load(&path, &mut be, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut e = engine_for(&path, 256);
     let found = tokenizer::for_model(&path).unwrap().unwrap();
     let template = found.template.compile().unwrap();
-    let on = LlamaOn {
-        model: &mut model,
-        be: &mut be,
-    };
     let mut s = ChatSession::new(
-        on,
+        &mut e,
         found.tokenizer,
         template,
-        SamplerChain::greedy(),
+        SamplingParams::greedy(),
         32,
         None,
     )
@@ -288,8 +275,9 @@ fn default_model_answers_the_capital_of_france() {
     assert!(t.reply.contains("Paris"), "{:?}", t.reply);
     let t2 = s.turn("And of Germany?", |_| {}).unwrap();
     assert!(
-        !t2.from_scratch,
-        "the second turn continues the cached conversation"
+        t2.prefilled < 30,
+        "the second turn computes its new text, not the conversation: {}",
+        t2.prefilled
     );
     assert!(!t2.reply.trim().is_empty());
 }

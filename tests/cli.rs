@@ -109,7 +109,10 @@ fn generate_json_reproduces_hf_greedy_tokens() {
         assert!(j["prompt_tokens_per_s"].as_f64().unwrap() > 0.0);
         assert!(j["gen_tokens_per_s"].as_f64().unwrap() > 0.0);
         assert_eq!(j["stop"], "length");
-        assert_eq!(j["plans"]["decode"], 1);
+        assert_eq!(
+            j["plans"], 2,
+            "a batch graph for the prompt, one for decoding"
+        );
         assert!(j["text"].is_string());
         assert_eq!(j["backend"], "cpu");
     }
@@ -380,7 +383,7 @@ fn errors_are_clear_and_never_panic() {
     let d = dir.to_str().unwrap();
     fails(
         &["generate", "--model", d, "--token-ids", "0,600,3"],
-        &["index 600 at position 1", "out of range 0..512"],
+        &["token 600 at position 1", "outside the vocabulary of 512"],
     );
     fails(
         &[
@@ -710,8 +713,6 @@ fn every_command_that_runs_a_model_takes_the_model_options() {
         d,
         "--ctx",
         "16",
-        "--flash-attn",
-        "off",
         "--ctk",
         "f32",
         "--ctv",
@@ -729,6 +730,7 @@ fn every_command_that_runs_a_model_takes_the_model_options() {
     };
     let logits = |dtype: &[&'static str]| {
         let mut tail = vec!["--token-ids", "1,2,3", "--out", "-", "--quiet"];
+        tail.extend_from_slice(&["--flash-attn", "off"]);
         tail.extend_from_slice(dtype);
         graft(&with(&["logits"], &tail)).stdout
     };
@@ -740,14 +742,40 @@ fn every_command_that_runs_a_model_takes_the_model_options() {
         &["generate"],
         &["--token-ids", "1,2", "-n", "2", "--dtype", "q8_0"],
     ));
+    // the engine runs the fused paged attention only, and says so
+    fails(
+        &with(
+            &["generate"],
+            &["--token-ids", "1,2", "--flash-attn", "off"],
+        ),
+        &["--flash-attn off", "fused paged attention"],
+    );
     ok(&with(
         &["trace"],
-        &["--tokens", "1,2", "--dtype", "q8_0", "--quiet"],
+        &[
+            "--tokens",
+            "1,2",
+            "--dtype",
+            "q8_0",
+            "--quiet",
+            "--flash-attn",
+            "off",
+        ],
     ));
     let bench = ok(&with(
         &["bench"],
         &[
-            "-p", "4", "-n", "2", "--reps", "1", "--dtype", "q8_0", "--json",
+            "-p",
+            "4",
+            "-n",
+            "2",
+            "--reps",
+            "1",
+            "--dtype",
+            "q8_0",
+            "--json",
+            "--flash-attn",
+            "off",
         ],
     ));
     assert!(bench.contains("\"dtype\":\"q8_0\""), "{bench}");
@@ -777,5 +805,116 @@ fn every_command_that_runs_a_model_takes_the_model_options() {
             ],
         ),
         &["context of 16"],
+    );
+}
+
+/// Sampling settings: for chats, flags over the model's generation_config.json over the
+/// chat defaults, printed once with --verbose; a plain completion stays greedy whatever
+/// the model recommends; --json carries the settings and their sources; bad values name
+/// their flag.
+#[test]
+fn sampling_settings_follow_their_precedence() {
+    let t = TempCopy::of("llama3-tiny-bf16");
+    std::fs::write(
+        t.path("generation_config.json"),
+        r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.5}"#,
+    )
+    .unwrap();
+    let o = graft(&[
+        "generate",
+        "--chat",
+        "--model",
+        t.dir(),
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+        "--quiet",
+        "--verbose",
+        "--top-k",
+        "7",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("sampling:").count(), 1, "{err}");
+    for needle in [
+        "temperature 0.6 (model)",
+        "top_p 0.5 (model)",
+        "top_k 7 (flag)",
+        "min_p 0.05 (default)",
+        "repeat_penalty 1.1 (default)",
+        "(random)",
+        "generation_config.json",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let json = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            t.dir(),
+            "--token-ids",
+            "1,2",
+            "-n",
+            "3",
+        ];
+        args.extend_from_slice(&["--json", "--quiet"]);
+        args.extend_from_slice(extra);
+        serde_json::from_str::<serde_json::Value>(ok(&args).trim()).unwrap()
+    };
+    let j = json(&[
+        "--logit-bias",
+        "5-inf",
+        "--logit-bias",
+        "7+1.5",
+        "--seed",
+        "3",
+    ]);
+    let s = &j["sampling"];
+    assert_eq!(s["temperature"], 0.0, "{s}");
+    assert_eq!(s["sources"]["temperature"], "default");
+    assert_eq!(
+        s["sources"]["top_p"], "default",
+        "the model's settings are for chats"
+    );
+    assert_eq!(s["seed"], 3);
+    assert_eq!(s["logit_bias"], serde_json::json!([[5, "-inf"], [7, 1.5]]));
+    assert_eq!(s["sources"]["logit_bias"], "flag");
+    // a bias moves the greedy pick: the banned first token never comes back
+    let plain = ids(&json(&[])["generated_ids"]);
+    let ban = format!("{}-inf", plain[0]);
+    let banned = ids(&json(&["--logit-bias", &ban])["generated_ids"]);
+    assert!(!banned.contains(&plain[0]), "{plain:?} {banned:?}");
+    let d = t.dir();
+    let g = |extra: &[&'static str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            d,
+            "--token-ids",
+            "1",
+            "--temperature",
+            "1",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    fails(&g(&["--min-p", "2"]), &["--min-p", "2"]);
+    fails(&g(&["--typical-p", "-1"]), &["--typical-p"]);
+    fails(&g(&["--repeat-penalty", "0"]), &["--repeat-penalty"]);
+    fails(
+        &g(&["--logit-bias", "100000+1"]),
+        &["--logit-bias", "100000"],
+    );
+    fails(&g(&["--logit-bias", "3+inf"]), &["--logit-bias"]);
+    for bad in ["3*2", "x+1", "3+y"] {
+        let o = graft(&g(&["--logit-bias", bad]));
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains(bad), "{}", stderr(&o));
+    }
+    std::fs::write(t.path("generation_config.json"), r#"{"top_p": 7}"#).unwrap();
+    fails(
+        &["generate", "--chat", "--model", d, "--prompt", "hi"],
+        &["generation_config.json", "top_p"],
     );
 }

@@ -84,9 +84,7 @@ impl EngineArgs {
         quiet: bool,
     ) -> Result<Engine> {
         if !m.cache.types().flash_attn {
-            return Err(Error::model(
-                "--flash-attn off: the engine always runs the fused paged attention over its KV blocks; the unfused chain is for logits, trace and dump",
-            ));
+            return Err(flash_attn_off());
         }
         let cfg = model_config(path)?;
         let ecfg = self.config(m, &cfg, ctx);
@@ -146,4 +144,42 @@ fn note_engine(e: &Engine) {
         e.ctx(),
         e.max_seqs()
     );
+}
+
+impl EngineArgs {
+    /// One sequence at a time, the default step budget and block size.
+    pub fn single_sequence() -> EngineArgs {
+        EngineArgs {
+            kv_size: None,
+            kv_mem: None,
+            kv_block: DEFAULT_BLOCK_SIZE,
+            parallel: 1,
+            ubatch: 512,
+            no_prefix_cache: false,
+        }
+    }
+}
+
+/// An engine for one sequence at a time on the model at `path` (generate, chat): the
+/// default step budget, a pool of `contexts` contexts.
+pub(super) fn single(m: &ModelArgs, path: &Path, contexts: usize, quiet: bool) -> Result<Engine> {
+    let cfg = model_config(path)?;
+    let mut ecfg = EngineArgs::single_sequence().config(m, &cfg, None);
+    ecfg.kv = KvBudget::Tokens(ecfg.ctx * contexts);
+    if !m.cache.types().flash_attn {
+        return Err(flash_attn_off());
+    }
+    Engine::load(
+        path,
+        m.open_backend()?,
+        &m.options(Some(ecfg.ctx), quiet),
+        ecfg,
+    )
+}
+
+/// Why the engine refuses `--flash-attn off`.
+fn flash_attn_off() -> Error {
+    Error::model(
+        "--flash-attn off: generation runs the fused paged attention over its KV blocks; the unfused chain of ops is for logits, trace and dump",
+    )
 }
