@@ -16,7 +16,8 @@
 #   --depth D         also time generation after D tokens (llama-bench -d D, before and
 #                     after graft's run; graft bench -p D)
 #   --cache TYPE      K/V cache type for both: f16 (default), q8_0 or q4_0
-#   --reps R          llama-bench repetitions (default 3)
+#   --reps R          llama-bench repetitions (default 3; 2 for each of the two runs at a
+#                     depth)
 #   --threads T       threads with --cpu (default: every core)
 #   --src DIR         llama.cpp source (default .gpu/llama.cpp; fetched when absent)
 #   --graft BIN       graft binary (default target/release/graft, built when absent)
@@ -112,8 +113,9 @@ if [ ${#models[@]} -eq 0 ]; then
     done
 fi
 
-# The runs: llama.cpp, then graft, on each file.
-llama_dev=(-ngl 99) graft_dev=(--backend cuda) graft_env=()
+# The runs: llama.cpp, then graft, on each file. Flash attention on in both (graft's
+# default; on the CPU llama.cpp's own default, which turns it on where it can).
+llama_dev=(-fa 1 -ngl 99) graft_dev=(--backend cuda) graft_env=()
 if [ $cpu = 1 ]; then
     llama_dev=(-t "$threads") graft_dev=(--backend cpu) graft_env=(env "RAYON_NUM_THREADS=$threads")
 fi
@@ -124,14 +126,14 @@ fi
 run - mkdir -p "$raw"
 for m in "${models[@]}"; do
     stem="$(basename "$m" .gguf)"
-    llama=("$bin/llama-bench" -m "$m" -fa 1 -r "$reps" "${llama_dev[@]}" "${caches[@]}" -o json)
+    llama=("$bin/llama-bench" -m "$m" "${llama_dev[@]}" "${caches[@]}" -o json)
     ours=("${graft_env[@]}" "$graft" bench --model "$m" "${graft_dev[@]}" "${gcaches[@]}" --json)
-    run "$raw/llama.$stem.main.json" "${llama[@]}" -p "$p" -n "$n"
+    run "$raw/llama.$stem.main.json" "${llama[@]}" -r "$reps" -p "$p" -n "$n"
     run "$raw/graft.$stem.main.json" "${ours[@]}" -p "$p" -n "$n"
     if [ -n "$depth" ]; then
-        run "$raw/llama.$stem.d$depth.a.json" "${llama[@]}" -p 0 -n "$n" -d "$depth"
+        run "$raw/llama.$stem.d$depth.a.json" "${llama[@]}" -r 2 -p 0 -n "$n" -d "$depth"
         run "$raw/graft.$stem.d$depth.json" "${ours[@]}" -p "$depth" -n "$n" --reps 1
-        run "$raw/llama.$stem.d$depth.b.json" "${llama[@]}" -p 0 -n "$n" -d "$depth"
+        run "$raw/llama.$stem.d$depth.b.json" "${llama[@]}" -r 2 -p 0 -n "$n" -d "$depth"
     fi
 done
 rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"

@@ -38,9 +38,9 @@ src="$tmp/llama.cpp"; mkdir -p "$src"; touch "$src/CMakeLists.txt"
 gpu=("$HERE/compare.sh" --dry-run --src "$src" --types "f16 q4_0" --depth 4096)
 expect "cuda: builds llama.cpp for CUDA" 'build-llamacpp\.sh .*/build-cuda$' "${gpu[@]}"
 expect "cuda: quantizes from the F16 file" 'llama-quantize .*llama2-7b-f16\.gguf .*llama2-7b-q4_0\.gguf q4_0' "${gpu[@]}"
-expect "cuda: llama-bench on the GPU" 'llama-bench -m .*llama2-7b-q4_0\.gguf -fa 1 -r 3 -ngl 99 -o json -p 512 -n 128' "${gpu[@]}"
+expect "cuda: llama-bench on the GPU" 'llama-bench -m .*llama2-7b-q4_0\.gguf -fa 1 -ngl 99 -o json -r 3 -p 512 -n 128' "${gpu[@]}"
 expect "cuda: graft on the GPU" 'graft bench --model .*llama2-7b-q4_0\.gguf --backend cuda --json -p 512 -n 128' "${gpu[@]}"
-expect "cuda: llama-bench at depth" 'llama-bench .* -p 0 -n 128 -d 4096 > .*d4096\.b\.json' "${gpu[@]}"
+expect "cuda: llama-bench at depth" 'llama-bench .* -r 2 -p 0 -n 128 -d 4096 > .*d4096\.b\.json' "${gpu[@]}"
 expect "cuda: graft at depth" 'graft bench .* -p 4096 -n 128 --reps 1 > .*graft\.llama2-7b-f16\.d4096\.json' "${gpu[@]}"
 expect "cuda: the table" 'table\.py .*-cuda --graft-rev' "${gpu[@]}"
 expect "cuda: a quantized cache for both" 'llama-bench .*-ctk q8_0 -ctv q8_0 .*' "${gpu[@]}" --cache q8_0
@@ -49,7 +49,7 @@ expect "cuda: graft's quantized cache" 'graft bench .*--cache-type-k q8_0 --cach
 # compare.sh --dry-run: the CPU path, on a given file
 cpu=("$HERE/compare.sh" --cpu --dry-run --src "$src" --model "$tmp/m.gguf" -p 128 -n 64 --threads 2)
 expect "cpu: builds llama.cpp for the CPU" 'build-llamacpp\.sh --cpu .*/build-cpu$' "${cpu[@]}"
-expect "cpu: llama-bench with 2 threads" 'llama-bench -m .*/m\.gguf -fa 1 -r 3 -t 2 -o json -p 128 -n 64' "${cpu[@]}"
+expect "cpu: llama-bench with 2 threads" 'llama-bench -m .*/m\.gguf -t 2 -o json -r 3 -p 128 -n 64' "${cpu[@]}"
 expect "cpu: graft with 2 threads" 'env RAYON_NUM_THREADS=2 .*graft bench --model .*/m\.gguf --backend cpu --json -p 128 -n 64' "${cpu[@]}"
 if "${cpu[@]}" | grep -q 'llama-quantize\|make-random-gguf\|-ngl'; then
     bad "cpu: a given file must not be made or quantized, nor run with -ngl"
