@@ -73,14 +73,16 @@ bin="$PEER_DIR/build-$kind/bin"
 graft="${graft:-$ROOT/target/release/graft}"
 raw="$PEER_DIR/results/$(date -u +%Y%m%dT%H%M%SZ)-$kind"
 
-# Runs a command, its stdout into $1 (or to the terminal for '-'); prints it instead
-# with --dry-run.
+# Runs a command, its stdout into $1 (stdout and stderr for a .log file; the terminal
+# for '-'); prints it instead with --dry-run.
 run() {
     local to="$1"; shift
     if [ $dry = 1 ]; then
         printf '+'; printf ' %q' "$@"; [ "$to" = - ] || printf ' > %q' "$to"; echo
     elif [ "$to" = - ]; then
         "$@"
+    elif [[ "$to" == *.log ]]; then
+        "$@" > "$to" 2>&1
     else
         "$@" > "$to"
     fi
@@ -107,7 +109,8 @@ if [ ${#models[@]} -eq 0 ]; then
     for t in $types; do
         f="$PEER_DIR/$preset-$t.gguf"
         if [ "$t" != f16 ] && [ ! -f "$f" ]; then
-            run /dev/null "$bin/llama-quantize" "$f16" "$f" "$t" "$(nproc)"
+            run "$PEER_DIR/quantize-$t.log" "$bin/llama-quantize" "$f16" "$f" "$t" "$(nproc)" \
+                || die "llama-quantize to $t failed: $PEER_DIR/quantize-$t.log"
         fi
         models+=("$f")
     done

@@ -29,6 +29,8 @@ refuses() {
 if diff -u "$HERE/testdata/expected.md" <(python3 "$HERE/table.py" "$HERE/testdata" --graft-rev abc1234); then ok
 else bad "table.py output differs from testdata/expected.md"; fi
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+# An empty PEER_DIR of its own: the dry runs then show every step, whatever is built here.
+export PEER_DIR="$tmp/peer"
 refuses "table.py on an empty folder" "holds no results" python3 "$HERE/table.py" "$tmp"
 echo 'Error: out of memory' > "$tmp/graft.x.main.json"
 refuses "table.py on a failed run" "graft.x.main.json is not JSON" python3 "$HERE/table.py" "$tmp"
