@@ -159,8 +159,9 @@ struct GemvArgs {
     const NormFold* fold;  // mul_mat_vec_fold_* and mul_mat_vec_total_*: the folded norm (in
                            // the plan's constant region; one column); null otherwise
 };
-// Past 128 bytes ptxas schedules the unchanged mul_mat_vec_f16 worse (docs/benchmarks.md,
-// twentieth session): grow it no further.
+// Past 128 bytes ptxas schedules the unchanged mul_mat_vec_f16 worse (nvcc 13.0, sm_90,
+// 2026-11-29: at 136 bytes 52 registers instead of 64, and the activation loads of a round
+// issued apart from its weight loads): grow it no further.
 static_assert(sizeof(GemvArgs) == 120, "GemvArgs layout");
 
 // Quantized matrix-vector products (mul_mat_vec_q_c*_*, mul_mat_vec_dq_c*_*):

@@ -226,6 +226,6 @@ ls -la "$BUNDLE/tests" "$BUNDLE/bin"
 tar cJf "$BUNDLE.tar.xz" -C "$(dirname "$BUNDLE")" "$(basename "$BUNDLE")"
 size=$(du -sm "$BUNDLE.tar.xz" | cut -f1)
 echo "gpu-bundle: $BUNDLE.tar.xz is ${size} MiB"
-# The device tool carries 64 MiB in all: the bundle may take 56, which leaves 8 for what
-# travels with it (the llama.cpp source for the peer runs is 4.5).
+# Kept under 56 MiB, so that with what travels beside it (the packed llama.cpp source of
+# scripts/peer/fetch-llamacpp.sh is about 4.5) it fits a 64 MiB transfer to a GPU machine.
 [ "$size" -lt 56 ] || die "the packed bundle is ${size} MiB, over the 56 MiB budget"
