@@ -217,6 +217,16 @@ impl Engine {
         &self.config
     }
 
+    /// One device's share of the model (the whole model on one device).
+    pub fn shard(&self) -> &Config {
+        &self.runner.shard
+    }
+
+    /// The weights' layout.
+    pub fn weights(&self) -> &crate::models::Weights {
+        &self.runner.weights
+    }
+
     /// The longest sequence, prompt and generation together.
     pub fn ctx(&self) -> usize {
         self.ctx
