@@ -4,7 +4,7 @@
 //! family, column-major GEMM over pointer arrays), and the result must equal the CPU
 //! backend's. This catches wrong dispatch, strides, leading dimensions, transposes,
 //! pointer arrays and scratch layouts; the kernels themselves are checked on a GPU by
-//! tests/cuda_graph.rs and the op tests.
+//! tests/cuda/cuda_graph.rs and the op tests.
 
 use half::f16;
 use rand::{Rng, SeedableRng};

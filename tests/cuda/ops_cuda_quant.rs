@@ -9,14 +9,8 @@
 //! (weights dequantized to F16 for cuBLAS: 1e-4). Each plan runs twice (capture, then
 //! replay). Without a GPU every test prints "skipped: no GPU" and passes, unless
 //! `GRAFT_REQUIRE_GPU=1`.
-#![cfg(feature = "cuda")]
-
-mod common;
-#[path = "common/quant_strategies.rs"]
-mod quant_strategies;
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
@@ -30,8 +24,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qs::{QCase, QOp};
 use quant_strategies as qs;
 
-/// The GPU tests run one at a time.
-static GPU: Mutex<()> = Mutex::new(());
+use crate::{common, quant_strategies};
 
 /// Bound on the NMSE of the Q8_1 decode path (activations quantized to 8 bits).
 const NMSE_MMVQ: f64 = 5e-4;
@@ -47,7 +40,7 @@ fn on_gpu<S: Strategy>(
     cases: u32,
     check: impl Fn(&S::Value, &mut CudaBackend, &mut CpuBackend) -> Result<(), String>,
 ) {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
@@ -617,7 +610,7 @@ fn profiled<T>(
 /// gives.
 #[test]
 fn k_quant_weights_written_by_the_plan_are_read_after_the_wait() {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
@@ -661,7 +654,7 @@ fn k_quant_weights_written_by_the_plan_are_read_after_the_wait() {
 /// (Q4_0 [4096, 29300], 67.5 MB): split in two pieces, the same product bytes.
 #[test]
 fn frozen_weight_past_one_chunk() {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
@@ -718,7 +711,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
 /// that reads the frozen weight other than as mul_mat weights are errors naming it.
 #[test]
 fn frozen_weights_read_back_and_refuse_writes() {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
@@ -819,7 +812,7 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType, k: usize, offset:
 #[test]
 fn frozen_tiny_model_matches_unfrozen() {
     use graft::models::QuantPlan;
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut be) = common::cuda_backend() else {
         return;
     };
@@ -917,7 +910,7 @@ fn tiny_model_split_and_not(
 #[test]
 fn quantized_caches_stream_in_model_decode() {
     use graft::models::{arch::presets, CacheTypes, Config as ModelConfig};
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };

@@ -9,24 +9,17 @@
 //! computes) and an F32 KV cache at float precision, and with Q8_1 activations and the
 //! default F16 cache within the error that quantizing the activations brings. Skips when the model is not in the cache.
 
-#[path = "support/default_model.rs"]
-mod default_model;
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
-#[path = "support/reference.rs"]
-#[allow(dead_code)]
-mod reference;
-
 use std::path::{Path, PathBuf};
 
-use default_model::cached_default_model;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
 use graft::models::{text::tokenizer, CacheTypes, LoadOptions, Logits, Model};
 use graft::ops::mul_mat::QuantDot;
-use reference::{f32_data, nmse};
 use serde::Deserialize;
+
+use crate::cached_model::cached_default_model;
+use crate::fixtures::fixture;
+use crate::reference::{f32_data, nmse};
 
 /// A greedy step whose reference margin is below this (in logits) may flip under the
 /// quantized activations' error; agreement is required only up to the first such step.
@@ -53,7 +46,7 @@ struct Case {
 }
 
 fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2-reference")
+    fixture("smollm2-reference")
 }
 
 fn load_reference() -> (Reference, Vec<Vec<f32>>) {

@@ -2,12 +2,10 @@
 //! the memory of one context, and what it generates after a shift is what a fresh run
 //! from the kept tokens generates (CPU, tiny Model 3 fixture, greedy).
 
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
-
 use graft::backend::cpu::CpuBackend;
 use graft::models::{LoadOptions, Model, Sampler};
+
+use crate::fixtures;
 
 const CTX: usize = 16;
 

@@ -8,16 +8,14 @@
 //! Also here: the output guarantees (inputs never overwritten, devices/FIFOs/symlinks
 //! kept, `-` for stdout, write errors reported) and non-finite logits stopping a run.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-use fixtures::{fixture, TempCopy};
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use crate::fixtures::{fixture, TempCopy};
 
 /// The longest any case may take: a hang fails the test instead of blocking it.
 const LIMIT: Duration = Duration::from_secs(60);

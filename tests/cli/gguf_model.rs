@@ -9,13 +9,6 @@
 //! fixture's limit against HF's float32 logits (1e-5); a quantized file gives exactly
 //! the logits of the HF folder loaded with `--quantize` of the same type (the same bytes).
 
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)] // only the fixture paths are used here
-mod fixtures;
-#[path = "support/reference.rs"]
-#[allow(dead_code)] // not every helper is used by every test binary
-mod reference;
-
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
@@ -26,6 +19,8 @@ use graft::models::convert::convert;
 use graft::models::{LoadOptions, Logits, Model, QuantPlan};
 
 use reference::{nmse, reference, FIXTURES};
+
+use crate::{fixtures, reference};
 
 /// A scratch file removed on drop.
 struct Scratch(PathBuf);

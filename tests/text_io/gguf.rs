@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use graft::gguf::{Array, GgmlType, GgufFile, Value};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use serde_json::{json, Value as Json};
 
 fn fixture_dir() -> PathBuf {
@@ -654,8 +655,18 @@ fn read_all(bytes: Vec<u8>) {
     }
 }
 
+/// `cases` proptest cases, failing cases saved next to this file (`gguf.regressions`)
+/// and replayed first on later runs.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(config(512))]
 
     #[test]
     fn random_mutations_never_panic((edits, cut) in mutated()) {
@@ -962,7 +973,7 @@ fn arb_value() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(config(128))]
 
     #[test]
     fn random_metadata_round_trips(

@@ -8,12 +8,8 @@
 //! op; it fails the test when the case is of a layout every backend must support (see
 //! `Case::required_everywhere`). Without a GPU every test prints "skipped: no GPU" and
 //! passes, unless `GRAFT_REQUIRE_GPU=1`.
-#![cfg(feature = "cuda")]
-
-mod common;
 
 use std::cell::{Cell, RefCell};
-use std::sync::Mutex;
 
 use common::strategies as st;
 use common::Case;
@@ -22,13 +18,12 @@ use graft::graph::{BinaryOp, UnaryOp};
 use proptest::strategy::{BoxedStrategy, Strategy};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-/// The GPU tests run one at a time.
-static GPU: Mutex<()> = Mutex::new(());
+use crate::common;
 
 /// Runs `cases` cases of `strategy` on the GPU (if there is one) and prints how many
 /// the CUDA backend ran and how many it does not support.
 fn on_gpu(name: &str, strategy: BoxedStrategy<Case>, cases: u32) {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cuda) = common::cuda_backend() else {
         return;
     };
@@ -61,7 +56,7 @@ fn on_gpu(name: &str, strategy: BoxedStrategy<Case>, cases: u32) {
 
 /// Runs out-of-range cases on the GPU: each must fail with an index error.
 fn index_errors_on_gpu(name: &str, strategy: BoxedStrategy<Case>, cases: u32) {
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cuda) = common::cuda_backend() else {
         return;
     };
@@ -213,7 +208,7 @@ fn flash_attn_bound(kv: graft::graph::DType) -> f64 {
 #[test]
 fn flash_attn_ext_long_prefill_skips_masked_tiles() {
     use common::attention::{run, Case, MaskKind};
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
@@ -261,7 +256,7 @@ fn flash_attn_ext_long_prefill_skips_masked_tiles() {
     }
 }
 
-/// flash_attn_ext: every case of `tests/attention.rs` on CUDA and on the CPU, with the
+/// flash_attn_ext: every case of `tests/ops/attention.rs` on CUDA and on the CPU, with the
 /// arena poisoned and its sentinels checked (`common::attention::run`); the CUDA result
 /// must be finite and within [`flash_attn_bound`] of both the CPU result and the oracle.
 /// Every case must be supported (head dims, dtypes and views are the kernels' own).
@@ -283,7 +278,7 @@ fn prop_flash_attn_ext_one_query_decode() {
 fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
     use common::attention::run;
     use common::nmse;
-    let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(cuda) = common::cuda_backend() else {
         return;
     };

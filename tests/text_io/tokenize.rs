@@ -2,11 +2,6 @@
 //! written here with graft's own writer from the reference vectors in
 //! tests/fixtures/tokenizer/ (llama.cpp's `tokenizer.ggml.*` keys), and of a model folder.
 
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
-use fixtures::fixture;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -15,6 +10,8 @@ use graft::models::text::tokenizer;
 use graft::models::TokenizerSpec;
 use graft::Error;
 use serde::Deserialize;
+
+use crate::fixtures::fixture;
 
 #[derive(Deserialize)]
 struct Vectors {

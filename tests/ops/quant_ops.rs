@@ -4,11 +4,6 @@
 //! shapes (whole blocks along dim 0, odd row counts, broadcast batches) and weight rows
 //! further apart than their bytes; set_rows into a block-typed state.
 
-mod common;
-#[allow(dead_code)] // the device tests' cases; only set_rows is run here
-#[path = "common/quant_strategies.rs"]
-mod quant_strategies;
-
 use graft::backend::cpu::CpuBackend;
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, Graph};
@@ -19,6 +14,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use common::nmse;
+
+use crate::{common, quant_strategies};
 
 /// Random values with a few outliers, as weights look.
 fn values(rng: &mut StdRng, n: usize) -> Vec<f32> {

@@ -3,15 +3,15 @@
 //! list, query and key counts that are not multiples of any tile, GQA ratios 1, 2, 4, 8,
 //! causal and arbitrary masks with fully masked rows, softcapping and ALiBi on and off,
 //! K/V as views into a larger cache at an offset, F32/F16/BF16/Q8_0/Q4_0 K/V (the cases
-//! live in `common/attention.rs`, shared with the CUDA test in `tests/ops_cuda.rs`).
-
-mod common;
+//! live in `common/attention.rs`, shared with the CUDA test in `tests/cuda/ops_cuda.rs`).
 
 use common::attention::{case, run, Case, MaskKind};
 use common::nmse;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::{DType, FlashAttnParams, Graph};
 use proptest::prelude::*;
+
+use crate::common;
 
 proptest! {
     #![proptest_config(common::config(48))]

@@ -12,7 +12,6 @@
 //! One token per run exercises the GEMV kernels (mul_mat_vec, p021, vec_nc); five tokens
 //! exercise cuBLAS (converted activations, batched GQA products, F32 GEMM).
 //! Without a GPU the tests print "skipped: no GPU" and pass (GRAFT_REQUIRE_GPU=1: fail).
-#![cfg(feature = "cuda")]
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::cuda::CudaBackend;
@@ -256,9 +255,7 @@ fn run(
     Ok(RunResult { outputs, caches })
 }
 
-#[path = "support/metrics.rs"]
-mod metrics;
-use metrics::nmse;
+use crate::common::nmse;
 
 fn f16_to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes

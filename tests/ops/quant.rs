@@ -2,12 +2,12 @@
 //! `scripts/make-quant-vectors.py` under tests/fixtures/quant/), and property tests of the
 //! round trip and the dot products against f64 oracles.
 
-mod common;
-
 use graft::quant::{dequantize_row, quantize_row, vec_dot_f32, vec_dot_q8_1, QType};
 use half::f16;
 use proptest::prelude::*;
 use std::path::PathBuf;
+
+use crate::common;
 
 // ---------------------------------------------------------------------------------------
 // Vectors from gguf-py

@@ -5,10 +5,6 @@
 //! the unbroken model and against the HF transformers trace (`scripts/hf-trace.py`); the
 //! unbroken models agree with HF's traces; and, with a GPU, the CPU and CUDA traces agree.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-use fixtures::{fixture, TempCopy};
-
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -19,6 +15,8 @@ use graft::models::runtime::trace::{self, compare, Trace, ORDER_KEY, SOURCE_KEY,
 use graft::models::{CacheTypes, Config, LoadOptions, Logits, Model, TraceTensor};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+
+use crate::fixtures::{fixture, TempCopy};
 
 /// The HF trace of a fixture, made by scripts/hf-trace.py (may not exist yet).
 const HF_TRACE: &str = "trace.safetensors";

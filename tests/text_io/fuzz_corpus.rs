@@ -3,16 +3,14 @@
 //! cargo-fuzz targets ([`graft::fuzz`]): none may panic, and the seeds that are valid
 //! files must load, so a change that breaks the loaders shows here too.
 //!
-//! `cargo test --test fuzz_corpus -- --ignored make_seeds` rewrites the seeds from the
+//! `cargo test --test text_io make_seeds -- --ignored` rewrites the seeds from the
 //! committed fixtures.
-
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)] // only the fixtures' paths are used here
-mod fixtures;
 
 use std::path::{Path, PathBuf};
 
 use graft::fuzz::{join_pair, run, TARGETS};
+
+use crate::fixtures;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")

@@ -4,14 +4,6 @@
 //! Then `graft generate --chat` and `graft chat` end to end, and the real default model
 //! when it is in the cache.
 
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
-use fixtures::fixture;
-#[path = "support/default_model.rs"]
-mod default_model;
-use default_model::cached_default_model;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -19,6 +11,9 @@ use graft::backend::cpu::CpuBackend;
 use graft::models::text::chat::{Continuation, Message};
 use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn, TurnEnd};
 use graft::models::{text::tokenizer, LoadOptions, Logits, Model, Sampler};
+
+use crate::cached_model::cached_default_model;
+use crate::fixtures::fixture;
 
 const TINY: &str = "llama3-tiny-bf16";
 

@@ -1,8 +1,6 @@
 //! Per-op property tests of the CPU backend against the f64 oracle, with sentinel checks
 //! of the arena and of every state buffer.
 
-mod common;
-
 use common::strategies as st;
 use common::{cross_check, run_and_verify, Case, Device};
 use graft::backend::cpu::CpuBackend;
@@ -10,6 +8,8 @@ use graft::backend::{Backend, ExecId, Stats};
 use graft::graph::{BinaryOp, BufferId, DType, Plan, Step, TensorId, UnaryOp};
 use graft::{Error, Result};
 use proptest::prelude::*;
+
+use crate::common;
 
 /// Runs `case` on a fresh CPU backend (sentinels on) and checks it against the oracle.
 fn check(case: &Case) -> Result<(), TestCaseError> {

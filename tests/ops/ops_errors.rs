@@ -3,8 +3,6 @@
 //! set_rows: each asserts the exact error variant and that the message names the op and
 //! the offending shape, parameter or tensor.
 
-mod common;
-
 use graft::backend::cpu::CpuBackend;
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferId, BufferRef, DType, Graph, TensorId};
@@ -13,6 +11,8 @@ use graft::{Error, Result};
 use proptest::prelude::*;
 
 use common::strategies as st;
+
+use crate::common;
 
 /// Asserts a shape error of `op` whose message names every needle.
 #[track_caller]

@@ -9,20 +9,14 @@
 //! (NMSE <= 1e-5, the same greedy tokens). They need two GPUs and libnccl: with fewer they
 //! say "skipped", unless `GRAFT_REQUIRE_GPUS=2` (or more) makes that a failure.
 
-#[path = "support/reference.rs"]
-#[allow(dead_code)]
-mod reference;
-use reference::{nmse, reference, FIXTURES};
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
-
 use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
 use graft::backend::{Backend, ExecId};
 use graft::graph::{BufferId, DType, TensorId};
 use graft::models::blocks::build_decode;
 use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, Sampler};
+
+use crate::reference::{nmse, reference, FIXTURES};
 
 fn opts(cache: CacheTypes, quantize: Option<QuantPlan>) -> LoadOptions {
     LoadOptions {

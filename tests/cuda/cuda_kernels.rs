@@ -1,6 +1,5 @@
 //! The kernel table and fill_random. Without a GPU the device tests print "skipped: no
 //! GPU" and pass, unless GRAFT_REQUIRE_GPU=1, which makes a missing GPU a failure.
-#![cfg(feature = "cuda")]
 
 use std::collections::HashSet;
 

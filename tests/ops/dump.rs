@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use graft::graph::dump::{dot, text};
 use graft::graph::{AllocKind, BufferId, BufferRef, DType, Graph, Plan, TensorId};
 
-#[path = "../examples/dump_block.rs"]
+#[path = "../../examples/dump_block.rs"]
 #[allow(dead_code)] // the example's main() is not used here
 mod dump_block;
 

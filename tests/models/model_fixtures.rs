@@ -40,18 +40,12 @@
 //! F16 K/V and 2e-5 between two graft paths (ggml's matmul tolerance, 5e-4, would hide a
 //! real error ten times larger).
 
-#[path = "support/reference.rs"]
-#[allow(dead_code)]
-mod reference;
-use reference::{f32_data, ids, nmse, reference, reference_files, Reference, FIXTURES};
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)] // only the fixture paths are used here, not the scratch copies
-mod fixtures;
-
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::{LoadOptions, Logits, Model, QuantPlan, Sampler, Stop};
+
+use crate::reference::{f32_data, ids, nmse, reference, reference_files, Reference, FIXTURES};
 
 /// One fixture: the shared reference data (prompt, greedy tokens, logits) and what
 /// these tests add to it.
@@ -135,7 +129,7 @@ fn f16kv_limit(backend: &str) -> f64 {
 /// NMSE limit between two graft paths over the same cache (prefill vs decode, chunked
 /// vs one-shot): on the CPU a step of at most 8 tokens on the F16 cache takes the AVX2
 /// decode attention kernel and a longer one the general kernel, both within 1e-12 of an
-/// f64 oracle (tests/attention.rs), and the random fixtures amplify that rounding to at
+/// f64 oracle (tests/ops/attention.rs), and the random fixtures amplify that rounding to at
 /// most 2.3e-10 (qwen3-tiny-bf16); on CUDA the prefill's F16 operands differ from
 /// decode's f32 activations (see the module docs).
 fn consistency_limit(backend: &str) -> f64 {

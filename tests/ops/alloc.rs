@@ -10,8 +10,6 @@
 //! wrong reuse shows up as a wrong value, and bytes outside every tensor must keep the
 //! poison.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 
 use common::oracle::unary_ref;
@@ -25,6 +23,8 @@ use graft::ops::{RopeMode, RopeParams, UnaryOp};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::common;
 
 /// The result of one check: what is wrong, if anything.
 type Check = Result<(), String>;

@@ -2,17 +2,15 @@
 //! tokenizer), logits, dump, bench, and the error paths, which must print a clear
 //! message and exit non-zero without a panic.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-use fixtures::{fixture, TempCopy};
-
 use std::process::{Command, Output};
+
+use crate::fixtures::{fixture, TempCopy};
 
 const FIXTURES: [&str; 3] = ["llama2-tiny-f32", "llama3-tiny-bf16", "llama3-tiny-f16"];
 
 /// Greedy steps whose reference margin is below this are not compared: 10x the largest
 /// logit error against the HF float32 reference measured on the fixtures (1.1e-2, see
-/// tests/model_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
+/// tests/models/model_fixtures.rs). The fixtures were made with margins >= 0.1, so in practice
 /// every step is compared.
 const NOISE_FLOOR: f64 = 0.11;
 

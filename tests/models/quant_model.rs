@@ -9,8 +9,8 @@
 //! `random_presets_quantize_on_the_backend` on the `tiny` preset (rows of 256 and 768).
 //!
 //! Limits. Each quantized type's NMSE against HF's float32 logits was measured on the
-//! CPU backend (the table in docs/benchmarks.md, `cargo test --test quant_model --
-//! --nocapture`); each limit is about 4x the largest of the three fixtures (2x for Q4_0
+//! CPU backend (the table in docs/benchmarks.md, `cargo test --test models
+//! quant_model -- --nocapture`); each limit is about 4x the largest of the three fixtures (2x for Q4_0
 //! and Q4_1, whose 4x would exceed 1), so a wrong scale or a mixed-up tensor (errors of
 //! order 1) cannot pass. The fixtures' random weights (initializer range 0.2) make them
 //! far more sensitive than trained models: Q4_0 reaches an NMSE of 0.3 here. For the
@@ -18,19 +18,14 @@
 //! error) covers 1 to 13 steps for the 8-bit types and none for the 4- and 5-bit ones,
 //! whose error is larger than every margin of these fixtures.
 
-#[path = "support/fixtures.rs"]
-#[allow(dead_code)] // only the fixture paths are used here
-mod fixtures;
-#[path = "support/reference.rs"]
-#[allow(dead_code)] // not every helper is used by every test binary
-mod reference;
-
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::{arch::presets, CacheTypes, LoadOptions, Logits, Model, QuantPlan, Role};
 
 use reference::{check_model, nmse, reference, FIXTURES};
+
+use crate::{fixtures, reference};
 
 /// The quantized plans of `--quantize` and the NMSE limit of each against HF (about 4x
 /// the largest measured over the three fixtures, see the module docs).

@@ -4,9 +4,6 @@
 //! what was expected. Also the run-time errors of the inference API (bad token id,
 //! context overflow, empty prompt).
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-use fixtures::{fixture, TempCopy};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -16,6 +13,8 @@ use graft::models::{LoadOptions, Logits, Model, Sampler};
 use graft::Error;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+
+use crate::fixtures::{fixture, TempCopy};
 
 /// Loader-test operations on a fixture copy.
 impl TempCopy {
