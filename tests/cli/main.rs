@@ -1,6 +1,7 @@
 //! The `graft` binary end to end (generate, logits, dump, bench, trace, convert, chat)
-//! and its error paths on a corpus of bad input, and a check of the source tree: the
-//! docs' code blocks are the real code.
+//! and its error paths on a corpus of bad input, and checks of the source tree: the
+//! docs' code blocks are the real code, and the rooms of src/models import only
+//! earlier rooms.
 //!
 //! These tests need what cargo builds next to them (the `graft` binary, the source
 //! folder), so they stay out of the GPU bundle.
@@ -20,4 +21,5 @@ mod chat;
 mod cli;
 mod docs;
 mod gguf_model;
+mod rooms;
 mod trace;
