@@ -267,6 +267,7 @@ fn report(
             "captures": stats.captures,
             "replays": stats.replays,
             "eager_runs": stats.eager_runs,
+            "host_peak_rss_bytes": peak_rss(),
             "sampling": settings.to_json(),
         });
         return print_out(&format!("{obj}\n"));
@@ -284,6 +285,18 @@ fn report(
         );
     }
     Ok(())
+}
+
+/// This process's peak resident memory in bytes (Linux: `VmHWM`), when known.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    kb.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
 }
 
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.

@@ -4,7 +4,7 @@
 //! family, column-major GEMM over pointer arrays), and the result must equal the CPU
 //! backend's. This catches wrong dispatch, strides, leading dimensions, transposes,
 //! pointer arrays and scratch layouts; the kernels themselves are checked on a GPU by
-//! tests/cuda_graph.rs and the op tests.
+//! tests/cuda/cuda_graph.rs and the op tests.
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -841,7 +841,8 @@ fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
     use crate::graph::BufferId;
     use crate::models::arch::presets;
     use crate::models::blocks::build_decode;
-    use crate::models::blocks::kv_cache::{CacheTypes, KvCache};
+    use crate::models::blocks::kv_cache::KvCache;
+    use crate::models::load::options::CacheTypes;
     use crate::models::load::weights::{uniform, Weights};
     let cfg = presets::preset("tiny").unwrap();
     let w = Weights::layout(&cfg, &uniform(wt), BufferId::fresh());
