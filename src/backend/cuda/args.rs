@@ -61,6 +61,12 @@ impl ArgBytes {
         ArgBytes(words)
     }
 
+    /// The struct's bytes as 8-byte words (the last one zero-padded).
+    #[cfg(test)]
+    pub fn words(&self) -> &[u64] {
+        &self.0
+    }
+
     /// The address of the struct, as the driver's kernel parameter.
     pub fn as_param(&self) -> *mut std::ffi::c_void {
         self.0.as_ptr() as *mut std::ffi::c_void

@@ -38,6 +38,8 @@ mod exec;
 mod fuse;
 mod gemm;
 pub mod kernels;
+#[cfg(test)]
+mod launch_lists;
 mod lower;
 mod lowering;
 pub mod nccl;
