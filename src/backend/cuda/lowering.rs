@@ -9,7 +9,7 @@
 
 use super::args::{ArgBytes, KernelArgs, Tensor4};
 use super::gemm::Gemm;
-use super::kernels::Kernel;
+use super::kernels::{Kernel, KernelId};
 use super::split::SplitRows;
 use crate::graph::{BufferId, DType, Loc, Operand, TensorId};
 
@@ -33,7 +33,7 @@ pub(crate) struct AllReduce {
 
 /// A kernel with its launch configuration and argument struct.
 pub(crate) struct Launch {
-    pub kernel: Kernel,
+    pub kernel: KernelId,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub args: ArgBytes,
@@ -55,15 +55,16 @@ impl DevOp {
         }
     }
 
-    /// A launch of `kernel` with argument struct `args`.
-    pub fn kernel<T: KernelArgs>(
-        kernel: Kernel,
+    /// A launch of `kernel` with its argument struct `args` (a kernel declared with
+    /// another struct does not compile).
+    pub fn kernel<A: KernelArgs>(
+        kernel: Kernel<A>,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
-        args: &T,
+        args: &A,
     ) -> DevOp {
         DevOp::Kernel(Launch {
-            kernel,
+            kernel: kernel.id,
             grid,
             block,
             args: ArgBytes::new(args),

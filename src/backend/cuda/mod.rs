@@ -58,7 +58,7 @@ pub(crate) use self::device::DeviceMem;
 use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
-use self::kernels::{Kernel, KernelTable};
+use self::kernels::{KernelId, KernelTable};
 use self::lower::lower_step;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
@@ -359,7 +359,7 @@ impl CudaBackend {
     }
 
     /// Registers and local (spill) bytes per thread of a kernel.
-    pub fn kernel_resources(&self, k: Kernel) -> Result<(i32, i32)> {
+    pub fn kernel_resources(&self, k: KernelId) -> Result<(i32, i32)> {
         use sys::CUfunction_attribute_enum as A;
         Ok((
             self.kernels.attribute(k, A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
@@ -370,7 +370,7 @@ impl CudaBackend {
 
     /// Blocks of `threads` threads of `k` that one SM holds at once, launched with the
     /// reservation of [`DevOp::at_most_per_sm`]`(per_sm)` (0: none).
-    pub fn blocks_per_sm(&self, k: Kernel, threads: u32, per_sm: u32) -> Result<u32> {
+    pub fn blocks_per_sm(&self, k: KernelId, threads: u32, per_sm: u32) -> Result<u32> {
         self.bind()?;
         let mut n = 0;
         let smem = self.kernels.smem_cap(k, per_sm);

@@ -9,6 +9,7 @@
 use half::f16;
 use rand::{Rng, SeedableRng};
 
+use super::args::KernelArgs;
 use super::args::{
     BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormFold, NormMulArgs, QGemvArgs,
     RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
@@ -67,11 +68,11 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
     (ops, mem)
 }
 
-/// The argument struct of a launch.
-fn args<T: Copy>(op: &super::lowering::Launch) -> T {
-    // SAFETY: the caller names the struct of the kernel's family; ArgBytes holds a copy of
-    // exactly such a struct, 8-byte aligned.
-    unsafe { *(op.args.as_param() as *const T) }
+/// The argument struct of a launch (a panic when the kernel takes another).
+fn args<T: KernelArgs>(op: &super::lowering::Launch) -> T {
+    op.args
+        .get::<T>()
+        .unwrap_or_else(|| panic!("{} takes another argument struct", op.kernel.name))
 }
 
 fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
@@ -1009,7 +1010,10 @@ fn elementwise_kernel_sets_cover_every_op() {
         let set = super::kernels::unary(op);
         assert_eq!(set.name, op.name());
         for dt in DType::FLOATS {
-            assert_eq!(set.get([dt]).unwrap().name, format!("{}_{}", op.name(), dt));
+            assert_eq!(
+                set.get([dt]).unwrap().id.name,
+                format!("{}_{}", op.name(), dt)
+            );
         }
         assert!(set.get([DType::I32]).is_err());
     }
@@ -1018,7 +1022,7 @@ fn elementwise_kernel_sets_cover_every_op() {
         for a in DType::FLOATS {
             for b in DType::FLOATS {
                 assert_eq!(
-                    set.get([a, b]).unwrap().name,
+                    set.get([a, b]).unwrap().id.name,
                     format!("{}_{a}_{b}", op.name())
                 );
             }

@@ -20,7 +20,7 @@ use crate::backend::cuda::args::{
     FATTN_RANGE_KEYS, FATTN_RANGE_ROWS, FATTN_RANGE_THREADS, FATTN_VEC_ROWS, FATTN_VEC_UNROLL,
     FATTN_VEC_WARPS,
 };
-use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
+use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet, KeyedSets};
 use crate::backend::cuda::lower::mul_mat_q;
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, FlashAttnParams, Operand};
@@ -36,7 +36,7 @@ const BLOCKS_PER_SM: usize = 4;
 /// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
 /// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
 const RANGE_MIN_SCORES: usize = 1 << 24;
-/// Query heads per block of `fattn_vec4s` (the `R` of its instantiation in cuda/fattn.cu).
+/// Query heads per block of `fattn_vec4s` (the `R` of its instances in build/instances.rs).
 const STREAM_ROWS: usize = 4;
 /// Fewest keys per decode block of the CUDA-core kernel when the keys are split.
 const MIN_CHUNK: usize = 64;
@@ -106,7 +106,7 @@ pub(crate) fn lower(
             FATTN_MMA_ROWS
         } as usize;
         let grid = (n_q.div_ceil(rows) as u32, n_head as u32, batch as u32);
-        let kernel = family(d, true)?.get([kt.dtype])?;
+        let kernel = at_dim(dims::FATTN_MMA, d)?.get([kt.dtype])?;
         let block = ((rows / 16 * WARP) as u32, 1, 1);
         let mut ops = Vec::new();
         if let Some(m) = mask.filter(|_| n_q * n_kv >= RANGE_MIN_SCORES) {
@@ -186,7 +186,7 @@ impl Decode {
         let (split, chunk) = dec_split(self.n_kv, blocks, lw.sms);
         args.split = split as i64;
         args.chunk = chunk as i64;
-        let kernel = dec_family(self.d)?.get([DType::F16])?;
+        let kernel = at_dim(dims::FATTN_DEC, self.d)?.get([DType::F16])?;
         let grid = (split as u32, self.n_head_kv as u32, blocks as u32);
         self.launch(kernel, grid, WARP as u32, Order::InOrder, args, lw)
     }
@@ -209,17 +209,17 @@ impl Decode {
         let gqa = self.n_q == 1 && matches!(dt, DType::Quant(_));
         let streamed = (one || gqa) && self.streams;
         let four = if streamed && gqa && group > 1 && !self.mask_per_head {
-            vec4s_family(self.d)
+            dims::FATTN_VEC4S.get(self.d).ok()
         } else {
             None
         };
         // the kernels, the blocks along the grid's y and the row blocks per batch along its z
         let (set, heads, row_blocks) = match (one, streamed, four) {
             (_, _, Some(set)) => (set, self.n_head_kv * group.div_ceil(STREAM_ROWS), 1),
-            (_, true, None) => (vec1s_family(self.d)?, self.n_head, 1),
-            (true, false, None) => (vec1_family(self.d)?, self.n_head_kv, 1),
+            (_, true, None) => (at_dim(dims::FATTN_VEC1S, self.d)?, self.n_head, 1),
+            (true, false, None) => (at_dim(dims::FATTN_VEC1, self.d)?, self.n_head_kv, 1),
             (false, false, None) => (
-                family(self.d, false)?,
+                at_dim(dims::FATTN_VEC, self.d)?,
                 self.n_head_kv,
                 (self.n_q * group).div_ceil(FATTN_VEC_ROWS as usize),
             ),
@@ -255,7 +255,7 @@ impl Decode {
     /// the keys are split (in order too after an in-order kernel).
     fn launch(
         &self,
-        kernel: Kernel,
+        kernel: Kernel<FattnArgs>,
         grid: (u32, u32, u32),
         threads: u32,
         order: Order,
@@ -376,100 +376,10 @@ fn check(q: &Operand, kt: &Operand, vt: &Operand, dst: &Operand) -> Result<usize
     Ok(d)
 }
 
-/// The kernel family of head dim `d`: prefill (`mma`) or decode.
-fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
-    let set = match (d, mma) {
-        (16, false) => by::FATTN_VEC_D16,
-        (32, false) => by::FATTN_VEC_D32,
-        (64, false) => by::FATTN_VEC_D64,
-        (80, false) => by::FATTN_VEC_D80,
-        (96, false) => by::FATTN_VEC_D96,
-        (112, false) => by::FATTN_VEC_D112,
-        (128, false) => by::FATTN_VEC_D128,
-        (256, false) => by::FATTN_VEC_D256,
-        (16, true) => by::FATTN_MMA_D16,
-        (32, true) => by::FATTN_MMA_D32,
-        (64, true) => by::FATTN_MMA_D64,
-        (80, true) => by::FATTN_MMA_D80,
-        (96, true) => by::FATTN_MMA_D96,
-        (112, true) => by::FATTN_MMA_D112,
-        (128, true) => by::FATTN_MMA_D128,
-        (256, true) => by::FATTN_MMA_D256,
-        (d, _) => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    };
-    Ok(set)
-}
-
-/// The tensor-core decode kernels of head dim `d`.
-fn dec_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_DEC_D16,
-        32 => by::FATTN_DEC_D32,
-        64 => by::FATTN_DEC_D64,
-        80 => by::FATTN_DEC_D80,
-        96 => by::FATTN_DEC_D96,
-        112 => by::FATTN_DEC_D112,
-        128 => by::FATTN_DEC_D128,
-        256 => by::FATTN_DEC_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The one-row decode kernels of head dim `d`.
-fn vec1_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_VEC1_D16,
-        32 => by::FATTN_VEC1_D32,
-        64 => by::FATTN_VEC1_D64,
-        80 => by::FATTN_VEC1_D80,
-        96 => by::FATTN_VEC1_D96,
-        112 => by::FATTN_VEC1_D112,
-        128 => by::FATTN_VEC1_D128,
-        256 => by::FATTN_VEC1_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The streamed one-row decode kernels of head dim `d` (F16 and BF16 caches).
-fn vec1s_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_VEC1S_D16,
-        32 => by::FATTN_VEC1S_D32,
-        64 => by::FATTN_VEC1S_D64,
-        80 => by::FATTN_VEC1S_D80,
-        96 => by::FATTN_VEC1S_D96,
-        112 => by::FATTN_VEC1S_D112,
-        128 => by::FATTN_VEC1S_D128,
-        256 => by::FATTN_VEC1S_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The streamed decode kernels over [`STREAM_ROWS`] query heads of a KV head, head dim `d`
-/// (Q8_0 and Q4_0 caches of head dims 128 and 256; none at 64, where the Q8_0 kernel
-/// spilled within the register bound of 4 blocks an SM: it keeps `fattn_vec1s`).
-fn vec4s_family(d: usize) -> Option<KernelSet<1>> {
-    match d {
-        128 => Some(by::FATTN_VEC4S_D128),
-        256 => Some(by::FATTN_VEC4S_D256),
-        _ => None,
-    }
+/// The kernels of head dim `d` of a family ([`dims`]), or the error naming the head dims
+/// there are.
+fn at_dim(family: KeyedSets<FattnArgs, 1>, d: usize) -> Result<KernelSet<FattnArgs, 1>, String> {
+    family.get(d).map_err(|e| format!("flash_attn_ext: {e}"))
 }
 
 /// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).

@@ -39,7 +39,7 @@ use super::mul_mat::{lower_gemm, padded, Gemv};
 use crate::backend::cuda::args::{
     CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, CPY_SAME_SHAPE, GEMV_WARPS,
 };
-use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::kernels::{by, cols, k, KernelSet};
 use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
 use crate::graph::{DType, Op, Operand, Step};
 use crate::quant::QType;
@@ -159,48 +159,18 @@ enum Rows {
     Aligned,
 }
 
-/// The decode kernel set for `ncols` columns on the chosen path and row reading.
-fn kernel_set(mmvq: bool, ncols: usize, rows: Rows) -> KernelSet<1> {
-    // by column count: 1, 2, up to 4, up to 8
-    let sets = match (mmvq, rows) {
-        (true, Rows::Ggml) => [
-            by::MUL_MAT_VEC_Q_C1,
-            by::MUL_MAT_VEC_Q_C2,
-            by::MUL_MAT_VEC_Q_C4,
-            by::MUL_MAT_VEC_Q_C8,
-        ],
-        (true, Rows::Split) => [
-            by::MUL_MAT_VEC_QS_C1,
-            by::MUL_MAT_VEC_QS_C2,
-            by::MUL_MAT_VEC_QS_C4,
-            by::MUL_MAT_VEC_QS_C8,
-        ],
-        (true, Rows::SplitOneWave) => [
-            by::MUL_MAT_VEC_QSP_C1,
-            by::MUL_MAT_VEC_QSP_C2,
-            by::MUL_MAT_VEC_QSP_C4,
-            by::MUL_MAT_VEC_QSP_C8,
-        ],
-        (true, Rows::Aligned) => [
-            by::MUL_MAT_VEC_QD_C1,
-            by::MUL_MAT_VEC_QD_C2,
-            by::MUL_MAT_VEC_QD_C4,
-            by::MUL_MAT_VEC_QD_C8,
-        ],
-        (false, Rows::Ggml | Rows::Aligned) => [
-            by::MUL_MAT_VEC_DQ_C1,
-            by::MUL_MAT_VEC_DQ_C2,
-            by::MUL_MAT_VEC_DQ_C4,
-            by::MUL_MAT_VEC_DQ_C8,
-        ],
-        (false, Rows::Split | Rows::SplitOneWave) => [
-            by::MUL_MAT_VEC_DQS_C1,
-            by::MUL_MAT_VEC_DQS_C2,
-            by::MUL_MAT_VEC_DQS_C4,
-            by::MUL_MAT_VEC_DQS_C8,
-        ],
+/// The decode kernel set for `ncols` columns on the chosen path and row reading: the
+/// family's kernels for the fewest columns that hold `ncols` (1, 2, 4 or 8).
+fn kernel_set(mmvq: bool, ncols: usize, rows: Rows) -> Result<KernelSet<QGemvArgs, 1>, String> {
+    let family = match (mmvq, rows) {
+        (true, Rows::Ggml) => cols::MUL_MAT_VEC_Q,
+        (true, Rows::Split) => cols::MUL_MAT_VEC_QS,
+        (true, Rows::SplitOneWave) => cols::MUL_MAT_VEC_QSP,
+        (true, Rows::Aligned) => cols::MUL_MAT_VEC_QD,
+        (false, Rows::Ggml | Rows::Aligned) => cols::MUL_MAT_VEC_DQ,
+        (false, Rows::Split | Rows::SplitOneWave) => cols::MUL_MAT_VEC_DQS,
     };
-    sets[cols_index(ncols)]
+    family.covering(ncols)
 }
 
 /// The kernel of a set for `ncols` columns: 1, 2, up to 4, up to 8.
@@ -254,7 +224,11 @@ pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<(&'s Opera
         Ok(true) => Rows::Split,
         _ => Rows::Ggml,
     };
-    let dp4a = |a: &Operand| kernel_set(true, b.ne[1], rows(a)).get([a.dtype]).is_ok();
+    let dp4a = |a: &Operand| {
+        kernel_set(true, b.ne[1], rows(a))
+            .and_then(|s| s.get([a.dtype]))
+            .is_ok()
+    };
     (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a))
         .then_some((b, act_layout(a.dtype)))
 }
@@ -299,11 +273,13 @@ pub(crate) fn gemv(
         Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
-    let kernel = match kernel_set(q8, n, rows).get([a.dtype]) {
+    let kernel = match kernel_set(q8, n, rows).and_then(|s| s.get([a.dtype])) {
         Ok(kernel) => kernel,
         // Aligned rows of a type without in-place kernels: the ggml-layout ones read them
         // too. (Split rows never fall back: those kernels would misread them.)
-        Err(_) if rows == Rows::Aligned => kernel_set(q8, n, Rows::Ggml).get([a.dtype]).ok()?,
+        Err(_) if rows == Rows::Aligned => kernel_set(q8, n, Rows::Ggml)
+            .and_then(|s| s.get([a.dtype]))
+            .ok()?,
         Err(_) => return None,
     };
     let mut args = QGemvArgs {
