@@ -13,9 +13,9 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use super::fuse;
 use super::lowering::{DevOp, Lowering};
 use super::split::{coalesce, SplitRows};
+use super::tests::lower_plan;
 use crate::graph::{BufferId, DType, Loc, Op, Plan};
 use crate::models::arch::config::Config;
 use crate::models::arch::presets;
@@ -109,7 +109,7 @@ fn launch_list(plan: &Plan, opt: Options) -> String {
         sms: opt.sms,
         ..Lowering::new(&resolve, opt.mmvq, 1)
     };
-    let steps = fuse::lower_plan(plan, &mut lw, opt.fusion, |i| i as i64)
+    let steps = lower_plan(plan, &mut lw, opt.fusion, |i| i as i64)
         .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
     let mut out = String::new();
     writeln!(

@@ -35,7 +35,6 @@ mod args;
 pub mod bench;
 mod device;
 mod exec;
-mod fuse;
 mod gemm;
 pub mod kernels;
 #[cfg(test)]
@@ -59,10 +58,11 @@ use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
 use self::kernels::{KernelId, KernelTable};
-use self::lower::lower_step;
+use self::lower::{fused, lower_step};
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
 use self::split::SplitRows;
+use super::fusion::{self, Target};
 use super::{
     io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
     Stats, StepTime,
@@ -89,11 +89,8 @@ pub struct CudaBackend {
     stats: Stats,
     graphs: bool,
     sync_each: bool,
-    /// Whether load fuses consecutive steps (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
+    /// Whether load fuses consecutive steps ([`fusion`]); `GRAFT_CUDA_FUSE=0` turns it off.
     fusion: bool,
-    /// Whether fusion folds a decode RMS norm into the launches around the product after
-    /// it (see [`fuse`]); `GRAFT_CUDA_FOLD=0` keeps the norm's launch.
-    fold_norms: bool,
     /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
     /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
     pdl: bool,
@@ -240,7 +237,6 @@ impl CudaBackend {
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
-            fold_norms: env_flag("GRAFT_CUDA_FOLD") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
@@ -326,9 +322,10 @@ impl CudaBackend {
         self.split_rows = on;
     }
 
-    /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
-    /// rope and cache writes, Q8_1 copies made by the step before a quantized product) on
-    /// or off for plans loaded from now on (default on unless `GRAFT_CUDA_FUSE=0`).
+    /// Turns kernel fusion ([`crate::backend::fusion`]: norm and weight, SwiGLU, GEMV and
+    /// residual add, rope and cache writes, the folded decode norm, Q8_1 copies made by the
+    /// step before a quantized product) on or off for plans loaded from now on (default on
+    /// unless `GRAFT_CUDA_FUSE=0`).
     pub fn set_fusion(&mut self, on: bool) {
         self.fusion = on;
     }
@@ -596,10 +593,13 @@ impl CudaBackend {
             small_dq: self.small_dq,
             split: &self.split,
             sms: self.sms,
-            fold_norms: self.fold_norms,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
-        let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
+        let groups = match self.fusion {
+            true => fusion::fuse(plan, &Target { q8_1: self.mmvq }),
+            false => fusion::unfused(plan),
+        };
+        let mut steps = fused::lower_plan(plan, &groups, &mut lw, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
                 backend: "cuda",
                 node: step.name.clone(),

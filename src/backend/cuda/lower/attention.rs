@@ -21,8 +21,9 @@ use crate::backend::cuda::args::{
     FATTN_VEC_WARPS,
 };
 use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet, KeyedSets};
-use crate::backend::cuda::lower::mul_mat_q;
+use crate::backend::cuda::lower::mul_mat_q::{self, act_code};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
+use crate::backend::fusion::{Q8For, Q8Layout};
 use crate::graph::{DType, FlashAttnParams, Operand};
 use crate::quant::QType;
 
@@ -60,18 +61,28 @@ const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
 // (FATTN_VEC_WARPS warps x 2 key groups x FATTN_VEC_UNROLL keys).
 const _: () = assert!(MIN_CHUNK >= (FATTN_VEC_WARPS * 2 * FATTN_VEC_UNROLL) as usize);
 
-/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`. `q8_for` is the F32 operand that the
-/// next step, a decode product on the `__dp4a` path, reads (`mul_mat_q::q8_1_input`): when
-/// it is `dst` itself seen as `[d * n_head, n_q * batch]` and the decode ends in
-/// `fattn_combine`, the combine also writes it as Q8_1 ([`Lowering::q8_1_made`]) and the
-/// product skips its quantizing launch.
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
 pub(crate) fn lower(
     p: &FlashAttnParams,
     src: &[Operand],
     dst: &Operand,
-    q8_for: Option<(&Operand, i64)>,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
+    lower_writing(p, src, dst, None, lw).map(|(ops, _)| ops)
+}
+
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`. `q8_for` holds the F32 activations
+/// that the next step, a decode product, reads as Q8_1 ([`crate::backend::fusion::Fused::Attention`]): when they
+/// are `dst` itself seen as `[d * n_head, n_q * batch]` and the decode ends in
+/// `fattn_combine`, the combine also writes them as Q8_1, returned as the copy made, and
+/// the product skips its quantizing launch.
+pub(crate) fn lower_writing(
+    p: &FlashAttnParams,
+    src: &[Operand],
+    dst: &Operand,
+    q8_for: Option<&Q8For>,
+    lw: &mut Lowering,
+) -> Result<(Vec<DevOp>, Option<Q8Copy>), String> {
     let (q, kt, vt, mask) = (&src[0], &src[1], &src[2], src.get(3));
     let d = check(q, kt, vt, dst)?;
     let (n_q, n_head, batch) = (q.ne[1], q.ne[2], q.ne[3]);
@@ -113,7 +124,7 @@ pub(crate) fn lower(
             ops.push(live_key_ranges(m, n_q, n_kv, &mut args, lw)?);
         }
         ops.push(DevOp::kernel(kernel, grid, block, &args));
-        return Ok(ops);
+        return Ok((ops, None));
     }
     let decode = Decode {
         d,
@@ -126,8 +137,8 @@ pub(crate) fn lower(
             .is_some_and(|u| aligned_rows(lw, kt, u) && aligned_rows(lw, vt, u)),
         mask_per_head: mask.is_some_and(|m| m.ne[2] > 1),
         q8_for: q8_for
-            .filter(|(b, _)| same_columns(b, dst, d))
-            .map(|(b, layout)| (b.clone(), layout)),
+            .filter(|q8| same_columns(q8.of, dst, d))
+            .map(|q8| (q8.of.clone(), q8.layout)),
     };
     match kt.dtype {
         // Several rows per KV head (GQA, or several queries): the tensor-core kernel
@@ -173,14 +184,16 @@ struct Decode {
     /// Whether the mask has more than one head (`ne[2] > 1`: the heads of a group may
     /// read different mask rows, so they cannot share a `fattn_vec4s` block).
     mask_per_head: bool,
-    q8_for: Option<(Operand, i64)>,
+    /// The activations of the decode product after it, which the combine writes as Q8_1
+    /// too, and their layout.
+    q8_for: Option<(Operand, Q8Layout)>,
 }
 
 impl Decode {
     /// The tensor-core decode kernel `fattn_dec_d<D>_f16`: one warp per block, up to
     /// [`DEC_ROWS`] rows of one KV head over a chunk of whole key tiles. It launches in
     /// order ([`DevOp::in_order`]): its blocks hold 18-35 KB of shared memory each.
-    fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Launches, String> {
         let row_blocks = (self.n_q * self.n_head / self.n_head_kv).div_ceil(DEC_ROWS);
         let blocks = self.grid_rows(row_blocks)?;
         let (split, chunk) = dec_split(self.n_kv, blocks, lw.sms);
@@ -198,7 +211,7 @@ impl Decode {
     /// block per query head). The one-query GQA decode of quantized caches is streamed
     /// too: `fattn_vec4s_d<D>_<kv>`, a block per [`STREAM_ROWS`] query heads of a KV head
     /// (head dims 128 and 256), or `fattn_vec1s` (head dim 64, or a mask per head).
-    fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Launches, String> {
         let group = self.n_head / self.n_head_kv;
         let one = self.n_q * group == 1;
         // GQA over a quantized cache: K/V rows copied whole by cp.async, against
@@ -252,7 +265,8 @@ impl Decode {
     }
 
     /// The decode launch (see [`Order`]), then `fattn_combine` over scratch partials when
-    /// the keys are split (in order too after an in-order kernel).
+    /// the keys are split (in order too after an in-order kernel), which also writes the
+    /// Q8_1 copy of [`Decode::q8_for`] when there is one.
     fn launch(
         &self,
         kernel: Kernel<FattnArgs>,
@@ -261,15 +275,16 @@ impl Decode {
         order: Order,
         mut args: FattnArgs,
         lw: &mut Lowering,
-    ) -> Result<Vec<DevOp>, String> {
+    ) -> Result<Launches, String> {
         let (split, rows) = (args.split as usize, self.n_head * self.n_q * self.batch);
+        let mut made = None;
         if split > 1 {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
             if let Some((b, layout)) = &self.q8_for {
                 let (addr, col) = mul_mat_q::q8_1_copy(b, &mut offset, lw);
-                (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, *layout);
-                lw.q8_1_made = Some(Q8Copy {
+                (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, act_code(*layout));
+                made = Some(Q8Copy {
                     of: b.clone(),
                     addr,
                     layout: *layout,
@@ -282,7 +297,7 @@ impl Decode {
             Order::Early { per_sm } => (op.at_most_per_sm(per_sm), false),
         };
         if split == 1 {
-            return Ok(vec![op]);
+            return Ok((vec![op], made));
         }
         let mut combine = DevOp::kernel(
             k::FATTN_COMBINE,
@@ -297,9 +312,12 @@ impl Decode {
             // (H100, -p 512 -n 128; the classic chain 171-173).
             combine = combine.in_order();
         }
-        Ok(vec![op, combine])
+        Ok((vec![op, combine], made))
     }
 }
+
+/// A decode's launches and the Q8_1 copy of its result they write, if any.
+type Launches = (Vec<DevOp>, Option<Q8Copy>);
 
 /// How a decode kernel launches.
 #[derive(Clone, Copy)]
