@@ -88,9 +88,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.requests.is_none() {
         engine_args.parallel = engine_args.parallel.max(batch);
         engine_args.ubatch = engine_args.ubatch.max(engine_args.parallel);
-        if engine_args.kv_size.is_none() && engine_args.kv_mem.is_none() {
-            engine_args.kv_size = Some(batch * (ctx + engine_args.kv_block));
-        }
+    }
+    // room for every sequence that may run at once, unless a budget is given
+    if engine_args.kv_size.is_none() && engine_args.kv_mem.is_none() {
+        engine_args.kv_size = Some(engine_args.parallel * (ctx + engine_args.kv_block));
     }
     let mut engine = match &a.preset {
         Some(name) => engine_args.random(&a.model, preset(name)?, Some(ctx), a.seed, a.json)?,

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use graft::backend::Backend;
 use graft::engine::{Engine, EngineConfig, KvBudget, SchedulerConfig, DEFAULT_BLOCK_SIZE};
 use graft::models::runtime::model::default_ctx;
 use graft::models::Config;
@@ -83,19 +84,24 @@ impl EngineArgs {
         ctx: Option<usize>,
         quiet: bool,
     ) -> Result<Engine> {
+        self.load_on(m, path, ctx, quiet, m.open_backend()?)
+    }
+
+    /// Loads the model at `path` behind an engine on `be`.
+    pub fn load_on(
+        &self,
+        m: &ModelArgs,
+        path: &Path,
+        ctx: Option<usize>,
+        quiet: bool,
+        be: Box<dyn Backend>,
+    ) -> Result<Engine> {
         if !m.cache.types().flash_attn {
-            return Err(Error::model(
-                "--flash-attn off: the engine always runs the fused paged attention over its KV blocks; the unfused chain is for logits, trace and dump",
-            ));
+            return Err(flash_attn_off());
         }
         let cfg = model_config(path)?;
         let ecfg = self.config(m, &cfg, ctx);
-        let engine = Engine::load(
-            path,
-            m.open_backend()?,
-            &m.options(Some(ecfg.ctx), quiet),
-            ecfg,
-        )?;
+        let engine = Engine::load(path, be, &m.options(Some(ecfg.ctx), quiet), ecfg)?;
         if !quiet {
             note_engine(&engine);
         }
@@ -111,8 +117,24 @@ impl EngineArgs {
         seed: u64,
         quiet: bool,
     ) -> Result<Engine> {
+        self.random_on(m, cfg, ctx, seed, quiet, m.open_backend()?)
+    }
+
+    /// An engine over seeded random weights shaped `cfg` on `be`.
+    pub fn random_on(
+        &self,
+        m: &ModelArgs,
+        cfg: Config,
+        ctx: Option<usize>,
+        seed: u64,
+        quiet: bool,
+        be: Box<dyn Backend>,
+    ) -> Result<Engine> {
+        if !m.cache.types().flash_attn {
+            return Err(flash_attn_off());
+        }
         let ecfg = self.config(m, &cfg, ctx);
-        let engine = Engine::random(cfg, m.plan(), seed, m.open_backend()?, ecfg)?;
+        let engine = Engine::random(cfg, m.plan(), seed, be, ecfg)?;
         if !quiet {
             note_engine(&engine);
         }
@@ -146,4 +168,42 @@ fn note_engine(e: &Engine) {
         e.ctx(),
         e.max_seqs()
     );
+}
+
+impl EngineArgs {
+    /// One sequence at a time, the default step budget and block size.
+    pub fn single_sequence() -> EngineArgs {
+        EngineArgs {
+            kv_size: None,
+            kv_mem: None,
+            kv_block: DEFAULT_BLOCK_SIZE,
+            parallel: 1,
+            ubatch: 512,
+            no_prefix_cache: false,
+        }
+    }
+}
+
+/// An engine for one sequence at a time on the model at `path` (generate, chat): the
+/// default step budget, a pool of `contexts` contexts.
+pub(super) fn single(m: &ModelArgs, path: &Path, contexts: usize, quiet: bool) -> Result<Engine> {
+    let cfg = model_config(path)?;
+    let mut ecfg = EngineArgs::single_sequence().config(m, &cfg, None);
+    ecfg.kv = KvBudget::Tokens(ecfg.ctx * contexts);
+    if !m.cache.types().flash_attn {
+        return Err(flash_attn_off());
+    }
+    Engine::load(
+        path,
+        m.open_backend()?,
+        &m.options(Some(ecfg.ctx), quiet),
+        ecfg,
+    )
+}
+
+/// Why the engine refuses `--flash-attn off`.
+fn flash_attn_off() -> Error {
+    Error::model(
+        "--flash-attn off: generation runs the fused paged attention over its KV blocks; the unfused chain of ops is for logits, trace and dump",
+    )
 }

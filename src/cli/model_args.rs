@@ -10,7 +10,7 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{pull, Config, LoadOptions, Model, QuantPlan};
+use graft::models::{pull, LoadOptions, Model, QuantPlan};
 use graft::{Error, Result};
 
 /// The model a command runs and where: shared by `generate`, `chat`, `logits`, `trace`
@@ -82,23 +82,6 @@ impl ModelArgs {
             );
         }
         Ok(model)
-    }
-
-    /// A preset's shape `cfg` with weights of `--quantize` (f16 when absent) drawn from
-    /// `seed` on `be`, holding `--ctx` positions (else `ctx`, else the preset's default).
-    pub fn random(
-        &self,
-        cfg: Config,
-        ctx: Option<usize>,
-        seed: u64,
-        be: &mut dyn Backend,
-    ) -> Result<Model> {
-        let ctx = self
-            .ctx
-            .or(ctx)
-            .unwrap_or_else(|| graft::models::runtime::model::default_ctx(&cfg));
-        let plan = self.plan();
-        Model::random(cfg, plan, ctx, self.cache.types(), seed, be)
     }
 
     /// The weight type of a preset's random weights: `--quantize`, else f16.

@@ -18,6 +18,7 @@
 //! with equal prefixes and kept, keyed by their tokens, after their sequence is gone
 //! (the prefix cache). [`text`] turns tokens into text and finds stop strings.
 
+pub mod chat;
 pub mod pool;
 pub mod request;
 pub mod runner;
@@ -39,7 +40,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::models::arch::config::Config;
 use crate::models::blocks::batch::build_batch;
-use crate::models::blocks::kv_cache::KvCache;
+use crate::models::blocks::kv_cache::{KvCache, MAX_CTX};
 use crate::models::load::options::{CacheTypes, LoadOptions};
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::runtime::memory::HEADROOM;
@@ -107,8 +108,11 @@ impl EngineConfig {
     fn check(&self) -> Result<()> {
         let s = &self.scheduler;
         let bad = |what: String| Err(Error::model(what));
-        if self.ctx == 0 {
-            return bad("--ctx must be at least 1".into());
+        if self.ctx == 0 || self.ctx > MAX_CTX {
+            return bad(format!(
+                "--ctx {}: the context length must be 1 to {MAX_CTX} (positions are 32-bit)",
+                self.ctx
+            ));
         }
         if self.block_size == 0 || self.block_size > 1024 {
             return bad(format!(
@@ -142,6 +146,9 @@ pub struct Engine {
     /// A step enqueued ahead (see [`Engine::step`]).
     inflight: Option<InFlight>,
 }
+
+/// Why a sequence finished, and the stop token that ended it.
+type Ending = (FinishReason, Option<u32>);
 
 /// A step on the device: the sequences it computes (and how many tokens each), and
 /// whether it reads the logits.
@@ -208,6 +215,16 @@ impl Engine {
     /// The whole model's hyper-parameters.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// One device's share of the model (the whole model on one device).
+    pub fn shard(&self) -> &Config {
+        &self.runner.shard
+    }
+
+    /// The weights' layout.
+    pub fn weights(&self) -> &crate::models::Weights {
+        &self.runner.weights
     }
 
     /// The longest sequence, prompt and generation together.
@@ -341,7 +358,7 @@ impl Engine {
                 "max_tokens",
                 "context_length_exceeded",
                 format!(
-                    "the prompt ({prompt_len} tokens) and the tokens asked for ({max}) exceed the context of {} tokens",
+                    "the prompt ({prompt_len} tokens) plus the {max} tokens asked for exceeds the context of {} tokens",
                     self.ctx
                 ),
             ));
@@ -506,7 +523,7 @@ impl Engine {
             .runner
             .finish(self.be.as_mut(), f.step, f.slices.len(), f.logits)?;
         let mut events = Vec::new();
-        let mut done: Vec<(RequestId, Option<FinishReason>)> = Vec::new();
+        let mut done: Vec<(RequestId, Option<Ending>)> = Vec::new();
         let vocab = self.config.vocab_size;
         let window = self.config.sliding_window;
         for (col, &(id, n)) in f.slices.iter().enumerate() {
@@ -542,12 +559,13 @@ impl Engine {
             let Some(mut s) = self.sched.remove(id) else {
                 continue;
             };
-            if let Some(reason) = reason {
+            if let Some((reason, stop_token)) = reason {
                 events.push(Event::Finished {
                     id,
                     reason,
                     text: s.text.finish(),
                     usage: s.usage(),
+                    stop_token,
                 });
             }
         }
@@ -556,18 +574,18 @@ impl Engine {
 
     /// Takes a sampled token for running sequence `i`: a stop token finishes it, else
     /// the token is appended and reported; then the stop strings, the token limit and
-    /// the context are checked. The reason, when it finished.
+    /// the context are checked. The reason (and the stop token), when it finished.
     fn accept(
         &mut self,
         i: usize,
         token: u32,
         logprobs: Option<TokenLogprobs>,
         events: &mut Vec<Event>,
-    ) -> Result<Option<FinishReason>> {
+    ) -> Result<Option<Ending>> {
         let eos = &self.config.eos_token_ids;
         let s = &mut self.sched.running[i];
         if s.stop.token_ids.contains(&token) || (!s.stop.ignore_eos && eos.contains(&token)) {
-            return Ok(Some(FinishReason::Stop));
+            return Ok(Some((FinishReason::Stop, Some(token))));
         }
         s.tokens.push(token);
         let (text, stopped) = match s.text.push(&s.tokens)? {
@@ -581,11 +599,11 @@ impl Engine {
             logprobs,
         });
         Ok(if stopped {
-            Some(FinishReason::Stop)
+            Some((FinishReason::Stop, None))
         } else if s.generated() >= s.max_tokens
             || (s.tokens.len() >= self.ctx && !s.stop.context_shift)
         {
-            Some(FinishReason::Length)
+            Some((FinishReason::Length, None))
         } else {
             if s.tokens.len() >= self.ctx {
                 s.shift(self.ctx / 2, &mut self.sched.pool);
@@ -680,6 +698,11 @@ fn pool_slots(w: &LoadedWeights, be: &mut dyn Backend, cfg: &EngineConfig) -> Re
         .ok_or_else(|| Error::model("a KV block is too large to address"))?
         / bs;
     let wanted = match cfg.kv {
+        KvBudget::Tokens(n) if n > MAX_CTX => {
+            return Err(Error::model(format!(
+                "--kv-size {n}: a KV pool holds at most {MAX_CTX} positions (positions are 32-bit)"
+            )))
+        }
         KvBudget::Tokens(n) => n,
         KvBudget::Bytes(b) => b / per_slot.max(1),
         KvBudget::Auto => cfg.ctx.saturating_mul(AUTO_CONTEXTS),

@@ -131,6 +131,9 @@ pub enum Event {
         text: String,
         /// Its token counts.
         usage: Usage,
+        /// The stop or end-of-sequence token that ended it, if one did (not part of the
+        /// output).
+        stop_token: Option<u32>,
     },
     /// The request failed; nothing else was disturbed.
     Error {
