@@ -281,9 +281,22 @@ pub fn decode_type(q: QType) -> bool {
         | QType::Q5_0
         | QType::Q5_1
         | QType::Q8_0
+        | QType::Q2_K
+        | QType::Q3_K
         | QType::Q4_K
         | QType::Q5_K
-        | QType::Q6_K => true,
+        | QType::Q6_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => true,
         QType::Q8_1 => false,
     }
 }
