@@ -2,7 +2,12 @@
 // Layouts as src/quant/iq_tables.rs documents them.
 #pragma once
 
-__device__ const signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// IQ4_NL's and IQ4_XS's levels as four little-endian words (byte i of word w: level
+// 4 w + i), for byte permutes.
+constexpr unsigned KVALUES_IQ4NL_W0 = 0xbfad9881u;
+constexpr unsigned KVALUES_IQ4NL_W1 = 0xf6eaddcfu;
+constexpr unsigned KVALUES_IQ4NL_W2 = 0x26190d01u;
+constexpr unsigned KVALUES_IQ4NL_W3 = 0x71594535u;
 
 __device__ const unsigned long long IQ2XXS_GRID[256] = {
     0x0808080808080808ull, 0x080808080808082bull, 0x0808080808081919ull, 0x0808080808082b08ull,

@@ -75,17 +75,24 @@ def main():
         "//! bytes). [`KVALUES_IQ4NL`] are IQ4_NL's and IQ4_XS's 16 levels.",
         "",
         "/// IQ4_NL's and IQ4_XS's levels (ggml's `kvalues_iq4nl`).",
-        f"pub(crate) static KVALUES_IQ4NL: [i8; 16] = {kvalues};",
+        "pub(crate) static KVALUES_IQ4NL: [i8; 16] = [",
+        "    " + ", ".join(map(str, kvalues)) + ",",
+        "];",
     ]
     cu = [
         "// The lookup tables of ggml's i-quants, " + stamp + ".",
         "// Layouts as src/quant/iq_tables.rs documents them.",
         "#pragma once",
         "",
-        "__device__ const signed char KVALUES_IQ4NL[16] = {" + ", ".join(map(str, kvalues)) + "};",
+        "// IQ4_NL's and IQ4_XS's levels as four little-endian words (byte i of word w: level",
+        "// 4 w + i), for byte permutes.",
     ]
+    kbytes = [v & 0xFF for v in kvalues]
+    for w in range(4):
+        word = sum(kbytes[4 * w + i] << (8 * i) for i in range(4))
+        cu.append(f"constexpr unsigned KVALUES_IQ4NL_W{w} = 0x{word:08x}u;")
     for name, ty, rust, words in tables:
-        rs += ["", f"/// ggml's `{name}`.", f"pub(crate) static {rust}: [{ty}; {len(words)}] = ["]
+        rs += ["", f"/// ggml's `{name}`.", "#[rustfmt::skip]", f"pub(crate) static {rust}: [{ty}; {len(words)}] = ["]
         rs += hex_rows(words, ty, 4, "    ")
         rs += ["];"]
         cty = "unsigned long long" if ty == "u64" else "unsigned int"
