@@ -24,11 +24,33 @@ pub fn weight_types() -> Vec<QType> {
         .collect()
 }
 
-/// The weight types graft quantizes to (the cases that write a block type).
+/// The weight types graft quantizes to on the CPU (the cases that write a block type).
 pub fn quantizable_types() -> Vec<QType> {
     weight_types()
         .into_iter()
         .filter(|q| q.can_quantize())
+        .collect()
+}
+
+/// The types the CUDA backend quantizes to (`cpy_f32_<q>`, `set_rows_f32_<q>` in
+/// cuda/quantize.cu): the legacy types and Q4_K, Q5_K, Q6_K. (The low-bit K-quants, IQ4
+/// and the ternary types are quantized on the host: `graft convert`, `--quantize`.)
+pub fn device_quantized_types() -> Vec<QType> {
+    quantizable_types()
+        .into_iter()
+        .filter(|q| {
+            matches!(
+                q,
+                QType::Q4_0
+                    | QType::Q4_1
+                    | QType::Q5_0
+                    | QType::Q5_1
+                    | QType::Q8_0
+                    | QType::Q4_K
+                    | QType::Q5_K
+                    | QType::Q6_K
+            )
+        })
         .collect()
 }
 
@@ -536,19 +558,20 @@ fn qtype() -> impl Strategy<Value = QType> {
     proptest::sample::select(weight_types())
 }
 
-fn quantizable_qtype() -> impl Strategy<Value = QType> {
-    proptest::sample::select(quantizable_types())
-}
-
 /// Row lengths: 1..=12 blocks (often more for 32-element blocks).
 fn blocks(q: QType) -> BoxedStrategy<usize> {
     let max = if q.block_size() == 32 { 160 } else { 20 };
     (1usize..=max).prop_map(move |b| b * q.block_size()).boxed()
 }
 
-/// Quantizing casts of F32 rows (odd row counts, strided rows).
-pub fn quantize() -> BoxedStrategy<QCase> {
-    (quantizable_qtype(), any::<u64>(), 1usize..=37, 0usize..=2)
+/// Quantizing casts of F32 rows to one of `types` (odd row counts, strided rows).
+pub fn quantize(types: Vec<QType>) -> BoxedStrategy<QCase> {
+    (
+        proptest::sample::select(types),
+        any::<u64>(),
+        1usize..=37,
+        0usize..=2,
+    )
         .prop_flat_map(|(q, seed, rows, pad)| {
             blocks(q).prop_map(move |k| QCase {
                 op: QOp::Quantize,
@@ -612,9 +635,15 @@ pub fn get_rows() -> BoxedStrategy<QCase> {
         .boxed()
 }
 
-/// set_rows of 1..=20 distinct F32 rows into a quantized table of up to 37 rows.
-pub fn set_rows() -> BoxedStrategy<QCase> {
-    (quantizable_qtype(), any::<u64>(), 1usize..=37, 1usize..=20)
+/// set_rows of 1..=20 distinct F32 rows into a quantized table of one of `types` of up to
+/// 37 rows.
+pub fn set_rows(types: Vec<QType>) -> BoxedStrategy<QCase> {
+    (
+        proptest::sample::select(types),
+        any::<u64>(),
+        1usize..=37,
+        1usize..=20,
+    )
         .prop_flat_map(|(q, seed, rows, n)| {
             blocks(q).prop_map(move |k| QCase {
                 op: QOp::SetRows,

@@ -150,7 +150,12 @@ fn check_mul_mat(
 
 #[test]
 fn prop_quantize_matches_cpu_bytes() {
-    on_gpu("quantize", qs::quantize(), 192, check_bytes);
+    on_gpu(
+        "quantize",
+        qs::quantize(qs::device_quantized_types()),
+        192,
+        check_bytes,
+    );
 }
 
 #[test]
@@ -166,7 +171,12 @@ fn prop_get_rows_matches_cpu_bits() {
 /// set_rows into a quantized table (a quantized KV cache's write): the CPU's bytes.
 #[test]
 fn prop_set_rows_matches_cpu_bytes() {
-    on_gpu("set_rows", qs::set_rows(), 96, check_bytes);
+    on_gpu(
+        "set_rows",
+        qs::set_rows(qs::device_quantized_types()),
+        96,
+        check_bytes,
+    );
 }
 
 #[test]

@@ -223,7 +223,7 @@ fn prop_set_rows_into_block_table() {
     let cpu = std::cell::RefCell::new(CpuBackend::new());
     let mut runner = proptest::test_runner::TestRunner::new(common::config(64));
     runner
-        .run(&qs::set_rows(), |c| {
+        .run(&qs::set_rows(qs::quantizable_types()), |c| {
             let (dt, bytes) = qs::run(&c, &mut *cpu.borrow_mut())
                 .map_err(|e| TestCaseError::fail(format!("{c:?}: {e}")))?;
             let e = qs::nmse(&qs::decode_rows(dt, c.k, &bytes), &qs::oracle(&c));
