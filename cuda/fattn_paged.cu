@@ -7,10 +7,23 @@
 //
 // The plan is captured once per batch size and replayed with new tables and positions, so
 // every grid is fixed by the shapes (tokens, heads, table, pool) and each block finds its
-// work in the data. The kernels:
+// work in the data. Three kernels share the tokens:
 //
-//   the decode kernels take every token (p.min_run == 0), one block per token, KV head (and group of
-//     its query heads) and chunk of its keys: grid (split, heads, n_tokens). split is fixed
+//   fattn_paged_mma_d<D>_<kv> (when the lowering launches it: batches of more than
+//     DECODE_TOKENS tokens, K and V of one type, head dims 64, 128, 256) grid (ceil(n_tokens
+//     / BQ), n_head), the prefill kernel's block (MmaShape: BQ = 64 rows of 16 per warp, 32
+//     for D = 256). Its tile of BQ consecutive tokens splits into runs: consecutive tokens
+//     of one sequence (a token outside the table, or padding, ends a run). The block takes
+//     every run of at least p.min_run tokens of its tile, one after another, for one query
+//     head: the run's rows over the keys from the least first visible position of its
+//     tokens to the greatest position, in tiles of BK keys through shared memory (cp.async
+//     into two buffers for aligned F16 rows, else loads converted to F16; each tile's keys
+//     looked up in the table, 4 threads a key), scores and P.V on mma.sync, each row
+//     masked to its own range lo..pos, so the run's tokens may come in any order. This is
+//     the chunk of a sequence being prefilled: its K/V tiles are read once for BQ tokens.
+//   the decode kernels take every other token (tokens of shorter runs; every token when
+//     the tensor-core kernel is not launched, p.min_run == 0), one block per token, KV head
+//     (and group of its query heads) and chunk of its keys: grid (split, heads, n_tokens). split is fixed
 //     by the lowering for the longest sequence the table holds (flash-decoding: enough
 //     chunks to fill the GPU); a token's lo..pos is cut into chunks of
 //     max(ceil(n / split), min_keys) keys (rounded up to `unit`), so a short sequence takes
@@ -602,6 +615,83 @@ __device__ void paged_dec(const PagedArgs& p) {
     });
 }
 
+// Rows a..e of the block's tile (tokens t0 + a .. t0 + e, one run of sequence `seq`) for
+// query head h: the lane's rows see their own tokens' keys, the block loads the keys from
+// the least first visible position of the run to its greatest position, and the rows of the
+// run are written normalized.
+template <int D, typename T, bool ASYNC, bool VEC>
+__device__ void paged_mma_run(const PagedArgs& p, int t0, int a, int e, int seq, int h, f16* qs,
+                              f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
+    using S = MmaShape<D>;
+    constexpr int BQ = S::BQ, NT = S::NT, LD = S::LD;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, t4 = lane % 4;
+    const int hk = h / p.group;
+    // the keys row r sees (none outside the run)
+    const auto range = [&](int r, int& lo, int& hi) {
+        lo = 1;
+        hi = 0;
+        if (r < a || r >= e) return;
+        hi = token_at(p, t0 + r).pos;
+        lo = first_visible(p, hi);
+    };
+    const int ra = warp * 16 + lane / 4, rb = ra + 8;
+    PagedKeys kr{at(p.k, 0, 0, hk, 0), at(p.v, 0, 0, hk, 0), p.table + (i64)seq * p.max_blocks, 0, 0, 0, 0, 0, 0};
+    range(ra, kr.alo, kr.ahi);
+    range(rb, kr.blo, kr.bhi);
+    // the run's keys, reduced by every warp (the same, so that the loop bounds are uniform)
+    int klo = INT_MAX, khi = -1;
+    for (int r = a + lane; r < e; r += WARP_SIZE) {
+        int lo, hi;
+        range(r, lo, hi);
+        klo = min(klo, lo);
+        khi = max(khi, hi);
+    }
+    kr.klo = warp_min(klo);
+    kr.khi = warp_max(khi);
+    const auto src = [&](int r) { return r >= a && r < e ? at(p.q, 0, h, t0 + r, 0) : nullptr; };
+    __syncthreads();  // the block is done with the shared memory of its previous run
+    MmaState<D> st;
+    paged_keys<D, T, ASYNC, VEC, NT>(p, kr, kv, qs, [&] { q_tile_f16<D, LD, BQ, NT>(p, src, qs); }, st);
+
+    float l[2];
+    quad_sums<D>(st, l);
+    const int rows[2] = {ra, rb};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (rows[r] < a || rows[r] >= e) continue;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int el = n * 8 + 2 * t4;
+            store<float>(at(p.dst, el, h, t0 + rows[r], 0), st.o[n][2 * r] * inv);
+            store<float>(at(p.dst, el + 1, h, t0 + rows[r], 0), st.o[n][2 * r + 1] * inv);
+        }
+    }
+}
+
+// The prefill block: the runs of at least p.min_run tokens of tile blockIdx.x, for query
+// head blockIdx.y.
+template <int D, typename T>
+__device__ void paged_mma(const PagedArgs& p) {
+    using S = MmaShape<D>;
+    __shared__ __align__(16) f16 kv[S::STAGES][2][S::BK * S::LD];  // [buffer][K, V][key][d]
+    __shared__ __align__(16) f16 qsep[S::QREG ? 1 : S::BQ * S::LD];
+    f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
+    pdl_enter();
+    const int t0 = blockIdx.x * S::BQ, n = min(S::BQ, p.n_tokens - t0), h = blockIdx.y;
+    const uint64_t starts = run_starts(p, t0, n);
+    with_tile_loads<D, T>(p.kv_vec != 0, [&](auto async, auto vec) {
+        for (int a = 0; a < n;) {
+            const int e = run_end(starts, a, n);
+            const Token tk = token_at(p, t0 + a);
+            if (e - a >= p.min_run && in_table(p, tk)) {
+                paged_mma_run<D, T, decltype(async)::value, decltype(vec)::value>(p, t0, a, e, tk.seq, h, qs, kv);
+            }
+            a = e;
+        }
+    });
+}
+
 // Merges the chunks of row blockIdx.x (token t = row / n_head, head row % n_head) whose
 // keys took more than one (p.chunks[t]): the first warp turns the chunks' (max, sum) into
 // weights exp(max_i - max) / sum (split <= 2 * WARP_SIZE), then each thread sums its
@@ -677,3 +767,19 @@ extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_
 extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d64_f16(const PagedArgs p) { paged_dec<64, f16>(p); }
 extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d128_f16(const PagedArgs p) { paged_dec<128, f16>(p); }
 extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d256_f16(const PagedArgs p) { paged_dec<256, f16>(p); }
+// fattn_paged_mma_d<D>_<kv>: the prefill block over runs of tokens, K and V of one type.
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_f32(const PagedArgs p) { paged_mma<64, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_f16(const PagedArgs p) { paged_mma<64, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_bf16(const PagedArgs p) { paged_mma<64, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_q8_0(const PagedArgs p) { paged_mma<64, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_q4_0(const PagedArgs p) { paged_mma<64, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_f32(const PagedArgs p) { paged_mma<128, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_f16(const PagedArgs p) { paged_mma<128, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_bf16(const PagedArgs p) { paged_mma<128, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_q8_0(const PagedArgs p) { paged_mma<128, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_q4_0(const PagedArgs p) { paged_mma<128, KvQ4_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_f32(const PagedArgs p) { paged_mma<256, float>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_f16(const PagedArgs p) { paged_mma<256, f16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_bf16(const PagedArgs p) { paged_mma<256, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_q8_0(const PagedArgs p) { paged_mma<256, KvQ8_0>(p); }
+extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_q4_0(const PagedArgs p) { paged_mma<256, KvQ4_0>(p); }

@@ -1410,7 +1410,8 @@ fn decode_layer_fusions() {
 /// head dim (tensor cores for GQA over F16, streamed for aligned F16, BF16, Q8_0, Q4_0 at
 /// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256, the any-type
 /// kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
-/// sequence (a combine when there can be more than one).
+/// sequence (a combine when there can be more than one), and the tensor-core prefill kernel first for batches of more than 64
+/// tokens with K and V of one type.
 #[test]
 fn paged_attention_kernels() {
     use super::args::PagedArgs;
@@ -1432,6 +1433,18 @@ fn paged_attention_kernels() {
         (f16, q8, 128, 8, 4, 1, "any_d128 combine", 17, 32),
         (f32, f32, 128, 32, 1, 1, "any_d128 combine", 17, 32),
         (f16, f16, 80, 2, 2, 1, "any_d80 combine", 64, 4),
+        (f16, f16, 128, 8, 4, 512, "mma_d128_f16 dec_d128_f16", 1, 8),
+        (
+            bf16,
+            bf16,
+            256,
+            4,
+            2,
+            100,
+            "mma_d256_bf16 vec4_d256_bf16",
+            1,
+            4,
+        ),
         (f16, q8, 128, 8, 4, 512, "any_d128", 1, 32),
     ] {
         let case = format!("{k}/{v} d {d}, {n_head_kv} x {group} heads, {n_tokens} tokens");
@@ -1480,6 +1493,15 @@ fn paged_attention_kernels() {
         // the tensor-core decode launches in order, the streamed one at most 4 blocks an SM
         let launch = (decode.early, decode.per_sm);
         assert_eq!(launch, (!dec, if stream { 4 } else { 0 }), "{case}");
-        assert_eq!(a.min_run, 0, "{case}");
+        if mma == 1 {
+            let rows = if d > 128 { 32 } else { 64 };
+            assert_eq!((a.tile, a.min_run), (rows, 16), "{case}");
+            let m = launches[0];
+            let tiles = n_tokens.div_ceil(rows as usize) as u32;
+            assert_eq!(m.grid, (tiles, (n_head_kv * group) as u32, 1), "{case}");
+            assert_eq!(m.block.0 as i32, rows / 16 * 32, "{case}");
+        } else {
+            assert_eq!(a.min_run, 0, "{case}");
+        }
     }
 }

@@ -3,7 +3,11 @@
 //! are fixed here by the shapes alone (tokens, heads, table, pool), since a plan is replayed
 //! with new tables and positions; each block finds its work in the data.
 //!
-//! - Every token goes to one decode kernel, a block per token, KV head (or query
+//! - Batches of more than [`DECODE_TOKENS`] tokens with K and V of one type and head dim
+//!   64, 128 or 256 first launch the tensor-core kernel `fattn_paged_mma_d<D>_<kv>`, a block
+//!   per tile of tokens and query head, which takes the runs of at least [`MIN_RUN`] tokens
+//!   of one sequence (a prefill chunk).
+//! - Every other token goes to one decode kernel, a block per token, KV head (or query
 //!   heads) and chunk of its keys, `split` chunks for the longest sequence the table holds
 //!   (flash-decoding, as `flash_attn_ext`'s decode: [`dec_split`], [`decode_split`]):
 //!   `fattn_paged_dec_d<D>_f16` for GQA over F16 caches (tensor cores),
@@ -14,8 +18,8 @@
 //!   and each token's chunk count go to scratch.
 
 use crate::backend::cuda::args::{
-    PagedArgs, FATTN_COMBINE_THREADS, FATTN_VEC_WARPS, PAGED_BF16, PAGED_F16, PAGED_F32,
-    PAGED_Q4_0, PAGED_Q8_0,
+    PagedArgs, FATTN_COMBINE_THREADS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256, FATTN_VEC_WARPS,
+    PAGED_BF16, PAGED_F16, PAGED_F32, PAGED_Q4_0, PAGED_Q8_0,
 };
 use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::attention::{
@@ -25,6 +29,15 @@ use crate::backend::cuda::lower::attention::{
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
 use crate::graph::{DType, Operand, PagedAttnParams};
 use crate::quant::QType;
+
+/// Batches of up to this many tokens (the engine's decode batches) run on the decode
+/// kernels alone; a larger batch also launches the tensor-core kernel for its runs. An empty
+/// launch of it would cost a decode step about as much as a short sequence's attention.
+pub(crate) const DECODE_TOKENS: usize = 64;
+/// Tokens of one sequence in a row, within one tile of the tensor-core kernel, from which it
+/// takes them (one warp's 16 rows of its mma tiles): a shorter run is decoded token by token
+/// with the keys split over blocks.
+const MIN_RUN: usize = 16;
 
 /// Lowers `paged_attn(q, k, v, table, seqs)` into `dst`.
 pub(crate) fn lower(
@@ -39,6 +52,7 @@ pub(crate) fn lower(
         return Ok(Vec::new());
     }
     let mut args = fixed_args(p, src, dst, &sh, lw)?;
+    let prefill = sh.prefill(kt, vt, &mut args)?;
     let decode = sh.decode_kernel(kt, vt, lw)?;
     let blocks = decode.heads * sh.n_tokens;
     let split = decode.split(sh.max_pos, blocks, lw.sms);
@@ -50,6 +64,9 @@ pub(crate) fn lower(
         let rows = sh.n_tokens * sh.n_head;
         args.part = lw.reserve_scratch(&mut offset, rows * split * (sh.d + 2) * 4);
         args.chunks = lw.reserve_scratch(&mut offset, sh.n_tokens * 4);
+    }
+    if let Some(m) = prefill {
+        ops.push(DevOp::kernel(m.kernel, m.grid, (m.threads, 1, 1), &args));
     }
     let grid = (split as u32, decode.heads as u32, sh.n_tokens as u32);
     let op = DevOp::kernel(decode.kernel, grid, (decode.threads, 1, 1), &args);
@@ -121,6 +138,13 @@ fn fixed_args(
     })
 }
 
+/// A kernel, its grid and its threads a block.
+struct Grid {
+    kernel: Kernel,
+    grid: (u32, u32, u32),
+    threads: u32,
+}
+
 /// The shapes of a `paged_attn` step, checked against what the kernels take.
 struct Shape {
     d: usize,
@@ -188,6 +212,39 @@ impl Shape {
             max_blocks,
             max_pos,
         })
+    }
+
+    /// The tensor-core prefill kernel, a block per tile of tokens and query head, for a
+    /// batch of more than [`DECODE_TOKENS`] tokens with K and V of one type at a head dim
+    /// it takes; it sets the tile and the shortest run it takes in `args`.
+    fn prefill(
+        &self,
+        kt: &Operand,
+        vt: &Operand,
+        args: &mut PagedArgs,
+    ) -> Result<Option<Grid>, String> {
+        let Some(set) = mma_family(self.d) else {
+            return Ok(None);
+        };
+        if self.n_tokens <= DECODE_TOKENS || kt.dtype != vt.dtype {
+            return Ok(None);
+        }
+        let rows = if self.d > 128 {
+            FATTN_MMA_ROWS_D256
+        } else {
+            FATTN_MMA_ROWS
+        };
+        args.tile = rows;
+        args.min_run = MIN_RUN as i32;
+        Ok(Some(Grid {
+            kernel: set.get([kt.dtype])?,
+            grid: (
+                self.n_tokens.div_ceil(rows as usize) as u32,
+                self.n_head as u32,
+                1,
+            ),
+            threads: rows as u32 / 16 * WARP as u32,
+        }))
     }
 
     /// The decode kernel for K `kt` and V `vt` (see the module docs).
@@ -325,6 +382,16 @@ fn vec_family(d: usize, gqa: bool) -> Option<(KernelSet<1>, usize)> {
         (64, _) => Some((by::FATTN_PAGED_VEC_D64, 1)),
         (128, false) => Some((by::FATTN_PAGED_VEC_D128, 1)),
         (256, false) => Some((by::FATTN_PAGED_VEC_D256, 1)),
+        _ => None,
+    }
+}
+
+/// The tensor-core prefill kernels at head dim `d`.
+fn mma_family(d: usize) -> Option<KernelSet<1>> {
+    match d {
+        64 => Some(by::FATTN_PAGED_MMA_D64),
+        128 => Some(by::FATTN_PAGED_MMA_D128),
+        256 => Some(by::FATTN_PAGED_MMA_D256),
         _ => None,
     }
 }
