@@ -1486,7 +1486,21 @@ fn paged_attention_kernels() {
         let fixed = (a.max_pos, a.n_blocks, a.n_seqs, a.group);
         assert_eq!(fixed, (4096, 300, 3, group as i32), "{case}");
         assert_eq!((a.bs_magic, a.bs_shift), (1, 4), "{case}: j / 16 = j >> 4");
-        assert_eq!(a.part != 0 && a.chunks != 0, split > 1, "{case}: scratch");
+        // the partials of every token, head and chunk, then each token's chunk count
+        let part = n_tokens * n_head_kv * group * split as usize * (d + 2) * 4;
+        let (part, counts) = (
+            part.next_multiple_of(256),
+            (n_tokens * 4).next_multiple_of(256),
+        );
+        let scratch = if split > 1 { part + counts } else { 0 };
+        assert_eq!(lw.scratch_need, scratch, "{case}: scratch");
+        if split > 1 {
+            assert_eq!(
+                a.chunks - a.part,
+                part as u64,
+                "{case}: the counts after the partials"
+            );
+        }
         let (dec, stream) = (name.starts_with("dec"), name.starts_with("vec"));
         let chunks = if dec { (1, 32) } else { (64, 1) };
         assert_eq!((a.min_keys, a.unit), chunks, "{case}");
