@@ -47,6 +47,7 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
+        Op::TopK { .. } => Err("top_k has no CUDA kernel".into()),
         Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, None, lw),
         Op::AllReduce(p) => collective::lower(p, src, dst, lw),
     }
