@@ -841,7 +841,8 @@ fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
     use crate::graph::BufferId;
     use crate::models::arch::presets;
     use crate::models::blocks::build_decode;
-    use crate::models::blocks::kv_cache::{CacheTypes, KvCache};
+    use crate::models::blocks::kv_cache::KvCache;
+    use crate::models::load::options::CacheTypes;
     use crate::models::load::weights::{uniform, Weights};
     let cfg = presets::preset("tiny").unwrap();
     let w = Weights::layout(&cfg, &uniform(wt), BufferId::fresh());
