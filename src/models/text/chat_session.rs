@@ -35,8 +35,8 @@ pub trait ChatModel {
     fn reset(&mut self);
     /// Runs `tokens` at positions `n_past..`, appending them to the cache.
     fn prefill(&mut self, tokens: &[u32], logits: Logits) -> Result<Output>;
-    /// Runs one token at position `n_past`.
-    fn decode(&mut self, token: u32, logits: bool) -> Result<Output>;
+    /// Runs one token at position `n_past`, reading back what `want` asks for.
+    fn decode(&mut self, token: u32, want: Logits) -> Result<Output>;
     /// Whether the model's own configuration ends generation at `token` (besides the
     /// tokenizer's stop ids).
     fn is_eos(&self, token: u32) -> bool;
@@ -67,8 +67,8 @@ impl ChatModel for LlamaOn<'_> {
         self.model.prefill(self.be, tokens, logits)
     }
 
-    fn decode(&mut self, token: u32, logits: bool) -> Result<Output> {
-        self.model.decode_step(self.be, token, logits)
+    fn decode(&mut self, token: u32, want: Logits) -> Result<Output> {
+        self.model.decode(self.be, token, want)
     }
 
     fn is_eos(&self, token: u32) -> bool {
@@ -213,12 +213,7 @@ impl<M: ChatModel> ChatSession<M> {
             self.model.reset();
             self.history.clear();
         }
-        let mode = if self.sampler.is_greedy() {
-            Logits::None
-        } else {
-            Logits::Last
-        };
-        let out = self.model.prefill(&tokens, mode)?;
+        let out = self.model.prefill(&tokens, self.sampler.wants())?;
         self.history.extend_from_slice(&tokens);
         self.pending.clear();
         self.messages = messages;
@@ -282,7 +277,7 @@ impl<M: ChatModel> ChatSession<M> {
         out: &Output,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<(EndReason, Vec<u32>, Option<u32>)> {
-        let greedy = self.sampler.is_greedy();
+        let want = self.sampler.wants();
         let mut next = self.sampler.pick(out, &self.history)?;
         let mut stream = self.tok.stream(&[])?;
         let mut ids = Vec::new();
@@ -301,7 +296,7 @@ impl<M: ChatModel> ChatSession<M> {
             if self.model.n_past() >= self.model.ctx() {
                 break EndReason::ContextFull;
             }
-            let out = self.model.decode(next, !greedy)?;
+            let out = self.model.decode(next, want)?;
             self.history.push(next);
             next = self.sampler.pick(&out, &self.history)?;
         };
@@ -427,7 +422,7 @@ mod tests {
             self.prefills.push(tokens.to_vec());
             Ok(self.next())
         }
-        fn decode(&mut self, token: u32, _: bool) -> Result<Output> {
+        fn decode(&mut self, token: u32, _: Logits) -> Result<Output> {
             self.n_past += 1;
             self.decoded.push(token);
             Ok(self.next())
