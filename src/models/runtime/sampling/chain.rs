@@ -42,21 +42,6 @@ pub enum Row<'a> {
     },
 }
 
-impl Row<'_> {
-    /// Entries in the row.
-    pub fn len(&self) -> usize {
-        match self {
-            Row::Full(l) => l.len(),
-            Row::Top { ids, .. } => ids.len(),
-        }
-    }
-
-    /// Whether the row is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// One token and its logit, as the chain's filters pass them on.
 type Cand = (u32, f32);
 
