@@ -42,19 +42,30 @@ pub fn default_ctx(cfg: &Config) -> usize {
 /// The token of a finished read of the argmax of the decode step at `position`: an
 /// [`Error::NonFinite`] when the device found its logits not finite.
 fn token_of(be: &mut dyn Backend, read: PendingRead, position: usize) -> Result<u32> {
-    let bytes = be.finish_read(read)?;
-    let argmax = bytes
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(i32::from_le_bytes)
-        .ok_or_else(|| Error::plan("the argmax read back short"))?;
+    let argmax = argmax_of(&be.finish_read(read)?)?;
     argmax_token(argmax, position, "decode")
+}
+
+/// The I32 of a finished read of the device argmax.
+fn argmax_of(bytes: &[u8]) -> Result<i32> {
+    words(bytes)
+        .first()
+        .map(|&w| w as i32)
+        .ok_or_else(|| Error::plan("the argmax read back short"))
 }
 
 /// The token of a device argmax of the logits at `position`: the device gives -1 for
 /// logits that are not finite, an [`Error::NonFinite`] here.
 fn argmax_token(argmax: i32, position: usize, step: &'static str) -> Result<u32> {
     u32::try_from(argmax).map_err(|_| Error::NonFinite { position, step })
+}
+
+/// Little-endian 32-bit words of `bytes` (a read of I32 or F32 values).
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
 }
 
 /// The candidates [`Logits::Top`] asks for (0 for the other modes).
@@ -660,17 +671,25 @@ impl Model {
         step: &'static str,
     ) -> Result<Output> {
         let last = self.n_past - 1;
-        let argmax = be.get_output_i32(c.exec, c.argmax, 1)?[0];
+        // the argmax and the candidates copied back together: one wait for the three
+        let argmax = be.begin_read(c.exec, c.argmax, 4)?;
         let top = match (want, c.top) {
-            (Logits::Top(k), Some((ids, vals))) => Some(TopLogits {
-                ids: be
-                    .get_output_i32(c.exec, ids, k)?
-                    .into_iter()
-                    .map(|i| i as u32)
-                    .collect(),
-                logits: be.get_output_f32(c.exec, vals, k)?,
-            }),
+            (Logits::Top(k), Some((ids, vals))) => Some((
+                be.begin_read(c.exec, ids, 4 * k)?,
+                be.begin_read(c.exec, vals, 4 * k)?,
+            )),
             _ => None,
+        };
+        let argmax = argmax_of(&be.finish_read(argmax)?)?;
+        let top = match top {
+            Some((ids, vals)) => Some(TopLogits {
+                ids: words(&be.finish_read(ids)?),
+                logits: words(&be.finish_read(vals)?)
+                    .into_iter()
+                    .map(f32::from_bits)
+                    .collect(),
+            }),
+            None => None,
         };
         let logits = if matches!(want, Logits::Last | Logits::All) {
             let v = be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?;
