@@ -11,7 +11,7 @@ use graft::backend::group::DeviceGroup;
 use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::{pull, LoadOptions, Model, QuantPlan};
-use graft::{Error, Result};
+use graft::Result;
 
 /// The model a command runs and where: shared by `generate`, `chat`, `logits`, `trace`
 /// and `bench` (flattened into each), so that every option means the same everywhere.
@@ -225,7 +225,7 @@ pub(super) fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backe
         #[cfg(feature = "cuda")]
         (BackendKind::Cuda, n) => Ok(Box::new(DeviceGroup::cuda(n)?)),
         #[cfg(not(feature = "cuda"))]
-        (BackendKind::Cuda, _) => Err(Error::NoDevice(
+        (BackendKind::Cuda, _) => Err(graft::Error::NoDevice(
             "this graft was built without CUDA support; rebuild with --features cuda".into(),
         )),
     }

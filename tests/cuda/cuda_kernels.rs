@@ -121,6 +121,14 @@ fn every_kernel_loads() {
         k::FATTN_MMA_D128_F16.id,
         k::FATTN_MMA_D128_BF16.id,
         k::FATTN_MMA_D64_F16.id,
+        k::FATTN_PAGED_VEC_D128_F16.id,
+        k::FATTN_PAGED_VEC_D128_Q8_0.id,
+        k::FATTN_PAGED_VEC4_D128_Q8_0.id,
+        k::FATTN_PAGED_VEC4_D128_Q4_0.id,
+        k::FATTN_PAGED_DEC_D128_F16.id,
+        k::FATTN_PAGED_ANY_D128.id,
+        k::FATTN_PAGED_MMA_D64_F16.id,
+        k::FATTN_PAGED_COMBINE.id,
     ]
     .into_iter()
     .chain(quantized_decode_kernels())
@@ -149,19 +157,25 @@ fn every_kernel_loads() {
     }
 }
 
-/// The streamed decode attention launches with at most 4 blocks an SM (its grid is one
-/// wave of 4): the reservation that caps it leaves exactly 4 where more fit without it.
+/// The streamed decode attention (flash_attn_ext's and paged_attn's) launches with at most
+/// 4 blocks an SM (its grid is one wave of 4): the reservation that caps it leaves exactly
+/// 4 where more fit without it.
 #[test]
 fn capped_attention_holds_four_blocks_per_sm() {
     let Some(be) = gpu() else { return };
     let streamed: Vec<_> = ALL
         .iter()
-        .filter(|k| k.name.starts_with("fattn_vec1s_") || k.name.starts_with("fattn_vec4s_"))
+        .filter(|k| {
+            ["fattn_vec1s_", "fattn_vec4s_", "fattn_paged_vec"]
+                .iter()
+                .any(|p| k.name.starts_with(p))
+        })
         .collect();
     assert_eq!(
         streamed.len(),
-        26,
-        "vec1s: 8 head dims x F16, BF16, head dims 64, 128, 256 x Q8_0, Q4_0; vec4s: 128, 256"
+        26 + 18,
+        "vec1s: 8 head dims x F16, BF16, head dims 64, 128, 256 x Q8_0, Q4_0; vec4s: 128, 256; \
+         paged vec: 64, 128, 256 x F16, BF16, Q8_0, Q4_0; paged vec4: 128, 256 x BF16, Q8_0, Q4_0"
     );
     for kernel in streamed {
         let free = be.blocks_per_sm(*kernel, 128, 0).unwrap();

@@ -6,7 +6,7 @@
 
 use crate::common;
 use crate::common::nmse;
-use crate::common::paged::{case, inputs, oracle, run, Case};
+use crate::common::paged::{case, inputs, oracle, poison, run, Case};
 use graft::backend::cpu::CpuBackend;
 use graft::graph::{DType, Graph, PagedAttnParams};
 use proptest::prelude::*;
@@ -121,21 +121,6 @@ fn non_finite_input_is_never_finite_output() {
                     "{dt} {which} NaN, head {h}"
                 );
             }
-        }
-    }
-}
-
-/// Writes a NaN into element `i` of a row-major buffer of `dt`: the element itself for
-/// float types, the scale of its block for block types (a NaN block scale is what a
-/// quantizer makes of a NaN row).
-fn poison(bytes: &mut [u8], dt: DType, i: usize) {
-    match dt {
-        DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
-        DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&half::f16::NAN.to_le_bytes()),
-        DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes()),
-        _ => {
-            let block = i / dt.block_size() * dt.block_bytes();
-            bytes[block..block + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
         }
     }
 }

@@ -506,7 +506,7 @@ impl CudaBackend {
             .and_then(|e| e.as_ref())
             .and_then(|e| e.plan.steps.get(step));
         Err(Error::IndexOutOfRange {
-            op: step.map_or("get_rows/set_rows", |s| s.op.name()),
+            op: step.map_or("get_rows/set_rows/paged_attn", |s| s.op.name()),
             node: step.map_or_else(|| "(an unloaded plan)".into(), |s| s.name.clone()),
             index: rec.index,
             position: rec.position as usize,
@@ -921,10 +921,12 @@ impl Backend for CudaBackend {
             graph: GraphState::Fresh,
             written: HashSet::new(),
             buffers,
-            checks_indices: plan
-                .steps
-                .iter()
-                .any(|s| matches!(s.op, Op::GetRows | Op::Copy(CopyOp::SetRows))),
+            checks_indices: plan.steps.iter().any(|s| {
+                matches!(
+                    s.op,
+                    Op::GetRows | Op::Copy(CopyOp::SetRows) | Op::PagedAttn(_)
+                )
+            }),
         };
         if index == self.execs.len() {
             self.execs.push(Some(exec));
