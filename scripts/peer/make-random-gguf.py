@@ -5,9 +5,13 @@ vocabulary, so that llama.cpp and graft can be timed on the very same file.
     python3 scripts/peer/make-random-gguf.py OUT.gguf [--preset llama2-7b] [--seed 0]
 
 Presets: llama2-7b (32 heads, 32 KV heads), llama3-8b (32 heads, 8 KV heads, 128,256
-tokens), tiny (2 layers, for checking the script). llama-quantize turns the file into any
-other type. The vocabulary is SentencePiece-style placeholder pieces (`<unk>`, `<s>`,
+tokens), tiny (2 layers, for checking the script), lowbit (1 layer of rows of 256
+elements, 64 tokens: the source of the committed llama-quantize files,
+scripts/make-lowbit-fixtures.sh). llama-quantize turns the file into any other type. The vocabulary is SentencePiece-style placeholder pieces (`<unk>`, `<s>`,
 `</s>`, then `▁t3`, `▁t4`, ...): benchmarks feed token ids, so the text means nothing.
+`--char-vocab` makes the pieces after `</s>` `▁` and single characters (a..z, 0..9, A..Z)
+instead, so that llama.cpp's tools that read text (llama-imatrix) can tokenize text of
+those characters.
 
 Needs numpy and the `gguf` package (`python3 -m pip install gguf numpy`, or llama.cpp's
 own `gguf-py` folder on PYTHONPATH). Tensors are written one at a time, so the script
@@ -29,6 +33,7 @@ PRESETS = {
     "llama2-7b": (4096, 11008, 32, 32, 32, 32000, 10000.0, 4096),
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0, 8192),
     "tiny": (256, 688, 2, 8, 4, 512, 10000.0, 512),
+    "lowbit": (256, 256, 1, 4, 2, 64, 10000.0, 256),
 }
 
 # Values are windows of one pool of N(0, 0.02) samples at random offsets: a 7B file takes
@@ -72,6 +77,8 @@ def main():
     ap.add_argument("out", help="the GGUF file to write")
     ap.add_argument("--preset", default="llama2-7b", choices=sorted(PRESETS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--char-vocab", action="store_true",
+                    help="pieces of single characters (for tools that read text)")
     a = ap.parse_args()
     d, ff, layers, heads, kv_heads, vocab, base, ctx = PRESETS[a.preset]
     rng = np.random.default_rng(a.seed)
@@ -91,6 +98,12 @@ def main():
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     pieces = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, vocab)]
+    if a.char_vocab:
+        chars = "\u2581abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        if vocab - 3 > len(chars):
+            sys.exit(f"make-random-gguf: error: --char-vocab has {len(chars)} pieces, "
+                     f"the preset {a.preset} needs {vocab - 3}")
+        pieces = ["<unk>", "<s>", "</s>"] + list(chars[:vocab - 3])
     w.add_token_list(pieces)
     w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(3, vocab)])
     w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
