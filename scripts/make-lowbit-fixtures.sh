@@ -9,6 +9,11 @@
 # loads each file, checks graft's dequantization against those, and compares its logits
 # with the F16 file's, read into F32.
 #
+# mixes.json: the type llama-quantize --dry-run (no importance matrix, as graft quantizes)
+# gives each tensor of two 16-layer shapes (make-random-gguf.py's mixes-gqa and mixes-mha)
+# in each of ggml's mixes graft makes; src/models/load/quant_plan.rs checks its rules
+# against it.
+#
 #   scripts/make-lowbit-fixtures.sh LLAMA_BIN [OUT]
 #
 # LLAMA_BIN: a folder with llama.cpp's llama-imatrix and llama-quantize (the bin folder of
@@ -16,7 +21,7 @@
 set -euo pipefail
 die() { echo "make-lowbit-fixtures: error: $*" >&2; exit 1; }
 [ $# -ge 1 ] || die "usage: $0 LLAMA_BIN [OUT]"
-bin=$1
+bin=$(realpath "$1")
 out=${2:-tests/fixtures/llama-quantize}
 for t in llama-imatrix llama-quantize; do
     [ -x "$bin/$t" ] || die "no $bin/$t: build llama.cpp's $t into that folder"
@@ -36,13 +41,44 @@ r = random.Random(11)
 chars = "abcdefghijklmnopqrstuvwxyz0123456789"
 words = ("".join(r.choice(chars) for _ in range(r.randint(1, 7))) for _ in range(1024))
 sys.stdout.write(" ".join(words))' > "$tmp/text.txt"
-"$bin/llama-imatrix" -m "$out/f16.gguf" -f "$tmp/text.txt" -o "$tmp/imatrix.gguf" -c 128 \
-    -t 2 > "$tmp/imatrix.log" 2>&1 || { cat "$tmp/imatrix.log"; die "llama-imatrix failed"; }
+# Both tools run in $tmp with relative names: the files record the imatrix's and the text's
+# names, which should not depend on where the temporary folder was.
+src=$(realpath "$out/f16.gguf")
+dst=$(realpath "$out")
+(cd "$tmp" && "$bin/llama-imatrix" -m "$src" -f text.txt -o imatrix.gguf -c 128 -t 2 \
+    > imatrix.log 2>&1) || { cat "$tmp/imatrix.log"; die "llama-imatrix failed"; }
 for t in $TYPES; do
-    f="$out/$(echo "$t" | tr 'A-Z' 'a-z').gguf"
-    "$bin/llama-quantize" --imatrix "$tmp/imatrix.gguf" "$out/f16.gguf" "$f" "$t" 2 \
-        > "$tmp/quantize.log" 2>&1 || { cat "$tmp/quantize.log"; die "llama-quantize $t failed"; }
+    f="$dst/$(echo "$t" | tr 'A-Z' 'a-z').gguf"
+    (cd "$tmp" && "$bin/llama-quantize" --imatrix imatrix.gguf "$src" "$f" "$t" 2 \
+        > quantize.log 2>&1) || { cat "$tmp/quantize.log"; die "llama-quantize $t failed"; }
 done
+MIXES="Q2_K Q3_K_S Q3_K_M Q3_K_L IQ4_NL IQ4_XS Q4_K_M Q5_K_M"
+for shape in mixes-gqa mixes-mha; do
+    python3 scripts/peer/make-random-gguf.py "$tmp/$shape.gguf" --preset "$shape" > /dev/null
+    for t in $MIXES; do
+        "$bin/llama-quantize" --dry-run "$tmp/$shape.gguf" "$t" > "$tmp/$shape-$t.log" 2>&1 \
+            || { cat "$tmp/$shape-$t.log"; die "llama-quantize --dry-run $t failed"; }
+    done
+done
+python3 - "$tmp" "$out/mixes.json" "$MIXES" <<'PY'
+import json, re, sys
+tmp, path, mixes = sys.argv[1], sys.argv[2], sys.argv[3].split()
+# "[   3/ 146] token_embd.weight  - [ 256, 64, 1, 1], type = f16, size = ... -> ... (q3_K)"
+line = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- .*\((\w+)\)\s*$")
+shapes = {}
+for shape, dims in (("mixes-gqa", (256, 512, 16, 8, 2, 64)), ("mixes-mha", (256, 288, 16, 4, 4, 64))):
+    d, ff, layers, heads, kv, vocab = dims
+    types = {}
+    for t in mixes:
+        with open(f"{tmp}/{shape}-{t}.log", errors="replace") as f:
+            types[t] = {m[1]: m[2].upper() for m in map(line.match, f) if m}
+    shapes[shape] = {"hidden": d, "ff": ff, "layers": layers, "heads": heads, "kv_heads": kv,
+                     "vocab": vocab, "types": types}
+with open(path, "w") as f:
+    json.dump({"generator": "scripts/make-lowbit-fixtures.sh (llama-quantize --dry-run)",
+               "shapes": shapes}, f, indent=1)
+    f.write("\n")
+PY
 version=$(grep -m1 -o 'version: .*' "$tmp/quantize.log" || echo unknown)
 python3 - "$out" "$version" "$TYPES" <<'EOF'
 import hashlib, json, os, sys

@@ -6,7 +6,9 @@ vocabulary, so that llama.cpp and graft can be timed on the very same file.
 
 Presets: llama2-7b (32 heads, 32 KV heads), llama3-8b (32 heads, 8 KV heads, 128,256
 tokens), tiny (2 layers, for checking the script), lowbit (1 layer of rows of 256
-elements, 64 tokens: the source of the committed llama-quantize files,
+elements, 64 tokens: the source of the committed llama-quantize files), mixes-gqa and
+mixes-mha (16 layers, 4 and 1 query heads a KV head, the second with rows of 288 elements
+in ffn_down: the shapes whose per-tensor types llama-quantize's mixes are checked on; both
 scripts/make-lowbit-fixtures.sh). llama-quantize turns the file into any other type. The vocabulary is SentencePiece-style placeholder pieces (`<unk>`, `<s>`,
 `</s>`, then `▁t3`, `▁t4`, ...): benchmarks feed token ids, so the text means nothing.
 `--char-vocab` makes the pieces after `</s>` `▁` and single characters (a..z, 0..9, A..Z)
@@ -34,6 +36,8 @@ PRESETS = {
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0, 8192),
     "tiny": (256, 688, 2, 8, 4, 512, 10000.0, 512),
     "lowbit": (256, 256, 1, 4, 2, 64, 10000.0, 256),
+    "mixes-gqa": (256, 512, 16, 8, 2, 64, 10000.0, 256),
+    "mixes-mha": (256, 288, 16, 4, 4, 64, 10000.0, 256),
 }
 
 # Values are windows of one pool of N(0, 0.02) samples at random offsets: a 7B file takes

@@ -155,3 +155,68 @@ fn llama_quantize_files_track_the_f32_model() {
         }
     }
 }
+
+/// ggml's mixes that graft makes pick, for every tensor of two 16-layer shapes (4 query
+/// heads a KV head; 1, with `ffn_down` rows of 288 elements that no 256-element block
+/// fits), the type llama-quantize gives it (`mixes.json`: its `--dry-run` without an
+/// importance matrix).
+#[test]
+fn mixes_pick_llama_quantize_types() {
+    use graft::models::{arch::presets, Config, Role};
+    let dir = fixture("llama-quantize");
+    let mixes: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("mixes.json")).unwrap()).unwrap();
+    let shapes = mixes["shapes"].as_object().unwrap();
+    assert_eq!(shapes.len(), 2);
+    for (shape, s) in shapes {
+        let dim = |k: &str| s[k].as_u64().unwrap() as usize;
+        let cfg = Config {
+            hidden_size: dim("hidden"),
+            intermediate_size: dim("ff"),
+            num_hidden_layers: dim("layers"),
+            num_attention_heads: dim("heads"),
+            num_key_value_heads: dim("kv_heads"),
+            head_dim: dim("hidden") / dim("heads"),
+            vocab_size: dim("vocab"),
+            tie_word_embeddings: false,
+            ..presets::preset("llama2-7b").unwrap()
+        };
+        let tensors = |layer| {
+            let roles = match layer {
+                None => vec![Role::TokEmbd, Role::Output],
+                Some(_) => vec![
+                    Role::AttnQ,
+                    Role::AttnK,
+                    Role::AttnV,
+                    Role::AttnOut,
+                    Role::FfnGate,
+                    Role::FfnUp,
+                    Role::FfnDown,
+                ],
+            };
+            roles.into_iter().map(move |r| (r, layer))
+        };
+        let all: Vec<(Role, Option<usize>)> = tensors(None)
+            .chain((0..cfg.num_hidden_layers).flat_map(|l| tensors(Some(l))))
+            .collect();
+        let types = s["types"].as_object().unwrap();
+        assert_eq!(types.len(), 8, "{shape}");
+        for (mix, want) in types {
+            let plan = QuantPlan::parse(mix).unwrap_or_else(|| panic!("no plan {mix}"));
+            assert_eq!(want.as_object().unwrap().len(), all.len(), "{shape} {mix}");
+            for &(role, layer) in &all {
+                let name = role.gguf_name(layer);
+                let got = plan
+                    .pick(role, layer, &cfg)
+                    .dtype
+                    .to_string()
+                    .to_uppercase();
+                assert_eq!(
+                    Some(got.as_str()),
+                    want[&name].as_str(),
+                    "{shape} {mix}: {name}"
+                );
+            }
+        }
+    }
+}
