@@ -907,6 +907,45 @@ fn tiny_model_split_and_not(
     );
 }
 
+/// The `tiny` preset (rows of 256 and 768 elements, 4 layers) in the mixes of the low-bit
+/// K-quants and IQ4, random weights the CUDA backend quantizes on the host (it has no
+/// quantizing copy to these types) from the F32 values it drew: the same bytes as the
+/// CPU's model of the same seed, so the logits over a prefill (the dequantizing copy for
+/// cuBLAS) and 6 decode steps (the `__dp4a` products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+/// IQ4_NL and IQ4_XS) stay within 1e-3 NMSE of the CPU's, as the other quantized models
+/// (`quantized_decode_matches_the_cpu` in tests/models); a wrong block gives order 1.
+#[test]
+fn low_bit_mixes_match_the_cpu() {
+    use graft::models::{CacheTypes, Logits, Model, QuantPlan};
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let tiny = graft::models::arch::presets::preset("tiny").unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
+    let run = |be: &mut dyn Backend, plan: QuantPlan| {
+        let mut m = Model::random(tiny.clone(), plan, 32, CacheTypes::default(), 5, be).unwrap();
+        let mut logits = m.prefill(be, &prompt, Logits::All).unwrap().logits;
+        for t in [7, 901, 13, 4000, 250, 64] {
+            logits.extend(m.decode_step(be, t, true).unwrap().logits);
+        }
+        m.release(be).unwrap();
+        logits
+    };
+    for plan in [
+        QuantPlan::Q2_K,
+        QuantPlan::Q3_K_M,
+        QuantPlan::IQ4_NL,
+        QuantPlan::IQ4_XS,
+    ] {
+        let got = run(&mut cuda, plan);
+        let want = run(&mut CpuBackend::new(), plan);
+        let e = common::nmse(&got, &want);
+        println!("tiny {plan}: NMSE against the CPU {e:.2e}");
+        assert!(e <= 1e-3, "tiny {plan}: NMSE {e:e} against the CPU");
+    }
+}
+
 /// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the streamed
 /// decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8 query heads
 /// a KV head), against the same seeded model on the CPU: the decode steps must run
