@@ -332,6 +332,13 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// A weight per 16-element half: `lo` for the low 128-bit lane, `hi` for the high one.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn halves(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
 /// The 32 quants of 16 packed bytes at `p`: low nibbles (elements 0..16), then high.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -655,9 +662,9 @@ unsafe fn q6_k_step<const NC: usize>(
     let q = _mm256_or_si256(lo, q6_high(qh, t));
     let j = 4 * h + t;
     let scales = wb.add(192) as *const i8;
-    let scv = _mm256_set_m128i(
-        _mm_set1_epi16(i16::from(*scales.add(2 * j + 1))),
-        _mm_set1_epi16(i16::from(*scales.add(2 * j))),
+    let scv = halves(
+        i16::from(*scales.add(2 * j)),
+        i16::from(*scales.add(2 * j + 1)),
     );
     for c in 0..NC {
         let (av, d8, _) = a.block(c, 8 * b + j);

@@ -18,7 +18,7 @@
 
 use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::{GROUP_MAX_EPS, QK_K};
-use super::{as_array, as_array_mut, nearest_int, read_f16, write_f16};
+use super::{as_array, as_array_mut, nearest_int, read_f16, signed_absmax, write_f16};
 
 /// The trial scales on either side of the first guess (ggml's `ntry = 7`).
 const NTRY: i32 = 7;
@@ -71,13 +71,7 @@ fn level_sums(x: &[f32; 32], id: f32, mut l: Option<&mut [u8; 32]>) -> (f32, f32
 /// The scale of 32 values (ggml's search in `quantize_row_iq4_nl_impl`, weights `x^2`),
 /// with the levels of its first guess in `l`; 0 for an all-zero group.
 fn sub_scale(x: &[f32; 32], l: &mut [u8; 32]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         return 0.0;
     }
@@ -131,13 +125,7 @@ pub fn quantize_iq4_xs(x: &[f32; QK_K], y: &mut [u8; 136]) {
     let mut l = [0u8; 32];
     let scales: [f32; 8] =
         std::array::from_fn(|ib| sub_scale(as_array(&x[32 * ib..32 * ib + 32]), &mut l));
-    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
-    for &s in &scales {
-        if s.abs() > amax {
-            amax = s.abs();
-            max_scale = s;
-        }
-    }
+    let max_scale = signed_absmax(&scales).1;
     let d = -max_scale / 32.0;
     write_f16(y, 0, d);
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };

@@ -6,7 +6,7 @@
 //! order, then the scales quantized against the super-block scale and the quants
 //! recomputed from the rounded scales.
 
-use super::{as_array, as_array_mut, nearest_int, read_f16, write_f16};
+use super::{as_array, as_array_mut, nearest_int, read_f16, signed_absmax, write_f16};
 
 /// Elements per super-block.
 pub const QK_K: usize = 256;
@@ -156,13 +156,7 @@ fn qx_sums(x: &[f32; 16], iscale: f32, nmax: i32, out: Option<&mut [u8; 16]>) ->
 /// symmetric quants `-nmax..nmax` (stored as `l + nmax` in `l`), the scale that minimises
 /// the `x^2`-weighted error over 18 trial scales around `-nmax / max`. Returns the scale.
 fn make_qx_quants(x: &[f32; 16], nmax: i32, l: &mut [u8; 16]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;

@@ -23,7 +23,7 @@
 //! order.
 
 use super::kquants::{make_qkx2_quants, Qkx2, GROUP_MAX_EPS, QK_K};
-use super::{as_array, as_array_mut, nearest_int, read_f16, write_f16};
+use super::{as_array, as_array_mut, nearest_int, read_f16, signed_absmax, write_f16};
 
 /// Q2_K's search (`make_qkx2_quants(16, 3, .., -0.5, 0.1, 15, true)`).
 const Q2_K_SEARCH: Qkx2 = Qkx2 {
@@ -119,13 +119,7 @@ pub fn dequantize_q2_k(x: &[u8; 84], y: &mut [f32; QK_K]) {
 /// where that raises the `x^2`-weighted fit. Writes `quant + nmax` to `l`; returns the
 /// least-squares scale of the final quants.
 fn make_q3_quants(x: &[f32; 16], nmax: i32, l: &mut [u8; 16]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;
@@ -193,13 +187,7 @@ pub fn quantize_q3_k(x: &[f32; QK_K], y: &mut [u8; 110]) {
         let lj = as_array_mut(&mut l[16 * j..16 * j + 16]);
         make_q3_quants(as_array(&x[16 * j..16 * j + 16]), 4, lj)
     });
-    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
-    for &s in &scales {
-        if s.abs() > amax {
-            amax = s.abs();
-            max_scale = s;
-        }
-    }
+    let max_scale = signed_absmax(&scales).1;
     let sc = &mut y[96..108];
     sc.fill(0);
     if max_scale != 0.0 {

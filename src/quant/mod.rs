@@ -517,6 +517,20 @@ pub(crate) fn write_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
+/// The largest magnitude in `x` and the first value of that magnitude (ggml keeps the
+/// first on ties), as `(magnitude, value)`: the search that starts ggml's quantizers.
+#[inline(always)]
+pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
 /// ggml's `nearest_int`: adds `1.5 * 2^23` so that the float addition rounds to an
 /// integer (ties to even) and reads it from the mantissa bits. Exact for `|x| <= 2^22`;
 /// outside that range (or for NaN) the result is meaningless but, as in ggml, no panic.

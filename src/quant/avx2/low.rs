@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16x2, iq4_levels, nibbles, Acc, Cols, SPLIT_BELOW};
+use super::{f16x2, halves, iq4_levels, nibbles, Acc, Cols, SPLIT_BELOW};
 use crate::quant::kquants23::q3_k_scale;
 
 /// The 2-bit field `f` (0..4) of every byte of `v`.
@@ -21,13 +21,6 @@ unsafe fn field2(v: __m256i, f: usize) -> __m256i {
     let shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * f as i32));
     // the 16-bit shift moves bits across bytes; the mask keeps each byte's own field
     _mm256_and_si256(shifted, _mm256_set1_epi8(3))
-}
-
-/// A weight per 16-element half: `lo` for the low 128-bit lane, `hi` for the high one.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn halves(lo: i16, hi: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
 /// Runs `$step::<NC>(w, b, j, a, acc)` over the `$nb` super-blocks' 8 sub-blocks,
