@@ -168,8 +168,11 @@ struct BlockQ2_K {
 
 // The 6-bit scale h (0..15) of Q3_K's 12 scale bytes s, less 32.
 __device__ __forceinline__ int q3_k_scale(const int (&s)[3], int h) {
-    const unsigned low = h < 8 ? byte_at(s, h) & 15u : byte_at(s, h - 8) >> 4;
-    const unsigned high = (byte_at(s, 8 + (h & 3)) >> (2 * (h >> 2))) & 3u;
+    // byte h & 7 of the first 8 (low nibble for h < 8, high after), byte 8 + (h & 3) for
+    // the top bits; the words picked by selects, so s stays in registers
+    const unsigned lw = (unsigned)((h & 4) ? s[1] : s[0]);
+    const unsigned low = (byte_of(lw, h & 3) >> (h & 8 ? 4 : 0)) & 15u;
+    const unsigned high = (byte_of((unsigned)s[2], h & 3) >> (2 * (h >> 2))) & 3u;
     return (int)(low | (high << 4)) - 32;
 }
 
@@ -579,7 +582,8 @@ struct BlockIQ1_M {
         const unsigned qh = (unsigned)ld_i32_a2<Smem>(b + 32 + 2 * j);
         ld_words<Smem, 2>(b + 48, sc);
         const float d8 = d_of((unsigned)sc[0], (unsigned)sc[1]) * 0.125f;
-        const unsigned s16 = ((unsigned)sc[j >> 2] >> (16 * ((j >> 1) & 1))) & 0xffffu;
+        // (a select: sc[j >> 2] would put sc in local memory)
+        const unsigned s16 = ((unsigned)(j >> 2 ? sc[1] : sc[0]) >> (16 * ((j >> 1) & 1))) & 0xffffu;
         W* w[2] = {&w0, &w1};
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -703,17 +707,19 @@ struct BlockTQ1_0 {
         }
     }
     static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
+    // Int k (quants 4 k .. 4 k + 3) of sub-block j, read from global memory on its own
+    // (what quants computes for the whole sub-block).
+    static __device__ __forceinline__ unsigned quant4(const char* b, int j, int k) {
+        if (j < 5) return (unsigned)trits4((unsigned)ld_i32_a2(b + 4 * k), pow3(j));
+        if (k < 4) return (unsigned)trits4((unsigned)ld_i32_a2(b + 32 + 4 * k), pow3(j == 7 ? 4 : 2 * (j - 5)));
+        if (j < 7) return (unsigned)trits4((unsigned)ld_i32_a2(b + 32 + 4 * (k - 4)), pow3(2 * (j - 5) + 1));
+        return (unsigned)trits4((unsigned)ld_i32_a2(b + 48), pow3(k - 4));
+    }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const float d = ld_f16(b + 52);
-        int q[8];
-        quants<Gmem>(b, g >> 2, q);
-        // elements 8 (g % 4)..: ints 2 (g % 4) and 2 (g % 4) + 1 of the sub-block, picked
-        // by selects (a computed index would put q in local memory)
-        unsigned lo = (unsigned)q[0], hi = (unsigned)q[1];
-#pragma unroll
-        for (int k = 2; k < 8; k += 2) {
-            if (2 * (g & 3) == k) lo = (unsigned)q[k], hi = (unsigned)q[k + 1];
-        }
+        // elements 8 (g % 4)..: ints 2 (g % 4) and 2 (g % 4) + 1 of sub-block g / 4 (only
+        // those: the whole sub-block in an array indexed by g would sit in local memory)
+        const unsigned lo = quant4(b, g >> 2, 2 * (g & 3)), hi = quant4(b, g >> 2, 2 * (g & 3) + 1);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = mul_rn((float)(signed char)byte_of(i < 4 ? lo : hi, i & 3), d);
     }
