@@ -124,14 +124,26 @@ __device__ __forceinline__ void fields2_8(const char* qs, int e0, int* q) {
     for (int i = 0; i < 8; ++i) q[i] = (int)((byte8(v, i) >> shift) & 3u);
 }
 
+// What every type here shares: a sub-block in registers and its dot product (MINS: Q2_K's
+// mins too).
+template <bool MINS = false>
+struct SubBlocks {
+    typedef SubW W;
+    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<MINS>(w, y); }
+};
+
+// The 256-element types (BYTES a block): 8 sub-blocks, taken in pairs.
+template <int B, bool MINS = false>
+struct Pairs256 : SubBlocks<MINS> {
+    static constexpr int QK = 256, BYTES = B, SUBS = 8;
+    static constexpr bool PAIRS = true;
+    static constexpr int PA = 2;
+};
+
 // ---------------------------------------------------------------------------------------
 // Q2_K: scales[16] (scale | min << 4 per 16 elements), qs[64], d, dmin.
 
-struct BlockQ2_K {
-    static constexpr int QK = 256, BYTES = 84, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockQ2_K : Pairs256<84, true> {
     // Sub-blocks j (even) and j + 1: fields j % 4 and j % 4 + 1 of the same 32 bytes.
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
@@ -152,7 +164,6 @@ struct BlockQ2_K {
             w[u]->d = d, w[u]->dmin = dmin;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<true>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const unsigned s = ld_u8(b, g >> 1);
         const float dl = mul_rn(ld_f16(b + 80), (float)(s & 15u)), ml = mul_rn(ld_f16(b + 82), (float)(s >> 4));
@@ -176,11 +187,7 @@ __device__ __forceinline__ int q3_k_scale(const int (&s)[3], int h) {
     return (int)(low | (high << 4)) - 32;
 }
 
-struct BlockQ3_K {
-    static constexpr int QK = 256, BYTES = 110, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockQ3_K : Pairs256<110> {
     // Sub-blocks j (even) and j + 1: low bits as fields of the same 32 bytes of qs, the
     // high bit as bit j (j + 1) of the 32 bytes of hmask.
     template <int A>
@@ -206,7 +213,6 @@ struct BlockQ3_K {
             w[u]->d = d, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int h = g >> 1, e0 = 8 * g;
         const unsigned low = h < 8 ? ld_u8(b + 96, h) & 15u : ld_u8(b + 96, h - 8) >> 4;
@@ -226,10 +232,9 @@ struct BlockQ3_K {
 // ---------------------------------------------------------------------------------------
 // IQ4_NL (d, qs[16]) and IQ4_XS (d, scales_h, scales_l[4], qs[128]).
 
-struct BlockIQ4_NL {
+struct BlockIQ4_NL : SubBlocks<> {
     static constexpr int QK = 32, BYTES = 18, SUBS = 1;
     static constexpr bool PAIRS = false;
-    typedef SubW W;
     template <typename M>
     static __device__ __forceinline__ void load(const char* b, int, W& w) {
         int v[4];
@@ -239,7 +244,6 @@ struct BlockIQ4_NL {
         w.m[0] = w.m[1] = 0;
         w.d = ld_f16<M>(b), w.dmin = 0.0f;
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) { iq4_deq8(b + 2, 8 * g, ld_f16(b), v); }
 };
 
@@ -250,11 +254,7 @@ __device__ __forceinline__ int iq4_xs_scale(unsigned h0, unsigned h1, int j) {
     return (int)(low | (high << 4)) - 32;
 }
 
-struct BlockIQ4_XS {
-    static constexpr int QK = 256, BYTES = 136, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ4_XS : Pairs256<136> {
     // Sub-blocks j (even) and j + 1: 32 contiguous bytes of qs, the 8-byte header once.
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
@@ -271,7 +271,6 @@ struct BlockIQ4_XS {
             w[u]->d = d, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2;
         const unsigned h0 = (unsigned)ld_i32_a2(b), h1 = (unsigned)ld_i32_a2(b + 4);
@@ -307,11 +306,7 @@ __device__ __forceinline__ float half_step_scale(float d, unsigned s, float inv_
 
 // IQ2_XXS: d, per 32 elements a word of 4 grid indices and a word of 4 x 7 sign bits and
 // a 4-bit scale.
-struct BlockIQ2_XXS {
-    static constexpr int QK = 256, BYTES = 66, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ2_XXS : Pairs256<66> {
     static __device__ __forceinline__ void sub(unsigned idx, unsigned aux, float d8, W& w) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) point8(IQ2XXS_GRID[byte_of(idx, l)], ksign(aux >> (7 * l)), w.q + 2 * l);
@@ -327,7 +322,6 @@ struct BlockIQ2_XXS {
         sub((unsigned)v[0], (unsigned)v[1], d8, w0);
         sub((unsigned)v[2], (unsigned)v[3], d8, w1);
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned aux = (unsigned)ld_i32_a2(b + 6 + 8 * j);
@@ -337,11 +331,7 @@ struct BlockIQ2_XXS {
 };
 
 // IQ2_XS: d, qs[32] as u16 (9-bit grid index, 7 sign bits), scales[8] (4 bits per 16).
-struct BlockIQ2_XS {
-    static constexpr int QK = 256, BYTES = 74, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ2_XS : Pairs256<74> {
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
         int v[4];
@@ -363,7 +353,6 @@ struct BlockIQ2_XS {
             w[u]->d = d8, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned e = ld_u16(b + 2 + 2 * (4 * j + l)), s = ld_u8(b + 66, j);
@@ -374,11 +363,7 @@ struct BlockIQ2_XS {
 
 // IQ2_S: d, qs[32] (grid index low bits), signs[32], qh[8] (2 high index bits per group),
 // scales[8] (4 bits per 16).
-struct BlockIQ2_S {
-    static constexpr int QK = 256, BYTES = 82, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ2_S : Pairs256<82> {
     static __device__ __forceinline__ unsigned index(unsigned lo, unsigned qh, int l) {
         return lo | ((qh << (8 - 2 * l)) & 0x300u);
     }
@@ -404,7 +389,6 @@ struct BlockIQ2_S {
             w[u]->d = d8, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned i = index(ld_u8(b + 2, 4 * j + l), ld_u8(b + 66, j), l), s = ld_u8(b + 74, j);
@@ -420,11 +404,7 @@ __device__ __forceinline__ void put4x2(float scale, unsigned p1, unsigned p2, un
 
 // IQ3_XXS: d, qs[64] (one grid index per 4 elements), per 32 elements a word of 4 x 7
 // sign bits and a 4-bit scale.
-struct BlockIQ3_XXS {
-    static constexpr int QK = 256, BYTES = 98, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ3_XXS : Pairs256<98> {
     static __device__ __forceinline__ void sub(const int (&qs)[2], unsigned aux, float d4, W& w) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
@@ -446,7 +426,6 @@ struct BlockIQ3_XXS {
         sub(qs0, (unsigned)aux[0], d4, w0);
         sub(qs1, (unsigned)aux[1], d4, w1);
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned aux = (unsigned)ld_i32_a2(b + 66 + 4 * j);
@@ -458,11 +437,7 @@ struct BlockIQ3_XXS {
 
 // IQ3_S: d, qs[64] (grid index low bits), qh[8] (the 9th bits), signs[32], scales[4]
 // (4 bits per 32).
-struct BlockIQ3_S {
-    static constexpr int QK = 256, BYTES = 110, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ3_S : Pairs256<110> {
     // The grid points of group l of a sub-block with index bytes q0, q1 and high bits qh.
     static __device__ __forceinline__ void points(unsigned q0, unsigned q1, unsigned qh, int l, unsigned& p1,
                                                   unsigned& p2) {
@@ -493,7 +468,6 @@ struct BlockIQ3_S {
             w[u]->d = d, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned s = (ld_u8(b + 106, j >> 1) >> (4 * (j & 1))) & 15u;
@@ -523,11 +497,7 @@ __device__ __forceinline__ void put8_shifted(float scale, unsigned long long p, 
 
 // IQ1_S: d, qs[32] (grid index low bits), qh[8] as u16 (3 index bits per group, a 3-bit
 // scale, the shift's sign).
-struct BlockIQ1_S {
-    static constexpr int QK = 256, BYTES = 50, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ1_S : Pairs256<50> {
     static __device__ __forceinline__ void sub(unsigned qs, unsigned qh, float d8, W& w) {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
@@ -547,7 +517,6 @@ struct BlockIQ1_S {
         sub((unsigned)qs[0], qh & 0xffffu, d8, w0);
         sub((unsigned)qs[1], qh >> 16, d8, w1);
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned qh = ld_u16(b + 34 + 2 * j);
@@ -559,11 +528,7 @@ struct BlockIQ1_S {
 
 // IQ1_M: qs[32] (grid index low bits), qh[16] (3 index bits and the shift's sign per
 // group), scales[8] as 4 u16 (3-bit scales per 16, d in their top nibbles).
-struct BlockIQ1_M {
-    static constexpr int QK = 256, BYTES = 56, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockIQ1_M : Pairs256<56> {
     // The f16 d from the scale words s0 (scales 0, 1) and s1 (scales 2, 3).
     static __device__ __forceinline__ float d_of(unsigned s0, unsigned s1) {
         const unsigned bits = ((s0 >> 12) & 0xfu) | ((s0 >> 24) & 0xf0u) | ((s1 >> 4) & 0xf00u) | ((s1 >> 16) & 0xf000u);
@@ -599,7 +564,6 @@ struct BlockIQ1_M {
             w[u]->d = d8, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const int j = g >> 2, l = g & 3;
         const unsigned s0 = (unsigned)ld_i32_a2(b + 48), s1 = (unsigned)ld_i32_a2(b + 52);
@@ -616,11 +580,7 @@ struct BlockIQ1_M {
 // The ternary types: values -1, 0, 1 times one d.
 
 // TQ2_0: qs[64] (q + 1 in 2 bits, Q2_K's layout), d.
-struct BlockTQ2_0 {
-    static constexpr int QK = 256, BYTES = 66, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockTQ2_0 : Pairs256<66> {
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
         int qs[8];
@@ -637,7 +597,6 @@ struct BlockTQ2_0 {
             w[u]->d = d, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     static __device__ __forceinline__ void deq8(const char* b, int g, float* v) {
         const float d = ld_f16(b + 64);
         int q[8];
@@ -665,11 +624,7 @@ __device__ __forceinline__ unsigned pow3(int n) { return n == 0 ? 1u : n == 1 ? 
 // 240, qh[(e - 240) % 4] trit (e - 240) / 4 after; trit n of byte x is ((x 3^n) mod 256)
 // 3 >> 8, q + 1. Sub-blocks 0..4 are trit j of qs[0..32]; 5 and 6 trits 2 (j - 5) and
 // 2 (j - 5) + 1 of qs[32..48]; 7 trit 4 of qs[32..48], then trits 0..3 of qh.
-struct BlockTQ1_0 {
-    static constexpr int QK = 256, BYTES = 54, SUBS = 8;
-    static constexpr bool PAIRS = true;
-    static constexpr int PA = 2;
-    typedef SubW W;
+struct BlockTQ1_0 : Pairs256<54> {
     // Sub-block j's quants.
     template <typename M>
     static __device__ __forceinline__ void quants(const char* b, int j, int* q) {
@@ -706,7 +661,6 @@ struct BlockTQ1_0 {
             w[u]->d = d, w[u]->dmin = 0.0f;
         }
     }
-    static __device__ __forceinline__ float dot(const W& w, const Act& y) { return sub_dot<false>(w, y); }
     // Int k (quants 4 k .. 4 k + 3) of sub-block j, read from global memory on its own
     // (what quants computes for the whole sub-block).
     static __device__ __forceinline__ unsigned quant4(const char* b, int j, int k) {
