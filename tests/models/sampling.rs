@@ -253,9 +253,10 @@ fn top_p_keeps_the_shortest_prefix_reaching_p() {
 /// The row's `n` largest logits as the device gives them.
 fn top_of(logits: &[f32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    // -0 ranks with +0 (adding +0 turns -0 into +0), ties by the smaller id
     ids.sort_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
+        (logits[b as usize] + 0.0)
+            .total_cmp(&(logits[a as usize] + 0.0))
             .then(a.cmp(&b))
     });
     ids.truncate(n);
