@@ -890,9 +890,14 @@ fn outputs_keep_what_is_at_the_path() {
 
 /// A copy of llama3-tiny-bf16 whose final norm weights are all `bits` (BF16).
 fn with_norm_bits(bits: u16) -> TempCopy {
-    let t = TempCopy::of("llama3-tiny-bf16");
+    with_tensor_bits("llama3-tiny-bf16", "model.norm.weight", bits)
+}
+
+/// A copy of the BF16 fixture `fixture` whose tensor `name` is all `bits`.
+fn with_tensor_bits(fixture: &str, name: &str, bits: u16) -> TempCopy {
+    let t = TempCopy::of(fixture);
     let (h, mut data) = split_safetensors(&t.path("model.safetensors"));
-    let offs = &h["model.norm.weight"]["data_offsets"];
+    let offs = &h[name]["data_offsets"];
     let (s, e) = (
         offs[0].as_u64().unwrap() as usize,
         offs[1].as_u64().unwrap() as usize,
@@ -933,6 +938,31 @@ fn non_finite_logits_stop_every_command() {
         let o = run_with(&["chat", "--model", t.dir(), "--quiet"], b"hello\n");
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert!(stderr(&o).contains("non-finite logits"), "{}", stderr(&o));
+    }
+}
+
+/// NaN in the weights that make q, k or v gives non-finite attention rows, so the logits
+/// are not finite and every run stops with the error, with the fused attention (the
+/// default) and without, whatever the cache type (qwen3-tiny-bf16: head size 32, whole
+/// blocks for q8_0 and q4_0). The fused attention used to take a row
+/// of NaN scores for a fully masked one and give zeros (and a quantized cache to store a
+/// NaN K or V row as finite numbers): generate then exited 0 with made-up tokens.
+#[test]
+fn nan_in_q_k_or_v_stops_generation_with_every_cache_type() {
+    for proj in ["q_proj", "k_proj", "v_proj"] {
+        let name = format!("model.layers.0.self_attn.{proj}.weight");
+        let t = with_tensor_bits("qwen3-tiny-bf16", &name, 0x7fc0);
+        for cache in ["f32", "f16", "bf16", "q8_0", "q4_0"] {
+            for flash in ["on", "off"] {
+                if flash == "off" && cache.starts_with('q') {
+                    continue; // a quantized V cache needs the fused attention
+                }
+                let mut args = gen1(t.dir());
+                args.extend(["--flash-attn", flash, "--ctk", cache, "--ctv", cache]);
+                println!("{proj} NaN, --flash-attn {flash}, cache {cache}");
+                fails(&args, &["non-finite logits"]);
+            }
+        }
     }
 }
 

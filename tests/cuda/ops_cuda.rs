@@ -236,6 +236,7 @@ fn flash_attn_ext_long_prefill_skips_masked_tiles() {
                 softcap: 0.0,
             },
             seed: 11,
+            poison: None,
         };
         let r = run(&c, &mut cuda).unwrap_or_else(|e| panic!("{mask:?}: {e}"));
         assert!(
@@ -273,25 +274,48 @@ fn prop_flash_attn_ext_one_query_decode() {
     flash_attn_cases(common::attention::one_query_decode_case(), 64);
 }
 
+/// flash_attn_ext with a NaN or an infinity in q, K or V (`common::attention::
+/// poisoned_case`), over every kernel: prefill (tensor cores), the decode kernels (vector,
+/// streamed, tensor-core decode, split and combined) and every cache type (a quantized
+/// block holding the value is written with a NaN scale): on CUDA and on the CPU, every row
+/// that sees the value is non-finite, every row that does not is finite and as the oracle.
+#[test]
+fn prop_flash_attn_ext_non_finite_inputs() {
+    use common::attention::{case, one_query_decode_case, poisoned_case};
+    non_finite_cases(poisoned_case(case()), 64);
+    non_finite_cases(poisoned_case(one_query_decode_case()), 64);
+}
+
+/// Runs `cases` poisoned cases of `strategy` on CUDA and on the CPU, each held to its rows'
+/// expectations.
+fn non_finite_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
+    use common::attention::{check_expectations, run};
+    attention_cases(
+        "flash_attn_ext with non-finite inputs",
+        strategy,
+        cases,
+        |c, cuda, cpu| {
+            let bound = flash_attn_bound(c.kv);
+            let check = |name: &str, be: &mut dyn graft::backend::Backend| {
+                run(c, be)
+                    .and_then(|r| check_expectations(c, &r, bound))
+                    .map_err(|e| TestCaseError::fail(format!("{name}: {e}")))
+            };
+            check("cpu", cpu)?;
+            check("cuda", cuda)?;
+            Ok(())
+        },
+    );
+}
+
 /// Runs `cases` cases of `strategy` on CUDA and on the CPU and holds the CUDA result to
 /// the CPU's and to the oracle.
 fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
     use common::attention::run;
     use common::nmse;
-    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cuda) = common::cuda_backend() else {
-        return;
-    };
-    let cuda = RefCell::new(cuda);
-    let cpu = RefCell::new(CpuBackend::new());
-    let config = Config {
-        source_file: Some(file!()),
-        ..common::config(cases)
-    };
-    let result = TestRunner::new(config).run(&strategy, |c| {
-        let on_cpu = run(&c, &mut *cpu.borrow_mut()).map_err(TestCaseError::fail)?;
-        let on_gpu = run(&c, &mut *cuda.borrow_mut())
-            .map_err(|e| TestCaseError::fail(format!("cuda: {e}")))?;
+    attention_cases("flash_attn_ext", strategy, cases, |c, cuda, cpu| {
+        let on_cpu = run(c, cpu).map_err(TestCaseError::fail)?;
+        let on_gpu = run(c, cuda).map_err(|e| TestCaseError::fail(format!("cuda: {e}")))?;
         if let Some(i) = on_gpu.got.iter().position(|x| !x.is_finite()) {
             return Err(TestCaseError::fail(format!(
                 "cuda: element {i} is {}",
@@ -311,8 +335,35 @@ fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, ca
         }
         Ok(())
     });
+}
+
+/// Runs `cases` cases of `strategy` through `check(case, cuda, cpu)`, one GPU test at a
+/// time; panics naming `what` at the first failure.
+fn attention_cases(
+    what: &str,
+    strategy: impl Strategy<Value = common::attention::Case>,
+    cases: u32,
+    check: impl Fn(
+        &common::attention::Case,
+        &mut dyn graft::backend::Backend,
+        &mut dyn graft::backend::Backend,
+    ) -> Result<(), TestCaseError>,
+) {
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cuda) = common::cuda_backend() else {
+        return;
+    };
+    let cuda = RefCell::new(cuda);
+    let cpu = RefCell::new(CpuBackend::new());
+    let config = Config {
+        source_file: Some(file!()),
+        ..common::config(cases)
+    };
+    let result = TestRunner::new(config).run(&strategy, |c| {
+        check(&c, &mut *cuda.borrow_mut(), &mut *cpu.borrow_mut())
+    });
     if let Err(e) = result {
-        panic!("flash_attn_ext: {e}");
+        panic!("{what}: {e}");
     }
 }
 
@@ -478,8 +529,9 @@ mod paged_attn {
 
     /// A NaN in a query, in a visible K row or in a visible V row, for every cache type, on
     /// the decode kernels and on the tensor-core prefill kernel (a K row inside the chunk,
-    /// seen by its later tokens only; a V row of the prefix, seen by all): exactly the rows
-    /// the CPU makes NaN are NaN on CUDA, the others agree with the CPU's, padding is zeros.
+    /// seen by its later tokens only; a V row of the prefix, seen by all), and an infinity
+    /// in a query with softcapping: exactly the rows the CPU makes NaN are NaN on CUDA, the
+    /// others agree with the CPU's, padding is zeros.
     #[test]
     fn non_finite_input_is_never_finite_output() {
         let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
@@ -537,6 +589,15 @@ mod paged_attn {
                         );
                     }
                 }
+                // an infinity in q with softcapping: NaN rows, not capped finite scores
+                let mut capped = c.clone();
+                capped.p.softcap = 2.5;
+                let mut x = own_blocks(&capped);
+                x.q[t1 * row + 3] = f32::INFINITY;
+                let want = nan_rows(&run(&capped, &x, &mut cpu).unwrap(), c.d);
+                let got = nan_rows(&run(&capped, &x, &mut cuda).unwrap(), c.d);
+                assert!(want.iter().any(|&n| n), "{dt}: an infinite q, softcapped");
+                assert_eq!(got, want, "{dt}: an infinite q, softcapped");
             }
         }
     }
