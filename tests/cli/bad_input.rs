@@ -159,8 +159,8 @@ fn config_fields_are_checked_and_named() {
             "rope_parameters.rope_type",
         ),
         ("rope_parameters", json!(7), "'rope_parameters'"),
-        ("eos_token_id", json!(99999), "'eos_token_id'"),
-        ("bos_token_id", json!(-1), "'bos_token_id'"),
+        ("eos_token_id", json!("two"), "'eos_token_id'"),
+        ("bos_token_id", json!(1.5), "'bos_token_id'"),
         ("torch_dtype", json!("int8"), "'torch_dtype'"),
         ("hidden_act", json!("gelu"), "'hidden_act'"),
         ("model_type", json!("falcon"), "'model_type'"),
@@ -186,6 +186,193 @@ fn config_fields_are_checked_and_named() {
         }
     });
     fails(&gen1(t.dir()), &["config.json", "field '"]);
+}
+
+/// Special-token ids outside the vocabulary (HF's GPT-2 defaults, 50256, in a smaller
+/// vocabulary; -1 for none; llama.cpp's "bad special token" in a GGUF file) are accepted,
+/// as transformers and llama.cpp accept them: one warning naming the field, the id
+/// unused, the run going on to its -n tokens. They used to be refused.
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_warnings() {
+    let check = |model: &str, needles: &[&str]| {
+        let o = run(&gen1(model));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{model}: {err}");
+        assert_eq!(err.matches("warning: ").count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "'{n}' not in: {err}");
+        }
+    };
+    for (field, value) in [
+        ("eos_token_id", json!(99999)),
+        ("bos_token_id", json!(-1)),
+        ("eos_token_id", json!([2, 50256])),
+    ] {
+        let t = config_field(field, value);
+        check(
+            t.dir(),
+            &[&format!("'{field}'"), "not a token of the vocabulary"],
+        );
+    }
+    use graft::gguf::Value as V;
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {
+        let p = gguf_with("special", |md, _| set(md, key, V::U32(99999)));
+        check(p.to_str().unwrap(), &[key, "99999"]);
+    }
+    // A text needs the BOS this tokenizer adds: that, and only that, is an error.
+    let p = gguf_with("special", |md, _| {
+        set(md, "tokenizer.ggml.bos_token_id", V::U32(99999))
+    });
+    let p = p.to_str().unwrap();
+    fails_with(
+        1,
+        &["generate", "--model", p, "--prompt", "hi", "-n", "1"],
+        &["tokenizer.ggml.bos_token_id 99999", "--token-ids"],
+    );
+    ok(&["tokenize", "--model", p, "--text", "hi", "--no-bos"]);
+}
+
+/// gpt2-tiny-f32 cut to a vocabulary of 300 (the first 300 rows of its tied embedding,
+/// no tokenizer) with HF's GPT-2 defaults `bos_token_id` = `eos_token_id` = 50256, outside
+/// it: a folder transformers loads and runs (GPT2Config does not check those ids).
+fn gpt2_vocab_300() -> TempCopy {
+    let t = TempCopy::of("gpt2-tiny-f32");
+    std::fs::remove_file(t.path("tokenizer.json")).unwrap();
+    let text = std::fs::read_to_string(t.path("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&text).unwrap();
+    for (k, v) in [
+        ("vocab_size", 300),
+        ("bos_token_id", 50256),
+        ("eos_token_id", 50256),
+    ] {
+        cfg[k] = json!(v);
+    }
+    std::fs::write(t.path("config.json"), cfg.to_string()).unwrap();
+    let (mut h, data) = split_safetensors(&t.path("model.safetensors"));
+    let mut names: Vec<String> = h
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    names.sort_by_key(|n| h[n]["data_offsets"][0].as_u64().unwrap());
+    let mut out = Vec::new();
+    for n in names {
+        let offs = &h[&n]["data_offsets"];
+        let (s, mut e) = (offs[0].as_u64().unwrap(), offs[1].as_u64().unwrap());
+        if n == "transformer.wte.weight" {
+            e = s + 300 * 64 * 4;
+            h[&n]["shape"] = json!([300, 64]);
+        }
+        h[&n]["data_offsets"] = json!([out.len(), out.len() as u64 + e - s]);
+        out.extend_from_slice(&data[s as usize..e as usize]);
+    }
+    join_safetensors(&t.path("model.safetensors"), &h, &out);
+    t
+}
+
+/// The F32 logits [n, vocab] `graft logits` writes to stdout for `ids` of `model`.
+fn logits_of(model: &str, ids: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = ok(&[
+        "logits",
+        "--model",
+        model,
+        "--token-ids",
+        ids,
+        "--out",
+        "-",
+        "--quiet",
+    ]);
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    let v = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
+}
+
+/// A GPT-2 folder with HF's default bos/eos (50256) and a vocabulary of 300 runs: its
+/// logits are the first 300 of the full fixture's (the same model with the rest of the
+/// embedding cut off), generate runs to -n (no EOS to stop at), dump and convert work,
+/// and the warning names the field once per run.
+#[test]
+fn a_gpt2_folder_with_hf_default_special_tokens_runs() {
+    let small = gpt2_vocab_300();
+    let full = fixture("gpt2-tiny-f32");
+    let ids = "5,17,123,299";
+    let (got, shape) = logits_of(small.dir(), ids);
+    let (want, full_shape) = logits_of(full.to_str().unwrap(), ids);
+    assert_eq!((shape, full_shape), (vec![4, 300], vec![4, 512]));
+    for (row, w) in got.chunks(300).zip(want.chunks(512)) {
+        for (a, b) in row.iter().zip(&w[..300]) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+    let o = run(&[
+        "generate",
+        "--model",
+        small.dir(),
+        "--token-ids",
+        ids,
+        "-n",
+        "6",
+        "--json",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("'eos_token_id' 50256").count(), 1, "{err}");
+    assert_eq!(err.matches("'bos_token_id' 50256").count(), 1, "{err}");
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (j["gen_tokens"].as_u64(), j["stop"].as_str()),
+        (Some(6), Some("length"))
+    );
+    ok(&["dump", "--model", small.dir()]);
+    let gguf = tempdir("gpt2-300").join("m.gguf");
+    let g = gguf.to_str().unwrap();
+    ok(&[
+        "convert",
+        "--model",
+        small.dir(),
+        "--type",
+        "f32",
+        "--out",
+        g,
+        "--quiet",
+    ]);
+    let (from_gguf, _) = logits_of(g, ids);
+    assert_eq!(from_gguf, got, "the GGUF file's logits");
+}
+
+/// A chat model whose config names no valid EOS (50256 in a vocabulary of 512) replies
+/// until the chat template's end of turn or -n tokens.
+#[test]
+fn chat_without_a_valid_eos_stops_at_n() {
+    let t = TempCopy::of("gpt2-tiny-f32");
+    let text = std::fs::read_to_string(t.path("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&text).unwrap();
+    cfg["eos_token_id"] = json!(50256);
+    std::fs::write(t.path("config.json"), cfg.to_string()).unwrap();
+    let o = run(&[
+        "generate",
+        "--chat",
+        "--model",
+        t.dir(),
+        "--prompt",
+        "hi",
+        "-n",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("'eos_token_id' 50256"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -497,8 +684,10 @@ fn gguf_metadata_sizes_are_checked() {
             vec!["llama.attention.head_count"],
         ),
         (
-            gguf_with("eos", u32s("tokenizer.ggml.eos_token_id", 99999)),
-            vec!["'tokenizer.ggml.eos_token_id'"],
+            gguf_with("eos", |md, _| {
+                set(md, "tokenizer.ggml.eos_token_id", V::String("two".into()))
+            }),
+            vec!["tokenizer.ggml.eos_token_id"],
         ),
         (
             gguf_with("arch", |md, _| {
