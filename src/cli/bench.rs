@@ -20,18 +20,25 @@ use serde_json::json;
 
 use graft::backend::{profile_table, Backend, Stats, StepTime};
 use graft::engine::{Engine, Event, Request};
+use graft::models::blocks::kv_cache::MAX_CTX;
 use graft::models::QuantPlan;
 use graft::Result;
 
-use super::dump::preset;
+use super::dump::{preset, preset_help};
 use super::engine_args::EngineArgs;
 use super::{print_out, ModelArgs};
 
 /// Arguments of `graft bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, llama2-7b or llama3-8b (seeded random weights).
-    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    #[arg(
+        long,
+        required_unless_present = "model",
+        conflicts_with = "model",
+        help = preset_help(
+            "Model shape instead of --model, with seeded random weights of --quantize (f16 when absent)"
+        )
+    )]
     preset: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
@@ -86,20 +93,18 @@ fn open_backend(
 
 /// Runs `graft bench`.
 pub fn run(a: Args) -> Result<()> {
-    if a.p == 0 || a.n == 0 || a.reps == 0 {
-        return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
+    for (flag, v) in [("-p", a.p), ("-n", a.n), ("--reps", a.reps)] {
+        if v == 0 {
+            return Err(graft::Error::model(format!("{flag} 0: give at least 1")));
+        }
     }
     if let Some(bw) = a.copy_bw.filter(|bw| !(bw.is_finite() && *bw > 0.0)) {
         return Err(graft::Error::model(format!(
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
+    let ctx = context(&a)?;
     let (be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
-    let ctx = a
-        .p
-        .checked_add(a.n)
-        .and_then(|c| c.checked_add(1))
-        .ok_or_else(|| graft::Error::model(format!("-p {} + -n {}: too many tokens", a.p, a.n)))?;
     let (mut engine, label, dtype) = open_engine(&a, be, ctx)?;
     let run = measure(&a, &mut engine, copy_bw, label, dtype);
     let released = engine.release();
@@ -109,6 +114,24 @@ pub fn run(a: Args) -> Result<()> {
         true => f.json(&a),
         false => f.text(&a),
     })
+}
+
+/// The context `a` needs, -p + -n + 1 positions, or `--ctx` when it holds them; the
+/// error names -p and -n (bench has no --ctx of its own to blame).
+fn context(a: &Args) -> Result<usize> {
+    let need = a.p.checked_add(a.n).and_then(|c| c.checked_add(1));
+    match (need.filter(|&c| c <= MAX_CTX), a.model.ctx) {
+        (Some(c), None) => Ok(c),
+        (Some(c), Some(given)) if given >= c => Ok(given),
+        (_, Some(given)) => Err(graft::Error::model(format!(
+            "--ctx {given} cannot hold -p {} + -n {} tokens: give a larger --ctx or smaller -p and -n",
+            a.p, a.n
+        ))),
+        (None, None) => Err(graft::Error::model(format!(
+            "-p {} + -n {} tokens are more than a context holds ({MAX_CTX}): give smaller -p and -n",
+            a.p, a.n
+        ))),
+    }
 }
 
 /// Runs the measurements of `a` on `e`.

@@ -15,23 +15,33 @@ use graft::models::{text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
 use super::chat::{chat_engine, chat_parts};
-use super::dump::preset;
+use super::dump::{preset, preset_help};
 use super::engine_args::{single, EngineArgs};
 use super::sampling_args::flag_error;
 use super::{print_out, read_prompt, ModelArgs, SamplingArgs};
 
-/// Arguments of `graft generate`.
+/// Arguments of `graft generate`: the prompt is one of --prompt, --file, --token-ids.
 #[derive(clap::Args)]
+#[command(
+    group(clap::ArgGroup::new("input").required(true).args(["prompt", "file", "token_ids"])),
+    override_usage = "graft generate [--model FILE.gguf|DIR] (--prompt TEXT | -f FILE | --token-ids 1,2,3) [OPTIONS]"
+)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Instead of --model: a preset shape with seeded random weights made on the device
-    /// (llama2-7b, mistral-7b, ...; --quantize picks their dtype, f16 when absent), for
-    /// long runs and memory checks; needs --token-ids.
-    #[arg(long, conflicts_with_all = ["model", "chat", "prompt", "file"], requires = "token_ids")]
+    #[arg(
+        long,
+        conflicts_with_all = ["model", "chat", "prompt", "file"],
+        requires = "token_ids",
+        help = preset_help(
+            "Instead of --model, a preset shape with seeded random weights made on the device, \
+             for long runs and memory checks (--quantize picks their dtype, f16 when absent; \
+             needs --token-ids)"
+        )
+    )]
     preset: Option<String>,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
-    #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
+    #[arg(long, conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
     /// Read the prompt text from a file (`-` for standard input), for prompts longer than
     /// a command line.

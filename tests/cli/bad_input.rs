@@ -872,7 +872,16 @@ fn command_line_sizes_and_values_are_checked() {
         a
     };
     fails(&b(&["-p", "18446744073709551615"]), &["-p"]);
-    fails(&b(&["-p", "1000000000000", "-n", "1"]), &["--ctx"]);
+    // bench sizes its context from -p and -n: the error names them
+    fails(
+        &b(&["-p", "1000000000000", "-n", "1"]),
+        &["-p 1000000000000 + -n 1", "smaller -p and -n"],
+    );
+    fails(
+        &b(&["-p", "64", "-n", "64", "--ctx", "100"]),
+        &["--ctx 100", "-p 64 + -n 64"],
+    );
+    fails(&b(&["-n", "0"]), &["-n 0", "at least 1"]);
     fails(&b(&["--copy-bw", "0"]), &["--copy-bw 0"]);
     fails(&b(&["--copy-bw", "-3"]), &["--copy-bw -3"]);
     fails(&b(&["--copy-bw", "inf"]), &["--copy-bw inf"]);
@@ -1177,5 +1186,89 @@ fn dump_refuses_configs_no_model_has() {
         let dir = t.path(".");
         let dir = dir.to_str().unwrap();
         fails(&["dump", "--model", dir], &[needle]);
+    }
+}
+
+/// Errors a user can cause name the input, what is wrong with it and what to do: an
+/// `--out` whose folder is missing (not graft's temporary file), a file of a Hugging Face
+/// folder given as the model (pass the folder), a quantized cache the head size does not
+/// allow (use f16), `generate` without a prompt (every way to give one, and --model).
+#[test]
+fn messages_say_what_to_do() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let missing = "/nonexistent-graft-dir/l.safetensors";
+    for args in [
+        vec!["logits", "--model", d, "--token-ids", "1", "--out", missing],
+        vec!["dump", "--model", d, "--out", missing],
+        vec!["convert", "--model", d, "--type", "f32", "--out", missing],
+    ] {
+        fails(
+            &args,
+            &[
+                missing,
+                "/nonexistent-graft-dir does not exist",
+                "create it",
+            ],
+        );
+        assert!(!stderr(&run(&args)).contains(".tmp-"), "{args:?}");
+    }
+    // a folder that cannot take a new file (even as root)
+    let o = run(&["dump", "--model", d, "--out", "/proc/graft-dump.txt"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/proc/graft-dump.txt")
+            && err.contains("folder /proc")
+            && !err.contains(".tmp-"),
+        "{err}"
+    );
+    let cfg = format!("{d}/config.json");
+    for cmd in ["generate", "tokenize"] {
+        let mut args = vec![cmd, "--model", &cfg];
+        args.extend(match cmd {
+            "generate" => ["--token-ids", "1"],
+            _ => ["--text", "hi"],
+        });
+        fails(
+            &args,
+            &["config.json", "pass the folder", &format!("--model {d}")],
+        );
+    }
+    fails(
+        &["dump", "--model", &format!("{d}/model.safetensors")],
+        &["pass the folder"],
+    );
+    for (flag, t) in [("--ctk", "q8_0"), ("--ctv", "q4_0")] {
+        let mut args = gen1(d);
+        args.extend([flag, t]);
+        let k_or_v = if flag == "--ctk" { "k" } else { "v" };
+        fails(
+            &args,
+            &["head size", "16", &format!("--cache-type-{k_or_v} f16")],
+        );
+    }
+    let o = run(&["generate"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for flag in ["--prompt", "--file", "--token-ids", "-f FILE", "--model"] {
+        assert!(err.contains(flag), "'{flag}' not in: {err}");
+    }
+    let o = run(&["trace", "--model", d]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for flag in ["--prompt", "--prompt-file", "--tokens"] {
+        assert!(err.contains(flag), "'{flag}' not in: {err}");
+    }
+}
+
+/// The help of every command with --preset lists every preset.
+#[test]
+fn preset_help_lists_every_preset() {
+    for cmd in ["bench", "generate", "dump"] {
+        let help = String::from_utf8(ok(&[cmd, "--help"])).unwrap();
+        for name in graft::models::arch::presets::NAMES {
+            assert!(help.contains(name), "{cmd} --help lacks {name}: {help}");
+        }
     }
 }

@@ -470,6 +470,26 @@ pub fn load_gguf_weights(
     Ok(weights)
 }
 
+/// Opens the GGUF model file `path`. A file that is not GGUF but lies in a Hugging Face
+/// model folder (next to a `config.json`: the config itself, a safetensors file, the
+/// tokenizer) is an error saying to pass the folder.
+pub fn open_model_file(path: &Path) -> Result<GgufFile> {
+    GgufFile::open(path).map_err(|e| {
+        let dir = path.parent().filter(|d| d.join("config.json").is_file());
+        match (&e, dir) {
+            (Error::Gguf { field, .. }, Some(dir)) if field == "header magic" => {
+                Error::model(format!(
+                    "{} is not a GGUF file but a file of the Hugging Face model folder {}: pass the folder (--model {})",
+                    path.display(),
+                    dir.display(),
+                    dir.display()
+                ))
+            }
+            (_, _) => e,
+        }
+    })
+}
+
 /// Whether `path` names a GGUF file rather than a model folder.
 /// Anything that exists and is not a folder counts as a file, so that a FIFO or a device
 /// gets the reader's "not a regular file" error rather than "does not exist".

@@ -19,7 +19,6 @@ use tokenizers::{
 };
 
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
 use crate::models::text::chat::ChatTemplate;
 use crate::models::text::gguf_tokenizer::{TokenizerSpec, END_OF_TURN_TEXTS};
 
@@ -231,7 +230,7 @@ pub fn for_model(path: &Path) -> Result<Option<ModelTokenizer>> {
     if meta.is_dir() {
         return from_folder(path);
     }
-    let file = GgufFile::open(path)?;
+    let file = crate::models::load::gguf::open_model_file(path)?;
     let md = file.metadata();
     if !md.contains_key(GGUF_TOKENIZER_KEY) {
         return Ok(None);
