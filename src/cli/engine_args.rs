@@ -147,7 +147,7 @@ impl EngineArgs {
 fn model_config(path: &Path) -> Result<Config> {
     use graft::models::load::gguf;
     if gguf::is_gguf_path(path) {
-        gguf::config_from_gguf(&graft::gguf::GgufFile::open(path)?)
+        gguf::config_from_gguf(&gguf::open_model_file(path)?)
     } else if path.is_dir() {
         Config::from_file(&path.join("config.json"))
     } else {

@@ -361,7 +361,12 @@ fn run_chat(a: &Args, path: &Path) -> Result<()> {
 }
 
 /// The `--chat --json` object of a turn that ended with `end` after `seconds`.
-fn chat_json(e: &mut Engine, end: &TurnEnd, seconds: f64, settings: &Resolved) -> serde_json::Value {
+fn chat_json(
+    e: &mut Engine,
+    end: &TurnEnd,
+    seconds: f64,
+    settings: &Resolved,
+) -> serde_json::Value {
     let stats = e.backend().stats();
     let (built, _) = e.plans();
     let stop = match end.reason {

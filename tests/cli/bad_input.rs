@@ -1140,24 +1140,44 @@ fn non_finite_logits_stop_every_command() {
 }
 
 /// NaN in the weights that make q, k or v gives non-finite attention rows, so the logits
-/// are not finite and every run stops with the error, with the fused attention (the
-/// default) and without, whatever the cache type (qwen3-tiny-bf16: head size 32, whole
-/// blocks for q8_0 and q4_0). The fused attention used to take a row
-/// of NaN scores for a fully masked one and give zeros (and a quantized cache to store a
-/// NaN K or V row as finite numbers): generate then exited 0 with made-up tokens.
+/// are not finite and every run stops with the error, whatever the cache type
+/// (qwen3-tiny-bf16: head size 32, whole blocks for q8_0 and q4_0): generate (the
+/// engine's paged attention), logits with the fused attention (the default) and with the
+/// chain of ops. The fused attention used to take a row of NaN scores for a fully masked
+/// one and give zeros (and a quantized cache to store a NaN K or V row as finite
+/// numbers): generate then exited 0 with made-up tokens.
 #[test]
 fn nan_in_q_k_or_v_stops_generation_with_every_cache_type() {
     for proj in ["q_proj", "k_proj", "v_proj"] {
         let name = format!("model.layers.0.self_attn.{proj}.weight");
         let t = with_tensor_bits("qwen3-tiny-bf16", &name, 0x7fc0);
+        let logits = |flash: &'static str| {
+            let out = t.path("l.safetensors");
+            let out = out.to_str().unwrap().to_string();
+            vec![
+                "logits".to_string(),
+                "--model".into(),
+                t.dir().into(),
+                "--token-ids".into(),
+                "1,2,3".into(),
+                "--out".into(),
+                out,
+                "--flash-attn".into(),
+                flash.into(),
+            ]
+        };
         for cache in ["f32", "f16", "bf16", "q8_0", "q4_0"] {
-            for flash in ["on", "off"] {
-                if flash == "off" && cache.starts_with('q') {
-                    continue; // a quantized V cache needs the fused attention
-                }
-                let mut args = gen1(t.dir());
-                args.extend(["--flash-attn", flash, "--ctk", cache, "--ctv", cache]);
-                println!("{proj} NaN, --flash-attn {flash}, cache {cache}");
+            let types = ["--ctk", cache, "--ctv", cache];
+            let mut runs: Vec<Vec<String>> =
+                vec![gen1(t.dir()).iter().map(|a| a.to_string()).collect()];
+            runs.push(logits("on"));
+            if !cache.starts_with('q') {
+                runs.push(logits("off")); // a quantized V cache needs the fused attention
+            }
+            for mut args in runs {
+                args.extend(types.iter().map(|a| a.to_string()));
+                println!("{proj} NaN: {args:?}");
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 fails(&args, &["non-finite logits"]);
             }
         }

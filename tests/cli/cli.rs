@@ -923,6 +923,8 @@ fn generate_chat_json() {
             "What is the capital of France?",
             "-n",
             "7",
+            "--temperature",
+            "0",
             "--quiet",
         ];
         a.extend_from_slice(extra);
