@@ -161,7 +161,7 @@ fn config_fields_are_checked_and_named() {
         ("rope_parameters", json!(7), "'rope_parameters'"),
         ("eos_token_id", json!("two"), "'eos_token_id'"),
         ("bos_token_id", json!(1.5), "'bos_token_id'"),
-        ("torch_dtype", json!("int8"), "'torch_dtype'"),
+        ("torch_dtype", json!(16), "'torch_dtype'"),
         ("hidden_act", json!("gelu"), "'hidden_act'"),
         ("model_type", json!("falcon"), "'model_type'"),
     ];
@@ -189,9 +189,10 @@ fn config_fields_are_checked_and_named() {
 }
 
 /// Special-token ids outside the vocabulary (HF's GPT-2 defaults, 50256, in a smaller
-/// vocabulary; -1 for none; llama.cpp's "bad special token" in a GGUF file) are accepted,
-/// as transformers and llama.cpp accept them: one warning naming the field, the id
-/// unused, the run going on to its -n tokens. They used to be refused.
+/// vocabulary; -1 for none; llama.cpp's "bad special token" in a GGUF file) and a
+/// torch_dtype graft does not load are accepted, as transformers and llama.cpp accept
+/// them: one warning naming the field, the value unused, the run going on to its -n
+/// tokens. They used to be refused.
 #[test]
 fn special_token_ids_outside_the_vocabulary_are_warnings() {
     let check = |model: &str, needles: &[&str]| {
@@ -213,6 +214,11 @@ fn special_token_ids_outside_the_vocabulary_are_warnings() {
             t.dir(),
             &[&format!("'{field}'"), "not a token of the vocabulary"],
         );
+    }
+    // a checkpoint's dtype graft has no use for: transformers accepts any
+    for dtype in ["int8", "float64"] {
+        let t = config_field("torch_dtype", json!(dtype));
+        check(t.dir(), &["'torch_dtype'", dtype, "not used"]);
     }
     use graft::gguf::Value as V;
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {

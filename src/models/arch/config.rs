@@ -12,7 +12,8 @@
 //! the file. A `bos_token_id` or `eos_token_id` that is an integer outside the vocabulary
 //! (HF's GPT-2 defaults, 50256, in a smaller vocabulary; -1 for none) is accepted, as
 //! transformers accepts it, and left unused with a warning: without an EOS id, generation
-//! runs to its `-n` tokens (or a chat template's end of turn).
+//! runs to its `-n` tokens (or a chat template's end of turn). So is a `dtype` /
+//! `torch_dtype` other than float32, float16 and bfloat16.
 
 use std::path::Path;
 
@@ -250,24 +251,28 @@ impl Fields<'_> {
         }
     }
 
-    /// `dtype`, else `torch_dtype`; both are checked when both are present.
+    /// `dtype`, else `torch_dtype`; both are checked when both are present. A type name
+    /// graft has no use for (`float64`, `int8`: transformers accepts any) is not used,
+    /// with a warning: it only says what the checkpoint was saved from, and the weights'
+    /// own types are what is loaded. A value that is not a string is an error.
     fn dtype(&self) -> Result<Option<DType>> {
         let mut found = None;
         for field in ["dtype", "torch_dtype"] {
-            if let Some(v) = self.get(field) {
-                let dt = match v.as_str() {
-                    Some("float32") => DType::F32,
-                    Some("float16") => DType::F16,
-                    Some("bfloat16") => DType::BF16,
-                    _ => {
-                        return Err(self.bad(
-                            field,
-                            format!("must be \"float32\", \"float16\" or \"bfloat16\", found {v}"),
-                        ))
-                    }
-                };
-                found = found.or(Some(dt));
-            }
+            let Some(v) = self.get(field) else { continue };
+            let dt = match v.as_str() {
+                Some("float32") => Some(DType::F32),
+                Some("float16") => Some(DType::F16),
+                Some("bfloat16") => Some(DType::BF16),
+                Some(other) => {
+                    crate::error::warn_once(&format!(
+                        "{}: field '{field}' is \"{other}\", not float32, float16 or bfloat16; it is not used (the weights' own types are loaded)",
+                        self.source
+                    ));
+                    None
+                }
+                None => return Err(self.bad(field, format!("must be a type name, found {v}"))),
+            };
+            found = found.or(dt);
         }
         Ok(found)
     }
@@ -591,7 +596,8 @@ mod tests {
         );
         assert!(err(r#", "eos_token_id": [1, "x"]"#).contains("'eos_token_id'"));
         assert!(err(r#", "bos_token_id": 1.5"#).contains("'bos_token_id'"));
-        assert!(err(r#", "torch_dtype": "int8""#).contains("'torch_dtype'"));
+        assert!(err(r#", "torch_dtype": 16"#).contains("'torch_dtype'"));
+        assert_eq!(parse(r#", "torch_dtype": "int8""#).unwrap().dtype, None);
         assert!(err(r#", "hidden_act": "gelu""#).contains("'hidden_act'"));
         assert!(err(r#", "attention_bias": true"#).contains("'attention_bias'"));
         assert!(err(r#", "model_type": "bert""#).contains("'model_type'"));
