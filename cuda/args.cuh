@@ -122,6 +122,13 @@ struct ArgmaxArgs {
 };
 static_assert(sizeof(ArgmaxArgs) == 144, "ArgmaxArgs layout");
 
+struct TopKArgs {
+    Tensor4 src;
+    Tensor4 dst;  // I32 [k, ne1, ne2, ne3]: column (i1, i2, i3) holds the indices of src row (i1, i2, i3)
+    i64 k;        // indices per row, 1..=TOPK_THREADS
+};
+static_assert(sizeof(TopKArgs) == 152, "TopKArgs layout");
+
 // A decode RMS norm folded into the kernels around the product after it (see
 // src/backend/cuda/fuse.rs): the product that computes the residual y (m rows,
 // mul_mat_vec_fold_*) also writes rw = y * w, the vector the next product reads in place of
@@ -328,6 +335,10 @@ constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_v
 constexpr int NORM_VEC = 4;       // groups of 4 elements a thread holds in rms_norm_mul's vector path
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
+
+// Launch geometry of top_k (cuda/topk.cu).
+
+constexpr int TOPK_THREADS = 1024;  // block of top_k_* (one row per block), and the largest k
 
 // Launch geometry of the flash attention kernels (cuda/fattn.cu).
 

@@ -276,3 +276,92 @@ fn default_model_answers_the_capital_of_france() {
     );
     assert!(!t2.reply.trim().is_empty());
 }
+
+/// The most times any run of 4 tokens occurs in `tokens`.
+fn most_repeated_4gram(tokens: &[u32]) -> usize {
+    let mut counts = std::collections::HashMap::new();
+    for w in tokens.windows(4) {
+        *counts.entry(w).or_insert(0usize) += 1;
+    }
+    counts.into_values().max().unwrap_or(0)
+}
+
+/// The replies of the default model with the chat settings `graft chat` uses without
+/// flags (`seed` fixed) to the conversations `convs` (each a system message and the user
+/// turns), at most 256 tokens each.
+fn default_chat_replies(
+    path: &std::path::Path,
+    seed: Option<u64>,
+    greedy: bool,
+    convs: &[(&str, &[&str])],
+) -> Vec<(String, Vec<u32>)> {
+    use graft::models::runtime::sampling::{resolve, ModelSampling, PartialSampling};
+    let flags = PartialSampling {
+        seed,
+        temperature: greedy.then_some(0.0),
+        ..PartialSampling::default()
+    };
+    let recommended = ModelSampling::of(path).unwrap().settings;
+    let params = resolve(&flags, &recommended, &SamplingParams::chat()).params;
+    let mut e = engine_for(path, 2048);
+    let mut replies = Vec::new();
+    for (system, turns) in convs {
+        let found = tokenizer::for_model(path).unwrap().unwrap();
+        let template = found.template.compile().unwrap();
+        let system = Some(system.to_string());
+        let mut s = ChatSession::new(
+            &mut e,
+            found.tokenizer,
+            template,
+            params.clone(),
+            256,
+            system,
+        )
+        .unwrap();
+        for turn in *turns {
+            let t = s.turn(turn, |_| {}).unwrap();
+            replies.push((t.reply, t.tokens));
+        }
+    }
+    replies
+}
+
+/// With no flags, `graft chat` on the default model does not loop: in every reply to a
+/// few fixed prompts (the two-turn conversation that looped under greedy decoding
+/// included; seed 1), no 4 tokens in a row occur more than 5 times in its at most 256
+/// tokens. Greedy decoding of the conversation's first turn loops, so the check can
+/// fail. Skips when the model is not in the cache.
+#[test]
+fn default_chat_settings_do_not_loop() {
+    let Some(path) = cached_default_model() else {
+        return;
+    };
+    const MOST: usize = 5;
+    let ada: (&str, &[&str]) = (
+        "You are a concise assistant.",
+        &["My name is Ada. Remember it.", "What is my name?"],
+    );
+    let convs: [(&str, &[&str]); 3] = [
+        ada,
+        (
+            "You are a helpful assistant.",
+            &["Write a short poem about the sea."],
+        ),
+        (
+            "You are a helpful assistant.",
+            &["List five fruits and their colors."],
+        ),
+    ];
+    for (reply, tokens) in default_chat_replies(&path, Some(1), false, &convs) {
+        let most = most_repeated_4gram(&tokens);
+        eprintln!(
+            "{} tokens, a 4-gram at most {most} times: {reply:?}",
+            tokens.len()
+        );
+        assert!(most <= MOST, "a 4-gram {most} times in {reply:?}");
+    }
+    let first_turn: (&str, &[&str]) = (ada.0, &ada.1[..1]);
+    let greedy = default_chat_replies(&path, None, true, &[first_turn]);
+    let most = most_repeated_4gram(&greedy[0].1);
+    assert!(most > MOST, "greedy decoding no longer loops: {greedy:?}");
+}

@@ -176,6 +176,11 @@ fn prop_argmax() {
 }
 
 #[test]
+fn prop_top_k() {
+    on_gpu("top_k", st::top_k(), 256);
+}
+
+#[test]
 fn prop_get_rows_index_out_of_range() {
     index_errors_on_gpu("get_rows", st::index_out_of_range(false), 48);
 }

@@ -475,6 +475,71 @@ fn generation_stops_at_eos_and_samples_reproducibly() {
     }
 }
 
+/// A sampled generation reads the device's top candidates ([`Logits::Top`]) and gives
+/// exactly the tokens that sampling from the whole last row gives, step for step, with
+/// the same seed, on every backend; the candidates are the row's largest logits, in
+/// order, with their values.
+#[test]
+fn sampling_from_device_candidates_matches_the_whole_row() {
+    let chat = SamplingParams {
+        seed: Some(3),
+        ..SamplingParams::chat()
+    };
+    let settings = [
+        chat.clone(),
+        SamplingParams {
+            top_k: 5,
+            temperature: 1.5,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(7, -2.0), (9, -1.0)],
+            ..chat.clone()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 1.5,
+            ..chat
+        },
+    ];
+    for mut be in backends() {
+        let be = be.as_mut();
+        let f = fixture("llama3-tiny-bf16");
+        let mut m = load(&f, be, 64);
+        m.set_ignore_eos(true);
+        let vocab = m.config().vocab_size;
+        for p in &settings {
+            let mut chain = SamplerChain::new(p, vocab).unwrap();
+            let k = chain.candidates().unwrap();
+            assert_eq!(chain.wants(), Logits::Top(k));
+            let g = m
+                .generate(be, &f.tokens, 24, &mut chain, &mut |_| Ok(()))
+                .unwrap();
+            // the same steps, each reading the whole row
+            m.reset();
+            let mut chain = SamplerChain::new(p, vocab).unwrap();
+            let mut seq = f.tokens.clone();
+            let mut out = m.prefill(be, &seq, Logits::Last).unwrap();
+            let mut tokens = Vec::new();
+            while tokens.len() < g.tokens.len() {
+                let next = chain.pick(&out, &seq).unwrap();
+                tokens.push(next);
+                let at = m.n_past();
+                out = m.decode(be, next, Logits::Last).unwrap();
+                // the same step reading the candidates: the row's top k, in order
+                m.truncate(at);
+                let top = m.decode(be, next, Logits::Top(k)).unwrap().top.unwrap();
+                let want = graft::ops::topk::top_k_row(&out.logits, k);
+                assert_eq!(top.ids, want, "{} step {}", be.name(), tokens.len());
+                let vals: Vec<f32> = want.iter().map(|&i| out.logits[i as usize]).collect();
+                assert_eq!(top.logits, vals);
+                seq.push(next);
+            }
+            assert_eq!(g.tokens, tokens, "{} {p:?}", be.name());
+        }
+        m.release(be).unwrap();
+    }
+}
+
 /// Every cache type with flash attention on and off: the logits against HF's float32
 /// (an F32 cache removes the F16 rounding of K and V, so it matches at the backend's
 /// arithmetic precision), and the same greedy tokens with flash attention on and off

@@ -477,3 +477,81 @@ fn bad_rows_are_errors() {
     .unwrap();
     assert!(c.sample(outside, &[]).is_err());
 }
+
+/// The backends that run the device part of sampling: the CPU, and the GPU when there is
+/// one (`GRAFT_REQUIRE_GPU=1` makes a missing GPU a failure).
+fn backends() -> Vec<Box<dyn graft::backend::Backend>> {
+    #[allow(unused_mut)] // pushed to with the cuda feature only
+    let mut v: Vec<Box<dyn graft::backend::Backend>> =
+        vec![Box::new(graft::backend::cpu::CpuBackend::new())];
+    #[cfg(feature = "cuda")]
+    match graft::backend::cuda::CudaBackend::new(0) {
+        Ok(b) => v.push(Box::new(b)),
+        Err(Error::NoDevice(msg)) if std::env::var("GRAFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("cuda: skipped: no GPU ({msg})")
+        }
+        Err(e) => panic!("cuda backend: {e}"),
+    }
+    v
+}
+
+/// The device's candidates ([`sample_outputs`]) of logits `[vocab, n]` on each backend:
+/// ids and values of every column's largest logits, in order; the chain's draws from them
+/// equal its draws from the whole column for every sampler setting above, vocabularies
+/// up to 150k included.
+#[test]
+fn device_candidates_give_the_draws_of_the_whole_row() {
+    use graft::backend::BackendExt;
+    use graft::graph::{DType, Graph};
+    use graft::models::blocks::sample_outputs;
+    let mut rng = StdRng::seed_from_u64(5);
+    for mut be in backends() {
+        let be = be.as_mut();
+        for (vocab, n) in [(50, 3), (3000, 2), (151_936, 1)] {
+            let logits: Vec<f32> = (0..n)
+                .flat_map(|_| random_logits(&mut rng, vocab))
+                .collect();
+            for (name, p) in settings() {
+                let p = SamplingParams {
+                    top_k: p.top_k.max(8),
+                    ..p
+                };
+                if p.logit_bias.iter().any(|b| b.1 > 0.0) || p.presence_penalty < 0.0 {
+                    continue; // these need the whole row
+                }
+                let k = SamplerChain::new(&p, vocab).unwrap().candidates().unwrap();
+                let mut g = Graph::new();
+                let x = g.input("logits", DType::F32, &[vocab, n]).unwrap();
+                let (ids, vals) = sample_outputs(&mut g, x, k).unwrap();
+                let exec = be.load(&g.plan(&[ids, vals]).unwrap()).unwrap();
+                be.set_input_f32(exec, x, &logits).unwrap();
+                be.compute(exec).unwrap();
+                let got_ids = be.get_output_i32(exec, ids, k * n).unwrap();
+                let got_vals = be.get_output_f32(exec, vals, k * n).unwrap();
+                be.unload(exec).unwrap();
+                for c in 0..n {
+                    let row = &logits[c * vocab..(c + 1) * vocab];
+                    let (want_ids, want_vals) = top_of(row, k);
+                    let ids: Vec<u32> = got_ids[c * k..(c + 1) * k]
+                        .iter()
+                        .map(|&i| i as u32)
+                        .collect();
+                    let what = format!("{} {name} vocab {vocab} column {c}", be.name());
+                    assert_eq!(ids, want_ids, "{what}");
+                    assert_eq!(got_vals[c * k..(c + 1) * k], want_vals[..], "{what}");
+                    let top = Row::Top {
+                        ids: &ids,
+                        logits: &got_vals[c * k..(c + 1) * k],
+                    };
+                    let history: Vec<u32> = (0..12).map(|i| (i * 7 % vocab) as u32).collect();
+                    let mut a = SamplerChain::new(&p, vocab).unwrap();
+                    let mut b = SamplerChain::new(&p, vocab).unwrap();
+                    for _ in 0..50 {
+                        let full = a.sample(Row::Full(row), &history).unwrap();
+                        assert_eq!(b.sample(top, &history).unwrap(), full, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}

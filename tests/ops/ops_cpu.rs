@@ -89,6 +89,9 @@ proptest! {
 
     #[test]
     fn prop_argmax(case in st::argmax()) { check(&case)?; }
+
+    #[test]
+    fn prop_top_k(case in st::top_k()) { check(&case)?; }
 }
 
 /// A CPU backend that refuses every node, as a backend without a kernel would.

@@ -260,6 +260,7 @@ fn builders_reject_ids_of_another_graph() {
     unknown_err(g.soft_max(x), x);
     unknown_err(g.soft_max_ext(a, Some(x), 1.0), x);
     unknown_err(g.argmax(x), x);
+    unknown_err(g.top_k(x, 1), x);
 }
 
 #[test]
@@ -609,6 +610,18 @@ fn attention_row_op_errors() {
         );
     }
     dtype_err(g.argmax(ai), "argmax", "ai", DType::I32);
+    dtype_err(g.top_k(ai, 1), "top_k", "ai", DType::I32);
+    // k in 1..=min(row, 1024)
+    for k in [0, 7] {
+        shape_err(
+            g.top_k(a, k),
+            "top_k",
+            &[&format!("k = {k}"), "'a'", "[6, 4, 2, 1]", "1..=6"],
+        );
+    }
+    let long = input(&mut g, "long", DType::F32, &[5000]);
+    shape_err(g.top_k(long, 1025), "top_k", &["k = 1025", "1..=1024"]);
+    assert!(g.top_k(long, 1024).is_ok());
 }
 
 #[test]

@@ -192,97 +192,33 @@ mod tests {
     /// Each bad value is refused with the name of its setting.
     #[test]
     fn bad_values_name_their_setting() {
-        let bad: Vec<(&str, SamplingParams)> = vec![
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: -0.1,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: f32::NAN,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: f32::INFINITY,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "top_p",
-                SamplingParams {
-                    top_p: 1.5,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "top_p",
-                SamplingParams {
-                    top_p: -0.5,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "min_p",
-                SamplingParams {
-                    min_p: 2.0,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "typical_p",
-                SamplingParams {
-                    typical_p: f32::NAN,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "repeat_penalty",
-                SamplingParams {
-                    repeat_penalty: 0.0,
-                    ..SamplingParams::chat()
-                },
-            ),
+        let with = |f: fn(&mut SamplingParams)| {
+            let mut p = SamplingParams::chat();
+            f(&mut p);
+            p
+        };
+        let bad: [(&str, SamplingParams); 13] = [
+            ("temperature", with(|p| p.temperature = -0.1)),
+            ("temperature", with(|p| p.temperature = f32::NAN)),
+            ("temperature", with(|p| p.temperature = f32::INFINITY)),
+            ("top_p", with(|p| p.top_p = 1.5)),
+            ("top_p", with(|p| p.top_p = -0.5)),
+            ("min_p", with(|p| p.min_p = 2.0)),
+            ("typical_p", with(|p| p.typical_p = f32::NAN)),
+            ("repeat_penalty", with(|p| p.repeat_penalty = 0.0)),
             (
                 "presence_penalty",
-                SamplingParams {
-                    presence_penalty: f32::INFINITY,
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.presence_penalty = f32::INFINITY),
             ),
             (
                 "frequency_penalty",
-                SamplingParams {
-                    frequency_penalty: f32::NAN,
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.frequency_penalty = f32::NAN),
             ),
+            ("logit_bias", with(|p| p.logit_bias = vec![(100, 1.0)])),
+            ("logit_bias", with(|p| p.logit_bias = vec![(3, f32::NAN)])),
             (
                 "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(100, 1.0)],
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(3, f32::NAN)],
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(3, f32::INFINITY)],
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.logit_bias = vec![(3, f32::INFINITY)]),
             ),
         ];
         for (field, p) in bad {
