@@ -19,13 +19,12 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::backend::{profile_table, Backend, Stats, StepTime};
-use graft::engine::{Engine, Event, Request};
-use graft::models::blocks::kv_cache::MAX_CTX;
+use graft::engine::{max_kv_size, Engine, Event, Request, DEFAULT_BLOCK_SIZE};
 use graft::models::QuantPlan;
 use graft::Result;
 
 use super::dump::{preset, preset_help};
-use super::engine_args::EngineArgs;
+use super::engine_args::{bench_context, EngineArgs};
 use super::{print_out, ModelArgs};
 
 /// Arguments of `graft bench`.
@@ -103,7 +102,8 @@ pub fn run(a: Args) -> Result<()> {
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
-    let ctx = context(&a)?;
+    let most = max_kv_size(DEFAULT_BLOCK_SIZE);
+    let ctx = bench_context([("-p", a.p), ("-n", a.n)], a.model.ctx, most)?;
     let (be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
     let (mut engine, label, dtype) = open_engine(&a, be, ctx)?;
     let run = measure(&a, &mut engine, copy_bw, label, dtype);
@@ -114,24 +114,6 @@ pub fn run(a: Args) -> Result<()> {
         true => f.json(&a),
         false => f.text(&a),
     })
-}
-
-/// The context `a` needs, -p + -n + 1 positions, or `--ctx` when it holds them; the
-/// error names -p and -n (bench has no --ctx of its own to blame).
-fn context(a: &Args) -> Result<usize> {
-    let need = a.p.checked_add(a.n).and_then(|c| c.checked_add(1));
-    match (need.filter(|&c| c <= MAX_CTX), a.model.ctx) {
-        (Some(c), None) => Ok(c),
-        (Some(c), Some(given)) if given >= c => Ok(given),
-        (_, Some(given)) => Err(graft::Error::model(format!(
-            "--ctx {given} cannot hold -p {} + -n {} tokens: give a larger --ctx or smaller -p and -n",
-            a.p, a.n
-        ))),
-        (None, None) => Err(graft::Error::model(format!(
-            "-p {} + -n {} tokens are more than a context holds ({MAX_CTX}): give smaller -p and -n",
-            a.p, a.n
-        ))),
-    }
 }
 
 /// Runs the measurements of `a` on `e`.
@@ -178,7 +160,7 @@ fn open_engine(a: &Args, be: Box<dyn Backend>, ctx: usize) -> Result<(Engine, St
     let mut args = EngineArgs::single_sequence();
     args.ubatch = args.ubatch.max(a.p);
     args.no_prefix_cache = true;
-    args.kv_size = Some(ctx + args.kv_block);
+    args.contexts = Some(1);
     match (&a.model.location, &a.preset) {
         (Some(path), _) => {
             let e = args.load_on(&a.model, path, Some(ctx), true, be)?;

@@ -94,7 +94,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(name) => {
             let args = EngineArgs::single_sequence();
             let mut cfg = args.config(&a.model, &preset(name)?, None);
-            cfg.kv = KvBudget::Tokens(cfg.ctx);
+            cfg.kv = KvBudget::Contexts(1);
             let e = Engine::random(
                 preset(name)?,
                 a.model.plan(),

@@ -76,6 +76,29 @@ fn fails(args: &[&str], needles: &[&str]) {
     assert!(err.starts_with("error: "), "{err}");
 }
 
+/// The long flags (`--name`) in `text`.
+fn long_flags(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.len() > 2 && w.starts_with("--") && w.as_bytes()[2].is_ascii_lowercase())
+        .collect()
+}
+
+/// Expects [`fails`], and every long flag the message names to be one `graft <command>`
+/// takes (listed by its --help): advice never names another command's flag.
+fn fails_naming_own_flags(args: &[&str], needles: &[&str]) {
+    fails(args, needles);
+    let err = stderr(&run(args));
+    let help = String::from_utf8(ok(&[args[0], "--help"])).unwrap();
+    let own = long_flags(&help);
+    for flag in long_flags(&err) {
+        assert!(
+            own.contains(&flag),
+            "graft {args:?} names {flag}, which {} lacks: {err}",
+            args[0]
+        );
+    }
+}
+
 /// Expects success; returns stdout.
 fn ok(args: &[&str]) -> Vec<u8> {
     let o = run(args);
@@ -921,6 +944,91 @@ fn command_line_sizes_and_values_are_checked() {
     fails(&dump(&["--tp", "16"]), &["--tp 16", "attention heads (8)"]);
 }
 
+/// Sizes past what a context or a KV pool holds (positions are 32-bit) are errors that
+/// name the flags that set them, and only flags of the command run: bench and
+/// batched-bench size their context from their lengths, generate and chat their pool from
+/// --ctx (none of the three has --kv-size), batched-bench its pool from the batch.
+#[test]
+fn size_errors_name_the_commands_own_flags() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let bench = |extra: &[&'static str]| {
+        let mut a = vec!["bench", "--preset", "tiny", "--reps", "1"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let batched = |extra: &[&'static str]| {
+        let mut a = vec![
+            "batched-bench",
+            "--preset",
+            "tiny",
+            "--npl",
+            "1",
+            "--ntg",
+            "1",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let cases: [(Vec<&str>, &[&str]); 11] = [
+        (
+            bench(&["-p", "1000000000000", "-n", "1"]),
+            &["-p 1000000000000 + -n 1", "smaller -p and -n"],
+        ),
+        (
+            bench(&["-p", "2147483640", "-n", "1"]),
+            &["-p 2147483640 + -n 1", "smaller -p and -n"],
+        ),
+        (
+            bench(&["-p", "4", "-n", "1", "--ctx", "2147483647"]),
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            batched(&["--npp", "1000000000000"]),
+            &["--npp 1000000000000 + --ntg 1", "smaller --npp and --ntg"],
+        ),
+        (
+            batched(&["--npp", "18446744073709551615"]),
+            &["--npp 18446744073709551615"],
+        ),
+        (
+            batched(&["--npp", "4", "--ntg", "18446744073709551615"]),
+            &["--ntg 18446744073709551615"],
+        ),
+        (
+            batched(&["--npp", "4", "--ctx", "2"]),
+            &["--ctx 2 cannot hold --npp 4 + --ntg 1"],
+        ),
+        (
+            batched(&["--npp", "4", "--npl", "1000000000000"]),
+            &["1000000000000 sequences", "--npl"],
+        ),
+        (
+            batched(&["--npp", "4", "--ctx", "2147483647"]),
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                d,
+                "--token-ids",
+                "1",
+                "--ctx",
+                "2147483647",
+            ],
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            vec!["chat", "--model", d, "--ctx", "2000000000"],
+            &["--ctx 2000000000", "smaller --ctx"],
+        ),
+    ];
+    for (args, needles) in cases {
+        fails_naming_own_flags(&args, needles);
+    }
+}
+
 /// A library caller gets the same named error for a config with a huge layer count,
 /// before anything is allocated from it.
 #[test]
@@ -1291,7 +1399,7 @@ fn messages_say_what_to_do() {
 /// The help of every command with --preset lists every preset.
 #[test]
 fn preset_help_lists_every_preset() {
-    for cmd in ["bench", "generate", "dump"] {
+    for cmd in ["bench", "batched-bench", "generate", "dump"] {
         let help = String::from_utf8(ok(&[cmd, "--help"])).unwrap();
         for name in graft::models::arch::presets::NAMES {
             assert!(help.contains(name), "{cmd} --help lacks {name}: {help}");
