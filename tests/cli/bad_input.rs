@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{fixture, TempCopy};
+use crate::fixtures::{fixture, join_safetensors, split_safetensors, TempCopy};
 
 /// The longest any case may take: a hang fails the test instead of blocking it.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -443,26 +443,6 @@ fn fifos_as_inputs_are_refused_not_waited_on() {
     let g = dir.join("m.gguf");
     mkfifo(&g);
     fails(&gen1(g.to_str().unwrap()), &["m.gguf", "a FIFO"]);
-}
-
-/// The safetensors file of `t` split into its header (JSON) and data.
-fn split_safetensors(path: &Path) -> (Value, Vec<u8>) {
-    let bytes = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    (header, bytes[8 + n..].to_vec())
-}
-
-/// Writes a safetensors file from a header and data, the header padded to 8 bytes.
-fn join_safetensors(path: &Path, header: &Value, data: &[u8]) {
-    let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h);
-    out.extend(data);
-    std::fs::write(path, out).unwrap();
 }
 
 /// A copy of llama3-tiny-bf16 whose safetensors header has `edit` applied.
@@ -1202,23 +1182,7 @@ fn outputs_keep_what_is_at_the_path() {
 
 /// A copy of llama3-tiny-bf16 whose final norm weights are all `bits` (BF16).
 fn with_norm_bits(bits: u16) -> TempCopy {
-    with_tensor_bits("llama3-tiny-bf16", "model.norm.weight", bits)
-}
-
-/// A copy of the BF16 fixture `fixture` whose tensor `name` is all `bits`.
-fn with_tensor_bits(fixture: &str, name: &str, bits: u16) -> TempCopy {
-    let t = TempCopy::of(fixture);
-    let (h, mut data) = split_safetensors(&t.path("model.safetensors"));
-    let offs = &h[name]["data_offsets"];
-    let (s, e) = (
-        offs[0].as_u64().unwrap() as usize,
-        offs[1].as_u64().unwrap() as usize,
-    );
-    for c in data[s..e].chunks_exact_mut(2) {
-        c.copy_from_slice(&bits.to_le_bytes());
-    }
-    join_safetensors(&t.path("model.safetensors"), &h, &data);
-    t
+    TempCopy::with_tensor_bits("llama3-tiny-bf16", "model.norm.weight", bits)
 }
 
 /// NaN or Inf weights stop generate (greedy or sampled), chat and logits with an error
@@ -1253,6 +1217,46 @@ fn non_finite_logits_stop_every_command() {
     }
 }
 
+/// A temperature so small that `1 / t` overflows (1e-45, the smallest f32) samples the
+/// largest logit, as greedy decoding does: generate (penalties off) and chat (the chat
+/// defaults' repetition penalty kept, so greedy with the same penalty), on the engine.
+#[test]
+fn a_tiny_temperature_samples_the_largest_logit() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let generate = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            d,
+            "--token-ids",
+            "1,2",
+            "-n",
+            "12",
+            "--quiet",
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let chat = |extra: &[&str]| {
+        let mut a = vec!["chat", "--model", d, "-n", "12", "--quiet"];
+        a.extend_from_slice(extra);
+        let o = run_with(&a, b"hi\nwhat next\n");
+        assert!(o.status.success(), "graft {a:?}: {}", stderr(&o));
+        o.stdout
+    };
+    let greedy = generate(&["--temperature", "0"]);
+    let greedy_chat = chat(&["--temperature", "0", "--repeat-penalty", "1.1"]);
+    assert_ne!(generate(&["--temperature", "1", "--seed", "3"]), greedy);
+    for t in ["1e-45", "1e-40", "1e-38"] {
+        for seed in ["1", "2"] {
+            let sampled = ["--temperature", t, "--seed", seed];
+            assert_eq!(generate(&sampled), greedy, "generate --temperature {t}");
+            assert_eq!(chat(&sampled), greedy_chat, "chat --temperature {t}");
+        }
+    }
+}
+
 /// NaN in the weights that make q, k or v gives non-finite attention rows, so the logits
 /// are not finite and every run stops with the error, whatever the cache type
 /// (qwen3-tiny-bf16: head size 32, whole blocks for q8_0 and q4_0): generate (the
@@ -1264,7 +1268,7 @@ fn non_finite_logits_stop_every_command() {
 fn nan_in_q_k_or_v_stops_generation_with_every_cache_type() {
     for proj in ["q_proj", "k_proj", "v_proj"] {
         let name = format!("model.layers.0.self_attn.{proj}.weight");
-        let t = with_tensor_bits("qwen3-tiny-bf16", &name, 0x7fc0);
+        let t = TempCopy::with_tensor_bits("qwen3-tiny-bf16", &name, 0x7fc0);
         let logits = |flash: &'static str| {
             let out = t.path("l.safetensors");
             let out = out.to_str().unwrap().to_string();
