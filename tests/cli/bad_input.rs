@@ -1340,6 +1340,7 @@ fn messages_say_what_to_do() {
         vec!["logits", "--model", d, "--token-ids", "1", "--out", missing],
         vec!["dump", "--model", d, "--out", missing],
         vec!["convert", "--model", d, "--type", "f32", "--out", missing],
+        vec!["trace", "--model", d, "--tokens", "1", "--out", missing],
     ] {
         fails(
             &args,
@@ -1361,30 +1362,44 @@ fn messages_say_what_to_do() {
             && !err.contains(".tmp-"),
         "{err}"
     );
-    let cfg = format!("{d}/config.json");
-    for cmd in ["generate", "tokenize"] {
-        let mut args = vec![cmd, "--model", &cfg];
-        args.extend(match cmd {
-            "generate" => ["--token-ids", "1"],
-            _ => ["--text", "hi"],
-        });
-        fails(
-            &args,
-            &["config.json", "pass the folder", &format!("--model {d}")],
-        );
+    // every command that runs a model, as each takes its input
+    let runs = |model: &str| -> Vec<Vec<String>> {
+        let cmds: [&[&str]; 9] = [
+            &["generate", "--token-ids", "1"],
+            &["generate", "--chat", "--prompt", "hi"],
+            &["chat"],
+            &["bench", "-p", "2", "-n", "1", "--reps", "1"],
+            &["batched-bench", "--npp", "2", "--ntg", "1", "--npl", "1"],
+            &["logits", "--token-ids", "1", "--out", "-"],
+            &["trace", "--tokens", "1"],
+            &["dump"],
+            &["tokenize", "--text", "hi"],
+        ];
+        let with = |c: &[&str]| {
+            let mut a: Vec<String> = vec![c[0].into(), "--model".into(), model.into()];
+            a.extend(c[1..].iter().map(|s| s.to_string()));
+            a
+        };
+        cmds.iter().map(|c| with(c)).collect()
+    };
+    for file in ["config.json", "model.safetensors"] {
+        for args in runs(&format!("{d}/{file}")) {
+            let want = [file, "pass the folder", &format!("--model {d}")];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            fails_naming_own_flags(&args, &want);
+        }
     }
-    fails(
-        &["dump", "--model", &format!("{d}/model.safetensors")],
-        &["pass the folder"],
-    );
     for (flag, t) in [("--ctk", "q8_0"), ("--ctv", "q4_0")] {
-        let mut args = gen1(d);
-        args.extend([flag, t]);
         let k_or_v = if flag == "--ctk" { "k" } else { "v" };
-        fails(
-            &args,
-            &["head size", "16", &format!("--cache-type-{k_or_v} f16")],
-        );
+        for mut args in runs(d) {
+            if args[0] == "tokenize" {
+                continue; // no cache
+            }
+            args.extend([flag.to_string(), t.to_string()]);
+            let want = ["head size", "16", &format!("--cache-type-{k_or_v} f16")];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            fails_naming_own_flags(&args, &want);
+        }
     }
     let o = run(&["generate"]);
     let err = stderr(&o);
