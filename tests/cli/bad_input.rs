@@ -1225,24 +1225,13 @@ fn a_tiny_temperature_samples_the_largest_logit() {
     let d = fixture("llama3-tiny-bf16");
     let d = d.to_str().unwrap();
     let generate = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            d,
-            "--token-ids",
-            "1,2",
-            "-n",
-            "12",
-            "--quiet",
-        ];
-        a.extend_from_slice(extra);
-        ok(&a)
+        let args = ["generate", "--model", d, "--token-ids", "1,2", "-n", "12"];
+        ok(&[&args[..], &["--quiet"], extra].concat())
     };
     let chat = |extra: &[&str]| {
-        let mut a = vec!["chat", "--model", d, "-n", "12", "--quiet"];
-        a.extend_from_slice(extra);
-        let o = run_with(&a, b"hi\nwhat next\n");
-        assert!(o.status.success(), "graft {a:?}: {}", stderr(&o));
+        let args = [&["chat", "--model", d, "-n", "12", "--quiet"][..], extra].concat();
+        let o = run_with(&args, b"hi\nwhat next\n");
+        assert!(o.status.success(), "graft {args:?}: {}", stderr(&o));
         o.stdout
     };
     let greedy = generate(&["--temperature", "0"]);
