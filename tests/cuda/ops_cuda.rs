@@ -170,6 +170,73 @@ fn prop_soft_max() {
     on_gpu("soft_max", st::soft_max(), 128);
 }
 
+/// soft_max of `x * 0.5 + mask`, `x` and `mask` both `[n, rows]`, on `be`.
+fn soft_max_rows(
+    be: &mut dyn graft::backend::Backend,
+    n: usize,
+    x: &[f32],
+    mask: &[f32],
+) -> Vec<f32> {
+    use graft::backend::BackendExt;
+    use graft::graph::{DType, Graph};
+    let rows = x.len() / n;
+    let mut g = Graph::new();
+    let xi = g.input("x", DType::F32, &[n, rows]).unwrap();
+    let mi = g.input("mask", DType::F32, &[n, rows]).unwrap();
+    let y = g.soft_max_ext(xi, Some(mi), 0.5).unwrap();
+    let exec = be.load(&g.plan(&[y]).unwrap()).unwrap();
+    be.set_input_f32(exec, xi, x).unwrap();
+    be.set_input_f32(exec, mi, mask).unwrap();
+    be.compute(exec).unwrap();
+    let out = be.get_output_f32(exec, y, x.len()).unwrap();
+    be.unload(exec).unwrap();
+    out
+}
+
+/// soft_max keeps a NaN: a row holding a NaN (in x or in the mask) or a +inf is NaN on
+/// CUDA as on the CPU, at row lengths of one warp and of many (the block's maximum), and a
+/// fully masked row is zeros. fmaxf passes over a NaN, so a maximum built on it once made
+/// such rows finite.
+#[test]
+fn soft_max_keeps_nan_rows() {
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let mut cpu = CpuBackend::new();
+    for n in [7, 32, 1000, 5000] {
+        let rows = 6;
+        let mut x: Vec<f32> = (0..n * rows)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 10.0)
+            .collect();
+        let mut mask = vec![0.0f32; n * rows];
+        x[n + n / 2] = f32::NAN; // row 1: one NaN
+        x[2 * n..3 * n].fill(f32::NAN); // row 2: all NaN
+        mask[3 * n..4 * n].fill(f32::NEG_INFINITY); // row 3: fully masked
+        x[4 * n + n - 1] = f32::INFINITY; // row 4: +inf
+        mask[5 * n] = f32::NAN; // row 5: a NaN in the mask
+        let want = soft_max_rows(&mut cpu, n, &x, &mask);
+        let got = soft_max_rows(&mut cuda, n, &x, &mask);
+        for (r, (w, g)) in want.chunks(n).zip(got.chunks(n)).enumerate() {
+            let nan = matches!(r, 1 | 2 | 4 | 5);
+            assert!(
+                w.iter().all(|v| v.is_nan() == nan),
+                "cpu n {n} row {r}: {w:?}"
+            );
+            assert!(
+                g.iter().all(|v| v.is_nan() == nan),
+                "cuda n {n} row {r}: {g:?}"
+            );
+            if r == 3 {
+                assert!(w.iter().chain(g).all(|&v| v == 0.0), "n {n}: masked row");
+            }
+            for (a, b) in w.iter().zip(g).filter(|(a, _)| a.is_finite()) {
+                assert!((a - b).abs() <= 1e-6, "n {n} row {r}: {a} vs {b}");
+            }
+        }
+    }
+}
+
 #[test]
 fn prop_argmax() {
     on_gpu("argmax", st::argmax(), 128);
