@@ -33,6 +33,7 @@
 
 mod args;
 pub mod bench;
+mod decode;
 mod device;
 mod exec;
 mod gemm;

@@ -96,7 +96,12 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
                 "group {i} after a fold"
             );
         }
-        assert_eq!(q8, g.fused.q8().filter(|_| !matches!(g.fused, Fused::Attention(_))));
+        assert_eq!(
+            q8,
+            g.fused
+                .q8()
+                .filter(|_| !matches!(g.fused, Fused::Attention(_)))
+        );
         if let Some(q8) = g.fused.q8() {
             let product = after.expect("a Q8_1 copy for a step after the group");
             assert_eq!(q8_1_input(product, target).as_ref(), Some(q8));
