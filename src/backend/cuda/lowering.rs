@@ -123,7 +123,7 @@ pub(crate) struct Lowering<'a> {
     pub written: Vec<BufferId>,
     /// Decode products with block-quantized weights take the Q8_1 + `__dp4a` path
     /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
-    /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
+    /// (`mul_mat_vec_dq_*`) when false (`CudaBackend::set_mmvq`).
     pub mmvq: bool,
     /// With `mmvq`: small decode products whose activations have no Q8_1 copy yet
     /// dequantize in registers all the same (one launch instead of two; see
