@@ -60,55 +60,52 @@ const COLS: [usize; 4] = [1, 2, 4, 8];
 /// accumulators. The exceptions are passed to [`decode`] where their kernels are made.
 const RESIDENT: [u32; 4] = [8, 8, 6, 4];
 
-/// A decode kernel of `GEMV_WARPS * 32` threads (the launcher's block), `resident`
-/// blocks an SM.
-fn decode(name: String, resident: u32, call: String) -> Instance {
-    Instance {
-        name,
-        bounds: format!("GEMV_WARPS * WARP_SIZE, {resident}"),
-        args: "QGemvArgs",
-        call,
+/// The decode kernels `<family>_c<NC>_<q>` for every column count: `GEMV_WARPS * 32`
+/// threads (the launcher's block), `resident[i]` blocks an SM for the `i`-th count, the
+/// body calling `call(NC)`.
+fn decode(
+    v: &mut Vec<Instance>,
+    family: &str,
+    q: &str,
+    resident: [u32; 4],
+    call: impl Fn(usize) -> String,
+) {
+    for (nc, resident) in COLS.into_iter().zip(resident) {
+        v.push(Instance {
+            name: format!("{family}_c{nc}_{q}"),
+            bounds: format!("GEMV_WARPS * WARP_SIZE, {resident}"),
+            args: "QGemvArgs",
+            call: call(nc),
+        });
     }
 }
 
 /// The kernels of `cuda/mul_mat_q.cu` (see its header for what each family does).
 fn mul_mat_q() -> Vec<Instance> {
     let mut v = Vec::new();
-    // mul_mat_vec_q_c<NC>_<q>: staged rows, Q8_1 activations. Q8_0 asks for 6 blocks at 1-2
-    // columns, as many as its 35 KB of staging buffers let an H100 SM hold anyway (the
-    // registers that frees took the 7B decode from 279.9 to 282.5 tok/s); Q5_K for 7,
-    // which its pairs need so as not to spill (344.7 against 341.5 with 8 and 36 bytes of
-    // spills).
+    // mul_mat_vec_q: staged rows, Q8_1 activations. Q8_0 asks for 6 blocks at 1-2 columns,
+    // as many as its 35 KB of staging buffers let an H100 SM hold anyway (the registers
+    // that frees took the 7B decode from 279.9 to 282.5 tok/s); Q5_K for 7, which its
+    // pairs need so as not to spill (344.7 against 341.5 with 8 and 36 bytes of spills).
     for (q, block) in QTYPES {
         let resident = match q {
             "q8_0" => [6, 6, 6, 4],
             "q5_k" => [7, 7, 6, 4],
             _ => RESIDENT,
         };
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("mmvq<{block}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_q_c{nc}_{q}"),
-                resident[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_q", q, resident, |nc| {
+            format!("mmvq<{block}, {nc}>")
+        });
     }
-    // mul_mat_vec_dq_c<NC>_<q>: weights dequantized in registers, F32 activations.
+    // mul_mat_vec_dq: weights dequantized in registers, F32 activations.
     for (q, block) in QTYPES {
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<Blocks<{block}>, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dq_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_dq", q, RESIDENT, |nc| {
+            format!("dmmv<Blocks<{block}>, {nc}>")
+        });
     }
     // Frozen 32-element types in split rows: mul_mat_vec_qs (nothing before the wait, two
     // blocks a lane in flight), mul_mat_vec_qsp (one-wave grids: the lane's first PRE
-    // blocks before the wait; Q8_0 loads 1 first, then 4 a lane in flight at one column),
-    // mul_mat_vec_dqs (dequantizing).
+    // blocks before the wait; Q8_0 loads 1 first, then 4 a lane in flight at one column).
     for (q, pre) in [
         ("q4_0", 4),
         ("q8_0", 1),
@@ -117,40 +114,23 @@ fn mul_mat_q() -> Vec<Instance> {
         ("q5_1", 4),
     ] {
         let split = format!("Split{}", q.to_uppercase());
-        for (i, nc) in COLS.into_iter().enumerate() {
+        decode(&mut v, "mul_mat_vec_qs", q, RESIDENT, |nc| {
+            format!("mmvq_split<{split}, {nc}, 0, 2>")
+        });
+        decode(&mut v, "mul_mat_vec_qsp", q, RESIDENT, |nc| {
             let unroll = if q == "q8_0" && nc == 1 { 4 } else { 2 };
-            let qs = format!("mmvq_split<{split}, {nc}, 0, 2>");
-            let qsp = format!("mmvq_split<{split}, {nc}, {pre}, {unroll}>");
-            v.push(decode(format!("mul_mat_vec_qs_c{nc}_{q}"), RESIDENT[i], qs));
-            v.push(decode(
-                format!("mul_mat_vec_qsp_c{nc}_{q}"),
-                RESIDENT[i],
-                qsp,
-            ));
-        }
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<{split}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dqs_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+            format!("mmvq_split<{split}, {nc}, {pre}, {unroll}>")
+        });
     }
-    // mul_mat_vec_qd_c<NC>_<q>: Q4_K and Q5_K rows at 16-byte aligned addresses read in
-    // place. Q5_K asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
+    // mul_mat_vec_qd: Q4_K and Q5_K rows at 16-byte aligned addresses read in place. Q5_K
+    // asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
     for (q, block, resident) in [
         ("q4_k", "BlockQ4_K", RESIDENT),
         ("q5_k", "BlockQ5_K", [6, 6, 6, 4]),
     ] {
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("mmvq_direct<InPlace<{block}>, {nc}, 2>");
-            v.push(decode(
-                format!("mul_mat_vec_qd_c{nc}_{q}"),
-                resident[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_qd", q, resident, |nc| {
+            format!("mmvq_direct<InPlace<{block}>, {nc}, 2>")
+        });
     }
     // Frozen Q6_K and Q5_K in split rows, read by mmvq_direct: qs keeps two more pairs a
     // lane in flight, qsp (one-wave grids at 8 blocks an SM) one. The Q6_K qs kernels ask
@@ -160,28 +140,19 @@ fn mul_mat_q() -> Vec<Instance> {
     // (qsp) 8 do not spill.
     for (q, qs_resident) in [("q6_k", [7, 5, 6, 4]), ("q5_k", [7, 7, 6, 4])] {
         let split = format!("Split{}", q.to_uppercase());
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let qs = format!("mmvq_direct<{split}, {nc}, 2>");
-            let qsp = format!("mmvq_direct<{split}, {nc}, 1>");
-            v.push(decode(
-                format!("mul_mat_vec_qs_c{nc}_{q}"),
-                qs_resident[i],
-                qs,
-            ));
-            v.push(decode(
-                format!("mul_mat_vec_qsp_c{nc}_{q}"),
-                RESIDENT[i],
-                qsp,
-            ));
-        }
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<{split}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dqs_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_qs", q, qs_resident, |nc| {
+            format!("mmvq_direct<{split}, {nc}, 2>")
+        });
+        decode(&mut v, "mul_mat_vec_qsp", q, RESIDENT, |nc| {
+            format!("mmvq_direct<{split}, {nc}, 1>")
+        });
+    }
+    // mul_mat_vec_dqs: frozen weights in split rows dequantized in registers.
+    for q in ["q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "q6_k", "q5_k"] {
+        let split = format!("Split{}", q.to_uppercase());
+        decode(&mut v, "mul_mat_vec_dqs", q, RESIDENT, |nc| {
+            format!("dmmv<{split}, {nc}>")
+        });
     }
     v
 }

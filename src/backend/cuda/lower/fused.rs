@@ -32,7 +32,7 @@ pub(crate) fn lower_plan<'s>(
         })
         .collect();
     let mut steps = Vec::with_capacity(plan.steps.len());
-    let mut fold = None;
+    let mut pending = None;
     for g in groups {
         let step = &plan.steps[g.first];
         // a rope_store launch reports a bad id as its K write's
@@ -45,7 +45,7 @@ pub(crate) fn lower_plan<'s>(
             | Fused::Attention(_)
             | Fused::NormFold(_) => g.first,
         });
-        let (ops, made) = lower_group(step, &g.fused, &mut fold, lw).map_err(|e| (step, e))?;
+        let (ops, made) = lower_group(step, &g.fused, &mut pending, lw).map_err(|e| (step, e))?;
         lw.launched |= !ops.is_empty();
         steps.push(ops);
         steps.extend((1..g.len).map(|_| Vec::new()));
@@ -54,7 +54,7 @@ pub(crate) fn lower_plan<'s>(
             made,
         );
     }
-    match (fold, plan.steps.last()) {
+    match (pending, plan.steps.last()) {
         (Some(_), Some(last)) => Err((
             last,
             "internal: a folded norm's factor was not applied".into(),
@@ -64,15 +64,15 @@ pub(crate) fn lower_plan<'s>(
 }
 
 /// The launches of one group, and the Q8_1 copy of its result it made for the next
-/// decode product. `fold`: the factor a [`Fused::NormFold`] group leaves for the next
+/// decode product. `pending`: the factor a [`Fused::NormFold`] group leaves for the next
 /// group, which takes it.
 fn lower_group(
     step: &Step,
     fused: &Fused,
-    fold: &mut Option<NormFoldOut>,
+    pending: &mut Option<NormFoldOut>,
     lw: &mut Lowering,
 ) -> Result<(Vec<DevOp>, Option<Q8Copy>), String> {
-    let applied = fold.take();
+    let applied = pending.take();
     if fused.folded() != applied.is_some() {
         return Err("internal: a folded norm's factor and the launch that applies it are not next to each other".into());
     }
@@ -91,7 +91,7 @@ fn lower_group(
         }
         Fused::NormFold(f) => {
             let (ops, out) = fold::lower(f, lw)?;
-            *fold = Some(out);
+            *pending = Some(out);
             Ok((ops, None))
         }
     }
