@@ -29,6 +29,10 @@
 //!   `80,86,89,90`); SASS for each, PTX for the last.
 //! - `GRAFT_NVCC_FLAGS`: extra nvcc flags, e.g. `-lineinfo` or `-Xptxas=-v`.
 //!
+//! Step 3 keeps each fatbin in `graft-kernels/` of the target folder under a hash of its
+//! inputs ([`kernel_cache`]): the runs of this script for other profiles and features
+//! compile only the files no run compiled before.
+//!
 //! A `.cu` file whose first line is `// nvcc-flags: FLAGS` is compiled with those flags
 //! too (`cuda/quantize.cu` turns off fused multiply-adds to round like the CPU).
 //!
@@ -49,6 +53,9 @@ fn main() {
         cuda::build();
     }
 }
+
+#[path = "build/kernel_cache.rs"]
+mod kernel_cache;
 
 mod cuda {
     use std::fmt::Write as _;
@@ -259,6 +266,9 @@ mod cuda {
             .unwrap_or_default()
     }
 
+    /// The flags of every nvcc run, before the architectures' and the file's.
+    const BASE_FLAGS: [&str; 3] = ["-O3", "-std=c++17", "-Xptxas=-warn-spills"];
+
     fn compile(
         nvcc: &Path,
         src: &Path,
@@ -268,7 +278,7 @@ mod cuda {
     ) -> Result<String, String> {
         let mut cmd = Command::new(nvcc);
         cmd.arg("--fatbin")
-            .args(["-O3", "-std=c++17", "-Xptxas=-warn-spills"])
+            .args(BASE_FLAGS)
             .arg("-I")
             .arg(src.parent().expect("cuda/ file"))
             .arg("-I")
@@ -292,6 +302,117 @@ mod cuda {
                 stderr
             ))
         }
+    }
+
+    /// Every module's fatbin, from the kernel cache ([`crate::kernel_cache`]) when the
+    /// same inputs made it before, else from nvcc: one nvcc per `.cu`, as many at once as
+    /// cargo allows jobs, the largest sources first. Prints nvcc's warnings and fails on
+    /// any error.
+    fn compile_all(
+        nvcc: &Path,
+        sources: &[PathBuf],
+        modules: &[Module],
+        flags: &[String],
+        gen_dir: &Path,
+        out_dir: &Path,
+    ) {
+        let read = |p: &Path| {
+            std::fs::read(p).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", p.display())))
+        };
+        let cache =
+            crate::kernel_cache::Cache::open(out_dir, &shared_inputs(nvcc, sources, gen_dir));
+        let mut results: Vec<(usize, Result<String, String>)> = Vec::new();
+        let mut todo = Vec::new();
+        for (i, m) in modules.iter().enumerate() {
+            let mut all = flags.to_vec();
+            all.extend(m.flags.iter().cloned());
+            let source = read(&sources[i]);
+            let entry = cache.entry(&m.name, &[&source, all.join(" ").as_bytes()]);
+            match entry.as_ref().and_then(|e| cache.fetch(e, &m.fatbin)) {
+                Some(warnings) => results.push((i, Ok(warnings))),
+                None => todo.push((source.len(), i, all, entry)),
+            }
+        }
+        println!(
+            "kernel cache: {} of {} modules cached, {} to compile",
+            results.len(),
+            modules.len(),
+            todo.len()
+        );
+        todo.sort_by_key(|t| std::cmp::Reverse(t.0));
+
+        let jobs = std::env::var("NUM_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, todo.len().max(1));
+        let next = AtomicUsize::new(0);
+        let compiled = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..jobs {
+                s.spawn(|| {
+                    while let Some((_, i, all, entry)) =
+                        todo.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        let m = &modules[*i];
+                        let r = compile(nvcc, &sources[*i], gen_dir, &m.fatbin, all);
+                        if let (Ok(warnings), Some(entry)) = (&r, entry) {
+                            cache.store(&m.name, entry, &m.fatbin, warnings);
+                        }
+                        compiled.lock().expect("no panics while held").push((*i, r));
+                    }
+                });
+            }
+        });
+        results.extend(compiled.into_inner().expect("threads joined"));
+        let mut failed = false;
+        for (i, r) in results {
+            match r {
+                Ok(warnings) => {
+                    for line in warnings.lines().filter(|l| !l.trim().is_empty()) {
+                        println!("cargo:warning={}: {line}", sources[i].display());
+                    }
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            fail("compiling the CUDA kernels failed (see above)");
+        }
+    }
+
+    /// What every module's nvcc run reads besides its own source: nvcc's version, the
+    /// environment nvcc reads flags from, the headers of `cuda/` and the generated ones.
+    fn shared_inputs(nvcc: &Path, sources: &[PathBuf], gen_dir: &Path) -> Vec<Vec<u8>> {
+        let version = Command::new(nvcc)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| fail(&format!("cannot run {} --version: {e}", nvcc.display())));
+        let mut inputs = vec![version.stdout, BASE_FLAGS.join(" ").into_bytes()];
+        for var in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
+            inputs.push(std::env::var(var).unwrap_or_default().into_bytes());
+        }
+        let cuda_dir = sources[0].parent().expect("cuda/ file");
+        for dir in [cuda_dir, gen_dir] {
+            let entries = std::fs::read_dir(dir)
+                .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", dir.display())));
+            let mut headers: Vec<PathBuf> = entries
+                .filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "cuh"))
+                .collect();
+            headers.sort();
+            for h in headers {
+                inputs.push(h.file_name().expect("file").as_encoded_bytes().to_vec());
+                inputs.push(
+                    std::fs::read(&h)
+                        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", h.display()))),
+                );
+            }
+        }
+        inputs
     }
 
     pub fn build() {
@@ -366,45 +487,7 @@ mod cuda {
             })
             .collect();
 
-        // One nvcc per .cu, as many at once as cargo allows jobs.
-        let jobs = std::env::var("NUM_JOBS")
-            .ok()
-            .and_then(|j| j.parse::<usize>().ok())
-            .unwrap_or(1)
-            .clamp(1, sources.len());
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<(usize, Result<String, String>)>> = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for _ in 0..jobs {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= sources.len() {
-                        break;
-                    }
-                    let mut all = flags.clone();
-                    all.extend(modules[i].flags.iter().cloned());
-                    let r = compile(&nvcc, &sources[i], &gen_dir, &modules[i].fatbin, &all);
-                    results.lock().expect("no panics while held").push((i, r));
-                });
-            }
-        });
-        let mut failed = false;
-        for (i, r) in results.into_inner().expect("threads joined") {
-            match r {
-                Ok(warnings) => {
-                    for line in warnings.lines().filter(|l| !l.trim().is_empty()) {
-                        println!("cargo:warning={}: {line}", sources[i].display());
-                    }
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    failed = true;
-                }
-            }
-        }
-        if failed {
-            fail("compiling the CUDA kernels failed (see above)");
-        }
+        compile_all(&nvcc, &sources, &modules, &flags, &gen_dir, &out_dir);
 
         let mut seen = std::collections::HashMap::new();
         for m in &modules {

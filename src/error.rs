@@ -105,6 +105,24 @@ pub enum Error {
         step: &'static str,
     },
 
+    /// A generation request the engine cannot take (an empty prompt, a token outside the
+    /// vocabulary, more tokens than the context or the KV budget holds): `param` names
+    /// the request field (`prompt`, `max_tokens`) and `code` the kind of problem
+    /// (`context_length_exceeded`, `invalid_value`), so a server can answer with both.
+    #[error("{param}: {msg}")]
+    Request {
+        param: &'static str,
+        code: &'static str,
+        msg: String,
+    },
+
+    /// A sampling setting out of its range (a temperature below 0, a top-p above 1, a
+    /// logit bias for a token outside the vocabulary): `param` is the setting's name as
+    /// in [`SamplingParams`](crate::models::SamplingParams) (`top_p`), so a server can
+    /// name the request field.
+    #[error("sampling setting {param}: {msg}")]
+    Sampling { param: &'static str, msg: String },
+
     /// The default model could not be pulled into the cache: python3 or pip missing, the
     /// download failed, or the file's hash is wrong.
     #[error("pull: {0}")]
@@ -169,9 +187,26 @@ impl Error {
         }
     }
 
+    /// Shorthand for a sampling error naming its setting.
+    pub fn sampling(param: &'static str, msg: impl Into<String>) -> Self {
+        Error::Sampling {
+            param,
+            msg: msg.into(),
+        }
+    }
+
     /// Shorthand for a model error.
     pub fn model(msg: impl Into<String>) -> Self {
         Error::Model(msg.into())
+    }
+
+    /// Shorthand for a request error naming its field and the kind of problem.
+    pub fn request(param: &'static str, code: &'static str, msg: impl Into<String>) -> Self {
+        Error::Request {
+            param,
+            code,
+            msg: msg.into(),
+        }
     }
 
     /// Shorthand for a pull error.

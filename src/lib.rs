@@ -21,6 +21,7 @@
 #![deny(clippy::wildcard_enum_match_arm)]
 
 pub mod backend;
+pub mod engine;
 pub mod error;
 pub mod files;
 pub mod fuzz;

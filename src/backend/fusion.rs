@@ -22,7 +22,7 @@
 //! (Folding the norm into the GEMV that reads it, each warp summing x^2 itself, measured
 //! no faster on an H100 and was dropped; so was a fold whose second product read the
 //! block sums itself, slower than the norm's launch on an H200: docs/benchmarks.md,
-//! twentieth session. In the kept fold one block of the second product adds the sums.)
+//! "Tried and measured". In the kept fold one block of the second product adds the sums.)
 //!
 //! A fused kernel still reads the first step's sources while it writes the later steps'
 //! results, which the allocator may have placed in memory one of those sources had (free

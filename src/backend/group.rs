@@ -318,6 +318,10 @@ impl Backend for DeviceGroup {
         self.members[device].write_buffer(id, offset, data)
     }
 
+    fn copy_within(&mut self, buf: BufferId, src: usize, dst: usize, len: usize) -> Result<()> {
+        self.each_buffer(buf, |m, id| m.copy_within(id, src, dst, len))
+    }
+
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
         let id = self.member_buffers(buf)?[0];
         self.synchronize()?;

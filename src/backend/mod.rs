@@ -174,6 +174,20 @@ pub trait Backend {
         Ok(())
     }
 
+    /// Copies `len` bytes of `buf` from byte `src` to byte `dst` (the ranges must not
+    /// overlap), after the runs enqueued so far and before later ones; on every device of
+    /// a group, each within its own copy of the buffer. By default through the host.
+    fn copy_within(&mut self, buf: BufferId, src: usize, dst: usize, len: usize) -> Result<()> {
+        if src.max(dst) - src.min(dst) < len {
+            return Err(crate::Error::plan(format!(
+                "copy_within: {len} bytes from {src} to {dst} overlap"
+            )));
+        }
+        let mut tmp = vec![0u8; len];
+        self.read_buffer(buf, src, &mut tmp)?;
+        self.write_buffer(buf, dst, &tmp)
+    }
+
     /// Copies bytes of `buf` from `offset` into `out`.
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()>;
 

@@ -1,55 +1,34 @@
-//! `graft chat`: an interactive conversation on stdin/stdout (see
-//! `graft::models::text::chat_session`).
+//! `graft chat`: an interactive conversation on stdin/stdout on the batched engine (see
+//! `graft::engine::chat`).
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use graft::engine::chat::ChatSession;
+use graft::engine::Engine;
 use graft::models::text::chat::ChatTemplate;
-use graft::models::text::chat_session::{ChatSession, LlamaOn};
-use graft::models::{pull, text::tokenizer, Tokenizer};
+use graft::models::{text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, BackendKind, CacheArgs, SamplingArgs};
+use super::engine_args::single;
+use super::{ModelArgs, SamplingArgs};
 
 /// Arguments of `graft chat`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A `.gguf` file or a Hugging Face model folder (default: the default model,
-    /// SmolLM2-135M-Instruct Q4_1, pulled into the cache on first use).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// A system message that opens the conversation (and survives /reset).
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     n: usize,
-    /// KV-cache positions: the whole conversation must fit (default:
-    /// max_position_embeddings, at most 4096).
-    #[arg(long)]
-    ctx: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    backend: BackendKind,
-    /// Split the model over N devices (tensor parallelism: heads and the MLP divided,
-    /// partial sums joined by all_reduce); on the CPU backend, N simulated devices.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
     /// No progress bar and no greeting on stderr.
     #[arg(long)]
     quiet: bool,
-    #[command(flatten)]
-    cache: CacheArgs,
-}
-
-/// The model path: `--model`, or the default model (pulled first when missing).
-pub fn model_path(model: Option<PathBuf>) -> Result<PathBuf> {
-    match model {
-        Some(p) => Ok(p),
-        None => pull::default_model(),
-    }
 }
 
 /// The tokenizer and compiled chat template of the model at `path`.
@@ -64,33 +43,34 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
     Ok((found.tokenizer, template))
 }
 
+/// The engine of a chat on the model at `path`: one sequence at a time, a pool of two
+/// contexts (the conversation, and what the cache keeps of earlier turns).
+pub fn chat_engine(m: &ModelArgs, path: &Path, quiet: bool) -> Result<Engine> {
+    single(m, path, 2, quiet)
+}
+
 /// Runs `graft chat`.
 pub fn run(a: Args) -> Result<()> {
-    let path = model_path(a.model)?;
+    let path = a.model.path()?;
     let (tok, template) = chat_parts(&path)?;
-    let sampler = a.sampling.sampler()?;
-    let mut be = make_backend(a.backend, a.tp)?;
-    let be = be.as_mut();
-    let mut model = load_model(&path, be, a.ctx, None, &a.cache, a.quiet)?;
-    let on = LlamaOn {
-        model: &mut model,
-        be,
-    };
-    let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system)?;
+    let settings = a.sampling.resolve(Some(&path), &SamplingParams::chat())?;
+    let mut engine = chat_engine(&a.model, &path, a.quiet)?;
+    let ctx = engine.ctx();
+    let mut session = ChatSession::new(&mut engine, tok, template, settings.params, a.n, a.system)?;
     let stdin = std::io::stdin();
     if !a.quiet && stdin.is_terminal() {
         eprintln!(
-            "chatting with {} (context {} tokens). /reset starts a new conversation, /exit or Ctrl-D quits.",
-            path.display(),
-            session.model().model.cache().ctx
+            "chatting with {} (context {ctx} tokens). /reset starts a new conversation, /exit or Ctrl-D quits.",
+            path.display()
         );
     }
     let mut input = stdin.lock();
     let mut out = std::io::stdout().lock();
     session.repl(&mut input, &mut out)?;
+    let (replies, tokens) = session.totals();
+    drop(session);
     if !a.quiet {
-        let (replies, tokens) = session.totals();
         eprintln!("chat: {replies} replies, {tokens} tokens generated");
     }
-    Ok(())
+    engine.release()
 }

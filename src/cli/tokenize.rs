@@ -7,15 +7,17 @@ use serde_json::json;
 use graft::models::text::tokenizer::{self, Tokenizer};
 use graft::{Error, Result};
 
+use super::model_args::model_path;
 use super::print_out;
 
 /// Arguments of `graft tokenize`.
 #[derive(clap::Args)]
 pub struct Args {
     /// A `.gguf` file (only its metadata is read) or a Hugging Face model folder
-    /// (`tokenizer.json`).
+    /// (`tokenizer.json`); default: the default model, SmolLM2-135M-Instruct Q4_1, pulled
+    /// into the cache on first use.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// The text to tokenize.
     #[arg(long)]
     text: String,
@@ -32,10 +34,11 @@ pub struct Args {
 
 /// Runs `graft tokenize`.
 pub fn run(a: Args) -> Result<()> {
-    let Some(found) = tokenizer::for_model(&a.model)? else {
+    let path = model_path(a.model)?;
+    let Some(found) = tokenizer::for_model(&path)? else {
         return Err(Error::model(format!(
             "{}: the model has no tokenizer (no tokenizer.json, or no tokenizer.ggml.* metadata)",
-            a.model.display()
+            path.display()
         )));
     };
     let mut tok = found.tokenizer;

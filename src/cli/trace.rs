@@ -22,7 +22,8 @@ use graft::models::runtime::trace::{
 use graft::models::text::tokenizer;
 use graft::{Error, Result};
 
-use super::{load_model, make_backend, print_out, read_prompt, BackendKind, CacheArgs, DTypeArg};
+use super::model_args::make_backend;
+use super::{print_out, read_prompt, BackendKind, ModelArgs};
 
 /// The exit status of a comparison that found a divergence: an outcome, reported on
 /// stdout, not an error (which also exits with 1, after `error: ...` on stderr).
@@ -31,9 +32,8 @@ const DIVERGED: u8 = 1;
 /// Arguments of `graft trace`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A Hugging Face model folder or a `.gguf` file.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Prompt text (needs the model's tokenizer; BOS is added as it says).
     #[arg(long, required_unless_present_any = ["prompt_file", "tokens"], conflicts_with_all = ["prompt_file", "tokens"])]
     prompt: Option<String>,
@@ -54,35 +54,24 @@ pub struct Args {
     /// The largest NMSE = sum((a-b)^2)/sum(b^2) (b the reference) that is not a divergence.
     #[arg(long, default_value_t = 1e-4)]
     threshold: f64,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    backend: BackendKind,
     /// Run on these backends instead, comma-separated; with two (`cpu,cuda`), compare the
     /// second's trace against the first's.
     #[arg(long, value_enum, value_delimiter = ',', conflicts_with = "backend")]
     backends: Option<Vec<BackendKind>>,
-    /// KV-cache positions (default: the number of tokens).
-    #[arg(long)]
-    ctx: Option<usize>,
-    /// Quantize (or convert) the matrices while loading: one type for all, or ggml's
-    /// q4_k_m / q5_k_m mixes (norms stay F32).
-    #[arg(long, value_enum)]
-    quantize: Option<DTypeArg>,
     /// Print one JSON object instead of the text report.
     #[arg(long)]
     json: bool,
     /// No progress bar and no summary on stderr.
     #[arg(long)]
     quiet: bool,
-    #[command(flatten)]
-    cache: CacheArgs,
 }
 
 /// Runs `graft trace`; the exit status says whether a comparison diverged.
 pub fn run(a: Args) -> Result<ExitCode> {
     let backends = backends(&a)?;
-    let tokens = prompt_tokens(&a)?;
-    let mut inputs = input_files(&a.model);
+    let path = a.model.path()?;
+    let tokens = prompt_tokens(&a, &path)?;
+    let mut inputs = input_files(&path);
     let reference = match &a.against {
         Some(path) => Some(load_reference(path, &tokens)?),
         None => None,
@@ -94,11 +83,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // Every backend opened before any runs: a missing GPU is an error at once.
     let mut opened = Vec::with_capacity(backends.len());
     for &kind in &backends {
-        opened.push(make_backend(kind, 1)?);
+        opened.push(make_backend(kind, a.model.tp)?);
     }
     let mut traces = Vec::with_capacity(backends.len());
     for be in &mut opened {
-        traces.push(run_trace(&a, be.as_mut(), &tokens)?);
+        traces.push(run_trace(&a, &path, be.as_mut(), &tokens)?);
     }
     if let (Some(out), Some(ours)) = (&a.out, traces.first()) {
         write_trace(&a, out, &inputs, ours)?;
@@ -130,7 +119,13 @@ fn backends(a: &Args) -> Result<Vec<BackendKind>> {
             a.threshold
         )));
     }
-    let list = a.backends.clone().unwrap_or_else(|| vec![a.backend]);
+    if a.model.tp != 1 {
+        return Err(Error::model(format!(
+            "--tp {}: trace records the intermediates of one device's whole model; run it without --tp",
+            a.model.tp
+        )));
+    }
+    let list = a.backends.clone().unwrap_or_else(|| vec![a.model.backend]);
     match (list.len(), &a.against, &a.out) {
         (0, _, _) => Err(Error::model("--backends: name one or two backends")),
         (1, Some(_), Some(out)) if out.as_os_str() == graft::files::STDOUT => Err(Error::model(
@@ -152,18 +147,18 @@ fn backends(a: &Args) -> Result<Vec<BackendKind>> {
 
 /// The prompt's token ids: `--tokens`, or `--prompt` / `--prompt-file` encoded with the
 /// model's tokenizer.
-fn prompt_tokens(a: &Args) -> Result<Vec<u32>> {
+fn prompt_tokens(a: &Args, path: &Path) -> Result<Vec<u32>> {
     let text = match (&a.prompt, &a.prompt_file, &a.tokens) {
         (_, _, Some(ids)) => return Ok(ids.clone()),
         (Some(text), _, None) => text.clone(),
         (None, Some(path), None) => read_prompt(path, "--prompt-file")?,
         (None, None, None) => return Err(Error::model("give --prompt, --prompt-file or --tokens")),
     };
-    match tokenizer::for_model(&a.model)? {
+    match tokenizer::for_model(path)? {
         Some(t) => t.tokenizer.encode(&text),
         None => Err(Error::model(format!(
             "--prompt needs a tokenizer.json in {} (or tokenizer metadata in a .gguf file); pass --tokens instead",
-            a.model.display()
+            path.display()
         ))),
     }
 }
@@ -180,16 +175,16 @@ fn load_reference(path: &Path, tokens: &[u32]) -> Result<Trace> {
     Ok(reference)
 }
 
-/// Loads the model on `be`, traces `tokens` and frees the model's buffers.
-fn run_trace(a: &Args, be: &mut dyn Backend, tokens: &[u32]) -> Result<Trace> {
-    let ctx = Some(a.ctx.unwrap_or(tokens.len().max(1)));
-    let mut model = load_model(&a.model, be, ctx, a.quantize, &a.cache, a.quiet || a.json)?;
+/// Loads the model at `path` on `be`, traces `tokens` and frees the model's buffers.
+fn run_trace(a: &Args, path: &Path, be: &mut dyn Backend, tokens: &[u32]) -> Result<Trace> {
+    let ctx = Some(tokens.len().max(1));
+    let mut model = a.model.load(path, be, ctx, a.quiet || a.json)?;
     let tensors = model.trace(be, tokens)?;
     model.release(be)?;
     Ok(Trace {
         tensors,
         tokens: tokens.to_vec(),
-        source: format!("graft {} {}", a.model.display(), be.name()),
+        source: format!("graft {} {}", path.display(), be.name()),
     })
 }
 

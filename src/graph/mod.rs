@@ -32,7 +32,7 @@ pub use dtype::DType;
 pub use forward::Forward;
 pub use op::{
     AllReduceParams, BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind,
-    RopeMode, RopeParams, UnaryOp, ViewOp,
+    PagedAttnParams, RopeMode, RopeParams, UnaryOp, ViewOp,
 };
 pub use plan::{Io, Loc, Operand, Plan, PlanOptions, Step};
 pub use tensor::{

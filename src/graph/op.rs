@@ -217,9 +217,18 @@ pub enum Op {
     Mask(MaskOp),
     /// Index of the largest element of each row, as I32.
     Argmax,
+    /// Indices of the `k` largest elements of each row, as I32, largest first.
+    TopK {
+        /// Indices per row.
+        k: usize,
+    },
     /// Fused attention (ggml's flash_attn_ext): `softmax(scale * q k^T (+ slope * mask))
     /// v` per query and head with an online softmax; `src` = q, k, v and an optional mask.
     FlashAttnExt(FlashAttnParams),
+    /// Fused attention over a KV cache in blocks of a shared pool, for a batch of
+    /// sequences: `src` = q, k pool, v pool, block table, each token's (sequence,
+    /// position); causal (and windowed) by positions, no mask tensor.
+    PagedAttn(PagedAttnParams),
     /// The sum of `src[0]` over the devices of a group (tensor parallelism): every
     /// device's graph holds the node and gets the same sum.
     AllReduce(AllReduceParams),
@@ -260,6 +269,43 @@ impl FlashAttnParams {
         } else {
             m1.powi(2 * (h - n) as i32 + 1)
         }
+    }
+}
+
+/// Parameters of the paged attention op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PagedAttnParams {
+    /// Factor applied to `q . k` (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// Logit softcapping `c * tanh(s / c)` of the scaled scores (0 for none).
+    pub softcap: f32,
+    /// Positions per block of the pool.
+    pub block_size: usize,
+    /// A sliding window: the query at position `p` sees positions `p + 1 - window ..= p`
+    /// (0 for none: every position up to `p`).
+    pub window: usize,
+}
+
+impl PagedAttnParams {
+    /// The first key position the query at position `pos` sees.
+    pub fn first_visible(&self, pos: usize) -> usize {
+        match self.window {
+            0 => 0,
+            w => (pos + 1).saturating_sub(w),
+        }
+    }
+}
+
+impl fmt::Display for PagedAttnParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scale={} block={}", self.scale, self.block_size)?;
+        if self.softcap != 0.0 {
+            write!(f, " softcap={}", self.softcap)?;
+        }
+        if self.window != 0 {
+            write!(f, " window={}", self.window)?;
+        }
+        Ok(())
     }
 }
 
@@ -311,7 +357,9 @@ impl Op {
             Op::Copy(c) => c.name(),
             Op::Mask(m) => m.name(),
             Op::Argmax => "argmax",
+            Op::TopK { .. } => "top_k",
             Op::FlashAttnExt(_) => "flash_attn_ext",
+            Op::PagedAttn(_) => "paged_attn",
             Op::AllReduce(_) => "all_reduce",
         }
     }
@@ -323,8 +371,8 @@ impl Op {
             Op::View(_) => OpKind::View,
             Op::GetRows | Op::Copy(_) => OpKind::Data,
             Op::Unary(_) | Op::Scale { .. } | Op::Binary(_) => OpKind::Elementwise,
-            Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax => OpKind::Row,
-            Op::MulMat | Op::FlashAttnExt(_) => OpKind::MatMul,
+            Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax | Op::TopK { .. } => OpKind::Row,
+            Op::MulMat | Op::FlashAttnExt(_) | Op::PagedAttn(_) => OpKind::MatMul,
             Op::AllReduce(_) => OpKind::Collective,
         }
     }
@@ -363,7 +411,9 @@ impl Op {
             | Op::MulMat
             | Op::Copy(_)
             | Op::Argmax
-            | Op::FlashAttnExt(_) => false,
+            | Op::TopK { .. }
+            | Op::FlashAttnExt(_)
+            | Op::PagedAttn(_) => false,
         }
     }
 
@@ -377,7 +427,9 @@ impl Op {
             Op::Mask(MaskOp::DiagMaskInf { n_past }) => format!("n_past={n_past}"),
             Op::Mask(MaskOp::SoftMax { scale }) => format!("scale={scale}"),
             Op::FlashAttnExt(p) => p.to_string(),
+            Op::PagedAttn(p) => p.to_string(),
             Op::AllReduce(p) => format!("devices={}", p.devices),
+            Op::TopK { k } => format!("k={k}"),
             Op::View(ViewOp::View | ViewOp::Reshape | ViewOp::Transpose | ViewOp::After)
             | Op::Leaf
             | Op::GetRows

@@ -33,7 +33,7 @@ pub use load::quant_plan::QuantPlan;
 pub use load::weights::Weights;
 pub use runtime::model::{Generation, Model, Stop, TraceTensor};
 pub use runtime::output::{Logits, Output};
-pub use runtime::sampler::Sampler;
+pub use runtime::sampling::{Row, SamplerChain, SamplingParams};
 pub use text::chat::{ChatTemplate, Message};
 pub use text::gguf_tokenizer::TokenizerSpec;
 pub use text::tokenizer::Tokenizer;

@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod decode_avx2;
+pub mod paged;
 
 use super::host::HostTensor;
 use super::{expect_dtype, FlashAttnParams, Op};

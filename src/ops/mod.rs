@@ -16,7 +16,8 @@
 //! | [`cpy`] | cpy, cont / cast, set_rows |
 //! | [`softmax`] | diag_mask_inf, soft_max |
 //! | [`argmax`] | argmax |
-//! | [`attention`] | flash_attn_ext |
+//! | [`topk`] | top_k |
+//! | [`attention`] | flash_attn_ext, paged_attn ([`attention::paged`]) |
 //! | [`collective`] | all_reduce |
 //!
 //! [`simd`] holds the x86-64 pieces the fast CPU kernels share (feature check, vector exp).
@@ -33,12 +34,13 @@ pub mod norm;
 pub mod rope;
 pub(crate) mod simd;
 pub mod softmax;
+pub mod topk;
 pub mod unary;
 pub mod view;
 
 pub use crate::graph::{
     AllReduceParams, BinaryOp, CopyOp, FlashAttnParams, Llama3Scaling, MaskOp, NormOp, Op, OpKind,
-    RopeMode, RopeParams, UnaryOp, ViewOp,
+    PagedAttnParams, RopeMode, RopeParams, UnaryOp, ViewOp,
 };
 
 /// Checks that operand `operand` of `op` has one of the accepted dtypes.

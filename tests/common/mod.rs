@@ -14,6 +14,7 @@ pub mod attention;
 pub mod case;
 pub mod check;
 pub mod oracle;
+pub mod paged;
 pub mod strategies;
 
 #[path = "../support/metrics.rs"]

@@ -116,7 +116,7 @@ pub fn check_model(
     let e = nmse(&out.logits, &r.logits);
     let floor = 4.0 * (e * rms(&r.logits).powi(2)).sqrt() as f32;
     let safe = r.margins.iter().take_while(|&&mg| mg > floor).count();
-    let mut sampler = graft::models::Sampler::greedy();
+    let mut sampler = graft::models::SamplerChain::greedy();
     let g = m
         .generate(be, &r.tokens, r.greedy.len(), &mut sampler, &mut |_| Ok(()))
         .unwrap();

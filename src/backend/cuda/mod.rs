@@ -506,7 +506,7 @@ impl CudaBackend {
             .and_then(|e| e.as_ref())
             .and_then(|e| e.plan.steps.get(step));
         Err(Error::IndexOutOfRange {
-            op: step.map_or("get_rows/set_rows", |s| s.op.name()),
+            op: step.map_or("get_rows/set_rows/paged_attn", |s| s.op.name()),
             node: step.map_or_else(|| "(an unloaded plan)".into(), |s| s.name.clone()),
             index: rec.index,
             position: rec.position as usize,
@@ -752,6 +752,34 @@ impl Backend for CudaBackend {
         self.htod(mem.ptr() + offset as u64, data)
     }
 
+    fn copy_within(&mut self, buf: BufferId, src: usize, dst: usize, len: usize) -> Result<()> {
+        self.bind()?;
+        let mem = self.buffer(buf)?;
+        range_check("cuda", "copy from", buf, src, len, mem.bytes())?;
+        range_check("cuda", "copy to", buf, dst, len, mem.bytes())?;
+        if src.max(dst) - src.min(dst) < len {
+            return Err(Error::plan(format!(
+                "copy_within: {len} bytes from {src} to {dst} overlap"
+            )));
+        }
+        split::check_write(&self.split, buf, dst, len, "a copy")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let base = mem.ptr();
+        // SAFETY: both ranges were checked inside the buffer and apart; the copy is
+        // enqueued on the backend's stream, in order with its runs.
+        unsafe {
+            result::memcpy_dtod_async(
+                base + dst as u64,
+                base + src as u64,
+                len,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_error("copying within a buffer", e))
+    }
+
     fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
         self.bind()?;
         let frozen = self.split_tensors(buf, tensors);
@@ -893,10 +921,12 @@ impl Backend for CudaBackend {
             graph: GraphState::Fresh,
             written: HashSet::new(),
             buffers,
-            checks_indices: plan
-                .steps
-                .iter()
-                .any(|s| matches!(s.op, Op::GetRows | Op::Copy(CopyOp::SetRows))),
+            checks_indices: plan.steps.iter().any(|s| {
+                matches!(
+                    s.op,
+                    Op::GetRows | Op::Copy(CopyOp::SetRows) | Op::PagedAttn(_)
+                )
+            }),
         };
         if index == self.execs.len() {
             self.execs.push(Some(exec));

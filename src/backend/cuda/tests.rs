@@ -4,7 +4,7 @@
 //! family, column-major GEMM over pointer arrays), and the result must equal the CPU
 //! backend's. This catches wrong dispatch, strides, leading dimensions, transposes,
 //! pointer arrays and scratch layouts; the kernels themselves are checked on a GPU by
-//! tests/cuda_graph.rs and the op tests.
+//! tests/cuda/cuda_graph.rs and the op tests.
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -1488,6 +1488,120 @@ fn fusion_assumes_the_kernels_there_are() {
             ] {
                 assert!(has(family), "{q}: {}", family.name);
             }
+        }
+    }
+}
+
+/// paged_attn's launches by shape on 132 SMs: the decode kernel by cache types, GQA and
+/// head dim (tensor cores for GQA over F16, streamed for aligned F16, BF16, Q8_0, Q4_0 at
+/// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256, the any-type
+/// kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
+/// sequence (a combine when there can be more than one), and the tensor-core prefill kernel first for batches of more than 64
+/// tokens with K and V of one type.
+#[test]
+fn paged_attention_kernels() {
+    use super::args::PagedArgs;
+    use crate::graph::PagedAttnParams;
+    let (f16, bf16, f32) = (DType::F16, DType::BF16, DType::F32);
+    let (q8, q4) = (DType::Q8_0, DType::Q4_0);
+    // (K, V, head dim, KV heads, group, tokens, the kernels less their fattn_paged_ prefix,
+    // the chunks, blocks along y), over a table of 256 blocks of 16 positions
+    for (k, v, d, n_head_kv, group, n_tokens, want, split, heads) in [
+        (f16, f16, 128, 8, 4, 1, "dec_d128_f16 combine", 43, 8),
+        (f16, f16, 128, 8, 4, 64, "dec_d128_f16", 1, 8),
+        (f16, f16, 64, 2, 24, 1, "dec_d64_f16 combine", 64, 4),
+        (f16, f16, 128, 32, 1, 1, "vec_d128_f16 combine", 16, 32),
+        (f16, f16, 128, 32, 1, 8, "vec_d128_f16 combine", 2, 32),
+        (f16, f16, 128, 32, 1, 32, "vec_d128_f16", 1, 32),
+        (q8, q8, 128, 8, 4, 1, "vec4_d128_q8_0 combine", 64, 8),
+        (bf16, bf16, 256, 4, 8, 2, "vec4_d256_bf16 combine", 33, 8),
+        (q4, q4, 64, 8, 4, 1, "vec_d64_q4_0 combine", 16, 32),
+        (f16, q8, 128, 8, 4, 1, "any_d128 combine", 17, 32),
+        (f32, f32, 128, 32, 1, 1, "any_d128 combine", 17, 32),
+        (f16, f16, 80, 2, 2, 1, "any_d80 combine", 64, 4),
+        (f16, f16, 128, 8, 4, 512, "mma_d128_f16 dec_d128_f16", 1, 8),
+        (
+            bf16,
+            bf16,
+            256,
+            4,
+            2,
+            100,
+            "mma_d256_bf16 vec4_d256_bf16",
+            1,
+            4,
+        ),
+        (f16, q8, 128, 8, 4, 512, "any_d128", 1, 32),
+    ] {
+        let case = format!("{k}/{v} d {d}, {n_head_kv} x {group} heads, {n_tokens} tokens");
+        let (max_blocks, bs, n_blocks) = (256, 16, 300);
+        let mut g = Graph::new();
+        let pool = |g: &mut Graph, name: &str, dt: DType| {
+            let rows = g.input(name, dt, &[d * n_head_kv, n_blocks * bs]).unwrap();
+            let (row, head) = (dt.row_bytes(d * n_head_kv), dt.row_bytes(d));
+            g.view_3d(rows, d, n_blocks * bs, n_head_kv, row, head, 0)
+                .unwrap()
+        };
+        let (kp, vp) = (pool(&mut g, "k", k), pool(&mut g, "v", v));
+        let q = g
+            .input("q", DType::F32, &[d, n_head_kv * group, n_tokens])
+            .unwrap();
+        let table = g.input("table", DType::I32, &[max_blocks, 3]).unwrap();
+        let seqs = g.input("seqs", DType::I32, &[2, n_tokens]).unwrap();
+        let p = PagedAttnParams {
+            scale: 0.1,
+            softcap: 0.0,
+            block_size: bs,
+            window: 0,
+        };
+        let y = g.paged_attn(q, (kp, vp), table, seqs, p).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        let mut lw = Lowering::new(&fake_addr, true, 1);
+        let steps = lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
+        let launches = kernel_launches(&steps);
+        let names: Vec<&str> = launches
+            .iter()
+            .map(|l| &l.kernel.name["fattn_paged_".len()..])
+            .collect();
+        assert_eq!(names.join(" "), want, "{case}");
+        let mma = usize::from(want.starts_with("mma"));
+        let (decode, name) = (launches[mma], names[mma]);
+        let a = args::<PagedArgs>(decode);
+        let grid = (split as u32, heads, n_tokens as u32);
+        assert_eq!((a.split, decode.grid), (split, grid), "{case}");
+        let fixed = (a.max_pos, a.n_blocks, a.n_seqs, a.group);
+        assert_eq!(fixed, (4096, 300, 3, group as i32), "{case}");
+        assert_eq!((a.bs_magic, a.bs_shift), (1, 4), "{case}: j / 16 = j >> 4");
+        // the partials of every token, head and chunk, then each token's chunk count
+        let part = n_tokens * n_head_kv * group * split as usize * (d + 2) * 4;
+        let (part, counts) = (
+            part.next_multiple_of(256),
+            (n_tokens * 4).next_multiple_of(256),
+        );
+        let scratch = if split > 1 { part + counts } else { 0 };
+        assert_eq!(lw.scratch_need, scratch, "{case}: scratch");
+        if split > 1 {
+            assert_eq!(
+                a.chunks - a.part,
+                part as u64,
+                "{case}: the counts after the partials"
+            );
+        }
+        let (dec, stream) = (name.starts_with("dec"), name.starts_with("vec"));
+        let chunks = if dec { (1, 32) } else { (64, 1) };
+        assert_eq!((a.min_keys, a.unit), chunks, "{case}");
+        // the tensor-core decode launches in order, the streamed one at most 4 blocks an SM
+        let launch = (decode.early, decode.per_sm);
+        assert_eq!(launch, (!dec, if stream { 4 } else { 0 }), "{case}");
+        if mma == 1 {
+            let rows = if d > 128 { 32 } else { 64 };
+            assert_eq!((a.tile, a.min_run), (rows, 16), "{case}");
+            let m = launches[0];
+            let tiles = n_tokens.div_ceil(rows as usize) as u32;
+            assert_eq!(m.grid, (tiles, (n_head_kv * group) as u32, 1), "{case}");
+            assert_eq!(m.block.0 as i32, rows / 16 * 32, "{case}");
+        } else {
+            assert_eq!(a.min_run, 0, "{case}");
         }
     }
 }

@@ -132,6 +132,73 @@ impl KvCache {
         Ok(KvCache::layout(cfg, ctx, types, buffer))
     }
 
+    /// The layout of a pool of `n_slots` positions (whole blocks of the engine's block
+    /// size) in `buffer`: the same per-layer K and V tensors as a cache, read through
+    /// block tables rather than by position (V always by position: the pool serves
+    /// the fused paged attention). `ctx` is the pool's size.
+    pub fn pool(cfg: &Config, n_slots: usize, types: CacheTypes, buffer: BufferId) -> KvCache {
+        KvCache {
+            buffer,
+            ctx: n_slots,
+            slots: n_slots,
+            n_kv_dim: cfg.n_kv_dim(),
+            n_layer: cfg.num_hidden_layers,
+            types: CacheTypes {
+                flash_attn: true,
+                ..types
+            },
+        }
+    }
+
+    /// Bytes of a pool of `n_slots` positions, or `None` when they cannot be addressed.
+    pub fn pool_bytes(cfg: &Config, n_slots: usize, types: CacheTypes) -> Option<usize> {
+        let tensor = |dt: DType| {
+            n_slots
+                .checked_mul(dt.row_bytes(cfg.n_kv_dim()))
+                .and_then(|b| b.checked_next_multiple_of(ALIGN))
+        };
+        tensor(types.k)
+            .zip(tensor(types.v))
+            .and_then(|(k, v)| k.checked_add(v))
+            .and_then(|l| l.checked_mul(cfg.num_hidden_layers))
+            .filter(|&b| b <= isize::MAX as usize && n_slots <= MAX_CTX)
+    }
+
+    /// Allocates a zero-filled pool of `n_slots` positions on `be` (after checking
+    /// `types` and the size).
+    pub fn alloc_pool(
+        cfg: &Config,
+        n_slots: usize,
+        types: CacheTypes,
+        be: &mut dyn Backend,
+    ) -> Result<KvCache> {
+        types.check(cfg)?;
+        let bytes = KvCache::pool_bytes(cfg, n_slots, types).ok_or_else(|| {
+            Error::model(format!(
+                "a KV pool of {n_slots} positions x {} layers x {} values is too large to address",
+                cfg.num_hidden_layers,
+                cfg.n_kv_dim()
+            ))
+        })?;
+        let buffer = be.alloc_buffer(bytes)?;
+        Ok(KvCache::pool(cfg, n_slots, types, buffer))
+    }
+
+    /// The byte ranges of `slots` consecutive rows from row `first` in every K and V
+    /// tensor of the pool, as (offset, length) pairs: what copying a block moves.
+    pub fn row_ranges(&self, first: usize, rows: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::with_capacity(2 * self.n_layer);
+        for layer in 0..self.n_layer {
+            let base = layer * self.layer_bytes();
+            let k_row = self.types.k.row_bytes(self.n_kv_dim);
+            let v_row = self.types.v.row_bytes(self.n_kv_dim);
+            let v_base = base + self.tensor_bytes(self.types.k);
+            out.push((base + first * k_row, rows * k_row));
+            out.push((v_base + first * v_row, rows * v_row));
+        }
+        out
+    }
+
     /// Whether V is stored by position (the fused attention op) rather than transposed.
     pub fn v_by_position(&self) -> bool {
         self.types.flash_attn

@@ -1,5 +1,5 @@
 //! Running a loaded model: the [`Model`](model::Model) on a backend (prefill, decode,
-//! the generation loop), sampling ([`sampler`]), what a forward pass returns ([`output`]),
+//! the generation loop), sampling ([`sampling`]), what a forward pass returns ([`output`]),
 //! whether cache and plans fit the device ([`memory`]) and traces of every intermediate
 //! ([`trace`]). Depends on [`arch`](super::arch), [`load`](super::load) and
 //! [`blocks`](super::blocks).
@@ -7,5 +7,5 @@
 pub mod memory;
 pub mod model;
 pub mod output;
-pub mod sampler;
+pub mod sampling;
 pub mod trace;

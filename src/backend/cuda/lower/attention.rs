@@ -31,22 +31,23 @@ use crate::quant::QType;
 pub(crate) const DECODE_MAX_QUERIES: usize = 8;
 /// Blocks per SM the decode split aims for: a block of 4 warps keeps 4 keys' K and V
 /// rows per lane group in flight, and 4 such blocks per SM hide the memory latency.
-const BLOCKS_PER_SM: usize = 4;
+pub(crate) const BLOCKS_PER_SM: usize = 4;
 /// Scores (queries x keys) from which a masked prefill first finds the live keys of each
 /// block of rows (`fattn_kv_range`). Measured on an H100 (one launch of 32 heads, head dim
 /// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
 /// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
 const RANGE_MIN_SCORES: usize = 1 << 24;
-/// Query heads per block of `fattn_vec4s` (the `R` of its instances in build/instances.rs).
-const STREAM_ROWS: usize = 4;
+/// Query heads per block of `fattn_vec4s` and `fattn_paged_vec4` (the `R` of their
+/// instances in build/instances.rs and cuda/fattn_paged.cu).
+pub(crate) const STREAM_ROWS: usize = 4;
 /// Fewest keys per decode block of the CUDA-core kernel when the keys are split.
-const MIN_CHUNK: usize = 64;
+pub(crate) const MIN_CHUNK: usize = 64;
 /// Most chunks of one row's keys (`fattn_combine` loads two chunks' (max, sum) a lane).
 const MAX_SPLIT: usize = 64;
 /// Query rows per block of the tensor-core decode kernel: the 16 rows of its mma tiles.
-const DEC_ROWS: usize = 16;
+pub(crate) const DEC_ROWS: usize = 16;
 /// Keys per chunk of the tensor-core decode kernel are a multiple of this (its key tile).
-const DEC_TILE: usize = FATTN_MMA_KEYS as usize;
+pub(crate) const DEC_TILE: usize = FATTN_MMA_KEYS as usize;
 /// Blocks (one warp each) per SM the tensor-core decode split aims for. Measured on an
 /// H100 (F16 cache, head dim 128): 8 KV heads x 16,640 keys took 35.6 µs in 48 chunks
 /// (384 blocks) and 39.8 µs in 58; 32 KV heads x 4,352 keys 34.8 µs in 12 chunks and
@@ -401,7 +402,7 @@ fn at_dim(family: KeyedSets<FattnArgs, 1>, d: usize) -> Result<KernelSet<FattnAr
 }
 
 /// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).
-fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
+pub(crate) fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
     lw.addr(t) % align == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] as u64 % align == 0)
 }
 
@@ -410,7 +411,7 @@ fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
 /// for F16 and BF16; for Q8_0 and Q4_0, 8 where a row's bytes are a multiple of 8 (head
 /// dims 128 and 256), 4 where they are a multiple of 4 (64). None: no streamed kernel
 /// (other types; Q8_0 and Q4_0 rows of head dims 32 and 96, 2-byte multiples).
-fn stream_unit(dt: DType, d: usize) -> Option<u64> {
+pub(crate) fn stream_unit(dt: DType, d: usize) -> Option<u64> {
     let bytes = match dt {
         DType::F16 | DType::BF16 => return Some(16),
         DType::Quant(QType::Q8_0 | QType::Q4_0) => dt.row_bytes(d),

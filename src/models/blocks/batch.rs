@@ -1,0 +1,181 @@
+//! The batch graph: one forward pass over the tokens of many sequences at once, the
+//! graph the engine runs every step. Its tokens are any mix of decode tokens (one per
+//! sequence) and prefill chunks (a run of a sequence's prompt), each with its own
+//! position; K/V live in a pool of blocks ([`KvCache::pool`]) that each sequence reaches
+//! through its row of a block table.
+//!
+//! Shapes are fixed per graph (`n_tokens`, `n_seqs`, `max_blocks`), everything else comes
+//! in as data, so a backend that captures a plan captures it once per shape and replays it
+//! with new tokens, positions and tables:
+//!
+//! | input | shape | what |
+//! | --- | --- | --- |
+//! | `tokens` | I32 `[n_tokens]` | token ids |
+//! | `pos` | I32 `[n_tokens]` | each token's position in its sequence (rope, learned positions) |
+//! | `slots` | I32 `[n_tokens]` | the pool row each token's K and V are written to |
+//! | `seqs` | I32 `[2, n_tokens]` | each token's sequence (a column of `table`; -1: padding) and position |
+//! | `table` | I32 `[max_blocks, n_seqs]` | each sequence's physical blocks |
+//! | `out_rows` | I32 `[n_seqs]` | the token whose logits each sequence gets (its last) |
+//!
+//! Per layer: q, k, v of every token; K and V written into the pool with `set_rows` at
+//! `slots`; [`paged_attn`](crate::graph::Graph::paged_attn) over each token's visible
+//! positions; the MLP. Then the hidden states of the `out_rows` tokens are gathered
+//! (`get_rows`) and only those `n_seqs` rows go through the final norm and the output
+//! head: logits `[vocab, n_seqs]` and their argmax `[n_seqs]`.
+
+use crate::error::{Error, Result};
+use crate::graph::{DType, PagedAttnParams, Plan, TensorId};
+use crate::models::arch::config::Config;
+use crate::models::load::weights::{LayerLeaves, Weights};
+
+use super::kv_cache::KvCache;
+use super::{Builder, Qkv};
+
+/// The batch graph with its named inputs and outputs.
+pub struct BatchGraph {
+    /// The graph.
+    pub graph: crate::graph::Graph,
+    /// Inputs (see the module docs).
+    pub tokens: TensorId,
+    pub pos: TensorId,
+    pub slots: TensorId,
+    pub seqs: TensorId,
+    pub table: TensorId,
+    pub out_rows: TensorId,
+    /// Output: logits, F32 `[vocab, n_seqs]`.
+    pub logits: TensorId,
+    /// Output: the argmax of each column of the logits, I32 `[n_seqs]` (-1 for a column
+    /// that is not finite).
+    pub argmax: TensorId,
+    /// The shape the graph was built for.
+    pub shape: BatchShape,
+}
+
+impl BatchGraph {
+    /// Plans the graph (logits and argmax as outputs).
+    pub fn plan(&self) -> Result<Plan> {
+        self.graph.plan(&[self.logits, self.argmax])
+    }
+}
+
+/// The fixed sizes of a batch graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchShape {
+    /// Tokens of the step (padding included).
+    pub n_tokens: usize,
+    /// Sequences of the step (padding included): columns of the table, rows of logits.
+    pub n_seqs: usize,
+    /// Logical blocks per sequence: rows of the table.
+    pub max_blocks: usize,
+}
+
+/// The batch graph of `shape` over the pool `pool` (blocks of `block_size` positions).
+pub fn build_batch(
+    cfg: &Config,
+    weights: &Weights,
+    pool: &KvCache,
+    block_size: usize,
+    shape: BatchShape,
+) -> Result<BatchGraph> {
+    let BatchShape {
+        n_tokens: n,
+        n_seqs,
+        max_blocks,
+    } = shape;
+    if n == 0 || n_seqs == 0 || max_blocks == 0 {
+        return Err(Error::model(format!(
+            "internal: a batch graph needs tokens, sequences and blocks: {shape:?}"
+        )));
+    }
+    if !pool.types.flash_attn {
+        return Err(Error::model(
+            "the batch graph reads V by position: its pool needs the fused attention",
+        ));
+    }
+    let mut b = Builder::new(cfg, pool, n, false);
+    let leaves = weights.leaves(&mut b.g, cfg)?;
+    let g = &mut b.g;
+    let tokens = g.input("tokens", DType::I32, &[n])?;
+    let pos = g.input("pos", DType::I32, &[n])?;
+    let slots = g.input("slots", DType::I32, &[n])?;
+    let seqs = g.input("seqs", DType::I32, &[2, n])?;
+    let table = g.input("table", DType::I32, &[max_blocks, n_seqs])?;
+    let out_rows = g.input("out_rows", DType::I32, &[n_seqs])?;
+    let p = PagedAttnParams {
+        scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+        softcap: 0.0,
+        block_size,
+        window: cfg.sliding_window.unwrap_or(0),
+    };
+    let paged = Paged {
+        slots,
+        seqs,
+        table,
+        p,
+    };
+    // x: [n_embd, n]
+    let mut x = b.embed(&leaves, tokens, pos)?;
+    for (i, l) in leaves.layers.iter().enumerate() {
+        let kv = pool.leaves(&mut b.g, i)?;
+        let cur = b.attn_norm(i, l, x)?;
+        let attn = b.attention_paged(i, l, kv, cur, pos, &paged)?;
+        x = b.residual_mlp(i, l, x, attn)?;
+    }
+    let g = &mut b.g;
+    // last: [n_embd, n_seqs], the hidden state of each sequence's output token
+    let last = g.get_rows(x, out_rows)?;
+    let cur = b.norm(last, leaves.out_norm)?;
+    let g = &mut b.g;
+    // logits: [vocab, n_seqs]
+    let logits = g.mul_mat(leaves.output, cur)?;
+    let logits = g.set_name(logits, "logits")?;
+    let argmax = g.argmax(logits)?;
+    let argmax = g.set_name(argmax, "argmax")?;
+    Ok(BatchGraph {
+        graph: b.g,
+        tokens,
+        pos,
+        slots,
+        seqs,
+        table,
+        out_rows,
+        logits,
+        argmax,
+        shape,
+    })
+}
+
+/// The paged-attention inputs every layer shares.
+struct Paged {
+    slots: TensorId,
+    seqs: TensorId,
+    table: TensorId,
+    p: PagedAttnParams,
+}
+
+impl Builder<'_> {
+    /// Attention of a batch: K/V of every token written into the pool at its slot, then
+    /// paged attention over each token's visible positions; heads merged `[n_q, n]`.
+    fn attention_paged(
+        &mut self,
+        i: usize,
+        l: &LayerLeaves,
+        kv: (TensorId, TensorId),
+        cur: TensorId,
+        pos: TensorId,
+        paged: &Paged,
+    ) -> Result<TensorId> {
+        let n = self.n;
+        let Qkv { q, k, v } = self.qkv(i, l, cur, pos, n)?;
+        // k_all, v_all: the pools [n_kv_dim, n_slots], read after this step's writes
+        let (k_all, v_all) = self.write_rows(kv, k, v, paged.slots)?;
+        let n_slots = self.ctx;
+        let k_pool = self.kv_view(k_all, self.cache.k, n_slots)?;
+        let v_pool = self.kv_view(v_all, self.cache.v, n_slots)?;
+        let g = &mut self.g;
+        // o: [hd, n_head, n] -> [n_q, n]
+        let o = g.paged_attn(q, (k_pool, v_pool), paged.table, paged.seqs, paged.p)?;
+        let merged = g.reshape(o, &[self.cfg.n_q(), n])?;
+        self.attn_output(i, l, merged)
+    }
+}
