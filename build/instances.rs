@@ -1,6 +1,7 @@
 //! The kernel instantiation tables of the templated kernel families (part of build.rs):
-//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights) and
-//! `cuda/fattn.cu` (flash attention) define their kernels as templates, and every
+//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/fattn.cu`
+//! (flash attention), `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k)
+//! define their kernels as templates, and every
 //! `extern "C"` kernel of them is one [`Instance`] listed here, written by build.rs to
 //! `OUT_DIR/cuda-gen/<file>.inst.cuh`, which the `.cu` includes at its end. The Rust
 //! kernel table is parsed from those generated declarations like every other, so the
@@ -24,6 +25,8 @@ pub fn header(stem: &str) -> Option<String> {
     let instances = match stem {
         "mul_mat_q" => mul_mat_q(),
         "fattn" => fattn(),
+        "fattn_paged" => fattn_paged(),
+        "topk" => topk(),
         _ => return None,
     };
     let mut s =
@@ -181,7 +184,7 @@ fn with_blocks(
     v
 }
 
-/// An attention kernel.
+/// A kernel of `cuda/fattn.cu` (`FattnArgs`).
 fn attention(name: String, bounds: &str, call: String) -> Instance {
     Instance {
         name,
@@ -191,14 +194,26 @@ fn attention(name: String, bounds: &str, call: String) -> Instance {
     }
 }
 
+/// The block of the streamed and CUDA-core attention kernels.
+const VEC_BLOCK: &str = "FATTN_VEC_WARPS * WARP_SIZE";
+
+/// The block of the tensor-core prefill kernels at head dim `d`: two threads a row of
+/// `FATTN_MMA_ROWS` (`FATTN_MMA_ROWS_D256` past 128).
+fn mma_block(d: usize) -> &'static str {
+    if d > 128 {
+        "FATTN_MMA_ROWS_D256 * 2"
+    } else {
+        "FATTN_MMA_ROWS * 2"
+    }
+}
+
 /// The kernels of `cuda/fattn.cu` but `fattn_combine` and `fattn_kv_range` (see its
 /// header for what each family does).
 fn fattn() -> Vec<Instance> {
     let mut v = Vec::new();
-    let vec_block = "FATTN_VEC_WARPS * WARP_SIZE";
     let vec1s = |v: &mut Vec<Instance>, d: usize, (kv, ty): (&str, &str)| {
         let call = format!("fattn_vec1s<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 1>");
-        v.push(attention(format!("fattn_vec1s_d{d}_{kv}"), vec_block, call));
+        v.push(attention(format!("fattn_vec1s_d{d}_{kv}"), VEC_BLOCK, call));
     };
     // fattn_vec1s: the streamed kernel, one query head a block: F16 and BF16 caches with
     // aligned rows at every head dim, Q8_0 and Q4_0 ones at head dims 64, 128 and 256.
@@ -220,7 +235,7 @@ fn fattn() -> Vec<Instance> {
     for d in [128, 256] {
         for (kv, ty) in [Q8_0, Q4_0] {
             let call = format!("fattn_vec1s<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 4>");
-            let bounds = format!("{vec_block}, 4");
+            let bounds = format!("{VEC_BLOCK}, 4");
             v.push(attention(format!("fattn_vec4s_d{d}_{kv}"), &bounds, call));
         }
     }
@@ -229,29 +244,24 @@ fn fattn() -> Vec<Instance> {
     for d in HEAD_DIMS {
         for (kv, ty) in with_blocks(d, &[F32, BF16]) {
             let call = format!("fattn_vec<{d}, FATTN_VEC_ROWS, {ty}>");
-            v.push(attention(format!("fattn_vec_d{d}_{kv}"), vec_block, call));
+            v.push(attention(format!("fattn_vec_d{d}_{kv}"), VEC_BLOCK, call));
         }
     }
     // fattn_vec1: fattn_vec for one query row a KV head (R = 1).
     for d in HEAD_DIMS {
         for (kv, ty) in with_blocks(d, &[F32, F16, BF16]) {
             let call = format!("fattn_vec<{d}, 1, {ty}>");
-            v.push(attention(format!("fattn_vec1_d{d}_{kv}"), vec_block, call));
+            v.push(attention(format!("fattn_vec1_d{d}_{kv}"), VEC_BLOCK, call));
         }
     }
     // fattn_mma: prefill on tensor cores, blocks of FATTN_MMA_ROWS query rows
     // (FATTN_MMA_ROWS_D256 at head dim 256), two threads a row.
     for d in HEAD_DIMS {
-        let rows = if d > 128 {
-            "FATTN_MMA_ROWS_D256"
-        } else {
-            "FATTN_MMA_ROWS"
-        };
         for (kv, ty) in with_blocks(d, &[F32, F16, BF16]) {
             let call = format!("fattn_mma<{d}, {ty}>");
             v.push(attention(
                 format!("fattn_mma_d{d}_{kv}"),
-                &format!("{rows} * 2"),
+                mma_block(d),
                 call,
             ));
         }
@@ -262,4 +272,80 @@ fn fattn() -> Vec<Instance> {
         v.push(attention(format!("fattn_dec_d{d}_f16"), "WARP_SIZE", call));
     }
     v
+}
+
+/// Head dims of the paged kernels with fixed K/V types (the streamed, tensor-core decode
+/// and prefill blocks); `fattn_paged_any` takes every one of [`HEAD_DIMS`].
+const PAGED_DIMS: [usize; 3] = [64, 128, 256];
+
+/// A kernel of `cuda/fattn_paged.cu` (`PagedArgs`).
+fn paged(name: String, bounds: &str, call: String) -> Instance {
+    Instance {
+        name,
+        bounds: bounds.to_string(),
+        args: "PagedArgs",
+        call,
+    }
+}
+
+/// The kernels of `cuda/fattn_paged.cu` but `fattn_paged_combine` (see its header for
+/// what each family does).
+fn fattn_paged() -> Vec<Instance> {
+    let mut v = Vec::new();
+    // fattn_paged_vec: the streamed decode block, one query head; fattn_paged_vec4: 4 query
+    // heads of a KV head (GQA of BF16, Q8_0 and Q4_0 caches at head dims 128 and 256), 4
+    // blocks an SM, as fattn_vec4s.
+    for d in PAGED_DIMS {
+        for (kv, ty) in [F16, BF16, Q8_0, Q4_0] {
+            let call = format!("paged_vec<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 1>");
+            v.push(paged(format!("fattn_paged_vec_d{d}_{kv}"), VEC_BLOCK, call));
+        }
+    }
+    for d in [128, 256] {
+        for (kv, ty) in [BF16, Q8_0, Q4_0] {
+            let call = format!("paged_vec<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 4>");
+            let bounds = format!("{VEC_BLOCK}, 4");
+            v.push(paged(format!("fattn_paged_vec4_d{d}_{kv}"), &bounds, call));
+        }
+    }
+    // fattn_paged_any: every head dim, K and V of any types (read at run time).
+    for d in HEAD_DIMS {
+        let call = format!("paged_any<{d}>");
+        v.push(paged(format!("fattn_paged_any_d{d}"), VEC_BLOCK, call));
+    }
+    // fattn_paged_dec: the tensor-core decode block (GQA over F16 caches), one warp.
+    for d in PAGED_DIMS {
+        let call = format!("paged_dec<{d}, f16>");
+        v.push(paged(
+            format!("fattn_paged_dec_d{d}_f16"),
+            "WARP_SIZE",
+            call,
+        ));
+    }
+    // fattn_paged_mma: the prefill block over runs of tokens, K and V of one type.
+    for d in PAGED_DIMS {
+        for (kv, ty) in [F32, F16, BF16, Q8_0, Q4_0] {
+            let call = format!("paged_mma<{d}, {ty}>");
+            v.push(paged(
+                format!("fattn_paged_mma_d{d}_{kv}"),
+                mma_block(d),
+                call,
+            ));
+        }
+    }
+    v
+}
+
+/// The kernels of `cuda/topk.cu`: `top_k_<dtype>`, one block of `TOPK_THREADS` a row, for
+/// every float dtype.
+fn topk() -> Vec<Instance> {
+    [F32, F16, BF16]
+        .into_iter()
+        .map(|(t, ty)| Instance {
+            name: format!("top_k_{t}"),
+            bounds: "TOPK_THREADS".into(),
+            args: "TopKArgs",
+            call: format!("top_k<{ty}>"),
+        })
+        .collect()
 }
