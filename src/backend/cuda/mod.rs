@@ -22,7 +22,7 @@
 //!   activations have no Q8_1 copy yet, which dequantize in registers (one launch
 //!   instead of two); [`CudaBackend::set_mmvq`] puts every one on the first or the second
 //!   kind (tests and `graft bench-ops` measure both). The environment switches are listed
-//!   in docs/architecture.md ("Environment variables").
+//!   in docs/cli.md ("Environment variables").
 //! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
 //!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
 //!   [`Backend::read_buffer`], [`Backend::read_arena`]) or finished read
