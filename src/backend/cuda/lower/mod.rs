@@ -45,6 +45,9 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Binary(op) => binary::lower(op, src, dst, lw),
         Op::Norm(op) => norm::lower(op, src, dst, lw),
         Op::MulMat => mul_mat::lower(step, lw),
+        Op::MulMatId => {
+            Err("mul_mat_id has no CUDA kernel: run mixtures of experts on the CPU backend".into())
+        }
         Op::Rope(ref p) => rope::lower(p, src, dst, lw),
         Op::Copy(CopyOp::Cpy | CopyOp::Cont) => Ok(vec![cpy::copy(lw, &src[0], dst)?]),
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
