@@ -48,6 +48,14 @@ pub enum Role {
     FfnDown,
     /// `ffn_down.bias` [n_embd].
     FfnDownB,
+    /// `ffn_gate_inp` [n_embd, n_expert]: the router of a mixture of experts.
+    FfnGateInp,
+    /// `ffn_gate_exps` [n_embd, n_ff, n_expert]: every expert's gate projection.
+    FfnGateExps,
+    /// `ffn_up_exps` [n_embd, n_ff, n_expert].
+    FfnUpExps,
+    /// `ffn_down_exps` [n_ff, n_embd, n_expert].
+    FfnDownExps,
     /// `output_norm` [n_embd].
     OutNorm,
     /// `output_norm.bias` [n_embd] (LayerNorm).
@@ -73,7 +81,9 @@ impl Role {
             | Role::FfnGate
             | Role::FfnUp
             | Role::FfnDown
+            | Role::FfnGateInp
             | Role::Output => 2,
+            Role::FfnGateExps | Role::FfnUpExps | Role::FfnDownExps => 3,
             Role::AttnNorm
             | Role::AttnNormB
             | Role::AttnQB
@@ -112,10 +122,20 @@ impl Role {
             | Role::FfnUpB
             | Role::FfnDown
             | Role::FfnDownB
+            | Role::FfnGateInp
+            | Role::FfnGateExps
+            | Role::FfnUpExps
+            | Role::FfnDownExps
             | Role::OutNorm
             | Role::OutNormB
             | Role::Output => None,
         }
+    }
+
+    /// Whether this is a stack of one matrix per expert (`[.., .., n_expert]`), which a
+    /// Hugging Face checkpoint stores as one tensor per expert.
+    pub fn is_experts(self) -> bool {
+        self.ne_rank() == 3
     }
 
     /// Whether this is a bias (named `.bias` in files).
@@ -134,7 +154,8 @@ impl Role {
         )
     }
 
-    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[n]` for a vector.
+    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[row length, rows,
+    /// n_expert]` for the experts' stacks, `[n]` for a vector.
     pub fn ne(self, cfg: &Config) -> Vec<usize> {
         let (n_embd, vocab, n_ff) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         match self {
@@ -157,6 +178,9 @@ impl Role {
             Role::FfnGate | Role::FfnUp => vec![n_embd, n_ff],
             Role::FfnUpB => vec![n_ff],
             Role::FfnDown => vec![n_ff, n_embd],
+            Role::FfnGateInp => vec![n_embd, cfg.n_expert()],
+            Role::FfnGateExps | Role::FfnUpExps => vec![n_embd, n_ff, cfg.n_expert()],
+            Role::FfnDownExps => vec![n_ff, n_embd, cfg.n_expert()],
         }
     }
 
@@ -185,6 +209,10 @@ impl Role {
             Role::FfnGate => blk("ffn_gate"),
             Role::FfnUp | Role::FfnUpB => blk("ffn_up"),
             Role::FfnDown | Role::FfnDownB => blk("ffn_down"),
+            Role::FfnGateInp => blk("ffn_gate_inp"),
+            Role::FfnGateExps => blk("ffn_gate_exps"),
+            Role::FfnUpExps => blk("ffn_up_exps"),
+            Role::FfnDownExps => blk("ffn_down_exps"),
         }
     }
 
