@@ -387,13 +387,15 @@ impl Fields<'_> {
     fn sliding_window(&self, arch: Arch) -> Result<Option<usize>> {
         match arch {
             Arch::Mistral | Arch::Mixtral => self.opt_usize("sliding_window"),
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => match self.opt_bool("use_sliding_window")? {
-                Some(true) => Err(self.bad(
-                    "use_sliding_window",
-                    "is true; per-layer sliding windows (max_window_layers) are not supported",
-                )),
-                Some(false) | None => Ok(None),
-            },
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                match self.opt_bool("use_sliding_window")? {
+                    Some(true) => Err(self.bad(
+                        "use_sliding_window",
+                        "is true; per-layer sliding windows (max_window_layers) are not supported",
+                    )),
+                    Some(false) | None => Ok(None),
+                }
+            }
             Arch::Llama | Arch::Gpt2 => Ok(None),
         }
     }
@@ -409,14 +411,18 @@ impl Fields<'_> {
         if let Some(step) = self.opt_usize("decoder_sparse_step")?.filter(|&s| s != 1) {
             return Err(self.bad(
                 "decoder_sparse_step",
-                format!("is {step}; graft runs models whose every block is a mixture of experts (1)"),
+                format!(
+                    "is {step}; graft runs models whose every block is a mixture of experts (1)"
+                ),
             ));
         }
         if let Some(v) = self.get("mlp_only_layers").filter(|v| !v.is_null()) {
             if v.as_array().is_none_or(|a| !a.is_empty()) {
                 return Err(self.bad(
                     "mlp_only_layers",
-                    format!("is {v}; graft runs models whose every block is a mixture of experts ([])"),
+                    format!(
+                        "is {v}; graft runs models whose every block is a mixture of experts ([])"
+                    ),
                 ));
             }
         }
@@ -424,13 +430,19 @@ impl Fields<'_> {
             Some(field) => self.opt_bool(field)?.unwrap_or(false),
             None => true,
         };
+        let count = keys
+            .hf_count
+            .iter()
+            .copied()
+            .find(|f| self.get(f).is_some())
+            .unwrap_or(keys.hf_count[0]);
         let moe = Moe {
-            n_expert: self.usize(keys.hf_count)?,
+            n_expert: self.usize(count)?,
             n_used: self.usize(keys.hf_used)?,
             gating: Gating::Softmax,
             norm_topk,
         };
-        moe.check(self.source, [keys.hf_count, keys.hf_used])?;
+        moe.check(self.source, [count, keys.hf_used])?;
         Ok(Some(moe))
     }
 

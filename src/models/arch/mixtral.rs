@@ -16,7 +16,7 @@ pub const SPEC: Spec = Spec {
     hf_model_types: &["mixtral"],
     hf_source,
     experts: Some(ExpertKeys {
-        hf_count: "num_local_experts",
+        hf_count: &["num_local_experts"],
         hf_used: "num_experts_per_tok",
         hf_norm: None,
         gguf_ff: "feed_forward_length",
@@ -27,7 +27,12 @@ pub const SPEC: Spec = Spec {
 /// The HF tensor of `role`: Llama's names, Mixtral's for the router and the experts
 /// (`{e}` is the expert).
 fn hf_source(role: Role, layer: Option<usize>) -> Source {
-    let at = |s: &str| Source::whole(format!("model.layers.{}.block_sparse_moe.{s}", layer.unwrap_or(0)));
+    let at = |s: &str| {
+        Source::whole(format!(
+            "model.layers.{}.block_sparse_moe.{s}",
+            layer.unwrap_or(0)
+        ))
+    };
     match role {
         Role::FfnGateInp => at("gate.weight"),
         Role::FfnGateExps => at("experts.{e}.w1.weight"),

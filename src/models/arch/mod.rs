@@ -101,8 +101,9 @@ impl HfKeys {
 /// a router and `n_expert` SwiGLU experts of which each token goes through `n_used`.
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertKeys {
-    /// HF: experts per block (`num_experts`; Mixtral's `num_local_experts`).
-    pub hf_count: &'static str,
+    /// HF: experts per block, the first of these fields present (published Qwen3-MoE
+    /// configs say `num_experts`, transformers 5 writes `num_local_experts`, Mixtral's).
+    pub hf_count: &'static [&'static str],
     /// HF: experts per token (`num_experts_per_tok`).
     pub hf_used: &'static str,
     /// HF: whether the selected experts' weights are scaled to sum to 1
@@ -271,9 +272,15 @@ impl Arch {
     /// Mistral files are `llama` files with a sliding window, Mixtral files `llama` files
     /// with experts).
     pub fn from_gguf(a: &str) -> Option<Arch> {
-        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Gpt2]
-            .into_iter()
-            .find(|x| x.spec().gguf_arch == a)
+        [
+            Arch::Llama,
+            Arch::Qwen2,
+            Arch::Qwen3,
+            Arch::Qwen3Moe,
+            Arch::Gpt2,
+        ]
+        .into_iter()
+        .find(|x| x.spec().gguf_arch == a)
     }
 
     /// The names accepted, for error messages.

@@ -18,7 +18,7 @@ pub const SPEC: Spec = Spec {
         ..HfKeys::LLAMA
     },
     experts: Some(ExpertKeys {
-        hf_count: "num_experts",
+        hf_count: &["num_experts", "num_local_experts"],
         hf_used: "num_experts_per_tok",
         hf_norm: Some("norm_topk_prob"),
         gguf_ff: "expert_feed_forward_length",

@@ -49,8 +49,8 @@ use crate::models::load::options::CacheTypes;
 use crate::models::load::weights::{
     FfnLeaves, GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights,
 };
-use moe::route;
 use kv_cache::{ring_chunk, KvCache};
+use moe::route;
 
 /// Positions per decode KV-length bucket (ggml pads the KV length the same way).
 pub const DECODE_BUCKET: usize = 256;

@@ -39,11 +39,9 @@ pub(crate) fn route(g: &mut Graph, logits: TensorId, moe: Moe) -> Result<(Tensor
             let p = by_expert(g, p)?;
             g.get_rows(p, ids)?
         }
-        (Gating::Sigmoid, true) => {
-            return Err(Error::model(
-                "a mixture of experts with sigmoid gating and renormalised weights is not supported",
-            ))
-        }
+        (Gating::Sigmoid, true) => return Err(Error::model(
+            "a mixture of experts with sigmoid gating and renormalised weights is not supported",
+        )),
     };
     let weights = g.reshape(weights, &[1, moe.n_used, n])?;
     Ok((ids, weights))
@@ -115,7 +113,10 @@ mod tests {
                     assert_eq!(ids[t * 3 + j], e as i32, "{gating:?} token {t}");
                     let want = if norm_topk { p[e] / sum } else { p[e] };
                     let got = f64::from(w[t * 3 + j]);
-                    assert!((got - want).abs() < 1e-6, "{gating:?} {norm_topk}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-6,
+                        "{gating:?} {norm_topk}: {got} vs {want}"
+                    );
                 }
             }
         }

@@ -31,8 +31,8 @@ use crate::graph::{BufferId, DType};
 
 use crate::models::arch::config::Config;
 use crate::models::arch::role::Role;
-use crate::models::arch::Source;
 use crate::models::arch::tp::Split;
+use crate::models::arch::Source;
 use crate::models::load::options::LoadOptions;
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::load::rows::{convert_rows, source_bytes, source_shape};

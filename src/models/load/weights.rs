@@ -306,7 +306,11 @@ impl SizeFields {
             heads: k.heads.into(),
             kv_heads: k.kv_heads.map(Into::into),
             intermediate: k.intermediate.into(),
-            experts: cfg.arch.spec().experts.map_or("", |e| e.hf_count).into(),
+            experts: cfg
+                .arch
+                .spec()
+                .experts
+                .map_or(String::new(), |e| e.hf_count.join(" / ")),
             outermost_first: true,
         }
     }
@@ -385,9 +389,12 @@ pub fn check_sizes(
         // the experts' width is checked with each expert's shape; the router's rows
         // are the experts
         (Some(m), _) => checks.push((Role::FfnGateInp, 1, &fields.experts, m.n_expert)),
-        (None, MlpKind::SwiGlu) => {
-            checks.push((Role::FfnGate, 1, &fields.intermediate, cfg.intermediate_size))
-        }
+        (None, MlpKind::SwiGlu) => checks.push((
+            Role::FfnGate,
+            1,
+            &fields.intermediate,
+            cfg.intermediate_size,
+        )),
         (None, MlpKind::Gelu) => {
             checks.push((Role::FfnUp, 1, &fields.intermediate, cfg.intermediate_size))
         }
