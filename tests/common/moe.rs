@@ -124,15 +124,25 @@ pub fn weight_dtypes() -> Vec<DType> {
 /// with repeats, so a token may use an expert twice and an expert may go unused), shared
 /// or per-expert inputs, 1..=7 tokens, contiguous or strided inputs.
 pub fn cases() -> impl Strategy<Value = MoeCase> {
+    cases_with(7, 6, 9)
+}
+
+/// [`cases`] with up to `max_tokens` tokens and `max_experts` experts of up to
+/// `max_rows` rows (a prefill's many columns per expert).
+pub fn cases_with(
+    max_tokens: usize,
+    max_experts: usize,
+    max_rows: usize,
+) -> impl Strategy<Value = MoeCase> {
     let dtypes = weight_dtypes();
     (
         0..dtypes.len(),
         1usize..=3,
-        1usize..=9,
-        1usize..=6,
+        1usize..=max_rows,
+        1usize..=max_experts,
         1usize..=4,
         any::<bool>(),
-        1usize..=7,
+        1usize..=max_tokens,
         prop_oneof![Just(0usize), 1usize..=5],
         any::<u64>(),
     )
