@@ -201,4 +201,14 @@ mod tests {
         }
         assert!(preset("nope").is_none());
     }
+
+    /// Qwen3-30B-A3B reads about 3 B parameters a token (its 3.3 B activated, less the
+    /// embedding table, of which one row is read): 8 of 128 experts' stacks.
+    #[test]
+    fn a_token_reads_its_experts_share() {
+        let cfg = preset("qwen3-30b-a3b").unwrap();
+        let w = Weights::layout(&cfg, &uniform(DType::F16), BufferId(0));
+        let b = w.bytes_per_token(&cfg) as f64 / 2.0 / 1e9;
+        assert!((b - 3.04).abs() < 0.01, "{b} B parameters a token");
+    }
 }

@@ -1048,13 +1048,20 @@ mod tests {
             let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
             let l = cfg.num_hidden_layers;
             let count = |op: &str| ops.iter().filter(|o| **o == op).count();
-            assert_eq!(count("mul_mat"), 6 * l + 1, "{name}: {ops:?}");
+            // a mixture of experts: the router's product, then top_k and three
+            // mul_mat_id in place of the MLP's two products
+            let experts = cfg.moe.is_some() as usize;
+            let products = (6 - experts) * l + 1;
+            assert_eq!(count("mul_mat"), products, "{name}: {ops:?}");
+            assert_eq!(count("mul_mat_id"), 3 * experts * l);
+            assert_eq!(count("top_k"), experts * l);
             assert_eq!(count("cpy"), 2 * l);
             // a sliding window comes in as a mask input, the causal mask is an op
             let windowed = cfg.sliding_window.is_some();
             assert_eq!(count("diag_mask_inf"), if windowed { 0 } else { l });
             assert_eq!(pre.kq_mask.is_some(), windowed);
-            assert_eq!(count("soft_max"), l);
+            // attention's, and the router's over the selected experts
+            assert_eq!(count("soft_max"), (1 + experts) * l);
             assert_eq!(count("set_rows"), 0);
             let dec = build_decode(&cfg, &w, &kv, 512).unwrap();
             let plan = dec.plan().unwrap();
@@ -1063,7 +1070,8 @@ mod tests {
             assert_eq!(count("set_rows"), 2 * l);
             assert_eq!(count("diag_mask_inf"), 0);
             assert_eq!(count("cont"), 0, "n == 1 needs no cont of the merged heads");
-            assert_eq!(count("mul_mat"), 6 * l + 1);
+            assert_eq!(count("mul_mat"), products);
+            assert_eq!(count("mul_mat_id"), 3 * experts * l);
 
             // The fused attention: one op per layer instead of two products, a scale, a
             // mask and a softmax; K and V both written by position.
@@ -1076,8 +1084,9 @@ mod tests {
                 let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
                 let count = |op: &str| ops.iter().filter(|o| **o == op).count();
                 assert_eq!(count("flash_attn_ext"), l, "{name}: {ops:?}");
-                assert_eq!(count("mul_mat"), 4 * l + 1);
-                assert_eq!(count("soft_max") + count("diag_mask_inf"), 0);
+                assert_eq!(count("mul_mat"), (4 - experts) * l + 1);
+                assert_eq!(count("soft_max"), experts * l);
+                assert_eq!(count("diag_mask_inf"), 0);
                 assert_eq!(count("cpy") + count("set_rows"), 2 * l);
                 assert!(mg.kq_mask.is_some());
             }

@@ -588,16 +588,19 @@ impl Weights {
     }
 
     /// Bytes of weights read to decode one token: everything but the embedding tables,
-    /// of which one row each is read (unless the token table is also the output head).
+    /// of which one row each is read (unless the token table is also the output head),
+    /// and of the experts' stacks only the share of the experts a token goes through.
     pub fn bytes_per_token(&self, cfg: &Config) -> usize {
         let row_only = |s: &Slot| {
             s.role == Role::PosEmbd || (s.role == Role::TokEmbd && !cfg.tie_word_embeddings)
         };
+        let used = cfg.moe.map_or(1, |m| m.n_used);
         self.slots(cfg)
             .iter()
-            .map(|s| match row_only(s) {
-                true => s.at.dtype.row_bytes(s.row_len()),
-                false => s.bytes(),
+            .map(|s| match (row_only(s), s.role.is_experts()) {
+                (true, _) => s.at.dtype.row_bytes(s.row_len()),
+                (false, true) => s.bytes() / cfg.n_expert().max(1) * used,
+                (false, false) => s.bytes(),
             })
             .sum()
     }
