@@ -142,6 +142,11 @@ pub(crate) struct Lowering<'a> {
     /// the same layout. It is forgotten when a step writes memory the activations occupy
     /// ([`Lowering::wrote`]) or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<Q8Copy>,
+    /// The columns of the last mul_mat_id grouped by expert in scratch: the next
+    /// mul_mat_id over the same ids (a block's gate, up and down products) reads them
+    /// instead of grouping again. Forgotten like [`Lowering::q8_1`]: when a step writes
+    /// the ids' memory or another step takes scratch.
+    pub experts: Option<ExpertGroups>,
     /// Whether a step lowered before the current one has launches: a kernel of the plan
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
@@ -182,6 +187,19 @@ pub struct Q8Copy {
     pub layout: Q8Layout,
 }
 
+/// The columns of a mul_mat_id grouped by expert (`group_by_expert`, cuda/mul_mat_id.cu).
+#[derive(Clone, Debug)]
+pub struct ExpertGroups {
+    /// The ids they were grouped from.
+    pub ids: Operand,
+    /// The experts (the offsets' length less one).
+    pub n_expert: usize,
+    /// Each expert's first column in `cols` (I32, `n_expert + 1`).
+    pub offsets: u64,
+    /// The columns, grouped by expert (I32).
+    pub cols: u64,
+}
+
 /// Alignment of every block in the constant and scratch regions.
 pub(crate) const REGION_ALIGN: usize = 256;
 /// Most blocks on grid.x.
@@ -215,6 +233,7 @@ impl<'a> Lowering<'a> {
             devices,
             sms: DEFAULT_SMS,
             q8_1: None,
+            experts: None,
             launched: false,
             split: &[],
         }
@@ -254,6 +273,7 @@ impl Lowering<'_> {
     /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
+        self.experts = None;
         let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
         self.scratch_need = self.scratch_need.max(*offset);
@@ -264,6 +284,13 @@ impl Lowering<'_> {
     pub fn wrote(&mut self, dst: &Operand) {
         if self.q8_1.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
             self.q8_1 = None;
+        }
+        if self
+            .experts
+            .as_ref()
+            .is_some_and(|g| !disjoint(&g.ids, dst))
+        {
+            self.experts = None;
         }
     }
 

@@ -1,12 +1,14 @@
 //! mul_mat_id (`cuda/mul_mat_id.cu`): `group_by_expert` sorts the columns by expert into
 //! scratch, then `mul_mat_id_<type>` runs a block per tile of rows, expert and column
-//! chunk, each expert's rows read once per chunk of its columns.
+//! chunk, each expert's rows read once per chunk of its columns. A block's gate, up and
+//! down products share their ids: the grouping of the first serves the next ones
+//! ([`Lowering::experts`]) while no step between them takes scratch or writes the ids.
 
 use crate::backend::cuda::args::{
     MulMatIdArgs, MMID_COLS, MMID_GROUP_THREADS, MMID_MAX_EXPERTS, MMID_ROWS, MMID_THREADS,
 };
 use crate::backend::cuda::kernels::{by, k};
-use crate::backend::cuda::lowering::{expect_i32, DevOp, Lowering, MAX_GRID_X};
+use crate::backend::cuda::lowering::{expect_i32, DevOp, ExpertGroups, Lowering, MAX_GRID_X};
 use crate::graph::{DType, Operand};
 
 /// The grid's z at most: the column chunks of one expert that run side by side (a
@@ -47,28 +49,47 @@ pub(crate) fn lower(
     if tiles > MAX_GRID_X {
         return Err(format!("mul_mat_id with {m} rows exceeds the grid"));
     }
-    let mut offset = 0;
-    let offsets = lw.reserve_scratch(&mut offset, (n_expert + 1) * 4);
-    let cols = lw.reserve_scratch(&mut offset, n * 4);
+    // the columns grouped by expert: those of the last mul_mat_id when it had these
+    // ids, else grouped here
+    let (groups, regroup) = match lw.experts.take() {
+        Some(g) if g.ids == *ids && g.n_expert == n_expert => (g, false),
+        Some(_) | None => {
+            let mut offset = 0;
+            let offsets = lw.reserve_scratch(&mut offset, (n_expert + 1) * 4);
+            let cols = lw.reserve_scratch(&mut offset, n * 4);
+            let g = ExpertGroups {
+                ids: ids.clone(),
+                n_expert,
+                offsets,
+                cols,
+            };
+            (g, true)
+        }
+    };
     let chunks = n.div_ceil(MMID_COLS as usize).min(MAX_CHUNKS);
     let args = MulMatIdArgs {
         w: lw.t4(w),
         b: lw.t4(b),
         ids: lw.t4(ids),
         dst: lw.t4(dst),
-        offsets,
-        cols,
+        offsets: groups.offsets,
+        cols: groups.cols,
         err: lw.err,
         tag: lw.tag,
         chunks: chunks as i64,
     };
-    let group = DevOp::kernel(
-        k::GROUP_BY_EXPERT,
-        (1, 1, 1),
-        (MMID_GROUP_THREADS as u32, 1, 1),
-        &args,
-    );
+    let mut launches = Vec::new();
+    if regroup {
+        let block = (MMID_GROUP_THREADS as u32, 1, 1);
+        launches.push(DevOp::kernel(k::GROUP_BY_EXPERT, (1, 1, 1), block, &args));
+    }
     let grid = (tiles as u32, n_expert as u32, chunks as u32);
-    let product = DevOp::kernel(kernel, grid, (MMID_THREADS as u32, 1, 1), &args);
-    Ok(vec![group, product])
+    launches.push(DevOp::kernel(
+        kernel,
+        grid,
+        (MMID_THREADS as u32, 1, 1),
+        &args,
+    ));
+    lw.experts = Some(groups);
+    Ok(launches)
 }
