@@ -678,8 +678,9 @@ def main():
 
     tokq, endoftext_q, im_end_q = qwen_tokenizer()
 
-    def cfg_qwen3(heads, head_dim, tied):
-        return Qwen3Config(
+    def qwen3_args(heads, head_dim, tied):
+        """The settings of the Qwen3 fixtures, dense and mixtures of experts."""
+        return dict(
             vocab_size=tokq.get_vocab_size(),
             hidden_size=64,
             intermediate_size=192,
@@ -695,6 +696,9 @@ def main():
             bos_token_id=endoftext_q,
             eos_token_id=im_end_q,
         )
+
+    def cfg_qwen3(heads, head_dim, tied):
+        return Qwen3Config(**qwen3_args(heads, head_dim, tied))
 
     fixtures["qwen3-tiny-f32"] = lambda n: make(
         n, cfg_qwen3(8, 16, True), 500, torch.float32, "float32", tokq, classic_config, 1
@@ -720,7 +724,8 @@ def main():
     )
     fixtures["qwen2-tiny-f32"] = lambda n: make(n, cfg_qwen2, 700, torch.float32, "float32", tokq, qwen2_config, 1)
 
-    cfg_mistral = MistralConfig(
+    # the settings of the Mistral fixture, and with experts of the Mixtral one
+    mistral_args = dict(
         vocab_size=tok2.get_vocab_size(),
         hidden_size=64,
         intermediate_size=128,
@@ -736,32 +741,20 @@ def main():
         bos_token_id=bos2,
         eos_token_id=eos2,
     )
+    cfg_mistral = MistralConfig(**mistral_args)
     fixtures["mistral-tiny-f32"] = lambda n: make(
         n, cfg_mistral, 800, torch.float32, "float32", tok2, classic_config, 1
     )
 
     def cfg_qwen3moe(heads, head_dim, tied, experts, used, ff, norm):
         return Qwen3MoeConfig(
-            vocab_size=tokq.get_vocab_size(),
-            hidden_size=64,
-            intermediate_size=192,
+            **qwen3_args(heads, head_dim, tied),
             moe_intermediate_size=ff,
             num_experts=experts,
             num_experts_per_tok=used,
             norm_topk_prob=norm,
             decoder_sparse_step=1,
             mlp_only_layers=[],
-            num_hidden_layers=2,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            head_dim=head_dim,
-            max_position_embeddings=512,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=tied,
-            initializer_range=INIT_RANGE,
-            bos_token_id=endoftext_q,
-            eos_token_id=im_end_q,
         )
 
     fixtures["qwen3moe-tiny-f32"] = lambda n: make(
@@ -772,22 +765,14 @@ def main():
     )
 
     cfg_mixtral = MixtralConfig(
-        vocab_size=tok2.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=48,
+        **{
+            **mistral_args,
+            "intermediate_size": 48,
+            "rope_theta": 1000000.0,
+            "sliding_window": None,
+        },
         num_local_experts=8,
         num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        rope_theta=1000000.0,
-        sliding_window=None,
-        tie_word_embeddings=False,
-        initializer_range=INIT_RANGE,
-        bos_token_id=bos2,
-        eos_token_id=eos2,
     )
     fixtures["mixtral-tiny-f32"] = lambda n: make(
         n, cfg_mixtral, 1200, torch.float32, "float32", tok2, classic_config, 1

@@ -8,7 +8,7 @@
 //! `ffn_{gate,up,down}_exps`.
 
 use super::{ExpertKeys, Source, Spec};
-use crate::models::arch::role::Role;
+use crate::models::arch::role::{ExpertPart, Role};
 
 /// Mixtral: Mistral with experts.
 pub const SPEC: Spec = Spec {
@@ -28,39 +28,14 @@ pub const SPEC: Spec = Spec {
 /// (`{e}` is the expert).
 fn hf_source(role: Role, layer: Option<usize>) -> Source {
     let at = |s: &str| {
-        Source::whole(format!(
-            "model.layers.{}.block_sparse_moe.{s}",
-            layer.unwrap_or(0)
-        ))
+        let l = layer.unwrap_or(0);
+        Source::whole(format!("model.layers.{l}.block_sparse_moe.{s}"))
     };
-    match role {
-        Role::FfnGateInp => at("gate.weight"),
-        Role::FfnGateExps => at("experts.{e}.w1.weight"),
-        Role::FfnUpExps => at("experts.{e}.w3.weight"),
-        Role::FfnDownExps => at("experts.{e}.w2.weight"),
-        Role::TokEmbd
-        | Role::PosEmbd
-        | Role::AttnNorm
-        | Role::AttnNormB
-        | Role::AttnQ
-        | Role::AttnK
-        | Role::AttnV
-        | Role::AttnQB
-        | Role::AttnKB
-        | Role::AttnVB
-        | Role::AttnQNorm
-        | Role::AttnKNorm
-        | Role::AttnOut
-        | Role::AttnOutB
-        | Role::FfnNorm
-        | Role::FfnNormB
-        | Role::FfnGate
-        | Role::FfnUp
-        | Role::FfnUpB
-        | Role::FfnDown
-        | Role::FfnDownB
-        | Role::OutNorm
-        | Role::OutNormB
-        | Role::Output => super::llama::hf_source(role, layer),
+    match role.expert_part() {
+        Some(ExpertPart::Router) => at("gate.weight"),
+        Some(ExpertPart::Gate) => at("experts.{e}.w1.weight"),
+        Some(ExpertPart::Up) => at("experts.{e}.w3.weight"),
+        Some(ExpertPart::Down) => at("experts.{e}.w2.weight"),
+        None => super::llama::hf_source(role, layer),
     }
 }

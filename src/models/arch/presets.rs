@@ -45,25 +45,32 @@ pub fn preset(name: &str) -> Option<Config> {
         moe: None,
         tp: 1,
     };
-    let qwen3_30b_a3b = Config {
-        arch: Arch::Qwen3Moe,
-        hidden_size: 2048,
-        intermediate_size: 768,
-        num_hidden_layers: 48,
-        num_key_value_heads: 4,
+    let qwen3_8b = Config {
+        arch: Arch::Qwen3,
+        intermediate_size: 12288,
+        num_hidden_layers: 36,
+        num_key_value_heads: 8,
         norm_eps: 1e-6,
         vocab_size: 151_936,
         max_position_embeddings: 40_960,
         bos_token_id: Some(151_643),
         eos_token_ids: vec![151_645, 151_643],
         rope_theta: 1_000_000.0,
+        ..llama2_7b.clone()
+    };
+    let qwen3_30b_a3b = Config {
+        arch: Arch::Qwen3Moe,
+        hidden_size: 2048,
+        intermediate_size: 768,
+        num_hidden_layers: 48,
+        num_key_value_heads: 4,
         moe: Some(Moe {
             n_expert: 128,
             n_used: 8,
             gating: Gating::Softmax,
             norm_topk: true,
         }),
-        ..llama2_7b.clone()
+        ..qwen3_8b.clone()
     };
     match name {
         "llama2-7b" => Some(llama2_7b),
@@ -92,19 +99,7 @@ pub fn preset(name: &str) -> Option<Config> {
             }),
             ..llama2_7b
         }),
-        "qwen3-8b" => Some(Config {
-            arch: Arch::Qwen3,
-            intermediate_size: 12288,
-            num_hidden_layers: 36,
-            num_key_value_heads: 8,
-            norm_eps: 1e-6,
-            vocab_size: 151_936,
-            max_position_embeddings: 40_960,
-            bos_token_id: Some(151_643),
-            eos_token_ids: vec![151_645, 151_643],
-            rope_theta: 1_000_000.0,
-            ..llama2_7b
-        }),
+        "qwen3-8b" => Some(qwen3_8b),
         "qwen3-30b-a3b" => Some(qwen3_30b_a3b),
         "tiny-moe" => Some(Config {
             hidden_size: 256,

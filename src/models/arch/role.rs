@@ -64,6 +64,19 @@ pub enum Role {
     Output,
 }
 
+/// The weights of a mixture of experts (see [`Role::expert_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPart {
+    /// The router, `ffn_gate_inp`.
+    Router,
+    /// The experts' gate projections, `ffn_gate_exps`.
+    Gate,
+    /// The experts' up projections, `ffn_up_exps`.
+    Up,
+    /// The experts' down projections, `ffn_down_exps`.
+    Down,
+}
+
 impl Role {
     /// Whether this is a vector (a norm weight or a bias), always F32.
     pub fn is_vector(self) -> bool {
@@ -126,6 +139,40 @@ impl Role {
             | Role::FfnGateExps
             | Role::FfnUpExps
             | Role::FfnDownExps
+            | Role::OutNorm
+            | Role::OutNormB
+            | Role::Output => None,
+        }
+    }
+
+    /// Which part of a mixture of experts this weight is, if any.
+    pub fn expert_part(self) -> Option<ExpertPart> {
+        match self {
+            Role::FfnGateInp => Some(ExpertPart::Router),
+            Role::FfnGateExps => Some(ExpertPart::Gate),
+            Role::FfnUpExps => Some(ExpertPart::Up),
+            Role::FfnDownExps => Some(ExpertPart::Down),
+            Role::TokEmbd
+            | Role::PosEmbd
+            | Role::AttnNorm
+            | Role::AttnNormB
+            | Role::AttnQ
+            | Role::AttnK
+            | Role::AttnV
+            | Role::AttnQB
+            | Role::AttnKB
+            | Role::AttnVB
+            | Role::AttnQNorm
+            | Role::AttnKNorm
+            | Role::AttnOut
+            | Role::AttnOutB
+            | Role::FfnNorm
+            | Role::FfnNormB
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnUpB
+            | Role::FfnDown
+            | Role::FfnDownB
             | Role::OutNorm
             | Role::OutNormB
             | Role::Output => None,
