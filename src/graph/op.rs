@@ -59,6 +59,9 @@ op_family! {
         Tanh = "tanh",
         /// `1 / (1 + exp(-x))` (sigmoid gating of a mixture of experts' router).
         Sigmoid = "sigmoid",
+        /// `log(sigmoid(x))`, computed without overflow (renormalised sigmoid gating: the
+        /// softmax of these is `sigmoid(x_i) / sum_j sigmoid(x_j)`).
+        LogSigmoid = "log_sigmoid",
     }
 }
 

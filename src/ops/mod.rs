@@ -9,7 +9,7 @@
 //! | [`view`] | view_1d..4d, reshape, permute, transpose, after |
 //! | [`get_rows`] | get_rows |
 //! | [`binary`] | [`BinaryOp`]: add, mul (broadcasting the second operand) |
-//! | [`unary`] | scale, [`UnaryOp`]: silu, gelu, tanh, sigmoid |
+//! | [`unary`] | scale, [`UnaryOp`]: silu, gelu, tanh, sigmoid, log_sigmoid |
 //! | [`norm`] | rms_norm, norm |
 //! | [`mul_mat`] | mul_mat |
 //! | [`mul_mat_id`] | mul_mat_id (the experts' products of a mixture of experts) |

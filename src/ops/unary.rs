@@ -54,6 +54,7 @@ impl UnaryOp {
             }
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
         }
     }
 }

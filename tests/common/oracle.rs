@@ -232,6 +232,7 @@ pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         }
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::LogSigmoid => -(-x).exp().ln_1p(),
     }
 }
 

@@ -7,12 +7,13 @@
 //! - softmax: `softmax(logits)` at the ids, or, renormalised to sum to 1, the softmax of
 //!   the selected logits alone (the same numbers: `p_i / sum_sel p_j` =
 //!   `exp(l_i) / sum_sel exp(l_j)`), which needs no division op;
-//! - sigmoid: `sigmoid(logits)` at the ids (renormalising sigmoid weights is refused:
-//!   there is no row-sum op yet).
+//! - sigmoid: `sigmoid(logits)` at the ids, or, renormalised, the softmax of
+//!   `log_sigmoid` of the selected logits (`sigmoid(l_i) / sum_sel sigmoid(l_j)`).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::{Graph, TensorId};
 use crate::models::arch::config::{Gating, Moe};
+use crate::ops::UnaryOp;
 
 /// The experts of each token and their weights from the router's `logits` `[n_expert,
 /// n]`: ids I32 `[n_used, n]` (best first) and weights F32 `[1, n_used, n]` (the shape
@@ -20,28 +21,30 @@ use crate::models::arch::config::{Gating, Moe};
 pub(crate) fn route(g: &mut Graph, logits: TensorId, moe: Moe) -> Result<(TensorId, TensorId)> {
     let [n_expert, n, ..] = g.get(logits)?.ne;
     let ids = g.top_k(logits, moe.n_used)?;
-    // a row of one value per expert, so that get_rows picks single probabilities
-    let by_expert = |g: &mut Graph, p: TensorId| g.reshape(p, &[1, n_expert, n]);
+    // each token's values at its experts: get_rows of a row of one value per expert
+    let at_ids = |g: &mut Graph, p: TensorId| {
+        let p = g.reshape(p, &[1, n_expert, n])?;
+        g.get_rows(p, ids)
+    };
     let weights = match (moe.gating, moe.norm_topk) {
-        (Gating::Softmax, true) => {
-            let l = by_expert(g, logits)?;
-            let sel = g.get_rows(l, ids)?;
-            let sel = g.reshape(sel, &[moe.n_used, n])?;
-            g.soft_max(sel)?
-        }
         (Gating::Softmax, false) => {
             let p = g.soft_max(logits)?;
-            let p = by_expert(g, p)?;
-            g.get_rows(p, ids)?
+            at_ids(g, p)?
         }
         (Gating::Sigmoid, false) => {
-            let p = g.unary(crate::ops::UnaryOp::Sigmoid, logits)?;
-            let p = by_expert(g, p)?;
-            g.get_rows(p, ids)?
+            let p = g.unary(UnaryOp::Sigmoid, logits)?;
+            at_ids(g, p)?
         }
-        (Gating::Sigmoid, true) => return Err(Error::model(
-            "a mixture of experts with sigmoid gating and renormalised weights is not supported",
-        )),
+        (gating, true) => {
+            // the selected logits [n_used, n], softmax'd over each token's experts
+            let sel = at_ids(g, logits)?;
+            let sel = g.reshape(sel, &[moe.n_used, n])?;
+            let sel = match gating {
+                Gating::Softmax => sel,
+                Gating::Sigmoid => g.unary(UnaryOp::LogSigmoid, sel)?,
+            };
+            g.soft_max(sel)?
+        }
     };
     let weights = g.reshape(weights, &[1, moe.n_used, n])?;
     Ok((ids, weights))
@@ -85,6 +88,7 @@ mod tests {
             (Gating::Softmax, true),
             (Gating::Softmax, false),
             (Gating::Sigmoid, false),
+            (Gating::Sigmoid, true),
         ] {
             let moe = Moe {
                 n_expert,
@@ -120,19 +124,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn sigmoid_with_renormalisation_is_refused() {
-        let mut g = Graph::new();
-        let x = g.input("logits", DType::F32, &[8, 2]).unwrap();
-        let moe = Moe {
-            n_expert: 8,
-            n_used: 2,
-            gating: Gating::Sigmoid,
-            norm_topk: true,
-        };
-        let err = route(&mut g, x, moe).unwrap_err().to_string();
-        assert!(err.contains("sigmoid"), "{err}");
     }
 }
