@@ -99,7 +99,10 @@ __device__ void mul_mat_id(const MulMatIdArgs& p) {
                     if (c < nc) {
                         const float* xc = x[c] + g * 8;
                         float s = 0.0f;
-                        for (int u = 0; u < valid; ++u) s += v[u] * __ldg(xc + u);
+#pragma unroll
+                        for (int u = 0; u < 8; ++u) {
+                            if (u < valid) s += v[u] * __ldg(xc + u);
+                        }
                         acc[c] += s;
                     }
                 }
