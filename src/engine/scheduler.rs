@@ -183,7 +183,9 @@ impl Scheduler {
             let dst = self.pool.allocate()?;
             s.blocks.push(dst);
             s.computed += rows;
-            Some(Copy { src, dst, rows })
+            // the cached block itself may be the one evicted for the copy: its rows are
+            // then already in place
+            (dst != src).then_some(Copy { src, dst, rows })
         })
     }
 
