@@ -12,7 +12,8 @@
 //!   compared with another trace (HF transformers', or another backend's);
 //! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's);
 //! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache;
-//! - `serve`: an OpenAI-compatible HTTP server on the batched engine.
+//! - `serve`: an OpenAI-compatible HTTP server on the batched engine;
+//! - `serve-bench`: a load generator for such servers (graft's or llama-server).
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic. One outcome that is not a
@@ -29,6 +30,7 @@ mod logits;
 mod model_args;
 mod pull;
 mod serve;
+mod serve_bench;
 mod tokenize;
 mod trace;
 
@@ -89,6 +91,9 @@ enum Command {
     /// /v1/completions, /v1/models), /health, /metrics and a chat page at /.
     #[command(allow_negative_numbers = true)]
     Serve(serve::Args),
+    /// Measure an OpenAI-compatible server (graft serve, llama-server) at fixed
+    /// concurrency: output tok/s, time to first token and per output token (p50/p99).
+    ServeBench(serve_bench::Args),
 }
 
 /// Sampling options of `generate` and `chat`.
@@ -172,6 +177,7 @@ pub fn main() -> ExitCode {
         Command::Trace(a) => trace::run(a),
         Command::Pull(a) => done(pull::run(a)),
         Command::Serve(a) => done(serve::run(a)),
+        Command::ServeBench(a) => done(serve_bench::run(a)),
     };
     match r {
         Ok(code) => code,

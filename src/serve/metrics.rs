@@ -31,6 +31,9 @@ pub struct Metrics {
     prefix_lookups: IntCounter,
     /// `graft_preemptions_total`.
     preemptions: IntCounter,
+    /// `graft_batch_plans_built_total`: batch graphs built (one per new shape, again
+    /// after one of the kept plans was unloaded).
+    plans_built: IntCounter,
     /// `graft_time_to_first_token_seconds`.
     pub ttft: Histogram,
     /// `graft_time_per_output_token_seconds`.
@@ -106,6 +109,7 @@ impl Metrics {
                 "graft_preemptions_total",
                 "Sequences preempted for want of KV blocks",
             ),
+            plans_built: counter("graft_batch_plans_built_total", "Batch graphs built"),
             ttft: histogram(
                 "graft_time_to_first_token_seconds",
                 "Time from a request's arrival to its first token",
@@ -133,8 +137,8 @@ impl Metrics {
             .inc();
     }
 
-    /// Takes the engine's counters after a step.
-    pub fn publish(&self, s: &EngineStats) {
+    /// Takes the engine's counters after a step, with the batch graphs built so far.
+    pub fn publish(&self, s: &EngineStats, plans_built: usize) {
         self.waiting.set(s.waiting as i64);
         self.running.set(s.running as i64);
         self.blocks_used.set(s.blocks_used as i64);
@@ -149,6 +153,8 @@ impl Metrics {
         self.preemptions
             .inc_by(s.preemptions.saturating_sub(last.preemptions));
         *last = *s;
+        self.plans_built
+            .inc_by((plans_built as u64).saturating_sub(self.plans_built.get()));
     }
 
     /// The text exposition.
@@ -176,16 +182,22 @@ mod tests {
         let m = Metrics::new();
         m.count_request("/v1/completions", 200);
         m.count_request("/nope", 404);
-        m.publish(&EngineStats {
-            running: 3,
-            prefix_hit_tokens: 32,
-            ..EngineStats::default()
-        });
-        m.publish(&EngineStats {
-            running: 1,
-            prefix_hit_tokens: 48,
-            ..EngineStats::default()
-        });
+        m.publish(
+            &EngineStats {
+                running: 3,
+                prefix_hit_tokens: 32,
+                ..EngineStats::default()
+            },
+            2,
+        );
+        m.publish(
+            &EngineStats {
+                running: 1,
+                prefix_hit_tokens: 48,
+                ..EngineStats::default()
+            },
+            5,
+        );
         let text = m.render();
         for line in [
             "graft_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
@@ -194,6 +206,7 @@ mod tests {
             "graft_prefix_cache_hit_tokens_total 48",
             "graft_time_to_first_token_seconds_count 0",
             "graft_kv_blocks_free 0",
+            "graft_batch_plans_built_total 5",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

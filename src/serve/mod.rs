@@ -104,28 +104,42 @@ impl App {
     }
 
     /// The request body: at most `--max-body` bytes (else 413), within `--timeout`
-    /// (else 408).
+    /// (else 408). A body over the limit is still read (up to [`DRAIN_LIMIT`]) and
+    /// dropped, so that the client, still sending it, reads the 413 rather than a reset
+    /// connection.
     pub async fn read_body(&self, req: Request) -> std::result::Result<Bytes, ApiError> {
+        use http_body_util::BodyExt;
         let limit = self.cfg.max_body;
-        let too_large = || {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("the request body is larger than {limit} bytes (--max-body)"),
-            )
-        };
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(too_large());
-        }
-        let read = axum::body::to_bytes(req.into_body(), limit);
+        let mut keep = declared.is_none_or(|n| n <= limit as u64);
+        let mut body = req.into_body();
+        let read = async {
+            let (mut buf, mut seen) = (Vec::new(), 0usize);
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame?.into_data() else {
+                    continue;
+                };
+                seen = seen.saturating_add(data.len());
+                keep &= seen <= limit;
+                if keep {
+                    buf.extend_from_slice(&data);
+                } else if seen > DRAIN_LIMIT.max(limit) {
+                    break;
+                }
+            }
+            Ok::<_, axum::Error>((buf, keep))
+        };
         match tokio::time::timeout(self.cfg.read_timeout, read).await {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+            Ok(Ok((buf, true))) => Ok(Bytes::from(buf)),
+            Ok(Ok((_, false))) => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("the request body is larger than {limit} bytes (--max-body)"),
+            )),
             Ok(Err(e)) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_body",
@@ -143,17 +157,9 @@ impl App {
     }
 }
 
-/// Whether reading a body failed on the length limit.
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
+/// Bytes of a body over `--max-body` read and dropped before the 413 (past them the
+/// connection is closed).
+pub const DRAIN_LIMIT: usize = 64 << 20;
 
 /// The count of generation requests in the server, against `--parallel` +
 /// `--max-queue`.

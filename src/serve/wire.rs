@@ -185,6 +185,18 @@ pub struct DetokenizeBody {
 /// Reads a JSON body into `T`: malformed JSON (or not UTF-8) is `invalid_json`; a
 /// field of the wrong type, an unknown field or a missing one is a 400 naming it.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // a struct would also take a JSON array (its fields in order): only objects are bodies
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => Err(ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "invalid_type",
+                "the body must be a JSON object",
+            )),
+            Err(e) => Err(body_error(".", &e)),
+        };
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let parsed = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -210,6 +222,8 @@ fn body_error(path: &str, e: &serde_json::Error) -> ApiError {
             let quoted = msg.split('`').nth(1).unwrap_or("");
             let (code, param) = if msg.starts_with("missing field") {
                 ("missing_required_parameter", join(path, quoted))
+            } else if msg.starts_with("duplicate field") {
+                ("invalid_value", join(path, quoted))
             } else if msg.starts_with("unknown field") {
                 ("unknown_parameter", path.to_string())
             } else if msg.starts_with("invalid type") {

@@ -33,7 +33,7 @@ pub enum Update {
 enum Command {
     Add {
         key: u64,
-        request: Request,
+        request: Box<Request>,
         updates: UnboundedSender<Update>,
     },
     Cancel {
@@ -98,7 +98,7 @@ impl Worker {
             .name("graft-engine".into())
             .spawn(move || match load() {
                 Ok((engine, info)) => {
-                    metrics.publish(&engine.stats());
+                    metrics.publish(&engine.stats(), engine.plans().0);
                     if loaded.send(Ok(info)).is_ok() {
                         run(engine, &rx, &metrics);
                     }
@@ -119,7 +119,7 @@ impl Worker {
         let (tx, rx) = unbounded_channel();
         let sent = self.commands.send(Command::Add {
             key,
-            request,
+            request: Box::new(request),
             updates: tx,
         });
         // a send fails only when the engine thread is gone: the receiver then ends at
@@ -149,7 +149,7 @@ impl Live {
                 key,
                 request,
                 updates,
-            } => match engine.add(request) {
+            } => match engine.add(*request) {
                 Ok(id) => {
                     if updates.send(Update::Accepted).is_ok() {
                         self.by_id.insert(id, (key, updates));
@@ -222,7 +222,7 @@ fn run(mut engine: Engine, rx: &mpsc::Receiver<Command>, metrics: &Metrics) {
                 Err(e) => live.fail_all(&mut engine, &e),
             }
         }
-        metrics.publish(&engine.stats());
+        metrics.publish(&engine.stats(), engine.plans().0);
     }
     if let Err(e) = engine.release() {
         eprintln!("graft serve: releasing the engine: {e}");
