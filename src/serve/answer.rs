@@ -207,6 +207,36 @@ impl Answer {
         self.include_usage.then_some(None)
     }
 
+    /// A chat chunk of `choices` with `usage`.
+    fn chat_envelope(&self, choices: Vec<ChunkChoice>, usage: Option<Option<UsageBody>>) -> String {
+        let chunk = ChatChunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model.id,
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk).unwrap_or_default()
+    }
+
+    /// A completion chunk of `choices` with `usage`.
+    fn completion_envelope(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<UsageBody>>,
+    ) -> String {
+        let chunk = Completion {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.model.id,
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk).unwrap_or_default()
+    }
+
     /// A chat chunk with `delta`, `logprobs` and `finish_reason`.
     fn chat_chunk(
         &self,
@@ -214,20 +244,13 @@ impl Answer {
         logprobs: Option<ChatLogprobs>,
         finish: Option<&'static str>,
     ) -> String {
-        serde_json::to_string(&ChatChunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model.id,
-            choices: vec![ChunkChoice {
-                index: 0,
-                delta,
-                logprobs,
-                finish_reason: finish,
-            }],
-            usage: self.chunk_usage(),
-        })
-        .unwrap_or_default()
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason: finish,
+        };
+        self.chat_envelope(vec![choice], self.chunk_usage())
     }
 
     /// A completion chunk with `text`, `logprobs` and `finish_reason`.
@@ -237,20 +260,13 @@ impl Answer {
         logprobs: Option<CompletionLogprobs>,
         finish: Option<&'static str>,
     ) -> String {
-        serde_json::to_string(&Completion {
-            id: &self.id,
-            object: "text_completion",
-            created: self.created,
-            model: &self.model.id,
-            choices: vec![CompletionChoice {
-                text,
-                index: 0,
-                logprobs,
-                finish_reason: finish,
-            }],
-            usage: self.chunk_usage(),
-        })
-        .unwrap_or_default()
+        let choice = CompletionChoice {
+            text,
+            index: 0,
+            logprobs,
+            finish_reason: finish,
+        };
+        self.completion_envelope(vec![choice], self.chunk_usage())
     }
 
     /// The chunk that opens a stream (chat: the assistant's role), if the endpoint has one.
@@ -311,25 +327,10 @@ impl Answer {
         });
         if self.include_usage {
             let usage = Some(Some(UsageBody::from(end.usage)));
-            let last = match self.endpoint {
-                Endpoint::Chat => serde_json::to_string(&ChatChunk {
-                    id: &self.id,
-                    object: "chat.completion.chunk",
-                    created: self.created,
-                    model: &self.model.id,
-                    choices: Vec::new(),
-                    usage,
-                }),
-                Endpoint::Completions => serde_json::to_string(&Completion {
-                    id: &self.id,
-                    object: "text_completion",
-                    created: self.created,
-                    model: &self.model.id,
-                    choices: Vec::new(),
-                    usage,
-                }),
-            };
-            out.push(last.unwrap_or_default());
+            out.push(match self.endpoint {
+                Endpoint::Chat => self.chat_envelope(Vec::new(), usage),
+                Endpoint::Completions => self.completion_envelope(Vec::new(), usage),
+            });
         }
         out
     }

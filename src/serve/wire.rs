@@ -182,29 +182,23 @@ pub struct DetokenizeBody {
     pub tokens: Vec<u32>,
 }
 
-/// Reads a JSON body into `T`: malformed JSON (or not UTF-8) is `invalid_json`; a
-/// field of the wrong type, an unknown field or a missing one is a 400 naming it.
+/// Reads a JSON body into `T`: malformed JSON (or not UTF-8) is `invalid_json`; a body
+/// that is not an object, a field of the wrong type, an unknown field or a missing one
+/// is a 400 naming it. The JSON is read whole first, so a syntax error anywhere is
+/// reported as one; of a key given twice, the last counts.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    // a struct would also take a JSON array (its fields in order): only objects are bodies
-    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    if first.is_some_and(|&b| b != b'{') {
-        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-            Ok(_) => Err(ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                "invalid_type",
-                "the body must be a JSON object",
-            )),
-            Err(e) => Err(body_error(".", &e)),
-        };
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| body_error(".", &e))?;
+    if !value.is_object() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_type",
+            "the body must be a JSON object",
+        ));
     }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        body_error(&path, &inner)
-    })?;
-    de.end().map_err(|e| body_error(".", &e))?;
-    Ok(parsed)
+        body_error(&path, &e.into_inner())
+    })
 }
 
 /// The 400 of a body that did not deserialize at `path` with `e`.
@@ -222,8 +216,6 @@ fn body_error(path: &str, e: &serde_json::Error) -> ApiError {
             let quoted = msg.split('`').nth(1).unwrap_or("");
             let (code, param) = if msg.starts_with("missing field") {
                 ("missing_required_parameter", join(path, quoted))
-            } else if msg.starts_with("duplicate field") {
-                ("invalid_value", join(path, quoted))
             } else if msg.starts_with("unknown field") {
                 ("unknown_parameter", path.to_string())
             } else if msg.starts_with("invalid type") {
