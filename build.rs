@@ -3,17 +3,24 @@
 //! With `cuda`, it
 //! 1. parses `cuda/args.cuh`, the one definition of the kernel argument structs and launch
 //!    constants, and writes their Rust mirror to `OUT_DIR/args.rs` ([`contract`]);
-//! 2. instantiates the elementwise kernels: every functor `struct Name : UnaryFunctor` of
-//!    `cuda/unary.cu` (and `: BinaryFunctor` of `cuda/binary.cu`) becomes one kernel per
-//!    float dtype (pair), written to `OUT_DIR/cuda-gen/<file>.inst.cuh`, which the `.cu`
-//!    includes ([`elementwise`]);
+//! 2. instantiates the templated kernels into `OUT_DIR/cuda-gen/<file>.inst.cuh`, which
+//!    the `.cu` includes: every functor `struct Name : UnaryFunctor` of `cuda/unary.cu` (and
+//!    `: BinaryFunctor` of `cuda/binary.cu`) becomes one kernel per float dtype (pair)
+//!    ([`elementwise`]); the decode products of `cuda/mul_mat_q.cu` and the attention
+//!    kernels of `cuda/fattn.cu` come from the tables of `build/instances.rs`; and it
+//!    writes `OUT_DIR/cuda-gen/args_layout.cuh`, the offset of every field of every
+//!    argument struct as the Rust mirror has it, checked by `static_assert`s where
+//!    `cuda/args.cuh` includes it;
 //! 3. compiles every `cuda/*.cu` with nvcc into a fatbin in OUT_DIR (SASS for each target
 //!    architecture plus PTX for the newest, one nvcc per file, in parallel);
 //! 4. writes `OUT_DIR/kernels.rs`, which embeds each fatbin, names every kernel (parsed from
-//!    the `extern "C" __global__ void NAME(` declarations) as a constant (`k::RMS_NORM_F32`),
-//!    groups kernels into sets keyed by the dtypes their names end in (`by::ADD`, keyed by
-//!    `[DType; 2]`), and maps each `UnaryOp` / `BinaryOp` variant to its functor's set, so
-//!    a misspelt kernel, or an op variant without a functor, fails to compile.
+//!    the `extern "C" __global__ void NAME(const ARGS p)` declarations) as a constant typed
+//!    by its argument struct (`k::RMS_NORM_F32: Kernel<NormArgs>`), groups kernels into
+//!    sets keyed by the dtypes their names end in (`by::ADD`, keyed by `[DType; 2]`), and
+//!    those sets into tables keyed by a head dim or a column count (`dims::FATTN_VEC`,
+//!    `cols::MUL_MAT_VEC_Q`), and maps each `UnaryOp` / `BinaryOp` variant to its
+//!    functor's set, so a misspelt kernel, an op variant without a functor, or a launch
+//!    with another argument struct than the kernel's fails to compile.
 //!
 //! Environment:
 //! - `NVCC`: the nvcc to use; else `$CUDA_HOME/bin/nvcc`, nvcc on `PATH`, or the folder
@@ -22,15 +29,33 @@
 //!   `80,86,89,90`); SASS for each, PTX for the last.
 //! - `GRAFT_NVCC_FLAGS`: extra nvcc flags, e.g. `-lineinfo` or `-Xptxas=-v`.
 //!
+//! Step 3 keeps each fatbin in `graft-kernels/` of the target folder under a hash of its
+//! inputs ([`kernel_cache`]): the runs of this script for other profiles and features
+//! compile only the files no run compiled before.
+//!
 //! A `.cu` file whose first line is `// nvcc-flags: FLAGS` is compiled with those flags
 //! too (`cuda/quantize.cu` turns off fused multiply-adds to round like the CPU).
+//!
+//! Built on its own (`rustc --edition 2021 build.rs -o gen`), `gen CUDA_DIR OUT_DIR` writes
+//! the generated headers of step 2 alone, for programs that include a `.cu` of the tree
+//! (`scripts/decode-chain.sh`).
+
+#[path = "build/instances.rs"]
+mod instances;
 
 fn main() {
+    if let [_, cuda_dir, out_dir] = &std::env::args_os().collect::<Vec<_>>()[..] {
+        cuda::write_headers(cuda_dir.as_ref(), out_dir.as_ref());
+        return;
+    }
     println!("cargo:rerun-if-changed=build.rs");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         cuda::build();
     }
 }
+
+#[path = "build/kernel_cache.rs"]
+mod kernel_cache;
 
 mod cuda {
     use std::fmt::Write as _;
@@ -123,38 +148,111 @@ mod cuda {
         flags
     }
 
-    /// Kernel names declared as `extern "C" __global__ void NAME(` in `src`.
-    fn kernel_names(file: &Path, src: &str) -> Vec<String> {
+    /// A kernel as declared: `extern "C" __global__ void [__launch_bounds__(THREADS[,
+    /// RESIDENT])] NAME(const ARGS p)`.
+    pub struct Decl {
+        pub name: String,
+        /// The argument struct (`cuda/args.cuh`).
+        pub args: String,
+        /// The blocks per SM its launch bounds ask for (0: none, or not a literal).
+        pub resident: u32,
+    }
+
+    /// The kernels declared in `src` (the text of `file`).
+    fn kernel_decls(file: &Path, src: &str) -> Vec<Decl> {
         const DECL: &str = "extern \"C\" __global__ void ";
-        let mut names = Vec::new();
+        let mut decls = Vec::new();
         for line in src.lines() {
             let Some(pos) = line.find(DECL) else { continue };
-            // `extern "C" __global__ void __launch_bounds__(...) NAME(`: skip qualifiers.
+            let bad = || -> ! {
+                fail(&format!(
+                    "{}: cannot parse the kernel declaration `{}` (expected `{DECL}[__launch_bounds__(..)] NAME(const ARGS p)`)",
+                    file.display(),
+                    line.trim()
+                ))
+            };
             let mut rest = &line[pos + DECL.len()..];
+            let mut resident = 0;
             while let Some(r) = rest.strip_prefix("__launch_bounds__(") {
-                let Some(close) = r.find(')') else { break };
+                let Some(close) = r.find(')') else { bad() };
+                resident = r[..close]
+                    .split_once(',')
+                    .and_then(|(_, n)| n.trim().parse().ok())
+                    .unwrap_or(0);
                 rest = r[close + 1..].trim_start();
             }
             let end = rest
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(rest.len());
             let name = &rest[..end];
-            if name.is_empty() || !rest[end..].starts_with('(') {
+            let args = rest[end..]
+                .strip_prefix("(const ")
+                .and_then(|r| r.split_once(" p)"))
+                .map(|(ty, _)| ty.trim())
+                .filter(|ty| ty.ends_with("Args"));
+            let (false, Some(args)) = (name.is_empty(), args) else {
+                bad()
+            };
+            decls.push(Decl {
+                name: name.to_string(),
+                args: args.to_string(),
+                resident,
+            });
+        }
+        decls
+    }
+
+    /// The header build.rs generates for `cuda/<stem>.cu` (`<stem>.inst.cuh`), if any: the
+    /// elementwise kernels of its functors, or the instances of its templated kernels.
+    fn generated_header(src: &Path, stem: &str, text: &str) -> Option<String> {
+        elementwise::instantiate(src, stem, text).or_else(|| {
+            let inst = crate::instances::header(stem)?;
+            if !text.contains(&format!("#include \"{stem}.inst.cuh\"")) {
                 fail(&format!(
-                    "{}: cannot parse the kernel declaration `{}`",
-                    file.display(),
-                    line.trim()
+                    "{} must `#include \"{stem}.inst.cuh\"`",
+                    src.display()
                 ));
             }
-            names.push(name.to_string());
+            Some(inst)
+        })
+    }
+
+    /// Writes every header build.rs generates for the `.cu` files of `cuda_dir` (and
+    /// `args_layout.cuh`) into `out`: what a program needs that includes a `.cu` of the
+    /// tree outside the cargo build.
+    pub fn write_headers(cuda_dir: &Path, out: &Path) {
+        std::fs::create_dir_all(out)
+            .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", out.display())));
+        let (_, layout) = contract::generate(&cuda_dir.join("args.cuh"));
+        write(&out.join("args_layout.cuh"), &layout);
+        let entries = std::fs::read_dir(cuda_dir)
+            .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", cuda_dir.display())));
+        for entry in entries {
+            let src = entry.expect("directory entry").path();
+            if src.extension().is_some_and(|e| e == "cu") {
+                let stem = src
+                    .file_stem()
+                    .expect("file")
+                    .to_string_lossy()
+                    .into_owned();
+                let text = std::fs::read_to_string(&src)
+                    .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", src.display())));
+                if let Some(inst) = generated_header(&src, &stem, &text) {
+                    write(&out.join(format!("{stem}.inst.cuh")), &inst);
+                }
+            }
         }
-        names
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::write(path, text)
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
     }
 
     pub struct Module {
         pub name: String,
         fatbin: PathBuf,
-        pub kernels: Vec<String>,
+        pub kernels: Vec<Decl>,
         /// Flags of the file's `// nvcc-flags:` first line.
         flags: Vec<String>,
     }
@@ -168,6 +266,9 @@ mod cuda {
             .unwrap_or_default()
     }
 
+    /// The flags of every nvcc run, before the architectures' and the file's.
+    const BASE_FLAGS: [&str; 3] = ["-O3", "-std=c++17", "-Xptxas=-warn-spills"];
+
     fn compile(
         nvcc: &Path,
         src: &Path,
@@ -177,7 +278,7 @@ mod cuda {
     ) -> Result<String, String> {
         let mut cmd = Command::new(nvcc);
         cmd.arg("--fatbin")
-            .args(["-O3", "-std=c++17", "-Xptxas=-warn-spills"])
+            .args(BASE_FLAGS)
             .arg("-I")
             .arg(src.parent().expect("cuda/ file"))
             .arg("-I")
@@ -201,6 +302,117 @@ mod cuda {
                 stderr
             ))
         }
+    }
+
+    /// Every module's fatbin, from the kernel cache ([`crate::kernel_cache`]) when the
+    /// same inputs made it before, else from nvcc: one nvcc per `.cu`, as many at once as
+    /// cargo allows jobs, the largest sources first. Prints nvcc's warnings and fails on
+    /// any error.
+    fn compile_all(
+        nvcc: &Path,
+        sources: &[PathBuf],
+        modules: &[Module],
+        flags: &[String],
+        gen_dir: &Path,
+        out_dir: &Path,
+    ) {
+        let read = |p: &Path| {
+            std::fs::read(p).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", p.display())))
+        };
+        let cache =
+            crate::kernel_cache::Cache::open(out_dir, &shared_inputs(nvcc, sources, gen_dir));
+        let mut results: Vec<(usize, Result<String, String>)> = Vec::new();
+        let mut todo = Vec::new();
+        for (i, m) in modules.iter().enumerate() {
+            let mut all = flags.to_vec();
+            all.extend(m.flags.iter().cloned());
+            let source = read(&sources[i]);
+            let entry = cache.entry(&m.name, &[&source, all.join(" ").as_bytes()]);
+            match entry.as_ref().and_then(|e| cache.fetch(e, &m.fatbin)) {
+                Some(warnings) => results.push((i, Ok(warnings))),
+                None => todo.push((source.len(), i, all, entry)),
+            }
+        }
+        println!(
+            "kernel cache: {} of {} modules cached, {} to compile",
+            results.len(),
+            modules.len(),
+            todo.len()
+        );
+        todo.sort_by_key(|t| std::cmp::Reverse(t.0));
+
+        let jobs = std::env::var("NUM_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, todo.len().max(1));
+        let next = AtomicUsize::new(0);
+        let compiled = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..jobs {
+                s.spawn(|| {
+                    while let Some((_, i, all, entry)) =
+                        todo.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        let m = &modules[*i];
+                        let r = compile(nvcc, &sources[*i], gen_dir, &m.fatbin, all);
+                        if let (Ok(warnings), Some(entry)) = (&r, entry) {
+                            cache.store(&m.name, entry, &m.fatbin, warnings);
+                        }
+                        compiled.lock().expect("no panics while held").push((*i, r));
+                    }
+                });
+            }
+        });
+        results.extend(compiled.into_inner().expect("threads joined"));
+        let mut failed = false;
+        for (i, r) in results {
+            match r {
+                Ok(warnings) => {
+                    for line in warnings.lines().filter(|l| !l.trim().is_empty()) {
+                        println!("cargo:warning={}: {line}", sources[i].display());
+                    }
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            fail("compiling the CUDA kernels failed (see above)");
+        }
+    }
+
+    /// What every module's nvcc run reads besides its own source: nvcc's version, the
+    /// environment nvcc reads flags from, the headers of `cuda/` and the generated ones.
+    fn shared_inputs(nvcc: &Path, sources: &[PathBuf], gen_dir: &Path) -> Vec<Vec<u8>> {
+        let version = Command::new(nvcc)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| fail(&format!("cannot run {} --version: {e}", nvcc.display())));
+        let mut inputs = vec![version.stdout, BASE_FLAGS.join(" ").into_bytes()];
+        for var in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
+            inputs.push(std::env::var(var).unwrap_or_default().into_bytes());
+        }
+        let cuda_dir = sources[0].parent().expect("cuda/ file");
+        for dir in [cuda_dir, gen_dir] {
+            let entries = std::fs::read_dir(dir)
+                .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", dir.display())));
+            let mut headers: Vec<PathBuf> = entries
+                .filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "cuh"))
+                .collect();
+            headers.sort();
+            for h in headers {
+                inputs.push(h.file_name().expect("file").as_encoded_bytes().to_vec());
+                inputs.push(
+                    std::fs::read(&h)
+                        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", h.display()))),
+                );
+            }
+        }
+        inputs
     }
 
     pub fn build() {
@@ -230,12 +442,13 @@ mod cuda {
             fail(&format!("no .cu files in {}", cuda_dir.display()));
         }
 
-        let args_rs = contract::generate(&cuda_dir.join("args.cuh"));
-        std::fs::write(out_dir.join("args.rs"), args_rs)
-            .unwrap_or_else(|e| fail(&format!("cannot write args.rs: {e}")));
+        let (args_rs, layout) = contract::generate(&cuda_dir.join("args.cuh"));
+        write(&out_dir.join("args.rs"), &args_rs);
         let gen_dir = out_dir.join("cuda-gen");
         std::fs::create_dir_all(&gen_dir)
             .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", gen_dir.display())));
+        write(&gen_dir.join("args_layout.cuh"), &layout);
+        println!("cargo:rerun-if-changed=build/instances.rs");
 
         let nvcc = find_nvcc();
         let mut flags = gencode_flags();
@@ -253,12 +466,11 @@ mod cuda {
                     .into_owned();
                 let text = std::fs::read_to_string(src)
                     .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", src.display())));
-                let mut kernels = kernel_names(src, &text);
-                if let Some(inst) = elementwise::instantiate(src, &name, &text) {
+                let mut kernels = kernel_decls(src, &text);
+                if let Some(inst) = generated_header(src, &name, &text) {
                     let path = gen_dir.join(format!("{name}.inst.cuh"));
-                    std::fs::write(&path, &inst)
-                        .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", path.display())));
-                    kernels.extend(kernel_names(&path, &inst));
+                    write(&path, &inst);
+                    kernels.extend(kernel_decls(&path, &inst));
                 }
                 if kernels.is_empty() {
                     fail(&format!(
@@ -275,53 +487,15 @@ mod cuda {
             })
             .collect();
 
-        // One nvcc per .cu, as many at once as cargo allows jobs.
-        let jobs = std::env::var("NUM_JOBS")
-            .ok()
-            .and_then(|j| j.parse::<usize>().ok())
-            .unwrap_or(1)
-            .clamp(1, sources.len());
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<(usize, Result<String, String>)>> = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for _ in 0..jobs {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= sources.len() {
-                        break;
-                    }
-                    let mut all = flags.clone();
-                    all.extend(modules[i].flags.iter().cloned());
-                    let r = compile(&nvcc, &sources[i], &gen_dir, &modules[i].fatbin, &all);
-                    results.lock().expect("no panics while held").push((i, r));
-                });
-            }
-        });
-        let mut failed = false;
-        for (i, r) in results.into_inner().expect("threads joined") {
-            match r {
-                Ok(warnings) => {
-                    for line in warnings.lines().filter(|l| !l.trim().is_empty()) {
-                        println!("cargo:warning={}: {line}", sources[i].display());
-                    }
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    failed = true;
-                }
-            }
-        }
-        if failed {
-            fail("compiling the CUDA kernels failed (see above)");
-        }
+        compile_all(&nvcc, &sources, &modules, &flags, &gen_dir, &out_dir);
 
         let mut seen = std::collections::HashMap::new();
         for m in &modules {
             for k in &m.kernels {
-                if let Some(other) = seen.insert(k.clone(), m.name.clone()) {
+                if let Some(other) = seen.insert(k.name.clone(), m.name.clone()) {
                     fail(&format!(
-                        "kernel {k} is declared in both {other}.cu and {}.cu",
-                        m.name
+                        "kernel {} is declared in both {other}.cu and {}.cu",
+                        k.name, m.name
                     ));
                 }
             }
@@ -350,7 +524,7 @@ mod cuda {
             )
             .expect("write to string");
         }
-        s.push_str("\n/// Every compiled module, in the order of [`Kernel::module`].\n");
+        s.push_str("\n/// Every compiled module, in the order of [`KernelId::module`].\n");
         s.push_str("pub static MODULES: &[ModuleImage] = &[\n");
         for m in modules {
             writeln!(
@@ -361,26 +535,26 @@ mod cuda {
             )
             .expect("write to string");
         }
-        s.push_str("];\n\n/// One constant per kernel, named after it.\npub mod k {\n    use super::Kernel;\n");
+        s.push_str("];\n\n/// One constant per kernel, named after it and typed by its argument struct.\npub mod k {\n    use super::{Kernel, KernelId};\n    use crate::backend::cuda::args::*;\n");
         let mut all = Vec::new();
         let mut index = 0usize;
         for (mi, m) in modules.iter().enumerate() {
             writeln!(s, "    // {}.cu", m.name).expect("write to string");
             for k in &m.kernels {
-                let c = k.to_uppercase();
+                let c = k.name.to_uppercase();
                 writeln!(
                     s,
-                    "    /// `{k}` in `cuda/{}.cu`.\n    pub const {c}: Kernel = Kernel {{ index: {index}, module: {mi}, name: {k:?} }};",
-                    m.name
+                    "    /// `{}` in `cuda/{}.cu`.\n    pub const {c}: Kernel<{}> = Kernel::new(KernelId {{ index: {index}, module: {mi}, name: {:?}, resident: {} }});",
+                    k.name, m.name, k.args, k.name, k.resident
                 )
                 .expect("write to string");
                 all.push(c);
                 index += 1;
             }
         }
-        s.push_str("}\n\n/// Every kernel of every module, in index order.\npub const ALL: &[Kernel] = &[\n");
+        s.push_str("}\n\n/// Every kernel of every module, in index order.\npub const ALL: &[KernelId] = &[\n");
         for c in &all {
-            writeln!(s, "    k::{c},").expect("write to string");
+            writeln!(s, "    k::{c}.id,").expect("write to string");
         }
         s.push_str("];\n");
         s
@@ -525,9 +699,9 @@ mod cuda {
             format!("/// {doc}\npub const {}: {ty} = {value};\n", name.trim())
         }
 
-        /// The Rust mirror of the contract region of `path`.
-        pub fn generate(path: &Path) -> String {
-            println!("cargo:rerun-if-changed={}", path.display());
+        /// The Rust mirror of the contract region of `path`, and the header of `static_assert`s
+        /// that checks the C side against it (`args_layout.cuh`).
+        pub fn generate(path: &Path) -> (String, String) {
             let text = std::fs::read_to_string(path)
                 .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
             let region = text
@@ -584,7 +758,41 @@ mod cuda {
                     ));
                 }
             }
-            rust(path, &structs, &consts)
+            (rust(path, &structs, &consts), layout(&structs))
+        }
+
+        /// Byte offset of each field of `st` as laid out one after another (`rust` has
+        /// checked there is no padding, so this is the `#[repr(C)]` layout).
+        fn offsets(st: &Struct) -> Vec<(&str, usize)> {
+            let mut at = 0;
+            st.fields
+                .iter()
+                .map(|f| {
+                    let off = at;
+                    at += f.ty.size() * f.len.unwrap_or(1);
+                    (f.name.as_str(), off)
+                })
+                .collect()
+        }
+
+        /// `static_assert`s that every field of every struct is where the Rust mirror has it.
+        fn layout(structs: &[Struct]) -> String {
+            let mut s = String::from(
+                "// Generated by build.rs from cuda/args.cuh: every field at the offset of its Rust\n\
+                 // mirror (OUT_DIR/args.rs asserts the same offsets). Do not edit.\n#pragma once\n\n\
+                 #include <cstddef>\n\n",
+            );
+            for st in structs {
+                for (field, off) in offsets(st) {
+                    writeln!(
+                        s,
+                        "static_assert(offsetof({n}, {field}) == {off}, \"{n}.{field} is at byte {off} in Rust\");",
+                        n = st.name
+                    )
+                    .expect("string");
+                }
+            }
+            s
         }
 
         fn rust(path: &Path, structs: &[Struct], consts: &str) -> String {
@@ -631,6 +839,14 @@ mod cuda {
                     st.name
                 )
                 .expect("string");
+                for (field, off) in offsets(st) {
+                    writeln!(
+                        s,
+                        "const _: () = assert!(std::mem::offset_of!({}, {field}) == {off});",
+                        st.name
+                    )
+                    .expect("string");
+                }
                 if st.name.ends_with("Args") {
                     writeln!(
                         s,
@@ -784,11 +1000,12 @@ mod cuda {
                     .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
                 writeln!(
                     s,
-                    "\n/// The kernels of each [`{e}`], one per `{b}` functor of `cuda/{st}.cu`.\npub fn {fun}(op: crate::graph::op::{e}) -> &'static KernelSet<{a}> {{\n    use crate::graph::op::{e};\n    match op {{",
+                    "\n/// The kernels of each [`{e}`], one per `{b}` functor of `cuda/{st}.cu`.\npub fn {fun}(op: crate::graph::op::{e}) -> &'static KernelSet<crate::backend::cuda::args::{args}, {a}> {{\n    use crate::graph::op::{e};\n    match op {{",
                     e = fam.rust_enum,
                     b = fam.base,
                     st = fam.stem,
                     fun = fam.rust_fn,
+                    args = fam.args,
                     a = fam.arity
                 )
                 .expect("string");
@@ -850,21 +1067,43 @@ mod cuda {
             (!dts.is_empty()).then(|| (rest.to_string(), dts))
         }
 
+        /// A family name ending in `_d<N>` (a head dim) or `_c<N>` (a column count): the
+        /// table it belongs to (`dims`, `cols`), the name without the suffix, and `N`.
+        fn keyed(family: &str) -> Option<(&'static str, &str, usize)> {
+            let (base, last) = family.rsplit_once('_')?;
+            let table = match last.chars().next()? {
+                'd' => "dims",
+                'c' => "cols",
+                _ => return None,
+            };
+            Some((table, base, last[1..].parse().ok()?))
+        }
+
         pub fn generate(modules: &[Module]) -> String {
-            let mut sets: BTreeMap<String, Vec<(Vec<&str>, String)>> = BTreeMap::new();
+            // family -> (argument struct, [(dtypes, kernel constant)])
+            type Set<'m> = (&'m str, Vec<(Vec<&'static str>, String)>);
+            let mut sets: BTreeMap<String, Set> = BTreeMap::new();
             for m in modules {
                 for k in &m.kernels {
-                    if let Some((family, dts)) = split(k) {
-                        sets.entry(family)
-                            .or_default()
-                            .push((dts, k.to_uppercase()));
+                    if let Some((family, dts)) = split(&k.name) {
+                        let set = sets.entry(family.clone()).or_insert((&k.args, Vec::new()));
+                        if set.0 != k.args {
+                            fail(&format!(
+                                "kernels of family `{family}` take different argument structs ({} and {})",
+                                set.0, k.args
+                            ));
+                        }
+                        set.1.push((dts, k.name.to_uppercase()));
                     }
                 }
             }
             let mut s = String::from(
-                "\n/// Kernel sets: the kernels named `<family>_<dtype>..`, keyed by those dtypes.\npub mod by {\n    use super::{k, KernelSet};\n    use crate::graph::DType;\n",
+                "\n/// Kernel sets: the kernels named `<family>_<dtype>..`, keyed by those dtypes.\npub mod by {\n    use super::{k, KernelSet};\n    use crate::backend::cuda::args::*;\n    use crate::graph::DType;\n",
             );
-            for (family, entries) in &sets {
+            // (table, base) -> (argument struct, arity, [(key, set constant)])
+            type Keyed<'m> = (&'m str, usize, Vec<(usize, String)>);
+            let mut tables: BTreeMap<(&str, String), Keyed> = BTreeMap::new();
+            for (family, (args, entries)) in &sets {
                 let arity = entries[0].0.len();
                 if entries.iter().any(|(d, _)| d.len() != arity) {
                     fail(&format!(
@@ -873,7 +1112,7 @@ mod cuda {
                 }
                 writeln!(
                     s,
-                    "    /// `{family}_*`.\n    pub const {}: KernelSet<{arity}> = KernelSet {{\n        name: \"{family}\",\n        entries: &[",
+                    "    /// `{family}_*`.\n    pub const {}: KernelSet<{args}, {arity}> = KernelSet {{\n        name: \"{family}\",\n        entries: &[",
                     family.to_uppercase()
                 )
                 .expect("string");
@@ -882,8 +1121,50 @@ mod cuda {
                     writeln!(s, "            ([{}], k::{k}),", key.join(", ")).expect("string");
                 }
                 s.push_str("        ],\n    };\n");
+                if let Some((table, base, n)) = keyed(family) {
+                    let t = tables.entry((table, base.to_string())).or_insert((
+                        args,
+                        arity,
+                        Vec::new(),
+                    ));
+                    if (t.0, t.1) != (args, arity) {
+                        fail(&format!(
+                            "the sets `{base}_{table}*` differ in arguments or dtypes"
+                        ));
+                    }
+                    t.2.push((n, family.to_uppercase()));
+                }
             }
             s.push_str("}\n");
+            for table in ["dims", "cols"] {
+                let what = match table {
+                    "dims" => "head dim",
+                    _ => "column count",
+                };
+                writeln!(
+                    s,
+                    "\n/// Kernel sets named `<family>_{}<N>_<dtype>..`, keyed by the {what} `N`.\npub mod {table} {{\n    use super::{{by, KeyedSets}};\n    use crate::backend::cuda::args::*;",
+                    &table[..1]
+                )
+                .expect("string");
+                for ((_, base), (args, arity, entries)) in
+                    tables.iter_mut().filter(|((t, _), _)| *t == table)
+                {
+                    entries.sort();
+                    writeln!(
+                        s,
+                        "    /// `{base}_{}<N>_*`.\n    pub const {}: KeyedSets<{args}, {arity}> = KeyedSets {{\n        name: \"{base}\",\n        key: \"{what}\",\n        entries: &[",
+                        &table[..1],
+                        base.to_uppercase()
+                    )
+                    .expect("string");
+                    for (n, set) in entries.iter() {
+                        writeln!(s, "            ({n}, by::{set}),").expect("string");
+                    }
+                    s.push_str("        ],\n    };\n");
+                }
+                s.push_str("}\n");
+            }
             s
         }
     }

@@ -11,7 +11,8 @@
 //   };
 //   static_assert(sizeof(NAME) == BYTES, "...");   (checked against the fields: no padding)
 //   constexpr TYPE NAME = VALUE;  // doc            (TYPE: i64, int)
-// Anything else in that region fails the build.
+// Anything else in that region fails the build. It also writes args_layout.cuh, included
+// below: a static_assert of the offset of every field, the one the Rust mirror asserts too.
 #pragma once
 
 #include <stdint.h>
@@ -30,7 +31,8 @@ struct Tensor4 {
 };
 static_assert(sizeof(Tensor4) == 72, "Tensor4 layout");
 
-// The first out-of-range index seen by get_rows / set_rows. `flag` is 0 while clear.
+// The first out-of-range index seen by get_rows / set_rows / paged_attn. `flag` is 0 while
+// clear.
 struct IndexError {
     int flag;
     int pad;
@@ -120,6 +122,13 @@ struct ArgmaxArgs {
 };
 static_assert(sizeof(ArgmaxArgs) == 144, "ArgmaxArgs layout");
 
+struct TopKArgs {
+    Tensor4 src;
+    Tensor4 dst;  // I32 [k, ne1, ne2, ne3]: column (i1, i2, i3) holds the indices of src row (i1, i2, i3)
+    i64 k;        // indices per row, 1..=TOPK_THREADS
+};
+static_assert(sizeof(TopKArgs) == 152, "TopKArgs layout");
+
 // A decode RMS norm folded into the kernels around the product after it (see
 // src/backend/cuda/fuse.rs): the product that computes the residual y (m rows,
 // mul_mat_vec_fold_*) also writes rw = y * w, the vector the next product reads in place of
@@ -159,8 +168,9 @@ struct GemvArgs {
     const NormFold* fold;  // mul_mat_vec_fold_* and mul_mat_vec_total_*: the folded norm (in
                            // the plan's constant region; one column); null otherwise
 };
-// Past 128 bytes ptxas schedules the unchanged mul_mat_vec_f16 worse (docs/benchmarks.md,
-// twentieth session): grow it no further.
+// Past 128 bytes ptxas schedules the unchanged mul_mat_vec_f16 worse (nvcc 13.0, sm_90,
+// 2026-11-29: at 136 bytes 52 registers instead of 64, and the activation loads of a round
+// issued apart from its weight loads): grow it no further.
 static_assert(sizeof(GemvArgs) == 120, "GemvArgs layout");
 
 // Quantized matrix-vector products (mul_mat_vec_q_c*_*, mul_mat_vec_dq_c*_*):
@@ -280,12 +290,55 @@ struct FattnArgs {  // flash_attn_ext: fattn_vec_*, fattn_combine, fattn_mma_*
 };
 static_assert(sizeof(FattnArgs) == 448, "FattnArgs layout");
 
+struct PagedArgs {  // paged_attn: fattn_paged_* (cuda/fattn_paged.cu)
+    Tensor4 q;            // F32 [d, n_head, n_tokens]
+    Tensor4 k;            // [d, n_slots, n_head_kv]: the K pool's rows (dense along dim 0)
+    Tensor4 v;            // [d, n_slots, n_head_kv]: the V pool's rows
+    Tensor4 dst;          // F32 [d, n_head, n_tokens]
+    const int* table;     // I32 [max_blocks, n_seqs], contiguous: each sequence's blocks
+    const int* seqs;      // I32 [2, n_tokens], contiguous: each token's sequence and position
+    float* part;          // split > 1: (max, sum, acc[d]) of each token, head and chunk
+    int* chunks;          // split > 1: the chunks each token's keys took (0: none to merge)
+    IndexError* err;      // a bad sequence, position or block id
+    i64 tag;
+    int n_tokens;
+    int n_seqs;           // columns of table
+    int max_blocks;       // rows of table
+    int max_pos;          // max_blocks * block_size: the positions a sequence can hold
+    int n_blocks;         // blocks of the pool (n_slots / block_size)
+    int block_size;
+    int bs_magic;         // j / block_size = (umulhi(j, (unsigned)bs_magic) + j) >> bs_shift
+    int bs_shift;
+    int window;           // a sliding window of this many positions; 0: none
+    int group;            // query heads per KV head
+    float scale;          // factor of q . k
+    float softcap;        // c of c * tanh(s / c); 0: none
+    int split;            // decode kernels: chunks a token's keys take at most (gridDim.x)
+    int min_keys;         // decode kernels: fewest keys a chunk
+    int unit;             // decode kernels: a chunk's keys are a multiple of it
+    int tile;             // tokens a block of fattn_paged_mma takes (the runs' tiles)
+    int min_run;          // 0: no fattn_paged_mma; else the run length from which it takes tokens
+    int kv_vec;           // 1: every K/V row starts 16-byte aligned (vector loads)
+    int k_type;           // fattn_paged_any: the K dtype, PAGED_F32 .. PAGED_Q4_0
+    int v_type;           // fattn_paged_any: the V dtype
+};
+static_assert(sizeof(PagedArgs) == 416, "PagedArgs layout");
+constexpr int PAGED_F32 = 0;   // fattn_paged_any's K/V dtype codes: F32
+constexpr int PAGED_F16 = 1;   // F16
+constexpr int PAGED_BF16 = 2;  // BF16
+constexpr int PAGED_Q8_0 = 3;  // Q8_0
+constexpr int PAGED_Q4_0 = 4;  // Q4_0
+
 // Launch geometry of the mul_mat_vec_*, mul_mat_p021 and rms_norm_mul kernels.
 
 constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_vec_*
 constexpr int NORM_VEC = 4;       // groups of 4 elements a thread holds in rms_norm_mul's vector path
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
+
+// Launch geometry of top_k (cuda/topk.cu).
+
+constexpr int TOPK_THREADS = 1024;  // block of top_k_* (one row per block), and the largest k
 
 // Launch geometry of the flash attention kernels (cuda/fattn.cu).
 
@@ -301,3 +354,6 @@ constexpr int FATTN_RANGE_KEYS = 256;       // keys per entry of fattn_kv_range
 constexpr int FATTN_RANGE_THREADS = 256;    // block of fattn_kv_range
 
 // contract:end
+
+// Every field at the offset the Rust mirror has it (generated by build.rs).
+#include "args_layout.cuh"

@@ -1,7 +1,7 @@
 // Shared device helpers of every kernel module: the kernel argument structs (args.cuh, the
 // one definition that build.rs also turns into Rust), element loads and stores for float /
 // half / nv_bfloat16 with f32 arithmetic, warp and block reductions, and the index-error
-// record of get_rows / set_rows.
+// record of get_rows / set_rows / paged_attn.
 //
 // Conventions: every tensor is a Tensor4 (first element, ne[4] element counts, nb[4] byte
 // strides, like ggml); indices and strides are 64-bit; kernels that handle a row with a

@@ -2,6 +2,9 @@
 // row and head, with the online softmax of FlashAttention and no score tensor in memory.
 // K and V have one dtype (F32, F16, BF16, Q8_0, Q4_0, dequantized in registers; see
 // fattn_common.cuh) and the head dim D is a template parameter (16, 32, 64, 80, 96, 112, 128, 256).
+// The pieces below that paged attention (fattn_paged.cu) shares are in fattn_common.cuh:
+// the lane groups, online softmax, block merge and streamed stage of the CUDA-core decode,
+// and the tensor-core tile (mma, softmax, P.V) with the block shapes.
 //
 //   fattn_dec_d<D>_f16  (decode on tensor cores, F16 caches with GQA; flash-decoding)
 //     grid (split, n_head_kv, batch * ceil(group * n_q / 16)), block one warp. The warp
@@ -72,176 +75,28 @@
 // A row whose keys are all masked gives zeros. Every kernel waits for its predecessor
 // before reading anything (pdl_enter), allocates nothing and never synchronizes with the
 // host, so all are capturable.
-#include <type_traits>
-
 #include "fattn_common.cuh"
 #include "quant.cuh"
 
-// log2(e): exp(x) = exp2(x * LOG2E_F), the hardware's exp2 after one multiply.
-constexpr float LOG2E_F = 1.4426950408889634f;
-
-// Lanes per key group of fattn_vec: D / 8 rounded up to a power of two.
+// The writer of finish_rows for a fattn_vec or fattn_vec1s block: row r (query sq[r],
+// head sh[r], batch b) normalized with split == 1, else the chunk's partial (max, sum,
+// acc[D]) at chunk `split` of the row in p.part.
 template <int D>
-__host__ __device__ constexpr int vec_lanes() {
-    return D <= 16 ? 2 : D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32;
-}
-
-// The running softmax state of one row merged with another (m, l, acc).
-__device__ __forceinline__ void merge_state(float& m, float& l, float acc[8], float m2, float l2,
-                                            const float acc2[8]) {
-    const float mx = fmaxf(m, m2);
-    if (mx == -INFINITY) return;
-    const float c1 = m == -INFINITY ? 0.0f : expf(m - mx);
-    const float c2 = m2 == -INFINITY ? 0.0f : expf(m2 - mx);
-    l = l * c1 + l2 * c2;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = acc[i] * c1 + acc2[i] * c2;
-    m = mx;
-}
-
-// q . k for one key by a group of L lanes: the lane's 8 elements (qa, qb: q's elements
-// e0..e0+8) against its piece of the key's row, then a butterfly over the group, so every
-// lane of the group ends with the sum.
-template <int L, typename P>
-__device__ __forceinline__ float group_dot(const P& kp, float4 qa, float4 qb) {
-    float dot = qa.x * kp.get(0) + qa.y * kp.get(1) + qa.z * kp.get(2) + qa.w * kp.get(3) + qb.x * kp.get(4) +
-                qb.y * kp.get(5) + qb.z * kp.get(6) + qb.w * kp.get(7);
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL_MASK, dot, o);
-    return dot;
-}
-
-// The online softmax step of a row for U keys with scores s (-inf for a masked key) and
-// V pieces vp, mx the row's new maximum (not -inf): the state (m, l, acc) rescaled to mx,
-// then each key's weight exp(s - mx) added to l and its V piece to acc. exp(x - mx) is
-// exp2((x - mx) log2 e): one multiply and the hardware exp2 (expf's range reduction was
-// most of the per-key instructions).
-template <int U, typename P>
-__device__ __forceinline__ void online_add(float mx, const float (&s)[U], const P (&vp)[U], float& m, float& l,
-                                           float (&acc)[8]) {
-    const float c = exp2f((m - mx) * LOG2E_F);
-    l *= c;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] *= c;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const float w = exp2f((s[u] - mx) * LOG2E_F);  // 0 for a masked key
-        l += w;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += w * vp[u].get(i);
-    }
-    m = mx;
-}
-
-// 8 elements of a K/V row as loaded: F16 and BF16 stay packed in one 16-byte register
-// quad until used (so a lane can hold several keys' rows in flight), the other types are
-// converted at load.
-template <typename T>
-struct Piece {
-    float f[8];
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = 0.0f;
-    }
-    __device__ __forceinline__ void load(const char* row, int e0, bool vec) { load8<T>(row, e0, vec, f); }
-    __device__ __forceinline__ float get(int i) const { return f[i]; }
-};
-
-template <typename H>
-struct Piece16 {
-    uint4 u;
-    __device__ __forceinline__ void zero() { u = make_uint4(0, 0, 0, 0); }
-    __device__ __forceinline__ void load(const char* row, int e0, bool vec) {
-        const H* p = reinterpret_cast<const H*>(row) + e0;
-        if (vec) {
-            u = *reinterpret_cast<const uint4*>(p);
-        } else {
-            H* h = reinterpret_cast<H*>(&u);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) h[i] = p[i];
-        }
-    }
-    __device__ __forceinline__ float get(int i) const { return to_f32(reinterpret_cast<const H*>(&u)[i]); }
-};
-template <>
-struct Piece<f16> : Piece16<f16> {};
-template <>
-struct Piece<bf16> : Piece16<bf16> {};
-
-// The end of a decode block: the running states (m, l, acc) of its key groups merged, by
-// a butterfly over the groups of each warp and then over the warps through shared memory,
-// and its rows written: normalized with split == 1, else the chunk's partials. `sacc`
-// starts zeroed; `sq` and `sh` give each row's query and head.
-template <int D, int R>
-__device__ __forceinline__ void finish_rows(const FattnArgs& p, float (&m)[R], float (&l)[R], float (&acc)[R][8], int nrows,
-                            float (*sacc)[vec_lanes<D>() * 8], float (*sm)[R], float (*sl)[R], const int* sq,
-                            const int* sh, int b, i64 split) {
-    constexpr int L = vec_lanes<D>();
-    constexpr int NW = FATTN_VEC_WARPS;
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const int sub = lane / L, e0 = (lane % L) * 8;
-    const bool active = e0 < D;
-    const i64 n_q = p.q.ne[1], n_head = p.q.ne[2];
-    // Merge the key groups of the warp (a butterfly: every group ends with the sum).
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r >= nrows) break;
-#pragma unroll
-        for (int o = L; o < WARP_SIZE; o <<= 1) {
-            const float m2 = __shfl_xor_sync(FULL_MASK, m[r], o);
-            const float l2 = __shfl_xor_sync(FULL_MASK, l[r], o);
-            float acc2[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc2[i] = __shfl_xor_sync(FULL_MASK, acc[r][i], o);
-            merge_state(m[r], l[r], acc[r], m2, l2, acc2);
-        }
-        if (lane == 0) {
-            sm[warp][r] = m[r];
-            sl[warp][r] = l[r];
-        }
-    }
-    __syncthreads();
-    // Then the warps, through shared memory, one after another (a fixed order of the
-    // additions, so that a run's result does not depend on how the warps were
-    // scheduled): each adds its accumulator rescaled to the block's maximum.
-    for (int w = 0; w < NW; ++w) {
-        if (warp == w && sub == 0 && active) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (r >= nrows) break;
-                float mx = -INFINITY;
-                for (int v = 0; v < NW; ++v) mx = fmaxf(mx, sm[v][r]);
-                if (m[r] == -INFINITY) continue;
-                const float f = expf(m[r] - mx);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) sacc[r][e0 + i] += acc[r][i] * f;
-            }
-        }
-        __syncthreads();
-    }
-
-    for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
-        const int r = idx / D, e = idx % D;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm[w][r]);
-        if (mx != -INFINITY) {
-            for (int w = 0; w < NW; ++w) {
-                if (sm[w][r] != -INFINITY) sum += sl[w][r] * expf(sm[w][r] - mx);
-            }
-        }
+__device__ __forceinline__ auto rows_out(const FattnArgs& p, const int* sq, const int* sh, int b, i64 split) {
+    return [&p, sq, sh, b, split](int r, int e, float mx, float sum, float a) {
         const i64 qi = sq[r], h = sh[r];
         if (p.split == 1) {
-            store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? sacc[r][e] / sum : 0.0f);
-        } else {
-            const i64 row = (b * n_q + qi) * n_head + h;
-            float* part = p.part + (row * p.split + split) * (D + 2);
-            if (e == 0) {
-                part[0] = mx;
-                part[1] = sum;
-            }
-            part[2 + e] = sacc[r][e];
+            store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? a / sum : 0.0f);
+            return;
         }
-    }
+        const i64 row = (b * p.q.ne[1] + qi) * p.q.ne[2] + h;
+        float* part = p.part + (row * p.split + split) * (D + 2);
+        if (e == 0) {
+            part[0] = mx;
+            part[1] = sum;
+        }
+        part[2 + e] = a;
+    };
 }
 
 // The query rows of a fattn_vec or fattn_vec1s block, the nrows from flat row first_row
@@ -365,7 +220,7 @@ __device__ void fattn_vec(const FattnArgs& p) {
         }
     }
 
-    finish_rows<D, R>(p, m, l, acc, nrows, sacc, sm, sl, sq, sh, b, split);
+    finish_rows<D, R>(m, l, acc, nrows, sacc, sm, sl, rows_out<D>(p, sq, sh, b, split));
 }
 
 // The one-row decode kernel for 16-bit caches whose rows start 16-byte aligned (MHA
@@ -472,107 +327,6 @@ __device__ __forceinline__ i64 visible_end(const FattnArgs& p, const char* mrow,
     plain = odd_off > live_off;
     return j_begin + live_off + 1;
 }
-
-// A K/V row of D elements of type T in fattn_vec1s: SRC bytes in the cache, copied to
-// shared memory in COPY-byte asynchronous copies into a slot of BYTES. 16-bit rows are
-// copied by 16 bytes into slots of whole lane groups (fattn_vec's padded row); Q8_0 and
-// Q4_0 rows (D / 32 blocks of 34 or 18 bytes) by 8 bytes where their length is a multiple
-// of 8 (head dims 128 and 256), else by 4 (64), into slots rounded up to 16 bytes. Other
-// quantized rows (head dims 32 and 96: 2-byte multiples) are not streamed.
-template <typename T, int D>
-struct KvRow {
-    static constexpr int SRC = D * 2;
-    static constexpr int COPY = 16;
-    static constexpr int BYTES = vec_lanes<D>() * 8 * 2;
-};
-template <int D, int BLOCK>
-struct KvRowQ {
-    static constexpr int SRC = D / 32 * BLOCK;
-    static constexpr int COPY = SRC % 8 == 0 ? 8 : 4;
-    static constexpr int BYTES = (SRC + 15) / 16 * 16;
-    static_assert(SRC % 4 == 0, "quantized rows are streamed in whole 4-byte words");
-};
-template <int D>
-struct KvRow<KvQ8_0, D> : KvRowQ<D, 34> {};
-template <int D>
-struct KvRow<KvQ4_0, D> : KvRowQ<D, 18> {};
-
-// N bytes from global src to shared dst (both N-byte aligned; N = 4, 8 or 16), as copy16.
-template <int N>
-__device__ __forceinline__ void copy_async(char* dst, const char* src) {
-    if constexpr (N == 16) {
-        copy16(dst, src);
-    } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(N) : "memory");
-#else
-        using W = std::conditional_t<N == 8, uint2, unsigned>;
-        *reinterpret_cast<W*>(dst) = *reinterpret_cast<const W*>(src);
-#endif
-    }
-}
-
-// One stage of fattn_vec1s for a lane: the scores of its group's UN keys of the stage (K
-// rows `ks`, V rows `vs` in shared memory; `bias` the keys' mask entries, -inf for a key
-// past the visible ones) for each of the block's nrows query rows (q: qa, qb for one row,
-// else qs; ALiBi slopes `slope`), then each row's running state (m, l, acc) rescaled and
-// the keys' V rows added. The K and V pieces are read from shared memory (and
-// dequantized) once for all the rows. The barrier between the two lets the next stage's
-// copies overwrite the buffer.
-template <int D, typename T, int UN, int R>
-__device__ __forceinline__ void vec1s_stage(const FattnArgs& p, const char (*ks)[KvRow<T, D>::BYTES],
-                                            const char (*vs)[KvRow<T, D>::BYTES], float4 qa, float4 qb,
-                                            const float (*qs)[vec_lanes<D>() * 8], int nrows,
-                                            const float (&slope)[R], const float (&bias)[UN], float (&m)[R],
-                                            float (&l)[R], float (&acc)[R][8]) {
-    constexpr int L = vec_lanes<D>();
-    constexpr int KPW = WARP_SIZE / L;
-    constexpr int NW = FATTN_VEC_WARPS;
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int sub = lane / L, e0 = (lane % L) * 8;
-    const bool active = e0 < D;
-    float s[R][UN], mx[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) mx[r] = m[r];
-    Piece<T> vp[UN];
-#pragma unroll
-    for (int u = 0; u < UN; ++u) {
-        const int key = (u * NW + warp) * KPW + sub;
-        Piece<T> kp;
-        kp.zero();
-        vp[u].zero();
-        if (active) {
-            kp.load(ks[key], e0, true);
-            vp[u].load(vs[key], e0, true);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (r >= nrows) break;  // uniform over the block
-            if constexpr (R > 1) {
-                qa = *reinterpret_cast<const float4*>(&qs[r][e0]);
-                qb = *reinterpret_cast<const float4*>(&qs[r][e0 + 4]);
-            }
-            const float dot = group_dot<L>(kp, qa, qb);
-            s[r][u] = bias[u] == -INFINITY ? -INFINITY : score(p, dot, slope[r] * bias[u]);
-            mx[r] = fmaxf(mx[r], s[r][u]);
-        }
-    }
-    __syncthreads();  // every lane has read the buffer: the next issue may overwrite it
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r >= nrows) break;
-        if (mx[r] == -INFINITY) continue;  // every key so far masked
-        online_add(mx[r], s[r], vp, m[r], l[r], acc[r]);
-    }
-}
-
-// Stages and keys per lane group per stage of fattn_vec1s. H200, 32 heads of 128 over
-// 768, 2,304, 4,352 and 16,640 keys (of which 576, 2,100, 4,160 and 16,448 visible), against
-// 2 x 4, 3 x 2, 4 x 2, 4 x 1 and 8 x 1 at their best split: 2 x 2 was the fastest at
-// 768, 4,352 and 16,640 keys, 6% behind 3 x 2 at 2,304.
-constexpr int VEC1S_STAGES = 2;
-constexpr int VEC1S_UNROLL = 2;
 
 // The cp.async copies of fattn_vec1s's stages, by every thread of the block: stage t is
 // the KS keys from j_begin + t * KS of K and V, into buffer t % NS. Piece c of a stage is
@@ -684,73 +438,19 @@ __device__ void fattn_vec1s(const FattnArgs& p) {
         if (t + 1 < stages) biases(t + 1, bias_next);
         stage_wait<NS - 1>();
         __syncthreads();
-        vec1s_stage<D, T, UN, R>(p, kv[t % NS][0], kv[t % NS][1], qa, qb, qs, nrows, slope, bias, m, l, acc);
+        const auto score_of = [&](int r, int u, float dot) {
+            return bias[u] == -INFINITY ? -INFINITY : score(p, dot, slope[r] * bias[u]);
+        };
+        stream_stage<D, T, UN, R>(kv[t % NS][0], kv[t % NS][1], qa, qb, qs, nrows, score_of, m, l, acc);
 #pragma unroll
         for (int u = 0; u < UN; ++u) bias[u] = bias_next[u];
     }
     stage_wait<0>();  // a chunk with no visible key leaves its first stage in flight
-    finish_rows<D, R>(p, m, l, acc, nrows, sacc, sm, sl, sq, sh, b, split);
+    finish_rows<D, R>(m, l, acc, nrows, sacc, sm, sl, rows_out<D>(p, sq, sh, b, split));
 }
 
 // ---------------------------------------------------------------------------------------
 // Prefill on tensor cores.
-
-// d += a * b for one m16n8k16 tile: F16 inputs, F32 accumulation. Fragment layout (g =
-// lane / 4, t = lane % 4): a[0] rows g, cols 2t..2t+1; a[1] row g + 8; a[2] cols + 8;
-// a[3] both; b[0] k rows 2t..2t+1 of col g, b[1] k rows + 8; d[0..1] row g, cols
-// 2t..2t+1, d[2..3] row g + 8.
-__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// Four 8x8 matrices of 16-bit elements from shared memory (ldmatrix.x4): lanes 8i..8i+7
-// give the row addresses of matrix i (16-byte aligned), and each lane receives, of every
-// matrix, row lane / 4, elements 2 (lane % 4) and 2 (lane % 4) + 1; with TRANS the
-// matrices are transposed on the way (each lane receives column lane / 4).
-template <bool TRANS>
-__device__ __forceinline__ void ldsm_x4(const f16* row, uint32_t r[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-    if constexpr (TRANS) {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-    } else {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-    }
-#else
-    r[0] = r[1] = r[2] = r[3] = 0u;
-#endif
-}
-
-// 8 elements of K/V row `row` at e0, as 8 halves: a 16-byte copy for F16 rows that allow
-// vector loads, a conversion otherwise. The row is always a valid one (the caller clamps
-// the key) and the loads are unconditional, so that a thread's loads of a tile can all be
-// in flight together.
-template <typename T, bool VEC>
-__device__ __forceinline__ uint4 tile_piece(const char* row, int e0) {
-    if constexpr (VEC && std::is_same<T, f16>::value) {
-        return *reinterpret_cast<const uint4*>(reinterpret_cast<const f16*>(row) + e0);
-    }
-    float f[8];
-    load8<T>(row, e0, VEC, f);
-    uint4 packed;
-    store8<f16>(reinterpret_cast<char*>(&packed), f);
-    return packed;
-}
 
 // The K and V tiles of keys j0..j0+BK into ks and vs ([key][d], LDK halves per key),
 // zeros past the last key (its probability is 0, but V must not hold a NaN). ASYNC (F16
@@ -796,30 +496,6 @@ __device__ __forceinline__ void kv_tiles(const FattnArgs& p, const char* kbase, 
         }
     }
 }
-
-// Shape of the prefill kernel for head dim D: BQ query rows per block (16 per warp), BK
-// keys per tile; Q fragments held in registers for D <= 128 (read from shared memory per
-// tile for D = 256), K/V tiles double-buffered for D <= 128 (one tile for D = 256, where
-// two would pass the 48 KB of static shared memory).
-template <int D>
-struct MmaShape {
-    static constexpr int BQ = D > 128 ? FATTN_MMA_ROWS_D256 : FATTN_MMA_ROWS;
-    static constexpr int BK = D > 128 ? FATTN_MMA_KEYS / 2 : FATTN_MMA_KEYS;
-    static constexpr int NT = BQ / 16 * WARP_SIZE;
-    static constexpr int LD = D + 8;  // halves per tile row, padded: no bank conflicts
-    static constexpr bool QREG = D <= 128;
-    static constexpr int STAGES = D <= 128 ? 2 : 1;
-    // Q is staged through the second K/V buffer when it is kept in registers.
-    static_assert(!QREG || BQ == 2 * BK, "Q staging fits the second K/V buffer");
-};
-
-// The running state of one warp: 16 query rows (lane g owns rows g and g + 8, as the
-// accumulator fragments of mma_16816), their max m, sum l and output o.
-template <int D>
-struct MmaState {
-    float o[D / 8][4];
-    float m[2], l[2];
-};
 
 // The mask entries of this lane's score entries of keys j0..j0+BK (rows ra: x 0, 1; rb:
 // x 2, 3; keys n * 8 + 2t + (x & 1)), their bits loaded as stored (F16 or F32: a uniform
@@ -922,91 +598,6 @@ __device__ __forceinline__ void tile_scores(const FattnArgs& p, const float (*bi
     }
 }
 
-// The state of a warp's rows rescaled to their new maxima (the old ones and the tile's
-// mx): m, l and o updated, and ml = each row's new max times log2(e), with which the
-// tile's weights are exp2(s log2e - ml) = exp(s - max).
-template <int D>
-__device__ __forceinline__ void rescale_rows(MmaState<D>& st, const float (&mx)[2], float (&ml)[2]) {
-    float c[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const float mnew = fmaxf(st.m[r], mx[r]);
-        // a row with no live key so far keeps mnew = -inf, and then every term is 0
-        ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E_F;
-        c[r] = exp2f(fmaf(st.m[r], LOG2E_F, -ml[r]));
-        st.m[r] = mnew;
-        st.l[r] *= c[r];
-    }
-    // (the accumulator keeps its scale while no row's max grows: most tiles after the
-    // first few)
-    if (__any_sync(FULL_MASK, c[0] != 1.0f || c[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            st.o[n][0] *= c[0];
-            st.o[n][1] *= c[0];
-            st.o[n][2] *= c[1];
-            st.o[n][3] *= c[1];
-        }
-    }
-}
-
-// One K/V tile for one warp's 16 rows: scores S = Q K^T (mma, F32), the online softmax
-// update of the state, and o += P V with P reused as the A operand from registers.
-template <int D, int BK, int LD>
-__device__ __forceinline__ void mma_tile(const FattnArgs& p, const uint32_t (*qa)[4], const f16* ks,
-                                         const f16* vs, const float (*bias)[4], int lane, MmaState<D>& st) {
-    const int r8 = lane % 8, mi = lane / 8;
-    float s[BK / 8][4];
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < D / 16; ++kt) {
-#pragma unroll
-        for (int n = 0; n < BK / 8; n += 2) {
-            // matrices: keys n*8.. (d kt*16.., +8), keys (n+1)*8.. (d kt*16.., +8)
-            uint32_t b[4];
-            ldsm_x4<false>(&ks[((n + mi / 2) * 8 + r8) * LD + kt * 16 + (mi % 2) * 8], b);
-            mma_16816(s[n], qa[kt], b[0], b[1]);
-            mma_16816(s[n + 1], qa[kt], b[2], b[3]);
-        }
-    }
-    float mx[2];
-    tile_scores<BK>(p, bias, s, mx);
-    float ml[2];
-    rescale_rows(st, mx, ml);
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) s[n][x] = exp2f(fmaf(s[n][x], LOG2E_F, -ml[x / 2]));
-        st.l[0] += s[n][0] + s[n][1];
-        st.l[1] += s[n][2] + s[n][3];
-    }
-    // P as A fragments (16 x BK): k-tile kk is n-tiles 2kk, 2kk+1. Then o += P V, the B
-    // fragments of two 8-wide d tiles per ldmatrix (transposed: V is [key][d]).
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-            // matrices: keys kk*16.. and kk*16+8.. of d n*8.., then of d (n+1)*8..
-            uint32_t b[4];
-            ldsm_x4<true>(&vs[(kk * 16 + (mi % 2) * 8 + r8) * LD + (n + mi / 2) * 8], b);
-            mma_16816(st.o[n], pa, b[0], b[1]);
-            mma_16816(st.o[n + 1], pa, b[2], b[3]);
-        }
-    }
-}
-
-// The A fragments of one warp's 16 rows of Q (qs: BQ x LD halves) for k-tile kt.
-template <int LD>
-__device__ __forceinline__ void q_frag(const f16* qs, int warp, int lane, int kt, uint32_t a[4]) {
-    // matrices: rows 0-7 (d kt*16..), rows 8-15, rows 0-7 (d +8), rows 8-15 (d +8)
-    const int mi = lane / 8;
-    ldsm_x4<false>(&qs[(warp * 16 + (mi % 2) * 8 + lane % 8) * LD + kt * 16 + (mi / 2) * 8], a);
-}
-
 // Rows q0..q0+BQ of Q (head h, batch b) into qs as F16 (LD halves a row), zeros past the
 // last row: 16-byte loads when the rows allow them, all of a thread's loads issued before
 // the first store.
@@ -1107,25 +698,15 @@ __device__ __forceinline__ void mma_keys(const FattnArgs& p, const KeyRange& kr,
         if (it + 1 < t_end) mask_load<BK>(p, kr.mra, kr.mrb, (it + 1) * BK, n_kv, t, mraw);
         // a warp whose rows see no key of the tile skips it (causal masks)
         if (!live) continue;
+        const auto scores = [&](float (&s)[BK / 8][4], float (&mx)[2]) { tile_scores<BK>(p, bias, s, mx); };
         if constexpr (S::QREG) {
-            mma_tile<D, BK, LD>(p, qa, kv[cur][0], kv[cur][1], bias, lane, st);
+            mma_tile<D, BK, LD>(qa, kv[cur][0], kv[cur][1], lane, st, scores);
         } else {
             uint32_t qf[D / 16][4];
 #pragma unroll
             for (int kt = 0; kt < D / 16; ++kt) q_frag<LD>(qs, warp, lane, kt, qf[kt]);
-            mma_tile<D, BK, LD>(p, qf, kv[cur][0], kv[cur][1], bias, lane, st);
+            mma_tile<D, BK, LD>(qf, kv[cur][0], kv[cur][1], lane, st, scores);
         }
-    }
-}
-
-// The sum of a row's l over the 4 lanes of its quad, for rows a and b.
-template <int D>
-__device__ __forceinline__ void quad_sums(const MmaState<D>& st, float l[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = st.l[r];
-        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
-        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
     }
 }
 
@@ -1188,21 +769,6 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
     }
 }
 
-// Calls body(ASYNC, VEC) (std::bool_constant arguments) with the way the K/V tiles of
-// cache type T are loaded, one per way that can occur (fewer instantiations): F16 rows
-// with 16-byte loads go through cp.async when the tiles are double-buffered, the
-// quantized types read their blocks the same way whatever the alignment.
-template <int D, typename T, typename Body>
-__device__ __forceinline__ void with_tile_loads(const FattnArgs& p, Body body) {
-    constexpr bool F16_ASYNC = std::is_same<T, f16>::value && MmaShape<D>::STAGES == 2;
-    constexpr bool QUANT = std::is_same<T, KvQ8_0>::value || std::is_same<T, KvQ4_0>::value;
-    if (p.kv_vec && !QUANT) {
-        body(std::bool_constant<F16_ASYNC>{}, std::bool_constant<true>{});
-    } else {
-        body(std::bool_constant<false>{}, std::bool_constant<false>{});
-    }
-}
-
 template <int D, typename T>
 __device__ void fattn_mma(const FattnArgs& p) {
     using S = MmaShape<D>;
@@ -1210,7 +776,7 @@ __device__ void fattn_mma(const FattnArgs& p) {
     __shared__ __align__(16) f16 qsep[S::QREG ? 1 : S::BQ * S::LD];
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    with_tile_loads<D, T>(p, [&](auto async, auto vec) {
+    with_tile_loads<D, T>(p.kv_vec != 0, [&](auto async, auto vec) {
         fattn_mma_loop<D, T, decltype(async)::value, decltype(vec)::value>(p, qs, kv);
     });
 }
@@ -1310,7 +876,7 @@ __device__ void fattn_dec(const FattnArgs& p) {
     __shared__ __align__(16) f16 qsep[S::QREG ? 1 : 16 * S::LD];
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    with_tile_loads<D, T>(p, [&](auto async, auto vec) {
+    with_tile_loads<D, T>(p.kv_vec != 0, [&](auto async, auto vec) {
         fattn_dec_rows<D, T, decltype(async)::value, decltype(vec)::value>(p, qs, kv);
     });
 }
@@ -1372,140 +938,6 @@ extern "C" __global__ void __launch_bounds__(FATTN_RANGE_THREADS) fattn_kv_range
     }
 }
 
-// The kernels: every head dim with every K/V dtype (K and V of one dtype); fattn_vec1_*
-// is fattn_vec for one query row per KV head (R = 1).
-// fattn_vec1s_*: the streamed kernel, one query head a block (F16 and BF16 caches with
-// aligned rows at every head dim; Q8_0 and Q4_0 ones at head dims 64, 128 and 256).
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_f16(const FattnArgs p) { fattn_vec1s<16, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d16_bf16(const FattnArgs p) { fattn_vec1s<16, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_f16(const FattnArgs p) { fattn_vec1s<32, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d32_bf16(const FattnArgs p) { fattn_vec1s<32, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_f16(const FattnArgs p) { fattn_vec1s<64, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_bf16(const FattnArgs p) { fattn_vec1s<64, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_f16(const FattnArgs p) { fattn_vec1s<80, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d80_bf16(const FattnArgs p) { fattn_vec1s<80, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_f16(const FattnArgs p) { fattn_vec1s<96, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d96_bf16(const FattnArgs p) { fattn_vec1s<96, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_f16(const FattnArgs p) { fattn_vec1s<112, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d112_bf16(const FattnArgs p) { fattn_vec1s<112, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_f16(const FattnArgs p) { fattn_vec1s<128, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_bf16(const FattnArgs p) { fattn_vec1s<128, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_f16(const FattnArgs p) { fattn_vec1s<256, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_bf16(const FattnArgs p) { fattn_vec1s<256, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q8_0(const FattnArgs p) { fattn_vec1s<64, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d64_q4_0(const FattnArgs p) { fattn_vec1s<64, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-// fattn_vec4s_*: the streamed kernel over the query heads of one KV head, 4 a block
-// (one-query GQA decode of Q8_0 and Q4_0 caches), 4 blocks an SM (the one wave the
-// lowering sizes) within the register file: no spill at head dims 128 and 256 (119-122
-// registers, nvcc 13.0, sm_90); at 64 the Q8_0 kernel spilled 96 bytes, so head dim 64
-// keeps fattn_vec1s.
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q8_0(const FattnArgs p) { fattn_vec1s<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d128_q4_0(const FattnArgs p) { fattn_vec1s<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d256_q8_0(const FattnArgs p) { fattn_vec1s<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_vec4s_d256_q4_0(const FattnArgs p) { fattn_vec1s<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_f32(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d16_bf16(const FattnArgs p) { fattn_vec<16, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_f32(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_bf16(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q8_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d32_q4_0(const FattnArgs p) { fattn_vec<32, FATTN_VEC_ROWS, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_f32(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_bf16(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q8_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d64_q4_0(const FattnArgs p) { fattn_vec<64, FATTN_VEC_ROWS, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_f32(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d80_bf16(const FattnArgs p) { fattn_vec<80, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_f32(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_bf16(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q8_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d96_q4_0(const FattnArgs p) { fattn_vec<96, FATTN_VEC_ROWS, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_f32(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d112_bf16(const FattnArgs p) { fattn_vec<112, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_f32(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_bf16(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q8_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d128_q4_0(const FattnArgs p) { fattn_vec<128, FATTN_VEC_ROWS, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_f32(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_bf16(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q8_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec_d256_q4_0(const FattnArgs p) { fattn_vec<256, FATTN_VEC_ROWS, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_f32(const FattnArgs p) { fattn_vec<16, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_f16(const FattnArgs p) { fattn_vec<16, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d16_bf16(const FattnArgs p) { fattn_vec<16, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_f32(const FattnArgs p) { fattn_vec<32, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_f16(const FattnArgs p) { fattn_vec<32, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_bf16(const FattnArgs p) { fattn_vec<32, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_q8_0(const FattnArgs p) { fattn_vec<32, 1, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d32_q4_0(const FattnArgs p) { fattn_vec<32, 1, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_f32(const FattnArgs p) { fattn_vec<64, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_f16(const FattnArgs p) { fattn_vec<64, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_bf16(const FattnArgs p) { fattn_vec<64, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_q8_0(const FattnArgs p) { fattn_vec<64, 1, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d64_q4_0(const FattnArgs p) { fattn_vec<64, 1, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_f32(const FattnArgs p) { fattn_vec<80, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_f16(const FattnArgs p) { fattn_vec<80, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d80_bf16(const FattnArgs p) { fattn_vec<80, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_f32(const FattnArgs p) { fattn_vec<96, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_f16(const FattnArgs p) { fattn_vec<96, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_bf16(const FattnArgs p) { fattn_vec<96, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_q8_0(const FattnArgs p) { fattn_vec<96, 1, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d96_q4_0(const FattnArgs p) { fattn_vec<96, 1, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_f32(const FattnArgs p) { fattn_vec<112, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_f16(const FattnArgs p) { fattn_vec<112, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d112_bf16(const FattnArgs p) { fattn_vec<112, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_f32(const FattnArgs p) { fattn_vec<128, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_f16(const FattnArgs p) { fattn_vec<128, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_bf16(const FattnArgs p) { fattn_vec<128, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_q8_0(const FattnArgs p) { fattn_vec<128, 1, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d128_q4_0(const FattnArgs p) { fattn_vec<128, 1, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_f32(const FattnArgs p) { fattn_vec<256, 1, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_f16(const FattnArgs p) { fattn_vec<256, 1, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_bf16(const FattnArgs p) { fattn_vec<256, 1, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_q8_0(const FattnArgs p) { fattn_vec<256, 1, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_vec1_d256_q4_0(const FattnArgs p) { fattn_vec<256, 1, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_f32(const FattnArgs p) { fattn_mma<16, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_f16(const FattnArgs p) { fattn_mma<16, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d16_bf16(const FattnArgs p) { fattn_mma<16, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_f32(const FattnArgs p) { fattn_mma<32, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_f16(const FattnArgs p) { fattn_mma<32, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_bf16(const FattnArgs p) { fattn_mma<32, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_q8_0(const FattnArgs p) { fattn_mma<32, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d32_q4_0(const FattnArgs p) { fattn_mma<32, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_f32(const FattnArgs p) { fattn_mma<64, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_f16(const FattnArgs p) { fattn_mma<64, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_bf16(const FattnArgs p) { fattn_mma<64, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_q8_0(const FattnArgs p) { fattn_mma<64, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d64_q4_0(const FattnArgs p) { fattn_mma<64, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d80_f32(const FattnArgs p) { fattn_mma<80, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d80_f16(const FattnArgs p) { fattn_mma<80, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d80_bf16(const FattnArgs p) { fattn_mma<80, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d96_f32(const FattnArgs p) { fattn_mma<96, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d96_f16(const FattnArgs p) { fattn_mma<96, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d96_bf16(const FattnArgs p) { fattn_mma<96, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d96_q8_0(const FattnArgs p) { fattn_mma<96, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d96_q4_0(const FattnArgs p) { fattn_mma<96, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d112_f32(const FattnArgs p) { fattn_mma<112, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d112_f16(const FattnArgs p) { fattn_mma<112, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d112_bf16(const FattnArgs p) { fattn_mma<112, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d128_f32(const FattnArgs p) { fattn_mma<128, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d128_f16(const FattnArgs p) { fattn_mma<128, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d128_bf16(const FattnArgs p) { fattn_mma<128, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d128_q8_0(const FattnArgs p) { fattn_mma<128, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_mma_d128_q4_0(const FattnArgs p) { fattn_mma<128, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_f32(const FattnArgs p) { fattn_mma<256, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_f16(const FattnArgs p) { fattn_mma<256, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_bf16(const FattnArgs p) { fattn_mma<256, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_q8_0(const FattnArgs p) { fattn_mma<256, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_mma_d256_q4_0(const FattnArgs p) { fattn_mma<256, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d16_f16(const FattnArgs p) { fattn_dec<16, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d32_f16(const FattnArgs p) { fattn_dec<32, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d64_f16(const FattnArgs p) { fattn_dec<64, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d80_f16(const FattnArgs p) { fattn_dec<80, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d96_f16(const FattnArgs p) { fattn_dec<96, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d112_f16(const FattnArgs p) { fattn_dec<112, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d128_f16(const FattnArgs p) { fattn_dec<128, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_dec_d256_f16(const FattnArgs p) { fattn_dec<256, f16>(p); }
+// The kernels, one per head dim, K/V dtype and family, are instantiated by build.rs from
+// the table in build/instances.rs.
+#include "fattn.inst.cuh"

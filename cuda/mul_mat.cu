@@ -33,7 +33,7 @@
 // 16-byte loads a lane has in a round of the double-buffered loop. H200, Llama-2-7B F16
 // decode: rounds of 2 double-buffered 228.3 -> 230.0 tok/s after 4,096 tokens and 254.9
 // -> 257.8 after 512, against rounds of 4 used before the next was issued
-// (docs/benchmarks.md, twenty-seventh session).
+// (2026-12-01, docs/benchmarks.md).
 #define GEMV_ROUND 2
 
 // 16 bytes of weights, read once: evict first.

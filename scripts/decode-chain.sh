@@ -6,7 +6,8 @@
 #   scripts/decode-chain.sh [OUT]       build OUT (default .gpu/decode-chain)
 #   OUT [NODES]                         on the GPU machine: markdown tables, exit 1 when a
 #                                       variant's result differs from the tree's kernel
-# Needs nvcc 13.0 (scripts/install-cuda-toolchain.sh; NVCC or CUDA_HOME, else its folder).
+# Needs nvcc 13.0 (scripts/install-cuda-toolchain.sh; NVCC or CUDA_HOME, else its folder)
+# and rustc.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/.gpu/decode-chain}"
@@ -20,7 +21,14 @@ fi
 [ -n "$NVCC" ] || die "nvcc not found: run scripts/install-cuda-toolchain.sh"
 HOME_DIR="$(cd "$(dirname "$NVCC")/.." && pwd)"
 mkdir -p "$(dirname "$OUT")"
-"$NVCC" -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I"$ROOT/cuda" "$ROOT/scripts/decode-chain.cu" \
+# The headers build.rs generates for cuda/ (the kernel instances, the argument layout):
+# build.rs built on its own writes them.
+GEN="$(mktemp -d)"
+trap 'rm -rf "$GEN"' EXIT
+command -v rustc >/dev/null || die "rustc not found (it builds build.rs, which writes the generated headers)"
+rustc --edition 2021 "$ROOT/build.rs" -o "$GEN/gen" || die "rustc failed on build.rs"
+"$GEN/gen" "$ROOT/cuda" "$GEN/cuda-gen" || die "build.rs could not write the generated headers"
+"$NVCC" -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I"$ROOT/cuda" -I"$GEN/cuda-gen" "$ROOT/scripts/decode-chain.cu" \
     -o "$OUT" -cudart static -L"$HOME_DIR/lib" -L"$HOME_DIR/lib64" \
     || die "nvcc failed"
 strip "$OUT"

@@ -7,7 +7,7 @@
 #
 # Seeds: fuzz/corpus/<target>/seed-* (committed); libFuzzer adds what it finds to the
 # same folder (ignored by git). A crash lands in fuzz/artifacts/<target>/: copy it to
-# fuzz/regressions/<target>/ with the fix, and `cargo test --test fuzz_corpus` replays it.
+# fuzz/regressions/<target>/ with the fix, and `cargo test --test text_io fuzz_corpus` replays it.
 set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs="${1:-60}"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds the release GPU test binaries (every integration test whose name contains
-# "cuda", the model fixture tests and the tensor-parallel tests; tests that spawn the graft binary, such as
-# tests/trace.rs, need a cargo build and are run there with cargo) and the `graft` binary with the `cuda` feature,
-# strips them, and puts them with runner scripts into one folder that runs on a GPU
-# machine without cargo:
+# Builds the release GPU test binaries (the test crates `cuda`, tests/cuda, and `models`,
+# tests/models: the model fixtures and tensor parallelism on the GPU; the crates `cli`,
+# `ops` and `text_io` spawn the graft binary or read the source tree, so they run with
+# cargo) and the `graft` binary with the `cuda` feature, strips them, and puts them with
+# runner scripts into one folder that runs on a GPU machine without cargo:
 #   BUNDLE/tests/NAME      test binaries
 #   BUNDLE/bin/graft
 #   BUNDLE/run-tests.sh    every test binary (GRAFT_REQUIRE_GPU=1), a summary table;
@@ -20,13 +20,13 @@
 #
 # Usage: scripts/gpu-bundle.sh [BUNDLE]   (default .gpu/bundle)
 # Needs nvcc (see scripts/install-cuda-toolchain.sh); GRAFT_BUNDLE_TESTS, a regular
-# expression over test names, replaces the default "cuda|model_fixtures|tensor_parallel". Run the bundle
-# from the repository root (the fixture tests read tests/fixtures there).
+# expression over test crate names, replaces the default "^(cuda|models)$". Run the
+# bundle from the repository root (the fixture tests read tests/fixtures there).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUNDLE="${1:-$ROOT/.gpu/bundle}"
-PATTERN="${GRAFT_BUNDLE_TESTS:-cuda|model_fixtures|tensor_parallel}"
+PATTERN="${GRAFT_BUNDLE_TESTS:-^(cuda|models)\$}"
 cd "$ROOT"
 
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
@@ -177,7 +177,7 @@ cat > "$BUNDLE/run-sanitizer.sh" <<'RUN'
 # names, narrows the binaries (default all); further arguments go to every test binary
 # (a test-name filter). Fails when any tool run reports an error.
 #   run-sanitizer.sh initcheck
-#   BINARIES='ops_cuda_quant' run-sanitizer.sh racecheck
+#   BINARIES='^cuda$' run-sanitizer.sh racecheck ops_cuda_quant::
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TOOL="${1:?usage: run-sanitizer.sh memcheck|racecheck|synccheck|initcheck [TEST_FILTER]}"
@@ -226,6 +226,6 @@ ls -la "$BUNDLE/tests" "$BUNDLE/bin"
 tar cJf "$BUNDLE.tar.xz" -C "$(dirname "$BUNDLE")" "$(basename "$BUNDLE")"
 size=$(du -sm "$BUNDLE.tar.xz" | cut -f1)
 echo "gpu-bundle: $BUNDLE.tar.xz is ${size} MiB"
-# The device tool carries 64 MiB in all: the bundle may take 56, which leaves 8 for what
-# travels with it (the llama.cpp source for the peer runs is 4.5).
+# Kept under 56 MiB, so that with what travels beside it (the packed llama.cpp source of
+# scripts/peer/fetch-llamacpp.sh is about 4.5) it fits a 64 MiB transfer to a GPU machine.
 [ "$size" -lt 56 ] || die "the packed bundle is ${size} MiB, over the 56 MiB budget"

@@ -4,7 +4,7 @@
     python3 scripts/make-gguf-vectors.py make [--out tests/fixtures/gguf]
         Writes small GGUF files (every metadata type, nested arrays, custom alignments,
         tensors of every ggml type gguf knows, a big-endian file) and, for each, a JSON
-        file with what was written, which tests/gguf.rs compares graft's reading against.
+        file with what was written, which tests/text_io/gguf.rs compares graft's reading against.
 
     python3 scripts/make-gguf-vectors.py check FILE [--json]
         Reads FILE (for instance one graft wrote) with gguf's GGUFReader, checks its

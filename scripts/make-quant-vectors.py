@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the quantization test vectors of tests/quant.rs with llama.cpp's own gguf-py.
+"""Writes the quantization test vectors of tests/ops/quant.rs with llama.cpp's own gguf-py.
 
 The vectors come from an implementation graft did not write: the `gguf` package's
 `gguf.quants.quantize` / `gguf.quants.dequantize` (numpy ports of ggml's reference

@@ -6,7 +6,7 @@ and dequantizes its weights to float32; this script writes, for a few prompts of
 text, the prompt's token ids, HF's greedy continuation with each step's top-1 minus top-2
 logit margin (reference.json), and the float32 logits of the last prompt position of
 each prompt (logits.safetensors, `[n_prompts, vocab]`), into a folder that
-tests/default_model.rs compares graft against; and the token ids of a varied
+tests/models/default_model.rs compares graft against; and the token ids of a varied
 text corpus (without special tokens added), which graft's tokenizer must match exactly.
 
 graft computes with the Q4_1 blocks as stored (and, on the CPU's default path, Q8_1

@@ -4,7 +4,7 @@
 Each output is one JSON file: {"source", "reference", "spec", "cases", ["chat"]}, where
 "spec" holds GGUF tokenizer metadata with graft's TokenizerSpec field names and "cases"
 the token ids (special tokens added) and the decoded text a reference tokenizer gives
-for a varied corpus. tests/tokenizer_gguf.rs builds each spec and must match exactly.
+for a varied corpus. tests/text_io/tokenizer_gguf.rs builds each spec and must match exactly.
 
     python3 scripts/make-tokenizer-vectors.py [--smollm2 PATH.gguf]
     # needs: tokenizers, gguf (and transformers, jinja2 for --smollm2)

@@ -1,7 +1,7 @@
 //! Entry points for fuzzing the loaders: each takes arbitrary bytes, runs them through
 //! the same code a user's file goes through, and returns a `Result`, never panicking.
 //!
-//! The cargo-fuzz targets in `fuzz/` call these; `cargo test` (tests/fuzz_corpus.rs) runs
+//! The cargo-fuzz targets in `fuzz/` call these; `cargo test` (tests/text_io/fuzz_corpus.rs) runs
 //! the seed corpora (`fuzz/corpus/<target>/`) and every regression found
 //! (`fuzz/regressions/<target>/`) through them as well, so CI covers what the fuzzers
 //! found without building libFuzzer.

@@ -377,6 +377,7 @@ pub fn run_step(
         Op::Copy(CopyOp::SetRows) => ops::cpy::cpu_set_rows(step, dst, src),
         Op::Mask(op) => ops::softmax::cpu(op, dst, src),
         Op::Argmax => ops::argmax::cpu(dst, src),
+        Op::TopK { k } => ops::topk::cpu(k, dst, src),
         Op::FlashAttnExt(ref p) => ops::attention::cpu(p, dst, src),
         Op::PagedAttn(ref p) => ops::attention::paged::cpu(step, p, dst, src),
         Op::AllReduce(p) => ops::collective::cpu(p, dst, src, group),

@@ -7,10 +7,13 @@
 //!   plan captured into one CUDA graph that later runs replay.
 //! - [`group::DeviceGroup`]: N backends run as one for tensor parallelism (each member
 //!   runs the same plan on its share of the weights; `all_reduce` joins them).
+//! - [`fusion`]: the plan pass that groups consecutive steps into fused steps, which the
+//!   CUDA backend lowers to one launch each (it needs no backend to run).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fusion;
 pub mod group;
 
 use crate::error::{Error, Result};

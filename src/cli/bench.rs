@@ -1,11 +1,13 @@
-//! `graft bench`: prompt-processing and generation speed of a preset model with seeded
-//! random weights made on the device (no download, no host copy).
+//! `graft bench`: prompt-processing and generation speed of one sequence on the batched
+//! engine, for a preset model with seeded random weights made on the device (no download,
+//! no host copy) or a model file.
 //!
-//! Prompt processing: one prefill of `-p` tokens to build and load the plan (and let a
-//! capturing backend capture it), then `--reps` timed prefills that replay it. Generation:
-//! one decode step to build the first bucket's plan, the cache rewound, then `-n` timed
-//! greedy decode steps as `graft generate` runs them ([`Model::decode_greedy`]: each
-//! step's argmax fed to the next on the device, the host a step behind). The
+//! Prompt processing: one request of `-p` tokens to build and load the plan (and let a
+//! capturing backend capture it), then `--reps` timed requests that replay it, each
+//! prompt computed in one step (the prefix cache off), timed to its first token.
+//! Generation: a short request builds the decode plan, then `-n` timed greedy decode
+//! steps as `graft generate` runs them (each step's argmax fed to the next on the
+//! device, the host a step behind). The
 //! memory-bandwidth roofline fraction is `weight bytes read per token x gen tokens/s /
 //! copy bandwidth`. With `--profile`, one more prefill and decode step run with step
 //! profiling on, and a table says where their time goes.
@@ -17,10 +19,12 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::backend::{profile_table, Backend, Stats, StepTime};
-use graft::models::{Logits, Model, QuantPlan};
+use graft::engine::{Engine, Event, Request};
+use graft::models::QuantPlan;
 use graft::Result;
 
 use super::dump::preset;
+use super::engine_args::EngineArgs;
 use super::{print_out, ModelArgs};
 
 /// Arguments of `graft bench`.
@@ -90,123 +94,146 @@ pub fn run(a: Args) -> Result<()> {
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
-    let (mut be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
-    let be = be.as_mut();
-    let ctx =
-        a.p.checked_add(a.n)
-            .ok_or_else(|| graft::Error::model("-p + -n overflows"))?;
-    let (mut model, label, dtype) = open_model(&a, be, ctx)?;
-    let mut rng = StdRng::seed_from_u64(a.seed);
-    let vocab = model.config().vocab_size as u32;
-    let prompt: Vec<u32> = (0..a.p).map(|_| rng.random_range(0..vocab)).collect();
-
-    let pp = time_prefill(&mut model, be, &prompt, a.reps)?;
-    let (tg, tok) = time_generation(&mut model, be, &prompt, a.n)?;
-    let stats = be.stats();
-    let plans = model.plan_counts();
-    // Profiles after the timed runs, so they change none of the figures above.
-    let profiles = match a.profile {
-        true => Some(profile(&mut model, be, &prompt, tok)?),
-        false => None,
-    };
-    let f = Figures {
-        label,
-        dtype,
-        backend: be.name().to_string(),
-        pp,
-        tg,
-        weight_bytes: model.weights().bytes,
-        // per device: each device reads its share of the weights, at its own bandwidth
-        per_token: model.weights().bytes_per_token(model.shard()),
-        devices: be.devices(),
-        kv_cache_bytes: model.cache().bytes(),
-        copy_bw,
-        plans: (plans.prefill, plans.decode),
-        stats,
-        profiles,
-    };
+    let (be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
+    let ctx = a
+        .p
+        .checked_add(a.n)
+        .and_then(|c| c.checked_add(1))
+        .ok_or_else(|| graft::Error::model(format!("-p {} + -n {}: too many tokens", a.p, a.n)))?;
+    let (mut engine, label, dtype) = open_engine(&a, be, ctx)?;
+    let run = measure(&a, &mut engine, copy_bw, label, dtype);
+    let released = engine.release();
+    let f = run?;
+    released?;
     print_out(&match a.json {
         true => f.json(&a),
         false => f.text(&a),
     })
 }
 
-/// The model `a` names (its file or folder, else the preset with seeded random weights),
-/// holding `ctx` positions, with its label and weight type for the report.
-fn open_model(a: &Args, be: &mut dyn Backend, ctx: usize) -> Result<(Model, String, String)> {
+/// Runs the measurements of `a` on `e`.
+fn measure(
+    a: &Args,
+    e: &mut Engine,
+    copy_bw: Option<f64>,
+    label: String,
+    dtype: String,
+) -> Result<Figures> {
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let vocab = e.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..a.p).map(|_| rng.random_range(0..vocab)).collect();
+    let pp = time_prefill(e, &prompt, a.reps)?;
+    let tg = time_generation(e, &prompt, a.n)?;
+    let stats = e.backend().stats();
+    // Profiles after the timed runs, so they change none of the figures above.
+    let profiles = match a.profile {
+        true => Some(profile(e, &prompt)?),
+        false => None,
+    };
+    Ok(Figures {
+        label,
+        dtype,
+        backend: e.backend().name().to_string(),
+        pp,
+        tg,
+        weight_bytes: e.weights().bytes,
+        // per device: each device reads its share of the weights, at its own bandwidth
+        per_token: e.weights().bytes_per_token(e.shard()),
+        devices: e.backend().devices(),
+        kv_cache_bytes: e.kv_bytes(),
+        copy_bw,
+        plans: e.plans().0,
+        stats,
+        profiles,
+    })
+}
+
+/// The engine over the model `a` names (its file or folder, else the preset with seeded
+/// random weights) on `be`, for one sequence of `ctx` positions whose prompt is one step;
+/// with its label and weight type for the report.
+fn open_engine(a: &Args, be: Box<dyn Backend>, ctx: usize) -> Result<(Engine, String, String)> {
+    let mut args = EngineArgs::single_sequence();
+    args.ubatch = args.ubatch.max(a.p);
+    args.no_prefix_cache = true;
+    args.kv_size = Some(ctx + args.kv_block);
     match (&a.model.location, &a.preset) {
         (Some(path), _) => {
-            let m = a.model.load(path, be, Some(ctx), true)?;
+            let e = args.load_on(&a.model, path, Some(ctx), true, be)?;
             let dtype = a.model.quantize.map_or("as stored".to_string(), |q| {
                 QuantPlan::from(q).name().to_string()
             });
-            Ok((m, path.display().to_string(), dtype))
+            Ok((e, path.display().to_string(), dtype))
         }
         (None, Some(name)) => {
-            let m = a.model.random(preset(name)?, Some(ctx), a.seed, be)?;
-            Ok((m, name.clone(), a.model.plan().name().to_string()))
+            let e = args.random_on(&a.model, preset(name)?, Some(ctx), a.seed, true, be)?;
+            Ok((e, name.clone(), a.model.plan().name().to_string()))
         }
         (None, None) => Err(graft::Error::model("give --preset or --model")),
     }
 }
 
+/// Runs `req` to its end; the time its first token came and the time it finished.
+fn run_request(e: &mut Engine, req: Request) -> Result<(Instant, Instant)> {
+    e.add(req)?;
+    let mut first = None;
+    loop {
+        for ev in e.step()? {
+            match ev {
+                Event::Token { .. } => {
+                    first.get_or_insert_with(Instant::now);
+                }
+                Event::Finished { .. } => {
+                    let now = Instant::now();
+                    return Ok((first.unwrap_or(now), now));
+                }
+                Event::Error { error, .. } => return Err(error),
+            }
+        }
+    }
+}
+
+/// A greedy request of `prompt` for `n` tokens, end-of-sequence tokens included.
+fn greedy(prompt: &[u32], n: usize) -> Request {
+    let mut r = Request::greedy(prompt.to_vec(), n);
+    r.stop.ignore_eos = true;
+    r
+}
+
 /// Prompt processing in tokens/s: one prefill of `prompt` to build and load the plan, then
 /// the median of `reps` timed prefills that replay it.
-fn time_prefill(
-    model: &mut Model,
-    be: &mut dyn Backend,
-    prompt: &[u32],
-    reps: usize,
-) -> Result<f64> {
-    model.prefill(be, prompt, Logits::None)?;
+fn time_prefill(e: &mut Engine, prompt: &[u32], reps: usize) -> Result<f64> {
+    run_request(e, greedy(prompt, 1))?;
     let mut secs = Vec::new();
     for _ in 0..reps {
-        model.reset();
         let t = Instant::now();
-        model.prefill(be, prompt, Logits::None)?;
-        secs.push(t.elapsed().as_secs_f64());
+        let (first, _) = run_request(e, greedy(prompt, 1))?;
+        secs.push((first - t).as_secs_f64());
     }
     secs.sort_by(f64::total_cmp);
     Ok(prompt.len() as f64 / secs[secs.len() / 2])
 }
 
-/// Generation in tokens/s after `prompt`, and the last token: the first bucket's plan
-/// warmed up, the cache rewound, then `n` timed greedy steps (the host a step behind the
-/// device, as `graft generate` runs them).
-fn time_generation(
-    model: &mut Model,
-    be: &mut dyn Backend,
-    prompt: &[u32],
-    n: usize,
-) -> Result<(f64, u32)> {
-    model.reset();
-    let mut tok = model.prefill(be, prompt, Logits::None)?.argmax;
-    model.decode_step(be, tok, false)?;
-    model.truncate(prompt.len());
-    let t = Instant::now();
-    let first = tok;
-    model.decode_greedy(be, first, n, &mut |t| {
-        tok = t;
-        Ok(true)
-    })?;
-    Ok((n as f64 / t.elapsed().as_secs_f64(), tok))
+/// Generation in tokens/s after `prompt`: a short run first builds the decode plan, then
+/// `n` timed greedy steps (the host a step behind the device, as `graft generate` runs
+/// them).
+fn time_generation(e: &mut Engine, prompt: &[u32], n: usize) -> Result<f64> {
+    run_request(e, greedy(&prompt[..1], 3))?;
+    let (first, end) = run_request(e, greedy(prompt, n + 1))?;
+    Ok(n as f64 / (end - first).as_secs_f64())
 }
 
-/// The step times of one eager prefill of `prompt` and of one decode step of `tok`.
-fn profile(
-    model: &mut Model,
-    be: &mut dyn Backend,
-    prompt: &[u32],
-    tok: u32,
-) -> Result<(Vec<StepTime>, Vec<StepTime>)> {
-    be.set_profiling(true);
-    model.reset();
-    model.prefill(be, prompt, Logits::None)?;
-    let prefill = be.take_profile();
-    model.decode_step(be, tok, false)?;
-    let decode = be.take_profile();
-    be.set_profiling(false);
-    Ok((prefill, decode))
+/// The step times of one eager prefill of `prompt` and of one decode step after it.
+fn profile(e: &mut Engine, prompt: &[u32]) -> Result<(Vec<StepTime>, Vec<StepTime>)> {
+    e.backend().set_profiling(true);
+    e.add(greedy(prompt, 2))?;
+    let run = (|| {
+        e.step()?;
+        let prefill = e.backend().take_profile();
+        e.step()?;
+        Ok((prefill, e.backend().take_profile()))
+    })();
+    e.backend().set_profiling(false);
+    run
 }
 
 /// What one `graft bench` run measured.
@@ -225,8 +252,8 @@ struct Figures {
     kv_cache_bytes: usize,
     /// The copy bandwidth the roofline compares with, GB/s.
     copy_bw: Option<f64>,
-    /// Prefill and decode plans built.
-    plans: (usize, usize),
+    /// Batch graphs built.
+    plans: usize,
     stats: Stats,
     /// `--profile`: one eager prefill's and one decode step's step times.
     profiles: Option<(Vec<StepTime>, Vec<StepTime>)>,
@@ -262,7 +289,7 @@ impl Figures {
             "kv_cache_bytes": self.kv_cache_bytes,
             "copy_bw_gbps": self.copy_bw,
             "roofline_fraction": self.roofline(),
-            "plans": {"prefill": self.plans.0, "decode": self.plans.1},
+            "plans": self.plans,
             "captures": self.stats.captures,
             "replays": self.stats.replays,
             "eager_runs": self.stats.eager_runs,
@@ -293,7 +320,7 @@ impl Figures {
              \x20 prompt      {:>10.1} tok/s\n\
              \x20 generation  {:>10.1} tok/s\n\
              \x20 roofline    {roof}\n\
-             \x20 plans       {} prefill, {} decode; {} captures, {} replays, {} eager runs\n",
+             \x20 plans       {} batch graphs; {} captures, {} replays, {} eager runs\n",
             self.label,
             self.dtype,
             self.backend,
@@ -304,8 +331,7 @@ impl Figures {
             gb(self.per_token),
             self.pp,
             self.tg,
-            self.plans.0,
-            self.plans.1,
+            self.plans,
             self.stats.captures,
             self.stats.replays,
             self.stats.eager_runs

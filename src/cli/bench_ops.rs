@@ -13,6 +13,9 @@ pub struct Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Only the op cases whose name contains this text (e.g. `attn`).
+    #[arg(long)]
+    filter: Option<String>,
     /// Print JSON instead of markdown tables.
     #[arg(long)]
     json: bool,
@@ -28,6 +31,7 @@ pub fn run(a: Args) -> Result<()> {
     let report = run_bench_ops(&BenchOptions {
         device: a.device,
         iters: a.iters,
+        filter: a.filter,
     })?;
     let json = serde_json::to_string_pretty(&report)
         .map_err(|e| graft::Error::plan(format!("bench-ops: cannot serialize the report: {e}")))?;
@@ -44,7 +48,7 @@ pub fn run(a: Args) -> Result<()> {
 /// Runs `graft bench-ops`: without the CUDA backend there is nothing to measure.
 #[cfg(not(feature = "cuda"))]
 pub fn run(a: Args) -> Result<()> {
-    let _ = (a.iters, a.device, a.json, a.json_out);
+    let _ = (a.iters, a.device, a.filter, a.json, a.json_out);
     Err(graft::Error::NoDevice(
         "bench-ops measures the CUDA backend; rebuild with --features cuda".into(),
     ))

@@ -1,14 +1,16 @@
-//! `graft chat`: an interactive conversation on stdin/stdout (see
-//! `graft::models::text::chat_session`).
+//! `graft chat`: an interactive conversation on stdin/stdout on the batched engine (see
+//! `graft::engine::chat`).
 
 use std::io::IsTerminal;
 use std::path::Path;
 
+use graft::engine::chat::ChatSession;
+use graft::engine::Engine;
 use graft::models::text::chat::ChatTemplate;
-use graft::models::text::chat_session::{ChatSession, LlamaOn};
-use graft::models::{text::tokenizer, Tokenizer};
+use graft::models::{text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
+use super::engine_args::single;
 use super::{ModelArgs, SamplingArgs};
 
 /// Arguments of `graft chat`.
@@ -41,33 +43,34 @@ pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
     Ok((found.tokenizer, template))
 }
 
+/// The engine of a chat on the model at `path`: one sequence at a time, a pool of two
+/// contexts (the conversation, and what the cache keeps of earlier turns).
+pub fn chat_engine(m: &ModelArgs, path: &Path, quiet: bool) -> Result<Engine> {
+    single(m, path, 2, quiet)
+}
+
 /// Runs `graft chat`.
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
     let (tok, template) = chat_parts(&path)?;
-    let mut be = a.model.open_backend()?;
-    let be = be.as_mut();
-    let mut model = a.model.load(&path, be, None, a.quiet)?;
-    let sampler = a.sampling.sampler(model.config().vocab_size)?;
-    let on = LlamaOn {
-        model: &mut model,
-        be,
-    };
-    let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system)?;
+    let settings = a.sampling.resolve(Some(&path), &SamplingParams::chat())?;
+    let mut engine = chat_engine(&a.model, &path, a.quiet)?;
+    let ctx = engine.ctx();
+    let mut session = ChatSession::new(&mut engine, tok, template, settings.params, a.n, a.system)?;
     let stdin = std::io::stdin();
     if !a.quiet && stdin.is_terminal() {
         eprintln!(
-            "chatting with {} (context {} tokens). /reset starts a new conversation, /exit or Ctrl-D quits.",
-            path.display(),
-            session.model().model.cache().ctx
+            "chatting with {} (context {ctx} tokens). /reset starts a new conversation, /exit or Ctrl-D quits.",
+            path.display()
         );
     }
     let mut input = stdin.lock();
     let mut out = std::io::stdout().lock();
     session.repl(&mut input, &mut out)?;
+    let (replies, tokens) = session.totals();
+    drop(session);
     if !a.quiet {
-        let (replies, tokens) = session.totals();
         eprintln!("chat: {replies} replies, {tokens} tokens generated");
     }
-    Ok(())
+    engine.release()
 }

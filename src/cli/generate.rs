@@ -1,17 +1,23 @@
 //! `graft generate`: stream a continuation of a prompt, or with `--chat` one turn of a
-//! chat (the prompt as the user's message, rendered with the model's chat template).
+//! chat (the prompt as the user's message, rendered with the model's chat template), on
+//! the batched engine.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::json;
 
-use graft::backend::Backend;
-use graft::models::text::chat_session::{ChatSession, EndReason, LlamaOn};
-use graft::models::{text::tokenizer, Generation, Model, Stop, Tokenizer};
+use graft::engine::chat::{ChatSession, EndReason};
+use graft::engine::{Engine, Event, FinishReason, KvBudget, Request, RequestId, Stop};
+use graft::models::runtime::sampling::Resolved;
+use graft::models::{text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
-use super::chat::chat_parts;
+use super::chat::{chat_engine, chat_parts};
 use super::dump::preset;
+use super::engine_args::{single, EngineArgs};
+use super::sampling_args::flag_error;
 use super::{print_out, read_prompt, ModelArgs, SamplingArgs};
 
 /// Arguments of `graft generate`.
@@ -63,34 +69,52 @@ pub struct Args {
 
 /// Runs `graft generate`.
 pub fn run(a: Args) -> Result<()> {
-    let mut be = a.model.open_backend()?;
-    let be = be.as_mut();
-    let (mut model, tokenizer, path) = match &a.preset {
+    let path = match &a.preset {
+        Some(name) => PathBuf::from(name),
+        None => a.model.path()?,
+    };
+    if a.chat {
+        return run_chat(&a, &path);
+    }
+    // a plain completion is greedy unless flags say otherwise (docs/sampling.md)
+    let settings = a.sampling.resolve(None, &SamplingParams::greedy())?;
+    let quiet = a.quiet || a.json;
+    let (mut engine, tokenizer) = match &a.preset {
         Some(name) => {
-            let model = a.model.random(preset(name)?, None, 0, be)?;
-            (model, None, PathBuf::from(name))
+            let args = EngineArgs::single_sequence();
+            let mut cfg = args.config(&a.model, &preset(name)?, None);
+            cfg.kv = KvBudget::Tokens(cfg.ctx);
+            let e = Engine::random(
+                preset(name)?,
+                a.model.plan(),
+                0,
+                a.model.open_backend()?,
+                cfg,
+            )?;
+            (e, None)
         }
         None => {
-            let path = a.model.path()?;
-            if a.chat {
-                return run_chat(&a, &path, be);
-            }
-            let model = a.model.load(&path, be, None, a.quiet || a.json)?;
-            let tokenizer = tokenizer::for_model(&path)?.map(|t| t.tokenizer);
-            (model, tokenizer, path)
+            let e = single(&a.model, &path, 1, quiet)?;
+            let t = tokenizer::for_model(&path)?.map(|t| Arc::new(t.tokenizer));
+            (e, t)
         }
     };
-    let prompt = prompt_ids(&a, tokenizer.as_ref(), &path)?;
-    let mut sampler = a.sampling.sampler(model.config().vocab_size)?;
-    model.set_context_shift(a.context_shift);
-    model.set_ignore_eos(a.ignore_eos);
-    model.check_generation(&prompt, a.n)?;
-
-    // Streaming: the prompt first, then each piece of text (or id) as it comes.
-    let mut stream = match (&tokenizer, a.json) {
-        (Some(t), false) => Some(t.stream(&prompt)?),
-        _ => None,
+    let prompt = prompt_ids(&a, tokenizer.as_deref(), &path)?;
+    if let Some(t) = &tokenizer {
+        engine.set_detokenizer(t.clone());
+    }
+    let req = Request {
+        prompt: prompt.clone(),
+        sampling: settings.params.clone(),
+        max_tokens: Some(a.n),
+        stop: Stop {
+            ignore_eos: a.ignore_eos,
+            context_shift: a.context_shift,
+            ..Stop::default()
+        },
+        logprobs: None,
     };
+    let id = engine.add(req).map_err(cli_error)?;
     if !a.json {
         match (&tokenizer, &a.prompt) {
             (_, Some(text)) => print_out(text)?,
@@ -98,20 +122,96 @@ pub fn run(a: Args) -> Result<()> {
             (None, None) => print_out(&format!("{prompt:?} ->"))?,
         }
     }
-    let json = a.json;
-    let g = model.generate(be, &prompt, a.n, &mut sampler, &mut |id| {
-        if json {
-            return Ok(());
+    let run = stream(&mut engine, id, !a.json, tokenizer.is_some());
+    let run = run.and_then(|g| {
+        report(
+            &a,
+            &mut engine,
+            &prompt,
+            &g,
+            tokenizer.as_deref(),
+            &settings,
+        )
+    });
+    let released = engine.release();
+    run.and(released)
+}
+
+/// A generation as it ran.
+struct Generation {
+    tokens: Vec<u32>,
+    reason: FinishReason,
+    /// Seconds to the first token (the prompt), and from it to the last.
+    prompt_secs: f64,
+    decode_secs: f64,
+    /// Prompt tokens served from the prefix cache.
+    cached: usize,
+}
+
+/// Steps the engine until request `id` finishes, printing its text (or its ids when
+/// there is no tokenizer) as it comes when `print`.
+fn stream(e: &mut Engine, id: RequestId, print: bool, text: bool) -> Result<Generation> {
+    let t0 = Instant::now();
+    let mut first = None;
+    let mut tokens = Vec::new();
+    loop {
+        for ev in e.step()? {
+            match ev {
+                Event::Token {
+                    token, text: piece, ..
+                } => {
+                    first.get_or_insert_with(Instant::now);
+                    tokens.push(token);
+                    if print {
+                        match text {
+                            true => print_out(&piece)?,
+                            false => print_out(&format!(" {token}"))?,
+                        }
+                    }
+                }
+                Event::Finished {
+                    reason,
+                    text: piece,
+                    usage,
+                    ..
+                } => {
+                    if print {
+                        print_out(&piece)?;
+                    }
+                    let end = Instant::now();
+                    let first = first.unwrap_or(end);
+                    return Ok(Generation {
+                        tokens,
+                        reason,
+                        prompt_secs: (first - t0).as_secs_f64(),
+                        decode_secs: (end - first).as_secs_f64(),
+                        cached: usage.cached_tokens,
+                    });
+                }
+                Event::Error { error, .. } => return Err(error),
+            }
         }
-        match stream.as_mut() {
-            Some(s) => match s.next(id)? {
-                Some(text) => print_out(&text),
-                None => Ok(()),
-            },
-            None => print_out(&format!(" {id}")),
+        if !e.has_work() {
+            return Err(Error::model(format!("internal: {id} vanished")));
         }
-    })?;
-    report(&a, be, &model, &prompt, &g, tokenizer.as_ref())
+    }
+}
+
+/// A request error in terms of the flags: the tokens asked for are `-n`, the context
+/// `--ctx`.
+fn cli_error(e: Error) -> Error {
+    match e {
+        Error::Request { param, msg, .. } => {
+            let flag = match param {
+                "max_tokens" => "-n / --ctx",
+                "prompt" => "--prompt / --token-ids",
+                other => other,
+            };
+            Error::model(format!("{msg} ({flag})"))
+        }
+        e @ Error::Sampling { .. } => flag_error(e),
+        other => other,
+    }
 }
 
 /// The prompt's token ids: `--prompt` or `--file` encoded with the model's tokenizer, or
@@ -134,50 +234,52 @@ fn prompt_ids(a: &Args, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<Ve
 /// end of the streamed line and, unless `--quiet`, speeds and plan counters on stderr.
 fn report(
     a: &Args,
-    be: &dyn Backend,
-    model: &Model,
+    e: &mut Engine,
     prompt: &[u32],
     g: &Generation,
     tokenizer: Option<&Tokenizer>,
+    settings: &Resolved,
 ) -> Result<()> {
-    let stats = be.stats();
-    let plans = model.plan_counts();
-    let stop = match g.stop {
-        Stop::Eos => "eos",
-        Stop::Length => "length",
+    let stats = e.backend().stats();
+    let (built, _) = e.plans();
+    let stop = match g.reason {
+        FinishReason::Stop => "eos",
+        FinishReason::Length | FinishReason::Cancelled => "length",
     };
+    let prompt_tps = (prompt.len() - g.cached) as f64 / g.prompt_secs;
+    let steps = g.tokens.len().saturating_sub(1);
+    let gen_tps = (steps > 0).then(|| steps as f64 / g.decode_secs);
     if a.json {
         let text = tokenizer.map(|t| t.decode(&g.tokens)).transpose()?;
         let obj = json!({
-            "backend": be.name(),
+            "backend": e.backend().name(),
             "prompt_ids": prompt,
             "generated_ids": g.tokens,
             "text": text,
             "stop": stop,
-            "prompt_tokens": g.prompt_tokens,
-            "prompt_tokens_per_s": g.prompt_tokens_per_s(),
+            "prompt_tokens": prompt.len(),
+            "cached_prompt_tokens": g.cached,
+            "prompt_tokens_per_s": prompt_tps,
             "gen_tokens": g.tokens.len(),
-            "decode_steps": g.decode_steps,
-            "gen_tokens_per_s": g.gen_tokens_per_s(),
-            "plans": {"prefill": plans.prefill, "decode": plans.decode},
+            "decode_steps": steps,
+            "gen_tokens_per_s": gen_tps,
+            "plans": built,
             "captures": stats.captures,
             "replays": stats.replays,
             "eager_runs": stats.eager_runs,
+            "host_peak_rss_bytes": peak_rss(),
+            "sampling": settings.to_json(),
         });
         return print_out(&format!("{obj}\n"));
     }
     print_out("\n")?;
     if !a.quiet {
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens (stop: {stop}), {} | plans: {} prefill, {} decode | {} backend: {} captures, {} replays",
-            g.prompt_tokens,
-            g.prompt_tokens_per_s(),
+            "prompt: {} tokens, {prompt_tps:.1} tok/s | generated: {} tokens (stop: {stop}), {} | plans: {built} | {} backend: {} captures, {} replays",
+            prompt.len(),
             g.tokens.len(),
-            g.gen_tokens_per_s()
-                .map_or("no decode step".into(), |t| format!("{t:.1} tok/s")),
-            plans.prefill,
-            plans.decode,
-            be.name(),
+            gen_tps.map_or("no decode step".into(), |t| format!("{t:.1} tok/s")),
+            e.backend().name(),
             stats.captures,
             stats.replays
         );
@@ -185,16 +287,32 @@ fn report(
     Ok(())
 }
 
+/// This process's peak resident memory in bytes (Linux: `VmHWM`), when known.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    kb.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
+}
+
 /// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
-fn run_chat(a: &Args, path: &Path, be: &mut dyn Backend) -> Result<()> {
+fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
-    let mut model = a.model.load(path, be, None, a.quiet)?;
-    let sampler = a.sampling.sampler(model.config().vocab_size)?;
-    let on = LlamaOn {
-        model: &mut model,
-        be,
-    };
-    let mut session = ChatSession::new(on, tok, template, sampler, a.n, a.system.clone())?;
+    let settings = a.sampling.resolve(Some(path), &SamplingParams::chat())?;
+    let mut engine = chat_engine(&a.model, path, a.quiet)?;
+    let ctx = engine.ctx();
+    let mut session = ChatSession::new(
+        &mut engine,
+        tok,
+        template,
+        settings.params,
+        a.n,
+        a.system.clone(),
+    )?;
     let prompt = prompt_text(a)?.unwrap_or_default();
     let mut failed = None;
     let end = session.turn(&prompt, |piece| {
@@ -202,18 +320,20 @@ fn run_chat(a: &Args, path: &Path, be: &mut dyn Backend) -> Result<()> {
             failed = print_out(piece).err();
         }
     })?;
+    let note = session.note(&end);
+    drop(session);
+    engine.release()?;
     if let Some(e) = failed {
         return Err(e);
     }
-    if end.reason == EndReason::ContextFull && end.prefilled == 0 {
+    if end.reason == EndReason::ContextFull && end.prefilled == 0 && end.tokens.is_empty() {
         return Err(Error::model(format!(
-            "the chat prompt does not fit the context of {} tokens (--ctx)",
-            session.model().model.cache().ctx
+            "the chat prompt does not fit the context of {ctx} tokens (--ctx)"
         )));
     }
     print_out("\n")?;
     if end.reason != EndReason::Stop && !a.quiet {
-        if let Some(note) = session.note(&end) {
+        if let Some(note) = note {
             eprintln!("{note}");
         }
     }

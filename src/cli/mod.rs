@@ -20,15 +20,18 @@
 //! failure also exits with 1: `graft trace` finding a divergence (its report on stdout,
 //! no `error:` line), so that scripts can stop on it as on `diff`.
 
+mod batched_bench;
 mod bench;
 mod bench_ops;
 mod chat;
 mod convert;
 mod dump;
+mod engine_args;
 mod generate;
 mod logits;
 mod model_args;
 mod pull;
+mod sampling_args;
 mod serve;
 mod serve_bench;
 mod tokenize;
@@ -42,6 +45,7 @@ use clap::{Parser, Subcommand};
 use graft::{Error, Result};
 
 use model_args::{BackendKind, CacheArgs, DTypeArg, ModelArgs};
+use sampling_args::SamplingArgs;
 
 /// graft: a compute-graph framework for LLM inference.
 #[derive(Parser)]
@@ -71,6 +75,10 @@ enum Command {
     /// Benchmark prompt processing and generation on a preset with random weights.
     #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
+    /// Throughput of the batched engine over many sequences: llama-batched-bench's
+    /// batches (-npp, -ntg, -npl), or requests arriving at random (--requests, --rate).
+    #[command(allow_negative_numbers = true)]
+    BatchedBench(batched_bench::Args),
     /// Per-kernel bandwidth and FLOP rate of the CUDA backend, and eager vs replayed graphs.
     #[command(allow_negative_numbers = true)]
     BenchOps(bench_ops::Args),
@@ -94,38 +102,6 @@ enum Command {
     /// Measure an OpenAI-compatible server (graft serve, llama-server) at fixed
     /// concurrency: output tok/s, time to first token and per output token (p50/p99).
     ServeBench(serve_bench::Args),
-}
-
-/// Sampling options of `generate` and `chat`.
-#[derive(clap::Args, Clone, Copy, Debug)]
-struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy (the on-device argmax).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample only among the K most likely tokens.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities sum to P.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-}
-
-impl SamplingArgs {
-    /// The sampler these options ask for over `vocab` tokens (or the error naming a bad
-    /// value).
-    fn sampler(&self, vocab: usize) -> Result<graft::models::SamplerChain> {
-        let p = graft::models::SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            seed: Some(self.seed),
-            ..graft::models::SamplingParams::greedy()
-        };
-        graft::models::SamplerChain::new(&p, vocab)
-    }
 }
 
 /// Writes `s` to stdout and flushes, turning a closed pipe into an error, not a panic.
@@ -158,12 +134,22 @@ pub(crate) fn read_prompt(path: &std::path::Path, flag: &str) -> Result<String> 
 }
 
 /// Parses the command line and runs it.
+/// llama-batched-bench's flags with one dash (`-npp 128`) as graft's (`--npp 128`), so
+/// its command lines run as they are.
+fn llama_flags(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-npp" | "-ntg" | "-npl" | "-pps" => format!("-{a}"),
+        _ => a,
+    })
+    .collect()
+}
+
 pub fn main() -> ExitCode {
     // NVLink multicast stays off in NCCL whatever the environment says; set here, before
     // any thread of the process starts, for `--tp` over GPUs.
     #[cfg(feature = "cuda")]
     graft::backend::cuda::nccl::set_environment();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags(std::env::args()));
     let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     let r = match cli.command {
         Command::Generate(a) => done(generate::run(a)),
@@ -171,6 +157,7 @@ pub fn main() -> ExitCode {
         Command::Logits(a) => done(logits::run(a)),
         Command::Dump(a) => done(dump::run(a)),
         Command::Bench(a) => done(bench::run(a)),
+        Command::BatchedBench(a) => done(batched_bench::run(a)),
         Command::BenchOps(a) => done(bench_ops::run(a)),
         Command::Convert(a) => done(convert::run(a)),
         Command::Tokenize(a) => done(tokenize::run(a)),

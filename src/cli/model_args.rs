@@ -10,8 +10,8 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
 use graft::backend::Backend;
 use graft::graph::DType;
-use graft::models::{pull, Config, LoadOptions, Model, QuantPlan};
-use graft::{Error, Result};
+use graft::models::{pull, LoadOptions, Model, QuantPlan};
+use graft::Result;
 
 /// The model a command runs and where: shared by `generate`, `chat`, `logits`, `trace`
 /// and `bench` (flattened into each), so that every option means the same everywhere.
@@ -82,23 +82,6 @@ impl ModelArgs {
             );
         }
         Ok(model)
-    }
-
-    /// A preset's shape `cfg` with weights of `--quantize` (f16 when absent) drawn from
-    /// `seed` on `be`, holding `--ctx` positions (else `ctx`, else the preset's default).
-    pub fn random(
-        &self,
-        cfg: Config,
-        ctx: Option<usize>,
-        seed: u64,
-        be: &mut dyn Backend,
-    ) -> Result<Model> {
-        let ctx = self
-            .ctx
-            .or(ctx)
-            .unwrap_or_else(|| graft::models::runtime::model::default_ctx(&cfg));
-        let plan = self.plan();
-        Model::random(cfg, plan, ctx, self.cache.types(), seed, be)
     }
 
     /// The weight type of a preset's random weights: `--quantize`, else f16.
@@ -242,7 +225,7 @@ pub(super) fn make_backend(kind: BackendKind, tp: usize) -> Result<Box<dyn Backe
         #[cfg(feature = "cuda")]
         (BackendKind::Cuda, n) => Ok(Box::new(DeviceGroup::cuda(n)?)),
         #[cfg(not(feature = "cuda"))]
-        (BackendKind::Cuda, _) => Err(Error::NoDevice(
+        (BackendKind::Cuda, _) => Err(graft::Error::NoDevice(
             "this graft was built without CUDA support; rebuild with --features cuda".into(),
         )),
     }

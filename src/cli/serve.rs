@@ -1,19 +1,20 @@
 //! `graft serve`: the OpenAI-compatible HTTP server ([`graft::serve`]) on a model given
 //! by [`ModelArgs`] (the default model without `--model`), with the engine's settings
-//! (`--ctx` per sequence, `--parallel`, `--ubatch`, the KV budget) and the server's
-//! (address, API key, body and queue limits, shutdown timeout).
+//! ([`EngineArgs`]: `--ctx` per sequence, `--parallel`, `--ubatch`, the KV pool) and the
+//! server's (address, API key, body and queue limits, shutdown timeout).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use graft::engine::{Engine, EngineConfig, KvBudget, SchedulerConfig};
-use graft::models::runtime::model::{default_ctx, read_config};
+use graft::engine::Engine;
+use graft::models::runtime::sampling::ModelSampling;
 use graft::models::text::tokenizer;
 use graft::serve::answer::unix_now;
 use graft::serve::{ServeConfig, ServedModel};
 use graft::{Error, Result};
 
+use super::engine_args::{parse_bytes, EngineArgs};
 use super::ModelArgs;
 
 /// Arguments of `graft serve`.
@@ -21,32 +22,20 @@ use super::ModelArgs;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0: a free one, printed at start).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences computed at once; more requests wait (each with the whole --ctx).
-    #[arg(long, default_value_t = 8)]
-    parallel: usize,
-    /// Most tokens computed in one step (decode tokens plus prompt chunks); default: 512,
-    /// or --parallel when larger.
-    #[arg(long)]
-    ubatch: Option<usize>,
-    /// KV pool size in positions, shared by every sequence (default: 4 contexts, or what
-    /// the device's free memory holds).
-    #[arg(long, conflicts_with = "kv_mem")]
-    kv_size: Option<usize>,
-    /// KV pool size in bytes (suffixes K, M, G: 512M, 4G).
-    #[arg(long, value_parser = parse_size)]
-    kv_mem: Option<usize>,
     /// Requests that may wait beyond --parallel; past that a request gets 503 with
     /// Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
-    /// Largest request body (suffixes K, M, G); larger ones get 413.
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    /// Largest request body in bytes (suffixes K, M, G); larger ones get 413.
+    #[arg(long, default_value = "4M", value_parser = parse_bytes)]
     max_body: usize,
     /// Seconds a client may take to send its request body (then 408).
     #[arg(long, default_value_t = 60.0)]
@@ -62,30 +51,6 @@ pub struct Args {
     alias: Option<String>,
 }
 
-/// A size in bytes: a number with an optional K, M or G suffix (powers of 1024; `KiB`,
-/// `MB` and the like read the same).
-fn parse_size(s: &str) -> std::result::Result<usize, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: usize = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size: give a number of bytes, e.g. 4M or 512K"))?;
-    let shift = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches(['B', 'I'])
-    {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M or G)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
-}
-
 /// Seconds as a duration, refusing negative and non-finite values.
 fn seconds(flag: &str, s: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(s)
@@ -94,7 +59,7 @@ fn seconds(flag: &str, s: f64) -> Result<Duration> {
 
 /// Runs `graft serve`.
 pub fn run(a: Args) -> Result<()> {
-    if a.parallel == 0 {
+    if a.engine.parallel == 0 {
         return Err(Error::model("--parallel must be at least 1"));
     }
     let cfg = ServeConfig {
@@ -103,14 +68,15 @@ pub fn run(a: Args) -> Result<()> {
         api_key: a.api_key.clone(),
         max_body: a.max_body,
         read_timeout: seconds("--timeout", a.timeout)?,
-        parallel: a.parallel,
+        parallel: a.engine.parallel,
         max_queue: a.max_queue,
         shutdown_timeout: seconds("--shutdown-timeout", a.shutdown_timeout)?,
     };
     graft::serve::run(cfg, move || load(&a))
 }
 
-/// Loads the model behind an engine (on the engine thread) and says what it chose.
+/// Loads the model behind an engine (on the engine thread) with its tokenizer, chat
+/// template and recommended sampling settings.
 fn load(a: &Args) -> Result<(Engine, ServedModel)> {
     let path = a.model.path()?;
     let found = tokenizer::for_model(&path)?.ok_or_else(|| {
@@ -119,50 +85,28 @@ fn load(a: &Args) -> Result<(Engine, ServedModel)> {
             path.display()
         ))
     })?;
-    let config = read_config(&path)?;
-    let ctx = a.model.ctx.unwrap_or_else(|| default_ctx(&config));
-    let kv = match (a.kv_size, a.kv_mem) {
-        (Some(n), _) => KvBudget::Tokens(n),
-        (None, Some(b)) => KvBudget::Bytes(b),
-        (None, None) => KvBudget::Auto,
-    };
-    let step_tokens = a.ubatch.unwrap_or(a.parallel.max(512));
-    let cfg = EngineConfig {
-        kv,
-        cache: a.model.cache.types(),
-        scheduler: SchedulerConfig {
-            max_seqs: a.parallel,
-            step_tokens,
-            prefix_cache: true,
-            prefill_first: false,
-        },
-        ..EngineConfig::new(ctx)
-    };
-    let be = a.model.open_backend()?;
-    let mut engine = Engine::load(&path, be, &a.model.options(Some(ctx), false), cfg)?;
-    let backend = engine.backend().name();
-    let per_seq = engine.kv_positions() as f64 / ctx as f64;
-    eprintln!(
-        "graft serve: {} on {}: {ctx} positions per sequence (--ctx), up to {} sequences at once (--parallel), {step_tokens} tokens per step (--ubatch); KV pool: {} positions, {:.1} MiB ({per_seq:.1} full contexts)",
-        path.display(),
-        backend,
-        a.parallel,
-        engine.kv_positions(),
-        engine.kv_bytes() as f64 / (1 << 20) as f64,
-    );
+    let sampling = ModelSampling::of(&path)?;
+    let engine = a.engine.load(&a.model, &path, None, false)?;
     let mut tok = found.tokenizer;
     tok.set_parse_special(true);
     let template = found.template.compile().map_err(|e| e.to_string());
     if let Err(e) = &template {
         eprintln!("warning: the model's chat template does not compile; /v1/chat/completions will answer 500: {e}");
     }
+    if let Some(from) = &sampling.from {
+        eprintln!(
+            "graft serve: sampling settings a request leaves out come from {}",
+            from.display()
+        );
+    }
     let model = ServedModel {
         id: a.alias.clone().unwrap_or_else(|| model_name(&path)),
         created: unix_now(),
         tokenizer: Arc::new(tok),
         template,
-        ctx,
+        ctx: engine.ctx(),
         vocab: engine.config().vocab_size,
+        sampling: sampling.settings,
     };
     Ok((engine, model))
 }
@@ -174,20 +118,4 @@ fn model_name(path: &Path) -> String {
         .unwrap_or(path.as_os_str())
         .to_string_lossy();
     name.strip_suffix(".gguf").unwrap_or(&name).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4M"), Ok(4 << 20));
-        assert_eq!(parse_size("512k"), Ok(512 << 10));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("100"), Ok(100));
-        assert!(parse_size("4X").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("99999999999999999999G").is_err());
-    }
 }

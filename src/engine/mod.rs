@@ -18,6 +18,7 @@
 //! with equal prefixes and kept, keyed by their tokens, after their sequence is gone
 //! (the prefix cache). [`text`] turns tokens into text and finds stop strings.
 
+pub mod chat;
 pub mod pool;
 pub mod request;
 pub mod runner;
@@ -39,7 +40,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::models::arch::config::Config;
 use crate::models::blocks::batch::build_batch;
-use crate::models::blocks::kv_cache::KvCache;
+use crate::models::blocks::kv_cache::{KvCache, MAX_CTX};
 use crate::models::load::options::{CacheTypes, LoadOptions};
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::runtime::memory::HEADROOM;
@@ -47,7 +48,7 @@ use crate::models::runtime::model::{load_weights, random_weights, LoadedWeights}
 use crate::models::runtime::sampling::{Row, SamplerChain};
 
 use pool::BlockPool;
-use runner::{Runner, StepOutputs};
+use runner::Runner;
 use scheduler::{Scheduler, StepPlan};
 use sequence::Sequence;
 use text::{TextState, TextStep};
@@ -107,8 +108,11 @@ impl EngineConfig {
     fn check(&self) -> Result<()> {
         let s = &self.scheduler;
         let bad = |what: String| Err(Error::model(what));
-        if self.ctx == 0 {
-            return bad("--ctx must be at least 1".into());
+        if self.ctx == 0 || self.ctx > MAX_CTX {
+            return bad(format!(
+                "--ctx {}: the context length must be 1 to {MAX_CTX} (positions are 32-bit)",
+                self.ctx
+            ));
         }
         if self.block_size == 0 || self.block_size > 1024 {
             return bad(format!(
@@ -139,6 +143,19 @@ pub struct Engine {
     detok: Option<Arc<dyn Detokenize>>,
     ctx: usize,
     next: u64,
+    /// A step enqueued ahead (see [`Engine::step`]).
+    inflight: Option<InFlight>,
+}
+
+/// Why a sequence finished, and the stop token that ended it.
+type Ending = (FinishReason, Option<u32>);
+
+/// A step on the device: the sequences it computes (and how many tokens each), and
+/// whether it reads the logits.
+struct InFlight {
+    slices: Vec<(RequestId, usize)>,
+    logits: bool,
+    step: runner::Enqueued,
 }
 
 impl Engine {
@@ -186,6 +203,7 @@ impl Engine {
             detok: None,
             ctx: cfg.ctx,
             next: 0,
+            inflight: None,
         })
     }
 
@@ -197,6 +215,16 @@ impl Engine {
     /// The whole model's hyper-parameters.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// One device's share of the model (the whole model on one device).
+    pub fn shard(&self) -> &Config {
+        &self.runner.shard
+    }
+
+    /// The weights' layout.
+    pub fn weights(&self) -> &crate::models::Weights {
+        &self.runner.weights
     }
 
     /// The longest sequence, prompt and generation together.
@@ -229,9 +257,32 @@ impl Engine {
         (self.runner.built, self.runner.loaded())
     }
 
-    /// Whether a request is running or waiting.
+    /// The most sequences computed together.
+    pub fn max_seqs(&self) -> usize {
+        self.sched.cfg.max_seqs
+    }
+
+    /// With `on`, no decode token runs while a prompt is unfinished (what
+    /// llama-batched-bench measures); off, decode tokens go first (what a server wants).
+    pub fn set_prefill_first(&mut self, on: bool) {
+        self.sched.cfg.prefill_first = on;
+    }
+
+    /// Turns the prefix cache on or off for the requests admitted from now on.
+    pub fn set_prefix_cache(&mut self, on: bool) {
+        self.sched.cfg.prefix_cache = on;
+    }
+
+    /// Requests that have not produced a token yet (waiting, or in their prompt).
+    pub fn unstarted(&self) -> usize {
+        let fresh = |s: &Sequence| s.generated() == 0;
+        self.sched.running.iter().filter(|s| fresh(s)).count()
+            + self.sched.waiting.values().filter(|s| fresh(s)).count()
+    }
+
+    /// Whether a request is running or waiting, or a step is on the device.
     pub fn has_work(&self) -> bool {
-        self.sched.has_work()
+        self.sched.has_work() || self.inflight.is_some()
     }
 
     /// Checks `req` and queues it; an error names the request field at fault and
@@ -258,7 +309,7 @@ impl Engine {
                 format!("token {t} at position {i} is outside the vocabulary of {vocab} tokens"),
             ));
         }
-        let max_tokens = self.max_tokens(prompt_len, req.max_tokens)?;
+        let max_tokens = self.max_tokens(prompt_len, req.max_tokens, req.stop.context_shift)?;
         if !req.stop.strings.is_empty() && self.detok.is_none() {
             return Err(Error::request(
                 "stop",
@@ -283,6 +334,7 @@ impl Engine {
             stop: req.stop,
             logprobs: req.logprobs,
             cached_tokens: None,
+            dropped: 0,
         };
         self.sched.waiting.insert(seq.order, seq);
         Ok(id)
@@ -290,8 +342,8 @@ impl Engine {
 
     /// The token limit of a request of `prompt_len` tokens asking for `asked`: what it
     /// asked, or what the context leaves; an error when the prompt and the tokens asked
-    /// exceed the context or the whole KV pool.
-    fn max_tokens(&self, prompt_len: usize, asked: Option<usize>) -> Result<usize> {
+    /// exceed the context (unless it `shifts` its context) or the whole KV pool.
+    fn max_tokens(&self, prompt_len: usize, asked: Option<usize>, shifts: bool) -> Result<usize> {
         let room = self.ctx.saturating_sub(prompt_len);
         if asked == Some(0) {
             return Err(Error::request(
@@ -301,18 +353,18 @@ impl Engine {
             ));
         }
         let max = asked.unwrap_or(room);
-        if prompt_len >= self.ctx || max > room {
+        if prompt_len >= self.ctx || (max > room && !shifts) {
             return Err(Error::request(
                 "max_tokens",
                 "context_length_exceeded",
                 format!(
-                    "the prompt ({prompt_len} tokens) and the tokens asked for ({max}) exceed the context of {} tokens",
+                    "the prompt ({prompt_len} tokens) plus the {max} tokens asked for exceeds the context of {} tokens",
                     self.ctx
                 ),
             ));
         }
         let bs = self.runner.block_size;
-        let need = (prompt_len + max).div_ceil(bs);
+        let need = (prompt_len + max).min(self.ctx).div_ceil(bs);
         let windowed = self.config.sliding_window.is_some();
         if !windowed && need > self.sched.pool.capacity() {
             return Err(Error::request(
@@ -336,40 +388,150 @@ impl Engine {
 
     /// Runs one step (see the module docs); nothing to do is an empty step. An error is
     /// one of the backend, which leaves every request where it was.
+    ///
+    /// When a step only decodes greedy sequences and nothing waits, the next step (the
+    /// same sequences, one position on) is enqueued before this one's tokens are read,
+    /// its tokens copied on the device from this step's argmax: the host works a step
+    /// behind the device and the device never waits for it. A sequence that finishes in
+    /// this step leaves that next step's token for it unread.
     pub fn step(&mut self) -> Result<Vec<Event>> {
-        let plan = self.sched.schedule();
-        if plan.slices.is_empty() {
-            return Ok(Vec::new());
+        let current = match self.inflight.take() {
+            Some(f) => f,
+            None => {
+                let plan = self.sched.schedule();
+                if plan.slices.is_empty() {
+                    return Ok(Vec::new());
+                }
+                self.enqueue(&plan)?
+            }
+        };
+        let next = match self.continuation(&current) {
+            Ok(next) => next,
+            Err(e) => {
+                self.abandon(current);
+                return Err(e);
+            }
+        };
+        match self.finish(current) {
+            Ok(events) => {
+                self.inflight = next;
+                Ok(events)
+            }
+            Err(e) => {
+                if let Some(n) = next {
+                    self.abandon(n);
+                }
+                Err(e)
+            }
         }
-        self.sched.stats.steps += 1;
-        let out = self.compute(&plan)?;
-        self.advance(&plan, &out)
     }
 
-    /// Computes the planned tokens.
-    fn compute(&mut self, plan: &StepPlan) -> Result<StepOutputs> {
+    /// Enqueues the planned step.
+    fn enqueue(&mut self, plan: &StepPlan) -> Result<InFlight> {
+        let running = &self.sched.running;
         let n_tokens = plan.slices.iter().map(|s| s.n).sum();
         let shape = self.runner.shape(n_tokens, plan.slices.len());
-        let x = self.runner.inputs(plan, &self.sched.running, shape);
+        let x = self.runner.inputs(plan, running, shape);
         self.runner.copy_blocks(self.be.as_mut(), &plan.copies)?;
         let logits = plan.slices.iter().any(|sl| {
-            let s = &self.sched.running[sl.seq];
+            let s = &running[sl.seq];
             s.computed + sl.n == s.tokens.len() && (!s.sampler.is_greedy() || s.logprobs.is_some())
         });
-        self.runner
-            .run(self.be.as_mut(), shape, &x, plan.slices.len(), logits)
+        let slices = plan
+            .slices
+            .iter()
+            .map(|sl| (running[sl.seq].id, sl.n))
+            .collect();
+        let step = self.runner.enqueue(self.be.as_mut(), shape, &x, None)?;
+        self.sched.stats.steps += 1;
+        Ok(InFlight {
+            slices,
+            logits,
+            step,
+        })
     }
 
-    /// Moves every planned sequence past its computed tokens, samples where a sequence
-    /// reached the end of its tokens, and retires finished ones.
-    fn advance(&mut self, plan: &StepPlan, out: &StepOutputs) -> Result<Vec<Event>> {
+    /// The next decode step of the sequences of `current`, enqueued with its tokens
+    /// forwarded on the device, when it is sure to be wanted: `current` decodes every
+    /// running sequence, all greedy without log-probabilities, none at its token limit
+    /// or the end of its context, nothing waits, and the next position's blocks are free.
+    fn continuation(&mut self, current: &InFlight) -> Result<Option<InFlight>> {
+        let sched = &self.sched;
+        let bs = self.runner.block_size;
+        if current.logits
+            || !sched.waiting.is_empty()
+            || sched.running.len() != current.slices.len()
+        {
+            return Ok(None);
+        }
+        let mut need = 0;
+        for (s, &(id, n)) in sched.running.iter().zip(&current.slices) {
+            let decoding = s.id == id && n == 1 && s.computed + 1 == s.tokens.len();
+            let goes_on = s.generated() + 1 < s.max_tokens && s.tokens.len() + 1 < self.ctx;
+            if !(decoding && goes_on && s.sampler.is_greedy() && s.logprobs.is_none()) {
+                return Ok(None);
+            }
+            need += s.blocks_for(s.tokens.len() + 1, bs);
+        }
+        if need > self.sched.pool.available() {
+            return Ok(None);
+        }
+        let n = current.slices.len();
+        let shape = self.runner.shape(n, n);
+        let mut x = runner::StepInputs::default();
+        for (col, s) in self.sched.running.iter_mut().enumerate() {
+            let grow = s.blocks_for(s.tokens.len() + 1, bs);
+            for _ in 0..grow {
+                let id = self
+                    .sched
+                    .pool
+                    .allocate()
+                    .expect("blocks checked available");
+                s.blocks.push(id);
+            }
+            let p = s.tokens.len();
+            x.pos.push(p as i32);
+            x.slots.push(s.slot(p, bs) as i32);
+            x.seqs.extend([col as i32, p as i32]);
+            x.out_rows.push(col as i32);
+            x.cols.push(col);
+        }
+        self.runner.pad(&mut x, &self.sched.running, shape);
+        let step = self
+            .runner
+            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        self.sched.stats.steps += 1;
+        Ok(Some(InFlight {
+            slices: current.slices.clone(),
+            logits: false,
+            step,
+        }))
+    }
+
+    /// Waits for an enqueued step whose results are not wanted (after an error).
+    fn abandon(&mut self, f: InFlight) {
+        let n = f.slices.len();
+        let _ = self.runner.finish(self.be.as_mut(), f.step, n, false);
+        let _ = self.be.synchronize();
+    }
+
+    /// Reads a step's results, moves its sequences past their computed tokens, samples
+    /// where a sequence reached the end of its tokens, and retires finished ones.
+    /// Sequences gone since the step was enqueued (finished, cancelled) are skipped.
+    fn finish(&mut self, f: InFlight) -> Result<Vec<Event>> {
+        let out = self
+            .runner
+            .finish(self.be.as_mut(), f.step, f.slices.len(), f.logits)?;
         let mut events = Vec::new();
-        let mut done: Vec<(usize, Option<FinishReason>)> = Vec::new();
+        let mut done: Vec<(RequestId, Option<Ending>)> = Vec::new();
         let vocab = self.config.vocab_size;
         let window = self.config.sliding_window;
-        for (col, sl) in plan.slices.iter().enumerate() {
-            let s = &mut self.sched.running[sl.seq];
-            s.computed += sl.n;
+        for (col, &(id, n)) in f.slices.iter().enumerate() {
+            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.sched.running[i];
+            s.computed += n;
             s.key_full_blocks(&mut self.sched.pool);
             if let Some(w) = window {
                 s.drop_out_of_window(w, &mut self.sched.pool);
@@ -383,26 +545,27 @@ impl Engine {
                 .map(|l| &l[col * vocab..(col + 1) * vocab]);
             match next_token(s, out.argmax[col], row) {
                 Ok((token, logprobs)) => {
-                    if let Some(reason) = self.accept(sl.seq, token, logprobs, &mut events)? {
-                        done.push((sl.seq, Some(reason)));
+                    if let Some(reason) = self.accept(i, token, logprobs, &mut events)? {
+                        done.push((id, Some(reason)));
                     }
                 }
                 Err(error) => {
-                    events.push(Event::Error { id: s.id, error });
-                    done.push((sl.seq, None));
+                    events.push(Event::Error { id, error });
+                    done.push((id, None));
                 }
             }
         }
-        done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
-            let mut s = self.sched.running.remove(i);
-            s.free_blocks(&mut self.sched.pool);
-            if let Some(reason) = reason {
+        for (id, reason) in done {
+            let Some(mut s) = self.sched.remove(id) else {
+                continue;
+            };
+            if let Some((reason, stop_token)) = reason {
                 events.push(Event::Finished {
-                    id: s.id,
+                    id,
                     reason,
                     text: s.text.finish(),
                     usage: s.usage(),
+                    stop_token,
                 });
             }
         }
@@ -411,18 +574,18 @@ impl Engine {
 
     /// Takes a sampled token for running sequence `i`: a stop token finishes it, else
     /// the token is appended and reported; then the stop strings, the token limit and
-    /// the context are checked. The reason, when it finished.
+    /// the context are checked. The reason (and the stop token), when it finished.
     fn accept(
         &mut self,
         i: usize,
         token: u32,
         logprobs: Option<TokenLogprobs>,
         events: &mut Vec<Event>,
-    ) -> Result<Option<FinishReason>> {
+    ) -> Result<Option<Ending>> {
         let eos = &self.config.eos_token_ids;
         let s = &mut self.sched.running[i];
         if s.stop.token_ids.contains(&token) || (!s.stop.ignore_eos && eos.contains(&token)) {
-            return Ok(Some(FinishReason::Stop));
+            return Ok(Some((FinishReason::Stop, Some(token))));
         }
         s.tokens.push(token);
         let (text, stopped) = match s.text.push(&s.tokens)? {
@@ -436,10 +599,15 @@ impl Engine {
             logprobs,
         });
         Ok(if stopped {
-            Some(FinishReason::Stop)
-        } else if s.generated() >= s.max_tokens || s.tokens.len() >= self.ctx {
-            Some(FinishReason::Length)
+            Some((FinishReason::Stop, None))
+        } else if s.generated() >= s.max_tokens
+            || (s.tokens.len() >= self.ctx && !s.stop.context_shift)
+        {
+            Some((FinishReason::Length, None))
         } else {
+            if s.tokens.len() >= self.ctx {
+                s.shift(self.ctx / 2, &mut self.sched.pool);
+            }
             None
         })
     }
@@ -530,6 +698,11 @@ fn pool_slots(w: &LoadedWeights, be: &mut dyn Backend, cfg: &EngineConfig) -> Re
         .ok_or_else(|| Error::model("a KV block is too large to address"))?
         / bs;
     let wanted = match cfg.kv {
+        KvBudget::Tokens(n) if n > MAX_CTX => {
+            return Err(Error::model(format!(
+                "--kv-size {n}: a KV pool holds at most {MAX_CTX} positions (positions are 32-bit)"
+            )))
+        }
         KvBudget::Tokens(n) => n,
         KvBudget::Bytes(b) => b / per_slot.max(1),
         KvBudget::Auto => cfg.ctx.saturating_mul(AUTO_CONTEXTS),

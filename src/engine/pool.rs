@@ -306,8 +306,9 @@ mod tests {
         // a prefix of the partly filled block's tokens
         let f = p.lookup(&toks, 9);
         assert_eq!((f.full.len(), f.partial), (2, Some((c, 1))));
+        // the first positions of a full block
         let f = p.lookup(&toks, 6);
-        assert_eq!((f.full.len(), f.partial), (1, None));
+        assert_eq!((f.full.len(), f.partial), (1, Some((b, 2))));
         // the same tokens after another prefix are not a match
         let other: Vec<u32> = [99, 1, 2, 3, 4, 5, 6, 7].to_vec();
         assert_eq!(p.lookup(&other, 8), Prefix::default());

@@ -26,6 +26,10 @@ pub struct Stop {
     pub strings: Vec<String>,
     /// Go on past the model's end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// At the end of the context, keep its last half (computed again) and go on, so
+    /// that a generation may be longer than the context (llama.cpp's context shift);
+    /// without it the end of the context finishes the request.
+    pub context_shift: bool,
 }
 
 /// One generation request.
@@ -127,6 +131,9 @@ pub enum Event {
         text: String,
         /// Its token counts.
         usage: Usage,
+        /// The stop or end-of-sequence token that ended it, if one did (not part of the
+        /// output).
+        stop_token: Option<u32>,
     },
     /// The request failed; nothing else was disturbed.
     Error {

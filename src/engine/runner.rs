@@ -9,7 +9,7 @@
 //! no key read) and write their K/V into block 0, which no sequence holds; padding
 //! sequences have empty tables and take the logits of token 0, which nobody reads.
 
-use crate::backend::{Backend, BackendExt, ExecId};
+use crate::backend::{Backend, BackendExt, ExecId, PendingRead};
 use crate::error::Result;
 use crate::graph::TensorId;
 use crate::models::arch::config::Config;
@@ -76,6 +76,16 @@ pub(crate) struct StepInputs {
     /// `[max_blocks, n_seqs]`.
     pub(crate) table: Vec<i32>,
     pub(crate) out_rows: Vec<i32>,
+    /// The running sequence of each column (not an input: where the table rows come
+    /// from).
+    pub(crate) cols: Vec<usize>,
+}
+
+/// A step enqueued on the backend, its argmax being read.
+pub(crate) struct Enqueued {
+    c: Loaded,
+    shape: BatchShape,
+    read: PendingRead,
 }
 
 /// What a step gives back for its real (unpadded) sequences, in plan order.
@@ -147,21 +157,30 @@ impl Runner {
                 x.seqs.extend([col as i32, p as i32]);
             }
             x.out_rows.push(x.tokens.len() as i32 - 1);
+            x.cols.push(sl.seq);
         }
-        let pad = shape.n_tokens - x.tokens.len();
-        x.tokens.extend(std::iter::repeat_n(0, pad));
+        self.pad(&mut x, running, shape);
+        x
+    }
+
+    /// Pads the inputs to `shape` (tokens only when the host gives them) and fills the
+    /// block table of each column's sequence (`x.cols`, indices into `running`).
+    pub(crate) fn pad(&self, x: &mut StepInputs, running: &[Sequence], shape: BatchShape) {
+        let pad = shape.n_tokens - x.pos.len();
+        if !x.tokens.is_empty() {
+            x.tokens.resize(shape.n_tokens, 0);
+        }
         x.pos.extend(std::iter::repeat_n(0, pad));
         x.slots.extend(std::iter::repeat_n(NULL_BLOCK as i32, pad));
         x.seqs.extend(std::iter::repeat_n([-1, 0], pad).flatten());
         x.out_rows.resize(shape.n_seqs, 0);
         x.table = vec![NULL_BLOCK as i32; shape.max_blocks * shape.n_seqs];
-        for (col, sl) in plan.slices.iter().enumerate() {
+        for (col, s) in x.cols.iter().map(|&i| &running[i]).enumerate() {
             let row = &mut x.table[col * shape.max_blocks..][..shape.max_blocks];
-            for (dst, &b) in row.iter_mut().zip(&running[sl.seq].blocks) {
+            for (dst, &b) in row.iter_mut().zip(&s.blocks) {
                 *dst = b as i32;
             }
         }
-        x
     }
 
     /// Enqueues the prefix cache's block copies (every layer's K and V rows).
@@ -177,30 +196,61 @@ impl Runner {
         Ok(())
     }
 
-    /// Runs one step of `shape` with inputs `x`; reads the argmax of the first `n_seqs`
-    /// sequences, and every logit when `logits`.
-    pub(crate) fn run(
+    /// Enqueues one step of `shape` with inputs `x`, its tokens forwarded on the device
+    /// from the argmax of the step `from` (of the same decode shape) when given, and
+    /// starts reading its argmax.
+    pub(crate) fn enqueue(
         &mut self,
         be: &mut dyn Backend,
         shape: BatchShape,
         x: &StepInputs,
-        n_seqs: usize,
-        logits: bool,
-    ) -> Result<StepOutputs> {
+        from: Option<&Enqueued>,
+    ) -> Result<Enqueued> {
         let c = self.plan(be, shape)?;
-        be.set_input_i32(c.exec, c.tokens, &x.tokens)?;
+        match from {
+            Some(prev) => {
+                debug_assert_eq!(shape.n_tokens, shape.n_seqs, "a forwarded step decodes");
+                be.forward_output(
+                    prev.c.exec,
+                    prev.c.argmax,
+                    c.exec,
+                    c.tokens,
+                    4 * shape.n_seqs,
+                )?;
+            }
+            None => be.set_input_i32(c.exec, c.tokens, &x.tokens)?,
+        }
         be.set_input_i32(c.exec, c.pos, &x.pos)?;
         be.set_input_i32(c.exec, c.slots, &x.slots)?;
         be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
         be.set_input_i32(c.exec, c.table, &x.table)?;
         be.set_input_i32(c.exec, c.out_rows, &x.out_rows)?;
         be.compute(c.exec)?;
-        let mut argmax = be.get_output_i32(c.exec, c.argmax, shape.n_seqs)?;
-        argmax.truncate(n_seqs);
+        let read = be.begin_read(c.exec, c.argmax, 4 * shape.n_seqs)?;
+        Ok(Enqueued { c, shape, read })
+    }
+
+    /// Finishes a step: the argmax of its first `n_seqs` sequences, and every logit when
+    /// `logits`.
+    pub(crate) fn finish(
+        &self,
+        be: &mut dyn Backend,
+        step: Enqueued,
+        n_seqs: usize,
+        logits: bool,
+    ) -> Result<StepOutputs> {
+        let bytes = be.finish_read(step.read)?;
+        let argmax = bytes
+            .chunks_exact(4)
+            .take(n_seqs)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let logits = match logits {
-            true => {
-                Some(be.get_output_f32(c.exec, c.logits, self.shard.vocab_size * shape.n_seqs)?)
-            }
+            true => Some(be.get_output_f32(
+                step.c.exec,
+                step.c.logits,
+                self.shard.vocab_size * step.shape.n_seqs,
+            )?),
             false => None,
         };
         Ok(StepOutputs { argmax, logits })

@@ -179,14 +179,16 @@ impl Scheduler {
             s.keyed.push(hash);
         }
         s.computed = found.full.len() * bs;
-        found.partial.and_then(|(src, rows)| {
-            let dst = self.pool.allocate()?;
-            s.blocks.push(dst);
-            s.computed += rows;
-            // the cached block itself may be the one evicted for the copy: its rows are
-            // then already in place
-            (dst != src).then_some(Copy { src, dst, rows })
-        })
+        let (src, rows) = found.partial?;
+        // held while the copy's block is taken, so that it is not the one evicted; the
+        // copy runs before the step, so it may be handed out again after it
+        self.pool.acquire(src);
+        let dst = self.pool.allocate();
+        self.pool.release(src);
+        let dst = dst?;
+        s.blocks.push(dst);
+        s.computed += rows;
+        Some(Copy { src, dst, rows })
     }
 
     /// Removes the sequence of `id` wherever it is, its blocks let go.

@@ -31,12 +31,24 @@ pub(crate) struct Sequence {
     pub(crate) text: TextState,
     /// Prompt tokens taken from the prefix cache at the first admission.
     pub(crate) cached_tokens: Option<usize>,
+    /// Tokens dropped from the front by context shifts.
+    pub(crate) dropped: usize,
 }
 
 impl Sequence {
     /// Generated tokens so far.
     pub(crate) fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
+        self.tokens.len() + self.dropped - self.prompt_len
+    }
+
+    /// A context shift: keeps the last `keep` tokens (the newest, not yet computed, among
+    /// them) and lets go of every block, so that they are computed again from position 0.
+    pub(crate) fn shift(&mut self, keep: usize, pool: &mut BlockPool) {
+        self.free_blocks(pool);
+        let drop = self.tokens.len().saturating_sub(keep.max(1));
+        self.tokens.drain(..drop);
+        self.dropped += drop;
+        self.text.shift(drop);
     }
 
     /// Tokens still to compute before the next token can be sampled.

@@ -106,6 +106,12 @@ impl TextState {
         TextStep::Emit(out)
     }
 
+    /// The sequence's first `n` tokens were dropped: token indices move down by `n`.
+    pub(crate) fn shift(&mut self, n: usize) {
+        self.prefix = self.prefix.saturating_sub(n);
+        self.read = self.read.saturating_sub(n);
+    }
+
     /// The text held back, at the end of the sequence.
     pub(crate) fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)

@@ -217,6 +217,11 @@ pub enum Op {
     Mask(MaskOp),
     /// Index of the largest element of each row, as I32.
     Argmax,
+    /// Indices of the `k` largest elements of each row, as I32, largest first.
+    TopK {
+        /// Indices per row.
+        k: usize,
+    },
     /// Fused attention (ggml's flash_attn_ext): `softmax(scale * q k^T (+ slope * mask))
     /// v` per query and head with an online softmax; `src` = q, k, v and an optional mask.
     FlashAttnExt(FlashAttnParams),
@@ -352,6 +357,7 @@ impl Op {
             Op::Copy(c) => c.name(),
             Op::Mask(m) => m.name(),
             Op::Argmax => "argmax",
+            Op::TopK { .. } => "top_k",
             Op::FlashAttnExt(_) => "flash_attn_ext",
             Op::PagedAttn(_) => "paged_attn",
             Op::AllReduce(_) => "all_reduce",
@@ -365,7 +371,7 @@ impl Op {
             Op::View(_) => OpKind::View,
             Op::GetRows | Op::Copy(_) => OpKind::Data,
             Op::Unary(_) | Op::Scale { .. } | Op::Binary(_) => OpKind::Elementwise,
-            Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax => OpKind::Row,
+            Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax | Op::TopK { .. } => OpKind::Row,
             Op::MulMat | Op::FlashAttnExt(_) | Op::PagedAttn(_) => OpKind::MatMul,
             Op::AllReduce(_) => OpKind::Collective,
         }
@@ -405,6 +411,7 @@ impl Op {
             | Op::MulMat
             | Op::Copy(_)
             | Op::Argmax
+            | Op::TopK { .. }
             | Op::FlashAttnExt(_)
             | Op::PagedAttn(_) => false,
         }
@@ -422,6 +429,7 @@ impl Op {
             Op::FlashAttnExt(p) => p.to_string(),
             Op::PagedAttn(p) => p.to_string(),
             Op::AllReduce(p) => format!("devices={}", p.devices),
+            Op::TopK { k } => format!("k={k}"),
             Op::View(ViewOp::View | ViewOp::Reshape | ViewOp::Transpose | ViewOp::After)
             | Op::Leaf
             | Op::GetRows

@@ -16,6 +16,7 @@
 //! | [`cpy`] | cpy, cont / cast, set_rows |
 //! | [`softmax`] | diag_mask_inf, soft_max |
 //! | [`argmax`] | argmax |
+//! | [`topk`] | top_k |
 //! | [`attention`] | flash_attn_ext, paged_attn ([`attention::paged`]) |
 //! | [`collective`] | all_reduce |
 //!
@@ -33,6 +34,7 @@ pub mod norm;
 pub mod rope;
 pub(crate) mod simd;
 pub mod softmax;
+pub mod topk;
 pub mod unary;
 pub mod view;
 

@@ -41,6 +41,7 @@ use axum::serve::ListenerExt;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::models::runtime::sampling::PartialSampling;
 use crate::models::text::chat::ChatTemplate;
 use crate::models::Tokenizer;
 
@@ -83,6 +84,8 @@ pub struct ServedModel {
     pub ctx: usize,
     /// Token ids.
     pub vocab: usize,
+    /// The model's recommended sampling settings (what a request leaves out).
+    pub sampling: PartialSampling,
 }
 
 /// What every handler shares.
@@ -278,8 +281,10 @@ where
     tokio::select! {
         r = loaded_rx => {
             let model = r.map_err(|_| Error::model("the engine thread ended while loading the model"))??;
-            eprintln!("graft serve: ready: http://{addr}/ serves '{}' (context {} positions per sequence)", model.id, model.ctx);
+            let (id, ctx) = (model.id.clone(), model.ctx);
+            // set before the line that says so: a client that read it finds the model
             let _ = app.model.set(Arc::new(model));
+            eprintln!("graft serve: ready: http://{addr}/ serves '{id}' (context {ctx} positions per sequence)");
         }
         () = stopped(stop_rx.clone()) => {
             eprintln!("graft serve: stopped while loading the model");

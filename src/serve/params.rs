@@ -1,6 +1,7 @@
 //! A request body turned into an engine [`Request`]: the prompt (a chat rendered with the
 //! model's template, or a completion prompt as text or token ids) tokenized, the
-//! sampling settings with llama-server's defaults, the OpenAI API's ranges checked, the
+//! sampling settings (the request's, the model's, the chat defaults), the OpenAI API's
+//! ranges checked, the
 //! stop conditions, the log-probabilities asked for. Runs on a blocking thread, never on
 //! the engine's: rendering and tokenizing a long prompt takes a while.
 
@@ -8,6 +9,7 @@ use serde_json::Value;
 
 use crate::engine::{Request, Stop};
 use crate::models::text::chat::Message;
+use crate::models::runtime::sampling::{resolve, PartialSampling};
 use crate::models::SamplingParams;
 
 use super::error::ApiError;
@@ -79,7 +81,7 @@ pub fn prepare(model: &ServedModel, at: Endpoint, body: GenerateBody) -> Result<
     };
     let request = Request {
         prompt,
-        sampling: sampling(&body)?,
+        sampling: sampling(&body, model)?,
         max_tokens: max_tokens(&body, at)?,
         stop: stop(&body, model)?,
         logprobs: logprobs(&body, at)?,
@@ -124,15 +126,15 @@ fn within(param: &str, value: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
     }
 }
 
-/// The sampling settings: the request's, else llama-server's defaults (temperature 0.8,
-/// top-k 40, top-p 0.95, min-p 0.05, no penalty). The OpenAI API's ranges of the
-/// temperature, the penalties and the logit biases are checked here; the sampler chain
-/// checks the rest when the engine takes the request, and names the setting.
-fn sampling(b: &GenerateBody) -> Result<SamplingParams, ApiError> {
-    let d = SamplingParams::chat();
-    let f = |param: &str, v: Option<f32>, default: f32, lo: f32, hi: f32| match v {
-        Some(v) => within(param, v, lo, hi),
-        None => Ok(default),
+/// The sampling settings, each from the first of: the request, the model's
+/// recommendation ([`ServedModel::sampling`]), the chat defaults
+/// ([`SamplingParams::chat`]), merged by the sampler's [`resolve`] (so that temperature
+/// 0 is the model's own argmax unless the request sets a penalty). The OpenAI API's
+/// ranges of the temperature, the penalties and the logit biases are checked here, the
+/// rest by [`SamplingParams::validate`], naming the field.
+fn sampling(b: &GenerateBody, model: &ServedModel) -> Result<SamplingParams, ApiError> {
+    let ranged = |param: &str, v: Option<f32>, lo: f32, hi: f32| {
+        v.map(|v| within(param, v, lo, hi)).transpose()
     };
     let mut logit_bias = Vec::new();
     for (key, &bias) in b.logit_bias.iter().flatten() {
@@ -145,25 +147,24 @@ fn sampling(b: &GenerateBody) -> Result<SamplingParams, ApiError> {
         })?;
         logit_bias.push((id, within(&param, bias, -100.0, 100.0)?));
     }
-    Ok(SamplingParams {
-        temperature: f("temperature", b.temperature, d.temperature, 0.0, 2.0)?,
-        top_p: b.top_p.unwrap_or(d.top_p),
-        top_k: match b.top_k {
-            Some(k) => usize::try_from(k.max(0)).unwrap_or(usize::MAX),
-            None => d.top_k,
-        },
-        min_p: b.min_p.unwrap_or(d.min_p),
-        typical_p: b.typical_p.unwrap_or(d.typical_p),
-        repeat_penalty: b.repeat_penalty.unwrap_or(1.0),
-        presence_penalty: f("presence_penalty", b.presence_penalty, 0.0, -2.0, 2.0)?,
-        frequency_penalty: f("frequency_penalty", b.frequency_penalty, 0.0, -2.0, 2.0)?,
-        repeat_last_n: b.repeat_last_n.map_or(d.repeat_last_n, |n| {
-            usize::try_from(n).unwrap_or(usize::MAX)
-        }),
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let asked = PartialSampling {
+        temperature: ranged("temperature", b.temperature, 0.0, 2.0)?,
+        top_k: b.top_k.map(|k| count(k.max(0) as u64)),
+        top_p: b.top_p,
+        min_p: b.min_p,
+        typical_p: b.typical_p,
+        repeat_penalty: b.repeat_penalty,
+        presence_penalty: ranged("presence_penalty", b.presence_penalty, -2.0, 2.0)?,
+        frequency_penalty: ranged("frequency_penalty", b.frequency_penalty, -2.0, 2.0)?,
+        repeat_last_n: b.repeat_last_n.map(count),
         // any 64-bit integer; a negative one by its two's complement bits
         seed: b.seed.map(|s| s as u64),
         logit_bias,
-    })
+    };
+    let params = resolve(&asked, &model.sampling, &SamplingParams::chat()).params;
+    params.validate(model.vocab)?;
+    Ok(params)
 }
 
 /// The stop strings (a string or up to [`MAX_STOP_STRINGS`]), the tokenizer's end
@@ -216,6 +217,7 @@ fn stop(b: &GenerateBody, model: &ServedModel) -> Result<Stop, ApiError> {
         },
         strings,
         ignore_eos,
+        context_shift: false,
     })
 }
 

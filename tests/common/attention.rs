@@ -1,5 +1,5 @@
-//! The flash_attn_ext cases shared by `tests/attention.rs` (the CPU backend against an f64
-//! oracle) and `tests/ops_cuda.rs` (CUDA against the CPU on the same inputs): the case
+//! The flash_attn_ext cases shared by `tests/ops/attention.rs` (the CPU backend against an f64
+//! oracle) and `tests/cuda/ops_cuda.rs` (CUDA against the CPU on the same inputs): the case
 //! strategy (head dims from the kernels' list, query and key counts that are not multiples
 //! of any tile, GQA ratios 1, 2, 4, 8, causal and arbitrary masks with fully masked rows,
 //! F32 or F16 masks with padding rows, broadcast over the heads or with a row per head (or

@@ -95,6 +95,8 @@ pub enum OpCase {
     /// Soft_max with a scale; the mask, when present, is the second operand.
     SoftMax(f32),
     Argmax,
+    /// top_k with this `k`.
+    TopK(usize),
 }
 
 impl OpCase {
@@ -116,6 +118,7 @@ impl OpCase {
             OpCase::DiagMaskInf(_) => "diag_mask_inf",
             OpCase::SoftMax(_) => "soft_max",
             OpCase::Argmax => "argmax",
+            OpCase::TopK(_) => "top_k",
         }
     }
 
@@ -164,7 +167,7 @@ impl Case {
     pub fn result_dtype(&self) -> DType {
         match &self.op {
             OpCase::GetRows | OpCase::MulMat => DType::F32,
-            OpCase::Argmax => DType::I32,
+            OpCase::Argmax | OpCase::TopK(_) => DType::I32,
             OpCase::Cast(d) => *d,
             OpCase::Cpy => self.arg_dtype(1),
             OpCase::SetRows => self.arg_dtype(0),
@@ -363,6 +366,7 @@ fn build_op(g: &mut Graph, op: &OpCase, a: &[TensorId]) -> Result<TensorId> {
             m => g.soft_max_ext(a[0], m.copied(), scale),
         },
         OpCase::Argmax => g.argmax(a[0]),
+        OpCase::TopK(k) => g.top_k(a[0], k),
     }
 }
 

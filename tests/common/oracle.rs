@@ -149,9 +149,11 @@ fn rows(ne: [usize; 4]) -> impl Iterator<Item = (usize, usize, usize)> {
 pub fn tolerance(case: &Case) -> Tol {
     let widening = |from: DType, to: DType| from == to || to == DType::F32;
     match &case.op {
-        OpCase::Argmax | OpCase::GetRows | OpCase::DiagMaskInf(_) | OpCase::Cont => {
-            return Tol::Exact
-        }
+        OpCase::Argmax
+        | OpCase::TopK(_)
+        | OpCase::GetRows
+        | OpCase::DiagMaskInf(_)
+        | OpCase::Cont => return Tol::Exact,
         OpCase::Cast(to) if widening(case.arg_dtype(0), *to) => return Tol::Exact,
         OpCase::Cpy if widening(case.arg_dtype(0), case.arg_dtype(1)) => return Tol::Exact,
         OpCase::SetRows if widening(case.arg_dtype(1), case.arg_dtype(0)) => return Tol::Exact,
@@ -349,8 +351,26 @@ fn compute(case: &Case, op: &OpCase) -> Vec<f64> {
                 best as f64
             })
             .collect(),
+        OpCase::TopK(k) => a.chunks(ne[0]).flat_map(|r| top_k_oracle(r, k)).collect(),
         OpCase::Cpy | OpCase::SetRows => unreachable!("state ops have no fresh result"),
     }
+}
+
+/// The indices of the `k` largest values of `row`: NaN before every number, then larger
+/// values first (`-0 == +0`), ties by lower index.
+fn top_k_oracle(row: &[f64], k: usize) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    idx.sort_by(|&i, &j| {
+        let (a, b) = (row[i], row[j]);
+        let by_value = match (a.is_nan(), b.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Less,
+            (false, true) => std::cmp::Ordering::Greater,
+            (false, false) => b.partial_cmp(&a).unwrap(),
+        };
+        by_value.then(i.cmp(&j))
+    });
+    idx[..k].iter().map(|&i| i as f64).collect()
 }
 
 fn per_row(a: &[f64], n0: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {

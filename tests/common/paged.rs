@@ -260,6 +260,21 @@ pub fn run(c: &Case, x: &Inputs, be: &mut dyn Backend) -> Result<Vec<f32>, Strin
     result
 }
 
+/// Writes a NaN into element `i` of a row-major buffer of `dt`: the element itself for
+/// float types, the scale of its block for block types (a NaN block scale is what a
+/// quantizer makes of a NaN row).
+pub fn poison(bytes: &mut [u8], dt: DType, i: usize) {
+    match dt {
+        DType::F32 => bytes[i * 4..i * 4 + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
+        DType::F16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&half::f16::NAN.to_le_bytes()),
+        DType::BF16 => bytes[i * 2..i * 2 + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes()),
+        _ => {
+            let block = i / dt.block_size() * dt.block_bytes();
+            bytes[block..block + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+        }
+    }
+}
+
 /// Cache types, with whole 32-element blocks per head for the block types.
 fn cache_type(dt: DType, d: usize) -> DType {
     if dt.quant().is_some() && d % 32 != 0 {

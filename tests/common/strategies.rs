@@ -1193,6 +1193,48 @@ pub fn argmax() -> BoxedStrategy<Case> {
         .boxed()
 }
 
+/// top_k: rows of 1 to 200k elements (vocabularies), k from 1 to 1024, distinct values
+/// or many ties, with -inf, +inf, -0 and NaN sprinkled in some cases.
+pub fn top_k() -> BoxedStrategy<Case> {
+    let ne = prop_oneof![
+        3 => row_shape([70, 8, 3, 2], 2000),
+        1 => (1024..=20_000usize, 1..=3usize).prop_map(|(n0, n1)| [n0, n1, 1, 1]),
+        1 => (100_000..=200_000usize).prop_map(|n0| [n0, 1, 1, 1]),
+    ];
+    (ne, float_dtype(), 0..4usize, any::<u64>())
+        .prop_map(|(ne, dt, values, seed)| {
+            let mut g = Gen::new(seed);
+            let k = match g.rng.random_range(0..4) {
+                0 => 1,
+                1 => ne[0].min(1024),
+                _ => g.rng.random_range(1..=ne[0].min(1024)),
+            };
+            let n: usize = ne.iter().product();
+            let dist = if values == 1 {
+                Dist::Ties
+            } else {
+                Dist::Uniform(10.0)
+            };
+            let specials = [f32::NEG_INFINITY, f32::INFINITY, -0.0, 0.0, f32::NAN];
+            let vals: Vec<f32> = (0..n)
+                .map(|_| match values >= 2 && g.rng.random_bool(0.2) {
+                    true => specials[g.rng.random_range(0..specials.len() - (3 - values))],
+                    false => round_to(dt, g.value(dist)),
+                })
+                .collect();
+            g.float_arg_with("a", ne, dt, vals, Shape::Any, Mem::WeightSometimes(0.1));
+            let family = match (values, ne[0] >= 100_000) {
+                (_, true) => "vocabulary",
+                (1, false) => "ties",
+                (2, false) => "infinities",
+                (3, false) => "nan",
+                _ => row_family(ne),
+            };
+            g.finish(OpCase::TopK(k), family, false)
+        })
+        .boxed()
+}
+
 /// A case of any op and layout family.
 pub fn any_op() -> BoxedStrategy<Case> {
     prop_oneof![
@@ -1216,6 +1258,7 @@ pub fn any_op() -> BoxedStrategy<Case> {
         diag_mask_inf(),
         soft_max(),
         argmax(),
+        top_k(),
     ]
     .boxed()
 }

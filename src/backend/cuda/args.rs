@@ -4,6 +4,9 @@
 //! checks each struct's `static_assert` size against the sum of its fields). Every kernel
 //! takes one `*Args` struct by value.
 
+#[cfg(test)]
+use std::any::TypeId;
+
 use crate::graph::Operand;
 
 include!(concat!(env!("OUT_DIR"), "/args.rs"));
@@ -40,9 +43,14 @@ impl IndexError {
 /// struct the kernel takes (build.rs implements it for the generated `*Args` structs only).
 pub unsafe trait KernelArgs: Copy + 'static {}
 
-/// The bytes of one argument struct, 8-byte aligned, as the launch passes them.
+/// The bytes of one argument struct, 8-byte aligned, as the launch passes them, and the
+/// struct's type.
 #[derive(Clone, Debug)]
-pub struct ArgBytes(Box<[u64]>);
+pub struct ArgBytes {
+    words: Box<[u64]>,
+    #[cfg(test)]
+    ty: TypeId,
+}
 
 impl ArgBytes {
     /// Copies `args`.
@@ -58,11 +66,28 @@ impl ArgBytes {
                 size,
             )
         };
-        ArgBytes(words)
+        ArgBytes {
+            words,
+            #[cfg(test)]
+            ty: TypeId::of::<T>(),
+        }
+    }
+
+    /// The struct, when it is a `T`.
+    #[cfg(test)]
+    pub fn get<T: KernelArgs>(&self) -> Option<T> {
+        // SAFETY: the words hold a copy of a T (its type id says so), 8-byte aligned.
+        (self.ty == TypeId::of::<T>()).then(|| unsafe { *self.words.as_ptr().cast::<T>() })
+    }
+
+    /// The struct's bytes as 8-byte words (the last one zero-padded).
+    #[cfg(test)]
+    pub fn words(&self) -> &[u64] {
+        &self.words
     }
 
     /// The address of the struct, as the driver's kernel parameter.
     pub fn as_param(&self) -> *mut std::ffi::c_void {
-        self.0.as_ptr() as *mut std::ffi::c_void
+        self.words.as_ptr() as *mut std::ffi::c_void
     }
 }

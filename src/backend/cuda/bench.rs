@@ -6,7 +6,8 @@
 //! it, its Q8_1 input made once for all nodes, not by a quantizing launch of its own;
 //! the fused attention, whose decode row's bandwidth is
 //! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a
-//! causal 512 x 512), then a graph of many small nodes run eagerly and replayed. The bytes of a
+//! causal 512 x 512; the paged attention of batches of sequences next to it, [`paged`]),
+//! then a graph of many small nodes run eagerly and replayed. The bytes of a
 //! quantized product are those of its blocks.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
@@ -24,6 +25,8 @@
 //! and the fraction is of the measured copy bandwidth (bytes read + written by a
 //! device-to-device copy). A kernel that only reads can exceed 100%: the copy's figure
 //! includes its writes.
+
+mod paged;
 
 use serde::Serialize;
 
@@ -43,6 +46,8 @@ pub struct BenchOptions {
     pub device: usize,
     /// Timed replays per case (split into batches; the median batch counts).
     pub iters: usize,
+    /// Only the op cases whose name contains this (all when None).
+    pub filter: Option<String>,
 }
 
 impl Default for BenchOptions {
@@ -50,6 +55,7 @@ impl Default for BenchOptions {
         BenchOptions {
             device: 0,
             iters: 50,
+            filter: None,
         }
     }
 }
@@ -390,10 +396,19 @@ fn run_case(be: &mut CudaBackend, copy_gb_s: f64, iters: usize, case: Case) -> R
     time_kernels(be, exec, 2)?;
     let us = time_kernels(be, exec, iters.div_ceil(case.reps).max(5))?;
     be.unload(exec)?;
-    for io in &plan.externals {
-        if let crate::graph::Loc::Buffer(b, _) = io.operand.loc {
-            be.free_buffer(b)?;
-        }
+    // (nodes may share a buffer: each is freed once)
+    let mut buffers: Vec<_> = plan
+        .externals
+        .iter()
+        .filter_map(|io| match io.operand.loc {
+            crate::graph::Loc::Buffer(b, _) => Some(b),
+            crate::graph::Loc::Arena(_) => None,
+        })
+        .collect();
+    buffers.sort();
+    buffers.dedup();
+    for b in buffers {
+        be.free_buffer(b)?;
     }
     let gb_s = case.bytes / graph_us / 1e3;
     Ok(BenchRow {
@@ -787,6 +802,7 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
         cases.extend(attention_cases(n_kv));
     }
     cases.extend(flash_attn_cases());
+    cases.extend(paged::paged_attn_cases());
     cases.extend(small_cases());
     cases.extend(prefill_cases());
     for q in [QType::Q4_0, QType::Q4_K, QType::Q8_0] {
@@ -808,6 +824,9 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
         }
     }
     cases.extend([QType::Q4_0, QType::Q4_K, QType::Q8_0].map(qprefill_case));
+    if let Some(f) = &opts.filter {
+        cases.retain(|c| c.name.contains(f.as_str()));
+    }
     let mut rows = Vec::with_capacity(cases.len());
     for case in cases {
         rows.push(run_case(&mut be, copy_gb_s, opts.iters, case)?);

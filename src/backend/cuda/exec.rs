@@ -45,7 +45,7 @@ pub(crate) struct CudaExec {
     pub written: HashSet<TensorId>,
     /// Buffers the plan uses (they must outlive its runs).
     pub buffers: Vec<BufferId>,
-    /// Whether some step records bad indices (get_rows, set_rows).
+    /// Whether some step records bad indices (get_rows, set_rows, paged_attn).
     pub checks_indices: bool,
 }
 

@@ -1,11 +1,15 @@
 //! The compiled kernels: the fatbins of `cuda/*.cu` embedded by build.rs, one constant per
 //! kernel in [`k`] (names parsed from the sources, so a misspelt kernel fails to compile),
-//! kernel sets keyed by dtypes in [`by`] (`by::ADD.get([a, b])`: from the `_<dtype>`
-//! suffixes of the kernel names), [`unary`] / [`binary`] (each op variant's set, generated
-//! from the CUDA functors), and [`KernelTable`], every module loaded into a context with a
-//! handle per kernel.
+//! each typed by the argument struct its declaration takes ([`Kernel`]`<A>`: a launch with
+//! another struct fails to compile), kernel sets keyed by dtypes in [`by`]
+//! (`by::ADD.get([a, b])`: from the `_<dtype>` suffixes of the kernel names), those sets
+//! keyed by head dim in [`dims`] and by column count in [`cols`] (from a `_d<N>` or `_c<N>`
+//! before the dtypes), [`unary`] / [`binary`] (each op variant's set, generated from the
+//! CUDA functors), and [`KernelTable`], every module loaded into a context with a handle
+//! per kernel.
 
 use std::ffi::CString;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext};
@@ -14,30 +18,72 @@ use super::device::driver_error;
 use crate::error::{Error, Result};
 use crate::graph::DType;
 
-/// One kernel of one module.
+/// One kernel of one module, whatever its argument struct: what a launch records and the
+/// loaded table looks up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Kernel {
+pub struct KernelId {
     /// Position in [`ALL`] (and in a [`KernelTable`]).
     pub index: usize,
     /// Position of its module in [`MODULES`].
     pub module: usize,
     /// The `extern "C"` name.
     pub name: &'static str,
+    /// The blocks per SM its `__launch_bounds__` asks to keep resident (0: none given).
+    pub resident: u32,
+}
+
+/// A kernel whose only parameter is the argument struct `A` (`cuda/args.cuh`), as its
+/// declaration says: [`DevOp::kernel`](super::lowering::DevOp::kernel) takes an `A` with it.
+pub struct Kernel<A> {
+    /// The kernel.
+    pub id: KernelId,
+    args: PhantomData<fn(A)>,
+}
+
+impl<A> Kernel<A> {
+    /// The kernel `id`, which takes `A` (the generated tables are the only callers).
+    pub(crate) const fn new(id: KernelId) -> Self {
+        Kernel {
+            id,
+            args: PhantomData,
+        }
+    }
+}
+
+impl<A> Clone for Kernel<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Kernel<A> {}
+
+impl<A> std::fmt::Debug for Kernel<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.id.fmt(f)
+    }
 }
 
 /// The kernels of one family (`<family>_<dtype>..` in the sources), keyed by the dtypes
 /// their names end in: how lowering picks a kernel for an op and its operands' dtypes.
-#[derive(Clone, Copy, Debug)]
-pub struct KernelSet<const N: usize> {
+pub struct KernelSet<A: 'static, const N: usize> {
     /// The family (the kernel names without their dtype suffixes).
     pub name: &'static str,
     /// Every kernel of the family with its dtypes.
-    pub entries: &'static [([DType; N], Kernel)],
+    pub entries: &'static [([DType; N], Kernel<A>)],
 }
 
-impl<const N: usize> KernelSet<N> {
+impl<A, const N: usize> Clone for KernelSet<A, N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A, const N: usize> Copy for KernelSet<A, N> {}
+
+impl<A, const N: usize> KernelSet<A, N> {
     /// The kernel for these dtypes, or why there is none.
-    pub fn get(&self, key: [DType; N]) -> std::result::Result<Kernel, String> {
+    pub fn get(&self, key: [DType; N]) -> std::result::Result<Kernel<A>, String> {
         self.entries
             .iter()
             .find(|(k, _)| *k == key)
@@ -46,6 +92,56 @@ impl<const N: usize> KernelSet<N> {
                 let names: Vec<&str> = key.iter().map(|d| d.name()).collect();
                 format!("no {} kernel for dtypes {}", self.name, names.join(", "))
             })
+    }
+}
+
+/// Kernel sets of one family named `<family>_d<N>_..` (a head dim) or `<family>_c<N>_..`
+/// (a column count), keyed by `N`, in increasing order.
+pub struct KeyedSets<A: 'static, const N: usize> {
+    /// The family (the set names without their `_d<N>` or `_c<N>`).
+    pub name: &'static str,
+    /// What the key is ("head dim", "column count").
+    pub key: &'static str,
+    /// Every set with its key, in increasing order of the key.
+    pub entries: &'static [(usize, KernelSet<A, N>)],
+}
+
+impl<A, const N: usize> Clone for KeyedSets<A, N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A, const N: usize> Copy for KeyedSets<A, N> {}
+
+impl<A, const N: usize> KeyedSets<A, N> {
+    /// The set of key `n`, or why there is none (naming the keys there are).
+    pub fn get(&self, n: usize) -> std::result::Result<KernelSet<A, N>, String> {
+        self.entries
+            .iter()
+            .find(|(key, _)| *key == n)
+            .map(|(_, set)| *set)
+            .ok_or_else(|| self.missing(n))
+    }
+
+    /// The set of the smallest key of at least `n` (the kernel for up to that many columns),
+    /// or why there is none.
+    pub fn covering(&self, n: usize) -> std::result::Result<KernelSet<A, N>, String> {
+        self.entries
+            .iter()
+            .find(|(key, _)| *key >= n)
+            .map(|(_, set)| *set)
+            .ok_or_else(|| self.missing(n))
+    }
+
+    fn missing(&self, n: usize) -> String {
+        let keys: Vec<String> = self.entries.iter().map(|(k, _)| k.to_string()).collect();
+        format!(
+            "no {} kernel for {} {n} ({})",
+            self.name,
+            self.key,
+            keys.join(", ")
+        )
     }
 }
 
@@ -200,17 +296,17 @@ impl KernelTable {
 
     /// The dynamic shared memory a launch of `k` reserves so that at most `n` of its
     /// blocks share an SM ([`SmemLimits::cap`]; 0 for `n` = 0: no limit).
-    pub fn smem_cap(&self, k: Kernel, n: u32) -> u32 {
+    pub fn smem_cap(&self, k: KernelId, n: u32) -> u32 {
         self.smem.cap(self.static_smem[k.index], n)
     }
 
     /// The function handle of `k`.
-    pub fn func(&self, k: Kernel) -> sys::CUfunction {
+    pub fn func(&self, k: KernelId) -> sys::CUfunction {
         self.funcs[k.index]
     }
 
     /// An attribute of `k` (registers, local memory, maximum block size, ...).
-    pub fn attribute(&self, k: Kernel, attr: sys::CUfunction_attribute_enum) -> Result<i32> {
+    pub fn attribute(&self, k: KernelId, attr: sys::CUfunction_attribute_enum) -> Result<i32> {
         // SAFETY: the handle belongs to a loaded module of this table.
         unsafe { result::function::get_function_attribute(self.func(k), attr) }
             .map_err(|e| driver_error("cuFuncGetAttribute", e))

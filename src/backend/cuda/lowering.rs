@@ -9,9 +9,10 @@
 
 use super::args::{ArgBytes, KernelArgs, Tensor4};
 use super::gemm::Gemm;
-use super::kernels::Kernel;
+use super::kernels::{Kernel, KernelId};
 use super::split::SplitRows;
-use crate::graph::{BufferId, DType, Loc, Operand, TensorId};
+use crate::backend::fusion::{disjoint, Q8Layout};
+use crate::graph::{BufferId, DType, Loc, Operand};
 
 /// One device operation of a lowered step.
 pub(crate) enum DevOp {
@@ -33,7 +34,7 @@ pub(crate) struct AllReduce {
 
 /// A kernel with its launch configuration and argument struct.
 pub(crate) struct Launch {
-    pub kernel: Kernel,
+    pub kernel: KernelId,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub args: ArgBytes,
@@ -55,15 +56,16 @@ impl DevOp {
         }
     }
 
-    /// A launch of `kernel` with argument struct `args`.
-    pub fn kernel<T: KernelArgs>(
-        kernel: Kernel,
+    /// A launch of `kernel` with its argument struct `args` (a kernel declared with
+    /// another struct does not compile).
+    pub fn kernel<A: KernelArgs>(
+        kernel: Kernel<A>,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
-        args: &T,
+        args: &A,
     ) -> DevOp {
         DevOp::Kernel(Launch {
-            kernel,
+            kernel: kernel.id,
             grid,
             block,
             args: ArgBytes::new(args),
@@ -133,12 +135,12 @@ pub(crate) struct Lowering<'a> {
     /// [`DEFAULT_SMS`] otherwise): the grids that must fit the GPU at once are sized for
     /// them (the decode attention's split, the one-wave decode products).
     pub sms: usize,
-    /// The Q8_1 copy the last decode product made of its activations: the next decode
-    /// product of the same activations (a layer's q, k and v when a mix gives them
-    /// different types, so that they are not one fused matrix) reads it instead of
-    /// quantizing again when it takes the same layout. It is forgotten when a step writes
-    /// memory the activations occupy ([`Lowering::wrote`]) or another step takes scratch
-    /// ([`Lowering::reserve_scratch`]).
+    /// The Q8_1 copy of activations made last (by a decode product, or by the fused step
+    /// before it, [`Lowering::step_done`]): the next decode product of the same
+    /// activations (a layer's q, k and v when a mix gives them different types, so that
+    /// they are not one fused matrix) reads it instead of quantizing again when it takes
+    /// the same layout. It is forgotten when a step writes memory the activations occupy
+    /// ([`Lowering::wrote`]) or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<Q8Copy>,
     /// Whether a step lowered before the current one has launches: a kernel of the plan
     /// then runs before it, so that data no step of the plan writes can be read before
@@ -147,28 +149,17 @@ pub(crate) struct Lowering<'a> {
     /// The frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights stored in split rows (see
     /// [`super::split`]).
     pub split: &'a [SplitRows],
-    /// A Q8_1 copy of its own result that the step being lowered writes (a fused norm or
-    /// SwiGLU feeding a decode product): it becomes [`Lowering::q8_1`] once the step's
-    /// writes are accounted for ([`Lowering::step_done`]).
-    pub q8_1_made: Option<Q8Copy>,
-    /// A decode RMS norm folded into the launch before the product that reads it: the
-    /// launch that reads that product's result must scale by it (see [`super::fuse`]).
-    /// Taken by that launch; one left at the end of the plan is an error.
-    pub fold: Option<NormFoldOut>,
-    /// Whether fusion may fold decode norms at all (`GRAFT_CUDA_FOLD=0`: never).
-    pub fold_norms: bool,
 }
 
-/// The factor of a folded norm that the product after it computes (see [`super::fuse`]).
+/// The factor of a folded norm (`crate::backend::fusion::NormFold`) that the product
+/// after the norm computes, for the launch after that product, which applies it.
 #[derive(Clone, Debug)]
 pub struct NormFoldOut {
-    /// The result of the product after the norm: the launch that reads it scales by the
-    /// norm's factor.
-    pub of: TensorId,
     /// Address of the factor (F32, in held scratch).
     pub scale: u64,
-    /// Scratch bytes the fold holds until taken (its `y * w`, block sums and factor, from
-    /// offset 0): [`Lowering::reserve_scratch`] places every step's scratch after them.
+    /// Scratch bytes the fold holds until the factor is applied (its `y * w`, block sums
+    /// and factor, from offset 0): the launch that applies it takes its own scratch after
+    /// them.
     pub held: usize,
 }
 
@@ -187,9 +178,8 @@ pub struct Q8Copy {
     pub of: Operand,
     /// The copy's address.
     pub addr: u64,
-    /// Its layout, `ACT_BLOCKS` or `ACT_PAIRS` (by the product's weight type:
-    /// `mul_mat_q::act_layout`).
-    pub layout: i64,
+    /// Its layout (by the weight type of the product that reads it).
+    pub layout: Q8Layout,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -225,11 +215,8 @@ impl<'a> Lowering<'a> {
             devices,
             sms: DEFAULT_SMS,
             q8_1: None,
-            q8_1_made: None,
             launched: false,
             split: &[],
-            fold: None,
-            fold_norms: true,
         }
     }
 }
@@ -264,14 +251,12 @@ impl Lowering<'_> {
         self.consts_base + off as u64
     }
 
-    /// Reserves `bytes` of scratch at `*offset` (advanced past them) after the bytes a
-    /// pending fold holds ([`NormFoldOut::held`]); returns the address.
+    /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
-        let held = self.fold.as_ref().map_or(0, |f| f.held);
-        let addr = self.scratch_base + (held + *offset) as u64;
+        let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
-        self.scratch_need = self.scratch_need.max(held + *offset);
+        self.scratch_need = self.scratch_need.max(*offset);
         addr
     }
 
@@ -282,31 +267,21 @@ impl Lowering<'_> {
         }
     }
 
-    /// The steps just lowered (one launch) wrote `dsts`: stale Q8_1 copies are forgotten
-    /// ([`Lowering::wrote`]), and the copy they made of their own result, if any, is the
-    /// one the next decode product reads.
-    pub fn step_done<'o>(&mut self, dsts: impl IntoIterator<Item = &'o Operand>) {
+    /// The steps just lowered (one group) wrote `dsts`: stale Q8_1 copies are forgotten
+    /// ([`Lowering::wrote`]), and the copy `made` of their own result, if any, is the one
+    /// the next decode product reads.
+    pub fn step_done<'o>(
+        &mut self,
+        dsts: impl IntoIterator<Item = &'o Operand>,
+        made: Option<Q8Copy>,
+    ) {
         for dst in dsts {
             self.wrote(dst);
         }
-        if let Some(made) = self.q8_1_made.take() {
-            self.q8_1 = Some(made);
+        if made.is_some() {
+            self.q8_1 = made;
         }
     }
-}
-
-/// The memory `x` spans: (arena or buffer, first byte, one past the last).
-fn span(x: &Operand) -> (Option<BufferId>, usize, usize) {
-    match x.loc {
-        Loc::Arena(off) => (None, off, off + x.nbytes()),
-        Loc::Buffer(b, off) => (Some(b), off, off + x.nbytes()),
-    }
-}
-
-/// Whether `x` and `y` share no byte.
-pub(crate) fn disjoint(x: &Operand, y: &Operand) -> bool {
-    let ((mx, x0, x1), (my, y0, y1)) = (span(x), span(y));
-    mx != my || x1 <= y0 || y1 <= x0
 }
 
 /// The alignment, in bytes, that the kernels need for an element (or block) of `dt`: its

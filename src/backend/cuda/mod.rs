@@ -35,9 +35,10 @@ mod args;
 pub mod bench;
 mod device;
 mod exec;
-mod fuse;
 mod gemm;
 pub mod kernels;
+#[cfg(test)]
+mod launch_lists;
 mod lower;
 mod lowering;
 pub mod nccl;
@@ -56,11 +57,12 @@ pub(crate) use self::device::DeviceMem;
 use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
-use self::kernels::{Kernel, KernelTable};
-use self::lower::lower_step;
+use self::kernels::{KernelId, KernelTable};
+use self::lower::{fused, lower_step};
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
 use self::split::SplitRows;
+use super::fusion::{self, Target};
 use super::{
     io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
     Stats, StepTime,
@@ -87,11 +89,8 @@ pub struct CudaBackend {
     stats: Stats,
     graphs: bool,
     sync_each: bool,
-    /// Whether load fuses consecutive steps (see [`fuse`]); `GRAFT_CUDA_FUSE=0` turns it off.
+    /// Whether load fuses consecutive steps ([`fusion`]); `GRAFT_CUDA_FUSE=0` turns it off.
     fusion: bool,
-    /// Whether fusion folds a decode RMS norm into the launches around the product after
-    /// it (see [`fuse`]); `GRAFT_CUDA_FOLD=0` keeps the norm's launch.
-    fold_norms: bool,
     /// Whether plan kernels launch with programmatic dependent launch (sm_90 and later;
     /// `GRAFT_CUDA_PDL=0` turns it off). Profiled runs never use it.
     pdl: bool,
@@ -238,7 +237,6 @@ impl CudaBackend {
             graphs: env_flag("GRAFT_CUDA_GRAPHS").unwrap_or(true),
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
-            fold_norms: env_flag("GRAFT_CUDA_FOLD") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
             small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
@@ -324,9 +322,10 @@ impl CudaBackend {
         self.split_rows = on;
     }
 
-    /// Turns kernel fusion (see `fuse.rs`: norm and weight, SwiGLU, GEMV and residual add,
-    /// rope and cache writes, Q8_1 copies made by the step before a quantized product) on
-    /// or off for plans loaded from now on (default on unless `GRAFT_CUDA_FUSE=0`).
+    /// Turns kernel fusion ([`crate::backend::fusion`]: norm and weight, SwiGLU, GEMV and
+    /// residual add, rope and cache writes, the folded decode norm, Q8_1 copies made by the
+    /// step before a quantized product) on or off for plans loaded from now on (default on
+    /// unless `GRAFT_CUDA_FUSE=0`).
     pub fn set_fusion(&mut self, on: bool) {
         self.fusion = on;
     }
@@ -357,7 +356,7 @@ impl CudaBackend {
     }
 
     /// Registers and local (spill) bytes per thread of a kernel.
-    pub fn kernel_resources(&self, k: Kernel) -> Result<(i32, i32)> {
+    pub fn kernel_resources(&self, k: KernelId) -> Result<(i32, i32)> {
         use sys::CUfunction_attribute_enum as A;
         Ok((
             self.kernels.attribute(k, A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
@@ -368,7 +367,7 @@ impl CudaBackend {
 
     /// Blocks of `threads` threads of `k` that one SM holds at once, launched with the
     /// reservation of [`DevOp::at_most_per_sm`]`(per_sm)` (0: none).
-    pub fn blocks_per_sm(&self, k: Kernel, threads: u32, per_sm: u32) -> Result<u32> {
+    pub fn blocks_per_sm(&self, k: KernelId, threads: u32, per_sm: u32) -> Result<u32> {
         self.bind()?;
         let mut n = 0;
         let smem = self.kernels.smem_cap(k, per_sm);
@@ -507,7 +506,7 @@ impl CudaBackend {
             .and_then(|e| e.as_ref())
             .and_then(|e| e.plan.steps.get(step));
         Err(Error::IndexOutOfRange {
-            op: step.map_or("get_rows/set_rows", |s| s.op.name()),
+            op: step.map_or("get_rows/set_rows/paged_attn", |s| s.op.name()),
             node: step.map_or_else(|| "(an unloaded plan)".into(), |s| s.name.clone()),
             index: rec.index,
             position: rec.position as usize,
@@ -594,10 +593,13 @@ impl CudaBackend {
             small_dq: self.small_dq,
             split: &self.split,
             sms: self.sms,
-            fold_norms: self.fold_norms,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
-        let mut steps = fuse::lower_plan(plan, &mut lw, self.fusion, |i| error_tag(exec_index, i))
+        let groups = match self.fusion {
+            true => fusion::fuse(plan, &Target { q8_1: self.mmvq }),
+            false => fusion::unfused(plan),
+        };
+        let mut steps = fused::lower_plan(plan, &groups, &mut lw, |i| error_tag(exec_index, i))
             .map_err(|(step, reason)| Error::Unsupported {
                 backend: "cuda",
                 node: step.name.clone(),
@@ -919,10 +921,12 @@ impl Backend for CudaBackend {
             graph: GraphState::Fresh,
             written: HashSet::new(),
             buffers,
-            checks_indices: plan
-                .steps
-                .iter()
-                .any(|s| matches!(s.op, Op::GetRows | Op::Copy(CopyOp::SetRows))),
+            checks_indices: plan.steps.iter().any(|s| {
+                matches!(
+                    s.op,
+                    Op::GetRows | Op::Copy(CopyOp::SetRows) | Op::PagedAttn(_)
+                )
+            }),
         };
         if index == self.execs.len() {
             self.execs.push(Some(exec));

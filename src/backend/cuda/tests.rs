@@ -4,23 +4,40 @@
 //! family, column-major GEMM over pointer arrays), and the result must equal the CPU
 //! backend's. This catches wrong dispatch, strides, leading dimensions, transposes,
 //! pointer arrays and scratch layouts; the kernels themselves are checked on a GPU by
-//! tests/cuda_graph.rs and the op tests.
+//! tests/cuda/cuda_graph.rs and the op tests.
 
 use half::f16;
 use rand::{Rng, SeedableRng};
 
+use super::args::KernelArgs;
 use super::args::{
     BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormFold, NormMulArgs, QGemvArgs,
     RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
     CPY_SAME_SHAPE, GEMV_WARPS,
 };
-use super::fuse;
 use super::gemm::Gemm;
-use super::lowering::{DevOp, Lowering, NormFoldOut, Q8Copy, REGION_ALIGN};
+use super::lower::fused;
+use super::lowering::{DevOp, Lowering, Q8Copy, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::fusion::{self, Q8Layout, Target};
 use crate::backend::{Backend, BackendExt};
-use crate::graph::{DType, Graph, Loc, Plan, TensorId};
+use crate::graph::{DType, Graph, Loc, Plan, Step, TensorId};
 use crate::ops::host::{load, store};
+
+/// Lowers `plan` as the backend does: its steps grouped by the fusion pass (`fusion`, for a
+/// target whose quantized products read Q8_1 activations when `lw.mmvq`) or each as it is.
+pub(super) fn lower_plan<'s>(
+    plan: &'s Plan,
+    lw: &mut Lowering,
+    fusion: bool,
+    tag: impl Fn(usize) -> i64,
+) -> Result<Vec<Vec<DevOp>>, (&'s Step, String)> {
+    let groups = match fusion {
+        true => fusion::fuse(plan, &Target { q8_1: lw.mmvq }),
+        false => fusion::unfused(plan),
+    };
+    fused::lower_plan(plan, &groups, lw, tag)
+}
 
 /// Host memory for a plan: arena, constants, scratch (u64 words: aligned for any dtype).
 struct HostMem {
@@ -47,7 +64,7 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
             scratch_base: scratch,
             ..Lowering::new(&resolve, true, 1)
         };
-        let ops = fuse::lower_plan(plan, &mut lw, fusion, |_| 0)
+        let ops = lower_plan(plan, &mut lw, fusion, |_| 0)
             .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
         (ops, lw.consts, lw.scratch_need)
     };
@@ -67,11 +84,11 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
     (ops, mem)
 }
 
-/// The argument struct of a launch.
-fn args<T: Copy>(op: &super::lowering::Launch) -> T {
-    // SAFETY: the caller names the struct of the kernel's family; ArgBytes holds a copy of
-    // exactly such a struct, 8-byte aligned.
-    unsafe { *(op.args.as_param() as *const T) }
+/// The argument struct of a launch (a panic when the kernel takes another).
+fn args<T: KernelArgs>(op: &super::lowering::Launch) -> T {
+    op.args
+        .get::<T>()
+        .unwrap_or_else(|| panic!("{} takes another argument struct", op.kernel.name))
 }
 
 fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
@@ -586,7 +603,7 @@ fn one_query_decode_attention_kernels() {
                 sms,
                 ..Lowering::new(&fake_addr, true, 1)
             };
-            let steps = fuse::lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
+            let steps = lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
             let launches = kernel_launches(&steps);
             let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
             let a = args::<FattnArgs>(launches[0]);
@@ -841,7 +858,8 @@ fn tiny_decode_plans(wt: DType) -> Vec<(bool, usize, Plan)> {
     use crate::graph::BufferId;
     use crate::models::arch::presets;
     use crate::models::blocks::build_decode;
-    use crate::models::blocks::kv_cache::{CacheTypes, KvCache};
+    use crate::models::blocks::kv_cache::KvCache;
+    use crate::models::load::options::CacheTypes;
     use crate::models::load::weights::{uniform, Weights};
     let cfg = presets::preset("tiny").unwrap();
     let w = Weights::layout(&cfg, &uniform(wt), BufferId::fresh());
@@ -874,7 +892,7 @@ fn decode_norm_folds() {
                 scratch_base: 1 << 50,
                 ..Lowering::new(&fake_addr_any, true, 1)
             };
-            let ops = fuse::lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap();
+            let ops = lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap();
             let launches = kernel_launches(&ops);
             let count = |k: &str| launches.iter().filter(|l| l.kernel.name == k).count();
             let (folds, norms) = match fusion {
@@ -960,34 +978,60 @@ fn norm_fold_pattern() {
     assert_eq!(count("mul_mat_vec_total"), 1, "{names:?}");
 }
 
-/// A pending fold's scratch comes before every reservation made while it is pending, and
-/// is free again once the fold is taken.
+/// A folded norm's scratch (its block sums, `y * w` and factor) is held until the launch
+/// that applies the factor: the Q8_1 copy that launch writes for the quantized product
+/// after it lies past that scratch, and the product reads the copy.
 #[test]
 fn pending_fold_holds_its_scratch() {
-    let resolve = |_: Loc| 0;
+    use crate::quant::QType;
+    let (d, ff) = (64, 32);
+    let mut g = Graph::new();
+    let x0 = g.input("x0", DType::F32, &[d, 1]).unwrap();
+    let v0 = g.input("v0", DType::F32, &[d, 1]).unwrap();
+    let x = g.scale(x0, 4.0).unwrap();
+    let v = g.scale(v0, 0.5).unwrap();
+    let wo = g.input("wo", DType::F16, &[d, d]).unwrap();
+    let wn = g.input("wn", DType::F32, &[d]).unwrap();
+    let wgu = g.input("wgu", DType::F32, &[d, 2 * ff]).unwrap();
+    let wd = g.input("wd", DType::Quant(QType::Q4_0), &[ff, d]).unwrap();
+    let o = g.mul_mat(wo, v).unwrap();
+    let x1 = g.add(x, o).unwrap();
+    let n = g.rms_norm(x1, 1e-5).unwrap();
+    let cur = g.mul(n, wn).unwrap();
+    let gu = g.mul_mat(wgu, cur).unwrap();
+    let row = g.tensor(gu).nb[1];
+    let gate = g.view_2d(gu, ff, 1, row, 0).unwrap();
+    let up = g.view_2d(gu, ff, 1, row, ff * 4).unwrap();
+    let h = g.silu(gate).unwrap();
+    let h = g.mul(h, up).unwrap();
+    let y = g.mul_mat(wd, h).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    let base = 1 << 40;
     let mut lw = Lowering {
-        scratch_base: 1 << 20,
-        ..Lowering::new(&resolve, true, 1)
+        scratch_base: base,
+        ..Lowering::new(&fake_addr_any, true, 1)
     };
-    let mut offset = 0;
-    assert_eq!(lw.reserve_scratch(&mut offset, 100), 1 << 20);
-    lw.fold = Some(NormFoldOut {
-        of: TensorId::default(),
-        scale: 0,
-        held: 3 * REGION_ALIGN,
-    });
-    let mut offset = 0;
-    let held = (1 << 20) + 3 * REGION_ALIGN as u64;
-    assert_eq!(lw.reserve_scratch(&mut offset, 100), held);
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let launches = kernel_launches(&ops);
+    let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
     assert_eq!(
-        lw.reserve_scratch(&mut offset, 10),
-        held + REGION_ALIGN as u64
+        names,
+        [
+            "scale_f32",
+            "scale_f32",
+            "mul_mat_vec_fold_f16",
+            "mul_mat_vec_total_f32",
+            "swiglu_f32",
+            "mul_mat_vec_q_c1_q4_0"
+        ]
     );
-    assert_eq!(lw.scratch_need, 5 * REGION_ALIGN);
-    lw.fold = None;
-    let mut offset = 0;
-    assert_eq!(lw.reserve_scratch(&mut offset, 100), 1 << 20);
-    assert_eq!(lw.scratch_need, 5 * REGION_ALIGN);
+    // the fold's scratch: block sums (16 floats), y * w (64), the factor, each aligned
+    let held = 3 * REGION_ALIGN as u64;
+    let swiglu = args::<GluArgs>(launches[4]);
+    assert_eq!(swiglu.fold_scale, base + 2 * REGION_ALIGN as u64);
+    assert_eq!(swiglu.q8, base + held);
+    assert_eq!(args::<QGemvArgs>(launches[5]).b, swiglu.q8);
+    assert!(lw.scratch_need > held as usize);
 }
 
 #[test]
@@ -1008,7 +1052,10 @@ fn elementwise_kernel_sets_cover_every_op() {
         let set = super::kernels::unary(op);
         assert_eq!(set.name, op.name());
         for dt in DType::FLOATS {
-            assert_eq!(set.get([dt]).unwrap().name, format!("{}_{}", op.name(), dt));
+            assert_eq!(
+                set.get([dt]).unwrap().id.name,
+                format!("{}_{}", op.name(), dt)
+            );
         }
         assert!(set.get([DType::I32]).is_err());
     }
@@ -1017,7 +1064,7 @@ fn elementwise_kernel_sets_cover_every_op() {
         for a in DType::FLOATS {
             for b in DType::FLOATS {
                 assert_eq!(
-                    set.get([a, b]).unwrap().name,
+                    set.get([a, b]).unwrap().id.name,
                     format!("{}_{a}_{b}", op.name())
                 );
             }
@@ -1094,7 +1141,7 @@ fn all_reduce_lowers_to_nccl_over_the_group() {
 /// Kernel names of every step of `plan` lowered without fusion, at fake addresses.
 fn lowered_names(plan: &Plan, mmvq: bool) -> Vec<&'static str> {
     let mut lw = Lowering::new(&fake_addr, mmvq, 1);
-    let steps = fuse::lower_plan(plan, &mut lw, false, |_| 0).unwrap();
+    let steps = lower_plan(plan, &mut lw, false, |_| 0).unwrap();
     steps.iter().flatten().map(DevOp::name).collect()
 }
 
@@ -1169,7 +1216,7 @@ fn q8_1_copies_take_the_layout_of_their_product() {
     let b = g.mul_mat(w0, y).unwrap();
     let plan = g.plan(&[a, b]).unwrap();
     let mut lw = Lowering::new(&fake_addr_any, true, 1);
-    let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
     let launches = kernel_launches(&ops);
     let names: Vec<&str> = launches.iter().map(|k| k.kernel.name).collect();
     assert_eq!(
@@ -1218,7 +1265,7 @@ fn aligned_k_quant_rows_are_read_in_place() {
         let plan = g.plan(&[y]).unwrap();
         for mmvq in [true, false] {
             let mut lw = Lowering::new(&fake_addr_any, mmvq, 1);
-            let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+            let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
             let launches = kernel_launches(&ops);
             let product = launches.last().expect("a product launch");
             if mmvq {
@@ -1242,7 +1289,7 @@ fn aligned_k_quant_rows_are_read_in_place() {
     let y = g.mul_mat(w, x).unwrap();
     let plan = g.plan(&[y]).unwrap();
     let mut lw = Lowering::new(&fake_addr_any, true, 1);
-    let ops = fuse::lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
     let launches = kernel_launches(&ops);
     let product = launches.last().expect("a product launch");
     assert_eq!(product.kernel.name, "mul_mat_vec_qd_c1_q4_k");
@@ -1272,7 +1319,7 @@ fn q8_1_copy_is_forgotten_when_its_source_is_written() {
     let copy = |of: &crate::graph::Operand| Q8Copy {
         of: of.clone(),
         addr: 0x100,
-        layout: ACT_BLOCKS,
+        layout: Q8Layout::Blocks,
     };
     lw.q8_1 = Some(copy(&a));
     lw.wrote(&b);
@@ -1358,7 +1405,7 @@ fn decode_layer_fusions() {
                 small_dq,
                 ..Lowering::new(&fake_addr_any, true, 1)
             };
-            fuse::lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap()
+            lower_plan(&plan, &mut lw, fusion, |_| 0).unwrap()
         };
         let fused_ops = lower(true, false);
         let fused: Vec<&DevOp> = fused_ops.iter().flatten().collect();
@@ -1402,5 +1449,158 @@ fn decode_layer_fusions() {
             4 * l + 1 - o_quant,
             "{auto:?}"
         );
+    }
+}
+
+/// What the fusion pass assumes of the kernels holds of the kernel tables: the caches
+/// `rope_store` writes, and the block types with decode products, on both paths and in
+/// split rows where the type has them (so a product it fuses always has a kernel).
+#[test]
+fn fusion_assumes_the_kernels_there_are() {
+    use super::kernels::{by, cols};
+    use crate::backend::fusion::{decode_type, ROPE_STORE_CACHES};
+    use crate::quant::split::has_split_rows;
+    use crate::quant::QType;
+    let quants = QType::ALL.map(DType::Quant);
+    for dt in DType::FLOATS.into_iter().chain([DType::I32]).chain(quants) {
+        assert_eq!(
+            ROPE_STORE_CACHES.contains(&dt),
+            by::ROPE_STORE.get([dt]).is_ok(),
+            "{dt}"
+        );
+    }
+    for q in QType::ALL {
+        let has = |family: super::kernels::KeyedSets<QGemvArgs, 1>| {
+            family
+                .entries
+                .iter()
+                .all(|(_, set)| set.get([DType::Quant(q)]).is_ok())
+        };
+        assert_eq!(has(cols::MUL_MAT_VEC_Q), decode_type(q), "{q}");
+        assert_eq!(has(cols::MUL_MAT_VEC_DQ), decode_type(q), "{q}");
+        if has_split_rows(q) {
+            assert!(decode_type(q), "{q}");
+            for family in [
+                cols::MUL_MAT_VEC_QS,
+                cols::MUL_MAT_VEC_QSP,
+                cols::MUL_MAT_VEC_DQS,
+            ] {
+                assert!(has(family), "{q}: {}", family.name);
+            }
+        }
+    }
+}
+
+/// paged_attn's launches by shape on 132 SMs: the decode kernel by cache types, GQA and
+/// head dim (tensor cores for GQA over F16, streamed for aligned F16, BF16, Q8_0, Q4_0 at
+/// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256, the any-type
+/// kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
+/// sequence (a combine when there can be more than one), and the tensor-core prefill kernel first for batches of more than 64
+/// tokens with K and V of one type.
+#[test]
+fn paged_attention_kernels() {
+    use super::args::PagedArgs;
+    use crate::graph::PagedAttnParams;
+    let (f16, bf16, f32) = (DType::F16, DType::BF16, DType::F32);
+    let (q8, q4) = (DType::Q8_0, DType::Q4_0);
+    // (K, V, head dim, KV heads, group, tokens, the kernels less their fattn_paged_ prefix,
+    // the chunks, blocks along y), over a table of 256 blocks of 16 positions
+    for (k, v, d, n_head_kv, group, n_tokens, want, split, heads) in [
+        (f16, f16, 128, 8, 4, 1, "dec_d128_f16 combine", 43, 8),
+        (f16, f16, 128, 8, 4, 64, "dec_d128_f16", 1, 8),
+        (f16, f16, 64, 2, 24, 1, "dec_d64_f16 combine", 64, 4),
+        (f16, f16, 128, 32, 1, 1, "vec_d128_f16 combine", 16, 32),
+        (f16, f16, 128, 32, 1, 8, "vec_d128_f16 combine", 2, 32),
+        (f16, f16, 128, 32, 1, 32, "vec_d128_f16", 1, 32),
+        (q8, q8, 128, 8, 4, 1, "vec4_d128_q8_0 combine", 64, 8),
+        (bf16, bf16, 256, 4, 8, 2, "vec4_d256_bf16 combine", 33, 8),
+        (q4, q4, 64, 8, 4, 1, "vec_d64_q4_0 combine", 16, 32),
+        (f16, q8, 128, 8, 4, 1, "any_d128 combine", 17, 32),
+        (f32, f32, 128, 32, 1, 1, "any_d128 combine", 17, 32),
+        (f16, f16, 80, 2, 2, 1, "any_d80 combine", 64, 4),
+        (f16, f16, 128, 8, 4, 512, "mma_d128_f16 dec_d128_f16", 1, 8),
+        (
+            bf16,
+            bf16,
+            256,
+            4,
+            2,
+            100,
+            "mma_d256_bf16 vec4_d256_bf16",
+            1,
+            4,
+        ),
+        (f16, q8, 128, 8, 4, 512, "any_d128", 1, 32),
+    ] {
+        let case = format!("{k}/{v} d {d}, {n_head_kv} x {group} heads, {n_tokens} tokens");
+        let (max_blocks, bs, n_blocks) = (256, 16, 300);
+        let mut g = Graph::new();
+        let pool = |g: &mut Graph, name: &str, dt: DType| {
+            let rows = g.input(name, dt, &[d * n_head_kv, n_blocks * bs]).unwrap();
+            let (row, head) = (dt.row_bytes(d * n_head_kv), dt.row_bytes(d));
+            g.view_3d(rows, d, n_blocks * bs, n_head_kv, row, head, 0)
+                .unwrap()
+        };
+        let (kp, vp) = (pool(&mut g, "k", k), pool(&mut g, "v", v));
+        let q = g
+            .input("q", DType::F32, &[d, n_head_kv * group, n_tokens])
+            .unwrap();
+        let table = g.input("table", DType::I32, &[max_blocks, 3]).unwrap();
+        let seqs = g.input("seqs", DType::I32, &[2, n_tokens]).unwrap();
+        let p = PagedAttnParams {
+            scale: 0.1,
+            softcap: 0.0,
+            block_size: bs,
+            window: 0,
+        };
+        let y = g.paged_attn(q, (kp, vp), table, seqs, p).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        let mut lw = Lowering::new(&fake_addr, true, 1);
+        let steps = lower_plan(&plan, &mut lw, false, |_| 0).unwrap();
+        let launches = kernel_launches(&steps);
+        let names: Vec<&str> = launches
+            .iter()
+            .map(|l| &l.kernel.name["fattn_paged_".len()..])
+            .collect();
+        assert_eq!(names.join(" "), want, "{case}");
+        let mma = usize::from(want.starts_with("mma"));
+        let (decode, name) = (launches[mma], names[mma]);
+        let a = args::<PagedArgs>(decode);
+        let grid = (split as u32, heads, n_tokens as u32);
+        assert_eq!((a.split, decode.grid), (split, grid), "{case}");
+        let fixed = (a.max_pos, a.n_blocks, a.n_seqs, a.group);
+        assert_eq!(fixed, (4096, 300, 3, group as i32), "{case}");
+        assert_eq!((a.bs_magic, a.bs_shift), (1, 4), "{case}: j / 16 = j >> 4");
+        // the partials of every token, head and chunk, then each token's chunk count
+        let part = n_tokens * n_head_kv * group * split as usize * (d + 2) * 4;
+        let (part, counts) = (
+            part.next_multiple_of(256),
+            (n_tokens * 4).next_multiple_of(256),
+        );
+        let scratch = if split > 1 { part + counts } else { 0 };
+        assert_eq!(lw.scratch_need, scratch, "{case}: scratch");
+        if split > 1 {
+            assert_eq!(
+                a.chunks - a.part,
+                part as u64,
+                "{case}: the counts after the partials"
+            );
+        }
+        let (dec, stream) = (name.starts_with("dec"), name.starts_with("vec"));
+        let chunks = if dec { (1, 32) } else { (64, 1) };
+        assert_eq!((a.min_keys, a.unit), chunks, "{case}");
+        // the tensor-core decode launches in order, the streamed one at most 4 blocks an SM
+        let launch = (decode.early, decode.per_sm);
+        assert_eq!(launch, (!dec, if stream { 4 } else { 0 }), "{case}");
+        if mma == 1 {
+            let rows = if d > 128 { 32 } else { 64 };
+            assert_eq!((a.tile, a.min_run), (rows, 16), "{case}");
+            let m = launches[0];
+            let tiles = n_tokens.div_ceil(rows as usize) as u32;
+            assert_eq!(m.grid, (tiles, (n_head_kv * group) as u32, 1), "{case}");
+            assert_eq!(m.block.0 as i32, rows / 16 * 32, "{case}");
+        } else {
+            assert_eq!(a.min_run, 0, "{case}");
+        }
     }
 }

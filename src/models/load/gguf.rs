@@ -11,7 +11,7 @@
 //! graft un-permutes Q and K rows while loading ([`permute_rope_rows`]): rows move whole,
 //! so this is exact in every dtype, and one graph (and one set of kernels) serves HF and
 //! GGUF models alike. `graft convert` applies the forward permutation, and the round trip
-//! HF -> GGUF -> graft gives the HF folder's logits (tests/gguf_model.rs).
+//! HF -> GGUF -> graft gives the HF folder's logits (tests/cli/gguf_model.rs).
 //!
 //! **Llama 3 rope scaling.** The converter stores it as a tensor `rope_freqs.weight` (a
 //! divisor of each pair's frequency) rather than as parameters. graft reads the

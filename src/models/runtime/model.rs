@@ -24,7 +24,7 @@ use crate::models::load::quant_plan::QuantPlan;
 use crate::models::load::safetensors;
 use crate::models::load::weights::Weights;
 use crate::models::runtime::memory;
-use crate::models::runtime::output::{Logits, Output};
+use crate::models::runtime::output::{Logits, Output, TopLogits};
 use crate::models::runtime::sampling::SamplerChain;
 
 /// Prefill plans kept loaded; the least recently used one is unloaded first.
@@ -42,19 +42,46 @@ pub fn default_ctx(cfg: &Config) -> usize {
 /// The token of a finished read of the argmax of the decode step at `position`: an
 /// [`Error::NonFinite`] when the device found its logits not finite.
 fn token_of(be: &mut dyn Backend, read: PendingRead, position: usize) -> Result<u32> {
-    let bytes = be.finish_read(read)?;
-    let argmax = bytes
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(i32::from_le_bytes)
-        .ok_or_else(|| Error::plan("the argmax read back short"))?;
+    let argmax = argmax_of(&be.finish_read(read)?)?;
     argmax_token(argmax, position, "decode")
+}
+
+/// The I32 of a finished read of the device argmax.
+fn argmax_of(bytes: &[u8]) -> Result<i32> {
+    words(bytes)
+        .first()
+        .map(|&w| w as i32)
+        .ok_or_else(|| Error::plan("the argmax read back short"))
 }
 
 /// The token of a device argmax of the logits at `position`: the device gives -1 for
 /// logits that are not finite, an [`Error::NonFinite`] here.
 fn argmax_token(argmax: i32, position: usize, step: &'static str) -> Result<u32> {
     u32::try_from(argmax).map_err(|_| Error::NonFinite { position, step })
+}
+
+/// Little-endian 32-bit words of `bytes` (a read of I32 or F32 values).
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}
+
+/// The candidates [`Logits::Top`] asks for (0 for the other modes).
+fn top_k(want: Logits) -> usize {
+    match want {
+        Logits::Top(k) => k,
+        Logits::None | Logits::Last | Logits::All => 0,
+    }
+}
+
+/// `mg` with the `k` sampling candidates of its last position as outputs (none for 0).
+fn with_candidates(mut mg: ModelGraph, k: usize) -> Result<ModelGraph> {
+    if k > 0 {
+        mg.add_candidates(k)?;
+    }
+    Ok(mg)
 }
 
 /// A model graph loaded into a backend.
@@ -69,6 +96,8 @@ struct Compiled {
     n_kv: usize,
     logits: TensorId,
     argmax: TensorId,
+    /// The sampling candidates: ids and values of the `k` largest logits.
+    top: Option<(TensorId, TensorId)>,
     n_out: usize,
 }
 
@@ -84,6 +113,7 @@ impl Compiled {
             n_kv: mg.n_kv,
             logits: mg.logits,
             argmax: mg.argmax,
+            top: mg.top,
             n_out: mg.n_out,
         })
     }
@@ -286,10 +316,10 @@ pub struct Model {
     weights: Weights,
     cache: KvCache,
     n_past: usize,
-    /// Loaded prefill plans by `(n, n_past, all logits)`.
-    prefill: PlanCache<(usize, usize, bool)>,
-    /// Loaded decode plans by KV-length bucket.
-    decode: PlanCache<usize>,
+    /// Loaded prefill plans by `(n, n_past, all logits, candidates)`.
+    prefill: PlanCache<(usize, usize, bool, usize)>,
+    /// Loaded decode plans by KV-length bucket and candidates.
+    decode: PlanCache<(usize, usize)>,
     counts: PlanCounts,
     /// Whether [`Model::generate`] goes on past a full context (see
     /// [`Model::set_context_shift`]).
@@ -477,8 +507,8 @@ impl Model {
             let final_part = (i + 1) * chunk >= tokens.len();
             let want = match (logits, final_part) {
                 (Logits::All, _) => Logits::All,
-                (Logits::Last, true) => Logits::Last,
-                (Logits::Last | Logits::None, _) => Logits::None,
+                (Logits::Last | Logits::Top(_), true) => logits,
+                (Logits::Last | Logits::Top(_) | Logits::None, _) => Logits::None,
             };
             let out = self.prefill_chunk(be, part, want)?;
             all.extend_from_slice(&out.logits);
@@ -497,11 +527,11 @@ impl Model {
     ) -> Result<Output> {
         let (n, p) = (tokens.len(), self.n_past);
         let key_past = if self.cache.is_ring() { 0 } else { p };
-        let c = self.prefill_plan(be, n, key_past, logits == Logits::All)?;
+        let c = self.prefill_plan(be, (n, key_past, logits == Logits::All), top_k(logits))?;
         self.set_inputs(be, &c, tokens, p)?;
         be.compute(c.exec)?;
         self.n_past += n;
-        self.read(be, &c, logits != Logits::None, "prefill")
+        self.read(be, &c, logits, "prefill")
     }
 
     /// Sets the inputs of a graph run over `tokens` at positions `start..`: ids,
@@ -544,17 +574,26 @@ impl Model {
         Ok(())
     }
 
-    /// Runs one token at position `n_past` with the decode plan of its bucket.
+    /// Runs one token at position `n_past` with the decode plan of its bucket, reading
+    /// back the argmax and, with `logits`, the logits.
     pub fn decode_step(
         &mut self,
         be: &mut dyn Backend,
         token: u32,
         logits: bool,
     ) -> Result<Output> {
+        let want = if logits { Logits::Last } else { Logits::None };
+        self.decode(be, token, want)
+    }
+
+    /// Runs one token at position `n_past` with the decode plan of its bucket (and of the
+    /// candidates for [`Logits::Top`]), reading back the argmax and what `want` asks for
+    /// ([`Logits::All`] is the one position's logits).
+    pub fn decode(&mut self, be: &mut dyn Backend, token: u32, want: Logits) -> Result<Output> {
         self.check_tokens("decode", &[token])?;
         self.check_room(1)?;
-        let (c, _) = self.enqueue_decode(be, None, token)?;
-        self.read(be, &c, logits, "decode")
+        let (c, _) = self.enqueue_decode(be, None, token, top_k(want))?;
+        self.read(be, &c, want, "decode")
     }
 
     /// Greedy decoding of up to `steps` tokens from `first` at position `n_past`, each
@@ -607,7 +646,7 @@ impl Model {
         let mut done = 0;
         for _ in 0..steps {
             let prev = pending.as_ref().map(|p| p.0);
-            let (c, pos) = self.enqueue_decode(be, prev, first)?;
+            let (c, pos) = self.enqueue_decode(be, prev, first, 0)?;
             let read = be.begin_read(c.exec, c.argmax, 4)?;
             if let Some((_, p, read)) = pending.replace((c, pos, read)) {
                 done += 1;
@@ -629,16 +668,18 @@ impl Model {
         Ok(done)
     }
 
-    /// Enqueues the decode step at position `n_past` and advances it: the step's token is
-    /// `first`, or `prev`'s argmax copied on the device. Returns the plan and position.
+    /// Enqueues the decode step at position `n_past` (with `k` sampling candidates, 0 for
+    /// none) and advances it: the step's token is `first`, or `prev`'s argmax copied on
+    /// the device. Returns the plan and position.
     fn enqueue_decode(
         &mut self,
         be: &mut dyn Backend,
         prev: Option<Compiled>,
         first: u32,
+        k: usize,
     ) -> Result<(Compiled, usize)> {
         let pos = self.n_past;
-        let c = self.decode_plan(be, decode_n_kv(&self.cache, pos))?;
+        let c = self.decode_plan(be, decode_n_kv(&self.cache, pos), k)?;
         match prev {
             None => be.set_input_i32(c.exec, c.tokens, &[first as i32])?,
             Some(p) => be.forward_output(p.exec, p.argmax, c.exec, c.tokens, 4)?,
@@ -650,46 +691,66 @@ impl Model {
         Ok((c, pos))
     }
 
-    /// The decode plan of the bucket `n_kv`, built and loaded on first use.
-    fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize) -> Result<Compiled> {
+    /// The decode plan of the bucket `n_kv` with `k` sampling candidates (0: none),
+    /// built and loaded on first use.
+    fn decode_plan(&mut self, be: &mut dyn Backend, n_kv: usize, k: usize) -> Result<Compiled> {
         let (cfg, w, kv) = (&self.shard, &self.weights, &self.cache);
-        let (c, built) = self
-            .decode
-            .get_or_load(n_kv, be, || build_decode(cfg, w, kv, n_kv))?;
+        let (c, built) = self.decode.get_or_load((n_kv, k), be, || {
+            with_candidates(build_decode(cfg, w, kv, n_kv)?, k)
+        })?;
         self.counts.decode += usize::from(built);
         Ok(c)
     }
 
-    /// The prefill plan for `(n, n_past, all)`, built and loaded on first use.
+    /// The prefill plan for `(n, n_past, all)` with `k` sampling candidates (0: none),
+    /// built and loaded on first use.
     fn prefill_plan(
         &mut self,
         be: &mut dyn Backend,
-        n: usize,
-        n_past: usize,
-        all: bool,
+        (n, n_past, all): (usize, usize, bool),
+        k: usize,
     ) -> Result<Compiled> {
         let (cfg, w, kv) = (&self.shard, &self.weights, &self.cache);
-        let (c, built) = self.prefill.get_or_load((n, n_past, all), be, || {
-            build_prefill(cfg, w, kv, n, n_past, all)
+        let (c, built) = self.prefill.get_or_load((n, n_past, all, k), be, || {
+            with_candidates(build_prefill(cfg, w, kv, n, n_past, all)?, k)
         })?;
         self.counts.prefill += usize::from(built);
         Ok(c)
     }
 
-    /// Reads back the argmax and, if asked, the logits of a run of `step` that ended at
+    /// Reads back the argmax and what `want` asks for of a run of `step` that ended at
     /// position `n_past - 1`; non-finite logits are an [`Error::NonFinite`] naming the
     /// first such position (the device argmax says so for the last one, which is all
-    /// greedy decoding reads).
+    /// greedy decoding and the candidates read).
     fn read(
         &self,
         be: &mut dyn Backend,
         c: &Compiled,
-        logits: bool,
+        want: Logits,
         step: &'static str,
     ) -> Result<Output> {
         let last = self.n_past - 1;
-        let argmax = be.get_output_i32(c.exec, c.argmax, 1)?[0];
-        let logits = if logits {
+        // the argmax and the candidates copied back together: one wait for the three
+        let argmax = be.begin_read(c.exec, c.argmax, 4)?;
+        let top = match (want, c.top) {
+            (Logits::Top(k), Some((ids, vals))) => Some((
+                be.begin_read(c.exec, ids, 4 * k)?,
+                be.begin_read(c.exec, vals, 4 * k)?,
+            )),
+            _ => None,
+        };
+        let argmax = argmax_of(&be.finish_read(argmax)?)?;
+        let top = match top {
+            Some((ids, vals)) => Some(TopLogits {
+                ids: words(&be.finish_read(ids)?),
+                logits: words(&be.finish_read(vals)?)
+                    .into_iter()
+                    .map(f32::from_bits)
+                    .collect(),
+            }),
+            None => None,
+        };
+        let logits = if matches!(want, Logits::Last | Logits::All) {
             let v = be.get_output_f32(c.exec, c.logits, self.config.vocab_size * c.n_out)?;
             let mut rows = v.chunks(self.config.vocab_size.max(1));
             if let Some(row) = rows.position(|r| r.iter().any(|x| !x.is_finite())) {
@@ -704,7 +765,7 @@ impl Model {
         Ok(Output {
             argmax,
             logits,
-            top: None,
+            top,
         })
     }
 
@@ -794,8 +855,9 @@ impl Model {
 
     /// Generates up to `n` tokens after `prompt` (from an empty cache) with `sampler`,
     /// calling `on_token` with each one as soon as it is known; stops early at an EOS
-    /// token. Greedy sampling reads back only the on-device argmax; other samplers read
-    /// the last logits.
+    /// token. Greedy sampling reads back only the on-device argmax (each step's token fed
+    /// to the next on the device); other samplers read what [`SamplerChain::wants`]: the
+    /// device's top candidates when they suffice, else the last logits.
     pub fn generate(
         &mut self,
         be: &mut dyn Backend,
@@ -807,7 +869,7 @@ impl Model {
         self.check_generation(prompt, n)?;
         self.reset();
         let greedy = sampler.is_greedy();
-        let mode = if greedy { Logits::None } else { Logits::Last };
+        let mode = sampler.wants();
         let t0 = Instant::now();
         let out = self.prefill(be, prompt, mode)?;
         let mut g = Generation {
@@ -854,7 +916,7 @@ impl Model {
                 g.decode_steps += done;
                 g.decode_secs += t.elapsed().as_secs_f64();
             } else {
-                let out = self.decode_step(be, next, true)?;
+                let out = self.decode(be, next, mode)?;
                 seq.push(next);
                 next = sampler.pick(&out, &seq)?;
                 g.decode_secs += t.elapsed().as_secs_f64();

@@ -14,6 +14,10 @@ pub enum Logits {
     Last,
     /// Every position's logits (prefill only).
     All,
+    /// The `k` largest logits of the last position with their token ids, selected on the
+    /// device (`top_k`; `8 k` bytes read back instead of the row), for a sampler whose
+    /// [`candidates`](crate::models::SamplerChain::candidates) are `k`.
+    Top(usize),
 }
 
 /// The largest logits of one position with their token ids, largest first (ties: lower
@@ -31,9 +35,10 @@ pub struct TopLogits {
 pub struct Output {
     /// The argmax of the last position's logits, computed on the device.
     pub argmax: u32,
-    /// The logits asked for, `vocab` values per position (empty for [`Logits::None`]).
+    /// The logits asked for, `vocab` values per position (empty for [`Logits::None`] and
+    /// [`Logits::Top`]).
     pub logits: Vec<f32>,
-    /// The largest logits of the last position, when the forward pass selected them.
+    /// The largest logits of the last position ([`Logits::Top`]).
     pub top: Option<TopLogits>,
 }
 

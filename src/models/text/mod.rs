@@ -4,6 +4,5 @@
 //! [`runtime`](super::runtime) model); nothing below depends on it.
 
 pub mod chat;
-pub mod chat_session;
 pub mod gguf_tokenizer;
 pub mod tokenizer;

@@ -20,9 +20,10 @@ use crate::backend::cuda::args::{
     FATTN_RANGE_KEYS, FATTN_RANGE_ROWS, FATTN_RANGE_THREADS, FATTN_VEC_ROWS, FATTN_VEC_UNROLL,
     FATTN_VEC_WARPS,
 };
-use crate::backend::cuda::kernels::{by, k, Kernel, KernelSet};
-use crate::backend::cuda::lower::mul_mat_q;
+use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet, KeyedSets};
+use crate::backend::cuda::lower::mul_mat_q::{self, act_code};
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
+use crate::backend::fusion::{Q8For, Q8Layout};
 use crate::graph::{DType, FlashAttnParams, Operand};
 use crate::quant::QType;
 
@@ -30,22 +31,23 @@ use crate::quant::QType;
 pub(crate) const DECODE_MAX_QUERIES: usize = 8;
 /// Blocks per SM the decode split aims for: a block of 4 warps keeps 4 keys' K and V
 /// rows per lane group in flight, and 4 such blocks per SM hide the memory latency.
-const BLOCKS_PER_SM: usize = 4;
+pub(crate) const BLOCKS_PER_SM: usize = 4;
 /// Scores (queries x keys) from which a masked prefill first finds the live keys of each
 /// block of rows (`fattn_kv_range`). Measured on an H100 (one launch of 32 heads, head dim
 /// 128, causal): 8,192 x 8,192 took 5.67 ms without and 3.56 ms with it; 512 x 512 35 µs
 /// without and 43 µs with it, and 1,024 x 4,096 429 µs without and 447 with it.
 const RANGE_MIN_SCORES: usize = 1 << 24;
-/// Query heads per block of `fattn_vec4s` (the `R` of its instantiation in cuda/fattn.cu).
-const STREAM_ROWS: usize = 4;
+/// Query heads per block of `fattn_vec4s` and `fattn_paged_vec4` (the `R` of their
+/// instances in build/instances.rs and cuda/fattn_paged.cu).
+pub(crate) const STREAM_ROWS: usize = 4;
 /// Fewest keys per decode block of the CUDA-core kernel when the keys are split.
-const MIN_CHUNK: usize = 64;
+pub(crate) const MIN_CHUNK: usize = 64;
 /// Most chunks of one row's keys (`fattn_combine` loads two chunks' (max, sum) a lane).
 const MAX_SPLIT: usize = 64;
 /// Query rows per block of the tensor-core decode kernel: the 16 rows of its mma tiles.
-const DEC_ROWS: usize = 16;
+pub(crate) const DEC_ROWS: usize = 16;
 /// Keys per chunk of the tensor-core decode kernel are a multiple of this (its key tile).
-const DEC_TILE: usize = FATTN_MMA_KEYS as usize;
+pub(crate) const DEC_TILE: usize = FATTN_MMA_KEYS as usize;
 /// Blocks (one warp each) per SM the tensor-core decode split aims for. Measured on an
 /// H100 (F16 cache, head dim 128): 8 KV heads x 16,640 keys took 35.6 µs in 48 chunks
 /// (384 blocks) and 39.8 µs in 58; 32 KV heads x 4,352 keys 34.8 µs in 12 chunks and
@@ -60,18 +62,28 @@ const _: () = assert!(FATTN_MMA_ROWS_D256 % 16 == 0);
 // (FATTN_VEC_WARPS warps x 2 key groups x FATTN_VEC_UNROLL keys).
 const _: () = assert!(MIN_CHUNK >= (FATTN_VEC_WARPS * 2 * FATTN_VEC_UNROLL) as usize);
 
-/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`. `q8_for` is the F32 operand that the
-/// next step, a decode product on the `__dp4a` path, reads (`mul_mat_q::q8_1_input`): when
-/// it is `dst` itself seen as `[d * n_head, n_q * batch]` and the decode ends in
-/// `fattn_combine`, the combine also writes it as Q8_1 ([`Lowering::q8_1_made`]) and the
-/// product skips its quantizing launch.
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`.
 pub(crate) fn lower(
     p: &FlashAttnParams,
     src: &[Operand],
     dst: &Operand,
-    q8_for: Option<(&Operand, i64)>,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
+    lower_writing(p, src, dst, None, lw).map(|(ops, _)| ops)
+}
+
+/// Lowers `flash_attn_ext(q, k, v, mask?)` into `dst`. `q8_for` holds the F32 activations
+/// that the next step, a decode product, reads as Q8_1 ([`crate::backend::fusion::Fused::Attention`]): when they
+/// are `dst` itself seen as `[d * n_head, n_q * batch]` and the decode ends in
+/// `fattn_combine`, the combine also writes them as Q8_1, returned as the copy made, and
+/// the product skips its quantizing launch.
+pub(crate) fn lower_writing(
+    p: &FlashAttnParams,
+    src: &[Operand],
+    dst: &Operand,
+    q8_for: Option<&Q8For>,
+    lw: &mut Lowering,
+) -> Result<(Vec<DevOp>, Option<Q8Copy>), String> {
     let (q, kt, vt, mask) = (&src[0], &src[1], &src[2], src.get(3));
     let d = check(q, kt, vt, dst)?;
     let (n_q, n_head, batch) = (q.ne[1], q.ne[2], q.ne[3]);
@@ -106,14 +118,14 @@ pub(crate) fn lower(
             FATTN_MMA_ROWS
         } as usize;
         let grid = (n_q.div_ceil(rows) as u32, n_head as u32, batch as u32);
-        let kernel = family(d, true)?.get([kt.dtype])?;
+        let kernel = at_dim(dims::FATTN_MMA, d)?.get([kt.dtype])?;
         let block = ((rows / 16 * WARP) as u32, 1, 1);
         let mut ops = Vec::new();
         if let Some(m) = mask.filter(|_| n_q * n_kv >= RANGE_MIN_SCORES) {
             ops.push(live_key_ranges(m, n_q, n_kv, &mut args, lw)?);
         }
         ops.push(DevOp::kernel(kernel, grid, block, &args));
-        return Ok(ops);
+        return Ok((ops, None));
     }
     let decode = Decode {
         d,
@@ -126,8 +138,8 @@ pub(crate) fn lower(
             .is_some_and(|u| aligned_rows(lw, kt, u) && aligned_rows(lw, vt, u)),
         mask_per_head: mask.is_some_and(|m| m.ne[2] > 1),
         q8_for: q8_for
-            .filter(|(b, _)| same_columns(b, dst, d))
-            .map(|(b, layout)| (b.clone(), layout)),
+            .filter(|q8| same_columns(q8.of, dst, d))
+            .map(|q8| (q8.of.clone(), q8.layout)),
     };
     match kt.dtype {
         // Several rows per KV head (GQA, or several queries): the tensor-core kernel
@@ -173,20 +185,22 @@ struct Decode {
     /// Whether the mask has more than one head (`ne[2] > 1`: the heads of a group may
     /// read different mask rows, so they cannot share a `fattn_vec4s` block).
     mask_per_head: bool,
-    q8_for: Option<(Operand, i64)>,
+    /// The activations of the decode product after it, which the combine writes as Q8_1
+    /// too, and their layout.
+    q8_for: Option<(Operand, Q8Layout)>,
 }
 
 impl Decode {
     /// The tensor-core decode kernel `fattn_dec_d<D>_f16`: one warp per block, up to
     /// [`DEC_ROWS`] rows of one KV head over a chunk of whole key tiles. It launches in
     /// order ([`DevOp::in_order`]): its blocks hold 18-35 KB of shared memory each.
-    fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    fn mma(&self, mut args: FattnArgs, lw: &mut Lowering) -> Result<Launches, String> {
         let row_blocks = (self.n_q * self.n_head / self.n_head_kv).div_ceil(DEC_ROWS);
         let blocks = self.grid_rows(row_blocks)?;
         let (split, chunk) = dec_split(self.n_kv, blocks, lw.sms);
         args.split = split as i64;
         args.chunk = chunk as i64;
-        let kernel = dec_family(self.d)?.get([DType::F16])?;
+        let kernel = at_dim(dims::FATTN_DEC, self.d)?.get([DType::F16])?;
         let grid = (split as u32, self.n_head_kv as u32, blocks as u32);
         self.launch(kernel, grid, WARP as u32, Order::InOrder, args, lw)
     }
@@ -198,7 +212,7 @@ impl Decode {
     /// block per query head). The one-query GQA decode of quantized caches is streamed
     /// too: `fattn_vec4s_d<D>_<kv>`, a block per [`STREAM_ROWS`] query heads of a KV head
     /// (head dims 128 and 256), or `fattn_vec1s` (head dim 64, or a mask per head).
-    fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    fn vec(&self, dt: DType, mut args: FattnArgs, lw: &mut Lowering) -> Result<Launches, String> {
         let group = self.n_head / self.n_head_kv;
         let one = self.n_q * group == 1;
         // GQA over a quantized cache: K/V rows copied whole by cp.async, against
@@ -209,17 +223,17 @@ impl Decode {
         let gqa = self.n_q == 1 && matches!(dt, DType::Quant(_));
         let streamed = (one || gqa) && self.streams;
         let four = if streamed && gqa && group > 1 && !self.mask_per_head {
-            vec4s_family(self.d)
+            dims::FATTN_VEC4S.get(self.d).ok()
         } else {
             None
         };
         // the kernels, the blocks along the grid's y and the row blocks per batch along its z
         let (set, heads, row_blocks) = match (one, streamed, four) {
             (_, _, Some(set)) => (set, self.n_head_kv * group.div_ceil(STREAM_ROWS), 1),
-            (_, true, None) => (vec1s_family(self.d)?, self.n_head, 1),
-            (true, false, None) => (vec1_family(self.d)?, self.n_head_kv, 1),
+            (_, true, None) => (at_dim(dims::FATTN_VEC1S, self.d)?, self.n_head, 1),
+            (true, false, None) => (at_dim(dims::FATTN_VEC1, self.d)?, self.n_head_kv, 1),
             (false, false, None) => (
-                family(self.d, false)?,
+                at_dim(dims::FATTN_VEC, self.d)?,
                 self.n_head_kv,
                 (self.n_q * group).div_ceil(FATTN_VEC_ROWS as usize),
             ),
@@ -252,24 +266,26 @@ impl Decode {
     }
 
     /// The decode launch (see [`Order`]), then `fattn_combine` over scratch partials when
-    /// the keys are split (in order too after an in-order kernel).
+    /// the keys are split (in order too after an in-order kernel), which also writes the
+    /// Q8_1 copy of [`Decode::q8_for`] when there is one.
     fn launch(
         &self,
-        kernel: Kernel,
+        kernel: Kernel<FattnArgs>,
         grid: (u32, u32, u32),
         threads: u32,
         order: Order,
         mut args: FattnArgs,
         lw: &mut Lowering,
-    ) -> Result<Vec<DevOp>, String> {
+    ) -> Result<Launches, String> {
         let (split, rows) = (args.split as usize, self.n_head * self.n_q * self.batch);
+        let mut made = None;
         if split > 1 {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
             if let Some((b, layout)) = &self.q8_for {
                 let (addr, col) = mul_mat_q::q8_1_copy(b, &mut offset, lw);
-                (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, *layout);
-                lw.q8_1_made = Some(Q8Copy {
+                (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, act_code(*layout));
+                made = Some(Q8Copy {
                     of: b.clone(),
                     addr,
                     layout: *layout,
@@ -282,7 +298,7 @@ impl Decode {
             Order::Early { per_sm } => (op.at_most_per_sm(per_sm), false),
         };
         if split == 1 {
-            return Ok(vec![op]);
+            return Ok((vec![op], made));
         }
         let mut combine = DevOp::kernel(
             k::FATTN_COMBINE,
@@ -297,9 +313,12 @@ impl Decode {
             // (H100, -p 512 -n 128; the classic chain 171-173).
             combine = combine.in_order();
         }
-        Ok(vec![op, combine])
+        Ok((vec![op, combine], made))
     }
 }
+
+/// A decode's launches and the Q8_1 copy of its result they write, if any.
+type Launches = (Vec<DevOp>, Option<Q8Copy>);
 
 /// How a decode kernel launches.
 #[derive(Clone, Copy)]
@@ -376,104 +395,14 @@ fn check(q: &Operand, kt: &Operand, vt: &Operand, dst: &Operand) -> Result<usize
     Ok(d)
 }
 
-/// The kernel family of head dim `d`: prefill (`mma`) or decode.
-fn family(d: usize, mma: bool) -> Result<KernelSet<1>, String> {
-    let set = match (d, mma) {
-        (16, false) => by::FATTN_VEC_D16,
-        (32, false) => by::FATTN_VEC_D32,
-        (64, false) => by::FATTN_VEC_D64,
-        (80, false) => by::FATTN_VEC_D80,
-        (96, false) => by::FATTN_VEC_D96,
-        (112, false) => by::FATTN_VEC_D112,
-        (128, false) => by::FATTN_VEC_D128,
-        (256, false) => by::FATTN_VEC_D256,
-        (16, true) => by::FATTN_MMA_D16,
-        (32, true) => by::FATTN_MMA_D32,
-        (64, true) => by::FATTN_MMA_D64,
-        (80, true) => by::FATTN_MMA_D80,
-        (96, true) => by::FATTN_MMA_D96,
-        (112, true) => by::FATTN_MMA_D112,
-        (128, true) => by::FATTN_MMA_D128,
-        (256, true) => by::FATTN_MMA_D256,
-        (d, _) => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    };
-    Ok(set)
-}
-
-/// The tensor-core decode kernels of head dim `d`.
-fn dec_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_DEC_D16,
-        32 => by::FATTN_DEC_D32,
-        64 => by::FATTN_DEC_D64,
-        80 => by::FATTN_DEC_D80,
-        96 => by::FATTN_DEC_D96,
-        112 => by::FATTN_DEC_D112,
-        128 => by::FATTN_DEC_D128,
-        256 => by::FATTN_DEC_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The one-row decode kernels of head dim `d`.
-fn vec1_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_VEC1_D16,
-        32 => by::FATTN_VEC1_D32,
-        64 => by::FATTN_VEC1_D64,
-        80 => by::FATTN_VEC1_D80,
-        96 => by::FATTN_VEC1_D96,
-        112 => by::FATTN_VEC1_D112,
-        128 => by::FATTN_VEC1_D128,
-        256 => by::FATTN_VEC1_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The streamed one-row decode kernels of head dim `d` (F16 and BF16 caches).
-fn vec1s_family(d: usize) -> Result<KernelSet<1>, String> {
-    Ok(match d {
-        16 => by::FATTN_VEC1S_D16,
-        32 => by::FATTN_VEC1S_D32,
-        64 => by::FATTN_VEC1S_D64,
-        80 => by::FATTN_VEC1S_D80,
-        96 => by::FATTN_VEC1S_D96,
-        112 => by::FATTN_VEC1S_D112,
-        128 => by::FATTN_VEC1S_D128,
-        256 => by::FATTN_VEC1S_D256,
-        d => {
-            return Err(format!(
-                "flash_attn_ext: no kernel for head dim {d} (16, 32, 64, 80, 96, 112, 128, 256)"
-            ))
-        }
-    })
-}
-
-/// The streamed decode kernels over [`STREAM_ROWS`] query heads of a KV head, head dim `d`
-/// (Q8_0 and Q4_0 caches of head dims 128 and 256; none at 64, where the Q8_0 kernel
-/// spilled within the register bound of 4 blocks an SM: it keeps `fattn_vec1s`).
-fn vec4s_family(d: usize) -> Option<KernelSet<1>> {
-    match d {
-        128 => Some(by::FATTN_VEC4S_D128),
-        256 => Some(by::FATTN_VEC4S_D256),
-        _ => None,
-    }
+/// The kernels of head dim `d` of a family ([`dims`]), or the error naming the head dims
+/// there are.
+fn at_dim(family: KeyedSets<FattnArgs, 1>, d: usize) -> Result<KernelSet<FattnArgs, 1>, String> {
+    family.get(d).map_err(|e| format!("flash_attn_ext: {e}"))
 }
 
 /// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).
-fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
+pub(crate) fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
     lw.addr(t) % align == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] as u64 % align == 0)
 }
 
@@ -482,7 +411,7 @@ fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
 /// for F16 and BF16; for Q8_0 and Q4_0, 8 where a row's bytes are a multiple of 8 (head
 /// dims 128 and 256), 4 where they are a multiple of 4 (64). None: no streamed kernel
 /// (other types; Q8_0 and Q4_0 rows of head dims 32 and 96, 2-byte multiples).
-fn stream_unit(dt: DType, d: usize) -> Option<u64> {
+pub(crate) fn stream_unit(dt: DType, d: usize) -> Option<u64> {
     let bytes = match dt {
         DType::F16 | DType::BF16 => return Some(16),
         DType::Quant(QType::Q8_0 | QType::Q4_0) => dt.row_bytes(d),

@@ -58,7 +58,7 @@ pub(crate) fn copy_to(
 /// elements in row-major order when the shapes differ.
 fn block_copy(
     lw: &Lowering,
-    kernel: Kernel,
+    kernel: Kernel<CpyArgs>,
     src: &Operand,
     dst: &Operand,
     dst_addr: u64,

@@ -10,12 +10,15 @@ pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod collective;
 pub(crate) mod cpy;
+pub(crate) mod fused;
 pub(crate) mod get_rows;
 pub(crate) mod mul_mat;
 pub(crate) mod mul_mat_q;
 pub(crate) mod norm;
+pub(crate) mod paged_attn;
 pub(crate) mod rope;
 pub(crate) mod softmax;
+pub(crate) mod topk;
 pub(crate) mod unary;
 
 use super::lowering::{check_aligned, DevOp, Lowering};
@@ -47,8 +50,9 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),
         Op::Mask(op) => softmax::lower(op, src, dst, lw),
         Op::Argmax => argmax::lower(src, dst, lw),
-        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, None, lw),
-        Op::PagedAttn(_) => Err("paged_attn has no CUDA kernel in this build".into()),
+        Op::TopK { k } => topk::lower(k, src, dst, lw),
+        Op::FlashAttnExt(ref p) => attention::lower(p, src, dst, lw),
+        Op::PagedAttn(ref p) => paged_attn::lower(p, src, dst, lw),
         Op::AllReduce(p) => collective::lower(p, src, dst, lw),
     }
 }

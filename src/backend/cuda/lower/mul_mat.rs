@@ -5,7 +5,7 @@
 //! 1. Decode GEMV (`mul_mat_vec_{f16,bf16,f32}`): n == 1, every other dim 1, rows of `a`
 //!    dense (any row stride), `b` an F32 vector with dense elements. One warp per row,
 //!    16-byte loads when rows and `b` are 16-byte aligned, a scalar path otherwise; a
-//!    following residual add can be fused into it (see [`super::fuse`]).
+//!    following residual add can be fused into it (see [`crate::backend::fusion`]).
 //! 2. `mul_mat_p021_f16_f32`: `a` F16 with dense rows of k <= 256 elements (a permuted
 //!    K-cache view [hd, n_kv, n_kv_heads]), n == 1, dims 3 == 1, `b` F32 with dense
 //!    elements; channels (dim 2) broadcast GQA-style.
@@ -31,6 +31,7 @@ use crate::backend::cuda::args::{
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::kernels::{by, k};
 use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering};
+use crate::backend::fusion::float_gemv;
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Rows (one per warp) per block of mul_mat_vec_*.
@@ -94,7 +95,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     lower_gemm(a, a_addr, b, dst, lw, 0, Vec::new())
 }
 
-/// A decode GEMV's part in a folded norm (see [`super::super::fuse`]).
+/// A decode GEMV's part in a folded norm ([`crate::backend::fusion::NormFold`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FoldPart {
     /// The product before the norm: also `y * w` and block sums of `y^2`.
@@ -103,7 +104,7 @@ pub(crate) enum FoldPart {
     Total,
 }
 
-/// What a GEMV launch fuses into the product (see [`super::fuse`]).
+/// What a GEMV launch fuses into the product (see [`super::fused`]).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Gemv<'a> {
     /// Where the result goes instead of the step's own result (a fused add's result).
@@ -111,7 +112,7 @@ pub(crate) struct Gemv<'a> {
     /// A dense F32 vector added to the result (a fused residual add).
     pub add: Option<&'a Operand>,
     /// The address of a folded norm's `NormFold` (float weights only; see
-    /// [`super::super::fuse`]) and the launch's part in it: `mul_mat_vec_fold_*` (the
+    /// [`crate::backend::fusion::NormFold`]) and the launch's part in it: `mul_mat_vec_fold_*` (the
     /// product before the norm) or `mul_mat_vec_total_*` (the product after it).
     pub fold: Option<(u64, FoldPart)>,
     /// Where the vector `b` is read instead of its own place (float weights only: a
@@ -173,22 +174,6 @@ pub(crate) fn gemv(
             &args,
         )]
     }))
-}
-
-/// Whether `a b` with float weights `a` takes the decode GEMV (`mul_mat_vec_*`): one
-/// column, every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with
-/// dense elements.
-pub(crate) fn float_gemv(a: &Operand, b: &Operand) -> bool {
-    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
-    a.dtype.quant().is_none()
-        && a.ne[0] < i32::MAX as usize
-        && b.dtype == DType::F32
-        && b.rows_contiguous()
-        && b.ne[1] == 1
-        && b.ne[0] == a.ne[0]
-        && single(a)
-        && single(b)
-        && a.rows_contiguous()
 }
 
 /// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading

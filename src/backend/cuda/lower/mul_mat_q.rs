@@ -39,13 +39,11 @@ use super::mul_mat::{lower_gemm, padded, Gemv};
 use crate::backend::cuda::args::{
     CpyArgs, QGemvArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS, CPY_SAME_SHAPE, GEMV_WARPS,
 };
-use crate::backend::cuda::kernels::{by, k, KernelSet};
+use crate::backend::cuda::kernels::{by, cols, k, KernelSet};
 use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ};
-use crate::graph::{DType, Op, Operand, Step};
+use crate::backend::fusion::{quant_decode_layout, Q8Layout};
+use crate::graph::{DType, Operand};
 use crate::quant::QType;
-
-/// Most activation columns of the decode kernels.
-pub(crate) const MAX_DECODE_COLS: usize = 8;
 /// Weight bytes up to which a decode product whose activations have no Q8_1 copy yet
 /// takes the dequantize-in-registers kernel when [`Lowering::small_dq`] is on: one launch
 /// instead of a quantizing launch and a product, which is what counts for the small
@@ -60,14 +58,12 @@ fn q8_1_column_bytes(k: usize) -> usize {
     (k.next_multiple_of(512) + k / 32 * 4).next_multiple_of(16)
 }
 
-/// The layout of the Q8_1 activations that `mul_mat_vec_q` reads for weights of type
-/// `q`: `ACT_PAIRS` for the K-quants (whose lanes take two sub-blocks), `ACT_BLOCKS`
-/// for the 32-element types (`PAIRS` in cuda/quant.cuh).
-pub(crate) fn act_layout(q: DType) -> i64 {
-    match q.quant() {
-        Some(QType::Q4_K | QType::Q5_K | QType::Q6_K) => ACT_PAIRS,
-        Some(QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1)
-        | None => ACT_BLOCKS,
+/// A Q8_1 layout as the kernels take it (`mode`, `q8_layout`): `ACT_BLOCKS` or `ACT_PAIRS`
+/// (`act_at` in cuda/quant.cuh).
+pub(crate) fn act_code(layout: Q8Layout) -> i64 {
+    match layout {
+        Q8Layout::Blocks => ACT_BLOCKS,
+        Q8Layout::Pairs => ACT_PAIRS,
     }
 }
 
@@ -159,48 +155,18 @@ enum Rows {
     Aligned,
 }
 
-/// The decode kernel set for `ncols` columns on the chosen path and row reading.
-fn kernel_set(mmvq: bool, ncols: usize, rows: Rows) -> KernelSet<1> {
-    // by column count: 1, 2, up to 4, up to 8
-    let sets = match (mmvq, rows) {
-        (true, Rows::Ggml) => [
-            by::MUL_MAT_VEC_Q_C1,
-            by::MUL_MAT_VEC_Q_C2,
-            by::MUL_MAT_VEC_Q_C4,
-            by::MUL_MAT_VEC_Q_C8,
-        ],
-        (true, Rows::Split) => [
-            by::MUL_MAT_VEC_QS_C1,
-            by::MUL_MAT_VEC_QS_C2,
-            by::MUL_MAT_VEC_QS_C4,
-            by::MUL_MAT_VEC_QS_C8,
-        ],
-        (true, Rows::SplitOneWave) => [
-            by::MUL_MAT_VEC_QSP_C1,
-            by::MUL_MAT_VEC_QSP_C2,
-            by::MUL_MAT_VEC_QSP_C4,
-            by::MUL_MAT_VEC_QSP_C8,
-        ],
-        (true, Rows::Aligned) => [
-            by::MUL_MAT_VEC_QD_C1,
-            by::MUL_MAT_VEC_QD_C2,
-            by::MUL_MAT_VEC_QD_C4,
-            by::MUL_MAT_VEC_QD_C8,
-        ],
-        (false, Rows::Ggml | Rows::Aligned) => [
-            by::MUL_MAT_VEC_DQ_C1,
-            by::MUL_MAT_VEC_DQ_C2,
-            by::MUL_MAT_VEC_DQ_C4,
-            by::MUL_MAT_VEC_DQ_C8,
-        ],
-        (false, Rows::Split | Rows::SplitOneWave) => [
-            by::MUL_MAT_VEC_DQS_C1,
-            by::MUL_MAT_VEC_DQS_C2,
-            by::MUL_MAT_VEC_DQS_C4,
-            by::MUL_MAT_VEC_DQS_C8,
-        ],
+/// The decode kernel set for `ncols` columns on the chosen path and row reading: the
+/// family's kernels for the fewest columns that hold `ncols` (1, 2, 4 or 8).
+fn kernel_set(mmvq: bool, ncols: usize, rows: Rows) -> Result<KernelSet<QGemvArgs, 1>, String> {
+    let family = match (mmvq, rows) {
+        (true, Rows::Ggml) => cols::MUL_MAT_VEC_Q,
+        (true, Rows::Split) => cols::MUL_MAT_VEC_QS,
+        (true, Rows::SplitOneWave) => cols::MUL_MAT_VEC_QSP,
+        (true, Rows::Aligned) => cols::MUL_MAT_VEC_QD,
+        (false, Rows::Ggml | Rows::Aligned) => cols::MUL_MAT_VEC_DQ,
+        (false, Rows::Split | Rows::SplitOneWave) => cols::MUL_MAT_VEC_DQS,
     };
-    sets[cols_index(ncols)]
+    family.covering(ncols)
 }
 
 /// The kernel of a set for `ncols` columns: 1, 2, up to 4, up to 8.
@@ -226,39 +192,6 @@ fn one_wave(m: usize, ncols: usize, sms: usize) -> bool {
     m.div_ceil(ROWS) <= sms * RESIDENT[cols_index(ncols)]
 }
 
-/// Whether `a b` (block-quantized `a`) is a decode product: 1..=8 columns of `b` with
-/// dense elements, no batches. (Types without decode kernels, Q8_1 weights, still take
-/// the prefill path: see [`gemv`].)
-fn decode_layout(a: &Operand, b: &Operand) -> bool {
-    let (kk, n) = (a.ne[0], b.ne[1]);
-    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
-    a.dtype.quant().is_some()
-        && (1..=MAX_DECODE_COLS).contains(&n)
-        && kk < i32::MAX as usize
-        && kk % a.dtype.block_size() == 0
-        && b.dtype == DType::F32
-        && b.ne[0] == kk
-        && b.rows_contiguous()
-        && a.rows_contiguous()
-        && single(a)
-        && single(b)
-}
-
-/// The activations `step` would quantize to Q8_1 when it is lowered, and the layout it
-/// reads them in: its `b` when it is a decode product of block-quantized weights on the
-/// `__dp4a` path. A step before it that computes `b` anyway can write that copy itself
-/// ([`q8_1_copy`]).
-pub(crate) fn q8_1_input<'s>(step: &'s Step, lw: &Lowering) -> Option<(&'s Operand, i64)> {
-    let (a, b) = (step.src.first()?, step.src.get(1)?);
-    let rows = |a: &Operand| match lw.weights_split(a) {
-        Ok(true) => Rows::Split,
-        _ => Rows::Ggml,
-    };
-    let dp4a = |a: &Operand| kernel_set(true, b.ne[1], rows(a)).get([a.dtype]).is_ok();
-    (step.op == Op::MulMat && lw.mmvq && decode_layout(a, b) && dp4a(a))
-        .then_some((b, act_layout(a.dtype)))
-}
-
 /// Scratch at `*offset` for the Q8_1 copy of the F32 columns `b` [k, n] that the decode
 /// kernels read: its address and column stride (bytes).
 pub(crate) fn q8_1_copy(b: &Operand, offset: &mut usize, lw: &mut Lowering) -> (u64, usize) {
@@ -268,7 +201,7 @@ pub(crate) fn q8_1_copy(b: &Operand, offset: &mut usize, lw: &mut Lowering) -> (
 
 /// The decode launches of `a b` (block-quantized `a`) into the dense F32 `dst` (or
 /// `extra.dst`), plus `extra.add`, or None when the product is not a decode product
-/// ([`decode_layout`]) or its type has no kernel on the chosen path.
+/// ([`quant_decode_layout`]) or its type has no kernel on the chosen path.
 pub(crate) fn gemv(
     a: &Operand,
     b: &Operand,
@@ -276,14 +209,14 @@ pub(crate) fn gemv(
     extra: Gemv,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
-    if !decode_layout(a, b) {
+    if !quant_decode_layout(a, b) {
         return None;
     }
     let (kk, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     // The Q8_1 copy of `b` in this product's layout an earlier step made, if any. A small
     // product without one dequantizes in registers: it is launch-bound, and quantizing
     // would be a second launch.
-    let layout = act_layout(a.dtype);
+    let layout = Q8Layout::of(a.dtype);
     let copy = lw
         .q8_1
         .as_ref()
@@ -299,11 +232,13 @@ pub(crate) fn gemv(
         Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
-    let kernel = match kernel_set(q8, n, rows).get([a.dtype]) {
+    let kernel = match kernel_set(q8, n, rows).and_then(|s| s.get([a.dtype])) {
         Ok(kernel) => kernel,
         // Aligned rows of a type without in-place kernels: the ggml-layout ones read them
         // too. (Split rows never fall back: those kernels would misread them.)
-        Err(_) if rows == Rows::Aligned => kernel_set(q8, n, Rows::Ggml).get([a.dtype]).ok()?,
+        Err(_) if rows == Rows::Aligned => kernel_set(q8, n, Rows::Ggml)
+            .and_then(|s| s.get([a.dtype]))
+            .ok()?,
         Err(_) => return None,
     };
     let mut args = QGemvArgs {
@@ -350,7 +285,7 @@ pub(crate) fn gemv(
 /// `quantize_q8_1_f32` of the F32 columns `b` [k, n] into scratch (a column of
 /// [`q8_1_column_bytes`] each), recorded as the copy that later decode products of `b`
 /// read ([`Lowering::q8_1`]): the scratch address and the launch.
-fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
+fn quantize_q8_1(b: &Operand, layout: Q8Layout, lw: &mut Lowering) -> Result<(u64, DevOp), String> {
     let (kk, n) = (b.ne[0], b.ne[1]);
     let (addr, row) = q8_1_copy(b, &mut 0, lw);
     let args = CpyArgs {
@@ -361,7 +296,7 @@ fn quantize_q8_1(b: &Operand, layout: i64, lw: &mut Lowering) -> Result<(u64, De
             nb: [1, row as i64, (row * n) as i64, (row * n) as i64],
         },
         n: 0,
-        mode: layout,
+        mode: act_code(layout),
     };
     let grid = (
         u32::try_from((kk / 32).div_ceil(ROWS)).map_err(|_| format!("{kk} elements per row"))?,

@@ -1,14 +1,15 @@
 //! Rope (`cuda/rope.cu`): a row per `threadIdx.y` (several per block when there are many
 //! rows); the inverse frequencies go into the plan's constant region. Also the fused
 //! `rope_store` launch of a decode step's attention inputs (q and k roped, k and v written
-//! into the cache; [`super::super::fuse`] picks the steps).
+//! into the cache; the fusion pass picks the steps: [`RopeStore`]).
 
 use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{
     expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, NormFoldOut, MAX_GRID_X,
 };
-use crate::graph::{DType, Operand, RopeMode, RopeParams};
+use crate::backend::fusion::RopeStore;
+use crate::graph::{Operand, RopeMode, RopeParams};
 
 /// Checks that rows of `a` can take rope `p` at positions `pos`; the frequency table's
 /// address in the constant region.
@@ -69,34 +70,8 @@ pub(crate) fn lower(
 /// Rows from which `rope` takes several rows per block.
 const MANY_ROPE_ROWS: usize = 1024;
 
-/// The steps one `rope_store` launch does: rope `p` at positions `pos` of q (source,
-/// result) and of k (`[hd, heads, n]` F32) into the rows `ids` of the K cache
-/// (`[hd * heads, slots]`), and v (source, `set_rows` result) into the V cache at `ids`.
-pub(crate) struct RopeStore<'s> {
-    pub p: &'s RopeParams,
-    pub pos: &'s Operand,
-    pub ids: &'s Operand,
-    pub q: Option<(&'s Operand, &'s Operand)>,
-    pub k: (&'s Operand, &'s Operand),
-    pub v: Option<(&'s Operand, &'s Operand)>,
-}
-
-/// Whether `rope_store` writes caches of `dt`.
-pub(crate) fn stores_to(dt: DType) -> bool {
-    by::ROPE_STORE.get([dt]).is_ok()
-}
-
 /// Threads per block of the V part of `rope_store` (a grid-stride element loop).
 const V_BLOCK: usize = 256;
-
-impl<'s> RopeStore<'s> {
-    /// The tensors the launch reads element by element: k, and q and v when it has them.
-    pub fn sources(&self) -> Vec<&'s Operand> {
-        let q = self.q.map(|(src, _)| src);
-        let v = self.v.map(|(src, _)| src);
-        [Some(self.k.0), q, v].into_iter().flatten().collect()
-    }
-}
 
 /// The `rope_store_<cache>` launch of `s`, scaling q, k and v by `fold`'s factor when given.
 pub(crate) fn lower_store(

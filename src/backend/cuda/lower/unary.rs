@@ -6,7 +6,13 @@ use crate::backend::cuda::kernels::{self, by, Kernel};
 use crate::backend::cuda::lowering::{elementwise_grid, same_dtype, DevOp, Lowering};
 use crate::graph::{Operand, UnaryOp};
 
-fn launch(kernel: Kernel, scale: f32, src: &[Operand], dst: &Operand, lw: &Lowering) -> DevOp {
+fn launch(
+    kernel: Kernel<UnaryArgs>,
+    scale: f32,
+    src: &[Operand],
+    dst: &Operand,
+    lw: &Lowering,
+) -> DevOp {
     let args = UnaryArgs {
         src: lw.t4(&src[0]),
         dst: lw.t4(dst),

@@ -23,7 +23,8 @@ use rand::{Rng, SeedableRng};
 
 use super::params::SamplingParams;
 use crate::error::{Error, Result};
-use crate::models::runtime::output::Output;
+use crate::models::runtime::output::{Logits, Output};
+use crate::ops::topk::MAX_K;
 
 /// The logits one token is sampled from.
 #[derive(Clone, Copy, Debug)]
@@ -39,21 +40,6 @@ pub enum Row<'a> {
         /// Their logits.
         logits: &'a [f32],
     },
-}
-
-impl Row<'_> {
-    /// Entries in the row.
-    pub fn len(&self) -> usize {
-        match self {
-            Row::Full(l) => l.len(),
-            Row::Top { ids, .. } => ids.len(),
-        }
-    }
-
-    /// Whether the row is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// One token and its logit, as the chain's filters pass them on.
@@ -143,6 +129,20 @@ impl SamplerChain {
             (false, k) => k,
         };
         Some(keep.saturating_add(touched).min(self.vocab.max(1)))
+    }
+
+    /// What a forward pass must read back for this chain to pick the next token: only
+    /// the argmax when greedy, the top [`candidates`](Self::candidates) when they are
+    /// fewer than the vocabulary and the device selects that many
+    /// ([`MAX_K`](crate::ops::topk::MAX_K)), else the last row.
+    pub fn wants(&self) -> Logits {
+        if self.is_greedy() {
+            return Logits::None;
+        }
+        match self.candidates() {
+            Some(k) if k < self.vocab && k <= MAX_K => Logits::Top(k),
+            _ => Logits::Last,
+        }
     }
 
     /// The next token after a forward pass's output `out`: the device's argmax when

@@ -38,8 +38,48 @@ pub struct SamplingParams {
     /// a seed drawn from the operating system when the chain is built
     /// ([`SamplerChain::seed`](super::SamplerChain::seed) tells which).
     pub seed: Option<u64>,
-    /// Added to the logits of these token ids before anything else (`-inf` bans one).
+    /// Added to the logits of these token ids before anything else (`-inf` bans one;
+    /// `"-inf"` in JSON).
+    #[serde(with = "bias_json")]
     pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// JSON of the logit bias: `[[id, bias], ...]` with a bias of `-inf` as the string
+/// `"-inf"` (JSON numbers are finite).
+mod bias_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Bias {
+        Number(f32),
+        Text(String),
+    }
+
+    pub fn serialize<S: Serializer>(v: &[(u32, f32)], s: S) -> Result<S::Ok, S::Error> {
+        let pairs: Vec<(u32, Bias)> = v
+            .iter()
+            .map(|&(id, b)| match b.is_finite() {
+                true => (id, Bias::Number(b)),
+                false => (id, Bias::Text(b.to_string())),
+            })
+            .collect();
+        pairs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u32, f32)>, D::Error> {
+        let pairs = Vec::<(u32, Bias)>::deserialize(d)?;
+        pairs
+            .into_iter()
+            .map(|(id, b)| match b {
+                Bias::Number(x) => Ok((id, x)),
+                Bias::Text(t) if t == "-inf" => Ok((id, f32::NEG_INFINITY)),
+                Bias::Text(t) => Err(serde::de::Error::custom(format!(
+                    "logit bias of token {id}: expected a number or \"-inf\", got \"{t}\""
+                ))),
+            })
+            .collect()
+    }
 }
 
 impl Default for SamplingParams {
@@ -152,97 +192,33 @@ mod tests {
     /// Each bad value is refused with the name of its setting.
     #[test]
     fn bad_values_name_their_setting() {
-        let bad: Vec<(&str, SamplingParams)> = vec![
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: -0.1,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: f32::NAN,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "temperature",
-                SamplingParams {
-                    temperature: f32::INFINITY,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "top_p",
-                SamplingParams {
-                    top_p: 1.5,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "top_p",
-                SamplingParams {
-                    top_p: -0.5,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "min_p",
-                SamplingParams {
-                    min_p: 2.0,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "typical_p",
-                SamplingParams {
-                    typical_p: f32::NAN,
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "repeat_penalty",
-                SamplingParams {
-                    repeat_penalty: 0.0,
-                    ..SamplingParams::chat()
-                },
-            ),
+        let with = |f: fn(&mut SamplingParams)| {
+            let mut p = SamplingParams::chat();
+            f(&mut p);
+            p
+        };
+        let bad: [(&str, SamplingParams); 13] = [
+            ("temperature", with(|p| p.temperature = -0.1)),
+            ("temperature", with(|p| p.temperature = f32::NAN)),
+            ("temperature", with(|p| p.temperature = f32::INFINITY)),
+            ("top_p", with(|p| p.top_p = 1.5)),
+            ("top_p", with(|p| p.top_p = -0.5)),
+            ("min_p", with(|p| p.min_p = 2.0)),
+            ("typical_p", with(|p| p.typical_p = f32::NAN)),
+            ("repeat_penalty", with(|p| p.repeat_penalty = 0.0)),
             (
                 "presence_penalty",
-                SamplingParams {
-                    presence_penalty: f32::INFINITY,
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.presence_penalty = f32::INFINITY),
             ),
             (
                 "frequency_penalty",
-                SamplingParams {
-                    frequency_penalty: f32::NAN,
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.frequency_penalty = f32::NAN),
             ),
+            ("logit_bias", with(|p| p.logit_bias = vec![(100, 1.0)])),
+            ("logit_bias", with(|p| p.logit_bias = vec![(3, f32::NAN)])),
             (
                 "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(100, 1.0)],
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(3, f32::NAN)],
-                    ..SamplingParams::chat()
-                },
-            ),
-            (
-                "logit_bias",
-                SamplingParams {
-                    logit_bias: vec![(3, f32::INFINITY)],
-                    ..SamplingParams::chat()
-                },
+                with(|p| p.logit_bias = vec![(3, f32::INFINITY)]),
             ),
         ];
         for (field, p) in bad {
@@ -260,5 +236,27 @@ mod tests {
         };
         ban.validate(100).unwrap();
         SamplingParams::greedy().validate(1).unwrap();
+    }
+
+    /// JSON round trip, a banned token included; fields left out take the greedy values.
+    #[test]
+    fn json_round_trip() {
+        let p = SamplingParams {
+            seed: Some(42),
+            logit_bias: vec![(3, f32::NEG_INFINITY), (7, 1.5)],
+            ..SamplingParams::chat()
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(text.contains(r#"[[3,"-inf"],[7,1.5]]"#), "{text}");
+        assert_eq!(serde_json::from_str::<SamplingParams>(&text).unwrap(), p);
+        let q: SamplingParams = serde_json::from_str(r#"{"temperature": 0.5}"#).unwrap();
+        assert_eq!(
+            q,
+            SamplingParams {
+                temperature: 0.5,
+                ..SamplingParams::greedy()
+            }
+        );
+        assert!(serde_json::from_str::<SamplingParams>(r#"{"logit_bias": [[1, "x"]]}"#).is_err());
     }
 }

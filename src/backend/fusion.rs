@@ -1,0 +1,697 @@
+//! Fusion, a pass over a plan's steps: [`fuse`] turns the step list into [`Group`]s of
+//! consecutive steps, each one step as it is ([`Fused::Step`]) or a matched sequence as
+//! one explicit fused step that a backend lowers to one launch (or a few). The CUDA
+//! backend lowers the groups (`backend::cuda::lower::fused`, matching [`Fused`] with no
+//! catch-all arm); the pass itself knows no kernel, so it runs, and is tested, without
+//! the `cuda` feature. Steps fuse only when each middle result is read by the next step
+//! alone (no other step, no view, not an output), so that skipping its write changes
+//! nothing a caller or a later step can see:
+//!
+//! | steps | fused step |
+//! | --- | --- |
+//! | `rms_norm(x)`, `mul(that, w)`, `w` one row broadcast | [`Fused::RmsNormMul`] |
+//! | `silu(gate)`, `mul(that, up)`, same shape | [`Fused::SwiGlu`] |
+//! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
+//! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
+//! | `flash_attn_ext`, then a decode product of its result that reads Q8_1 activations | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
+//! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
+//!
+//! When the step after a fused norm or SwiGLU is a decode product with block-quantized
+//! weights that reads Q8_1 activations ([`Target::q8_1`]), the fused step also writes its
+//! result as those activations ([`Q8For`]), and the product has no quantizing launch.
+//! (Folding the norm into the GEMV that reads it, each warp summing x^2 itself, measured
+//! no faster on an H100 and was dropped; so was a fold whose second product read the
+//! block sums itself, slower than the norm's launch on an H200: docs/benchmarks.md,
+//! "Tried and measured". In the kept fold one block of the second product adds the sums.)
+//!
+//! A fused kernel still reads the first step's sources while it writes the later steps'
+//! results, which the allocator may have placed in memory one of those sources had (free
+//! once the first step was done): so steps fuse only when a result overlaps no source it
+//! is read alongside, except the exact same layout for sources read element by element at
+//! the index being written (`x`, `gate`, `up`, `r`, q's rope), which is the in-place case.
+
+use std::collections::HashMap;
+
+use crate::graph::{
+    AllocKind, BinaryOp, BufferId, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, RopeParams, Step,
+    TensorId, UnaryOp,
+};
+use crate::quant::QType;
+
+#[cfg(test)]
+mod tests;
+
+/// Consecutive steps of a plan lowered together: `plan.steps[first..first + len]`.
+#[derive(Debug)]
+pub struct Group<'p> {
+    /// Index of the group's first step in the plan.
+    pub first: usize,
+    /// Steps the group covers (1 for [`Fused::Step`] and [`Fused::Attention`]).
+    pub len: usize,
+    /// What the steps become.
+    pub fused: Fused<'p>,
+}
+
+/// What a [`Group`]'s steps become.
+#[derive(Debug)]
+pub enum Fused<'p> {
+    /// The step as it is.
+    Step,
+    /// `y = rms_norm(x) * w`, one launch.
+    RmsNormMul(RmsNormMul<'p>),
+    /// `y = silu(gate) * up`, one launch.
+    SwiGlu(SwiGlu<'p>),
+    /// A decode product with its residual add: `y = a v + r`, one launch.
+    GemvAdd(GemvAdd<'p>),
+    /// A decode step's attention inputs: q and k roped, k and v written into the caches,
+    /// one launch.
+    RopeStore(RopeStore<'p>),
+    /// A flash-attention step as it is, which also writes the Q8_1 activations of the
+    /// decode product after it where its decode ends in a combine (the backend decides).
+    Attention(Q8For<'p>),
+    /// A decode RMS norm between two float decode products folded into the launches
+    /// around the second one (see [`NormFold`]).
+    NormFold(NormFold<'p>),
+}
+
+impl<'p> Fused<'p> {
+    /// Whether this fused step applies the factor of the [`Fused::NormFold`] before it.
+    pub fn folded(&self) -> bool {
+        match self {
+            Fused::SwiGlu(s) => s.folded,
+            Fused::RopeStore(s) => s.folded,
+            Fused::Step
+            | Fused::RmsNormMul(_)
+            | Fused::GemvAdd(_)
+            | Fused::Attention(_)
+            | Fused::NormFold(_) => false,
+        }
+    }
+
+    /// The Q8_1 activations of the next decode product this fused step writes (for
+    /// [`Fused::Attention`], where its decode ends in a combine).
+    pub fn q8(&self) -> Option<&Q8For<'p>> {
+        match self {
+            Fused::RmsNormMul(n) => n.q8.as_ref(),
+            Fused::SwiGlu(s) => s.q8.as_ref(),
+            Fused::Attention(q8) => Some(q8),
+            Fused::Step | Fused::GemvAdd(_) | Fused::RopeStore(_) | Fused::NormFold(_) => None,
+        }
+    }
+}
+
+/// The Q8_1 activations of the decode product after a fused step, which the fused step
+/// writes too (so the product needs no quantizing launch).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Q8For<'p> {
+    /// The product's F32 activations (the fused step's result, or for attention the
+    /// product's operand, which may be the result seen as columns).
+    pub of: &'p Operand,
+    /// The layout the product reads them in.
+    pub layout: Q8Layout,
+}
+
+/// The order of a Q8_1 activation copy's blocks, by the weight type of the product that
+/// reads it: `cuda/quant.cuh`'s `ACT_BLOCKS` and `ACT_PAIRS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q8Layout {
+    /// One 32-element block a lane (the 32-element types).
+    Blocks,
+    /// Two neighbouring blocks a lane (the K-quants, whose lanes take sub-blocks in pairs).
+    Pairs,
+}
+
+impl Q8Layout {
+    /// The layout a decode product with weights of `dt` reads.
+    pub fn of(dt: DType) -> Q8Layout {
+        match dt.quant() {
+            Some(QType::Q4_K | QType::Q5_K | QType::Q6_K) => Q8Layout::Pairs,
+            Some(
+                QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1,
+            )
+            | None => Q8Layout::Blocks,
+        }
+    }
+}
+
+/// `y = rms_norm(x) * w` (F32 rows, `w` one row).
+#[derive(Debug)]
+pub struct RmsNormMul<'p> {
+    pub x: &'p Operand,
+    pub w: &'p Operand,
+    pub y: &'p Operand,
+    pub eps: f32,
+    /// `y` as the Q8_1 activations of the product after it.
+    pub q8: Option<Q8For<'p>>,
+}
+
+/// `y = silu(gate) * up` (F32, one shape).
+#[derive(Debug)]
+pub struct SwiGlu<'p> {
+    pub gate: &'p Operand,
+    pub up: &'p Operand,
+    pub y: &'p Operand,
+    /// `y` as the Q8_1 activations of the product after it.
+    pub q8: Option<Q8For<'p>>,
+    /// Whether `gate` and `up` are the result of a [`Fused::NormFold`] just before, whose
+    /// norm's factor this launch multiplies them by.
+    pub folded: bool,
+}
+
+/// `y = a v + r`: a decode product ([`decode_product`]) and its residual add.
+#[derive(Debug)]
+pub struct GemvAdd<'p> {
+    pub a: &'p Operand,
+    pub v: &'p Operand,
+    /// The product's own result (never written: the launch writes `y`).
+    pub product: &'p Operand,
+    pub r: &'p Operand,
+    pub y: &'p Operand,
+}
+
+/// The steps of one `rope_store` launch: rope `p` at positions `pos` of q (source,
+/// result) and of k (`[hd, heads, n]` F32) into the rows `ids` of the K cache
+/// (`[hd * heads, slots]`), and v (source, `set_rows` result) into the V cache at `ids`.
+#[derive(Clone, Debug)]
+pub struct RopeStore<'p> {
+    pub p: &'p RopeParams,
+    pub pos: &'p Operand,
+    pub ids: &'p Operand,
+    pub q: Option<(&'p Operand, &'p Operand)>,
+    pub k: (&'p Operand, &'p Operand),
+    pub v: Option<(&'p Operand, &'p Operand)>,
+    /// Index in the plan of the step writing k's rows (an id outside the cache is
+    /// reported as its; the V write has the same ids).
+    pub k_write: usize,
+    /// Whether its sources include the result of a [`Fused::NormFold`] just before, whose
+    /// norm's factor this launch multiplies q, k and v by.
+    pub folded: bool,
+}
+
+impl<'p> RopeStore<'p> {
+    /// The tensors the launch reads element by element: k, and q and v when it has them.
+    pub fn sources(&self) -> Vec<&'p Operand> {
+        let q = self.q.map(|(src, _)| src);
+        let v = self.v.map(|(src, _)| src);
+        [Some(self.k.0), q, v].into_iter().flatten().collect()
+    }
+
+    /// What the launch reads and writes.
+    fn memory(&self) -> (Vec<&'p Operand>, Vec<&'p Operand>) {
+        let mut reads = vec![self.k.0, self.pos, self.ids];
+        let mut writes = vec![self.k.1];
+        for (src, dst) in self.q.iter().chain(&self.v) {
+            reads.push(src);
+            writes.push(dst);
+        }
+        (reads, writes)
+    }
+}
+
+/// A decode RMS norm folded into the launches around the product after it: the steps
+/// are a float decode product `mul_mat(a, v)`, `y = add(r, that)`, `rms_norm(y)` and
+/// `xn = mul(that, w)` (`w` one dense F32 row), and the next step the float decode
+/// product `out = next_a xn`, whose every use the next fused step
+/// ([`Fused::RopeStore`] or [`Fused::SwiGlu`], `folded`) reads. The first four steps
+/// become one launch that writes `y`, `rw = y * w` and the sum of `y^2` over each of its
+/// blocks; the next product reads `rw` in place of `xn`, and one of its blocks adds the
+/// sums into the norm's factor `1 / sqrt(sum / n + eps)`; the fused step after it
+/// multiplies its inputs by that factor first: the products are linear, so this is the
+/// product of the normalized vector, and the norm's own launch is saved.
+#[derive(Debug)]
+pub struct NormFold<'p> {
+    pub a: &'p Operand,
+    pub v: &'p Operand,
+    /// The first product's own result (never written: the launch writes `y`).
+    pub product: &'p Operand,
+    pub r: &'p Operand,
+    pub y: &'p Operand,
+    pub w: &'p Operand,
+    pub eps: f32,
+    pub xn: &'p Operand,
+    /// The second product's step (`mul_mat(next_a, xn)`).
+    pub next: &'p Step,
+}
+
+/// What the backend's kernels take, which decides some patterns.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// Whether decode products with block-quantized weights read their activations as
+    /// Q8_1 (the CUDA backend's `__dp4a` kernels): then a fused step before one writes
+    /// them ([`Q8For`]).
+    pub q8_1: bool,
+}
+
+/// Most activation columns of a decode product (the backend's decode kernels take 1 to 8).
+pub const MAX_DECODE_COLS: usize = 8;
+
+/// Cache types a `rope_store` launch writes (the CUDA backend's `rope_store_<dtype>`
+/// kernels; a test there checks the two agree).
+pub const ROPE_STORE_CACHES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Whether block type `q` has decode-product kernels (every type but Q8_1, the
+/// activations' own format; a test of the CUDA backend checks its kernel sets agree).
+pub fn decode_type(q: QType) -> bool {
+    match q {
+        QType::Q4_0
+        | QType::Q4_1
+        | QType::Q5_0
+        | QType::Q5_1
+        | QType::Q8_0
+        | QType::Q4_K
+        | QType::Q5_K
+        | QType::Q6_K => true,
+        QType::Q8_1 => false,
+    }
+}
+
+/// Whether `a b` with float weights `a` is a float decode product (a GEMV): one column,
+/// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
+/// elements.
+pub fn float_gemv(a: &Operand, b: &Operand) -> bool {
+    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
+    a.dtype.quant().is_none()
+        && a.ne[0] < i32::MAX as usize
+        && b.dtype == DType::F32
+        && b.rows_contiguous()
+        && b.ne[1] == 1
+        && b.ne[0] == a.ne[0]
+        && single(a)
+        && single(b)
+        && a.rows_contiguous()
+}
+
+/// Whether `a b` with block-quantized `a` has a decode layout: 1 to [`MAX_DECODE_COLS`]
+/// columns of `b` with dense elements, whole blocks a row, no batches.
+pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
+    let (kk, n) = (a.ne[0], b.ne[1]);
+    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
+    a.dtype.quant().is_some()
+        && (1..=MAX_DECODE_COLS).contains(&n)
+        && kk < i32::MAX as usize
+        && kk % a.dtype.block_size() == 0
+        && b.dtype == DType::F32
+        && b.ne[0] == kk
+        && b.rows_contiguous()
+        && a.rows_contiguous()
+        && single(a)
+        && single(b)
+}
+
+/// Whether `a b` is a decode product: a float GEMV ([`float_gemv`]) or a product with
+/// block-quantized weights of a [`decode_type`] in a decode layout
+/// ([`quant_decode_layout`]).
+pub fn decode_product(a: &Operand, b: &Operand) -> bool {
+    match a.dtype.quant() {
+        Some(q) => decode_type(q) && quant_decode_layout(a, b),
+        None => float_gemv(a, b),
+    }
+}
+
+/// The activations `step` reads as Q8_1 when it is lowered, and their layout: its `b`
+/// when it is a decode product of block-quantized weights and the target reads those as
+/// Q8_1. A step before it that computes `b` anyway can write that copy itself.
+pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
+    let (a, b) = (step.src.first()?, step.src.get(1)?);
+    let quant = a.dtype.quant().is_some_and(decode_type);
+    (step.op == Op::MulMat && target.q8_1 && quant && quant_decode_layout(a, b)).then_some(Q8For {
+        of: b,
+        layout: Q8Layout::of(a.dtype),
+    })
+}
+
+/// The memory `x` spans: (arena or buffer, first byte, one past the last).
+fn span(x: &Operand) -> (Option<BufferId>, usize, usize) {
+    match x.loc {
+        Loc::Arena(off) => (None, off, off + x.nbytes()),
+        Loc::Buffer(b, off) => (Some(b), off, off + x.nbytes()),
+    }
+}
+
+/// Whether `x` and `y` share no byte.
+pub fn disjoint(x: &Operand, y: &Operand) -> bool {
+    let ((mx, x0, x1), (my, y0, y1)) = (span(x), span(y));
+    mx != my || x1 <= y0 || y1 <= x0
+}
+
+/// Whether `x` and `y` share no byte or are the very same elements.
+fn disjoint_or_same(x: &Operand, y: &Operand) -> bool {
+    disjoint(x, y) || (x.loc == y.loc && x.ne == y.ne && x.nb == y.nb)
+}
+
+fn dense_f32(x: &Operand) -> bool {
+    x.dtype == DType::F32 && x.is_contiguous()
+}
+
+/// Each step as it is: the groups of a plan lowered without fusion.
+pub fn unfused(plan: &Plan) -> Vec<Group<'_>> {
+    (0..plan.steps.len())
+        .map(|first| Group {
+            first,
+            len: 1,
+            fused: Fused::Step,
+        })
+        .collect()
+}
+
+/// The plan's steps in groups, every sequence that starts a pattern (see the module docs)
+/// fused, in order and covering every step once.
+pub fn fuse<'p>(plan: &'p Plan, target: &Target) -> Vec<Group<'p>> {
+    let cx = Context {
+        plan,
+        readers: readers(plan),
+        target: *target,
+    };
+    let mut groups: Vec<Group<'p>> = Vec::with_capacity(plan.steps.len());
+    let mut first = 0;
+    while first < plan.steps.len() {
+        let folded = matches!(
+            groups.last(),
+            Some(Group {
+                fused: Fused::NormFold(_),
+                ..
+            })
+        );
+        let (fused, len) = cx.at(first, folded).unwrap_or((Fused::Step, 1));
+        groups.push(Group { first, len, fused });
+        first += len;
+    }
+    groups
+}
+
+/// What the patterns look at: the plan, how often each tensor's memory is read, the target.
+struct Context<'p> {
+    plan: &'p Plan,
+    readers: HashMap<TensorId, usize>,
+    target: Target,
+}
+
+/// The tensor whose memory `id` is (itself, or the base of a view).
+fn base(plan: &Plan, id: TensorId) -> TensorId {
+    match plan.alloc.info.get(id).map(|i| i.kind) {
+        Some(AllocKind::View(b)) => b,
+        _ => id,
+    }
+}
+
+/// How many times each tensor's memory is read: by step sources (through views too) and
+/// as a plan output.
+fn readers(plan: &Plan) -> HashMap<TensorId, usize> {
+    let mut n = HashMap::new();
+    let srcs = plan.steps.iter().flat_map(|s| s.src.iter());
+    for op in srcs.chain(plan.outputs.iter().map(|io| &io.operand)) {
+        *n.entry(base(plan, op.id)).or_insert(0) += 1;
+    }
+    n
+}
+
+impl<'p> Context<'p> {
+    /// Whether the memory of `t` is read once.
+    fn read_once(&self, t: &Operand) -> bool {
+        self.readers.get(&t.id) == Some(&1)
+    }
+
+    /// The fused step that starts at step `first` and how many steps it covers, or None.
+    /// `folded`: the group before is a [`Fused::NormFold`], whose factor this one applies.
+    fn at(&self, first: usize, folded: bool) -> Option<(Fused<'p>, usize)> {
+        let window = &self.plan.steps[first..];
+        if let Some((mut store, used)) = self.rope_store(window, first) {
+            store.folded = folded;
+            return Some((Fused::RopeStore(store), used));
+        }
+        if let Some(fold) = self.norm_fold(window) {
+            return Some((Fused::NormFold(fold), 5));
+        }
+        let (one, two) = (window.first()?, window.get(1)?);
+        if let Op::FlashAttnExt(_) = one.op {
+            return Some((Fused::Attention(q8_1_input(two, &self.target)?), 1));
+        }
+        let fused = self.pair(one, two, window.get(2), folded)?;
+        Some((fused, 2))
+    }
+
+    /// The other operand `r` of `add`, when `add` adds the dense F32 result of `mm` (read by
+    /// it alone) and a dense F32 `r` of the same shape into a dense F32 result.
+    fn residual_of(&self, mm: &Step, add: &'p Step) -> Option<&'p Operand> {
+        let mid = &mm.dst;
+        if add.op != Op::Binary(BinaryOp::Add) || !self.read_once(mid) {
+            return None;
+        }
+        let residual = match (&add.src[0], &add.src[1]) {
+            (r, m) | (m, r) if m.id == mid.id && r.id != mid.id => r,
+            _ => return None,
+        };
+        (dense_f32(residual) && dense_f32(&add.dst) && dense_f32(mid) && residual.ne == mid.ne)
+            .then_some(residual)
+    }
+
+    /// A [`NormFold`] of the first five steps of `window` (see there), when the steps
+    /// after them start a fused step that reads every use of the second product's result.
+    fn norm_fold(&self, window: &'p [Step]) -> Option<NormFold<'p>> {
+        let [mm, add, norm, mul, next, rest @ ..] = window else {
+            return None;
+        };
+        let (a, v) = (mm.src.first()?, mm.src.get(1)?);
+        let next_a = next.src.first()?;
+        let r = self.residual_of(mm, add)?;
+        let (Op::MulMat, Op::Norm(NormOp::RmsNorm { eps }), Op::Binary(BinaryOp::Mul), Op::MulMat) =
+            (&mm.op, &norm.op, &mul.op, &next.op)
+        else {
+            return None;
+        };
+        let (y, xn, w) = (&add.dst, &mul.dst, mul.src.get(1)?);
+        let fits = float_gemv(a, v)
+            && norm.src[0] == *y
+            && self.read_once(&norm.dst)
+            && mul.src[0].id == norm.dst.id
+            && self.read_once(xn)
+            && next.src.get(1).is_some_and(|b| b.id == xn.id)
+            && float_gemv(next_a, xn)
+            && dense_f32(w)
+            && dense_f32(xn)
+            && w.ne == y.ne
+            && xn.ne == y.ne
+            && y.nrows() == 1
+            && disjoint_or_same(y, r)
+            && disjoint(y, v)
+            && disjoint(y, a)
+            && disjoint(y, w)
+            && self.folds_into(rest, &next.dst);
+        fits.then_some(NormFold {
+            a,
+            v,
+            product: &mm.dst,
+            r,
+            y,
+            w,
+            eps: *eps,
+            xn,
+            next,
+        })
+    }
+
+    /// Whether the fused step that `steps` start with reads every use of `out` and can
+    /// scale them by a folded norm's factor: a `rope_store` launch or a SwiGLU pair.
+    fn folds_into(&self, steps: &'p [Step], out: &Operand) -> bool {
+        let plan = self.plan;
+        let of = base(plan, out.id);
+        let uses = |srcs: &[&Operand]| srcs.iter().filter(|t| base(plan, t.id) == of).count();
+        let read = match (self.rope_store(steps, 0), steps) {
+            (Some((store, _)), _) => uses(&store.sources()),
+            (None, [silu, mul, ..]) => self
+                .swiglu_of(silu, mul)
+                .map_or(0, |(g, u, _)| uses(&[g, u])),
+            (None, _) => 0,
+        };
+        read > 0 && self.readers.get(&of) == Some(&read)
+    }
+
+    /// `silu(gate)` then `mul(that, up)` as one SwiGLU launch: (gate, up, result), when the
+    /// silu is read by the multiplication alone and all are F32 of one shape whose result
+    /// touches no source it is read alongside (the same layout is fine).
+    fn swiglu_of(
+        &self,
+        silu: &'p Step,
+        mul: &'p Step,
+    ) -> Option<(&'p Operand, &'p Operand, &'p Operand)> {
+        if (&silu.op, &mul.op) != (&Op::Unary(UnaryOp::Silu), &Op::Binary(BinaryOp::Mul))
+            || !self.read_once(&silu.dst)
+        {
+            return None;
+        }
+        let (gate, up, y) = (silu.src.first()?, mul.src.get(1)?, &mul.dst);
+        let fits = mul.src[0].id == silu.dst.id
+            && [gate, up, y].iter().all(|t| t.dtype == DType::F32)
+            && up.ne == gate.ne
+            && y.ne == gate.ne
+            && disjoint_or_same(y, gate)
+            && disjoint_or_same(y, up);
+        fits.then_some((gate, up, y))
+    }
+
+    /// Where a fused step's result `y` also goes as Q8_1 activations, when `next` is a
+    /// decode product of `y` that reads them (whole 32-element blocks of a dense `y`).
+    fn q8_for(&self, y: &'p Operand, next: Option<&'p Step>) -> Option<Q8For<'p>> {
+        let q8 = q8_1_input(next?, &self.target)?;
+        (q8.of == y && y.is_contiguous() && y.ne[0] % 32 == 0).then_some(Q8For { of: y, ..q8 })
+    }
+
+    /// The fused step of `one` then `two` (`next` the step after them), or None when the
+    /// pair is not a pattern. `folded`: as for [`Context::at`].
+    fn pair(
+        &self,
+        one: &'p Step,
+        two: &'p Step,
+        next: Option<&'p Step>,
+        folded: bool,
+    ) -> Option<Fused<'p>> {
+        if let Some((gate, up, y)) = self.swiglu_of(one, two) {
+            return Some(Fused::SwiGlu(SwiGlu {
+                gate,
+                up,
+                y,
+                q8: self.q8_for(y, next),
+                folded,
+            }));
+        }
+        let mid = &one.dst;
+        if !self.read_once(mid) {
+            return None;
+        }
+        match (&one.op, &two.op) {
+            (Op::Norm(NormOp::RmsNorm { eps }), Op::Binary(BinaryOp::Mul)) => {
+                let (x, w, y) = (&one.src[0], &two.src[1], &two.dst);
+                let one_row = w.ne[1] * w.ne[2] * w.ne[3] == 1 && w.ne[0] == x.ne[0];
+                let fits = two.src[0].id == mid.id
+                    && x.dtype == DType::F32
+                    && y.dtype == DType::F32
+                    && one_row
+                    && y.ne == x.ne
+                    && disjoint_or_same(y, x)
+                    && disjoint(y, w);
+                fits.then(|| {
+                    Fused::RmsNormMul(RmsNormMul {
+                        x,
+                        w,
+                        y,
+                        eps: *eps,
+                        q8: self.q8_for(y, next),
+                    })
+                })
+            }
+            (Op::MulMat, Op::Binary(BinaryOp::Add)) => {
+                let r = self.residual_of(one, two)?;
+                let (a, v, y) = (&one.src[0], &one.src[1], &two.dst);
+                let fits = disjoint_or_same(y, r)
+                    && disjoint(y, v)
+                    && disjoint(y, a)
+                    && decode_product(a, v);
+                fits.then_some(Fused::GemvAdd(GemvAdd {
+                    a,
+                    v,
+                    product: mid,
+                    r,
+                    y,
+                }))
+            }
+            _ => None,
+        }
+    }
+
+    /// A decode (or ring) step's attention inputs as one `rope_store` launch: the rope of
+    /// k read by its cache write alone (`set_rows` of k's rows, one dense row per token),
+    /// with the rope of q (same positions and parameters) and the V cache write (same ids)
+    /// when they are next to that pair, before or after it (the plan's order depends on
+    /// the attention's graph), and touch nothing the launch writes. Returns the launch and
+    /// how many steps it covers (`window[..n]`, whose first step is step `first` of the
+    /// plan).
+    fn rope_store(&self, window: &'p [Step], first: usize) -> Option<(RopeStore<'p>, usize)> {
+        let w = &window[..window.len().min(4)];
+        (0..3).find_map(|at| {
+            let (rk, sk) = (w.get(at)?, w.get(at + 1)?);
+            let mut store = self.store_core(rk, sk, first + at + 1)?;
+            // the steps before the pair must all join; after it, as many as do
+            if !w[..at].iter().all(|s| join(&mut store, s)) {
+                return None;
+            }
+            let used = at
+                + 2
+                + w[at + 2..]
+                    .iter()
+                    .take_while(|s| join(&mut store, s))
+                    .count();
+            Some((store, used))
+        })
+    }
+
+    /// The core of a `rope_store` launch: `rk` ropes k, `sk` (step `k_write` of the plan)
+    /// writes its rows into the cache, and nothing else reads the roped k.
+    fn store_core(&self, rk: &'p Step, sk: &'p Step, k_write: usize) -> Option<RopeStore<'p>> {
+        let (Op::Rope(p), Op::Copy(CopyOp::SetRows)) = (&rk.op, &sk.op) else {
+            return None;
+        };
+        let (k, pos, roped) = (&rk.src[0], &rk.src[1], &rk.dst);
+        let (rows, ids, cache) = (sk.src.first()?, sk.src.get(1)?, &sk.dst);
+        let fits = self.read_once(roped)
+            && k.dtype == DType::F32
+            && roped.dtype == DType::F32
+            && rows.loc == roped.loc
+            && roped.is_contiguous()
+            && rows.is_contiguous()
+            && k.ne[3] == 1
+            && rows.ne == [k.ne[0] * k.ne[1], k.ne[2], 1, 1]
+            && ids.dtype == DType::I32
+            && ids.ne == [k.ne[2], 1, 1, 1]
+            && cache.ne[0] == rows.ne[0]
+            && cache.ne[2] == 1
+            && cache.ne[3] == 1
+            && ROPE_STORE_CACHES.contains(&cache.dtype);
+        fits.then_some(RopeStore {
+            p,
+            pos,
+            ids,
+            k: (k, cache),
+            q: None,
+            v: None,
+            k_write,
+            folded: false,
+        })
+    }
+}
+
+/// Adds `s` to `st` when it is the rope of q or the V cache write of this token and the
+/// launch has none yet, and its memory keeps clear of the rest; whether it joined.
+fn join<'p>(st: &mut RopeStore<'p>, s: &'p Step) -> bool {
+    let (src, dst) = match s.src.first() {
+        Some(src) => (src, &s.dst),
+        None => return false,
+    };
+    let joins = if let Op::Rope(p) = &s.op {
+        st.q.is_none()
+            && p == st.p
+            && s.src.get(1) == Some(st.pos)
+            && src.ne[0] == st.k.0.ne[0]
+            && src.dtype == DType::F32
+            && dst.dtype == DType::F32
+            && disjoint_or_same(dst, src)
+    } else {
+        s.op == Op::Copy(CopyOp::SetRows)
+            && st.v.is_none()
+            && s.src.get(1) == Some(st.ids)
+            && src.dtype == DType::F32
+            && dst.dtype == st.k.1.dtype
+    };
+    let (reads, writes) = st.memory();
+    if !joins
+        || !writes.iter().all(|w| disjoint(src, w) && disjoint(dst, w))
+        || !reads.iter().all(|r| disjoint(dst, r))
+    {
+        return false;
+    }
+    if matches!(s.op, Op::Rope(_)) {
+        st.q = Some((src, dst));
+    } else {
+        st.v = Some((src, dst));
+    }
+    true
+}

@@ -1,0 +1,561 @@
+//! The fusion pass on the plans of real model graphs (the presets' decode and prefill
+//! graphs over weight layouts, no backend) and on hand-made graphs where a pattern is
+//! present, or broken by another reader, a layout, a dtype or memory the allocator reused.
+
+use super::{fuse, q8_1_input, unfused, Fused, Group, Q8Layout, Target};
+use crate::graph::{BufferId, DType, Graph, Op, Plan, TensorId};
+use crate::models::arch::config::Config;
+use crate::models::arch::presets;
+use crate::models::blocks::kv_cache::KvCache;
+use crate::models::blocks::{build_decode, build_prefill};
+use crate::models::load::options::CacheTypes;
+use crate::models::load::quant_plan::QuantPlan;
+use crate::models::load::weights::Weights;
+use crate::quant::QType;
+
+const Q8_1: Target = Target { q8_1: true };
+const F32_ACTS: Target = Target { q8_1: false };
+
+/// The name of a group's kind.
+fn kind(g: &Group) -> &'static str {
+    match &g.fused {
+        Fused::Step => "step",
+        Fused::RmsNormMul(_) => "rms_norm_mul",
+        Fused::SwiGlu(_) => "swiglu",
+        Fused::GemvAdd(_) => "gemv_add",
+        Fused::RopeStore(_) => "rope_store",
+        Fused::Attention(_) => "attention",
+        Fused::NormFold(_) => "norm_fold",
+    }
+}
+
+/// The kinds of the fused groups (steps left as they are not listed).
+fn fused_kinds(groups: &[Group]) -> Vec<&'static str> {
+    groups.iter().map(kind).filter(|k| *k != "step").collect()
+}
+
+fn count(groups: &[Group], k: &str) -> usize {
+    groups.iter().filter(|g| kind(g) == k).count()
+}
+
+/// What must hold of any plan's groups: they cover every step once, in order; a group's
+/// length is its pattern's; each fused step's operands are those of its steps; a
+/// [`Fused::NormFold`] is followed by the group that applies its factor (`folded`) and
+/// only that one is; a Q8_1 copy is of the activations of the next step, a decode
+/// product of block-quantized weights.
+fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
+    let mut next = 0;
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g.first, next, "groups in order, every step once");
+        next += g.len;
+        let steps = &plan.steps[g.first..g.first + g.len];
+        let after = plan.steps.get(g.first + g.len);
+        let folded_before = i > 0 && matches!(groups[i - 1].fused, Fused::NormFold(_));
+        let q8 = match &g.fused {
+            Fused::Step | Fused::Attention(_) => {
+                assert_eq!(g.len, 1);
+                None
+            }
+            Fused::RmsNormMul(n) => {
+                assert_eq!(g.len, 2);
+                assert_eq!((n.x, n.y), (&steps[0].src[0], &steps[1].dst));
+                n.q8.as_ref()
+            }
+            Fused::SwiGlu(s) => {
+                assert_eq!(g.len, 2);
+                assert_eq!((s.gate, s.y), (&steps[0].src[0], &steps[1].dst));
+                assert_eq!(s.folded, folded_before);
+                s.q8.as_ref()
+            }
+            Fused::GemvAdd(a) => {
+                assert_eq!(g.len, 2);
+                assert_eq!((a.product, a.y), (&steps[0].dst, &steps[1].dst));
+                None
+            }
+            Fused::RopeStore(s) => {
+                assert!((2..=4).contains(&g.len));
+                assert_eq!(s.folded, folded_before);
+                assert_eq!(plan.steps[s.k_write].dst, *s.k.1);
+                None
+            }
+            Fused::NormFold(f) => {
+                assert_eq!(g.len, 5);
+                assert_eq!((f.y, f.xn), (&steps[1].dst, &steps[3].dst));
+                assert!(std::ptr::eq(f.next, &steps[4]));
+                let then = groups.get(i + 1).map(|g| &g.fused);
+                assert!(
+                    matches!(then, Some(Fused::RopeStore(_)) | Some(Fused::SwiGlu(_))),
+                    "a fold is applied by the next group"
+                );
+                None
+            }
+        };
+        if folded_before {
+            assert!(
+                matches!(g.fused, Fused::RopeStore(_) | Fused::SwiGlu(_)),
+                "group {i} after a fold"
+            );
+        }
+        assert_eq!(
+            q8,
+            g.fused
+                .q8()
+                .filter(|_| !matches!(g.fused, Fused::Attention(_)))
+        );
+        if let Some(q8) = g.fused.q8() {
+            let product = after.expect("a Q8_1 copy for a step after the group");
+            assert_eq!(q8_1_input(product, target).as_ref(), Some(q8));
+            assert_eq!(product.src[1], *q8.of);
+        }
+    }
+    assert_eq!(next, plan.steps.len());
+}
+
+/// A preset's decode (over 256 positions) or prefill (7 tokens after 3) plan with
+/// weights `w` and caches `cache`.
+fn model_plan(cfg: &Config, w: QuantPlan, cache: CacheTypes, decode: bool) -> Plan {
+    let pick = |r, l| w.pick(r, l, cfg).dtype;
+    let weights = Weights::layout(cfg, &pick, BufferId(1));
+    let kv = KvCache::layout(cfg, 512, cache, BufferId(2));
+    let g = match decode {
+        true => build_decode(cfg, &weights, &kv, 256),
+        false => build_prefill(cfg, &weights, &kv, 7, 3, false),
+    };
+    g.unwrap().plan().unwrap()
+}
+
+/// Every preset's decode and prefill plans, each weight type and cache kind: the groups
+/// keep the invariants, for either target; without a target that reads Q8_1 nothing
+/// writes a Q8_1 copy.
+#[test]
+fn every_preset_plan_keeps_the_invariants() {
+    let caches = [
+        CacheTypes::default(),
+        CacheTypes {
+            flash_attn: false,
+            ..CacheTypes::default()
+        },
+        CacheTypes {
+            k: DType::Q8_0,
+            v: DType::Q8_0,
+            flash_attn: true,
+        },
+    ];
+    for name in presets::NAMES {
+        let mut cfg = presets::preset(name).unwrap();
+        cfg.num_hidden_layers = cfg.num_hidden_layers.min(3);
+        for w in [
+            QuantPlan::F16,
+            QuantPlan::Q4_0,
+            QuantPlan::Q4_K_M,
+            QuantPlan::F32,
+        ] {
+            for cache in caches {
+                for decode in [true, false] {
+                    let plan = model_plan(&cfg, w, cache, decode);
+                    for target in [Q8_1, F32_ACTS] {
+                        let groups = fuse(&plan, &target);
+                        check_invariants(&plan, &groups, &target);
+                        if decode {
+                            assert!(groups.len() < plan.steps.len(), "{name}: something fuses");
+                        }
+                        if !target.q8_1 {
+                            assert_eq!(count(&groups, "attention"), 0);
+                        }
+                    }
+                    let groups = unfused(&plan);
+                    check_invariants(&plan, &groups, &Q8_1);
+                    assert_eq!(groups.len(), plan.steps.len());
+                }
+            }
+        }
+    }
+}
+
+/// A Llama-style decode step with F16 weights and flash attention (Llama 2, Llama 3 with
+/// GQA, Mistral with a ring cache): the first layer's attention norm and the final norm
+/// are fused norms; every other norm is folded into the products around it, its factor
+/// applied by the next layer's `rope_store` or the layer's SwiGLU; the last layer's down
+/// product keeps its add, as there is no norm to fold after it but the final one, whose
+/// product is the head.
+#[test]
+fn float_llama_decode_folds_every_norm_between_products() {
+    for name in ["tiny", "llama2-7b", "llama3-8b", "mistral-7b"] {
+        let cfg = presets::preset(name).unwrap();
+        let l = cfg.num_hidden_layers;
+        let plan = model_plan(&cfg, QuantPlan::F16, CacheTypes::default(), true);
+        let groups = fuse(&plan, &Q8_1);
+        check_invariants(&plan, &groups, &Q8_1);
+        let mut want = vec!["rms_norm_mul", "rope_store", "norm_fold", "swiglu"];
+        for _ in 1..l {
+            want.extend(["norm_fold", "rope_store", "norm_fold", "swiglu"]);
+        }
+        want.extend(["gemv_add", "rms_norm_mul"]);
+        assert_eq!(fused_kinds(&groups), want, "{name}");
+        let folded = groups.iter().filter(|g| g.fused.folded()).count();
+        assert_eq!(folded, 2 * l - 1, "{name}");
+        // each layer's rope_store covers q, k and v
+        for g in &groups {
+            if let Fused::RopeStore(s) = &g.fused {
+                assert!(s.q.is_some() && s.v.is_some(), "{name}");
+                assert_eq!(g.len, 4);
+            }
+        }
+    }
+}
+
+/// A Llama decode step with Q4_0 weights: no norm folds (quantized products), every norm
+/// and SwiGLU writes the Q8_1 copy its product reads, and with flash attention the
+/// attention writes the o product's; with a target whose products read F32 activations,
+/// none does.
+#[test]
+fn quantized_llama_decode_writes_q8_1_copies() {
+    let cfg = presets::preset("llama2-7b").unwrap();
+    let l = cfg.num_hidden_layers;
+    for flash_attn in [true, false] {
+        let cache = CacheTypes {
+            flash_attn,
+            ..CacheTypes::default()
+        };
+        let plan = model_plan(&cfg, QuantPlan::Q4_0, cache, true);
+        let groups = fuse(&plan, &Q8_1);
+        check_invariants(&plan, &groups, &Q8_1);
+        assert_eq!(count(&groups, "norm_fold"), 0);
+        assert_eq!(count(&groups, "rms_norm_mul"), 2 * l + 1);
+        assert_eq!(count(&groups, "swiglu"), l);
+        assert_eq!(count(&groups, "gemv_add"), 2 * l);
+        assert_eq!(count(&groups, "rope_store"), l);
+        assert_eq!(count(&groups, "attention"), if flash_attn { l } else { 0 });
+        let copies = groups.iter().filter(|g| g.fused.q8().is_some()).count();
+        assert_eq!(copies, 3 * l + 1 + if flash_attn { l } else { 0 });
+        let groups = fuse(&plan, &F32_ACTS);
+        check_invariants(&plan, &groups, &F32_ACTS);
+        assert!(groups.iter().all(|g| g.fused.q8().is_none()));
+    }
+}
+
+/// Q8_1 copies take the layout of the weights that read them: with Q4_K_M every product
+/// that reads a copy has K-quant weights, whose lanes read pairs of blocks.
+#[test]
+fn q8_1_copies_take_the_layout_of_their_product() {
+    let cfg = presets::preset("llama2-7b").unwrap();
+    let plan = model_plan(&cfg, QuantPlan::Q4_K_M, CacheTypes::default(), true);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    let layouts: Vec<Q8Layout> = groups
+        .iter()
+        .filter_map(|g| g.fused.q8().map(|q| q.layout))
+        .collect();
+    assert!(!layouts.is_empty());
+    assert!(layouts.iter().all(|l| *l == Q8Layout::Pairs), "{layouts:?}");
+    assert_eq!(Q8Layout::of(DType::Quant(QType::Q4_0)), Q8Layout::Blocks);
+    assert_eq!(Q8Layout::of(DType::Quant(QType::Q6_K)), Q8Layout::Pairs);
+}
+
+/// The attention inputs of a decode step: a Q8_0 cache has no `rope_store` (the ropes and
+/// cache writes stay steps); a Q8_0 V cache with an F16 K cache keeps V's write out of it;
+/// a model whose heads are normalized after the product (Qwen3) still fuses them.
+#[test]
+fn rope_store_follows_the_cache_types() {
+    let cfg = presets::preset("tiny").unwrap();
+    let l = cfg.num_hidden_layers;
+    let q8 = CacheTypes {
+        k: DType::Q8_0,
+        v: DType::Q8_0,
+        flash_attn: true,
+    };
+    let plan = model_plan(&cfg, QuantPlan::F16, q8, true);
+    let groups = fuse(&plan, &Q8_1);
+    assert_eq!(count(&groups, "rope_store"), 0);
+    let ropes = plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s.op, Op::Rope(_)))
+        .count();
+    assert_eq!(ropes, 2 * l);
+    let v8 = CacheTypes {
+        v: DType::Q8_0,
+        ..CacheTypes::default()
+    };
+    let plan = model_plan(&cfg, QuantPlan::F16, v8, true);
+    let groups = fuse(&plan, &Q8_1);
+    let stores: Vec<&Group> = groups.iter().filter(|g| kind(g) == "rope_store").collect();
+    assert_eq!(stores.len(), l);
+    for g in stores {
+        let Fused::RopeStore(s) = &g.fused else {
+            unreachable!()
+        };
+        assert!(s.q.is_some() && s.v.is_none());
+        assert_eq!(s.k.1.dtype, DType::F16);
+    }
+    let qwen = presets::preset("qwen3-8b").unwrap();
+    let plan = model_plan(&qwen, QuantPlan::F16, CacheTypes::default(), true);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(count(&groups, "rope_store"), qwen.num_hidden_layers);
+}
+
+/// The plan of a graph made by `f`, for the outputs it returns.
+fn plan_of(f: impl FnOnce(&mut Graph) -> Vec<TensorId>) -> Plan {
+    let mut g = Graph::new();
+    let outs = f(&mut g);
+    g.plan(&outs).unwrap()
+}
+
+/// `rms_norm(x) * w` then a product of it: fused with the product's Q8_1 copy for
+/// quantized weights of whole blocks, without it for float weights; not fused when the
+/// norm has another reader, the weight is not one row, or the rows are F16.
+#[test]
+fn rms_norm_mul_pattern() {
+    let norm_then = |wdt: DType, xdt: DType, rows: usize| {
+        plan_of(|g| {
+            let d = 256;
+            let x0 = g.input("x0", xdt, &[d, rows]).unwrap();
+            let x = g.scale(x0, 0.5).unwrap();
+            let w = g.input("w", xdt, &[d, rows]).unwrap();
+            let n = g.rms_norm(x, 1e-5).unwrap();
+            let y = g.mul(n, w).unwrap();
+            let wm = g.input("wm", wdt, &[d, 16]).unwrap();
+            match xdt == DType::F32 {
+                true => vec![g.mul_mat(wm, y).unwrap()],
+                false => vec![y],
+            }
+        })
+    };
+    let q4 = DType::Quant(QType::Q4_0);
+    let plan = norm_then(q4, DType::F32, 1);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["rms_norm_mul"]);
+    let norm_q8 = |groups: &[Group]| match groups
+        .iter()
+        .map(|g| &g.fused)
+        .find(|f| matches!(f, Fused::RmsNormMul(_)))
+    {
+        Some(Fused::RmsNormMul(n)) => n.q8.map(|q| q.layout),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(norm_q8(&groups), Some(Q8Layout::Blocks));
+    assert_eq!(norm_q8(&fuse(&plan, &F32_ACTS)), None);
+    let plan = norm_then(DType::Quant(QType::Q5_K), DType::F32, 1);
+    assert_eq!(norm_q8(&fuse(&plan, &Q8_1)), Some(Q8Layout::Pairs));
+    let plan = norm_then(DType::F16, DType::F32, 1);
+    assert_eq!(
+        norm_q8(&fuse(&plan, &Q8_1)),
+        None,
+        "a float product reads F32"
+    );
+    // broken: a weight of two rows; F16 rows
+    for plan in [norm_then(q4, DType::F32, 2), norm_then(q4, DType::F16, 1)] {
+        let groups = fuse(&plan, &Q8_1);
+        check_invariants(&plan, &groups, &Q8_1);
+        assert!(
+            !fused_kinds(&groups).contains(&"rms_norm_mul"),
+            "{:?}",
+            fused_kinds(&groups)
+        );
+    }
+    // broken: the norm also an output
+    let plan = plan_of(|g| {
+        let x0 = g.input("x0", DType::F32, &[64, 1]).unwrap();
+        let x = g.scale(x0, 0.5).unwrap();
+        let w = g.input("w", DType::F32, &[64]).unwrap();
+        let n = g.rms_norm(x, 1e-5).unwrap();
+        vec![g.mul(n, w).unwrap(), n]
+    });
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert!(
+        fused_kinds(&groups).is_empty(),
+        "{:?}",
+        fused_kinds(&groups)
+    );
+}
+
+/// A decode FFN on `x` (residual `r`): the gate|up product (`wgu` weights), SwiGLU over
+/// views of its result, the down product (`wd` weights) and the residual add; also the
+/// silu and the gate|up product's result as outputs when `outputs`.
+fn ffn(
+    g: &mut Graph,
+    x: TensorId,
+    r: TensorId,
+    wgu: DType,
+    wd: DType,
+    outputs: bool,
+) -> Vec<TensorId> {
+    let (d, ff) = (64, 32);
+    let wgu = g.input("wgu", wgu, &[d, 2 * ff]).unwrap();
+    let wd = g.input("wd", wd, &[ff, d]).unwrap();
+    let gu = g.mul_mat(wgu, x).unwrap();
+    let (row, cols) = (g.tensor(gu).nb[1], g.tensor(gu).ne[1]);
+    let gate = g.view_2d(gu, ff, cols, row, 0).unwrap();
+    let up = g.view_2d(gu, ff, cols, row, ff * 4).unwrap();
+    let s = g.silu(gate).unwrap();
+    let h = g.mul(s, up).unwrap();
+    let dn = g.mul_mat(wd, h).unwrap();
+    let y = g.add(dn, r).unwrap();
+    match outputs {
+        true => vec![y, s, gu],
+        false => vec![y],
+    }
+}
+
+/// SwiGLU and the product after it with its residual add: fused, with the Q8_1 copy for
+/// quantized down weights; Q8_1 weights (no decode kernels) keep the product and its add
+/// apart; SwiGLU is not fused when silu has another reader.
+#[test]
+fn swiglu_and_gemv_add_patterns() {
+    let q4 = DType::Quant(QType::Q4_0);
+    let with = |wd: DType, outputs: bool| {
+        plan_of(|g| {
+            let x0 = g.input("x0", DType::F32, &[64, 1]).unwrap();
+            let x = g.scale(x0, 0.5).unwrap();
+            ffn(g, x, x, DType::F16, wd, outputs)
+        })
+    };
+    let plan = with(q4, false);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["swiglu", "gemv_add"]);
+    match groups
+        .iter()
+        .map(|g| &g.fused)
+        .find(|f| matches!(f, Fused::SwiGlu(_)))
+    {
+        Some(Fused::SwiGlu(s)) => assert!(s.q8.is_some() && !s.folded),
+        other => panic!("{other:?}"),
+    }
+    let plan = with(DType::Quant(QType::Q8_1), false);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["swiglu"]);
+    let plan = with(DType::F16, true);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["gemv_add"]);
+}
+
+/// A product and its residual add fuse for a decode layout only: not for two columns of
+/// float weights, a residual with strided elements or of another dtype, or a result the
+/// allocator placed where the product's input vector was (the fused launch would
+/// overwrite it while it is read).
+#[test]
+fn gemv_add_pattern() {
+    #[derive(Clone, Copy)]
+    enum R {
+        Dense,
+        Strided,
+        F16,
+    }
+    let product_add = |cols: usize, r: R| {
+        plan_of(|g| {
+            let v0 = g.input("v0", DType::F32, &[64, cols]).unwrap();
+            let v = g.scale(v0, 0.5).unwrap();
+            let w = g.input("w", DType::F16, &[64, 64]).unwrap();
+            let o = g.mul_mat(w, v).unwrap();
+            let r = match r {
+                R::Dense => {
+                    let x0 = g.input("x0", DType::F32, &[64, cols]).unwrap();
+                    g.scale(x0, 2.0).unwrap()
+                }
+                R::Strided => {
+                    let x0 = g.input("x0", DType::F32, &[2, 64]).unwrap();
+                    let x = g.scale(x0, 2.0).unwrap();
+                    let col = g.view_2d(x, 1, 64, 8, 0).unwrap();
+                    g.transpose(col).unwrap()
+                }
+                R::F16 => {
+                    let x0 = g.input("x0", DType::F16, &[64, cols]).unwrap();
+                    g.scale(x0, 2.0).unwrap()
+                }
+            };
+            vec![g.add(r, o).unwrap()]
+        })
+    };
+    let plan = product_add(1, R::Dense);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["gemv_add"]);
+    for plan in [
+        product_add(2, R::Dense),
+        product_add(1, R::Strided),
+        product_add(1, R::F16),
+    ] {
+        let groups = fuse(&plan, &Q8_1);
+        check_invariants(&plan, &groups, &Q8_1);
+        assert!(
+            fused_kinds(&groups).is_empty(),
+            "{:?}",
+            fused_kinds(&groups)
+        );
+    }
+    // The add's result lands in the block the product's input vector had.
+    let plan = plan_of(|g| {
+        let x = g.input("x", DType::F32, &[64, 1]).unwrap();
+        let v0 = g.input("v0", DType::F32, &[64, 1]).unwrap();
+        let w = g.input("w", DType::F16, &[64, 64]).unwrap();
+        let v = g.scale(v0, 0.5).unwrap();
+        let o = g.mul_mat(w, v).unwrap();
+        vec![g.add(x, o).unwrap()]
+    });
+    let find = |op: &str| plan.steps.iter().find(|s| s.op.name() == op).unwrap();
+    assert_eq!(
+        find("add").dst.loc,
+        find("mul_mat").src[1].loc,
+        "the allocator reuses the vector's block (the case this checks)"
+    );
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert!(fused_kinds(&groups).is_empty());
+}
+
+/// A decode FFN block whose norm folds: `o + add`, the norm and the gate|up product
+/// become one [`Fused::NormFold`] and the SwiGLU after it applies the factor. No fold when
+/// the gate|up product's result has another reader (the SwiGLU would not read every use),
+/// with quantized products, or with two columns.
+#[test]
+fn norm_fold_pattern() {
+    let fold = |wo: DType, cols: usize, outputs: bool| {
+        plan_of(|g| {
+            let d = 64;
+            let x0 = g.input("x0", DType::F32, &[d, cols]).unwrap();
+            let v0 = g.input("v0", DType::F32, &[d, cols]).unwrap();
+            let x = g.scale(x0, 4.0).unwrap();
+            let v = g.scale(v0, 0.5).unwrap();
+            let wo = g.input("wo", wo, &[d, d]).unwrap();
+            let wn = g.input("wn", DType::F32, &[d]).unwrap();
+            let o = g.mul_mat(wo, v).unwrap();
+            let x1 = g.add(x, o).unwrap();
+            let n = g.rms_norm(x1, 1e-5).unwrap();
+            let cur = g.mul(n, wn).unwrap();
+            ffn(g, cur, x1, DType::F32, DType::F16, outputs)
+        })
+    };
+    let plan = fold(DType::F16, 1, false);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["norm_fold", "swiglu", "gemv_add"]);
+    match groups
+        .iter()
+        .map(|g| &g.fused)
+        .find(|f| matches!(f, Fused::SwiGlu(_)))
+    {
+        Some(Fused::SwiGlu(s)) => assert!(s.folded),
+        other => panic!("{other:?}"),
+    }
+    let plan = fold(DType::F16, 1, true);
+    let groups = fuse(&plan, &Q8_1);
+    check_invariants(&plan, &groups, &Q8_1);
+    assert_eq!(
+        fused_kinds(&groups),
+        ["gemv_add", "rms_norm_mul", "gemv_add"]
+    );
+    for plan in [
+        fold(DType::Quant(QType::Q4_0), 1, false),
+        fold(DType::F16, 2, false),
+    ] {
+        let groups = fuse(&plan, &Q8_1);
+        check_invariants(&plan, &groups, &Q8_1);
+        assert_eq!(count(&groups, "norm_fold"), 0, "{:?}", fused_kinds(&groups));
+    }
+}

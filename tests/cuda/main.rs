@@ -1,0 +1,22 @@
+//! The CUDA backend: the kernel table, every op's property tests on the GPU against the
+//! f64 oracle and the CPU (float and block-quantized tensors), and a small transformer
+//! step captured and replayed as a CUDA graph.
+//!
+//! Built with `--features cuda` only (`cargo test --features cuda --test cuda`). Without
+//! a GPU the device tests print "skipped: no GPU" and pass, unless `GRAFT_REQUIRE_GPU=1`,
+//! which makes a missing GPU a failure.
+
+use std::sync::Mutex;
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/quant_strategies.rs"]
+mod quant_strategies;
+
+mod cuda_graph;
+mod cuda_kernels;
+mod ops_cuda;
+mod ops_cuda_quant;
+
+/// The property tests take the GPU one at a time.
+static GPU: Mutex<()> = Mutex::new(());

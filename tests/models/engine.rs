@@ -1,0 +1,363 @@
+//! The batched engine on the CPU backend with the tiny fixtures: random schedules
+//! (sequences arriving and leaving at random steps, shared prefixes, cancellations, a
+//! pool small enough to preempt, small token budgets that chunk every prompt) give each
+//! sequence exactly the greedy tokens it gets alone; prefix sharing gives the logits of a
+//! recomputation; bad requests fail alone; every block comes back.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use graft::backend::cpu::CpuBackend;
+use graft::engine::{
+    Engine, EngineConfig, Event, FinishReason, KvBudget, Request, RequestId, SchedulerConfig,
+};
+use graft::models::{LoadOptions, SamplingParams};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn fixture(name: &str) -> PathBuf {
+    crate::fixtures::fixture(name)
+}
+
+/// Fixtures of every attention kind: GQA with llama3 rope, a sliding window, q/k norms,
+/// learned positions.
+const FIXTURES: [&str; 4] = [
+    "llama3-tiny-bf16",
+    "mistral-tiny-f32",
+    "qwen3-tiny-f32",
+    "gpt2-tiny-f32",
+];
+
+fn engine(name: &str, cfg: EngineConfig) -> Engine {
+    let opts = LoadOptions {
+        quantize: None,
+        ctx: Some(cfg.ctx),
+        progress: false,
+        cache: cfg.cache,
+    };
+    Engine::load(&fixture(name), Box::new(CpuBackend::new()), &opts, cfg).unwrap()
+}
+
+fn config(ctx: usize, kv: usize, max_seqs: usize, step_tokens: usize) -> EngineConfig {
+    EngineConfig {
+        kv: KvBudget::Tokens(kv),
+        scheduler: SchedulerConfig {
+            max_seqs,
+            step_tokens,
+            prefix_cache: true,
+            prefill_first: false,
+        },
+        ..EngineConfig::new(ctx)
+    }
+}
+
+/// What a request produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Outcome {
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+}
+
+/// Steps until nothing is left, collecting every request's tokens.
+fn drain(e: &mut Engine, out: &mut HashMap<RequestId, Outcome>) {
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            record(ev, out);
+        }
+    }
+}
+
+fn record(ev: Event, out: &mut HashMap<RequestId, Outcome>) {
+    match ev {
+        Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
+        Event::Finished { id, reason, .. } => out.entry(id).or_default().finish = Some(reason),
+        Event::Error { id, error } => panic!("{id}: {error}"),
+    }
+}
+
+/// The greedy tokens of `prompt` alone in a fresh engine with room to spare.
+fn alone(name: &str, prompt: &[u32], max_tokens: usize) -> Outcome {
+    let mut e = engine(name, config(256, 1024, 4, 64));
+    let id = e.add(Request::greedy(prompt.to_vec(), max_tokens)).unwrap();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    out.remove(&id).unwrap()
+}
+
+/// One drawn schedule.
+#[derive(Clone, Debug)]
+struct Schedule {
+    fixture: &'static str,
+    /// (prompt, max tokens, arrival step, cancel after this many steps of its own)
+    requests: Vec<(Vec<u32>, usize, usize, Option<usize>)>,
+    kv: usize,
+    max_seqs: usize,
+    step_tokens: usize,
+}
+
+fn schedule() -> impl Strategy<Value = Schedule> {
+    (
+        prop::sample::select(FIXTURES.to_vec()),
+        1usize..24,
+        any::<u64>(),
+        (1usize..12, 4usize..64),
+        0.0f64..1.0,
+    )
+        .prop_map(|(fixture, n, seed, (max_seqs, step_tokens), tight)| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            // a few shared beginnings (a system prompt, a previous turn)
+            let bases: Vec<Vec<u32>> = (0..3)
+                .map(|_| {
+                    (0..rng.random_range(1..40))
+                        .map(|_| rng.random_range(3..500))
+                        .collect()
+                })
+                .collect();
+            let requests: Vec<_> = (0..n)
+                .map(|_| {
+                    let mut p = match rng.random_bool(0.5) {
+                        true => bases[rng.random_range(0..3)].clone(),
+                        false => Vec::new(),
+                    };
+                    p.extend((0..rng.random_range(1..50)).map(|_| rng.random_range(3..500)));
+                    let cancel = rng.random_bool(0.15).then(|| rng.random_range(0..12));
+                    (p, rng.random_range(1..20), rng.random_range(0..10), cancel)
+                })
+                .collect();
+            // a pool between the largest single need and room for all
+            let need = |r: &(Vec<u32>, usize, usize, Option<usize>)| r.0.len() + r.1 + 16;
+            let single = requests.iter().map(need).max().unwrap();
+            let all: usize = requests.iter().map(need).sum();
+            let kv = single + ((all - single) as f64 * tight) as usize;
+            Schedule {
+                fixture,
+                requests,
+                kv,
+                max_seqs,
+                step_tokens: step_tokens.max(max_seqs),
+            }
+        })
+}
+
+/// Runs `s`: requests join at their arrival steps, some are cancelled; returns each
+/// request's outcome (cancelled ones without a finish reason) and the engine.
+fn run_schedule(s: &Schedule) -> (Vec<(Outcome, bool)>, Engine) {
+    let mut e = engine(s.fixture, config(256, s.kv, s.max_seqs, s.step_tokens));
+    let mut out = HashMap::new();
+    let mut ids: Vec<Option<RequestId>> = vec![None; s.requests.len()];
+    let mut cancelled = vec![false; s.requests.len()];
+    let mut step = 0;
+    loop {
+        for (i, r) in s.requests.iter().enumerate() {
+            if r.2 == step {
+                ids[i] = Some(e.add(Request::greedy(r.0.clone(), r.1)).unwrap());
+            }
+            if let (Some(id), Some(c)) = (ids[i], r.3) {
+                if step == r.2 + c && e.cancel(id).is_some() {
+                    cancelled[i] = true;
+                }
+            }
+        }
+        let arriving = s.requests.iter().any(|r| r.2 > step);
+        if !e.has_work() && !arriving {
+            break;
+        }
+        for ev in e.step().unwrap() {
+            record(ev, &mut out);
+        }
+        step += 1;
+    }
+    let outcomes = ids
+        .iter()
+        .zip(cancelled)
+        .map(|(id, c)| (out.remove(&id.unwrap()).unwrap_or_default(), c))
+        .collect();
+    (outcomes, e)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Every sequence of a random schedule gets, bit for bit, the greedy tokens it gets
+    /// alone (a cancelled one a prefix of them); afterwards no block is held.
+    #[test]
+    fn batched_greedy_equals_alone(s in schedule()) {
+        let (outcomes, e) = run_schedule(&s);
+        for ((prompt, max, _, _), (got, cancelled)) in s.requests.iter().zip(&outcomes) {
+            let want = alone(s.fixture, prompt, *max);
+            if *cancelled {
+                prop_assert!(want.tokens.starts_with(&got.tokens), "cancelled: {got:?} vs {want:?}");
+            } else {
+                prop_assert_eq!(got, &want, "prompt {:?}", prompt);
+            }
+        }
+        let st = e.stats();
+        prop_assert_eq!((st.running, st.waiting, st.blocks_used), (0, 0, 0));
+    }
+}
+
+/// A pool that holds one sequence at a time forces preemption; the results do not
+/// change and the preemptions are counted.
+#[test]
+fn preemption_recomputes_without_changing_results() {
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| (0..30).map(|j| 10 + i * 40 + j).collect())
+        .collect();
+    let mut e = engine("llama3-tiny-bf16", config(256, 64, 4, 64));
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| e.add(Request::greedy(p.clone(), 30)).unwrap())
+        .collect();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    assert!(e.stats().preemptions > 0, "{:?}", e.stats());
+    for (p, id) in prompts.iter().zip(ids) {
+        assert_eq!(out[&id], alone("llama3-tiny-bf16", p, 30));
+    }
+}
+
+/// The logprobs of a request whose prompt is served from the prefix cache (full blocks
+/// shared, a partly filled block copied) equal those of a recomputation, and the cache
+/// hit is counted.
+#[test]
+fn prefix_sharing_gives_the_logits_of_a_recomputation() {
+    let first: Vec<u32> = (0..37).map(|i| 5 + i * 7 % 400).collect();
+    let mut second = first.clone();
+    second.extend([11, 12, 13]);
+    let with_logprobs = |p: &[u32]| Request {
+        logprobs: Some(5),
+        ..Request::greedy(p.to_vec(), 6)
+    };
+    let logprobs = |e: &mut Engine, p: &[u32]| {
+        let id = e.add(with_logprobs(p)).unwrap();
+        let mut lps = Vec::new();
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                if let Event::Token {
+                    id: i, logprobs, ..
+                } = ev
+                {
+                    assert_eq!(i, id);
+                    lps.push(logprobs.unwrap());
+                }
+            }
+        }
+        lps
+    };
+    let mut shared = engine("llama3-tiny-bf16", config(256, 1024, 4, 64));
+    logprobs(&mut shared, &first);
+    let hit_before = shared.stats().prefix_hit_tokens;
+    let got = logprobs(&mut shared, &second);
+    let hits = shared.stats().prefix_hit_tokens - hit_before;
+    // 37 tokens were computed: two full blocks of 16 and 5 more (copied)
+    assert_eq!(hits, 37, "{:?}", shared.stats());
+    let mut fresh = engine("llama3-tiny-bf16", config(256, 1024, 4, 64));
+    assert_eq!(got, logprobs(&mut fresh, &second));
+}
+
+/// Bad requests are refused alone with the field named; the others run unharmed.
+#[test]
+fn bad_requests_fail_alone() {
+    let mut e = engine("llama3-tiny-bf16", config(64, 128, 4, 64));
+    let good = e.add(Request::greedy(vec![5, 6, 7], 8)).unwrap();
+    let cases: Vec<(Request, &str)> = vec![
+        (Request::greedy(vec![], 4), "prompt"),
+        (Request::greedy(vec![5, 100_000], 4), "prompt"),
+        (Request::greedy(vec![5; 10], 0), "max_tokens"),
+        (Request::greedy(vec![5; 60], 10), "context"),
+        (Request::greedy(vec![5; 64], 1), "context"),
+        (
+            Request {
+                sampling: SamplingParams {
+                    temperature: -1.0,
+                    ..SamplingParams::default()
+                },
+                ..Request::greedy(vec![5], 4)
+            },
+            "temperature",
+        ),
+    ];
+    for (req, what) in cases {
+        let e2 = e.add(req).unwrap_err().to_string();
+        assert!(e2.contains(what), "{e2} should name {what}");
+    }
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    assert_eq!(out[&good], alone("llama3-tiny-bf16", &[5, 6, 7], 8));
+    // a request longer than the whole pool (but within the context)
+    let mut small = engine("llama3-tiny-bf16", config(256, 32, 4, 64));
+    let e3 = small
+        .add(Request::greedy(vec![5; 40], 20))
+        .unwrap_err()
+        .to_string();
+    assert!(e3.contains("KV pool"), "{e3}");
+}
+
+/// Cancelling mid-prompt (a long prompt chunked over several steps) frees its blocks at
+/// once.
+#[test]
+fn cancelling_mid_prefill_frees_the_blocks() {
+    let mut e = engine("llama3-tiny-bf16", config(256, 512, 4, 16));
+    let id = e
+        .add(Request::greedy((0..100).map(|i| 3 + i).collect(), 4))
+        .unwrap();
+    e.step().unwrap();
+    assert!(e.stats().blocks_used > 0);
+    let usage = e.cancel(id).unwrap();
+    assert_eq!(usage.completion_tokens, 0);
+    assert_eq!(e.stats().blocks_used, 0);
+    assert!(!e.has_work());
+    assert!(e.cancel(id).is_none());
+}
+
+/// A prompt whose cached prefix ends in a partly filled block, admitted when that block
+/// is the only one left to hand out: the cached block is held while the copy's block is
+/// taken (never copied onto itself), and the output is the request's alone.
+#[test]
+fn a_partial_prefix_block_evicted_for_its_own_copy() {
+    let name = "llama3-tiny-bf16";
+    // two blocks of 16 positions
+    let mut e = engine(name, config(64, 32, 1, 64));
+    let prompt: Vec<u32> = (0..20).map(|i| 3 + i * 11 % 400).collect();
+    let first = e.add(Request::greedy(prompt.clone(), 1)).unwrap();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    assert!(out[&first].finish.is_some());
+    let mut longer = prompt.clone();
+    longer.push(42);
+    let id = e.add(Request::greedy(longer.clone(), 4)).unwrap();
+    drain(&mut e, &mut out);
+    assert_eq!(out.remove(&id).unwrap(), alone(name, &longer, 4));
+}
+
+/// With a context shift a generation runs past the context: at the end of the context
+/// the last half of the tokens is computed again, and what follows is what a fresh
+/// request with those tokens as its prompt gives.
+#[test]
+fn context_shift_goes_on_with_the_last_half() {
+    let prompt: Vec<u32> = (0..10).map(|i| 20 + 3 * i).collect();
+    let mut e = engine("llama3-tiny-bf16", config(64, 256, 4, 64));
+    let mut req = Request::greedy(prompt.clone(), 100);
+    req.stop.context_shift = true;
+    req.stop.ignore_eos = true;
+    let id = e.add(req).unwrap();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    let got = &out[&id];
+    assert_eq!(
+        (got.tokens.len(), got.finish),
+        (100, Some(FinishReason::Length))
+    );
+    // the shift came when prompt + generated reached 64 tokens: 54 generated; the last
+    // of them not computed yet, the last 32 tokens kept
+    let all: Vec<u32> = prompt.iter().chain(&got.tokens).copied().collect();
+    let kept = &all[64 - 32..64];
+    let mut fresh = engine("llama3-tiny-bf16", config(64, 256, 4, 64));
+    let mut req = Request::greedy(kept.to_vec(), 20);
+    req.stop.ignore_eos = true;
+    let id = fresh.add(req).unwrap();
+    let mut again = HashMap::new();
+    drain(&mut fresh, &mut again);
+    assert_eq!(again[&id].tokens, all[64..84]);
+}
