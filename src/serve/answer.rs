@@ -92,9 +92,6 @@ impl Answer {
         self.metrics
             .prompt_tokens
             .inc_by(usage.prompt_tokens as u64);
-        self.metrics
-            .generation_tokens
-            .inc_by(usage.completion_tokens as u64);
         if let (Some(first), n @ 2..) = (self.first_token, usage.completion_tokens) {
             let per = first.elapsed().as_secs_f64() / (n - 1) as f64;
             self.metrics.tpot.observe(per);

@@ -17,7 +17,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     /// `graft_prompt_tokens_total`.
     pub prompt_tokens: IntCounter,
-    /// `graft_generation_tokens_total`.
+    /// `graft_generation_tokens_total`, counted by the engine thread as tokens come.
     pub generation_tokens: IntCounter,
     /// `graft_requests_waiting`: requests the engine holds that wait for room.
     waiting: IntGauge,
@@ -89,7 +89,10 @@ impl Metrics {
                 "graft_prompt_tokens_total",
                 "Prompt tokens of finished requests",
             ),
-            generation_tokens: counter("graft_generation_tokens_total", "Tokens generated"),
+            generation_tokens: counter(
+                "graft_generation_tokens_total",
+                "Tokens generated, also for requests cancelled before their end",
+            ),
             waiting: gauge(
                 "graft_requests_waiting",
                 "Requests waiting for a sequence slot or KV blocks",

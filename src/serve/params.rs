@@ -8,8 +8,8 @@
 use serde_json::Value;
 
 use crate::engine::{Request, Stop};
-use crate::models::text::chat::Message;
 use crate::models::runtime::sampling::{resolve, PartialSampling};
+use crate::models::text::chat::Message;
 use crate::models::SamplingParams;
 
 use super::error::ApiError;

@@ -1,8 +1,9 @@
 //! The router: every endpoint, the 404 and 405 answers in the OpenAI error shape, the
 //! API-key check, and the layer that counts each request by status and logs one line
 //! per request (method, path, status, tokens, time) to stderr when its response body is
-//! done (a stream's at its end).
+//! done (a stream's at its end), or 499 when the client went away first.
 
+use std::cell::Cell;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -169,34 +170,37 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Counts each request by status and logs it when its body is done.
+/// Counts each request by status and logs it when its body is done; a request whose
+/// client went away first (its handler or its body dropped unfinished) is logged and
+/// counted with the status 499 (nginx's "client closed request").
 async fn observe(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = req.method().clone();
-    let path = short(req.uri().path()).to_string();
     let tokens = TokenLog::default();
-    req.extensions_mut().insert(tokens.clone());
-    let resp = next.run(req).await;
-    let status = resp.status().as_u16();
-    app.metrics.count_request(&path, status);
-    let (parts, body) = resp.into_parts();
-    let line = LogLine {
-        started,
-        method,
-        path,
-        status,
-        tokens,
+    let mut line = LogLine {
+        app: app.clone(),
+        started: Instant::now(),
+        method: req.method().clone(),
+        path: short(req.uri().path()).to_string(),
+        status: None,
+        ended: Cell::new(false),
+        tokens: tokens.clone(),
     };
-    let body = Body::new(Logged { body, _line: line });
-    Response::from_parts(parts, body)
+    req.extensions_mut().insert(tokens);
+    let resp = next.run(req).await;
+    line.status = Some(resp.status().as_u16());
+    let (parts, body) = resp.into_parts();
+    Response::from_parts(parts, Body::new(Logged { body, line }))
 }
 
-/// A request's log line, printed when dropped (with its response body).
+/// A request's log line, printed and counted when dropped (with its response body).
 struct LogLine {
+    app: Arc<App>,
     started: Instant,
     method: Method,
     path: String,
-    status: u16,
+    /// The response's status, once the handler answered.
+    status: Option<u16>,
+    /// Whether the whole response body was handed over.
+    ended: Cell<bool>,
     tokens: TokenLog,
 }
 
@@ -206,20 +210,36 @@ impl Drop for LogLine {
             Some((p, c)) => format!(" {p}+{c} tokens"),
             None => String::new(),
         };
+        let (status, note) = match (self.status, self.ended.get()) {
+            (Some(s), true) => (s, ""),
+            (Some(_) | None, _) => {
+                self.app.metrics.count_request(&self.path, 499);
+                (499, " (the client went away)")
+            }
+        };
         eprintln!(
-            "{} {} {}{tokens} {:.3}s",
+            "{} {} {status}{tokens} {:.3}s{note}",
             self.method,
             self.path,
-            self.status,
             self.started.elapsed().as_secs_f64()
         );
+    }
+}
+
+impl LogLine {
+    /// The whole body was handed over: the request is counted (before its last bytes
+    /// go out, so that a client that reads them finds it counted).
+    fn end(&self) {
+        if let (Some(status), false) = (self.status, self.ended.replace(true)) {
+            self.app.metrics.count_request(&self.path, status);
+        }
     }
 }
 
 /// A response body that carries its request's log line.
 struct Logged {
     body: Body,
-    _line: LogLine,
+    line: LogLine,
 }
 
 impl http_body::Body for Logged {
@@ -230,11 +250,19 @@ impl http_body::Body for Logged {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.line.end();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        let end = self.body.is_end_stream();
+        if end {
+            self.line.end();
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {

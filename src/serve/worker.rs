@@ -171,8 +171,14 @@ impl Live {
         }
     }
 
-    /// Forwards `events`; a request whose handler is gone is cancelled.
-    fn dispatch(&mut self, engine: &mut Engine, events: Vec<Event>) {
+    /// Forwards `events` and counts their tokens; a request whose handler is gone is
+    /// cancelled.
+    fn dispatch(&mut self, engine: &mut Engine, events: Vec<Event>, metrics: &Metrics) {
+        let tokens = events
+            .iter()
+            .filter(|e| matches!(e, Event::Token { .. }))
+            .count();
+        metrics.generation_tokens.inc_by(tokens as u64);
         for ev in events {
             let id = ev.id();
             let last = matches!(ev, Event::Finished { .. } | Event::Error { .. });
@@ -216,13 +222,18 @@ fn run(mut engine: Engine, rx: &mpsc::Receiver<Command>, metrics: &Metrics) {
         while let Ok(c) = rx.try_recv() {
             live.apply(&mut engine, c);
         }
-        if engine.has_work() {
-            match engine.step() {
-                Ok(events) => live.dispatch(&mut engine, events),
-                Err(e) => live.fail_all(&mut engine, &e),
-            }
-        }
+        let stepped = engine.has_work().then(|| engine.step());
+        // published before the events go out: a client that has its answer finds the
+        // counters past it
         metrics.publish(&engine.stats(), engine.plans().0);
+        match stepped {
+            Some(Ok(events)) => live.dispatch(&mut engine, events, metrics),
+            Some(Err(e)) => {
+                live.fail_all(&mut engine, &e);
+                metrics.publish(&engine.stats(), engine.plans().0);
+            }
+            None => {}
+        }
     }
     if let Err(e) = engine.release() {
         eprintln!("graft serve: releasing the engine: {e}");

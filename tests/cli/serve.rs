@@ -5,9 +5,8 @@
 //! client that disconnects frees its sequence and blocks; the queue limit; the API key;
 //! graceful shutdown.
 
-
-use serde_json::{json, Value};
 use crate::server::{request, tiny_fixture, Server, Stream};
+use serde_json::{json, Value};
 
 /// The tiny fixture served with `extra` flags (a context of 256 unless they say).
 fn tiny(extra: &[&str]) -> Server {
@@ -238,6 +237,167 @@ fn stop_strings_are_never_emitted_also_across_tokens() {
     assert!(pieces.iter().all(|p| !p.contains(&stop)), "{pieces:?}");
 }
 
+/// What a request leaves out comes from the model's generation_config.json (here
+/// `do_sample: false`, greedy) before the chat defaults; what it gives wins.
+#[test]
+fn the_models_sampling_settings_fill_in_what_a_request_leaves_out() {
+    let dir = crate::bad_input::tempdir("serve-greedy-model");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny_fixture().join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"do_sample": false}"#,
+    )
+    .unwrap();
+    let greedy_model = Server::start(&["--model", dir.to_str().unwrap(), "--ctx", "256"]);
+    let plain = tiny(&[]);
+    let ask = |s: &Server, extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Tell a story"}],
+            "max_tokens": 16, "ignore_eos": true});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        whole(s, "/v1/chat/completions", &body).0
+    };
+    let argmax = ask(&plain, json!({"temperature": 0}));
+    for seed in [1, 2, 3] {
+        assert_eq!(
+            ask(&greedy_model, json!({"seed": seed})),
+            argmax,
+            "seed {seed}"
+        );
+    }
+    // the chat defaults sample (temperature 0.8): seeds give other texts
+    let sampled: Vec<String> = (1..4)
+        .map(|seed| ask(&plain, json!({"seed": seed})))
+        .collect();
+    assert!(sampled.iter().any(|t| *t != argmax), "{sampled:?}");
+    // a temperature in the request beats the model's greedy
+    let hot: Vec<String> = (1..4)
+        .map(|seed| ask(&greedy_model, json!({"seed": seed, "temperature": 1.5})))
+        .collect();
+    assert!(hot.iter().any(|t| *t != argmax), "{hot:?}");
+    assert!(
+        greedy_model.log().contains("generation_config.json"),
+        "the server says where its settings come from:\n{}",
+        greedy_model.log()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `max_completion_tokens` wins over `max_tokens`; without `include_usage` no chunk
+/// carries a usage, with it every chunk but the last has `"usage": null`.
+#[test]
+fn token_limits_and_the_usage_chunk() {
+    let s = tiny(&[]);
+    let chat = json!({"messages": [{"role": "user", "content": "Count"}], "temperature": 0,
+        "ignore_eos": true, "max_tokens": 9, "max_completion_tokens": 4});
+    let (_, v) = whole(&s, "/v1/chat/completions", &chat);
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let mut only_max = chat.clone();
+    only_max
+        .as_object_mut()
+        .unwrap()
+        .remove("max_completion_tokens");
+    let (_, v) = whole(&s, "/v1/chat/completions", &only_max);
+    assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
+    for include in [None, Some(false), Some(true)] {
+        let mut body = chat.clone();
+        body["stream"] = json!(true);
+        if let Some(i) = include {
+            body["stream_options"] = json!({"include_usage": i});
+        }
+        let events = s.post("/v1/chat/completions", &body).events();
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let (last, rest) = chunks.split_last().unwrap();
+        match include {
+            Some(true) => {
+                assert_eq!(last["usage"]["completion_tokens"], 4, "{last}");
+                assert_eq!(last["choices"], json!([]));
+                for c in rest {
+                    assert!(c.as_object().unwrap()["usage"].is_null(), "{c}");
+                }
+            }
+            None | Some(false) => {
+                for c in &chunks {
+                    assert!(c.get("usage").is_none(), "{c}");
+                }
+                assert_eq!(last["choices"][0]["finish_reason"], "length");
+            }
+        }
+    }
+}
+
+/// `/metrics` is Prometheus' text format: every sample's metric has its HELP and TYPE
+/// first, values are numbers, histogram buckets grow to `+Inf`, which equals the count.
+#[test]
+fn metrics_are_prometheus_text() {
+    let s = tiny(&[]);
+    whole(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 5, "temperature": 0, "ignore_eos": true}),
+    );
+    let r = s.get("/metrics");
+    assert_eq!(r.header("content-type"), Some("text/plain; version=0.0.4"));
+    let text = r.text();
+    let (mut typed, mut helped) = (
+        std::collections::HashMap::new(),
+        std::collections::HashSet::new(),
+    );
+    let mut buckets: Vec<(String, f64)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            helped.insert(rest.split(' ').next().unwrap().to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            typed.insert(name.to_string(), kind.to_string());
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("{line}"));
+        let name = series.split('{').next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|sfx| name.strip_suffix(sfx))
+            .filter(|f| typed.get(*f).map(String::as_str) == Some("histogram"))
+            .unwrap_or(name);
+        assert!(
+            name.starts_with("graft_") && typed.contains_key(family) && helped.contains(family),
+            "{line}: no TYPE/HELP before it"
+        );
+        if name.ends_with("_bucket") {
+            if let Some((prev, v)) = buckets.last() {
+                if prev == family {
+                    assert!(value >= *v, "buckets grow: {line}");
+                }
+            }
+            buckets.push((family.to_string(), value));
+            if series.contains("le=\"+Inf\"") {
+                assert_eq!(s_count(&text, family), value, "{line}");
+            }
+        }
+    }
+    assert_eq!(s_count(&text, "graft_time_to_first_token_seconds"), 1.0);
+    assert_eq!(s.metric("graft_generation_tokens_total"), 5.0);
+}
+
+/// The `_count` of histogram `family` in `text`.
+fn s_count(text: &str, family: &str) -> f64 {
+    let key = format!("{family}_count ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.parse().ok())
+        .unwrap()
+}
+
 #[test]
 fn seeds_repeat_and_differ() {
     let s = tiny(&[]);
@@ -387,8 +547,8 @@ fn thirty_two_concurrent_greedy_clients_on_the_default_model() {
 
 #[test]
 fn a_client_that_goes_away_frees_its_sequence() {
-    let s = tiny(&["--ctx", "512"]);
-    let long = json!({"prompt": "Once upon a time", "max_tokens": 480, "temperature": 0, "ignore_eos": true});
+    let s = tiny(&["--ctx", "4096"]);
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true});
     // streamed: read two events, hang up
     let mut body = long.clone();
     body["stream"] = json!(true);
@@ -408,15 +568,21 @@ fn a_client_that_goes_away_frees_its_sequence() {
         text.len()
     )
     .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(100));
     drop(tcp);
     s.wait_metric("graft_requests_running", 0.0, 10);
     s.wait_metric("graft_kv_blocks_used", 0.0, 10);
+    // every token generated is counted, a cancelled request's too: one request that ran
+    // to its end would have made 4000
     let generated = s.metric("graft_generation_tokens_total");
     assert!(
-        generated < 480.0,
+        generated < 4000.0,
         "both were cancelled before their end ({generated} tokens)"
     );
+    let gone = "graft_requests_total{endpoint=\"/v1/completions\",status=\"499\"}";
+    assert_eq!(s.metric(gone), 2.0);
+    let log = s.log();
+    assert_eq!(log.matches("POST /v1/completions 499 ").count(), 2, "{log}");
     // the server goes on
     let (_, v) = whole(
         &s,
@@ -536,8 +702,8 @@ fn openai_client(s: &Server, model_id: &str) {
     {
         return;
     }
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/serve_clients/openai_client.py");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/cli/serve_clients/openai_client.py");
     let out = std::process::Command::new(&python)
         .arg(script)
         .arg(format!("http://{}", s.addr))

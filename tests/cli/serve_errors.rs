@@ -5,12 +5,11 @@
 //! error in the OpenAI shape (`{"error": {"message", "type", "param", "code"}}`), the
 //! server stays up, and a normal request afterwards gets the same answer as before.
 
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use crate::server::{raw_request, request, tiny_fixture, Response, Server, Stream};
+use serde_json::{json, Value};
 
 /// One bad request and what it must get.
 struct Case {

@@ -6,15 +6,14 @@
 //! the last request, or at a deadline (a failure). `GRAFT_LOAD_REQUESTS=N` runs N requests
 //! instead (a soak).
 
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use crate::server::{raw_request, tiny_fixture, Server};
+use serde_json::json;
 
 /// Requests unless `GRAFT_LOAD_REQUESTS` says.
 const REQUESTS: usize = 10_000;
