@@ -1,43 +1,103 @@
 #!/usr/bin/env bash
 # graft serve and llama-server on the same GGUF file, one after the other on this machine,
-# each measured by `graft serve-bench` with the same requests (streamed greedy chat, ignore_eos,
-# N output tokens, the same prompts). Both get the same sequences at once (the largest
-# concurrency) and the same context per sequence (llama-server's -c is split across its -np
-# slots, so it gets CTX times the slots).
-# Usage: scripts/serve-vs-llama-server.sh GRAFT LLAMA_SERVER MODEL.gguf [cpu|cuda] [LEVELS] [N]
-#   e.g. scripts/serve-vs-llama-server.sh target/release/graft ~/.cache/llamacpp-cpu-server/bin/llama-server \
-#        ~/.cache/graft/SmolLM2-135M-Instruct.Q4_1.gguf cpu 1,8 128
+# each measured by `graft serve-bench` with the same requests: streamed greedy requests
+# with ignore_eos, N output tokens each, the same prompts, at each concurrency level. Both
+# get as many sequences at once as the largest level and the same context per sequence
+# (llama-server's -c is split across its -np slots, so it gets CTX times the slots). Needs
+# no network: only the two binaries and the file.
+#
+#   scripts/serve-vs-llama-server.sh --llama-server BIN --model FILE.gguf [options]
+#
+#   --llama-server BIN  llama.cpp's server (scripts/peer/build-llamacpp.sh builds one)
+#   --model FILE        the GGUF file both serve
+#   --graft BIN         graft binary (default target/release/graft; built with
+#                       --features cuda when absent, unless --cpu)
+#   --cpu               both on the CPU (default: CUDA, all layers on GPU 0)
+#   -c LEVELS           concurrency levels (default 1,8,32,64)
+#   -n N                output tokens per request (default 128)
+#   --prompt-tokens P   prompts of P token ids drawn from [3, --vocab) (default 128); the
+#                       right choice for random-weight files, whose vocabulary is synthetic
+#   --vocab V           (default 32000, Llama 2's; fits Llama 3's)
+#   --words W           chat prompts of W words instead of token ids (real models)
+#   --ctx C             context per sequence (default 2048)
+#   --out DIR           both servers' logs and tables (default: a new folder in /tmp)
+#
+# e.g. on an H200, with a random Llama-2-7B file from scripts/peer/make-random-gguf.py:
+#   scripts/serve-vs-llama-server.sh --llama-server ~/.cache/graft-peer/build-cuda/bin/llama-server \
+#       --model ~/.cache/graft-peer/llama2-7b-q4_0.gguf
+# Prints one serve-bench table per server (output tok/s, TTFT and TPOT at p50/p99) and
+# keeps them and both servers' logs in --out.
 set -euo pipefail
-GRAFT="$1"; LLAMA="$2"; MODEL="$3"; BACKEND="${4:-cpu}"; LEVELS="${5:-1,8,32,64}"; N="${6:-128}"
-CTX=1024
-SLOTS=$(tr ',' '\n' <<<"$LEVELS" | sort -n | tail -1)
-GPORT=18180; LPORT=18181
+die() { echo "serve-vs-llama-server: error: $*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
-# Waits for URL/health to answer 200 (the model loaded), up to 10 minutes.
-wait_ready() {
-  for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done
-  echo "no answer from $1/health" >&2; return 1
+llama="" model="" graft="" cpu=0 levels=1,8,32,64 n=128 tokens=128 vocab=32000 words=""
+ctx=2048 out=""
+while [ $# -gt 0 ]; do
+    opt="$1"
+    [ $# -ge 2 ] || case "$opt" in --cpu|-h|--help) ;; *) die "$opt needs a value (--help)" ;; esac
+    case "$opt" in
+        --llama-server) llama="$2"; shift ;;
+        --model) model="$2"; shift ;;
+        --graft) graft="$2"; shift ;;
+        --cpu) cpu=1 ;;
+        -c) levels="$2"; shift ;;
+        -n) n="$2"; shift ;;
+        --prompt-tokens) tokens="$2"; shift ;;
+        --vocab) vocab="$2"; shift ;;
+        --words) words="$2"; shift ;;
+        --ctx) ctx="$2"; shift ;;
+        --out) out="$2"; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option $opt (--help)" ;;
+    esac
+    shift
+done
+[ -n "$llama" ] || die "--llama-server BIN is required (--help)"
+[ -n "$model" ] || die "--model FILE.gguf is required (--help)"
+[ -x "$llama" ] || die "--llama-server $llama is not an executable file"
+[ -f "$model" ] || die "--model $model is not a file"
+for v in n tokens vocab ctx; do
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive whole number, got '${!v}'"
+done
+[[ "$levels" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "-c must be like 1,8,32,64, got '$levels'"
+slots=$(tr ',' '\n' <<<"$levels" | sort -n | tail -1)
+out="${out:-$(mktemp -d /tmp/serve-vs-llama-server.XXXXXX)}"
+mkdir -p "$out"
+
+if [ -z "$graft" ]; then
+    graft="$ROOT/target/release/graft"
+    if [ ! -x "$graft" ]; then
+        features=(); [ $cpu = 1 ] || features=(--features cuda)
+        (cd "$ROOT" && cargo build --release "${features[@]}")
+    fi
+fi
+[ -x "$graft" ] || die "--graft $graft is not an executable file"
+
+gpu_graft=(--backend cuda); gpu_llama=(-ngl 99)
+[ $cpu = 0 ] || { gpu_graft=(--backend cpu); gpu_llama=(-ngl 0); }
+prompts=(--prompt-tokens "$tokens" --vocab "$vocab")
+[ -z "$words" ] || prompts=(--prompt-words "$words")
+bench=("$graft" serve-bench -c "$levels" -n "$n" "${prompts[@]}" --wait 900)
+
+# run NAME PORT SERVER-COMMAND...: starts the server, benchmarks it, stops it.
+run() {
+    local name="$1" port="$2"
+    shift 2
+    echo "## $name: $*"
+    "$@" --port "$port" >"$out/$name.log" 2>&1 &
+    local pid=$!
+    local rc=0
+    "${bench[@]}" --url "http://127.0.0.1:$port" | tee "$out/$name.md" || rc=$?
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    [ $rc = 0 ] || die "$name failed (exit $rc); its log: $out/$name.log"
+    echo
 }
 
-gpu_graft=(); gpu_llama=()
-if [ "$BACKEND" = cuda ]; then gpu_graft=(--backend cuda); gpu_llama=(-ngl 99); fi
-
-echo "## graft serve ($BACKEND)"
-set -x
-"$GRAFT" serve --model "$MODEL" "${gpu_graft[@]}" --port $GPORT --parallel "$SLOTS" --ctx $CTX \
-  --kv-size $((SLOTS * CTX)) --alias model 2>/tmp/graft-serve.log &
-{ set +x; } 2>/dev/null
-gpid=$!
-wait_ready http://127.0.0.1:$GPORT
-"$GRAFT" serve-bench --url http://127.0.0.1:$GPORT -c "$LEVELS" -n "$N" --model model
-kill -TERM $gpid; wait $gpid || true
-
-echo; echo "## llama-server ($BACKEND)"
-set -x
-"$LLAMA" -m "$MODEL" "${gpu_llama[@]}" --port $LPORT -np "$SLOTS" -c $((SLOTS * CTX)) -fa on \
-  --no-webui 2>/tmp/llama-server.log &
-{ set +x; } 2>/dev/null
-lpid=$!
-wait_ready http://127.0.0.1:$LPORT
-"$GRAFT" serve-bench --url http://127.0.0.1:$LPORT -c "$LEVELS" -n "$N"
-kill -TERM $lpid; wait $lpid || true
+run graft 18180 "$graft" serve --model "$model" "${gpu_graft[@]}" --parallel "$slots" \
+    --ctx "$ctx" --kv-size $((slots * ctx)) --alias model
+run llama-server 18181 "$llama" -m "$model" "${gpu_llama[@]}" -np "$slots" \
+    -c $((slots * ctx)) -fa on --no-webui
+echo "logs and tables in $out"

@@ -1,14 +1,17 @@
 //! `graft serve-bench`: a load generator for OpenAI-compatible servers (`graft serve`,
 //! llama-server: the same requests to both). At each concurrency level, that many
-//! clients send streamed chat requests (greedy, `ignore_eos`, so every request generates
+//! clients send streamed requests (greedy, `ignore_eos`, so every request generates
 //! exactly `-n` tokens; different prompts of the same length) until the level's
-//! requests are done. It reports the aggregate output tokens per second (all tokens
-//! over the level's wall time), the time to the first token and the time per output
-//! token after it, at p50 and p99.
+//! requests are done: chat requests whose prompts are words, or with `--prompt-tokens`
+//! completions whose prompts are token ids (for models whose vocabulary is synthetic,
+//! such as random-weight GGUF files). It reports the aggregate output tokens per second
+//! (all tokens over the level's wall time), the time to the first token and the time
+//! per output token after it, at p50 and p99.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{header, Request};
@@ -38,9 +41,24 @@ pub struct Args {
     /// Output tokens per request.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     max_tokens: usize,
-    /// Words per prompt.
+    /// Words per prompt (chat requests).
     #[arg(long, default_value_t = 48)]
     prompt_words: usize,
+    /// Send completions whose prompts are this many token ids, drawn from [3, --vocab),
+    /// instead of chat requests.
+    #[arg(long)]
+    prompt_tokens: Option<usize>,
+    /// The vocabulary the --prompt-tokens ids are drawn from (any model with at least
+    /// this many tokens; Llama 2's 32000 fits Llama 3's too).
+    #[arg(long, default_value_t = 32000)]
+    vocab: u32,
+    /// Seconds a request may take, from sending it to the end of its stream; a request
+    /// past it counts as failed.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// Wait up to this many seconds for GET /health to answer 200 before starting.
+    #[arg(long, default_value_t = 0.0)]
+    wait: f64,
     /// The `model` field of the requests (llama-server ignores it; graft checks it).
     #[arg(long)]
     model: Option<String>,
@@ -114,30 +132,53 @@ const WORDS: [&str; 32] = [
 
 /// Runs `graft serve-bench`.
 pub fn run(a: Args) -> Result<()> {
-    if a.concurrency.contains(&0) || a.max_tokens == 0 {
-        return Err(Error::model("-c levels and -n must be at least 1"));
+    if a.concurrency.contains(&0) || a.max_tokens == 0 || a.prompt_tokens == Some(0) {
+        return Err(Error::model(
+            "-c levels, -n and --prompt-tokens must be at least 1",
+        ));
     }
+    if a.vocab <= FIRST_ID {
+        return Err(Error::model(format!(
+            "--vocab {}: the prompt ids are drawn from [{FIRST_ID}, --vocab); give more than {FIRST_ID}",
+            a.vocab
+        )));
+    }
+    let seconds = |flag: &str, v: f64| {
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| Error::model(format!("{flag} {v}: give a number of seconds, 0 or more")))
+    };
+    let (wait, timeout) = (seconds("--wait", a.wait)?, seconds("--timeout", a.timeout)?);
     if !a.url.starts_with("http://") {
         return Err(Error::model(format!(
             "--url {}: only http:// URLs are served",
             a.url
         )));
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // several threads, so that a chunk's arrival is stamped when it comes, not when a
+    // busy thread gets to it
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
         .enable_all()
         .build()
         .map_err(|e| Error::io("the tokio runtime", e))?;
     let a = Arc::new(a);
-    let levels = rt.block_on(bench(a.clone()))?;
+    let levels = rt.block_on(bench(a.clone(), wait, timeout))?;
     report(&a, &levels)
 }
 
-async fn bench(a: Arc<Args>) -> Result<Vec<Level>> {
+/// The first token id of `--prompt-tokens` prompts (after llama's `<unk>`, `<s>`, `</s>`).
+const FIRST_ID: u32 = 3;
+
+async fn bench(a: Arc<Args>, wait: Duration, timeout: Duration) -> Result<Vec<Level>> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(1024)
+        // every request on a connection of its own, closed after it: no server holds
+        // idle connections between requests (llama-server keeps a thread on each), and
+        // none is closed under a request about to reuse it
+        .pool_max_idle_per_host(0)
         .build_http();
+    wait_ready(&client, &a.url, wait).await?;
     // one request first: plans built, caches warm
-    one(&client, &a, usize::MAX).await?;
+    timed(timeout, one(&client, &a, usize::MAX)).await?;
     let mut levels = Vec::new();
     for &c in &a.concurrency {
         let requests = a.requests.unwrap_or((4 * c).max(8));
@@ -153,7 +194,7 @@ async fn bench(a: Arc<Args>) -> Result<Vec<Level>> {
                         if i >= requests {
                             return out;
                         }
-                        out.push(one(&client, &a, i).await);
+                        out.push(timed(timeout, one(&client, &a, i)).await);
                     }
                 })
             })
@@ -192,22 +233,56 @@ async fn bench(a: Arc<Args>) -> Result<Vec<Level>> {
     Ok(levels)
 }
 
-/// The prompt of request `i`: `prompt_words` words drawn with the seed and `i`.
-fn prompt(a: &Args, i: usize) -> String {
-    let mut rng = StdRng::seed_from_u64(a.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let words: Vec<&str> = (0..a.prompt_words)
-        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
-        .collect();
-    format!("Write a long story with these words: {}.", words.join(" "))
+/// `request`, or an error when it takes longer than `timeout`.
+async fn timed(timeout: Duration, request: impl Future<Output = Result<Sample>>) -> Result<Sample> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::model(format!(
+                "a request took longer than --timeout {} s",
+                timeout.as_secs_f64()
+            )))
+        })
 }
 
-/// Sends request `i` and measures it.
-async fn one<C>(client: &Client<C, Full<Bytes>>, a: &Args, i: usize) -> Result<Sample>
+/// Asks `url`/health until it answers 200, for at most `wait` (not at all for 0).
+async fn wait_ready<C>(
+    client: &Client<C, Full<Bytes>>,
+    url: &str,
+    wait: std::time::Duration,
+) -> Result<()>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
 {
+    if wait.is_zero() {
+        return Ok(());
+    }
+    let deadline = Instant::now() + wait;
+    let health = format!("{}/health", url.trim_end_matches('/'));
+    let uri: axum::http::Uri = health
+        .parse()
+        .map_err(|e| Error::model(format!("--url {url}: {e}")))?;
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        match client.get(uri.clone()).await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => last = format!("status {}", r.status()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(Error::model(format!(
+        "{health} did not answer 200 within --wait {} s (last: {last})",
+        wait.as_secs_f64()
+    )))
+}
+
+/// The endpoint and body of request `i`: a chat whose prompt is `prompt_words` words,
+/// or a completion whose prompt is `prompt_tokens` token ids, drawn with the seed and
+/// `i`.
+fn request_body(a: &Args, i: usize) -> (&'static str, Value) {
+    let mut rng = StdRng::seed_from_u64(a.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut body = json!({
-        "messages": [{"role": "user", "content": prompt(a, i)}],
         "max_tokens": a.max_tokens,
         "temperature": 0,
         "ignore_eos": true,
@@ -217,20 +292,50 @@ where
     if let Some(m) = &a.model {
         body["model"] = json!(m);
     }
-    let mut req = Request::post(format!(
-        "{}/v1/chat/completions",
-        a.url.trim_end_matches('/')
-    ))
-    .header(header::CONTENT_TYPE, "application/json");
+    let path = match a.prompt_tokens {
+        Some(n) => {
+            let ids: Vec<u32> = (0..n)
+                .map(|_| rng.random_range(FIRST_ID..a.vocab))
+                .collect();
+            body["prompt"] = json!(ids);
+            "/v1/completions"
+        }
+        None => {
+            let words: Vec<&str> = (0..a.prompt_words)
+                .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+                .collect();
+            let text = format!("Write a long story with these words: {}.", words.join(" "));
+            body["messages"] = json!([{"role": "user", "content": text}]);
+            "/v1/chat/completions"
+        }
+    };
+    (path, body)
+}
+
+/// The POST of `body` to `path`.
+fn post(a: &Args, path: &str, body: Bytes) -> std::result::Result<Request<Full<Bytes>>, String> {
+    let mut req = Request::post(format!("{}{path}", a.url.trim_end_matches('/')))
+        .header(header::CONTENT_TYPE, "application/json");
     if let Some(k) = &a.api_key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
     }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| Error::model(format!("--url {}: {e}", a.url)))?;
-    let sent = Instant::now();
+    req.body(Full::new(body)).map_err(|e| e.to_string())
+}
+
+/// Sends request `i` and measures it.
+async fn one<C>(client: &Client<C, Full<Bytes>>, a: &Args, i: usize) -> Result<Sample>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let (path, body) = request_body(a, i);
+    let body = Bytes::from(body.to_string());
     let fail = |what: String| Error::model(format!("{}: {what}", a.url));
-    let resp = client.request(req).await.map_err(|e| fail(e.to_string()))?;
+    let req = post(a, path, body).map_err(fail)?;
+    let sent = Instant::now();
+    let resp = client.request(req).await.map_err(|e| {
+        let why = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
+        fail(format!("{e}{why}"))
+    })?;
     let status = resp.status();
     let mut body = resp.into_body();
     let (mut buf, mut first, mut last, mut pieces, mut usage) = (Vec::new(), None, None, 0, None);
@@ -254,10 +359,11 @@ where
             if let Some(e) = v.get("error") {
                 return Err(fail(format!("error in the stream: {e}")));
             }
-            if v["choices"][0]["delta"]["content"]
+            let choice = &v["choices"][0];
+            let text = choice["delta"]["content"]
                 .as_str()
-                .is_some_and(|c| !c.is_empty())
-            {
+                .or(choice["text"].as_str());
+            if text.is_some_and(|c| !c.is_empty()) {
                 let now = Instant::now();
                 first.get_or_insert(now);
                 last = Some(now);
@@ -292,6 +398,14 @@ fn ms(v: &mut [f64], p: f64) -> f64 {
     v[rank.min(v.len()) - 1] * 1e3
 }
 
+/// What the prompts are: `48 words` (chat) or `128 token ids` (completions).
+fn prompt_kind(a: &Args) -> String {
+    match a.prompt_tokens {
+        Some(n) => format!("{n} token ids"),
+        None => format!("{} words", a.prompt_words),
+    }
+}
+
 /// Prints the table (or JSON); an error when any request failed.
 fn report(a: &Args, levels: &[Level]) -> Result<()> {
     let mut rows = Vec::new();
@@ -311,12 +425,14 @@ fn report(a: &Args, levels: &[Level]) -> Result<()> {
         }));
     }
     if a.json {
-        let out = json!({"url": a.url, "max_tokens": a.max_tokens, "prompt_words": a.prompt_words, "levels": rows});
+        let out = json!({"url": a.url, "max_tokens": a.max_tokens, "prompt": prompt_kind(a), "levels": rows});
         print_out(&format!("{out}\n"))?;
     } else {
         let mut t = format!(
-            "{} -- {} output tokens per request, prompts of {} words\n\n| clients | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-            a.url, a.max_tokens, a.prompt_words
+            "{} -- {} output tokens per request, prompts of {}\n\n| clients | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            a.url,
+            a.max_tokens,
+            prompt_kind(a)
         );
         for r in &rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);

@@ -9,12 +9,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use serde::Serialize;
+
 use crate::engine::{FinishReason, TokenLogprobs, Usage};
 
 use super::metrics::Metrics;
 use super::wire::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, Delta, Endpoint, TokenLogprob, TopLogprob, UsageBody,
+    AssistantMessage, ChatChoice, ChatLogprobs, ChunkChoice, CompletionChoice, CompletionLogprobs,
+    Delta, Endpoint, Envelope, TokenLogprob, TopLogprob, UsageBody,
 };
 use super::{ServedModel, TokenLog};
 
@@ -160,43 +162,32 @@ impl Answer {
     /// The whole response (non-streamed).
     pub fn response(&mut self, end: &End) -> String {
         let items = self.logprobs.take();
-        let usage = UsageBody::from(end.usage);
+        let usage = Some(Some(UsageBody::from(end.usage)));
         let reason = end.reason.as_str();
-        let json = match self.endpoint {
-            Endpoint::Chat => serde_json::to_string(&ChatCompletion {
-                id: &self.id,
-                object: "chat.completion",
-                created: self.created,
-                model: &self.model.id,
-                choices: [ChatChoice {
+        let text = std::mem::take(&mut self.text);
+        match self.endpoint {
+            Endpoint::Chat => {
+                let choice = ChatChoice {
                     index: 0,
                     message: AssistantMessage {
                         role: "assistant",
-                        content: std::mem::take(&mut self.text),
+                        content: text,
                     },
                     logprobs: items.as_deref().map(|i| self.chat_logprobs(i)),
                     finish_reason: reason,
-                }],
-                usage,
-            }),
-            Endpoint::Completions => {
-                let logprobs = items.as_deref().map(|i| self.completion_logprobs(i));
-                serde_json::to_string(&Completion {
-                    id: &self.id,
-                    object: "text_completion",
-                    created: self.created,
-                    model: &self.model.id,
-                    choices: vec![CompletionChoice {
-                        text: std::mem::take(&mut self.text),
-                        index: 0,
-                        logprobs,
-                        finish_reason: Some(reason),
-                    }],
-                    usage: Some(Some(usage)),
-                })
+                };
+                self.envelope("chat.completion", vec![choice], usage)
             }
-        };
-        json.unwrap_or_default()
+            Endpoint::Completions => {
+                let choice = CompletionChoice {
+                    text,
+                    index: 0,
+                    logprobs: items.as_deref().map(|i| self.completion_logprobs(i)),
+                    finish_reason: Some(reason),
+                };
+                self.envelope("text_completion", vec![choice], usage)
+            }
+        }
     }
 
     /// The `usage` field of a chunk that is not the last.
@@ -204,34 +195,30 @@ impl Answer {
         self.include_usage.then_some(None)
     }
 
-    /// A chat chunk of `choices` with `usage`.
-    fn chat_envelope(&self, choices: Vec<ChunkChoice>, usage: Option<Option<UsageBody>>) -> String {
-        let chunk = ChatChunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model.id,
-            choices,
-            usage,
-        };
-        serde_json::to_string(&chunk).unwrap_or_default()
+    /// The `object` of the endpoint's stream chunks.
+    fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
     }
 
-    /// A completion chunk of `choices` with `usage`.
-    fn completion_envelope(
+    /// A body of `object` with `choices` and `usage`, as JSON.
+    fn envelope<C: Serialize>(
         &self,
-        choices: Vec<CompletionChoice>,
+        object: &'static str,
+        choices: Vec<C>,
         usage: Option<Option<UsageBody>>,
     ) -> String {
-        let chunk = Completion {
+        let body = Envelope {
             id: &self.id,
-            object: "text_completion",
+            object,
             created: self.created,
             model: &self.model.id,
             choices,
             usage,
         };
-        serde_json::to_string(&chunk).unwrap_or_default()
+        serde_json::to_string(&body).unwrap_or_default()
     }
 
     /// A chat chunk with `delta`, `logprobs` and `finish_reason`.
@@ -247,7 +234,7 @@ impl Answer {
             logprobs,
             finish_reason: finish,
         };
-        self.chat_envelope(vec![choice], self.chunk_usage())
+        self.envelope(self.chunk_object(), vec![choice], self.chunk_usage())
     }
 
     /// A completion chunk with `text`, `logprobs` and `finish_reason`.
@@ -263,7 +250,7 @@ impl Answer {
             logprobs,
             finish_reason: finish,
         };
-        self.completion_envelope(vec![choice], self.chunk_usage())
+        self.envelope(self.chunk_object(), vec![choice], self.chunk_usage())
     }
 
     /// The chunk that opens a stream (chat: the assistant's role), if the endpoint has one.
@@ -324,10 +311,7 @@ impl Answer {
         });
         if self.include_usage {
             let usage = Some(Some(UsageBody::from(end.usage)));
-            out.push(match self.endpoint {
-                Endpoint::Chat => self.chat_envelope(Vec::new(), usage),
-                Endpoint::Completions => self.completion_envelope(Vec::new(), usage),
-            });
+            out.push(self.envelope(self.chunk_object(), Vec::<ChunkChoice>::new(), usage));
         }
         out
     }

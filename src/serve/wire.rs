@@ -276,17 +276,6 @@ impl From<crate::engine::Usage> for UsageBody {
     }
 }
 
-/// A chat completion (`object: "chat.completion"`).
-#[derive(Debug, Serialize)]
-pub struct ChatCompletion<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: [ChatChoice; 1],
-    pub usage: UsageBody,
-}
-
 /// The one choice of a chat completion.
 #[derive(Debug, Serialize)]
 pub struct ChatChoice {
@@ -301,19 +290,6 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: String,
-}
-
-/// A chunk of a streamed chat completion (`object: "chat.completion.chunk"`).
-#[derive(Debug, Serialize)]
-pub struct ChatChunk<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: Vec<ChunkChoice>,
-    /// Absent without `include_usage`; `null` on every chunk but the last with it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Option<UsageBody>>,
 }
 
 /// The choice of a chat chunk.
@@ -357,16 +333,18 @@ pub struct TopLogprob {
     pub bytes: Vec<u8>,
 }
 
-/// A text completion, or a chunk of a streamed one (`object: "text_completion"`).
+/// Every answer body: a whole chat completion (`object: "chat.completion"`), a chunk of
+/// a streamed one (`"chat.completion.chunk"`), or a text completion or a chunk of one
+/// (`"text_completion"`); `C` is the endpoint's choice.
 #[derive(Debug, Serialize)]
-pub struct Completion<'a> {
+pub struct Envelope<'a, C> {
     pub id: &'a str,
     pub object: &'static str,
     pub created: u64,
     pub model: &'a str,
-    pub choices: Vec<CompletionChoice>,
-    /// In a response always; in a stream only with `include_usage` (`null` but on the
-    /// last chunk).
+    pub choices: Vec<C>,
+    /// In a whole answer always; in a stream only with `include_usage` (`null` but on
+    /// the last chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<UsageBody>>,
 }
