@@ -12,8 +12,8 @@
 //   PAIRS                whether mul_mat_vec_q's lanes take sub-blocks two at a time (the
 //                        K-quants, whose neighbouring sub-blocks share bytes) or one (the
 //                        32-element types); it picks the layout of the Q8_1 activations
-//                        (act_at), and src/backend/cuda/lower/mul_mat_q.rs's act_layout
-//                        must agree
+//                        (act_at), and Q8Layout::of in src/backend/fusion.rs must
+//                        agree
 //   load(blk, sub, w)    reads sub-block `sub` of the block at blk (all but Q4_K, Q5_K)
 //   load2<A>(blk, j, w0, w1)  with PAIRS: sub-blocks j (even) and j + 1 of the block at
 //                        blk, in shared memory at alignment A (or, A = GLOBAL16 and
