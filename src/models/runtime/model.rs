@@ -246,7 +246,7 @@ fn open_config(path: &Path) -> Result<(Config, Option<GgufFile>)> {
         )));
     }
     if is_gguf {
-        let f = GgufFile::open(path)?;
+        let f = gguf::open_model_file(path)?;
         Ok((gguf::config_from_gguf(&f)?, Some(f)))
     } else {
         Ok((Config::from_file(&path.join("config.json"))?, None))
