@@ -598,6 +598,48 @@ fn thirty_two_concurrent_greedy_clients_get_their_text_alone() {
     concurrent_equals_alone(&s, &prompts, 24, 0.0);
 }
 
+/// On CUDA (the cuda feature and a GPU; "skipped: no GPU" without one unless
+/// GRAFT_REQUIRE_GPU=1): 32 concurrent greedy clients get the tokens they get alone
+/// wherever the choice was clear (a batch's products may round otherwise than one
+/// sequence's), and the pipelined greedy decode streams what it answers whole.
+#[cfg(feature = "cuda")]
+#[test]
+fn concurrent_greedy_clients_on_cuda() {
+    match graft::backend::cuda::CudaBackend::new(0) {
+        Ok(_) => {}
+        Err(graft::Error::NoDevice(reason))
+            if std::env::var("GRAFT_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
+            eprintln!("skipped: no GPU ({reason})");
+            return;
+        }
+        Err(e) => panic!("opening the CUDA backend failed: {e}"),
+    }
+    let s = tiny(&["--backend", "cuda", "--parallel", "32"]);
+    let prompts: Vec<String> = (0..32)
+        .map(|i| {
+            format!(
+                "Client {i} asks about lamp {} and river {}",
+                i * 7 % 13,
+                i % 5
+            )
+        })
+        .collect();
+    concurrent_equals_alone(&s, &prompts, 24, 0.05);
+    for prompt in ["The lamp", "A river", "Once upon a time there"] {
+        let body =
+            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+        let (text, v) = whole(&s, "/v1/completions", &body);
+        let (streamed_text, _, finish, usage) = streamed(&s, "/v1/completions", &body);
+        assert_eq!(streamed_text, text, "{prompt}");
+        assert_eq!(
+            (finish.as_str(), &usage["completion_tokens"]),
+            ("length", &json!(40))
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 40);
+    }
+}
+
 /// On the default model (Q4_1 weights) the CPU's quantized dot products add their f32
 /// terms in an order that depends on how many columns a step has (1 to 4 at a time), so
 /// a batch and a lone sequence may differ in the last bits of a logit: tokens must agree
