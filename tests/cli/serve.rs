@@ -583,10 +583,9 @@ fn concurrent_equals_alone(s: &Server, prompts: &[String], max_tokens: usize, ma
     );
 }
 
-#[test]
-fn thirty_two_concurrent_greedy_clients_get_their_text_alone() {
-    let s = tiny(&["--parallel", "32"]);
-    let prompts: Vec<String> = (0..32)
+/// 32 different prompts of the tiny fixture's words.
+fn client_prompts() -> Vec<String> {
+    (0..32)
         .map(|i| {
             format!(
                 "Client {i} asks about lamp {} and river {}",
@@ -594,8 +593,13 @@ fn thirty_two_concurrent_greedy_clients_get_their_text_alone() {
                 i % 5
             )
         })
-        .collect();
-    concurrent_equals_alone(&s, &prompts, 24, 0.0);
+        .collect()
+}
+
+#[test]
+fn thirty_two_concurrent_greedy_clients_get_their_text_alone() {
+    let s = tiny(&["--parallel", "32"]);
+    concurrent_equals_alone(&s, &client_prompts(), 24, 0.0);
 }
 
 /// On CUDA (the cuda feature and a GPU; "skipped: no GPU" without one unless
@@ -616,16 +620,7 @@ fn concurrent_greedy_clients_on_cuda() {
         Err(e) => panic!("opening the CUDA backend failed: {e}"),
     }
     let s = tiny(&["--backend", "cuda", "--parallel", "32"]);
-    let prompts: Vec<String> = (0..32)
-        .map(|i| {
-            format!(
-                "Client {i} asks about lamp {} and river {}",
-                i * 7 % 13,
-                i % 5
-            )
-        })
-        .collect();
-    concurrent_equals_alone(&s, &prompts, 24, 0.05);
+    concurrent_equals_alone(&s, &client_prompts(), 24, 0.05);
     for prompt in ["The lamp", "A river", "Once upon a time there"] {
         let body =
             json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
