@@ -15,6 +15,7 @@ use graft::serve::{ServeConfig, ServedModel};
 use graft::{Error, Result};
 
 use super::engine_args::{parse_bytes, EngineArgs};
+use super::sampling_args::SamplingArgs;
 use super::ModelArgs;
 
 /// Arguments of `graft serve`.
@@ -24,6 +25,9 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     engine: EngineArgs,
+    /// The defaults of requests' sampling settings (a request's fields override them).
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -76,7 +80,8 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 /// Loads the model behind an engine (on the engine thread) with its tokenizer, chat
-/// template and recommended sampling settings.
+/// template and the defaults of requests' sampling settings (the flags over the
+/// model's recommendation).
 fn load(a: &Args) -> Result<(Engine, ServedModel)> {
     let path = a.model.path()?;
     let found = tokenizer::for_model(&path)?.ok_or_else(|| {
@@ -85,15 +90,17 @@ fn load(a: &Args) -> Result<(Engine, ServedModel)> {
             path.display()
         ))
     })?;
-    let sampling = ModelSampling::of(&path)?;
+    let recommended = ModelSampling::of(&path)?;
     let engine = a.engine.load(&a.model, &path, None, false)?;
+    let vocab = engine.config().vocab_size;
+    let sampling = a.sampling.server_defaults(&recommended, vocab)?;
     let mut tok = found.tokenizer;
     tok.set_parse_special(true);
     let template = found.template.compile().map_err(|e| e.to_string());
     if let Err(e) = &template {
         eprintln!("warning: the model's chat template does not compile; /v1/chat/completions will answer 500: {e}");
     }
-    if let Some(from) = &sampling.from {
+    if let Some(from) = &recommended.from {
         eprintln!(
             "graft serve: sampling settings a request leaves out come from {}",
             from.display()
@@ -105,8 +112,8 @@ fn load(a: &Args) -> Result<(Engine, ServedModel)> {
         tokenizer: Arc::new(tok),
         template,
         ctx: engine.ctx(),
-        vocab: engine.config().vocab_size,
-        sampling: sampling.settings,
+        vocab,
+        sampling,
     };
     Ok((engine, model))
 }

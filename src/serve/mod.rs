@@ -84,7 +84,8 @@ pub struct ServedModel {
     pub ctx: usize,
     /// Token ids.
     pub vocab: usize,
-    /// The model's recommended sampling settings (what a request leaves out).
+    /// The settings a request leaves out: the server's flags over the model's
+    /// recommendation (the chat defaults under both).
     pub sampling: PartialSampling,
 }
 

@@ -126,10 +126,11 @@ fn within(param: &str, value: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
     }
 }
 
-/// The sampling settings, each from the first of: the request, the model's
-/// recommendation ([`ServedModel::sampling`]), the chat defaults
+/// The sampling settings, each from the first of: the request, the server's flags and
+/// the model's recommendation ([`ServedModel::sampling`]), the chat defaults
 /// ([`SamplingParams::chat`]), merged by the sampler's [`resolve`] (so that temperature
-/// 0 is the model's own argmax unless the request sets a penalty). The OpenAI API's
+/// 0 is the model's own argmax unless something sets a penalty). The flags' seed and
+/// logit bias apply to a request that gives none. The OpenAI API's
 /// ranges of the temperature, the penalties and the logit biases are checked here, the
 /// rest by [`SamplingParams::validate`], naming the field.
 fn sampling(b: &GenerateBody, model: &ServedModel) -> Result<SamplingParams, ApiError> {
@@ -162,7 +163,8 @@ fn sampling(b: &GenerateBody, model: &ServedModel) -> Result<SamplingParams, Api
         seed: b.seed.map(|s| s as u64),
         logit_bias,
     };
-    let params = resolve(&asked, &model.sampling, &SamplingParams::chat()).params;
+    let given = asked.or(&model.sampling);
+    let params = resolve(&given, &PartialSampling::default(), &SamplingParams::chat()).params;
     params.validate(model.vocab)?;
     Ok(params)
 }

@@ -237,10 +237,11 @@ fn stop_strings_are_never_emitted_also_across_tokens() {
     assert!(pieces.iter().all(|p| !p.contains(&stop)), "{pieces:?}");
 }
 
-/// What a request leaves out comes from the model's generation_config.json (here
-/// `do_sample: false`, greedy) before the chat defaults; what it gives wins.
+/// A sampling setting comes from the request, else the server's flags, else the model's
+/// generation_config.json (here `do_sample: false`, greedy), else the chat defaults; a
+/// bad flag stops the server with an error naming it.
 #[test]
-fn the_models_sampling_settings_fill_in_what_a_request_leaves_out() {
+fn sampling_settings_come_from_the_request_the_flags_and_the_model() {
     let dir = crate::bad_input::tempdir("serve-greedy-model");
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         std::fs::copy(tiny_fixture().join(f), dir.join(f)).unwrap();
@@ -282,6 +283,32 @@ fn the_models_sampling_settings_fill_in_what_a_request_leaves_out() {
         greedy_model.log().contains("generation_config.json"),
         "the server says where its settings come from:\n{}",
         greedy_model.log()
+    );
+    // a flag beats the model, a request beats the flag
+    let hot_flag = Server::start(&["--model", dir.to_str().unwrap(), "--temperature", "1.5"]);
+    let flagged: Vec<String> = (1..4)
+        .map(|seed| ask(&hot_flag, json!({"seed": seed})))
+        .collect();
+    assert!(flagged.iter().any(|t| *t != argmax), "{flagged:?}");
+    assert_eq!(ask(&hot_flag, json!({"seed": 1, "temperature": 0})), argmax);
+    let cold_flag = tiny(&["--temperature", "0"]);
+    assert_eq!(ask(&cold_flag, json!({"seed": 2})), argmax);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            dir.to_str().unwrap(),
+            "--top-p",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("error: --top-p: must be in [0, 1], got 2"),
+        "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
