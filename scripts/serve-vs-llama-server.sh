@@ -81,18 +81,28 @@ prompts=(--prompt-tokens "$tokens" --vocab "$vocab")
 [ -z "$words" ] || prompts=(--prompt-words "$words")
 bench=("$graft" serve-bench -c "$levels" -n "$n" "${prompts[@]}" --wait 900)
 
-# run NAME PORT SERVER-COMMAND...: starts the server, benchmarks it, stops it.
+# run NAME PORT SERVER-COMMAND...: starts the server, benchmarks it (the table into
+# $out/NAME.md too), stops it; a server that exits first fails the run.
 run() {
     local name="$1" port="$2"
     shift 2
     echo "## $name: $*"
     "$@" --port "$port" >"$out/$name.log" 2>&1 &
     local pid=$!
-    local rc=0
-    "${bench[@]}" --url "http://127.0.0.1:$port" | tee "$out/$name.md" || rc=$?
+    "${bench[@]}" --url "http://127.0.0.1:$port" >"$out/$name.md" &
+    local bpid=$! rc=0
+    while kill -0 "$bpid" 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            kill "$bpid" 2>/dev/null || true
+            die "$name exited before the benchmark ended; its log: $out/$name.log"
+        fi
+        sleep 1
+    done
+    wait "$bpid" || rc=$?
+    cat "$out/$name.md"
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-    [ $rc = 0 ] || die "$name failed (exit $rc); its log: $out/$name.log"
+    [ $rc = 0 ] || die "serve-bench against $name failed (exit $rc); its log: $out/$name.log"
     echo
 }
 
