@@ -1,5 +1,5 @@
 //! The CUDA backend: the kernel table, every op's property tests on the GPU against the
-//! f64 oracle and the CPU (float and block-quantized tensors), and a small transformer
+//! f64 oracle and the CPU (float and block-quantized tensors, mul_mat_id), and a small transformer
 //! step captured and replayed as a CUDA graph.
 //!
 //! Built with `--features cuda` only (`cargo test --features cuda --test cuda`). Without
@@ -10,11 +10,15 @@ use std::sync::Mutex;
 
 #[path = "../common/mod.rs"]
 mod common;
+#[allow(dead_code)] // the CPU tests' cases too
+#[path = "../common/moe.rs"]
+mod moe;
 #[path = "../common/quant_strategies.rs"]
 mod quant_strategies;
 
 mod cuda_graph;
 mod cuda_kernels;
+mod mul_mat_id;
 mod ops_cuda;
 mod ops_cuda_quant;
 

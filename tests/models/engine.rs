@@ -311,6 +311,26 @@ fn cancelling_mid_prefill_frees_the_blocks() {
     assert!(e.cancel(id).is_none());
 }
 
+/// A prompt whose cached prefix ends in a partly filled block, admitted when that block
+/// is the only one left to hand out: the cached block is held while the copy's block is
+/// taken (never copied onto itself), and the output is the request's alone.
+#[test]
+fn a_partial_prefix_block_evicted_for_its_own_copy() {
+    let name = "llama3-tiny-bf16";
+    // two blocks of 16 positions
+    let mut e = engine(name, config(64, 32, 1, 64));
+    let prompt: Vec<u32> = (0..20).map(|i| 3 + i * 11 % 400).collect();
+    let first = e.add(Request::greedy(prompt.clone(), 1)).unwrap();
+    let mut out = HashMap::new();
+    drain(&mut e, &mut out);
+    assert!(out[&first].finish.is_some());
+    let mut longer = prompt.clone();
+    longer.push(42);
+    let id = e.add(Request::greedy(longer.clone(), 4)).unwrap();
+    drain(&mut e, &mut out);
+    assert_eq!(out.remove(&id).unwrap(), alone(name, &longer, 4));
+}
+
 /// With a context shift a generation runs past the context: at the end of the context
 /// the last half of the tokens is computed again, and what follows is what a fresh
 /// request with those tokens as its prompt gives.

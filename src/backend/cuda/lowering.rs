@@ -8,10 +8,11 @@
 //! as named constants, and the alignment rule of each dtype. It imports no family file.
 
 use super::args::{ArgBytes, KernelArgs, Tensor4};
+use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
 use super::kernels::{Kernel, KernelId};
 use super::split::SplitRows;
-use crate::backend::fusion::{disjoint, Q8Layout};
+use crate::backend::fusion::disjoint;
 use crate::graph::{BufferId, DType, Loc, Operand};
 
 /// One device operation of a lowered step.
@@ -122,11 +123,11 @@ pub(crate) struct Lowering<'a> {
     pub written: Vec<BufferId>,
     /// Decode products with block-quantized weights take the Q8_1 + `__dp4a` path
     /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
-    /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
+    /// (`mul_mat_vec_dq_*`) when false (`CudaBackend::set_mmvq`).
     pub mmvq: bool,
     /// With `mmvq`: small decode products whose activations have no Q8_1 copy yet
     /// dequantize in registers all the same (one launch instead of two; see
-    /// `lower::mul_mat_q`). Off unless the backend picks the path itself.
+    /// `decode::quant`). Off unless the backend picks the path itself.
     pub small_dq: bool,
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
@@ -142,6 +143,11 @@ pub(crate) struct Lowering<'a> {
     /// the same layout. It is forgotten when a step writes memory the activations occupy
     /// ([`Lowering::wrote`]) or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<Q8Copy>,
+    /// The columns of the last mul_mat_id grouped by expert in scratch: the next
+    /// mul_mat_id over the same ids (a block's gate, up and down products) reads them
+    /// instead of grouping again. Forgotten like [`Lowering::q8_1`]: when a step writes
+    /// the ids' memory or another step takes scratch.
+    pub experts: Option<ExpertGroups>,
     /// Whether a step lowered before the current one has launches: a kernel of the plan
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
@@ -151,35 +157,17 @@ pub(crate) struct Lowering<'a> {
     pub split: &'a [SplitRows],
 }
 
-/// The factor of a folded norm (`crate::backend::fusion::NormFold`) that the product
-/// after the norm computes, for the launch after that product, which applies it.
+/// The columns of a mul_mat_id grouped by expert (`group_by_expert`, cuda/mul_mat_id.cu).
 #[derive(Clone, Debug)]
-pub struct NormFoldOut {
-    /// Address of the factor (F32, in held scratch).
-    pub scale: u64,
-    /// Scratch bytes the fold holds until the factor is applied (its `y * w`, block sums
-    /// and factor, from offset 0): the launch that applies it takes its own scratch after
-    /// them.
-    pub held: usize,
-}
-
-impl NormFoldOut {
-    /// The `fold_scale` argument of the launch that applies `fold` (0: none).
-    pub fn scale_of(fold: Option<&Self>) -> u64 {
-        fold.map_or(0, |f| f.scale)
-    }
-}
-
-/// A Q8_1 copy of F32 activations in scratch, as the decode products read them
-/// (cuda/quant.cuh).
-#[derive(Clone, Debug)]
-pub struct Q8Copy {
-    /// The activations.
-    pub of: Operand,
-    /// The copy's address.
-    pub addr: u64,
-    /// Its layout (by the weight type of the product that reads it).
-    pub layout: Q8Layout,
+pub struct ExpertGroups {
+    /// The ids they were grouped from.
+    pub ids: Operand,
+    /// The experts (the offsets' length less one).
+    pub n_expert: usize,
+    /// Each expert's first column in `cols` (I32, `n_expert + 1`).
+    pub offsets: u64,
+    /// The columns, grouped by expert (I32).
+    pub cols: u64,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -215,6 +203,7 @@ impl<'a> Lowering<'a> {
             devices,
             sms: DEFAULT_SMS,
             q8_1: None,
+            experts: None,
             launched: false,
             split: &[],
         }
@@ -254,6 +243,7 @@ impl Lowering<'_> {
     /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
+        self.experts = None;
         let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
         self.scratch_need = self.scratch_need.max(*offset);
@@ -264,6 +254,13 @@ impl Lowering<'_> {
     pub fn wrote(&mut self, dst: &Operand) {
         if self.q8_1.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
             self.q8_1 = None;
+        }
+        if self
+            .experts
+            .as_ref()
+            .is_some_and(|g| !disjoint(&g.ids, dst))
+        {
+            self.experts = None;
         }
     }
 

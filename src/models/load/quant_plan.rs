@@ -21,8 +21,9 @@
 //! - `iq4_nl`, `iq4_xs`: IQ4_NL or IQ4_XS, but Q5_K for `ffn_down` in the first eighth of
 //!   the layers and for `attn_v` with 4 or more query heads a KV head.
 //!
-//! (llama.cpp also gives 70B models' `attn_v` more bits and fused q|k|v tensors rules of
-//! their own: graft does neither.)
+//! A mixture of experts' `ffn_down_exps` counts as `ffn_down`; its router stays F32.
+//! (llama.cpp also gives 70B models' `attn_v`, 8-expert models and fused q|k|v tensors
+//! rules of their own: graft does not.)
 //!
 //! A type needs rows whose length is a multiple of its block (32 elements, 256 for the
 //! K-quants and IQ4_XS). When a row does not fit, the tensor falls back like llama.cpp's:
@@ -223,7 +224,7 @@ impl QuantPlan {
         let gqa4 = cfg.num_attention_heads >= 4 * cfg.num_key_value_heads.max(1);
         let (v, down, out) = (
             role == Role::AttnV,
-            role == Role::FfnDown,
+            matches!(role, Role::FfnDown | Role::FfnDownExps),
             role == Role::AttnOut,
         );
         let more = match self {
@@ -262,7 +263,9 @@ impl QuantPlan {
             dtype: DType::F32,
             fallback_from: None,
         };
-        if role.is_vector() {
+        // the router of a mixture of experts stays F32 like the vectors (llama.cpp's
+        // converter and quantizer keep ffn_gate_inp so)
+        if role.is_vector() || role == Role::FfnGateInp {
             return plain;
         }
         // A file that fuses q|k|v (GPT-2's attn_qkv) stores them in one type: v's.
