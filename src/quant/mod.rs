@@ -640,7 +640,7 @@ mod tests {
     /// the row's other blocks are quantized as without it.
     #[test]
     fn non_finite_blocks_dequantize_to_nan() {
-        for q in QType::ALL {
+        for q in QType::ALL.into_iter().filter(|q| q.can_quantize()) {
             let n = 2 * q.block_size();
             let x: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
             let rb = q.row_bytes(n).unwrap();
