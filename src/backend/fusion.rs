@@ -291,22 +291,6 @@ pub fn float_gemv(a: &Operand, b: &Operand) -> bool {
         && a.rows_contiguous()
 }
 
-/// Whether `a b` with block-quantized `a` has a decode layout: 1 to [`MAX_DECODE_COLS`]
-/// columns of `b` with dense elements, whole blocks a row, no batches.
-pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
-    let (kk, n) = (a.ne[0], b.ne[1]);
-    a.dtype.quant().is_some()
-        && (1..=MAX_DECODE_COLS).contains(&n)
-        && kk < i32::MAX as usize
-        && kk % a.dtype.block_size() == 0
-        && b.dtype == DType::F32
-        && b.ne[0] == kk
-        && b.rows_contiguous()
-        && a.rows_contiguous()
-        && single(a)
-        && single(b)
-}
-
 /// Whether `a b` with block-quantized `a` has the layout of a batched product: one weight
 /// matrix with whole blocks a row, F32 activations with dense rows whose columns, batches
 /// included, are 1 to `max_cols` (one after the other: column `i1 + n (i2 + b2 i3)`).
@@ -321,6 +305,12 @@ pub fn quant_batched_layout(a: &Operand, b: &Operand, max_cols: usize) -> bool {
         && b.rows_contiguous()
         && a.rows_contiguous()
         && single(a)
+}
+
+/// Whether `a b` with block-quantized `a` has a decode layout: the batched layout
+/// ([`quant_batched_layout`]) with 1 to [`MAX_DECODE_COLS`] columns and no batches.
+pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
+    single(b) && quant_batched_layout(a, b, MAX_DECODE_COLS)
 }
 
 /// Whether `a b` is a decode product: a float GEMV ([`float_gemv`]) or a product with

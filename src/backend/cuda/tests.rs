@@ -1334,7 +1334,7 @@ fn q8_1_copy_is_forgotten_when_its_source_is_written() {
 
 /// The address of a plan location for lowering without memory behind it: arena offsets
 /// and buffers (weights, the KV cache) far apart.
-fn fake_addr_any(loc: Loc) -> u64 {
+pub(super) fn fake_addr_any(loc: Loc) -> u64 {
     match loc {
         Loc::Arena(off) => 0x1000 + off as u64,
         Loc::Buffer(b, off) => ((b.0 as u64 + 1) << 40) + off as u64,

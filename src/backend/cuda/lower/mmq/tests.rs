@@ -20,7 +20,9 @@ use crate::backend::cuda::args::{
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
 use crate::backend::cuda::split::SplitRows;
-use crate::backend::cuda::tests::{args, base, elem, kernel_launches, lower_plan, offset};
+use crate::backend::cuda::tests::{
+    args, base, elem, fake_addr_any, kernel_launches, lower_plan, offset,
+};
 use crate::backend::{Backend, BackendExt};
 use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Plan};
 use crate::quant::split::{join_row, split_row};
@@ -443,13 +445,9 @@ fn quant_paths_follow_the_thresholds() {
 /// The names of the operations `c` lowers to on `path` (fake addresses: nothing runs).
 fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
     let (plan, _, _) = c.build(BufferId(1), 1);
-    let resolve = |loc: Loc| match loc {
-        Loc::Arena(off) => 0x1000 + off as u64,
-        Loc::Buffer(_, off) => (1 << 40) + off as u64,
-    };
     let mut lw = Lowering {
         quant_path: path,
-        ..Lowering::new(&resolve, true, 1)
+        ..Lowering::new(&fake_addr_any, true, 1)
     };
     let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
     ops.iter().flatten().map(DevOp::name).collect()
@@ -475,13 +473,9 @@ fn fused_norm_writes_the_mmq_activations() {
         .unwrap();
     let y = g.mul_mat(w, h).unwrap();
     let plan = g.plan(&[y]).unwrap();
-    let resolve = |loc: Loc| match loc {
-        Loc::Arena(off) => 0x1000 + off as u64,
-        Loc::Buffer(_, off) => (1 << 40) + off as u64,
-    };
     let mut lw = Lowering {
         scratch_base: 1 << 44,
-        ..Lowering::new(&resolve, true, 1)
+        ..Lowering::new(&fake_addr_any, true, 1)
     };
     let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
     let launches = kernel_launches(&ops);
