@@ -131,10 +131,11 @@ __device__ __forceinline__ i64 slot_of(const PagedArgs& p, const int* row, int j
     return (i64)b * p.block_size + (j - lb * p.block_size);
 }
 
-// The score of a visible key, as the CPU reference: scale * q . k, then the softcap; a NaN
-// becomes +inf (see the header).
+// The score of a visible key, as the CPU reference: scale * q . k (NaN when not finite:
+// an infinity would be capped to a finite score), then the softcap; a NaN becomes +inf
+// (see the header).
 __device__ __forceinline__ float paged_score(const PagedArgs& p, float dot) {
-    float s = p.scale * dot;
+    float s = p.scale * finite_or_nan(dot);
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
     return s != s ? INFINITY : s;
 }

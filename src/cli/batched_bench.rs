@@ -27,12 +27,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use graft::engine::{Engine, Event, Request, RequestId};
+use graft::engine::{max_kv_size, Engine, Event, Request, RequestId};
 use graft::models::SamplingParams;
 use graft::{Error, Result};
 
-use super::dump::preset;
-use super::engine_args::EngineArgs;
+use super::dump::{preset, preset_help};
+use super::engine_args::{bench_context, EngineArgs};
 use super::sampling_args::SamplingArgs;
 use super::{print_out, ModelArgs};
 
@@ -45,9 +45,13 @@ pub struct Args {
     engine: EngineArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Instead of --model: a preset shape with seeded random weights (llama2-7b, ...;
-    /// --dtype picks their type, f16 when absent).
-    #[arg(long, conflicts_with = "model")]
+    #[arg(
+        long,
+        conflicts_with = "model",
+        help = preset_help(
+            "Model shape instead of --model, with seeded random weights of --quantize (f16 when absent)"
+        )
+    )]
     preset: Option<String>,
     /// Prompt lengths, comma-separated (llama-batched-bench's -npp).
     #[arg(long, value_delimiter = ',', default_value = "128")]
@@ -87,7 +91,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let max = |v: &[usize]| v.iter().copied().max().unwrap_or(1);
     // every sequence's whole length fits its context; the pool holds the largest batch
-    let ctx = max(&a.npp) + max(&a.ntg) + 1;
+    let block = a.engine.kv_block;
+    let most = max_kv_size(block);
+    let sizes = [("--npp", max(&a.npp)), ("--ntg", max(&a.ntg))];
+    let ctx = bench_context(sizes, a.model.ctx, most.saturating_sub(block))?;
     let mut engine_args = a.engine.clone();
     let batch = max(&a.npl).min(a.requests.unwrap_or(usize::MAX));
     if a.requests.is_none() {
@@ -96,7 +103,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     // room for every sequence that may run at once, unless a budget is given
     if engine_args.kv_size.is_none() && engine_args.kv_mem.is_none() {
-        engine_args.kv_size = Some(engine_args.parallel * (ctx + engine_args.kv_block));
+        let n = engine_args.parallel;
+        let pool = n.checked_mul(ctx + block).filter(|&p| p <= most);
+        engine_args.kv_size = Some(pool.ok_or_else(|| {
+            Error::model(format!(
+                "{n} sequences at once (--npl, --parallel) of {ctx} positions are more than a KV pool holds ({most} positions): give fewer sequences (--npl, --parallel) or shorter ones (--npp, --ntg), or a pool size (--kv-size, --kv-mem)"
+            ))
+        })?);
     }
     // one seed (--seed, default 1) for the weights, the prompts, the arrivals and sampling
     let seed = a.sampling.seed().unwrap_or(1);

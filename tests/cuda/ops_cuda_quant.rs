@@ -1,15 +1,15 @@
 //! The CUDA backend's ops on block-quantized tensors against the CPU backend and an f64
 //! oracle on the host-dequantized weights (`common/quant_strategies.rs` draws the cases):
-//! quantizing casts give the CPU's bytes, dequantizing casts and get_rows the CPU's
-//! bits, mul_mat is within an NMSE bound of the oracle and of the CPU on the path its
-//! width takes, which the profile must show: the Q8_1 paths (the `__dp4a` decode kernels
-//! and the int8 tensor-core product of batched widths: 5e-4, or 1.5 times the error of the
-//! host's Q8_1 reference where that is larger, with the kernel held to that reference
-//! elementwise up to the order of its f32 sums, `quant_strategies::check_sum_order`),
-//! dequantize in registers (1e-5) and the weights dequantized to F16 for cuBLAS (1e-4).
-//! Each plan runs twice (capture, then replay) with its arena poisoned around every
-//! tensor, which must stay poisoned. Without a GPU every test prints "skipped: no GPU" and
-//! passes, unless `GRAFT_REQUIRE_GPU=1`.
+//! quantizing casts give the CPU's bytes (a block holding a NaN or an infinity too: zeros
+//! with a NaN scale), dequantizing casts and get_rows the CPU's bits, mul_mat is within an
+//! NMSE bound of the oracle and of the CPU on the path its width takes, which the profile
+//! must show: the Q8_1 paths (the `__dp4a` decode kernels and the int8 tensor-core product
+//! of batched widths: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
+//! that is larger, with the kernel held to that reference elementwise up to the order of
+//! its f32 sums, `quant_strategies::check_sum_order`), dequantize in registers (1e-5) and
+//! the weights dequantized to F16 for cuBLAS (1e-4). Each plan runs twice (capture, then
+//! replay) with its arena poisoned around every tensor, which must stay poisoned. Without
+//! a GPU every test prints "skipped: no GPU" and passes, unless `GRAFT_REQUIRE_GPU=1`.
 
 use std::cell::RefCell;
 
@@ -93,7 +93,7 @@ fn check_bytes(c: &QCase, cuda: &mut CudaBackend, cpu: &mut CpuBackend) -> Resul
     }
     if c.op != QOp::Quantize {
         let e = qs::nmse(&qs::decode_rows(dt, c.k, &r), &qs::oracle(c));
-        if e > 1e-6 {
+        if e.is_nan() || e > 1e-6 {
             return Err(format!("{c:?}: cpu vs oracle NMSE {e:e}"));
         }
     }
