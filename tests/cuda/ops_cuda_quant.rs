@@ -1,20 +1,20 @@
 //! The CUDA backend's ops on block-quantized tensors against the CPU backend and an f64
 //! oracle on the host-dequantized weights (`common/quant_strategies.rs` draws the cases):
 //! quantizing casts give the CPU's bytes (a block holding a NaN or an infinity too: zeros
-//! with a NaN scale), dequantizing casts and get_rows the CPU's
-//! bits, mul_mat is within an NMSE bound of the oracle and of the CPU on both decode
-//! paths (Q8_1 + dp4a: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
+//! with a NaN scale), dequantizing casts and get_rows the CPU's bits, mul_mat is within an
+//! NMSE bound of the oracle and of the CPU on the path its width takes, which the profile
+//! must show: the Q8_1 paths (the `__dp4a` decode kernels and the int8 tensor-core product
+//! of batched widths: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
 //! that is larger, with the kernel held to that reference elementwise up to the order of
-//! its f32 sums, `quant_strategies::check_sum_order`; dequantize in
-//! registers: 1e-5) and on the prefill path
-//! (weights dequantized to F16 for cuBLAS: 1e-4). Each plan runs twice (capture, then
-//! replay). Without a GPU every test prints "skipped: no GPU" and passes, unless
-//! `GRAFT_REQUIRE_GPU=1`.
+//! its f32 sums, `quant_strategies::check_sum_order`), dequantize in registers (1e-5) and
+//! the weights dequantized to F16 for cuBLAS (1e-4). Each plan runs twice (capture, then
+//! replay) with its arena poisoned around every tensor, which must stay poisoned. Without
+//! a GPU every test prints "skipped: no GPU" and passes, unless `GRAFT_REQUIRE_GPU=1`.
 
 use std::cell::RefCell;
 
 use graft::backend::cpu::CpuBackend;
-use graft::backend::cuda::CudaBackend;
+use graft::backend::cuda::{CudaBackend, QuantPath, MMQ_MAX_COLS};
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
@@ -100,13 +100,66 @@ fn check_bytes(c: &QCase, cuda: &mut CudaBackend, cpu: &mut CpuBackend) -> Resul
     Ok(())
 }
 
-/// mul_mat within `bound` of the oracle, for the CPU and for the GPU, and of each other.
+/// The kernels a quantized mul_mat runs on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// Q8_1 activations, `__dp4a` decode kernels.
+    Dp4a,
+    /// Weights dequantized in registers against F32 activations.
+    Dequantize,
+    /// Q8_1 activations, the int8 tensor-core product.
+    Mmq,
+    /// Weights dequantized to F16 for cuBLAS.
+    Cublas,
+}
+
+impl Path {
+    /// The path of the kernels a run's profile lists.
+    fn of(kernels: &[String]) -> Option<Path> {
+        let ran = |k: &str| kernels.iter().any(|s| s.contains(k));
+        [
+            ("mmq_", Path::Mmq),
+            ("mul_mat_vec_q", Path::Dp4a),
+            ("mul_mat_vec_dq", Path::Dequantize),
+            ("cublas", Path::Cublas),
+        ]
+        .into_iter()
+        .find_map(|(k, p)| ran(k).then_some(p))
+    }
+
+    /// The path the lowering must pick for case `c` on the decode path `mmvq`: the decode
+    /// kernels for a few columns without batches, the tensor-core product up to
+    /// `MMQ_MAX_COLS` columns (batches included) over one weight matrix, cuBLAS otherwise.
+    fn expected(c: &QCase, mmvq: bool) -> Path {
+        let one = c.a_batch == [1, 1];
+        match (c.n <= 8 && one && c.repeat == [1, 1], mmvq) {
+            (true, true) => Path::Dp4a,
+            (true, false) => Path::Dequantize,
+            (false, _) if one && c.cols() <= MMQ_MAX_COLS => Path::Mmq,
+            (false, _) => Path::Cublas,
+        }
+    }
+
+    /// Bound on the NMSE of the path's results against the oracle and the CPU.
+    fn bound(self) -> f64 {
+        match self {
+            Path::Dp4a | Path::Mmq => NMSE_MMVQ,
+            Path::Dequantize => NMSE_DMMV,
+            Path::Cublas => NMSE_PREFILL,
+        }
+    }
+}
+
+/// mul_mat on the GPU on the path its shape takes (decode kernels on the `mmvq` path,
+/// the tensor-core product or cuBLAS; the profile of a second, eager run names the
+/// kernels, and its results must be the replayed run's bytes), within the path's bound of
+/// the oracle and of the CPU; a Q8_1 path also within the order of its f32 sums of the
+/// host's `vec_dot_q8_1`.
 fn check_mul_mat(
     c: &QCase,
     cuda: &mut CudaBackend,
     cpu: &mut CpuBackend,
     mmvq: bool,
-    bound: f64,
 ) -> Result<(), String> {
     let want = qs::oracle(c);
     let (dt, r) = run_on(c, cpu)?;
@@ -118,32 +171,40 @@ fn check_mul_mat(
     cuda.set_mmvq(Some(mmvq));
     let out = run_on(c, cuda);
     cuda.set_mmvq(None);
-    let (dt, g) = out?;
-    let g = qs::decode(dt, &g);
-    if let Some(i) = g.iter().position(|v| !v.is_finite()) {
-        return Err(format!("{c:?} (mmvq {mmvq}): element {i} is {}", g[i]));
+    let (dt, bytes) = out?;
+    let (eager, kernels) = profiled(cuda, mmvq, |cuda| run_on(c, cuda));
+    let path = Path::of(&kernels);
+    if path != Some(Path::expected(c, mmvq)) {
+        return Err(format!("{c:?} (mmvq {mmvq}): ran {path:?}: {kernels:?}"));
     }
-    // The Q8_1 path's error is that of the 8-bit activations, which a case with few
+    if let Some(d) = first_diff(&eager?.1, &bytes, 4) {
+        return Err(format!("{c:?}: eager and replayed runs differ: {d}"));
+    }
+    let path = Path::expected(c, mmvq);
+    let g = qs::decode(dt, &bytes);
+    if let Some(i) = g.iter().position(|v| !v.is_finite()) {
+        return Err(format!("{c:?} ({path:?}): element {i} is {}", g[i]));
+    }
+    // The Q8_1 paths' error is that of the 8-bit activations, which a case with few
     // outputs and outliers can push past the bound by itself: the bound is then the
     // host reference's own error against the oracle (normalized by the oracle, as the
     // kernel's is), and the exact check below still holds the kernel to that reference.
-    let exact = mmvq && c.n <= 8 && c.a_batch == [1, 1] && c.repeat == [1, 1];
-    let reference = exact.then(|| qs::oracle_q8_1(c));
+    let reference = matches!(path, Path::Dp4a | Path::Mmq).then(|| qs::oracle_q8_1(c));
     let bound = match &reference {
-        Some(q) => bound.max(1.5 * qs::nmse(q, &want)),
-        None => bound,
+        Some(q) => path.bound().max(1.5 * qs::nmse(q, &want)),
+        None => path.bound(),
     };
-    // The Q8_1 decode path computes exactly what vec_dot_q8_1 does, up to the order of
-    // the f32 sums (checked first: its message names the element).
+    // The Q8_1 paths compute exactly what vec_dot_q8_1 does, up to the order of the f32
+    // sums (checked first: its message names the element).
     if let Some(q) = &reference {
         let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
         qs::check_sum_order(c, &qs::activations(c), &g, q)
-            .map_err(|e| format!("{c:?}: vs vec_dot_q8_1: {e}"))?;
+            .map_err(|e| format!("{c:?} ({path:?}): vs vec_dot_q8_1: {e}"))?;
     }
     let (eo, ec) = (qs::nmse(&g, &want), qs::nmse(&g, &r));
     if eo > bound || ec > bound {
         return Err(format!(
-            "{c:?} (mmvq {mmvq}): NMSE vs oracle {eo:e}, vs cpu {ec:e} (bound {bound:e})"
+            "{c:?} ({path:?}): NMSE vs oracle {eo:e}, vs cpu {ec:e} (bound {bound:e})"
         ));
     }
     Ok(())
@@ -176,7 +237,7 @@ fn prop_mul_mat_decode_q8_1() {
         "mul_mat decode (Q8_1, dp4a)",
         qs::mul_mat_decode(),
         192,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -188,7 +249,7 @@ fn prop_mul_mat_decode_q8_1_unaligned() {
         "mul_mat decode (Q8_1, dp4a), unaligned rows",
         qs::mul_mat_decode_offset(),
         96,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -208,7 +269,7 @@ fn decode_q8_1_single_output_near_zero() {
         "mul_mat decode, near-zero output",
         proptest::strategy::Just(case),
         1,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -218,7 +279,7 @@ fn prop_mul_mat_decode_dequantize() {
         "mul_mat decode (dequantize)",
         qs::mul_mat_decode(),
         192,
-        |c, g, r| check_mul_mat(c, g, r, false, NMSE_DMMV),
+        |c, g, r| check_mul_mat(c, g, r, false),
     );
 }
 
@@ -390,6 +451,7 @@ impl AttnProduct {
             n: n_q,
             a_batch: [1, 1],
             repeat: [1, 1],
+            x_pad: 0,
             seed: self.seed,
         }
     }
@@ -452,15 +514,59 @@ fn floats(b: &[u8]) -> Vec<f32> {
 #[test]
 fn prop_mul_mat_prefill() {
     on_gpu("mul_mat prefill", qs::mul_mat_prefill(), 96, |c, g, r| {
-        check_mul_mat(c, g, r, true, NMSE_PREFILL)
+        check_mul_mat(c, g, r, true)
+    });
+}
+
+/// Batched products (9..=300 columns, batches of activations broadcast over one weight
+/// matrix, strided activation rows whose NaN padding no kernel may read, rows of up to
+/// three 64-row tiles and long enough for parts of K, weights at aligned and unaligned
+/// offsets): the int8 tensor-core product up to `MMQ_MAX_COLS` columns, exactly the host's
+/// `vec_dot_q8_1` up to the order of its f32 sums; cuBLAS on the F16 copy past it.
+#[test]
+fn prop_mul_mat_batched() {
+    on_gpu("mul_mat batched", qs::mul_mat_batched(), 128, |c, g, r| {
+        check_mul_mat(c, g, r, true)
+    });
+}
+
+/// Every width of the tensor-core product's column tiles and the decode widths, forced
+/// onto it (`QuantPath::Mmq`), every type: 1..=8 columns take the 8-column tile, which
+/// only batched activations reach otherwise.
+#[test]
+fn prop_mmq_forced_at_decode_widths() {
+    use proptest::sample::select;
+    let case = (
+        select(qs::WEIGHT_TYPES.to_vec()),
+        1usize..=8,
+        1usize..=70,
+        any::<u64>(),
+    )
+        .prop_flat_map(|(q, n, rows, seed)| {
+            let max = if q.block_size() == 32 { 40 } else { 5 };
+            (1usize..=max)
+                .prop_map(move |b| QCase::mul_mat(q, b * q.block_size(), rows, n, false, seed))
+        });
+    on_gpu("mmq at decode widths", case, 48, |c, cuda, _cpu| {
+        let want = qs::oracle_q8_1(c);
+        cuda.set_quant_path(QuantPath::Mmq);
+        let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
+        cuda.set_quant_path(QuantPath::Auto);
+        if Path::of(&kernels) != Some(Path::Mmq) {
+            return Err(format!("{c:?}: {kernels:?}"));
+        }
+        let (dt, bytes) = out?;
+        let g: Vec<f32> = qs::decode(dt, &bytes).iter().map(|&v| v as f32).collect();
+        qs::check_sum_order(c, &qs::activations(c), &g, &want).map_err(|e| format!("{c:?}: {e}"))
     });
 }
 
 /// A mul_mat case over frozen weights of one of `types`: `k` one of `ks` (rows the CUDA
 /// backend splits or not), at one of `offsets` (16-byte aligned or not), one wave of
-/// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths and prefill
-/// widths, a fused residual add or not, padded rows (`pad` blocks, one of `pads`) or not,
-/// on either decode path.
+/// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths, the widths of
+/// each column tile of the tensor-core product and prefill widths past them, a fused
+/// residual add or not, padded rows (`pad` blocks, one of `pads`) or not, on either decode
+/// path.
 fn frozen_case(
     types: Vec<QType>,
     ks: Vec<usize>,
@@ -472,7 +578,7 @@ fn frozen_case(
         select(types),
         select(ks),
         proptest::prop_oneof![1usize..150, 4225usize..4400],
-        select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
+        select(vec![1usize, 2, 3, 4, 5, 8, 9, 17, 40, 64, 100, 300]),
         select(offsets),
         select(pads),
         any::<bool>(),
@@ -534,6 +640,20 @@ fn prop_frozen_k_quant_weights_match_unfrozen() {
     );
 }
 
+/// Frozen weights of every type under batched products (`qs::mul_mat_batched`: broadcast
+/// batches, strided activations, 9..=300 columns): the bytes the same weights give
+/// unfrozen, the split kernels (`mmq_split_*`, `cpy_split_*`) exactly when the rows are
+/// split (offset 0; Q6_K: any even offset).
+#[test]
+fn prop_frozen_batched_match_unfrozen() {
+    on_gpu(
+        "frozen weights, batched",
+        qs::mul_mat_batched(),
+        64,
+        |c, cuda, _cpu| check_frozen(c, true, cuda),
+    );
+}
+
 /// Q4_K and Q5_K decode products at 16-byte aligned rows, which the backend reads in
 /// place (`mul_mat_vec_qd_*`), against the same weights 2 bytes further into their
 /// buffer, which the staged kernel (`mul_mat_vec_q_*`) reads: the same result bytes
@@ -585,7 +705,7 @@ fn prop_aligned_k_quant_rows_match_staged() {
         if let Some(d) = first_diff(&aligned, &staged, 4) {
             return Err(format!("{c:?}: aligned and staged results differ: {d}"));
         }
-        check_mul_mat(c, cuda, cpu, true, NMSE_MMVQ)
+        check_mul_mat(c, cuda, cpu, true)
     });
 }
 
@@ -665,12 +785,9 @@ fn frozen_weight_past_one_chunk() {
 
 fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), String> {
     // rows of whole 16-byte multiples (Q4_0, Q5_0, Q8_0: 256 elements; Q4_1: 128; Q5_1:
-    // 64) at a 16-byte aligned start; Q6_K rows of 8 super-blocks or more at an even one
-    let blocks = c.stride_elems() / c.q.block_size();
-    let split = match c.q {
-        QType::Q6_K => blocks >= 8 && c.offset % 2 == 0,
-        _ => blocks * c.q.block_bytes() % 16 == 0 && c.offset % 16 == 0,
-    };
+    // 64; Q5_K: any) at a 16-byte aligned start; Q6_K rows of 8 super-blocks or more at an
+    // even one; never Q4_K (buffers start 256-byte aligned)
+    let split = graft::quant::split::splittable_at(c.q, c.stride_elems(), c.offset as u64);
     cuda.set_mmvq(Some(mmvq));
     let plain = run_on(c, cuda);
     let (frozen, kernels) = profiled(cuda, mmvq, |cuda| qs::run_frozen(c, cuda));
@@ -694,6 +811,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
             "mul_mat_vec_qs_",
             "mul_mat_vec_qsp_",
             "mul_mat_vec_dqs_",
+            "mmq_split_",
             "cpy_split_",
         ]
         .iter()
