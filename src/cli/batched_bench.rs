@@ -15,6 +15,10 @@
 //!   token and per output token at p50 and p99, and the host's resident memory (and the
 //!   device's free memory) after the first tenth of the requests and at the end, which
 //!   shows whether memory stays flat.
+//!
+//! Requests are greedy, or with `--sampled` sample with the chat defaults (each seeded
+//! from `--seed` and its number), their draws from the device's top candidates: the two
+//! runs compare sampled decode with greedy decode (the device's argmax, pipelined).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::engine::{Engine, Event, Request, RequestId};
+use graft::models::SamplingParams;
 use graft::{Error, Result};
 
 use super::dump::preset;
@@ -60,9 +65,14 @@ pub struct Args {
     /// Arrivals per second (Poisson); all at once when absent.
     #[arg(long, requires = "requests")]
     rate: Option<f64>,
-    /// Seed of the weights, the prompts and the arrivals.
+    /// Seed of the weights, the prompts, the arrivals and the samplers.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Every request samples with the chat defaults (temperature 0.8, top-k 40, top-p
+    /// 0.95, min-p 0.05, repeat penalty 1.1 over 64 tokens: 104 candidates selected on
+    /// the device) instead of decoding greedily.
+    #[arg(long)]
+    sampled: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -133,8 +143,8 @@ fn batches(a: &Args, e: &mut Engine) -> Result<()> {
     for &pp in &a.npp {
         for &tg in &a.ntg {
             for &b in &a.npl {
-                run_batch(e, &mut rng, pp, tg, b, a.pps)?;
-                rows.push(run_batch(e, &mut rng, pp, tg, b, a.pps)?);
+                run_batch(a, e, &mut rng, (pp, tg, b))?;
+                rows.push(run_batch(a, e, &mut rng, (pp, tg, b))?);
             }
         }
     }
@@ -152,9 +162,16 @@ fn batches(a: &Args, e: &mut Engine) -> Result<()> {
                 })
             })
             .collect();
+        let st = e.stats();
         return print_out(&format!(
             "{}\n",
-            json!({ "rows": rows, "plans": e.plans().0 })
+            json!({
+                "rows": rows,
+                "plans": e.plans().0,
+                "sampled": a.sampled,
+                "sampled_from_candidates": st.sampled_from_candidates,
+                "sampled_from_rows": st.sampled_from_rows,
+            })
         ));
     }
     let mut out = String::from(
@@ -202,16 +219,14 @@ fn prompts(rng: &mut StdRng, vocab: usize, pp: usize, b: usize, shared: bool) ->
 
 /// Runs one configuration: the prompts, then `tg` decode steps.
 fn run_batch(
+    a: &Args,
     e: &mut Engine,
     rng: &mut StdRng,
-    pp: usize,
-    tg: usize,
-    b: usize,
-    shared: bool,
+    (pp, tg, b): (usize, usize, usize),
 ) -> Result<Row> {
     let vocab = e.config().vocab_size;
-    for p in prompts(rng, vocab, pp, b, shared) {
-        e.add(bench_request(p, tg + 1))?;
+    for (i, p) in prompts(rng, vocab, pp, b, a.pps).into_iter().enumerate() {
+        e.add(bench_request(a, p, tg + 1, i))?;
     }
     let t0 = Instant::now();
     let mut t_pp = None;
@@ -236,10 +251,18 @@ fn run_batch(
     })
 }
 
-/// A greedy request that runs to its length, end-of-sequence tokens included.
-fn bench_request(prompt: Vec<u32>, max_tokens: usize) -> Request {
+/// Request number `n` of a batch or of the arrivals, running to its length,
+/// end-of-sequence tokens included: greedy, or with `--sampled` the chat defaults seeded
+/// from `--seed` and `n`.
+fn bench_request(a: &Args, prompt: Vec<u32>, max_tokens: usize, n: usize) -> Request {
     let mut r = Request::greedy(prompt, max_tokens);
     r.stop.ignore_eos = true;
+    if a.sampled {
+        r.sampling = SamplingParams {
+            seed: Some(a.seed.wrapping_add(n as u64)),
+            ..SamplingParams::chat()
+        };
+    }
     r
 }
 
@@ -275,7 +298,7 @@ fn arrivals(a: &Args, e: &mut Engine, n: usize) -> Result<()> {
     while next < n || e.has_work() {
         while next < n && start.elapsed() >= offsets[next] {
             let p = prompts(&mut rng, vocab, pp, 1, false).remove(0);
-            let id = e.add(bench_request(p, tg))?;
+            let id = e.add(bench_request(a, p, tg, next))?;
             times.insert(
                 id,
                 Timing {
@@ -377,6 +400,9 @@ fn report_arrivals(
         "preemptions": st.preemptions,
         "steps": st.steps,
         "plans": e.plans().0,
+        "sampled": a.sampled,
+        "sampled_from_candidates": st.sampled_from_candidates,
+        "sampled_from_rows": st.sampled_from_rows,
     });
     if a.json {
         return print_out(&format!("{v}\n"));

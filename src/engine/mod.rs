@@ -45,6 +45,7 @@ use crate::models::load::options::{CacheTypes, LoadOptions};
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::runtime::memory::HEADROOM;
 use crate::models::runtime::model::{load_weights, random_weights, LoadedWeights};
+use crate::models::runtime::output::Logits;
 use crate::models::runtime::sampling::{Row, SamplerChain};
 
 use pool::BlockPool;
@@ -145,6 +146,9 @@ pub struct Engine {
     next: u64,
     /// A step enqueued ahead (see [`Engine::step`]).
     inflight: Option<InFlight>,
+    /// Whether samplers draw from the device's top candidates when they can (else from
+    /// whole rows of logits).
+    candidates: bool,
 }
 
 /// Why a sequence finished, and the stop token that ended it.
@@ -204,6 +208,7 @@ impl Engine {
             ctx: cfg.ctx,
             next: 0,
             inflight: None,
+            candidates: true,
         })
     }
 
@@ -266,6 +271,14 @@ impl Engine {
     /// llama-batched-bench measures); off, decode tokens go first (what a server wants).
     pub fn set_prefill_first(&mut self, on: bool) {
         self.sched.cfg.prefill_first = on;
+    }
+
+    /// With `on` (the default), a sampler whose draw depends only on the largest logits
+    /// ([`SamplerChain::wants`]) draws from the device's top candidates of its row; off,
+    /// every sampler reads its whole row of logits. The tokens are the same either way
+    /// (see docs/sampling.md); off is for comparisons.
+    pub fn set_candidates(&mut self, on: bool) {
+        self.candidates = on;
     }
 
     /// Turns the prefix cache on or off for the requests admitted from now on.
@@ -426,17 +439,14 @@ impl Engine {
         }
     }
 
-    /// Enqueues the planned step.
+    /// Enqueues the planned step, with the reads its sampling points need.
     fn enqueue(&mut self, plan: &StepPlan) -> Result<InFlight> {
         let running = &self.sched.running;
         let n_tokens = plan.slices.iter().map(|s| s.n).sum();
-        let shape = self.runner.shape(n_tokens, plan.slices.len());
+        let reads = Reads::of(plan, running, self.candidates);
+        let shape = self.runner.shape(n_tokens, plan.slices.len(), reads.k);
         let x = self.runner.inputs(plan, running, shape);
         self.runner.copy_blocks(self.be.as_mut(), &plan.copies)?;
-        let logits = plan.slices.iter().any(|sl| {
-            let s = &running[sl.seq];
-            s.computed + sl.n == s.tokens.len() && (!s.sampler.is_greedy() || s.logprobs.is_some())
-        });
         let slices = plan
             .slices
             .iter()
@@ -446,7 +456,7 @@ impl Engine {
         self.sched.stats.steps += 1;
         Ok(InFlight {
             slices,
-            logits,
+            logits: reads.rows,
             step,
         })
     }
@@ -477,7 +487,7 @@ impl Engine {
             return Ok(None);
         }
         let n = current.slices.len();
-        let shape = self.runner.shape(n, n);
+        let shape = self.runner.shape(n, n, 0);
         let mut x = runner::StepInputs::default();
         for (col, s) in self.sched.running.iter_mut().enumerate() {
             let grow = s.blocks_for(s.tokens.len() + 1, bs);
@@ -510,8 +520,7 @@ impl Engine {
 
     /// Waits for an enqueued step whose results are not wanted (after an error).
     fn abandon(&mut self, f: InFlight) {
-        let n = f.slices.len();
-        let _ = self.runner.finish(self.be.as_mut(), f.step, n, false);
+        let _ = self.runner.finish(self.be.as_mut(), f.step, false);
         let _ = self.be.synchronize();
     }
 
@@ -519,9 +528,7 @@ impl Engine {
     /// where a sequence reached the end of its tokens, and retires finished ones.
     /// Sequences gone since the step was enqueued (finished, cancelled) are skipped.
     fn finish(&mut self, f: InFlight) -> Result<Vec<Event>> {
-        let out = self
-            .runner
-            .finish(self.be.as_mut(), f.step, f.slices.len(), f.logits)?;
+        let out = self.runner.finish(self.be.as_mut(), f.step, f.logits)?;
         let mut events = Vec::new();
         let mut done: Vec<(RequestId, Option<Ending>)> = Vec::new();
         let vocab = self.config.vocab_size;
@@ -543,7 +550,8 @@ impl Engine {
                 .logits
                 .as_ref()
                 .map(|l| &l[col * vocab..(col + 1) * vocab]);
-            match next_token(s, out.argmax[col], row) {
+            let top = out.top.as_ref().map(|t| t.row(col));
+            match next_token(s, out.argmax[col], row, top, &mut self.sched.stats) {
                 Ok((token, logprobs)) => {
                     if let Some(reason) = self.accept(i, token, logprobs, &mut events)? {
                         done.push((id, Some(reason)));
@@ -628,27 +636,83 @@ impl Engine {
     }
 }
 
-/// The next token of `s` from its step's argmax (greedy) or logits row, with its
-/// log-probabilities when asked for.
+/// The next token of `s` from its step's argmax (greedy), or drawn by its sampler from
+/// the device's candidates `top` or its whole `row` of logits; with its
+/// log-probabilities (from the row) when asked for. Counts the draws in `stats`.
 fn next_token(
     s: &mut Sequence,
     argmax: i32,
     row: Option<&[f32]>,
+    top: Option<Row<'_>>,
+    stats: &mut EngineStats,
 ) -> Result<(u32, Option<TokenLogprobs>)> {
     let position = s.tokens.len() - 1;
     let non_finite = || Error::NonFinite {
         position,
         step: "decode",
     };
-    let token = match (s.sampler.is_greedy(), row) {
-        (true, _) | (false, None) => u32::try_from(argmax).map_err(|_| non_finite())?,
-        (false, Some(r)) => s.sampler.sample(Row::Full(r), &s.tokens)?,
+    let token = match (s.sampler.is_greedy(), top, row) {
+        (true, _, _) => u32::try_from(argmax).map_err(|_| non_finite())?,
+        (false, Some(top), _) => {
+            stats.sampled_from_candidates += 1;
+            s.sampler.sample(top, &s.tokens)?
+        }
+        (false, None, Some(r)) => {
+            stats.sampled_from_rows += 1;
+            s.sampler.sample(Row::Full(r), &s.tokens)?
+        }
+        (false, None, None) => {
+            return Err(Error::plan(format!(
+                "internal: {} samples, and its step read neither candidates nor logits",
+                s.id
+            )))
+        }
     };
     let logprobs = match (s.logprobs, row) {
         (Some(n), Some(r)) => Some(logprobs_of(r, token, n).ok_or_else(non_finite)?),
-        (Some(_), None) | (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::plan(format!(
+                "internal: {} asks for log-probabilities, and its step read no logits",
+                s.id
+            )))
+        }
+        (None, _) => None,
     };
     Ok((token, logprobs))
+}
+
+/// What a step reads back beyond the argmax: for each sequence that reaches a sampling
+/// point, the device's candidates when its sampler can take them (the step's graph then
+/// selects the largest need, `k`), or the whole rows of logits when one needs them
+/// (log-probabilities, a sampler without top-k, candidates off), which then serve all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Reads {
+    /// Candidates the graph selects per sequence (0: none).
+    k: usize,
+    /// The rows of logits.
+    rows: bool,
+}
+
+impl Reads {
+    /// The reads of `plan` over `running`; `candidates` off reads rows instead.
+    fn of(plan: &StepPlan, running: &[Sequence], candidates: bool) -> Reads {
+        let mut r = Reads::default();
+        for sl in &plan.slices {
+            let s = &running[sl.seq];
+            if s.computed + sl.n < s.tokens.len() {
+                continue;
+            }
+            match (s.logprobs, s.sampler.wants()) {
+                (None, Logits::None) => {}
+                (None, Logits::Top(k)) if candidates => r.k = r.k.max(k),
+                (Some(_), _) | (None, Logits::Top(_) | Logits::Last | Logits::All) => r.rows = true,
+            }
+        }
+        if r.rows {
+            r.k = 0;
+        }
+        r
+    }
 }
 
 /// The log-probability of `token` under the softmax of `row`, and the `n` most likely
@@ -749,6 +813,7 @@ fn largest_arena(w: &LoadedWeights, cfg: &EngineConfig) -> Result<usize> {
         n_tokens: runner::bucket(s.step_tokens),
         n_seqs: runner::bucket(s.max_seqs),
         max_blocks: cfg.ctx.div_ceil(cfg.block_size),
+        candidates: runner::candidate_bucket(crate::ops::topk::MAX_K, w.shard.vocab_size),
     };
     Ok(
         build_batch(&w.shard, &w.weights, &layout, cfg.block_size, shape)?
