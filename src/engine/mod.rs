@@ -49,7 +49,7 @@ use crate::models::runtime::output::Logits;
 use crate::models::runtime::sampling::{Row, SamplerChain};
 
 use pool::BlockPool;
-use runner::Runner;
+use runner::{Runner, StepOutputs};
 use scheduler::{Scheduler, StepPlan};
 use sequence::Sequence;
 use text::{TextState, TextStep};
@@ -529,31 +529,21 @@ impl Engine {
     /// Sequences gone since the step was enqueued (finished, cancelled) are skipped.
     fn finish(&mut self, f: InFlight) -> Result<Vec<Event>> {
         let out = self.runner.finish(self.be.as_mut(), f.step, f.logits)?;
+        let points = self.advance(&f.slices);
+        let mut draws = self.draw(&points, &out);
         let mut events = Vec::new();
         let mut done: Vec<(RequestId, Option<Ending>)> = Vec::new();
-        let vocab = self.config.vocab_size;
-        let window = self.config.sliding_window;
-        for (col, &(id, n)) in f.slices.iter().enumerate() {
-            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
-                continue;
-            };
-            let s = &mut self.sched.running[i];
-            s.computed += n;
-            s.key_full_blocks(&mut self.sched.pool);
-            if let Some(w) = window {
-                s.drop_out_of_window(w, &mut self.sched.pool);
-            }
-            if s.computed < s.tokens.len() {
-                continue;
-            }
-            let row = out
-                .logits
-                .as_ref()
-                .map(|l| &l[col * vocab..(col + 1) * vocab]);
-            let top = out.top.as_ref().map(|t| t.row(col));
-            match next_token(s, out.argmax[col], row, top, &mut self.sched.stats) {
-                Ok((token, logprobs)) => {
-                    if let Some(reason) = self.accept(i, token, logprobs, &mut events)? {
+        for &(i, _) in &points {
+            let id = self.sched.running[i].id;
+            match draws[i].take().expect("a draw for every sampling point") {
+                Ok(d) => {
+                    let stats = &mut self.sched.stats;
+                    match d.from {
+                        DrawnFrom::Argmax => {}
+                        DrawnFrom::Candidates => stats.sampled_from_candidates += 1,
+                        DrawnFrom::Row => stats.sampled_from_rows += 1,
+                    }
+                    if let Some(reason) = self.accept(i, d.token, d.logprobs, &mut events)? {
                         done.push((id, Some(reason)));
                     }
                 }
@@ -578,6 +568,70 @@ impl Engine {
             }
         }
         Ok(events)
+    }
+
+    /// Moves the sequences of a finished step's `slices` past the tokens it computed
+    /// (keying their full blocks, letting go of blocks out of a sliding window). The
+    /// running index and step column of each that reached a sampling point, in column
+    /// order.
+    fn advance(&mut self, slices: &[(RequestId, usize)]) -> Vec<(usize, usize)> {
+        let window = self.config.sliding_window;
+        let mut points = Vec::new();
+        for (col, &(id, n)) in slices.iter().enumerate() {
+            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.sched.running[i];
+            s.computed += n;
+            s.key_full_blocks(&mut self.sched.pool);
+            if let Some(w) = window {
+                s.drop_out_of_window(w, &mut self.sched.pool);
+            }
+            if s.computed == s.tokens.len() {
+                points.push((i, col));
+            }
+        }
+        points
+    }
+
+    /// The next token of each sampling point (running index, column) from the step's
+    /// outputs, by running index; drawn on the thread pool when
+    /// [`PARALLEL_DRAWS`] or more sequences sample.
+    fn draw(&mut self, points: &[(usize, usize)], out: &StepOutputs) -> Vec<Option<Result<Draw>>> {
+        let vocab = self.config.vocab_size;
+        let running = &mut self.sched.running;
+        let mut cols = vec![None; running.len()];
+        for &(i, col) in points {
+            cols[i] = Some(col);
+        }
+        let one = |s: &mut Sequence, col: Option<usize>| {
+            col.map(|col| {
+                let row = out
+                    .logits
+                    .as_ref()
+                    .map(|l| &l[col * vocab..(col + 1) * vocab]);
+                let top = out.top.as_ref().map(|t| t.row(col));
+                next_token(s, out.argmax[col], row, top)
+            })
+        };
+        let sampling = points
+            .iter()
+            .filter(|&&(i, _)| !running[i].sampler.is_greedy())
+            .count();
+        if sampling >= PARALLEL_DRAWS {
+            use rayon::prelude::*;
+            running
+                .par_iter_mut()
+                .zip(cols)
+                .map(|(s, col)| one(s, col))
+                .collect()
+        } else {
+            running
+                .iter_mut()
+                .zip(cols)
+                .map(|(s, col)| one(s, col))
+                .collect()
+        }
     }
 
     /// Takes a sampled token for running sequence `i`: a stop token finishes it, else
@@ -636,31 +690,50 @@ impl Engine {
     }
 }
 
+/// Sequences sampling in one step from which their draws run on the thread pool (a
+/// draw with the chat settings takes a few microseconds, which a decode step of many
+/// sequences would otherwise wait for in turn).
+const PARALLEL_DRAWS: usize = 8;
+
+/// Where a token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DrawnFrom {
+    /// The device's argmax (greedy).
+    Argmax,
+    /// A draw from the device's top candidates.
+    Candidates,
+    /// A draw from the whole row of logits.
+    Row,
+}
+
+/// A sequence's next token, with its log-probabilities when asked for.
+struct Draw {
+    token: u32,
+    logprobs: Option<TokenLogprobs>,
+    from: DrawnFrom,
+}
+
 /// The next token of `s` from its step's argmax (greedy), or drawn by its sampler from
 /// the device's candidates `top` or its whole `row` of logits; with its
-/// log-probabilities (from the row) when asked for. Counts the draws in `stats`.
+/// log-probabilities (from the row) when asked for.
 fn next_token(
     s: &mut Sequence,
     argmax: i32,
     row: Option<&[f32]>,
     top: Option<Row<'_>>,
-    stats: &mut EngineStats,
-) -> Result<(u32, Option<TokenLogprobs>)> {
+) -> Result<Draw> {
     let position = s.tokens.len() - 1;
     let non_finite = || Error::NonFinite {
         position,
         step: "decode",
     };
-    let token = match (s.sampler.is_greedy(), top, row) {
-        (true, _, _) => u32::try_from(argmax).map_err(|_| non_finite())?,
-        (false, Some(top), _) => {
-            stats.sampled_from_candidates += 1;
-            s.sampler.sample(top, &s.tokens)?
-        }
-        (false, None, Some(r)) => {
-            stats.sampled_from_rows += 1;
-            s.sampler.sample(Row::Full(r), &s.tokens)?
-        }
+    let (token, from) = match (s.sampler.is_greedy(), top, row) {
+        (true, _, _) => (
+            u32::try_from(argmax).map_err(|_| non_finite())?,
+            DrawnFrom::Argmax,
+        ),
+        (false, Some(top), _) => (s.sampler.sample(top, &s.tokens)?, DrawnFrom::Candidates),
+        (false, None, Some(r)) => (s.sampler.sample(Row::Full(r), &s.tokens)?, DrawnFrom::Row),
         (false, None, None) => {
             return Err(Error::plan(format!(
                 "internal: {} samples, and its step read neither candidates nor logits",
@@ -678,7 +751,11 @@ fn next_token(
         }
         (None, _) => None,
     };
-    Ok((token, logprobs))
+    Ok(Draw {
+        token,
+        logprobs,
+        from,
+    })
 }
 
 /// What a step reads back beyond the argmax: for each sequence that reaches a sampling
