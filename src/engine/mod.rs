@@ -675,7 +675,13 @@ impl Engine {
     }
 
     /// Stops every request and releases the engine's plans and buffers.
-    pub fn release(mut self) -> Result<()> {
+    pub fn release(self) -> Result<()> {
+        self.into_backend().map(drop)
+    }
+
+    /// Stops every request, releases the engine's plans and buffers, and hands back the
+    /// backend (for another engine, or a model).
+    pub fn into_backend(mut self) -> Result<Box<dyn Backend>> {
         let ids: Vec<RequestId> = self
             .sched
             .running
@@ -686,7 +692,11 @@ impl Engine {
         for id in ids {
             self.sched.remove(id);
         }
-        self.runner.release(self.be.as_mut())
+        if let Some(f) = self.inflight.take() {
+            self.abandon(f);
+        }
+        self.runner.release(self.be.as_mut())?;
+        Ok(self.be)
     }
 }
 
@@ -782,7 +792,7 @@ impl Reads {
             match (s.logprobs, s.sampler.wants()) {
                 (None, Logits::None) => {}
                 (None, Logits::Top(k)) if candidates => r.k = r.k.max(k),
-                (Some(_), _) | (None, Logits::Top(_) | Logits::Last | Logits::All) => r.rows = true,
+                (Some(_), _) | (None, Logits::Top(_) | Logits::Last) => r.rows = true,
             }
         }
         if r.rows {

@@ -204,9 +204,6 @@ pub struct ModelGraph {
     pub logits: TensorId,
     /// Output: argmax of the last logits, I32 `[1]`.
     pub argmax: TensorId,
-    /// Output ([`ModelGraph::add_candidates`]): the ids of the largest logits of the last
-    /// position, I32 `[k, 1]`, and their values, F32 `[k, 1]`.
-    pub top: Option<(TensorId, TensorId)>,
     /// Positions whose logits are computed (1, or `n` for all).
     pub n_out: usize,
     /// Cache positions attention reads (the mask's row length).
@@ -216,26 +213,11 @@ pub struct ModelGraph {
 }
 
 impl ModelGraph {
-    /// Plans the graph (logits, argmax, the candidates and the traced tensors as
-    /// outputs).
+    /// Plans the graph (logits, argmax and the traced tensors as outputs).
     pub fn plan(&self) -> Result<Plan> {
         let mut outs = vec![self.logits, self.argmax];
-        outs.extend(self.top.iter().flat_map(|&(ids, vals)| [ids, vals]));
         outs.extend(self.traced.iter().map(|t| t.id));
         self.graph.plan(&outs)
-    }
-
-    /// Adds the `k` largest logits of the only position whose logits the graph computes,
-    /// with their ids ([`sample_outputs`]), as outputs.
-    pub fn add_candidates(&mut self, k: usize) -> Result<()> {
-        if self.n_out != 1 {
-            return Err(Error::model(format!(
-                "sampling candidates are selected for one position; this graph computes the logits of {}",
-                self.n_out
-            )));
-        }
-        self.top = Some(sample_outputs(&mut self.graph, self.logits, k)?);
-        Ok(())
     }
 }
 
@@ -807,7 +789,6 @@ impl<'a> Builder<'a> {
             kv_idx,
             logits,
             argmax,
-            top: None,
             n_out,
             n_kv,
             traced: self.trace.unwrap_or_default(),
