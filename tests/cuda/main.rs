@@ -1,6 +1,6 @@
 //! The CUDA backend: the kernel table, every op's property tests on the GPU against the
-//! f64 oracle and the CPU (float and block-quantized tensors), and a small transformer
-//! step captured and replayed as a CUDA graph.
+//! f64 oracle and the CPU (float and block-quantized tensors), a small transformer step
+//! captured and replayed as a CUDA graph, and the batched engine's random schedules.
 //!
 //! Built with `--features cuda` only (`cargo test --features cuda --test cuda`). Without
 //! a GPU the device tests print "skipped: no GPU" and pass, unless `GRAFT_REQUIRE_GPU=1`,
@@ -10,11 +10,15 @@ use std::sync::Mutex;
 
 #[path = "../common/mod.rs"]
 mod common;
+#[allow(dead_code)] // not every helper is used
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 #[path = "../common/quant_strategies.rs"]
 mod quant_strategies;
 
 mod cuda_graph;
 mod cuda_kernels;
+mod engine_cuda;
 mod ops_cuda;
 mod ops_cuda_quant;
 
