@@ -884,15 +884,8 @@ fn tiny_model_split_and_not(
                 }
             }
             if step == 1 {
-                let names: Vec<String> = e
-                    .backend()
-                    .take_profile()
-                    .into_iter()
-                    .map(|s| s.kernels)
-                    .collect();
-                kernels = names.join(" ");
+                kernels = profiled_kernels(&mut e);
             }
-            e.backend().set_profiling(false);
             step += 1;
         }
         e.release().unwrap();
@@ -1019,13 +1012,20 @@ fn model_rows(
             }
         }
     }
-    let kernels: Vec<String> = e
+    let kernels = profiled_kernels(&mut e);
+    e.release().unwrap();
+    (rows, kernels)
+}
+
+/// The kernels of the runs profiled on `e`'s backend since profiling was turned on, and
+/// profiling off.
+fn profiled_kernels(e: &mut graft::engine::Engine) -> String {
+    let names: Vec<String> = e
         .backend()
         .take_profile()
         .into_iter()
         .map(|s| s.kernels)
         .collect();
     e.backend().set_profiling(false);
-    e.release().unwrap();
-    (rows, kernels.join(" "))
+    names.join(" ")
 }
