@@ -1,6 +1,7 @@
 //! The kernel instantiation tables of the templated kernel families (part of build.rs):
-//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights) and
-//! `cuda/fattn.cu` (flash attention) define their kernels as templates, and every
+//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/fattn.cu`
+//! (flash attention), `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k)
+//! define their kernels as templates, and every
 //! `extern "C"` kernel of them is one [`Instance`] listed here, written by build.rs to
 //! `OUT_DIR/cuda-gen/<file>.inst.cuh`, which the `.cu` includes at its end. The Rust
 //! kernel table is parsed from those generated declarations like every other, so the
@@ -24,6 +25,8 @@ pub fn header(stem: &str) -> Option<String> {
     let instances = match stem {
         "mul_mat_q" => mul_mat_q(),
         "fattn" => fattn(),
+        "fattn_paged" => fattn_paged(),
+        "topk" => topk(),
         _ => return None,
     };
     let mut s =
@@ -60,55 +63,52 @@ const COLS: [usize; 4] = [1, 2, 4, 8];
 /// accumulators. The exceptions are passed to [`decode`] where their kernels are made.
 const RESIDENT: [u32; 4] = [8, 8, 6, 4];
 
-/// A decode kernel of `GEMV_WARPS * 32` threads (the launcher's block), `resident`
-/// blocks an SM.
-fn decode(name: String, resident: u32, call: String) -> Instance {
-    Instance {
-        name,
-        bounds: format!("GEMV_WARPS * WARP_SIZE, {resident}"),
-        args: "QGemvArgs",
-        call,
+/// The decode kernels `<family>_c<NC>_<q>` for every column count: `GEMV_WARPS * 32`
+/// threads (the launcher's block), `resident[i]` blocks an SM for the `i`-th count, the
+/// body calling `call(NC)`.
+fn decode(
+    v: &mut Vec<Instance>,
+    family: &str,
+    q: &str,
+    resident: [u32; 4],
+    call: impl Fn(usize) -> String,
+) {
+    for (nc, resident) in COLS.into_iter().zip(resident) {
+        v.push(Instance {
+            name: format!("{family}_c{nc}_{q}"),
+            bounds: format!("GEMV_WARPS * WARP_SIZE, {resident}"),
+            args: "QGemvArgs",
+            call: call(nc),
+        });
     }
 }
 
 /// The kernels of `cuda/mul_mat_q.cu` (see its header for what each family does).
 fn mul_mat_q() -> Vec<Instance> {
     let mut v = Vec::new();
-    // mul_mat_vec_q_c<NC>_<q>: staged rows, Q8_1 activations. Q8_0 asks for 6 blocks at 1-2
-    // columns, as many as its 35 KB of staging buffers let an H100 SM hold anyway (the
-    // registers that frees took the 7B decode from 279.9 to 282.5 tok/s); Q5_K for 7,
-    // which its pairs need so as not to spill (344.7 against 341.5 with 8 and 36 bytes of
-    // spills).
+    // mul_mat_vec_q: staged rows, Q8_1 activations. Q8_0 asks for 6 blocks at 1-2 columns,
+    // as many as its 35 KB of staging buffers let an H100 SM hold anyway (the registers
+    // that frees took the 7B decode from 279.9 to 282.5 tok/s); Q5_K for 7, which its
+    // pairs need so as not to spill (344.7 against 341.5 with 8 and 36 bytes of spills).
     for (q, block) in QTYPES {
         let resident = match q {
             "q8_0" => [6, 6, 6, 4],
             "q5_k" => [7, 7, 6, 4],
             _ => RESIDENT,
         };
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("mmvq<{block}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_q_c{nc}_{q}"),
-                resident[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_q", q, resident, |nc| {
+            format!("mmvq<{block}, {nc}>")
+        });
     }
-    // mul_mat_vec_dq_c<NC>_<q>: weights dequantized in registers, F32 activations.
+    // mul_mat_vec_dq: weights dequantized in registers, F32 activations.
     for (q, block) in QTYPES {
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<Blocks<{block}>, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dq_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_dq", q, RESIDENT, |nc| {
+            format!("dmmv<Blocks<{block}>, {nc}>")
+        });
     }
     // Frozen 32-element types in split rows: mul_mat_vec_qs (nothing before the wait, two
     // blocks a lane in flight), mul_mat_vec_qsp (one-wave grids: the lane's first PRE
-    // blocks before the wait; Q8_0 loads 1 first, then 4 a lane in flight at one column),
-    // mul_mat_vec_dqs (dequantizing).
+    // blocks before the wait; Q8_0 loads 1 first, then 4 a lane in flight at one column).
     for (q, pre) in [
         ("q4_0", 4),
         ("q8_0", 1),
@@ -117,40 +117,23 @@ fn mul_mat_q() -> Vec<Instance> {
         ("q5_1", 4),
     ] {
         let split = format!("Split{}", q.to_uppercase());
-        for (i, nc) in COLS.into_iter().enumerate() {
+        decode(&mut v, "mul_mat_vec_qs", q, RESIDENT, |nc| {
+            format!("mmvq_split<{split}, {nc}, 0, 2>")
+        });
+        decode(&mut v, "mul_mat_vec_qsp", q, RESIDENT, |nc| {
             let unroll = if q == "q8_0" && nc == 1 { 4 } else { 2 };
-            let qs = format!("mmvq_split<{split}, {nc}, 0, 2>");
-            let qsp = format!("mmvq_split<{split}, {nc}, {pre}, {unroll}>");
-            v.push(decode(format!("mul_mat_vec_qs_c{nc}_{q}"), RESIDENT[i], qs));
-            v.push(decode(
-                format!("mul_mat_vec_qsp_c{nc}_{q}"),
-                RESIDENT[i],
-                qsp,
-            ));
-        }
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<{split}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dqs_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+            format!("mmvq_split<{split}, {nc}, {pre}, {unroll}>")
+        });
     }
-    // mul_mat_vec_qd_c<NC>_<q>: Q4_K and Q5_K rows at 16-byte aligned addresses read in
-    // place. Q5_K asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
+    // mul_mat_vec_qd: Q4_K and Q5_K rows at 16-byte aligned addresses read in place. Q5_K
+    // asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
     for (q, block, resident) in [
         ("q4_k", "BlockQ4_K", RESIDENT),
         ("q5_k", "BlockQ5_K", [6, 6, 6, 4]),
     ] {
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("mmvq_direct<InPlace<{block}>, {nc}, 2>");
-            v.push(decode(
-                format!("mul_mat_vec_qd_c{nc}_{q}"),
-                resident[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_qd", q, resident, |nc| {
+            format!("mmvq_direct<InPlace<{block}>, {nc}, 2>")
+        });
     }
     // Frozen Q6_K and Q5_K in split rows, read by mmvq_direct: qs keeps two more pairs a
     // lane in flight, qsp (one-wave grids at 8 blocks an SM) one. The Q6_K qs kernels ask
@@ -160,28 +143,19 @@ fn mul_mat_q() -> Vec<Instance> {
     // (qsp) 8 do not spill.
     for (q, qs_resident) in [("q6_k", [7, 5, 6, 4]), ("q5_k", [7, 7, 6, 4])] {
         let split = format!("Split{}", q.to_uppercase());
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let qs = format!("mmvq_direct<{split}, {nc}, 2>");
-            let qsp = format!("mmvq_direct<{split}, {nc}, 1>");
-            v.push(decode(
-                format!("mul_mat_vec_qs_c{nc}_{q}"),
-                qs_resident[i],
-                qs,
-            ));
-            v.push(decode(
-                format!("mul_mat_vec_qsp_c{nc}_{q}"),
-                RESIDENT[i],
-                qsp,
-            ));
-        }
-        for (i, nc) in COLS.into_iter().enumerate() {
-            let call = format!("dmmv<{split}, {nc}>");
-            v.push(decode(
-                format!("mul_mat_vec_dqs_c{nc}_{q}"),
-                RESIDENT[i],
-                call,
-            ));
-        }
+        decode(&mut v, "mul_mat_vec_qs", q, qs_resident, |nc| {
+            format!("mmvq_direct<{split}, {nc}, 2>")
+        });
+        decode(&mut v, "mul_mat_vec_qsp", q, RESIDENT, |nc| {
+            format!("mmvq_direct<{split}, {nc}, 1>")
+        });
+    }
+    // mul_mat_vec_dqs: frozen weights in split rows dequantized in registers.
+    for q in ["q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "q6_k", "q5_k"] {
+        let split = format!("Split{}", q.to_uppercase());
+        decode(&mut v, "mul_mat_vec_dqs", q, RESIDENT, |nc| {
+            format!("dmmv<{split}, {nc}>")
+        });
     }
     v
 }
@@ -210,7 +184,7 @@ fn with_blocks(
     v
 }
 
-/// An attention kernel.
+/// A kernel of `cuda/fattn.cu` (`FattnArgs`).
 fn attention(name: String, bounds: &str, call: String) -> Instance {
     Instance {
         name,
@@ -220,14 +194,26 @@ fn attention(name: String, bounds: &str, call: String) -> Instance {
     }
 }
 
+/// The block of the streamed and CUDA-core attention kernels.
+const VEC_BLOCK: &str = "FATTN_VEC_WARPS * WARP_SIZE";
+
+/// The block of the tensor-core prefill kernels at head dim `d`: two threads a row of
+/// `FATTN_MMA_ROWS` (`FATTN_MMA_ROWS_D256` past 128).
+fn mma_block(d: usize) -> &'static str {
+    if d > 128 {
+        "FATTN_MMA_ROWS_D256 * 2"
+    } else {
+        "FATTN_MMA_ROWS * 2"
+    }
+}
+
 /// The kernels of `cuda/fattn.cu` but `fattn_combine` and `fattn_kv_range` (see its
 /// header for what each family does).
 fn fattn() -> Vec<Instance> {
     let mut v = Vec::new();
-    let vec_block = "FATTN_VEC_WARPS * WARP_SIZE";
     let vec1s = |v: &mut Vec<Instance>, d: usize, (kv, ty): (&str, &str)| {
         let call = format!("fattn_vec1s<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 1>");
-        v.push(attention(format!("fattn_vec1s_d{d}_{kv}"), vec_block, call));
+        v.push(attention(format!("fattn_vec1s_d{d}_{kv}"), VEC_BLOCK, call));
     };
     // fattn_vec1s: the streamed kernel, one query head a block: F16 and BF16 caches with
     // aligned rows at every head dim, Q8_0 and Q4_0 ones at head dims 64, 128 and 256.
@@ -249,7 +235,7 @@ fn fattn() -> Vec<Instance> {
     for d in [128, 256] {
         for (kv, ty) in [Q8_0, Q4_0] {
             let call = format!("fattn_vec1s<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 4>");
-            let bounds = format!("{vec_block}, 4");
+            let bounds = format!("{VEC_BLOCK}, 4");
             v.push(attention(format!("fattn_vec4s_d{d}_{kv}"), &bounds, call));
         }
     }
@@ -258,29 +244,24 @@ fn fattn() -> Vec<Instance> {
     for d in HEAD_DIMS {
         for (kv, ty) in with_blocks(d, &[F32, BF16]) {
             let call = format!("fattn_vec<{d}, FATTN_VEC_ROWS, {ty}>");
-            v.push(attention(format!("fattn_vec_d{d}_{kv}"), vec_block, call));
+            v.push(attention(format!("fattn_vec_d{d}_{kv}"), VEC_BLOCK, call));
         }
     }
     // fattn_vec1: fattn_vec for one query row a KV head (R = 1).
     for d in HEAD_DIMS {
         for (kv, ty) in with_blocks(d, &[F32, F16, BF16]) {
             let call = format!("fattn_vec<{d}, 1, {ty}>");
-            v.push(attention(format!("fattn_vec1_d{d}_{kv}"), vec_block, call));
+            v.push(attention(format!("fattn_vec1_d{d}_{kv}"), VEC_BLOCK, call));
         }
     }
     // fattn_mma: prefill on tensor cores, blocks of FATTN_MMA_ROWS query rows
     // (FATTN_MMA_ROWS_D256 at head dim 256), two threads a row.
     for d in HEAD_DIMS {
-        let rows = if d > 128 {
-            "FATTN_MMA_ROWS_D256"
-        } else {
-            "FATTN_MMA_ROWS"
-        };
         for (kv, ty) in with_blocks(d, &[F32, F16, BF16]) {
             let call = format!("fattn_mma<{d}, {ty}>");
             v.push(attention(
                 format!("fattn_mma_d{d}_{kv}"),
-                &format!("{rows} * 2"),
+                mma_block(d),
                 call,
             ));
         }
@@ -291,4 +272,80 @@ fn fattn() -> Vec<Instance> {
         v.push(attention(format!("fattn_dec_d{d}_f16"), "WARP_SIZE", call));
     }
     v
+}
+
+/// Head dims of the paged kernels with fixed K/V types (the streamed, tensor-core decode
+/// and prefill blocks); `fattn_paged_any` takes every one of [`HEAD_DIMS`].
+const PAGED_DIMS: [usize; 3] = [64, 128, 256];
+
+/// A kernel of `cuda/fattn_paged.cu` (`PagedArgs`).
+fn paged(name: String, bounds: &str, call: String) -> Instance {
+    Instance {
+        name,
+        bounds: bounds.to_string(),
+        args: "PagedArgs",
+        call,
+    }
+}
+
+/// The kernels of `cuda/fattn_paged.cu` but `fattn_paged_combine` (see its header for
+/// what each family does).
+fn fattn_paged() -> Vec<Instance> {
+    let mut v = Vec::new();
+    // fattn_paged_vec: the streamed decode block, one query head; fattn_paged_vec4: 4 query
+    // heads of a KV head (GQA of BF16, Q8_0 and Q4_0 caches at head dims 128 and 256), 4
+    // blocks an SM, as fattn_vec4s.
+    for d in PAGED_DIMS {
+        for (kv, ty) in [F16, BF16, Q8_0, Q4_0] {
+            let call = format!("paged_vec<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 1>");
+            v.push(paged(format!("fattn_paged_vec_d{d}_{kv}"), VEC_BLOCK, call));
+        }
+    }
+    for d in [128, 256] {
+        for (kv, ty) in [BF16, Q8_0, Q4_0] {
+            let call = format!("paged_vec<{d}, {ty}, VEC1S_STAGES, VEC1S_UNROLL, 4>");
+            let bounds = format!("{VEC_BLOCK}, 4");
+            v.push(paged(format!("fattn_paged_vec4_d{d}_{kv}"), &bounds, call));
+        }
+    }
+    // fattn_paged_any: every head dim, K and V of any types (read at run time).
+    for d in HEAD_DIMS {
+        let call = format!("paged_any<{d}>");
+        v.push(paged(format!("fattn_paged_any_d{d}"), VEC_BLOCK, call));
+    }
+    // fattn_paged_dec: the tensor-core decode block (GQA over F16 caches), one warp.
+    for d in PAGED_DIMS {
+        let call = format!("paged_dec<{d}, f16>");
+        v.push(paged(
+            format!("fattn_paged_dec_d{d}_f16"),
+            "WARP_SIZE",
+            call,
+        ));
+    }
+    // fattn_paged_mma: the prefill block over runs of tokens, K and V of one type.
+    for d in PAGED_DIMS {
+        for (kv, ty) in [F32, F16, BF16, Q8_0, Q4_0] {
+            let call = format!("paged_mma<{d}, {ty}>");
+            v.push(paged(
+                format!("fattn_paged_mma_d{d}_{kv}"),
+                mma_block(d),
+                call,
+            ));
+        }
+    }
+    v
+}
+
+/// The kernels of `cuda/topk.cu`: `top_k_<dtype>`, one block of `TOPK_THREADS` a row, for
+/// every float dtype.
+fn topk() -> Vec<Instance> {
+    [F32, F16, BF16]
+        .into_iter()
+        .map(|(t, ty)| Instance {
+            name: format!("top_k_{t}"),
+            bounds: "TOPK_THREADS".into(),
+            args: "TopKArgs",
+            call: format!("top_k<{ty}>"),
+        })
+        .collect()
 }

@@ -129,11 +129,12 @@ struct TopKArgs {
 };
 static_assert(sizeof(TopKArgs) == 152, "TopKArgs layout");
 
-// A decode RMS norm folded into the kernels around the product after it (see
-// src/backend/cuda/fuse.rs): the product that computes the residual y (m rows,
-// mul_mat_vec_fold_*) also writes rw = y * w, the vector the next product reads in place of
-// the norm's result, and the sum of y^2 over each block's GEMV_WARPS rows; block 0 of that
-// next product (mul_mat_vec_total_*) adds the sums and writes the norm's factor
+// A decode RMS norm folded into the kernels around the product after it (see NormFold in
+// src/backend/fusion.rs and src/backend/cuda/decode/fold.rs): the product that computes
+// the residual y (m rows, mul_mat_vec_fold_*) also writes rw = y * w, the vector the next
+// product reads in place of the norm's result, and the sum of y^2 over each block's
+// GEMV_WARPS rows; block 0 of that next product (mul_mat_vec_total_*) adds the sums and
+// writes the norm's factor
 // 1 / sqrt(sum / n + eps), by which the kernel that reads the product's result (rope_store,
 // swiglu) scales its inputs.
 struct NormFold {

@@ -210,9 +210,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// max(a, b), NaN when either is NaN (IEEE 754-2019 maximum). fmaxf returns the other
+// operand, so a reduction built on it would pass over a NaN and a row holding one would
+// come out finite; PTX's max.NaN (sm_80 on) is the same single instruction.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+#else
+    return a != a || b != b ? a + b : fmaxf(a, b);
+#endif
+}
+
+// The warp's largest v, NaN when some lane's v is NaN.
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmax_nan(v, __shfl_xor_sync(FULL_MASK, v, o));
     return v;
 }
 

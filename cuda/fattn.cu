@@ -72,7 +72,12 @@
 //     tiles between its rows' first and last live key: past the diagonal of a causal
 //     mask nothing is loaded.
 //
-// A row whose keys are all masked gives zeros. Every kernel waits for its predecessor
+// A row whose keys are all masked gives zeros. A score that is not finite (a NaN or an
+// infinity in q or in a visible key's K row) is NaN (finite_or_nan), and every running
+// maximum keeps a NaN (fmax_nan), so the row comes out NaN; a NaN or an infinity in a
+// visible key's V row reaches the output through its weight. The V rows of masked keys are
+// multiplied by a weight of 0 (tiles and key groups are shared between rows), so they must
+// be finite, as in ggml (the KV cache is zero-initialised). Every kernel waits for its predecessor
 // before reading anything (pdl_enter), allocates nothing and never synchronizes with the
 // host, so all are capturable.
 #include "fattn_common.cuh"
@@ -86,7 +91,7 @@ __device__ __forceinline__ auto rows_out(const FattnArgs& p, const int* sq, cons
     return [&p, sq, sh, b, split](int r, int e, float mx, float sum, float a) {
         const i64 qi = sq[r], h = sh[r];
         if (p.split == 1) {
-            store<float>(at(p.dst, e, h, qi, b), sum > 0.0f ? a / sum : 0.0f);
+            store<float>(at(p.dst, e, h, qi, b), sum != 0.0f ? a / sum : 0.0f);
             return;
         }
         const i64 row = (b * p.q.ne[1] + qi) * p.q.ne[2] + h;
@@ -141,7 +146,7 @@ __device__ __forceinline__ void row_keys(const FattnArgs& p, float4 qa, float4 q
     for (int u = 0; u < U; ++u) {
         const float dot = group_dot<L>(kp[u], qa, qb);
         s[u] = bias[u][r] == -INFINITY ? -INFINITY : score(p, dot, bias[u][r]);
-        mx = fmaxf(mx, s[u]);
+        mx = fmax_nan(mx, s[u]);
     }
     if (mx == -INFINITY) return;  // every key so far masked
     online_add(mx, s, vp, m, l, acc);
@@ -253,7 +258,7 @@ __device__ void combine(const FattnArgs& p) {
             m[i] = s < split ? part[s * (d + 2)] : -INFINITY;
             l[i] = s < split ? part[s * (d + 2) + 1] : 0.0f;
         }
-        const float mx = warp_max(fmaxf(m[0], m[1]));
+        const float mx = warp_max(fmax_nan(m[0], m[1]));
         float e[2], sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -261,7 +266,7 @@ __device__ void combine(const FattnArgs& p) {
             sum += l[i] * e[i];
         }
         sum = warp_sum(sum);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every key masked: zeros
+        const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;  // every key masked: zeros
 #pragma unroll
         for (int i = 0; i < 2; ++i) w[tid + i * WARP_SIZE] = e[i] * inv;
     }
@@ -572,7 +577,7 @@ __device__ __forceinline__ void tile_scores(const FattnArgs& p, const float (*bi
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) {
 #pragma unroll
-        for (int x = 0; x < 4; ++x) s[n][x] *= scale;
+        for (int x = 0; x < 4; ++x) s[n][x] = finite_or_nan(s[n][x]) * scale;
     }
     if (cap > 0.0f) {
 #pragma unroll
@@ -588,13 +593,13 @@ __device__ __forceinline__ void tile_scores(const FattnArgs& p, const float (*bi
         for (int x = 0; x < 4; ++x) {
             const float bs = bias[n][x];
             s[n][x] = bs == -INFINITY ? -INFINITY : s[n][x] + bs;
-            mx[x / 2] = fmaxf(mx[x / 2], s[n][x]);
+            mx[x / 2] = fmax_nan(mx[x / 2], s[n][x]);
         }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
+        mx[r] = fmax_nan(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
+        mx[r] = fmax_nan(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
     }
 }
 
@@ -758,7 +763,7 @@ __device__ void fattn_mma_loop(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
     quad_sums<D>(st, l);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        const float inv = l[r] != 0.0f ? 1.0f / l[r] : 0.0f;
         if (rows[r] >= n_q) continue;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -844,7 +849,7 @@ __device__ void fattn_dec_rows(const FattnArgs& p, f16* qs, f16 (*kv)[2][MmaShap
         if (rr >= nrows) continue;
         const int tq = first + rr, qi = tq / group, h = hk * group + tq % group;
         if (p.split == 1) {
-            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            const float inv = l[r] != 0.0f ? 1.0f / l[r] : 0.0f;
 #pragma unroll
             for (int n = 0; n < D / 8; ++n) {
                 const int e = n * 8 + 2 * t;

@@ -72,10 +72,14 @@ __device__ __forceinline__ float mask_bias(const FattnArgs& p, const char* mrow,
     return m == -INFINITY ? -INFINITY : slope * m;
 }
 
+// A q . k dot product as a score takes it: NaN when it is not finite, so that an infinity
+// in q or k can neither pass for a masked key (-inf) nor be capped to a finite score.
+__device__ __forceinline__ float finite_or_nan(float dot) { return isfinite(dot) ? dot : __int_as_float(0x7fc00000); }
+
 // The score of a key from its q . k dot product and its mask bias, as the CPU reference:
 // scale, then softcap, then the bias.
 __device__ __forceinline__ float score(const FattnArgs& p, float dot, float bias) {
-    float s = p.scale * dot;
+    float s = p.scale * finite_or_nan(dot);
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
     return s + bias;
 }
@@ -95,7 +99,7 @@ __host__ __device__ constexpr int vec_lanes() {
 // The running softmax state of one row merged with another (m, l, acc).
 __device__ __forceinline__ void merge_state(float& m, float& l, float acc[8], float m2, float l2,
                                             const float acc2[8]) {
-    const float mx = fmaxf(m, m2);
+    const float mx = fmax_nan(m, m2);
     if (mx == -INFINITY) return;
     const float c1 = m == -INFINITY ? 0.0f : expf(m - mx);
     const float c2 = m2 == -INFINITY ? 0.0f : expf(m2 - mx);
@@ -216,7 +220,7 @@ __device__ __forceinline__ void finish_rows(float (&m)[R], float (&l)[R], float 
             for (int r = 0; r < R; ++r) {
                 if (r >= nrows) break;
                 float mx = -INFINITY;
-                for (int v = 0; v < NW; ++v) mx = fmaxf(mx, sm[v][r]);
+                for (int v = 0; v < NW; ++v) mx = fmax_nan(mx, sm[v][r]);
                 if (m[r] == -INFINITY) continue;
                 const float f = expf(m[r] - mx);
 #pragma unroll
@@ -229,7 +233,7 @@ __device__ __forceinline__ void finish_rows(float (&m)[R], float (&l)[R], float 
     for (int idx = tid; idx < nrows * D; idx += blockDim.x) {
         const int r = idx / D, e = idx % D;
         float mx = -INFINITY, sum = 0.0f;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm[w][r]);
+        for (int w = 0; w < NW; ++w) mx = fmax_nan(mx, sm[w][r]);
         if (mx != -INFINITY) {
             for (int w = 0; w < NW; ++w) {
                 if (sm[w][r] != -INFINITY) sum += sl[w][r] * expf(sm[w][r] - mx);
@@ -326,7 +330,7 @@ __device__ __forceinline__ void stream_stage(const char (*ks)[KvRow<T, D>::BYTES
                 qb = *reinterpret_cast<const float4*>(&qs[r][e0 + 4]);
             }
             s[r][u] = score_of(r, u, group_dot<L>(kp, qa, qb));
-            mx[r] = fmaxf(mx[r], s[r][u]);
+            mx[r] = fmax_nan(mx[r], s[r][u]);
         }
     }
     __syncthreads();  // every lane has read the buffer: the next issue may overwrite it
@@ -430,7 +434,7 @@ __device__ __forceinline__ void rescale_rows(MmaState<D>& st, const float (&mx)[
     float c[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float mnew = fmaxf(st.m[r], mx[r]);
+        const float mnew = fmax_nan(st.m[r], mx[r]);
         // a row with no live key so far keeps mnew = -inf, and then every term is 0
         ml[r] = mnew == -INFINITY ? 0.0f : mnew * LOG2E_F;
         c[r] = exp2f(fmaf(st.m[r], LOG2E_F, -ml[r]));

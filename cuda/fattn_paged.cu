@@ -131,10 +131,11 @@ __device__ __forceinline__ i64 slot_of(const PagedArgs& p, const int* row, int j
     return (i64)b * p.block_size + (j - lb * p.block_size);
 }
 
-// The score of a visible key, as the CPU reference: scale * q . k, then the softcap; a NaN
-// becomes +inf (see the header).
+// The score of a visible key, as the CPU reference: scale * q . k (NaN when not finite:
+// an infinity would be capped to a finite score), then the softcap; a NaN becomes +inf
+// (see the header).
 __device__ __forceinline__ float paged_score(const PagedArgs& p, float dot) {
-    float s = p.scale * dot;
+    float s = p.scale * finite_or_nan(dot);
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
     return s != s ? INFINITY : s;
 }
@@ -732,54 +733,6 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_paged_
     }
 }
 
-// The kernels. fattn_paged_vec_*: the streamed decode block, one query head (F16, BF16, Q8_0
-// and Q4_0 caches at head dims 64, 128 and 256); fattn_paged_vec4_*: 4 query heads of a KV
-// head (GQA of BF16, Q8_0 and Q4_0 caches at head dims 128 and 256; 4 blocks an SM, as
-// fattn_vec4s).
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d64_f16(const PagedArgs p) { paged_vec<64, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d64_bf16(const PagedArgs p) { paged_vec<64, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d64_q8_0(const PagedArgs p) { paged_vec<64, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d64_q4_0(const PagedArgs p) { paged_vec<64, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d128_f16(const PagedArgs p) { paged_vec<128, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d128_bf16(const PagedArgs p) { paged_vec<128, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d128_q8_0(const PagedArgs p) { paged_vec<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d128_q4_0(const PagedArgs p) { paged_vec<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d256_f16(const PagedArgs p) { paged_vec<256, f16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d256_bf16(const PagedArgs p) { paged_vec<256, bf16, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d256_q8_0(const PagedArgs p) { paged_vec<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_vec_d256_q4_0(const PagedArgs p) { paged_vec<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 1>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d128_bf16(const PagedArgs p) { paged_vec<128, bf16, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d128_q8_0(const PagedArgs p) { paged_vec<128, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d128_q4_0(const PagedArgs p) { paged_vec<128, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d256_bf16(const PagedArgs p) { paged_vec<256, bf16, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d256_q8_0(const PagedArgs p) { paged_vec<256, KvQ8_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE, 4) fattn_paged_vec4_d256_q4_0(const PagedArgs p) { paged_vec<256, KvQ4_0, VEC1S_STAGES, VEC1S_UNROLL, 4>(p); }
-// fattn_paged_any_d<D>: every head dim, K and V of any types.
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d16(const PagedArgs p) { paged_any<16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d32(const PagedArgs p) { paged_any<32>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d64(const PagedArgs p) { paged_any<64>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d80(const PagedArgs p) { paged_any<80>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d96(const PagedArgs p) { paged_any<96>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d112(const PagedArgs p) { paged_any<112>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d128(const PagedArgs p) { paged_any<128>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_VEC_WARPS * WARP_SIZE) fattn_paged_any_d256(const PagedArgs p) { paged_any<256>(p); }
-// fattn_paged_dec_d<D>_f16: the tensor-core decode block (GQA over F16 caches).
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d64_f16(const PagedArgs p) { paged_dec<64, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d128_f16(const PagedArgs p) { paged_dec<128, f16>(p); }
-extern "C" __global__ void __launch_bounds__(WARP_SIZE) fattn_paged_dec_d256_f16(const PagedArgs p) { paged_dec<256, f16>(p); }
-// fattn_paged_mma_d<D>_<kv>: the prefill block over runs of tokens, K and V of one type.
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_f32(const PagedArgs p) { paged_mma<64, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_f16(const PagedArgs p) { paged_mma<64, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_bf16(const PagedArgs p) { paged_mma<64, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_q8_0(const PagedArgs p) { paged_mma<64, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d64_q4_0(const PagedArgs p) { paged_mma<64, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_f32(const PagedArgs p) { paged_mma<128, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_f16(const PagedArgs p) { paged_mma<128, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_bf16(const PagedArgs p) { paged_mma<128, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_q8_0(const PagedArgs p) { paged_mma<128, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS * 2) fattn_paged_mma_d128_q4_0(const PagedArgs p) { paged_mma<128, KvQ4_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_f32(const PagedArgs p) { paged_mma<256, float>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_f16(const PagedArgs p) { paged_mma<256, f16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_bf16(const PagedArgs p) { paged_mma<256, bf16>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_q8_0(const PagedArgs p) { paged_mma<256, KvQ8_0>(p); }
-extern "C" __global__ void __launch_bounds__(FATTN_MMA_ROWS_D256 * 2) fattn_paged_mma_d256_q4_0(const PagedArgs p) { paged_mma<256, KvQ4_0>(p); }
+// The kernels (fattn_paged_vec_*, fattn_paged_vec4_*, fattn_paged_any_*, fattn_paged_dec_*,
+// fattn_paged_mma_*), generated by build.rs from build/instances.rs.
+#include "fattn_paged.inst.cuh"

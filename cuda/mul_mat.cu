@@ -1,5 +1,6 @@
 // Matrix-vector kernels of mul_mat (the GEMM cases go to cuBLAS, see
-// src/backend/cuda/lower/mul_mat.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
+// src/backend/cuda/lower/mul_mat.rs; the decode GEMVs are lowered by
+// src/backend/cuda/decode/float.rs): dst[r, ch] = sum_l a[l, r, ch / ratio] * b[l, ch] with f32
 // accumulation and reductions in a fixed order (results are deterministic).
 //
 //   mul_mat_vec_{f16,bf16,f32}: decode GEMV, one column, one warp per row of `a`,

@@ -12,8 +12,8 @@
 //   PAIRS                whether mul_mat_vec_q's lanes take sub-blocks two at a time (the
 //                        K-quants, whose neighbouring sub-blocks share bytes) or one (the
 //                        32-element types); it picks the layout of the Q8_1 activations
-//                        (act_at), and src/backend/cuda/lower/mul_mat_q.rs's act_layout
-//                        must agree
+//                        (act_at), and Q8Layout::of in src/backend/fusion.rs must
+//                        agree
 //   load(blk, sub, w)    reads sub-block `sub` of the block at blk (all but Q4_K, Q5_K)
 //   load2<A>(blk, j, w0, w1)  with PAIRS: sub-blocks j (even) and j + 1 of the block at
 //                        blk, in shared memory at alignment A (or, A = GLOBAL16 and
@@ -198,7 +198,8 @@ __device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float 
 }
 
 // Element `lane` of sub-block s of a column of k activations, quantized by the whole warp
-// (lane = element) into the split layout above (ACT_BLOCKS or ACT_PAIRS): d = amax / 127,
+// (lane = element) into the split layout above (ACT_BLOCKS or ACT_PAIRS): d = amax / 127
+// (NaN or infinite for a block holding a NaN or an infinity: its products are not finite),
 // quants rounded half away from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
 // (no expression here can contract into a fused multiply-add). Every lane must call it.
 __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane, i64 layout) {
@@ -217,9 +218,9 @@ __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int 
 // scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
 // it; `valid` lanes store (a block's 8 lanes are all valid or none).
 __device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid, i64 layout) {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    float amax = fmax_nan(fmax_nan(fabsf(v.x), fabsf(v.y)), fmax_nan(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    for (int o = 4; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(FULL_MASK, amax, o));
     const float d = amax / 127.0f;
     const float id = inverse(d);
     const int q0 = sat_i8(roundf(v.x * id)), q1 = sat_i8(roundf(v.y * id));

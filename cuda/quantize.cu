@@ -421,12 +421,23 @@ struct QuantQ6_K {
 // ---------------------------------------------------------------------------------------
 // Kernels.
 
-// The QK source floats at element i0 of row r, quantized into y.
+// The QK source floats at element i0 of row r, quantized into y; a block holding a NaN or
+// an infinity becomes zeros with a NaN scale d, so that all of it dequantizes to NaN (as
+// src/quant's mark_non_finite: the rules above would store finite quants for a NaN).
 template <typename Q>
 __device__ __forceinline__ void quantize_block(const Tensor4& src, const RowIndex& r, i64 i0, u8* y) {
     float x[Q::QK];
-    for (int i = 0; i < Q::QK; ++i) x[i] = load<float>(at(src, i0 + i, r.i1, r.i2, r.i3));
+    bool finite = true;
+    for (int i = 0; i < Q::QK; ++i) {
+        x[i] = load<float>(at(src, i0 + i, r.i1, r.i2, r.i3));
+        finite &= isfinite(x[i]);
+    }
     Q::run(x, y);
+    if (!finite) {
+        for (int i = 0; i < Q::BYTES; ++i) y[i] = 0;
+        // d: the f16 quiet NaN 0x7e00, the CPU's bytes
+        y[(std::is_same<Q, QuantQ6_K>::value ? 208 : 0) + 1] = 0x7e;
+    }
 }
 
 // The BYTES of a block to d (2-byte aligned) in 16-bit pieces.

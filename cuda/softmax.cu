@@ -3,7 +3,8 @@
 //   soft_max_T[_mM]: softmax over each row of x * scale (+ mask), one row per block, f32
 //     throughout: a max pass, an exp-sum pass, then a pass that writes exp(v - max) / sum.
 //     The optional mask (F32 or F16) has the row length and is broadcast over rows and
-//     batches (mask.ne[i] divides src.ne[i]). A row that is all -inf becomes zeros. Each
+//     batches (mask.ne[i] divides src.ne[i]). A row that is all -inf becomes zeros, a row
+//     holding a NaN becomes NaN (the max keeps a NaN: fmax_nan, block_max). Each
 //     element is read and written by one thread and the reductions complete before the
 //     writing pass, so in place is safe.
 #include "common.cuh"
@@ -46,7 +47,7 @@ __device__ void soft_max(const SoftMaxArgs& p) {
         return v;
     };
     float mx = -INFINITY;
-    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) mx = fmaxf(mx, value(i0));
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) mx = fmax_nan(mx, value(i0));
     mx = block_max(mx, scratch);
     if (mx == -INFINITY) {  // the same in every thread of the block
         for (i64 i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x) store<T>(y + i0 * p.dst.nb[0], 0.0f);

@@ -1,5 +1,6 @@
 //! The crate's error type: every mistake a user can make (a shape, a dtype, a file, a
-//! token id, a size) becomes an [`Error`] that names the problem, never a panic.
+//! token id, a size) becomes an [`Error`] that names the problem, never a panic; and
+//! [`warn_once`] for what a loader accepts but leaves unused.
 
 use crate::graph::DType;
 
@@ -220,5 +221,17 @@ impl Error {
             path: path.as_ref().display().to_string(),
             source,
         }
+    }
+}
+
+/// Prints `warning: {msg}` on stderr the first time this process meets `msg`: for what a
+/// loader accepts but does not use (a special-token id outside the vocabulary, which
+/// Hugging Face transformers and llama.cpp accept too), however often the file is read.
+pub fn warn_once(msg: &str) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.iter().any(|m| m == msg) {
+        seen.push(msg.to_string());
+        eprintln!("warning: {msg}");
     }
 }

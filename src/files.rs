@@ -70,7 +70,10 @@ pub fn check_output(path: &Path, inputs: &[PathBuf]) -> Result<(PathBuf, Option<
     }
     let target = resolve(path)?;
     match fs::metadata(&target) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((target, None)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            check_folder(path, &target)?;
+            Ok((target, None))
+        }
         Err(e) => Err(Error::io(path, e)),
         Ok(m) if m.is_dir() => Err(Error::io(
             path,
@@ -81,6 +84,35 @@ pub fn check_output(path: &Path, inputs: &[PathBuf]) -> Result<(PathBuf, Option<
             Ok((target, Some(m)))
         }
     }
+}
+
+/// The folder a new file `target` goes into (`.` for a bare file name).
+fn folder_of(target: &Path) -> &Path {
+    match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        Some(_) | None => Path::new("."),
+    }
+}
+
+/// Fails, naming `path` (the output the user gave), when the folder a new file `target`
+/// would go into does not exist or is not a folder.
+fn check_folder(path: &Path, target: &Path) -> Result<()> {
+    let dir = folder_of(target);
+    let why = match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(m) => format!("{} is {}, not a folder", dir.display(), file_kind(&m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!(
+                "the folder {} does not exist; create it first",
+                dir.display()
+            )
+        }
+        Err(e) => format!("cannot reach the folder {}: {e}", dir.display()),
+    };
+    Err(Error::io(
+        path,
+        std::io::Error::new(std::io::ErrorKind::NotFound, why),
+    ))
 }
 
 /// Fails when the file of `meta` (the target, `path`) is one of `inputs`.
@@ -156,13 +188,11 @@ fn replace(
     })
 }
 
-/// A new, empty temporary file in `target`'s folder.
+/// A new, empty temporary file in `target`'s folder; an error names `target` and the
+/// folder (the temporary file's name means nothing to a user).
 fn temp_next_to(target: &Path) -> Result<(PathBuf, File)> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        Some(_) | None => Path::new("."),
-    };
+    let dir = folder_of(target);
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -173,7 +203,13 @@ fn temp_next_to(target: &Path) -> Result<(PathBuf, File)> {
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io(&tmp, e)),
+            Err(e) => {
+                let why = format!(
+                    "cannot create a file in the folder {} ({e}); write to a folder you can write to",
+                    dir.display()
+                );
+                return Err(Error::io(target, std::io::Error::new(e.kind(), why)));
+            }
         }
     }
 }

@@ -265,11 +265,15 @@ pub fn decode_type(q: QType) -> bool {
     }
 }
 
+/// Whether `x` is one matrix (no batch dims).
+fn single(x: &Operand) -> bool {
+    x.ne[2] == 1 && x.ne[3] == 1
+}
+
 /// Whether `a b` with float weights `a` is a float decode product (a GEMV): one column,
 /// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
 /// elements.
 pub fn float_gemv(a: &Operand, b: &Operand) -> bool {
-    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
     a.dtype.quant().is_none()
         && a.ne[0] < i32::MAX as usize
         && b.dtype == DType::F32
@@ -285,7 +289,6 @@ pub fn float_gemv(a: &Operand, b: &Operand) -> bool {
 /// columns of `b` with dense elements, whole blocks a row, no batches.
 pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
     let (kk, n) = (a.ne[0], b.ne[1]);
-    let single = |x: &Operand| x.ne[2] == 1 && x.ne[3] == 1;
     a.dtype.quant().is_some()
         && (1..=MAX_DECODE_COLS).contains(&n)
         && kk < i32::MAX as usize

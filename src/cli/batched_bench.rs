@@ -16,9 +16,9 @@
 //!   device's free memory) after the first tenth of the requests and at the end, which
 //!   shows whether memory stays flat.
 //!
-//! Requests are greedy, or with `--sampled` sample with the chat defaults (each seeded
-//! from `--seed` and its number), their draws from the device's top candidates: the two
-//! runs compare sampled decode with greedy decode (the device's argmax, pipelined).
+//! Requests are greedy unless sampling flags are given (`--temperature 0.8 --top-k 40`:
+//! the same flags as `generate`, one seed for all), which measures sampled decode against
+//! greedy on the same batches.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -27,12 +27,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use graft::engine::{Engine, Event, Request, RequestId};
+use graft::engine::{max_kv_size, Engine, Event, Request, RequestId};
 use graft::models::SamplingParams;
 use graft::{Error, Result};
 
-use super::dump::preset;
-use super::engine_args::EngineArgs;
+use super::dump::{preset, preset_help};
+use super::engine_args::{bench_context, EngineArgs};
+use super::sampling_args::SamplingArgs;
 use super::{print_out, ModelArgs};
 
 /// Arguments of `graft batched-bench`.
@@ -42,9 +43,15 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Instead of --model: a preset shape with seeded random weights (llama2-7b, ...;
-    /// --dtype picks their type, f16 when absent).
-    #[arg(long, conflicts_with = "model")]
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[arg(
+        long,
+        conflicts_with = "model",
+        help = preset_help(
+            "Model shape instead of --model, with seeded random weights of --quantize (f16 when absent)"
+        )
+    )]
     preset: Option<String>,
     /// Prompt lengths, comma-separated (llama-batched-bench's -npp).
     #[arg(long, value_delimiter = ',', default_value = "128")]
@@ -65,14 +72,6 @@ pub struct Args {
     /// Arrivals per second (Poisson); all at once when absent.
     #[arg(long, requires = "requests")]
     rate: Option<f64>,
-    /// Seed of the weights, the prompts, the arrivals and the samplers.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Every request samples with the chat defaults (temperature 0.8, top-k 40, top-p
-    /// 0.95, min-p 0.05, repeat penalty 1.1 over 64 tokens: 104 candidates selected on
-    /// the device) instead of decoding greedily.
-    #[arg(long)]
-    sampled: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -92,7 +91,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let max = |v: &[usize]| v.iter().copied().max().unwrap_or(1);
     // every sequence's whole length fits its context; the pool holds the largest batch
-    let ctx = max(&a.npp) + max(&a.ntg) + 1;
+    let block = a.engine.kv_block;
+    let most = max_kv_size(block);
+    let sizes = [("--npp", max(&a.npp)), ("--ntg", max(&a.ntg))];
+    let ctx = bench_context(sizes, a.model.ctx, most.saturating_sub(block))?;
     let mut engine_args = a.engine.clone();
     let batch = max(&a.npl).min(a.requests.unwrap_or(usize::MAX));
     if a.requests.is_none() {
@@ -101,15 +103,25 @@ pub fn run(a: Args) -> Result<()> {
     }
     // room for every sequence that may run at once, unless a budget is given
     if engine_args.kv_size.is_none() && engine_args.kv_mem.is_none() {
-        engine_args.kv_size = Some(engine_args.parallel * (ctx + engine_args.kv_block));
+        let n = engine_args.parallel;
+        let pool = n.checked_mul(ctx + block).filter(|&p| p <= most);
+        engine_args.kv_size = Some(pool.ok_or_else(|| {
+            Error::model(format!(
+                "{n} sequences at once (--npl, --parallel) of {ctx} positions are more than a KV pool holds ({most} positions): give fewer sequences (--npl, --parallel) or shorter ones (--npp, --ntg), or a pool size (--kv-size, --kv-mem)"
+            ))
+        })?);
     }
+    // one seed (--seed, default 1) for the weights, the prompts, the arrivals and sampling
+    let seed = a.sampling.seed().unwrap_or(1);
+    let mut sampling = a.sampling.resolve(None, &SamplingParams::greedy())?.params;
+    sampling.seed = Some(seed);
     let mut engine = match &a.preset {
-        Some(name) => engine_args.random(&a.model, preset(name)?, Some(ctx), a.seed, a.json)?,
+        Some(name) => engine_args.random(&a.model, preset(name)?, Some(ctx), seed, a.json)?,
         None => engine_args.load(&a.model, &a.model.path()?, Some(ctx), a.json)?,
     };
     let run = match a.requests {
-        Some(n) => arrivals(&a, &mut engine, n),
-        None => batches(&a, &mut engine),
+        Some(n) => arrivals(&a, &mut engine, &sampling, n),
+        None => batches(&a, &mut engine, &sampling),
     };
     let released = engine.release();
     run.and(released)
@@ -135,16 +147,17 @@ impl Row {
 }
 
 /// The batches mode: every (PP, TG, B), untimed then timed.
-fn batches(a: &Args, e: &mut Engine) -> Result<()> {
+fn batches(a: &Args, e: &mut Engine, sampling: &SamplingParams) -> Result<()> {
     e.set_prefill_first(true);
     e.set_prefix_cache(a.pps);
-    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut rng = StdRng::seed_from_u64(sampling.seed.unwrap_or(1));
     let mut rows = Vec::new();
     for &pp in &a.npp {
         for &tg in &a.ntg {
             for &b in &a.npl {
-                run_batch(a, e, &mut rng, (pp, tg, b))?;
-                rows.push(run_batch(a, e, &mut rng, (pp, tg, b))?);
+                let shape = Shape { pp, tg, b };
+                run_batch(e, &mut rng, shape, a.pps, sampling)?;
+                rows.push(run_batch(e, &mut rng, shape, a.pps, sampling)?);
             }
         }
     }
@@ -162,15 +175,13 @@ fn batches(a: &Args, e: &mut Engine) -> Result<()> {
                 })
             })
             .collect();
-        let st = e.stats();
         return print_out(&format!(
             "{}\n",
             json!({
                 "rows": rows,
                 "plans": e.plans().0,
-                "sampled": a.sampled,
-                "sampled_from_candidates": st.sampled_from_candidates,
-                "sampled_from_rows": st.sampled_from_rows,
+                "sampled_from_candidates": e.stats().sampled_from_candidates,
+                "sampled_from_rows": e.stats().sampled_from_rows,
             })
         ));
     }
@@ -217,16 +228,25 @@ fn prompts(rng: &mut StdRng, vocab: usize, pp: usize, b: usize, shared: bool) ->
         .collect()
 }
 
+/// One configuration of the batches mode: `b` prompts of `pp` tokens, `tg` steps.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    pp: usize,
+    tg: usize,
+    b: usize,
+}
+
 /// Runs one configuration: the prompts, then `tg` decode steps.
 fn run_batch(
-    a: &Args,
     e: &mut Engine,
     rng: &mut StdRng,
-    (pp, tg, b): (usize, usize, usize),
+    Shape { pp, tg, b }: Shape,
+    shared: bool,
+    sampling: &SamplingParams,
 ) -> Result<Row> {
     let vocab = e.config().vocab_size;
-    for (i, p) in prompts(rng, vocab, pp, b, a.pps).into_iter().enumerate() {
-        e.add(bench_request(a, p, tg + 1, i))?;
+    for p in prompts(rng, vocab, pp, b, shared) {
+        e.add(bench_request(p, tg + 1, sampling))?;
     }
     let t0 = Instant::now();
     let mut t_pp = None;
@@ -251,18 +271,11 @@ fn run_batch(
     })
 }
 
-/// Request number `n` of a batch or of the arrivals, running to its length,
-/// end-of-sequence tokens included: greedy, or with `--sampled` the chat defaults seeded
-/// from `--seed` and `n`.
-fn bench_request(a: &Args, prompt: Vec<u32>, max_tokens: usize, n: usize) -> Request {
+/// A request that runs to its length, end-of-sequence tokens included.
+fn bench_request(prompt: Vec<u32>, max_tokens: usize, sampling: &SamplingParams) -> Request {
     let mut r = Request::greedy(prompt, max_tokens);
+    r.sampling = sampling.clone();
     r.stop.ignore_eos = true;
-    if a.sampled {
-        r.sampling = SamplingParams {
-            seed: Some(a.seed.wrapping_add(n as u64)),
-            ..SamplingParams::chat()
-        };
-    }
     r
 }
 
@@ -276,9 +289,9 @@ struct Timing {
 }
 
 /// The arrivals mode (see the module docs).
-fn arrivals(a: &Args, e: &mut Engine, n: usize) -> Result<()> {
+fn arrivals(a: &Args, e: &mut Engine, sampling: &SamplingParams, n: usize) -> Result<()> {
     let (pp, tg) = (a.npp[0], a.ntg[0]);
-    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut rng = StdRng::seed_from_u64(sampling.seed.unwrap_or(1));
     let vocab = e.config().vocab_size;
     // arrival offsets: exponential gaps of mean 1 / rate
     let mut at = Duration::ZERO;
@@ -298,7 +311,7 @@ fn arrivals(a: &Args, e: &mut Engine, n: usize) -> Result<()> {
     while next < n || e.has_work() {
         while next < n && start.elapsed() >= offsets[next] {
             let p = prompts(&mut rng, vocab, pp, 1, false).remove(0);
-            let id = e.add(bench_request(a, p, tg, next))?;
+            let id = e.add(bench_request(p, tg, sampling))?;
             times.insert(
                 id,
                 Timing {
@@ -400,7 +413,6 @@ fn report_arrivals(
         "preemptions": st.preemptions,
         "steps": st.steps,
         "plans": e.plans().0,
-        "sampled": a.sampled,
         "sampled_from_candidates": st.sampled_from_candidates,
         "sampled_from_rows": st.sampled_from_rows,
     });

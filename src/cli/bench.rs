@@ -19,19 +19,25 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use graft::backend::{profile_table, Backend, Stats, StepTime};
-use graft::engine::{Engine, Event, Request};
+use graft::engine::{max_kv_size, Engine, Event, Request, DEFAULT_BLOCK_SIZE};
 use graft::models::QuantPlan;
 use graft::Result;
 
-use super::dump::preset;
-use super::engine_args::EngineArgs;
+use super::dump::{preset, preset_help};
+use super::engine_args::{bench_context, EngineArgs};
 use super::{print_out, ModelArgs};
 
 /// Arguments of `graft bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny, llama2-7b or llama3-8b (seeded random weights).
-    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    #[arg(
+        long,
+        required_unless_present = "model",
+        conflicts_with = "model",
+        help = preset_help(
+            "Model shape instead of --model, with seeded random weights of --quantize (f16 when absent)"
+        )
+    )]
     preset: Option<String>,
     #[command(flatten)]
     model: ModelArgs,
@@ -86,20 +92,19 @@ fn open_backend(
 
 /// Runs `graft bench`.
 pub fn run(a: Args) -> Result<()> {
-    if a.p == 0 || a.n == 0 || a.reps == 0 {
-        return Err(graft::Error::model("-p, -n and --reps must be at least 1"));
+    for (flag, v) in [("-p", a.p), ("-n", a.n), ("--reps", a.reps)] {
+        if v == 0 {
+            return Err(graft::Error::model(format!("{flag} 0: give at least 1")));
+        }
     }
     if let Some(bw) = a.copy_bw.filter(|bw| !(bw.is_finite() && *bw > 0.0)) {
         return Err(graft::Error::model(format!(
             "--copy-bw {bw}: the copy bandwidth must be a positive number of GB/s"
         )));
     }
+    let most = max_kv_size(DEFAULT_BLOCK_SIZE);
+    let ctx = bench_context([("-p", a.p), ("-n", a.n)], a.model.ctx, most)?;
     let (be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
-    let ctx = a
-        .p
-        .checked_add(a.n)
-        .and_then(|c| c.checked_add(1))
-        .ok_or_else(|| graft::Error::model(format!("-p {} + -n {}: too many tokens", a.p, a.n)))?;
     let (mut engine, label, dtype) = open_engine(&a, be, ctx)?;
     let run = measure(&a, &mut engine, copy_bw, label, dtype);
     let released = engine.release();
@@ -155,7 +160,7 @@ fn open_engine(a: &Args, be: Box<dyn Backend>, ctx: usize) -> Result<(Engine, St
     let mut args = EngineArgs::single_sequence();
     args.ubatch = args.ubatch.max(a.p);
     args.no_prefix_cache = true;
-    args.kv_size = Some(ctx + args.kv_block);
+    args.contexts = Some(1);
     match (&a.model.location, &a.preset) {
         (Some(path), _) => {
             let e = args.load_on(&a.model, path, Some(ctx), true, be)?;

@@ -35,7 +35,7 @@ pub struct Args {
 pub fn chat_parts(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
     let found = tokenizer::for_model(path)?.ok_or_else(|| {
         Error::model(format!(
-            "{}: chat needs the model's tokenizer (tokenizer.json, or tokenizer.ggml.* metadata)",
+            "{}: chat needs the model's tokenizer (tokenizer.json, or tokenizer.ggml.* metadata), which this model lacks; run `graft generate --token-ids` instead",
             path.display()
         ))
     })?;

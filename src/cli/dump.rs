@@ -34,8 +34,7 @@ pub struct Args {
     /// metadata is used).
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     model: Option<PathBuf>,
-    /// A preset instead of a folder (tiny, llama2-7b, llama2-70b, ...).
-    #[arg(long)]
+    #[arg(long, help = preset_help("A preset instead of a folder"))]
     preset: Option<String>,
     /// Dump the decode graph (one token, KV-length bucket of position --n-past).
     #[arg(long)]
@@ -76,12 +75,14 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = match (&a.model, &a.preset) {
         (Some(file), _) if graft::models::load::gguf::is_gguf_path(file) => {
-            graft::models::load::gguf::config_from_gguf(&graft::gguf::GgufFile::open(file)?)?
+            graft::models::load::gguf::config_from_gguf(
+                &graft::models::load::gguf::open_model_file(file)?,
+            )?
         }
         (Some(dir), _) => {
             if !dir.is_dir() {
                 return Err(Error::model(format!(
-                    "model folder {} does not exist or is not a folder",
+                    "--model {}: does not exist; give a Hugging Face model folder or a .gguf file",
                     dir.display()
                 )));
             }
@@ -111,7 +112,7 @@ pub fn run(a: Args) -> Result<()> {
     let mg = if a.decode {
         if a.n_past >= ctx {
             return Err(Error::model(format!(
-                "--n-past {} leaves no room in a context of {ctx}",
+                "--n-past {} leaves no room in a context of {ctx}: give a smaller --n-past or a larger --ctx",
                 a.n_past
             )));
         }
@@ -178,6 +179,11 @@ fn check_dump_size(cfg: &Config) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The help of a `--preset` option: `what`, then every preset name.
+pub fn preset_help(what: &str) -> String {
+    format!("{what}: {}", presets::NAMES.join(", "))
 }
 
 /// A preset's config, or an error listing the presets.

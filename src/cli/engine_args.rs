@@ -35,6 +35,10 @@ pub(super) struct EngineArgs {
     /// Do not reuse the K/V of equal prompt beginnings.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// A pool of this many whole contexts when neither --kv-size nor --kv-mem is given
+    /// (commands without those flags: [`KvBudget::Contexts`]); else the automatic budget.
+    #[arg(skip)]
+    pub contexts: Option<usize>,
 }
 
 /// `8G`, `512M`, `64K` or a plain byte count.
@@ -60,7 +64,7 @@ impl EngineArgs {
         let kv = match (self.kv_size, self.kv_mem) {
             (Some(n), _) => KvBudget::Tokens(n),
             (None, Some(b)) => KvBudget::Bytes(b),
-            (None, None) => KvBudget::Auto,
+            (None, None) => self.contexts.map_or(KvBudget::Auto, KvBudget::Contexts),
         };
         EngineConfig {
             ctx,
@@ -147,7 +151,7 @@ impl EngineArgs {
 fn model_config(path: &Path) -> Result<Config> {
     use graft::models::load::gguf;
     if gguf::is_gguf_path(path) {
-        gguf::config_from_gguf(&graft::gguf::GgufFile::open(path)?)
+        gguf::config_from_gguf(&gguf::open_model_file(path)?)
     } else if path.is_dir() {
         Config::from_file(&path.join("config.json"))
     } else {
@@ -180,6 +184,7 @@ impl EngineArgs {
             parallel: 1,
             ubatch: 512,
             no_prefix_cache: false,
+            contexts: None,
         }
     }
 }
@@ -188,8 +193,11 @@ impl EngineArgs {
 /// default step budget, a pool of `contexts` contexts.
 pub(super) fn single(m: &ModelArgs, path: &Path, contexts: usize, quiet: bool) -> Result<Engine> {
     let cfg = model_config(path)?;
-    let mut ecfg = EngineArgs::single_sequence().config(m, &cfg, None);
-    ecfg.kv = KvBudget::Tokens(ecfg.ctx * contexts);
+    let args = EngineArgs {
+        contexts: Some(contexts),
+        ..EngineArgs::single_sequence()
+    };
+    let ecfg = args.config(m, &cfg, None);
     if !m.cache.types().flash_attn {
         return Err(flash_attn_off());
     }
@@ -206,4 +214,30 @@ fn flash_attn_off() -> Error {
     Error::model(
         "--flash-attn off: generation runs the fused paged attention over its KV blocks; the unfused chain of ops is for logits, trace and dump",
     )
+}
+
+/// The context of a benchmark whose sequences are `sizes` (two flags and their values,
+/// such as -p and -n) plus one position long, or `given` (`--ctx`) when that holds them;
+/// at most `most` positions. The errors name the flags to change.
+pub(super) fn bench_context(
+    sizes: [(&str, usize); 2],
+    given: Option<usize>,
+    most: usize,
+) -> Result<usize> {
+    let [(a, x), (b, y)] = sizes;
+    let need = x.checked_add(y).and_then(|c| c.checked_add(1));
+    let err = |what: String| Err(Error::model(what));
+    match (need.filter(|&c| c <= most), given) {
+        (_, Some(g)) if g > most => err(format!(
+            "--ctx {g}: a context holds at most {most} positions (positions are 32-bit): give a smaller --ctx"
+        )),
+        (Some(c), None) => Ok(c),
+        (Some(c), Some(g)) if g >= c => Ok(g),
+        (_, Some(g)) => err(format!(
+            "--ctx {g} cannot hold {a} {x} + {b} {y} tokens: give a larger --ctx or smaller {a} and {b}"
+        )),
+        (None, None) => err(format!(
+            "{a} {x} + {b} {y} tokens are more than a context holds ({most}): give smaller {a} and {b}"
+        )),
+    }
 }

@@ -8,30 +8,40 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use graft::engine::chat::{ChatSession, EndReason};
+use graft::engine::chat::{ChatSession, EndReason, TurnEnd};
 use graft::engine::{Engine, Event, FinishReason, KvBudget, Request, RequestId, Stop};
 use graft::models::runtime::sampling::Resolved;
 use graft::models::{text::tokenizer, SamplingParams, Tokenizer};
 use graft::{Error, Result};
 
 use super::chat::{chat_engine, chat_parts};
-use super::dump::preset;
+use super::dump::{preset, preset_help};
 use super::engine_args::{single, EngineArgs};
 use super::sampling_args::flag_error;
 use super::{print_out, read_prompt, ModelArgs, SamplingArgs};
 
-/// Arguments of `graft generate`.
+/// Arguments of `graft generate`: the prompt is one of --prompt, --file, --token-ids.
 #[derive(clap::Args)]
+#[command(
+    group(clap::ArgGroup::new("input").required(true).args(["prompt", "file", "token_ids"])),
+    override_usage = "graft generate [--model FILE.gguf|DIR] (--prompt TEXT | -f FILE | --token-ids 1,2,3) [OPTIONS]"
+)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Instead of --model: a preset shape with seeded random weights made on the device
-    /// (llama2-7b, mistral-7b, ...; --quantize picks their dtype, f16 when absent), for
-    /// long runs and memory checks; needs --token-ids.
-    #[arg(long, conflicts_with_all = ["model", "chat", "prompt", "file"], requires = "token_ids")]
+    #[arg(
+        long,
+        conflicts_with_all = ["model", "chat", "prompt", "file"],
+        requires = "token_ids",
+        help = preset_help(
+            "Instead of --model, a preset shape with seeded random weights made on the device, \
+             for long runs and memory checks (--quantize picks their dtype, f16 when absent; \
+             needs --token-ids)"
+        )
+    )]
     preset: Option<String>,
     /// Prompt text (needs the folder's tokenizer.json; BOS is added as it says).
-    #[arg(long, required_unless_present_any = ["token_ids", "file"], conflicts_with_all = ["token_ids", "file"])]
+    #[arg(long, conflicts_with_all = ["token_ids", "file"])]
     prompt: Option<String>,
     /// Read the prompt text from a file (`-` for standard input), for prompts longer than
     /// a command line.
@@ -42,7 +52,7 @@ pub struct Args {
     token_ids: Option<Vec<u32>>,
     /// Treat the prompt text (--prompt or --file) as a user's chat message: render it with the model's chat template
     /// and print the reply (up to -n tokens, or the end of the turn).
-    #[arg(long, conflicts_with_all = ["json", "token_ids"])]
+    #[arg(long, conflicts_with = "token_ids")]
     chat: bool,
     /// With --chat: a system message before the prompt.
     #[arg(long, requires = "chat")]
@@ -59,7 +69,8 @@ pub struct Args {
     /// Go on past end-of-sequence tokens to -n tokens.
     #[arg(long, conflicts_with = "chat")]
     ignore_eos: bool,
-    /// Print one JSON object (ids, text, speeds, plan counters) instead of streaming.
+    /// Print one JSON object (ids, text, speeds, plan counters) instead of streaming; with
+    /// --chat, the reply's ids and text, why it stopped and the turn's time.
     #[arg(long)]
     json: bool,
     /// No progress bar and no statistics on stderr.
@@ -83,7 +94,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(name) => {
             let args = EngineArgs::single_sequence();
             let mut cfg = args.config(&a.model, &preset(name)?, None);
-            cfg.kv = KvBudget::Tokens(cfg.ctx);
+            cfg.kv = KvBudget::Contexts(1);
             let e = Engine::random(
                 preset(name)?,
                 a.model.plan(),
@@ -299,37 +310,46 @@ fn peak_rss() -> Option<u64> {
         .map(|k| k * 1024)
 }
 
-/// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout.
+/// `--chat`: one turn of a [`ChatSession`], the reply streamed to stdout (or, with
+/// `--json`, one object after it).
 fn run_chat(a: &Args, path: &Path) -> Result<()> {
     let (tok, template) = chat_parts(path)?;
     let settings = a.sampling.resolve(Some(path), &SamplingParams::chat())?;
-    let mut engine = chat_engine(&a.model, path, a.quiet)?;
+    let mut engine = chat_engine(&a.model, path, a.quiet || a.json)?;
     let ctx = engine.ctx();
     let mut session = ChatSession::new(
         &mut engine,
         tok,
         template,
-        settings.params,
+        settings.params.clone(),
         a.n,
         a.system.clone(),
     )?;
     let prompt = prompt_text(a)?.unwrap_or_default();
     let mut failed = None;
+    let start = Instant::now();
     let end = session.turn(&prompt, |piece| {
-        if failed.is_none() {
+        if failed.is_none() && !a.json {
             failed = print_out(piece).err();
         }
     })?;
+    let seconds = start.elapsed().as_secs_f64();
     let note = session.note(&end);
     drop(session);
+    let json = a
+        .json
+        .then(|| chat_json(&mut engine, &end, seconds, &settings));
     engine.release()?;
     if let Some(e) = failed {
         return Err(e);
     }
     if end.reason == EndReason::ContextFull && end.prefilled == 0 && end.tokens.is_empty() {
         return Err(Error::model(format!(
-            "the chat prompt does not fit the context of {ctx} tokens (--ctx)"
+            "the chat prompt does not fit the context of {ctx} tokens: give a larger --ctx or a shorter prompt"
         )));
+    }
+    if let Some(obj) = json {
+        return print_out(&format!("{obj}\n"));
     }
     print_out("\n")?;
     if end.reason != EndReason::Stop && !a.quiet {
@@ -338,6 +358,36 @@ fn run_chat(a: &Args, path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `--chat --json` object of a turn that ended with `end` after `seconds`.
+fn chat_json(
+    e: &mut Engine,
+    end: &TurnEnd,
+    seconds: f64,
+    settings: &Resolved,
+) -> serde_json::Value {
+    let stats = e.backend().stats();
+    let (built, _) = e.plans();
+    let stop = match end.reason {
+        EndReason::Stop => "eos",
+        EndReason::Length => "length",
+        EndReason::ContextFull => "context_full",
+    };
+    json!({
+        "backend": e.backend().name(),
+        "generated_ids": end.tokens,
+        "text": end.reply,
+        "stop": stop,
+        "prompt_tokens": end.prefilled,
+        "gen_tokens": end.tokens.len(),
+        "seconds": seconds,
+        "plans": built,
+        "captures": stats.captures,
+        "replays": stats.replays,
+        "eager_runs": stats.eager_runs,
+        "sampling": settings.to_json(),
+    })
 }
 
 /// The prompt text: `--prompt`, or the file of `--file`; `None` with `--token-ids`.

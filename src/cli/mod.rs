@@ -5,7 +5,8 @@
 //! - `chat`: an interactive multi-turn conversation;
 //! - `logits`: write the logits of every position of a token sequence to safetensors;
 //! - `dump`: print the planned prefill or decode graph (text or Graphviz DOT);
-//! - `bench`: prompt-processing and generation speed of a preset with random weights;
+//! - `bench`: prompt-processing and generation speed of a preset with random weights
+//!   (or of a model);
 //! - `bench-ops`: per-kernel figures of the CUDA backend;
 //! - `convert`: a Hugging Face folder written as a GGUF file (optionally quantized);
 //! - `trace`: every named intermediate of a prefill, written to safetensors and/or
@@ -68,7 +69,8 @@ enum Command {
     /// Print the planned prefill (or decode) graph with arena offsets.
     #[command(allow_negative_numbers = true)]
     Dump(dump::Args),
-    /// Benchmark prompt processing and generation on a preset with random weights.
+    /// Benchmark prompt processing and generation on a preset with random weights, or on
+    /// a model's own.
     #[command(allow_negative_numbers = true)]
     Bench(bench::Args),
     /// Throughput of the batched engine over many sequences: llama-batched-bench's

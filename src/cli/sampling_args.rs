@@ -8,7 +8,7 @@ use graft::models::runtime::sampling::{resolve, ModelSampling, PartialSampling, 
 use graft::models::SamplingParams;
 use graft::{Error, Result};
 
-/// Sampling options of `generate` and `chat`. Each one not given comes from the model's
+/// Sampling options of `generate`, `chat` and `batched-bench`. Each one not given comes from the model's
 /// recommendation (chats only) or the defaults: see docs/sampling.md.
 #[derive(clap::Args, Clone, Debug)]
 pub(super) struct SamplingArgs {
@@ -68,6 +68,11 @@ fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
 }
 
 impl SamplingArgs {
+    /// The seed given with --seed, if any.
+    pub(super) fn seed(&self) -> Option<u64> {
+        self.seed
+    }
+
     /// The settings these flags give, before defaults.
     fn flags(&self) -> PartialSampling {
         PartialSampling {

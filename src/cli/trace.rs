@@ -29,13 +29,17 @@ use super::{print_out, read_prompt, BackendKind, ModelArgs};
 /// stdout, not an error (which also exits with 1, after `error: ...` on stderr).
 const DIVERGED: u8 = 1;
 
-/// Arguments of `graft trace`.
+/// Arguments of `graft trace`: the prompt is one of --prompt, --prompt-file, --tokens.
 #[derive(clap::Args)]
+#[command(
+    group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "tokens"])),
+    override_usage = "graft trace [--model FILE.gguf|DIR] (--prompt TEXT | -f FILE | --tokens 1,2,3) [OPTIONS]"
+)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt text (needs the model's tokenizer; BOS is added as it says).
-    #[arg(long, required_unless_present_any = ["prompt_file", "tokens"], conflicts_with_all = ["prompt_file", "tokens"])]
+    #[arg(long, conflicts_with_all = ["prompt_file", "tokens"])]
     prompt: Option<String>,
     /// Read the prompt text from a file (`-` for standard input).
     #[arg(short = 'f', long, conflicts_with = "tokens")]

@@ -60,6 +60,13 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// Contexts the automatic KV budget holds ([`KvBudget::Auto`]).
 pub const AUTO_CONTEXTS: usize = 4;
 
+/// The most positions a KV pool of blocks of `block_size` positions can be asked for
+/// ([`KvBudget::Tokens`]): with the block that serves padding, every slot of the pool
+/// has a 32-bit index ([`MAX_CTX`] at most).
+pub fn max_kv_size(block_size: usize) -> usize {
+    (MAX_CTX / block_size.max(1)).saturating_sub(1) * block_size
+}
+
 /// How large the KV pool is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvBudget {
@@ -70,6 +77,21 @@ pub enum KvBudget {
     Tokens(usize),
     /// This many bytes (`--kv-mem`).
     Bytes(usize),
+    /// This many whole contexts, no more: the pool of a command that runs one sequence at
+    /// a time and has only `--ctx` to size it by.
+    Contexts(usize),
+}
+
+impl KvBudget {
+    /// What a user asks for a smaller pool with.
+    fn smaller(self) -> &'static str {
+        match self {
+            KvBudget::Contexts(_) => "give a smaller --ctx",
+            KvBudget::Auto | KvBudget::Tokens(_) | KvBudget::Bytes(_) => {
+                "ask for fewer (--kv-size / --kv-mem) or a smaller --ctx"
+            }
+        }
+    }
 }
 
 /// The engine's settings.
@@ -196,7 +218,17 @@ impl Engine {
 
     fn new(w: LoadedWeights, mut be: Box<dyn Backend>, cfg: EngineConfig) -> Result<Engine> {
         let slots = pool_slots(&w, be.as_mut(), &cfg)?;
-        let pool = KvCache::alloc_pool(&w.shard, slots, cfg.cache, be.as_mut())?;
+        let pool = KvCache::alloc_pool(&w.shard, slots, cfg.cache, be.as_mut()).map_err(|e| {
+            // the device's refusal: say which pool, and how to ask for a smaller one
+            if !matches!(e, Error::Backend { .. }) {
+                return e;
+            }
+            let n = slots - cfg.block_size;
+            Error::model(format!(
+                "a KV pool of {n} positions: {e}: {}",
+                cfg.kv.smaller()
+            ))
+        })?;
         let blocks = slots / cfg.block_size;
         let runner = Runner::new(w.shard, w.weights, pool, cfg.block_size, cfg.ctx);
         Ok(Engine {
@@ -848,15 +880,26 @@ fn pool_slots(w: &LoadedWeights, be: &mut dyn Backend, cfg: &EngineConfig) -> Re
     let per_slot = KvCache::pool_bytes(&w.shard, bs, cfg.cache)
         .ok_or_else(|| Error::model("a KV block is too large to address"))?
         / bs;
+    let most = max_kv_size(bs);
     let wanted = match cfg.kv {
-        KvBudget::Tokens(n) if n > MAX_CTX => {
+        KvBudget::Tokens(n) if n > most => {
             return Err(Error::model(format!(
-                "--kv-size {n}: a KV pool holds at most {MAX_CTX} positions (positions are 32-bit)"
+                "--kv-size {n}: a KV pool of {bs}-position blocks holds at most {most} positions (positions are 32-bit): give a smaller --kv-size"
             )))
         }
         KvBudget::Tokens(n) => n,
-        KvBudget::Bytes(b) => b / per_slot.max(1),
-        KvBudget::Auto => cfg.ctx.saturating_mul(AUTO_CONTEXTS),
+        KvBudget::Bytes(b) => (b / per_slot.max(1)).min(most),
+        KvBudget::Auto => cfg.ctx.saturating_mul(AUTO_CONTEXTS).min(most),
+        KvBudget::Contexts(c) => match cfg.ctx.checked_mul(c).filter(|&n| n <= most) {
+            Some(n) => n,
+            None => {
+                return Err(Error::model(format!(
+                    "--ctx {}: {c} context(s) of it are more positions than a KV pool of {bs}-position blocks holds ({most}; positions are 32-bit): {}",
+                    cfg.ctx,
+                    cfg.kv.smaller()
+                )))
+            }
+        },
     };
     // one more block: block 0 serves padding
     let mut slots = wanted.div_ceil(bs).saturating_add(1).saturating_mul(bs);
@@ -867,11 +910,12 @@ fn pool_slots(w: &LoadedWeights, be: &mut dyn Backend, cfg: &EngineConfig) -> Re
         if slots > room {
             if cfg.kv != KvBudget::Auto || room < 2 * bs {
                 return Err(Error::model(format!(
-                    "a KV pool of {} positions needs {} bytes and {} has {} free after the weights and plans: ask for fewer (--kv-size / --kv-mem) or a smaller --ctx",
+                    "a KV pool of {} positions needs {} bytes and {} has {} free after the weights and plans: {}",
                     slots - bs,
-                    slots * per_slot,
+                    slots.saturating_mul(per_slot),
                     be.name(),
-                    free.saturating_sub(arena + HEADROOM)
+                    free.saturating_sub(arena + HEADROOM),
+                    cfg.kv.smaller()
                 )));
             }
             slots = room;

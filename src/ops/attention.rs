@@ -21,6 +21,16 @@
 //! running maximum instead), the maximum `M`, the weights `exp(s - M)`, their sum `S`
 //! and `sum_j exp(s_j - M) v_j / S`. Masked keys (`-inf`) are skipped; a row whose keys
 //! are all masked gives zeros.
+//!
+//! Non-finite inputs give non-finite outputs, on every backend and cache type: a `q . k`
+//! that is not finite (a NaN or an infinity in q or in a visible key's K row) makes the
+//! score NaN, and the row's maximum keeps a NaN ([`max_nan`]), so the whole row is NaN; a
+//! NaN or infinity in a visible key's V row reaches the output through its weight. A key
+//! masked with `-inf` for a query never gets a score from its K row; its V row enters the
+//! kernels that share V tiles between query rows (the CPU's decode kernel, CUDA's) with a
+//! weight of exactly 0, so, as in ggml, the V rows of masked keys must be finite: the KV
+//! cache is zero-initialised, and a row written from non-finite values already makes the
+//! rows that see it non-finite.
 
 use rayon::prelude::*;
 
@@ -29,6 +39,7 @@ mod decode_avx2;
 pub mod paged;
 
 use super::host::HostTensor;
+use super::softmax::max_nan;
 use super::{expect_dtype, FlashAttnParams, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Graph, TensorId};
@@ -344,12 +355,12 @@ fn attend(
         }
         let krow = &row.k[j * row.k_stride..j * row.k_stride + d];
         let bias = slope * *s;
-        let mut x = p.scale * super::mul_mat::dot_f32(row.q, krow);
+        let mut x = p.scale * finite_or_nan(super::mul_mat::dot_f32(row.q, krow));
         if p.softcap > 0.0 {
             x = p.softcap * (x / p.softcap).tanh();
         }
         *s = x + bias;
-        max = max.max(*s);
+        max = max_nan(max, *s);
     }
     acc.fill(0.0);
     if max == f32::NEG_INFINITY {
@@ -367,4 +378,16 @@ fn attend(
         acc.iter_mut().zip(vrow).for_each(|(a, x)| *a += w * x);
     }
     acc.iter_mut().for_each(|a| *a /= sum);
+}
+
+/// A `q . k` dot product as the score takes it: NaN when it is not finite, so that an
+/// infinity in q or k cannot pass for a masked key (`-inf`) or be capped to a finite score
+/// by softcapping.
+#[inline(always)]
+fn finite_or_nan(dot: f32) -> f32 {
+    if dot.is_finite() {
+        dot
+    } else {
+        f32::NAN
+    }
 }

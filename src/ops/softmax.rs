@@ -62,9 +62,22 @@ impl Graph {
     }
 }
 
-/// Softmax of `row` in place (`row` already scaled and masked).
+/// The larger of `a` and `b`, NaN when either is NaN (IEEE 754-2019's `maximum`):
+/// `f32::max` returns the other operand, so a reduction built on it would pass over a NaN
+/// and give a finite result for a row that holds one.
+#[inline(always)]
+pub(crate) fn max_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Softmax of `row` in place (`row` already scaled and masked): a row that is all `-inf`
+/// (every entry masked) gives zeros, a row holding a NaN gives NaN.
 pub fn softmax_row(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, max_nan);
     if max == f32::NEG_INFINITY {
         row.iter_mut().for_each(|x| *x = 0.0);
         return;
@@ -108,4 +121,29 @@ pub(crate) fn cpu(op: MaskOp, dst: HostTensor, src: &[HostTensor]) -> Result<()>
         unsafe { dst.write_row(i1, i2, i3, &row) };
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of NaN scores (a NaN query) is NaN, not taken for a fully masked row; a row
+    /// holding one NaN is NaN; a fully masked row is zeros.
+    #[test]
+    fn nan_rows_stay_nan_and_masked_rows_are_zeros() {
+        for row in [
+            vec![f32::NAN, f32::NAN],
+            vec![1.0, f32::NAN, 2.0],
+            vec![f32::NAN, f32::NEG_INFINITY],
+        ] {
+            let mut r = row.clone();
+            softmax_row(&mut r);
+            assert!(r.iter().all(|x| x.is_nan()), "{row:?} -> {r:?}");
+        }
+        let mut r = vec![f32::NEG_INFINITY; 3];
+        softmax_row(&mut r);
+        assert_eq!(r, [0.0; 3]);
+        assert!(max_nan(1.0, f32::NAN).is_nan() && max_nan(f32::NAN, 1.0).is_nan());
+        assert_eq!((max_nan(1.0, 2.0), max_nan(2.0, 1.0)), (2.0, 2.0));
+    }
 }

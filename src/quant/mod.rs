@@ -241,8 +241,10 @@ fn check_row(op: &'static str, q: QType, n: usize, bytes: usize) -> Result<()> {
 }
 
 /// Quantizes the f32 row `src` into the blocks of `dst`, byte for byte as ggml's
-/// `quantize_row_*_ref`. `src.len()` must be a multiple of `q.block_size()` and
-/// `dst.len()` equal to `q.row_bytes(src.len())`; otherwise a shape error names the sizes.
+/// `quantize_row_*_ref` where the values are finite; a block holding a NaN or an infinity
+/// is stored with a NaN scale (see [`mark_non_finite`]). `src.len()` must be a multiple
+/// of `q.block_size()` and `dst.len()` equal to `q.row_bytes(src.len())`; otherwise a
+/// shape error names the sizes.
 pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     check_row("quantize_row", q, src.len(), dst.len())?;
     match q {
@@ -256,7 +258,33 @@ pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         QType::Q5_K => for_each_block(src, dst, kquants::quantize_q5_k),
         QType::Q6_K => for_each_block(src, dst, kquants::quantize_q6_k),
     }
+    mark_non_finite(q, src, dst);
     Ok(())
+}
+
+/// Rewrites every block of `dst` whose values in `src` hold a NaN or an infinity as zeros
+/// with a NaN scale `d`, so that every value of it dequantizes to NaN. ggml's quantizers
+/// take the block's largest magnitude with a comparison that passes over a NaN and store
+/// finite quants for it: a non-finite activation or KV-cache row would come back finite.
+fn mark_non_finite(q: QType, src: &[f32], dst: &mut [u8]) {
+    let d_at = match q {
+        QType::Q6_K => 208,
+        QType::Q4_0
+        | QType::Q4_1
+        | QType::Q5_0
+        | QType::Q5_1
+        | QType::Q8_0
+        | QType::Q8_1
+        | QType::Q4_K
+        | QType::Q5_K => 0,
+    };
+    let blocks = src.chunks_exact(q.block_size());
+    for (x, y) in blocks.zip(dst.chunks_exact_mut(q.block_bytes())) {
+        if !x.iter().all(|v| v.is_finite()) {
+            y.fill(0);
+            write_f16(y, d_at, f32::NAN);
+        }
+    }
 }
 
 /// Dequantizes the blocks of `src` into the f32 row `dst`, as ggml's `dequantize_row_*`.
@@ -357,6 +385,36 @@ mod tests {
             assert_eq!(q.to_string(), q.name());
         }
         assert_eq!(QType::parse("q3_k"), None);
+    }
+
+    /// A block holding a NaN or an infinity dequantizes to NaN in every type (ggml's
+    /// rules would give finite values: the NaN is passed over by the block's maximum);
+    /// the row's other blocks are quantized as without it.
+    #[test]
+    fn non_finite_blocks_dequantize_to_nan() {
+        for q in QType::ALL {
+            let n = 2 * q.block_size();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+            let rb = q.row_bytes(n).unwrap();
+            let (mut clean, mut bad) = (vec![0u8; rb], vec![0u8; rb]);
+            quantize_row(q, &x, &mut clean).unwrap();
+            for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut y = x.clone();
+                y[q.block_size() + 3] = v;
+                quantize_row(q, &y, &mut bad).unwrap();
+                let mut back = vec![0f32; n];
+                dequantize_row(q, &bad, &mut back).unwrap();
+                let (first, second) = back.split_at(q.block_size());
+                assert!(second.iter().all(|v| v.is_nan()), "{q} {v}: {second:?}");
+                assert!(first.iter().all(|v| v.is_finite()), "{q} {v}");
+                let half = rb / 2;
+                assert_eq!(
+                    bad[..half],
+                    clean[..half],
+                    "{q} {v}: the finite block changed"
+                );
+            }
+        }
     }
 
     #[test]

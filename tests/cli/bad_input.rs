@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{fixture, TempCopy};
+use crate::fixtures::{fixture, join_safetensors, split_safetensors, TempCopy};
 
 /// The longest any case may take: a hang fails the test instead of blocking it.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -74,6 +74,29 @@ fn fails(args: &[&str], needles: &[&str]) {
     fails_with(1, args, needles);
     let err = stderr(&run(args));
     assert!(err.starts_with("error: "), "{err}");
+}
+
+/// The long flags (`--name`) in `text`.
+fn long_flags(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.len() > 2 && w.starts_with("--") && w.as_bytes()[2].is_ascii_lowercase())
+        .collect()
+}
+
+/// Expects [`fails`], and every long flag the message names to be one `graft <command>`
+/// takes (listed by its --help): advice never names another command's flag.
+fn fails_naming_own_flags(args: &[&str], needles: &[&str]) {
+    fails(args, needles);
+    let err = stderr(&run(args));
+    let help = String::from_utf8(ok(&[args[0], "--help"])).unwrap();
+    let own = long_flags(&help);
+    for flag in long_flags(&err) {
+        assert!(
+            own.contains(&flag),
+            "graft {args:?} names {flag}, which {} lacks: {err}",
+            args[0]
+        );
+    }
 }
 
 /// Expects success; returns stdout.
@@ -159,9 +182,9 @@ fn config_fields_are_checked_and_named() {
             "rope_parameters.rope_type",
         ),
         ("rope_parameters", json!(7), "'rope_parameters'"),
-        ("eos_token_id", json!(99999), "'eos_token_id'"),
-        ("bos_token_id", json!(-1), "'bos_token_id'"),
-        ("torch_dtype", json!("int8"), "'torch_dtype'"),
+        ("eos_token_id", json!("two"), "'eos_token_id'"),
+        ("bos_token_id", json!(1.5), "'bos_token_id'"),
+        ("torch_dtype", json!(16), "'torch_dtype'"),
         ("hidden_act", json!("gelu"), "'hidden_act'"),
         ("model_type", json!("falcon"), "'model_type'"),
     ];
@@ -186,6 +209,199 @@ fn config_fields_are_checked_and_named() {
         }
     });
     fails(&gen1(t.dir()), &["config.json", "field '"]);
+}
+
+/// Special-token ids outside the vocabulary (HF's GPT-2 defaults, 50256, in a smaller
+/// vocabulary; -1 for none; llama.cpp's "bad special token" in a GGUF file) and a
+/// torch_dtype graft does not load are accepted, as transformers and llama.cpp accept
+/// them: one warning naming the field, the value unused, the run going on to its -n
+/// tokens. They used to be refused.
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_warnings() {
+    let check = |model: &str, needles: &[&str]| {
+        let o = run(&gen1(model));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{model}: {err}");
+        assert_eq!(err.matches("warning: ").count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "'{n}' not in: {err}");
+        }
+    };
+    for (field, value) in [
+        ("eos_token_id", json!(99999)),
+        ("bos_token_id", json!(-1)),
+        ("eos_token_id", json!([2, 50256])),
+    ] {
+        let t = config_field(field, value);
+        check(
+            t.dir(),
+            &[&format!("'{field}'"), "not a token of the vocabulary"],
+        );
+    }
+    // a checkpoint's dtype graft has no use for: transformers accepts any
+    for dtype in ["int8", "float64"] {
+        let t = config_field("torch_dtype", json!(dtype));
+        check(t.dir(), &["'torch_dtype'", dtype, "not used"]);
+    }
+    use graft::gguf::Value as V;
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {
+        let p = gguf_with("special", |md, _| set(md, key, V::U32(99999)));
+        check(p.to_str().unwrap(), &[key, "99999"]);
+    }
+    // A text needs the BOS this tokenizer adds: that, and only that, is an error.
+    let p = gguf_with("special", |md, _| {
+        set(md, "tokenizer.ggml.bos_token_id", V::U32(99999))
+    });
+    let p = p.to_str().unwrap();
+    fails_with(
+        1,
+        &["generate", "--model", p, "--prompt", "hi", "-n", "1"],
+        &["tokenizer.ggml.bos_token_id 99999", "--token-ids"],
+    );
+    ok(&["tokenize", "--model", p, "--text", "hi", "--no-bos"]);
+}
+
+/// gpt2-tiny-f32 cut to a vocabulary of 300 (the first 300 rows of its tied embedding,
+/// no tokenizer) with HF's GPT-2 defaults `bos_token_id` = `eos_token_id` = 50256, outside
+/// it: a folder transformers loads and runs (GPT2Config does not check those ids).
+fn gpt2_vocab_300() -> TempCopy {
+    let t = TempCopy::of("gpt2-tiny-f32");
+    std::fs::remove_file(t.path("tokenizer.json")).unwrap();
+    let text = std::fs::read_to_string(t.path("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&text).unwrap();
+    for (k, v) in [
+        ("vocab_size", 300),
+        ("bos_token_id", 50256),
+        ("eos_token_id", 50256),
+    ] {
+        cfg[k] = json!(v);
+    }
+    std::fs::write(t.path("config.json"), cfg.to_string()).unwrap();
+    let (mut h, data) = split_safetensors(&t.path("model.safetensors"));
+    let mut names: Vec<String> = h
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    names.sort_by_key(|n| h[n]["data_offsets"][0].as_u64().unwrap());
+    let mut out = Vec::new();
+    for n in names {
+        let offs = &h[&n]["data_offsets"];
+        let (s, mut e) = (offs[0].as_u64().unwrap(), offs[1].as_u64().unwrap());
+        if n == "transformer.wte.weight" {
+            e = s + 300 * 64 * 4;
+            h[&n]["shape"] = json!([300, 64]);
+        }
+        h[&n]["data_offsets"] = json!([out.len(), out.len() as u64 + e - s]);
+        out.extend_from_slice(&data[s as usize..e as usize]);
+    }
+    join_safetensors(&t.path("model.safetensors"), &h, &out);
+    t
+}
+
+/// The F32 logits [n, vocab] `graft logits` writes to stdout for `ids` of `model`.
+fn logits_of(model: &str, ids: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = ok(&[
+        "logits",
+        "--model",
+        model,
+        "--token-ids",
+        ids,
+        "--out",
+        "-",
+        "--quiet",
+    ]);
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    let v = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
+}
+
+/// A GPT-2 folder with HF's default bos/eos (50256) and a vocabulary of 300 runs: its
+/// logits are the first 300 of the full fixture's (the same model with the rest of the
+/// embedding cut off), generate runs to -n (no EOS to stop at), dump and convert work,
+/// and the warning names the field once per run.
+#[test]
+fn a_gpt2_folder_with_hf_default_special_tokens_runs() {
+    let small = gpt2_vocab_300();
+    let full = fixture("gpt2-tiny-f32");
+    let ids = "5,17,123,299";
+    let (got, shape) = logits_of(small.dir(), ids);
+    let (want, full_shape) = logits_of(full.to_str().unwrap(), ids);
+    assert_eq!((shape, full_shape), (vec![4, 300], vec![4, 512]));
+    for (row, w) in got.chunks(300).zip(want.chunks(512)) {
+        for (a, b) in row.iter().zip(&w[..300]) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+    let o = run(&[
+        "generate",
+        "--model",
+        small.dir(),
+        "--token-ids",
+        ids,
+        "-n",
+        "6",
+        "--json",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("'eos_token_id' 50256").count(), 1, "{err}");
+    assert_eq!(err.matches("'bos_token_id' 50256").count(), 1, "{err}");
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (j["gen_tokens"].as_u64(), j["stop"].as_str()),
+        (Some(6), Some("length"))
+    );
+    ok(&["dump", "--model", small.dir()]);
+    let gguf = tempdir("gpt2-300").join("m.gguf");
+    let g = gguf.to_str().unwrap();
+    ok(&[
+        "convert",
+        "--model",
+        small.dir(),
+        "--type",
+        "f32",
+        "--out",
+        g,
+        "--quiet",
+    ]);
+    let (from_gguf, _) = logits_of(g, ids);
+    assert_eq!(from_gguf, got, "the GGUF file's logits");
+}
+
+/// A chat model whose config names no valid EOS (50256 in a vocabulary of 512) replies
+/// until the chat template's end of turn or -n tokens.
+#[test]
+fn chat_without_a_valid_eos_stops_at_n() {
+    let t = TempCopy::of("gpt2-tiny-f32");
+    let text = std::fs::read_to_string(t.path("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_str(&text).unwrap();
+    cfg["eos_token_id"] = json!(50256);
+    std::fs::write(t.path("config.json"), cfg.to_string()).unwrap();
+    let o = run(&[
+        "generate",
+        "--chat",
+        "--model",
+        t.dir(),
+        "--prompt",
+        "hi",
+        "-n",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("'eos_token_id' 50256"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -227,26 +443,6 @@ fn fifos_as_inputs_are_refused_not_waited_on() {
     let g = dir.join("m.gguf");
     mkfifo(&g);
     fails(&gen1(g.to_str().unwrap()), &["m.gguf", "a FIFO"]);
-}
-
-/// The safetensors file of `t` split into its header (JSON) and data.
-fn split_safetensors(path: &Path) -> (Value, Vec<u8>) {
-    let bytes = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    (header, bytes[8 + n..].to_vec())
-}
-
-/// Writes a safetensors file from a header and data, the header padded to 8 bytes.
-fn join_safetensors(path: &Path, header: &Value, data: &[u8]) {
-    let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h);
-    out.extend(data);
-    std::fs::write(path, out).unwrap();
 }
 
 /// A copy of llama3-tiny-bf16 whose safetensors header has `edit` applied.
@@ -497,8 +693,10 @@ fn gguf_metadata_sizes_are_checked() {
             vec!["llama.attention.head_count"],
         ),
         (
-            gguf_with("eos", u32s("tokenizer.ggml.eos_token_id", 99999)),
-            vec!["'tokenizer.ggml.eos_token_id'"],
+            gguf_with("eos", |md, _| {
+                set(md, "tokenizer.ggml.eos_token_id", V::String("two".into()))
+            }),
+            vec!["tokenizer.ggml.eos_token_id"],
         ),
         (
             gguf_with("arch", |md, _| {
@@ -683,7 +881,16 @@ fn command_line_sizes_and_values_are_checked() {
         a
     };
     fails(&b(&["-p", "18446744073709551615"]), &["-p"]);
-    fails(&b(&["-p", "1000000000000", "-n", "1"]), &["--ctx"]);
+    // bench sizes its context from -p and -n: the error names them
+    fails(
+        &b(&["-p", "1000000000000", "-n", "1"]),
+        &["-p 1000000000000 + -n 1", "smaller -p and -n"],
+    );
+    fails(
+        &b(&["-p", "64", "-n", "64", "--ctx", "100"]),
+        &["--ctx 100", "-p 64 + -n 64"],
+    );
+    fails(&b(&["-n", "0"]), &["-n 0", "at least 1"]);
     fails(&b(&["--copy-bw", "0"]), &["--copy-bw 0"]);
     fails(&b(&["--copy-bw", "-3"]), &["--copy-bw -3"]);
     fails(&b(&["--copy-bw", "inf"]), &["--copy-bw inf"]);
@@ -715,6 +922,91 @@ fn command_line_sizes_and_values_are_checked() {
     fails(&g(&["--tp", "1000000"]), &["--tp 1000000"]);
     fails(&b(&["--tp", "3"]), &["--tp 3", "attention heads"]);
     fails(&dump(&["--tp", "16"]), &["--tp 16", "attention heads (8)"]);
+}
+
+/// Sizes past what a context or a KV pool holds (positions are 32-bit) are errors that
+/// name the flags that set them, and only flags of the command run: bench and
+/// batched-bench size their context from their lengths, generate and chat their pool from
+/// --ctx (none of the three has --kv-size), batched-bench its pool from the batch.
+#[test]
+fn size_errors_name_the_commands_own_flags() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let bench = |extra: &[&'static str]| {
+        let mut a = vec!["bench", "--preset", "tiny", "--reps", "1"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let batched = |extra: &[&'static str]| {
+        let mut a = vec![
+            "batched-bench",
+            "--preset",
+            "tiny",
+            "--npl",
+            "1",
+            "--ntg",
+            "1",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let cases: [(Vec<&str>, &[&str]); 11] = [
+        (
+            bench(&["-p", "1000000000000", "-n", "1"]),
+            &["-p 1000000000000 + -n 1", "smaller -p and -n"],
+        ),
+        (
+            bench(&["-p", "2147483640", "-n", "1"]),
+            &["-p 2147483640 + -n 1", "smaller -p and -n"],
+        ),
+        (
+            bench(&["-p", "4", "-n", "1", "--ctx", "2147483647"]),
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            batched(&["--npp", "1000000000000"]),
+            &["--npp 1000000000000 + --ntg 1", "smaller --npp and --ntg"],
+        ),
+        (
+            batched(&["--npp", "18446744073709551615"]),
+            &["--npp 18446744073709551615"],
+        ),
+        (
+            batched(&["--npp", "4", "--ntg", "18446744073709551615"]),
+            &["--ntg 18446744073709551615"],
+        ),
+        (
+            batched(&["--npp", "4", "--ctx", "2"]),
+            &["--ctx 2 cannot hold --npp 4 + --ntg 1"],
+        ),
+        (
+            batched(&["--npp", "4", "--npl", "1000000000000"]),
+            &["1000000000000 sequences", "--npl"],
+        ),
+        (
+            batched(&["--npp", "4", "--ctx", "2147483647"]),
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                d,
+                "--token-ids",
+                "1",
+                "--ctx",
+                "2147483647",
+            ],
+            &["--ctx 2147483647", "smaller --ctx"],
+        ),
+        (
+            vec!["chat", "--model", d, "--ctx", "2000000000"],
+            &["--ctx 2000000000", "smaller --ctx"],
+        ),
+    ];
+    for (args, needles) in cases {
+        fails_naming_own_flags(&args, needles);
+    }
 }
 
 /// A library caller gets the same named error for a config with a huge layer count,
@@ -890,18 +1182,7 @@ fn outputs_keep_what_is_at_the_path() {
 
 /// A copy of llama3-tiny-bf16 whose final norm weights are all `bits` (BF16).
 fn with_norm_bits(bits: u16) -> TempCopy {
-    let t = TempCopy::of("llama3-tiny-bf16");
-    let (h, mut data) = split_safetensors(&t.path("model.safetensors"));
-    let offs = &h["model.norm.weight"]["data_offsets"];
-    let (s, e) = (
-        offs[0].as_u64().unwrap() as usize,
-        offs[1].as_u64().unwrap() as usize,
-    );
-    for c in data[s..e].chunks_exact_mut(2) {
-        c.copy_from_slice(&bits.to_le_bytes());
-    }
-    join_safetensors(&t.path("model.safetensors"), &h, &data);
-    t
+    TempCopy::with_tensor_bits("llama3-tiny-bf16", "model.norm.weight", bits)
 }
 
 /// NaN or Inf weights stop generate (greedy or sampled), chat and logits with an error
@@ -936,6 +1217,80 @@ fn non_finite_logits_stop_every_command() {
     }
 }
 
+/// A temperature so small that `1 / t` overflows (1e-45, the smallest f32) samples the
+/// largest logit, as greedy decoding does: generate (penalties off) and chat (the chat
+/// defaults' repetition penalty kept, so greedy with the same penalty), on the engine.
+#[test]
+fn a_tiny_temperature_samples_the_largest_logit() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let generate = |extra: &[&str]| {
+        let args = ["generate", "--model", d, "--token-ids", "1,2", "-n", "12"];
+        ok(&[&args[..], &["--quiet"], extra].concat())
+    };
+    let chat = |extra: &[&str]| {
+        let args = [&["chat", "--model", d, "-n", "12", "--quiet"][..], extra].concat();
+        let o = run_with(&args, b"hi\nwhat next\n");
+        assert!(o.status.success(), "graft {args:?}: {}", stderr(&o));
+        o.stdout
+    };
+    let greedy = generate(&["--temperature", "0"]);
+    let greedy_chat = chat(&["--temperature", "0", "--repeat-penalty", "1.1"]);
+    assert_ne!(generate(&["--temperature", "1", "--seed", "3"]), greedy);
+    for t in ["1e-45", "1e-40", "1e-38"] {
+        for seed in ["1", "2"] {
+            let sampled = ["--temperature", t, "--seed", seed];
+            assert_eq!(generate(&sampled), greedy, "generate --temperature {t}");
+            assert_eq!(chat(&sampled), greedy_chat, "chat --temperature {t}");
+        }
+    }
+}
+
+/// NaN in the weights that make q, k or v gives non-finite attention rows, so the logits
+/// are not finite and every run stops with the error, whatever the cache type
+/// (qwen3-tiny-bf16: head size 32, whole blocks for q8_0 and q4_0): generate (the
+/// engine's paged attention), logits with the fused attention (the default) and with the
+/// chain of ops. The fused attention used to take a row of NaN scores for a fully masked
+/// one and give zeros (and a quantized cache to store a NaN K or V row as finite
+/// numbers): generate then exited 0 with made-up tokens.
+#[test]
+fn nan_in_q_k_or_v_stops_generation_with_every_cache_type() {
+    for proj in ["q_proj", "k_proj", "v_proj"] {
+        let name = format!("model.layers.0.self_attn.{proj}.weight");
+        let t = TempCopy::with_tensor_bits("qwen3-tiny-bf16", &name, 0x7fc0);
+        let logits = |flash: &'static str| {
+            let out = t.path("l.safetensors");
+            let out = out.to_str().unwrap().to_string();
+            vec![
+                "logits".to_string(),
+                "--model".into(),
+                t.dir().into(),
+                "--token-ids".into(),
+                "1,2,3".into(),
+                "--out".into(),
+                out,
+                "--flash-attn".into(),
+                flash.into(),
+            ]
+        };
+        for cache in ["f32", "f16", "bf16", "q8_0", "q4_0"] {
+            let types = ["--ctk", cache, "--ctv", cache];
+            let mut runs: Vec<Vec<String>> =
+                vec![gen1(t.dir()).iter().map(|a| a.to_string()).collect()];
+            runs.push(logits("on"));
+            if !cache.starts_with('q') {
+                runs.push(logits("off")); // a quantized V cache needs the fused attention
+            }
+            for mut args in runs {
+                args.extend(types.iter().map(|a| a.to_string()));
+                println!("{proj} NaN: {args:?}");
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                fails(&args, &["non-finite logits"]);
+            }
+        }
+    }
+}
+
 /// `dump` lays a graph out from a config alone (no tensors to check it against): a
 /// config with more layers or parameters than any model is refused by name, not laid out.
 #[test]
@@ -958,5 +1313,104 @@ fn dump_refuses_configs_no_model_has() {
         let dir = t.path(".");
         let dir = dir.to_str().unwrap();
         fails(&["dump", "--model", dir], &[needle]);
+    }
+}
+
+/// Errors a user can cause name the input, what is wrong with it and what to do: an
+/// `--out` whose folder is missing (not graft's temporary file), a file of a Hugging Face
+/// folder given as the model (pass the folder), a quantized cache the head size does not
+/// allow (use f16), `generate` without a prompt (every way to give one, and --model).
+#[test]
+fn messages_say_what_to_do() {
+    let d = fixture("llama3-tiny-bf16");
+    let d = d.to_str().unwrap();
+    let missing = "/nonexistent-graft-dir/l.safetensors";
+    for args in [
+        vec!["logits", "--model", d, "--token-ids", "1", "--out", missing],
+        vec!["dump", "--model", d, "--out", missing],
+        vec!["convert", "--model", d, "--type", "f32", "--out", missing],
+        vec!["trace", "--model", d, "--tokens", "1", "--out", missing],
+    ] {
+        fails(
+            &args,
+            &[
+                missing,
+                "/nonexistent-graft-dir does not exist",
+                "create it",
+            ],
+        );
+        assert!(!stderr(&run(&args)).contains(".tmp-"), "{args:?}");
+    }
+    // a folder that cannot take a new file (even as root)
+    let o = run(&["dump", "--model", d, "--out", "/proc/graft-dump.txt"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/proc/graft-dump.txt")
+            && err.contains("folder /proc")
+            && !err.contains(".tmp-"),
+        "{err}"
+    );
+    // every command that runs a model, as each takes its input
+    let runs = |model: &str| -> Vec<Vec<String>> {
+        let cmds: [&[&str]; 9] = [
+            &["generate", "--token-ids", "1"],
+            &["generate", "--chat", "--prompt", "hi"],
+            &["chat"],
+            &["bench", "-p", "2", "-n", "1", "--reps", "1"],
+            &["batched-bench", "--npp", "2", "--ntg", "1", "--npl", "1"],
+            &["logits", "--token-ids", "1", "--out", "-"],
+            &["trace", "--tokens", "1"],
+            &["dump"],
+            &["tokenize", "--text", "hi"],
+        ];
+        let with = |c: &[&str]| {
+            let mut a: Vec<String> = vec![c[0].into(), "--model".into(), model.into()];
+            a.extend(c[1..].iter().map(|s| s.to_string()));
+            a
+        };
+        cmds.iter().map(|c| with(c)).collect()
+    };
+    for file in ["config.json", "model.safetensors"] {
+        for args in runs(&format!("{d}/{file}")) {
+            let want = [file, "pass the folder", &format!("--model {d}")];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            fails_naming_own_flags(&args, &want);
+        }
+    }
+    for (flag, t) in [("--ctk", "q8_0"), ("--ctv", "q4_0")] {
+        let k_or_v = if flag == "--ctk" { "k" } else { "v" };
+        for mut args in runs(d) {
+            if args[0] == "tokenize" {
+                continue; // no cache
+            }
+            args.extend([flag.to_string(), t.to_string()]);
+            let want = ["head size", "16", &format!("--cache-type-{k_or_v} f16")];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            fails_naming_own_flags(&args, &want);
+        }
+    }
+    let o = run(&["generate"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for flag in ["--prompt", "--file", "--token-ids", "-f FILE", "--model"] {
+        assert!(err.contains(flag), "'{flag}' not in: {err}");
+    }
+    let o = run(&["trace", "--model", d]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for flag in ["--prompt", "--prompt-file", "--tokens"] {
+        assert!(err.contains(flag), "'{flag}' not in: {err}");
+    }
+}
+
+/// The help of every command with --preset lists every preset.
+#[test]
+fn preset_help_lists_every_preset() {
+    for cmd in ["bench", "batched-bench", "generate", "dump"] {
+        let help = String::from_utf8(ok(&[cmd, "--help"])).unwrap();
+        for name in graft::models::arch::presets::NAMES {
+            assert!(help.contains(name), "{cmd} --help lacks {name}: {help}");
+        }
     }
 }

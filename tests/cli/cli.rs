@@ -905,3 +905,39 @@ fn sampling_settings_follow_their_precedence() {
         &["generation_config.json", "top_p"],
     );
 }
+
+/// `generate --chat --json` prints one object for the turn: the same reply as the
+/// streamed text, its ids, why it stopped, the prompt and reply sizes. It used to be
+/// refused.
+#[test]
+fn generate_chat_json() {
+    let dir = fixture("llama3-tiny-bf16");
+    let d = dir.to_str().unwrap();
+    let chat = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--chat",
+            "--model",
+            d,
+            "--prompt",
+            "What is the capital of France?",
+            "-n",
+            "7",
+            "--temperature",
+            "0",
+            "--quiet",
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let streamed = chat(&[]);
+    let j: serde_json::Value = serde_json::from_str(chat(&["--json"]).trim()).unwrap();
+    assert_eq!(j["text"].as_str().map(|t| format!("{t}\n")), Some(streamed));
+    let n = j["gen_tokens"].as_u64().unwrap();
+    assert!((1..=7).contains(&n), "{j}");
+    assert_eq!(j["generated_ids"].as_array().unwrap().len() as u64, n);
+    let stop = j["stop"].as_str().unwrap();
+    assert!(stop == "eos" || (stop == "length" && n == 7), "{j}");
+    assert!(j["prompt_tokens"].as_u64().unwrap() > 7, "{j}");
+    assert_eq!(j["backend"], "cpu");
+}

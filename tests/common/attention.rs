@@ -6,7 +6,8 @@
 //! per 2 heads), softcapping and ALiBi on and off, K/V as views into a larger cache at an
 //! offset, F32/F16/BF16/Q8_0/Q4_0 K/V), the oracle, and [`run`], which runs a case on any
 //! backend with the arena poisoned by [`SENTINEL`] and guard bytes after every block, and
-//! checks the sentinels after.
+//! checks the sentinels after. [`poisoned_case`] adds a NaN or an infinity to q, K or V,
+//! and [`check_expectations`] holds each output row to what it must then be.
 
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, FlashAttnParams, Graph, PlanOptions};
@@ -44,6 +45,43 @@ pub struct Case {
     pub mask_heads: usize,
     pub p: FlashAttnParams,
     pub seed: u64,
+    /// A NaN or an infinity written into q, K or V before the run (see
+    /// [`poisoned_case`]).
+    pub poison: Option<Poison>,
+}
+
+/// A non-finite value written into one element of a query row, or of one key's K or V
+/// row before K and V are rounded or quantized (as a cache write would store it).
+#[derive(Clone, Copy, Debug)]
+pub struct Poison {
+    pub at: Poisoned,
+    /// The element of the row (below the head size).
+    pub elem: usize,
+    /// NaN, +inf or -inf.
+    pub value: f32,
+}
+
+/// Which row a [`Poison`] is written into.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Poisoned {
+    /// Query `i` of head `h` in batch `b`.
+    Q { h: usize, i: usize, b: usize },
+    /// The K row of key `j` of the view, KV head `hk`, batch `b`.
+    K { j: usize, hk: usize, b: usize },
+    /// The V row of key `j` of the view, KV head `hk`, batch `b`.
+    V { j: usize, hk: usize, b: usize },
+}
+
+/// What an output row must be after a run with a [`Poison`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowExpect {
+    /// Finite (and as the oracle: the poison is not among what the row sees).
+    Finite,
+    /// Holding a NaN or an infinity: the row sees the poisoned value.
+    NonFinite,
+    /// Either: a row of the poisoned V row's head that does not see its key, whose V row
+    /// the kernels that share V between rows multiply by a weight of 0 (NaN for a NaN).
+    Any,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,8 +101,17 @@ pub enum MaskKind {
 
 /// Values of `n` elements of `dt` as the backend stores them, and as f64 after the
 /// rounding or quantization (what the oracle multiplies). Rows of `row` elements.
-fn kv_values(rng: &mut StdRng, dt: DType, n: usize, row: usize) -> (Vec<u8>, Vec<f64>) {
-    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+/// With `poison`, element `.0` is set to `.1` before the rounding.
+fn kv_values(
+    rng: &mut StdRng,
+    dt: DType,
+    (n, row): (usize, usize),
+    poison: Option<(usize, f32)>,
+) -> (Vec<u8>, Vec<f64>) {
+    let mut x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    if let Some((at, value)) = poison {
+        x[at] = value;
+    }
     match dt.quant() {
         Some(q) => {
             let rb = dt.row_bytes(row);
@@ -148,11 +195,26 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
                             MaskKind::Causal
                             | MaskKind::Arbitrary
                             | MaskKind::Window(_)
+                            | MaskKind::Visible(_)
+                                if mrow[j] == f32::NEG_INFINITY =>
+                            {
+                                f64::NEG_INFINITY
+                            }
+                            MaskKind::Causal
+                            | MaskKind::Arbitrary
+                            | MaskKind::Window(_)
                             | MaskKind::Visible(_) => s + slope * mrow[j] as f64,
                         }
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                // the largest score, NaN when one is
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, |m, s| {
+                    if m.is_nan() || m > s {
+                        m
+                    } else {
+                        s
+                    }
+                });
                 let o = &mut out[((b * c.n_q + i) * n_head + h) * c.d..][..c.d];
                 if max == f64::NEG_INFINITY {
                     continue;
@@ -160,6 +222,9 @@ fn oracle(c: &Case, q: &[f64], k: &[f64], v: &[f64], mask: &[f32]) -> Vec<f64> {
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
                 for (j, wj) in w.iter().enumerate() {
+                    if scores[j] == f64::NEG_INFINITY {
+                        continue; // a masked key
+                    }
                     let val = &v[((b * c.n_head_kv + hk) * c.ctx + c.first + j) * c.d..][..c.d];
                     for (a, x) in o.iter_mut().zip(val) {
                         *a += wj / sum * x;
@@ -177,6 +242,8 @@ pub struct Ran {
     pub got: Vec<f32>,
     /// The f64 oracle's result.
     pub want: Vec<f64>,
+    /// With a [`Poison`], what each output row (`d` values) must be.
+    pub expect: Vec<RowExpect>,
 }
 
 /// Runs a case on `be` twice (a backend may replay a captured graph the second time),
@@ -186,12 +253,23 @@ pub struct Ran {
 pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
     let mut rng = StdRng::seed_from_u64(c.seed);
     let n_head = c.n_head_kv * c.group;
-    let q: Vec<f32> = (0..c.d * c.n_q * n_head * c.batch)
+    let mut q: Vec<f32> = (0..c.d * c.n_q * n_head * c.batch)
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
     let cache = c.d * c.ctx * c.n_head_kv * c.batch;
-    let (kb, kf) = kv_values(&mut rng, c.kv, cache, c.d);
-    let (vb, vf) = kv_values(&mut rng, c.kv, cache, c.d);
+    let key_at = |j: usize, hk: usize, b: usize, elem: usize| {
+        ((b * c.n_head_kv + hk) * c.ctx + c.first + j) * c.d + elem
+    };
+    let (mut k_poison, mut v_poison) = (None, None);
+    if let Some(p) = c.poison {
+        match p.at {
+            Poisoned::Q { h, i, b } => q[((b * n_head + h) * c.n_q + i) * c.d + p.elem] = p.value,
+            Poisoned::K { j, hk, b } => k_poison = Some((key_at(j, hk, b, p.elem), p.value)),
+            Poisoned::V { j, hk, b } => v_poison = Some((key_at(j, hk, b, p.elem), p.value)),
+        }
+    }
+    let (kb, kf) = kv_values(&mut rng, c.kv, (cache, c.d), k_poison);
+    let (vb, vf) = kv_values(&mut rng, c.kv, (cache, c.d), v_poison);
     let mask = mask_values(c, &mut rng);
     let mut g = Graph::new();
     let mut buffers = Vec::new();
@@ -281,12 +359,124 @@ pub fn run(c: &Case, be: &mut dyn Backend) -> Result<Ran, String> {
         Ok(Ran {
             got,
             want: oracle(c, &qf, &kf, &vf, &mask),
+            expect: expectations(c, &mask),
         })
     })();
     for buf in buffers {
         be.free_buffer(buf).map_err(e)?;
     }
     result
+}
+
+/// What each output row (`[d]` of `[d, n_head, n_q, batch]`) must be after a run of `c`
+/// with its poison (all [`RowExpect::Finite`] without one): a row that sees the poisoned
+/// value holds a NaN or an infinity, a row that does not is finite, except the rows of the
+/// poisoned V row's KV head that do not see its key ([`RowExpect::Any`]). A fully masked
+/// row sees nothing (zeros), even with a NaN query.
+fn expectations(c: &Case, mask: &[f32]) -> Vec<RowExpect> {
+    let n_head = c.n_head_kv * c.group;
+    let sees = |h: usize, i: usize, j: usize| match c.mask {
+        MaskKind::None => true,
+        MaskKind::Causal | MaskKind::Arbitrary | MaskKind::Window(_) | MaskKind::Visible(_) => {
+            mask[((h % c.mask_heads) * c.n_q + i) * c.n_kv + j] != f32::NEG_INFINITY
+        }
+    };
+    let mut out = Vec::with_capacity(n_head * c.n_q * c.batch);
+    for b in 0..c.batch {
+        for i in 0..c.n_q {
+            for h in 0..n_head {
+                let seen = |yes, no| if yes { RowExpect::NonFinite } else { no };
+                out.push(match c.poison.map(|p| p.at) {
+                    None => RowExpect::Finite,
+                    Some(Poisoned::Q {
+                        h: h0,
+                        i: i0,
+                        b: b0,
+                    }) if (h, i, b) == (h0, i0, b0) => {
+                        seen((0..c.n_kv).any(|j| sees(h, i, j)), RowExpect::Finite)
+                    }
+                    Some(Poisoned::K { j, hk, b: b0 }) if (h / c.group, b) == (hk, b0) => {
+                        seen(sees(h, i, j), RowExpect::Finite)
+                    }
+                    Some(Poisoned::V { j, hk, b: b0 }) if (h / c.group, b) == (hk, b0) => {
+                        seen(sees(h, i, j), RowExpect::Any)
+                    }
+                    Some(Poisoned::Q { .. } | Poisoned::K { .. } | Poisoned::V { .. }) => {
+                        RowExpect::Finite
+                    }
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Holds a run's rows to their [`RowExpect`]: the non-finite ones hold a NaN or an
+/// infinity, the finite ones are finite and within `bound` (NMSE, over those rows) of the
+/// oracle. Returns how many rows were non-finite as expected.
+pub fn check_expectations(c: &Case, r: &Ran, bound: f64) -> Result<usize, String> {
+    let (mut got, mut want, mut poisoned) = (Vec::new(), Vec::new(), 0);
+    let rows = r.got.chunks(c.d).zip(r.want.chunks(c.d));
+    for (row, ((g, w), e)) in rows.zip(&r.expect).enumerate() {
+        let finite = g.iter().all(|x| x.is_finite());
+        match (e, finite) {
+            (RowExpect::NonFinite, false) => poisoned += 1,
+            (RowExpect::NonFinite, true) => {
+                return Err(format!("row {row} sees the poison but is finite: {g:?}"))
+            }
+            (RowExpect::Finite, false) => {
+                return Err(format!(
+                    "row {row} does not see the poison but is not finite"
+                ))
+            }
+            (RowExpect::Finite, true) => {
+                got.extend_from_slice(g);
+                want.extend_from_slice(w);
+            }
+            (RowExpect::Any, _) => {}
+        }
+    }
+    let e = super::nmse(&got, &want);
+    match e <= bound || got.is_empty() {
+        true => Ok(poisoned),
+        false => Err(format!("the finite rows: NMSE {e:e} (bound {bound:e})")),
+    }
+}
+
+/// The cases of `cases` with a [`Poison`]: NaN, +inf or -inf in one element of a query
+/// row, or of the K or V row of one key of the view (any key: seen by some rows or by
+/// none).
+pub fn poisoned_case(cases: impl Strategy<Value = Case>) -> impl Strategy<Value = Case> {
+    (
+        cases,
+        0usize..3,
+        prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY]),
+        any::<[u64; 4]>(),
+    )
+        .prop_map(|(mut c, what, value, r)| {
+            let n_head = c.n_head_kv * c.group;
+            let pick = |x: u64, n: usize| x as usize % n;
+            let (b, elem) = (pick(r[0], c.batch), pick(r[1], c.d));
+            let at = match what {
+                0 => Poisoned::Q {
+                    h: pick(r[2], n_head),
+                    i: pick(r[3], c.n_q),
+                    b,
+                },
+                1 => Poisoned::K {
+                    j: pick(r[2], c.n_kv),
+                    hk: pick(r[3], c.n_head_kv),
+                    b,
+                },
+                _ => Poisoned::V {
+                    j: pick(r[2], c.n_kv),
+                    hk: pick(r[3], c.n_head_kv),
+                    b,
+                },
+            };
+            c.poison = Some(Poison { at, elem, value });
+            c
+        })
 }
 
 pub fn case() -> impl Strategy<Value = Case> {
@@ -370,6 +560,7 @@ pub fn case() -> impl Strategy<Value = Case> {
                         softcap: if cap { 2.5 } else { 0.0 },
                     },
                     seed,
+                    poison: None,
                 }
             },
         )

@@ -170,6 +170,73 @@ fn prop_soft_max() {
     on_gpu("soft_max", st::soft_max(), 128);
 }
 
+/// soft_max of `x * 0.5 + mask`, `x` and `mask` both `[n, rows]`, on `be`.
+fn soft_max_rows(
+    be: &mut dyn graft::backend::Backend,
+    n: usize,
+    x: &[f32],
+    mask: &[f32],
+) -> Vec<f32> {
+    use graft::backend::BackendExt;
+    use graft::graph::{DType, Graph};
+    let rows = x.len() / n;
+    let mut g = Graph::new();
+    let xi = g.input("x", DType::F32, &[n, rows]).unwrap();
+    let mi = g.input("mask", DType::F32, &[n, rows]).unwrap();
+    let y = g.soft_max_ext(xi, Some(mi), 0.5).unwrap();
+    let exec = be.load(&g.plan(&[y]).unwrap()).unwrap();
+    be.set_input_f32(exec, xi, x).unwrap();
+    be.set_input_f32(exec, mi, mask).unwrap();
+    be.compute(exec).unwrap();
+    let out = be.get_output_f32(exec, y, x.len()).unwrap();
+    be.unload(exec).unwrap();
+    out
+}
+
+/// soft_max keeps a NaN: a row holding a NaN (in x or in the mask) or a +inf is NaN on
+/// CUDA as on the CPU, at row lengths of one warp and of many (the block's maximum), and a
+/// fully masked row is zeros. fmaxf passes over a NaN, so a maximum built on it once made
+/// such rows finite.
+#[test]
+fn soft_max_keeps_nan_rows() {
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let mut cpu = CpuBackend::new();
+    for n in [7, 32, 1000, 5000] {
+        let rows = 6;
+        let mut x: Vec<f32> = (0..n * rows)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 10.0)
+            .collect();
+        let mut mask = vec![0.0f32; n * rows];
+        x[n + n / 2] = f32::NAN; // row 1: one NaN
+        x[2 * n..3 * n].fill(f32::NAN); // row 2: all NaN
+        mask[3 * n..4 * n].fill(f32::NEG_INFINITY); // row 3: fully masked
+        x[4 * n + n - 1] = f32::INFINITY; // row 4: +inf
+        mask[5 * n] = f32::NAN; // row 5: a NaN in the mask
+        let want = soft_max_rows(&mut cpu, n, &x, &mask);
+        let got = soft_max_rows(&mut cuda, n, &x, &mask);
+        for (r, (w, g)) in want.chunks(n).zip(got.chunks(n)).enumerate() {
+            let nan = matches!(r, 1 | 2 | 4 | 5);
+            assert!(
+                w.iter().all(|v| v.is_nan() == nan),
+                "cpu n {n} row {r}: {w:?}"
+            );
+            assert!(
+                g.iter().all(|v| v.is_nan() == nan),
+                "cuda n {n} row {r}: {g:?}"
+            );
+            if r == 3 {
+                assert!(w.iter().chain(g).all(|&v| v == 0.0), "n {n}: masked row");
+            }
+            for (a, b) in w.iter().zip(g).filter(|(a, _)| a.is_finite()) {
+                assert!((a - b).abs() <= 1e-6, "n {n} row {r}: {a} vs {b}");
+            }
+        }
+    }
+}
+
 #[test]
 fn prop_argmax() {
     on_gpu("argmax", st::argmax(), 128);
@@ -241,6 +308,7 @@ fn flash_attn_ext_long_prefill_skips_masked_tiles() {
                 softcap: 0.0,
             },
             seed: 11,
+            poison: None,
         };
         let r = run(&c, &mut cuda).unwrap_or_else(|e| panic!("{mask:?}: {e}"));
         assert!(
@@ -278,25 +346,48 @@ fn prop_flash_attn_ext_one_query_decode() {
     flash_attn_cases(common::attention::one_query_decode_case(), 64);
 }
 
+/// flash_attn_ext with a NaN or an infinity in q, K or V (`common::attention::
+/// poisoned_case`), over every kernel: prefill (tensor cores), the decode kernels (vector,
+/// streamed, tensor-core decode, split and combined) and every cache type (a quantized
+/// block holding the value is written with a NaN scale): on CUDA and on the CPU, every row
+/// that sees the value is non-finite, every row that does not is finite and as the oracle.
+#[test]
+fn prop_flash_attn_ext_non_finite_inputs() {
+    use common::attention::{case, one_query_decode_case, poisoned_case};
+    non_finite_cases(poisoned_case(case()), 64);
+    non_finite_cases(poisoned_case(one_query_decode_case()), 64);
+}
+
+/// Runs `cases` poisoned cases of `strategy` on CUDA and on the CPU, each held to its rows'
+/// expectations.
+fn non_finite_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
+    use common::attention::{check_expectations, run};
+    attention_cases(
+        "flash_attn_ext with non-finite inputs",
+        strategy,
+        cases,
+        |c, cuda, cpu| {
+            let bound = flash_attn_bound(c.kv);
+            let check = |name: &str, be: &mut dyn graft::backend::Backend| {
+                run(c, be)
+                    .and_then(|r| check_expectations(c, &r, bound))
+                    .map_err(|e| TestCaseError::fail(format!("{name}: {e}")))
+            };
+            check("cpu", cpu)?;
+            check("cuda", cuda)?;
+            Ok(())
+        },
+    );
+}
+
 /// Runs `cases` cases of `strategy` on CUDA and on the CPU and holds the CUDA result to
 /// the CPU's and to the oracle.
 fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, cases: u32) {
     use common::attention::run;
     use common::nmse;
-    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cuda) = common::cuda_backend() else {
-        return;
-    };
-    let cuda = RefCell::new(cuda);
-    let cpu = RefCell::new(CpuBackend::new());
-    let config = Config {
-        source_file: Some(file!()),
-        ..common::config(cases)
-    };
-    let result = TestRunner::new(config).run(&strategy, |c| {
-        let on_cpu = run(&c, &mut *cpu.borrow_mut()).map_err(TestCaseError::fail)?;
-        let on_gpu = run(&c, &mut *cuda.borrow_mut())
-            .map_err(|e| TestCaseError::fail(format!("cuda: {e}")))?;
+    attention_cases("flash_attn_ext", strategy, cases, |c, cuda, cpu| {
+        let on_cpu = run(c, cpu).map_err(TestCaseError::fail)?;
+        let on_gpu = run(c, cuda).map_err(|e| TestCaseError::fail(format!("cuda: {e}")))?;
         if let Some(i) = on_gpu.got.iter().position(|x| !x.is_finite()) {
             return Err(TestCaseError::fail(format!(
                 "cuda: element {i} is {}",
@@ -316,8 +407,35 @@ fn flash_attn_cases(strategy: impl Strategy<Value = common::attention::Case>, ca
         }
         Ok(())
     });
+}
+
+/// Runs `cases` cases of `strategy` through `check(case, cuda, cpu)`, one GPU test at a
+/// time; panics naming `what` at the first failure.
+fn attention_cases(
+    what: &str,
+    strategy: impl Strategy<Value = common::attention::Case>,
+    cases: u32,
+    check: impl Fn(
+        &common::attention::Case,
+        &mut dyn graft::backend::Backend,
+        &mut dyn graft::backend::Backend,
+    ) -> Result<(), TestCaseError>,
+) {
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(cuda) = common::cuda_backend() else {
+        return;
+    };
+    let cuda = RefCell::new(cuda);
+    let cpu = RefCell::new(CpuBackend::new());
+    let config = Config {
+        source_file: Some(file!()),
+        ..common::config(cases)
+    };
+    let result = TestRunner::new(config).run(&strategy, |c| {
+        check(&c, &mut *cuda.borrow_mut(), &mut *cpu.borrow_mut())
+    });
     if let Err(e) = result {
-        panic!("flash_attn_ext: {e}");
+        panic!("{what}: {e}");
     }
 }
 
@@ -483,8 +601,9 @@ mod paged_attn {
 
     /// A NaN in a query, in a visible K row or in a visible V row, for every cache type, on
     /// the decode kernels and on the tensor-core prefill kernel (a K row inside the chunk,
-    /// seen by its later tokens only; a V row of the prefix, seen by all): exactly the rows
-    /// the CPU makes NaN are NaN on CUDA, the others agree with the CPU's, padding is zeros.
+    /// seen by its later tokens only; a V row of the prefix, seen by all), and an infinity
+    /// in a query with softcapping: exactly the rows the CPU makes NaN are NaN on CUDA, the
+    /// others agree with the CPU's, padding is zeros.
     #[test]
     fn non_finite_input_is_never_finite_output() {
         let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
@@ -542,6 +661,15 @@ mod paged_attn {
                         );
                     }
                 }
+                // an infinity in q with softcapping: NaN rows, not capped finite scores
+                let mut capped = c.clone();
+                capped.p.softcap = 2.5;
+                let mut x = own_blocks(&capped);
+                x.q[t1 * row + 3] = f32::INFINITY;
+                let want = nan_rows(&run(&capped, &x, &mut cpu).unwrap(), c.d);
+                let got = nan_rows(&run(&capped, &x, &mut cuda).unwrap(), c.d);
+                assert!(want.iter().any(|&n| n), "{dt}: an infinite q, softcapped");
+                assert_eq!(got, want, "{dt}: an infinite q, softcapped");
             }
         }
     }

@@ -178,6 +178,16 @@ fn settings() -> Vec<(&'static str, SamplingParams)> {
         ("temperature 1", base.clone()),
         ("temperature 0.5", with(&|p| p.temperature = 0.5)),
         ("temperature 2.5", with(&|p| p.temperature = 2.5)),
+        // 1 / t overflows: the largest logit (ties shared), never another token
+        ("temperature 1e-45", with(&|p| p.temperature = 1e-45)),
+        (
+            "temperature 1e-38, top-k 5, min-p 0.1",
+            with(&|p| {
+                p.temperature = 1e-38;
+                p.top_k = 5;
+                p.min_p = 0.1;
+            }),
+        ),
         ("top-k 5", with(&|p| p.top_k = 5)),
         ("top-p 0.8", with(&|p| p.top_p = 0.8)),
         ("min-p 0.1", with(&|p| p.min_p = 0.1)),
@@ -253,9 +263,10 @@ fn top_p_keeps_the_shortest_prefix_reaching_p() {
 /// The row's `n` largest logits as the device gives them.
 fn top_of(logits: &[f32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    // -0 ranks with +0 (adding +0 turns -0 into +0), ties by the smaller id
     ids.sort_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
+        (logits[b as usize] + 0.0)
+            .total_cmp(&(logits[a as usize] + 0.0))
             .then(a.cmp(&b))
     });
     ids.truncate(n);
@@ -553,5 +564,67 @@ fn device_candidates_give_the_draws_of_the_whole_row() {
                 }
             }
         }
+    }
+}
+
+/// A model whose final norm is NaN: every way the engine reads a step (the device argmax
+/// when greedy, the device's top candidates, the whole row) ends the request at the
+/// prompt's last position with [`Error::NonFinite`], on every backend; the device's top-k
+/// puts the NaN logits first, so the candidates never look finite.
+#[test]
+fn non_finite_logits_stop_every_read_path() {
+    use graft::engine::{Event, Request};
+    use graft::models::{LoadOptions, Logits};
+    let t = crate::fixtures::TempCopy::with_tensor_bits(
+        "llama3-tiny-bf16",
+        "model.norm.weight",
+        0x7fc0,
+    );
+    let prompt = [1u32, 2, 3];
+    let chat = SamplingParams {
+        seed: Some(1),
+        ..SamplingParams::chat()
+    };
+    let settings = [
+        (SamplingParams::greedy(), Logits::None),
+        (chat.clone(), Logits::Top(40 + 64)),
+        (
+            SamplingParams {
+                temperature: 1e-45,
+                top_k: 3,
+                repeat_penalty: 1.0,
+                ..chat.clone()
+            },
+            Logits::Top(3),
+        ),
+        (SamplingParams { top_k: 0, ..chat }, Logits::Last),
+    ];
+    for be in backends() {
+        let opts = LoadOptions {
+            ctx: Some(16),
+            progress: false,
+            ..LoadOptions::default()
+        };
+        let mut e = crate::runs::engine(std::path::Path::new(t.dir()), be, &opts);
+        let vocab = e.config().vocab_size;
+        for (p, reads) in &settings {
+            let chain = SamplerChain::new(p, vocab).unwrap();
+            assert_eq!(chain.wants(), *reads, "{p:?}");
+            let mut req = Request::greedy(prompt.to_vec(), 4);
+            req.sampling = p.clone();
+            let id = e.add(req).unwrap();
+            let mut events = Vec::new();
+            while e.has_work() {
+                events.extend(e.step().unwrap());
+            }
+            match &events[..] {
+                [Event::Error {
+                    id: i,
+                    error: Error::NonFinite { position: 2, .. },
+                }] if *i == id => {}
+                other => panic!("{} {reads:?}: {other:?}", e.backend().name()),
+            }
+        }
+        e.release().unwrap();
     }
 }

@@ -3,9 +3,11 @@
 //! list, query and key counts that are not multiples of any tile, GQA ratios 1, 2, 4, 8,
 //! causal and arbitrary masks with fully masked rows, softcapping and ALiBi on and off,
 //! K/V as views into a larger cache at an offset, F32/F16/BF16/Q8_0/Q4_0 K/V (the cases
-//! live in `common/attention.rs`, shared with the CUDA test in `tests/cuda/ops_cuda.rs`).
+//! live in `common/attention.rs`, shared with the CUDA test in `tests/cuda/ops_cuda.rs`),
+//! and with a NaN or an infinity in q, K or V, which must reach exactly the rows that see
+//! it.
 
-use common::attention::{case, run, Case, MaskKind};
+use common::attention::{case, check_expectations, poisoned_case, run, Case, MaskKind};
 use common::nmse;
 use graft::backend::cpu::CpuBackend;
 use graft::graph::{DType, FlashAttnParams, Graph};
@@ -47,6 +49,34 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(common::config(64))]
+
+    /// A NaN or an infinity in one element of q, or of a K or V row (written before the
+    /// cache type's rounding or quantization: a quantized block holding it has a NaN
+    /// scale): every row that sees it is non-finite, every row that does not is finite
+    /// and as the oracle, a fully masked row gives zeros even with a NaN query. A row of
+    /// NaN scores used to be taken for a fully masked one and give zeros.
+    #[test]
+    fn prop_non_finite_inputs_give_non_finite_rows(c in poisoned_case(case())) {
+        let r = run(&c, &mut CpuBackend::new()).map_err(TestCaseError::fail)?;
+        check_expectations(&c, &r, 1e-9).map_err(TestCaseError::fail)?;
+    }
+
+    /// The same through the AVX2 decode kernel (F16 cache, at most 8 query rows).
+    #[test]
+    fn prop_non_finite_inputs_give_non_finite_rows_decode_f16(
+        c in poisoned_case(case().prop_map(|mut c| {
+            c.kv = DType::F16;
+            c.n_q = c.n_q.min(8);
+            c
+        }))
+    ) {
+        let r = run(&c, &mut CpuBackend::new()).map_err(TestCaseError::fail)?;
+        check_expectations(&c, &r, 1e-9).map_err(TestCaseError::fail)?;
+    }
+}
+
 /// Fully masked rows give zeros; builder errors name the operands.
 #[test]
 fn masked_rows_and_errors() {
@@ -70,6 +100,7 @@ fn masked_rows_and_errors() {
             softcap: 0.0,
         },
         seed: 7,
+        poison: None,
     };
     let r = run(&c, &mut CpuBackend::new()).unwrap();
     assert!(nmse(&r.got, &r.want) <= 1e-9);

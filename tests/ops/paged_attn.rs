@@ -125,6 +125,22 @@ fn non_finite_input_is_never_finite_output() {
     }
 }
 
+/// An infinity in a query makes its row NaN with softcapping too, which would otherwise
+/// cap the infinite scores to finite ones.
+#[test]
+fn an_infinite_query_is_a_nan_row_with_softcapping() {
+    let mut c = small(DType::F32);
+    c.p.softcap = 2.5;
+    let mut x = inputs(&c);
+    let t0 = x.seqs.chunks(2).position(|s| s[0] == 0).unwrap();
+    let row = c.d * c.n_head();
+    x.q[t0 * row + 3] = f32::INFINITY;
+    let got = run(&c, &x, &mut CpuBackend::new()).unwrap();
+    for (h, r) in got[t0 * row..(t0 + 1) * row].chunks(c.d).enumerate() {
+        assert_eq!(r.iter().all(|v| v.is_nan()), h == 0, "head {h}");
+    }
+}
+
 /// A block id outside the pool, a sequence outside the table and a position past the
 /// table are index errors naming the op; builder errors name the operands.
 #[test]

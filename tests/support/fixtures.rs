@@ -46,6 +46,42 @@ impl TempCopy {
     pub fn dir(&self) -> &str {
         self.0.to_str().unwrap()
     }
+
+    /// A copy of the BF16 fixture `name` whose tensor `tensor` is all `bits` (0x7fc0: NaN).
+    pub fn with_tensor_bits(name: &str, tensor: &str, bits: u16) -> TempCopy {
+        let t = TempCopy::of(name);
+        let (h, mut data) = split_safetensors(&t.path("model.safetensors"));
+        let offs = &h[tensor]["data_offsets"];
+        let (s, e) = (
+            offs[0].as_u64().unwrap() as usize,
+            offs[1].as_u64().unwrap() as usize,
+        );
+        for c in data[s..e].chunks_exact_mut(2) {
+            c.copy_from_slice(&bits.to_le_bytes());
+        }
+        join_safetensors(&t.path("model.safetensors"), &h, &data);
+        t
+    }
+}
+
+/// The safetensors file at `path` split into its header (JSON) and data.
+pub fn split_safetensors(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    (header, bytes[8 + n..].to_vec())
+}
+
+/// Writes a safetensors file from a header and data, the header padded to 8 bytes.
+pub fn join_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
+    let mut h = header.to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
 }
 
 impl Drop for TempCopy {

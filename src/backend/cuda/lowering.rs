@@ -8,10 +8,11 @@
 //! as named constants, and the alignment rule of each dtype. It imports no family file.
 
 use super::args::{ArgBytes, KernelArgs, Tensor4};
+use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
 use super::kernels::{Kernel, KernelId};
 use super::split::SplitRows;
-use crate::backend::fusion::{disjoint, Q8Layout};
+use crate::backend::fusion::disjoint;
 use crate::graph::{BufferId, DType, Loc, Operand};
 
 /// One device operation of a lowered step.
@@ -122,11 +123,11 @@ pub(crate) struct Lowering<'a> {
     pub written: Vec<BufferId>,
     /// Decode products with block-quantized weights take the Q8_1 + `__dp4a` path
     /// (`mul_mat_vec_q_*`) when true, the dequantize-in-registers path
-    /// (`mul_mat_vec_dq_*`) when false (`GRAFT_CUDA_MMVQ`).
+    /// (`mul_mat_vec_dq_*`) when false (`CudaBackend::set_mmvq`).
     pub mmvq: bool,
     /// With `mmvq`: small decode products whose activations have no Q8_1 copy yet
     /// dequantize in registers all the same (one launch instead of two; see
-    /// `lower::mul_mat_q`). Off unless the backend picks the path itself.
+    /// `decode::quant`). Off unless the backend picks the path itself.
     pub small_dq: bool,
     /// GPUs in the backend's device group (1 outside a group): the size an `all_reduce`
     /// must have.
@@ -149,37 +150,6 @@ pub(crate) struct Lowering<'a> {
     /// The frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights stored in split rows (see
     /// [`super::split`]).
     pub split: &'a [SplitRows],
-}
-
-/// The factor of a folded norm (`crate::backend::fusion::NormFold`) that the product
-/// after the norm computes, for the launch after that product, which applies it.
-#[derive(Clone, Debug)]
-pub struct NormFoldOut {
-    /// Address of the factor (F32, in held scratch).
-    pub scale: u64,
-    /// Scratch bytes the fold holds until the factor is applied (its `y * w`, block sums
-    /// and factor, from offset 0): the launch that applies it takes its own scratch after
-    /// them.
-    pub held: usize,
-}
-
-impl NormFoldOut {
-    /// The `fold_scale` argument of the launch that applies `fold` (0: none).
-    pub fn scale_of(fold: Option<&Self>) -> u64 {
-        fold.map_or(0, |f| f.scale)
-    }
-}
-
-/// A Q8_1 copy of F32 activations in scratch, as the decode products read them
-/// (cuda/quant.cuh).
-#[derive(Clone, Debug)]
-pub struct Q8Copy {
-    /// The activations.
-    pub of: Operand,
-    /// The copy's address.
-    pub addr: u64,
-    /// Its layout (by the weight type of the product that reads it).
-    pub layout: Q8Layout,
 }
 
 /// Alignment of every block in the constant and scratch regions.

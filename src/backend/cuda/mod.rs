@@ -20,8 +20,9 @@
 //!   an asynchronous kernel fault names its node (graphs off). Decode products with
 //!   block-quantized weights run the Q8_1 `__dp4a` kernels, except small ones whose
 //!   activations have no Q8_1 copy yet, which dequantize in registers (one launch
-//!   instead of two); `GRAFT_CUDA_MMVQ=1|0` (or [`CudaBackend::set_mmvq`]) puts every
-//!   one on the first or the second kind.
+//!   instead of two); [`CudaBackend::set_mmvq`] puts every one on the first or the second
+//!   kind (tests and `graft bench-ops` measure both). The environment switches are listed
+//!   in docs/cli.md ("Environment variables").
 //! - get_rows and set_rows never touch memory outside their tables: a bad id is recorded
 //!   in a small device record, and the next synchronizing call ([`Backend::get_output`],
 //!   [`Backend::read_buffer`], [`Backend::read_arena`]) or finished read
@@ -33,6 +34,7 @@
 
 mod args;
 pub mod bench;
+mod decode;
 mod device;
 mod exec;
 mod gemm;
@@ -96,11 +98,10 @@ pub struct CudaBackend {
     pdl: bool,
     /// Whether decode products with block-quantized weights quantize the activations to
     /// Q8_1 and use `__dp4a` (`mul_mat_vec_q_*`, default) or dequantize the weights in
-    /// registers (`mul_mat_vec_dq_*`, `GRAFT_CUDA_MMVQ=0`).
+    /// registers (`mul_mat_vec_dq_*`; [`CudaBackend::set_mmvq`]).
     mmvq: bool,
     /// Whether small decode products without a Q8_1 copy at hand dequantize in registers
-    /// anyway (the default; off once the path is set by `GRAFT_CUDA_MMVQ` or
-    /// [`CudaBackend::set_mmvq`]).
+    /// anyway (the default; off once the path is set by [`CudaBackend::set_mmvq`]).
     small_dq: bool,
     /// Streaming multiprocessors of the GPU: the lowering sizes the grids that must fit
     /// it at once (the decode attention's split, one-wave decode products) for them.
@@ -238,8 +239,8 @@ impl CudaBackend {
             sync_each: env_flag("GRAFT_CUDA_SYNC").unwrap_or(false),
             fusion: env_flag("GRAFT_CUDA_FUSE") != Some(false),
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
-            mmvq: env_flag("GRAFT_CUDA_MMVQ") != Some(false),
-            small_dq: env_flag("GRAFT_CUDA_MMVQ").is_none(),
+            mmvq: true,
+            small_dq: true,
             sms: usize::try_from(sms).unwrap_or(0).max(1),
             split_rows: env_flag("GRAFT_CUDA_SPLIT") != Some(false),
             split: Vec::new(),
@@ -290,9 +291,8 @@ impl CudaBackend {
     /// Picks the decode path of products with block-quantized weights for plans loaded
     /// from now on: `Some(true)` quantizes the activations to Q8_1 and runs the `__dp4a`
     /// kernels `mul_mat_vec_q_*` for every product, `Some(false)` dequantizes the weights
-    /// in registers (`mul_mat_vec_dq_*`) for every product, `None` (the default unless
-    /// `GRAFT_CUDA_MMVQ=0|1`) takes the first except for small products whose
-    /// activations have no Q8_1 copy yet.
+    /// in registers (`mul_mat_vec_dq_*`) for every product, `None` (the default) takes the
+    /// first except for small products whose activations have no Q8_1 copy yet.
     pub fn set_mmvq(&mut self, path: Option<bool>) {
         self.mmvq = path != Some(false);
         self.small_dq = path.is_none();

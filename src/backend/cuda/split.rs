@@ -11,7 +11,7 @@
 //!   model's q, k and v, stored as one matrix) extends it. Other tensors stay as they are.
 //! - Plans: a mul_mat whose weights (`src[0]`) are whole rows of a region lowers to the
 //!   split kernels (`mul_mat_vec_qs_*`, `mul_mat_vec_qsp_*`, `mul_mat_vec_dqs_*`,
-//!   `cpy_split_<q>_f16` for the prefill's F16 copy, see `lower::mul_mat_q`). A plan that reads a region any other
+//!   `cpy_split_<q>_f16` for the prefill's F16 copy, see `decode::quant` and `lower::mul_mat_q`). A plan that reads a region any other
 //!   way, or writes one, fails to load with an error naming the tensor ([`check_plan`]).
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) joins the rows it
 //!   reads back into ggml's layout ([`read_joined`]); writes into a region are errors

@@ -15,9 +15,10 @@ use super::args::{
     RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
     CPY_SAME_SHAPE, GEMV_WARPS,
 };
+use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
 use super::lower::fused;
-use super::lowering::{DevOp, Lowering, Q8Copy, REGION_ALIGN};
+use super::lowering::{DevOp, Lowering, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::fusion::{self, Q8Layout, Target};
 use crate::backend::{Backend, BackendExt};

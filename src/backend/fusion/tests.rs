@@ -111,6 +111,13 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
     assert_eq!(next, plan.steps.len());
 }
 
+/// The groups of `plan` for `target`, checked ([`check_invariants`]).
+fn fused<'p>(plan: &'p Plan, target: &Target) -> Vec<Group<'p>> {
+    let groups = fuse(plan, target);
+    check_invariants(plan, &groups, target);
+    groups
+}
+
 /// A preset's decode (over 256 positions) or prefill (7 tokens after 3) plan with
 /// weights `w` and caches `cache`.
 fn model_plan(cfg: &Config, w: QuantPlan, cache: CacheTypes, decode: bool) -> Plan {
@@ -154,8 +161,7 @@ fn every_preset_plan_keeps_the_invariants() {
                 for decode in [true, false] {
                     let plan = model_plan(&cfg, w, cache, decode);
                     for target in [Q8_1, F32_ACTS] {
-                        let groups = fuse(&plan, &target);
-                        check_invariants(&plan, &groups, &target);
+                        let groups = fused(&plan, &target);
                         if decode {
                             assert!(groups.len() < plan.steps.len(), "{name}: something fuses");
                         }
@@ -184,8 +190,7 @@ fn float_llama_decode_folds_every_norm_between_products() {
         let cfg = presets::preset(name).unwrap();
         let l = cfg.num_hidden_layers;
         let plan = model_plan(&cfg, QuantPlan::F16, CacheTypes::default(), true);
-        let groups = fuse(&plan, &Q8_1);
-        check_invariants(&plan, &groups, &Q8_1);
+        let groups = fused(&plan, &Q8_1);
         let mut want = vec!["rms_norm_mul", "rope_store", "norm_fold", "swiglu"];
         for _ in 1..l {
             want.extend(["norm_fold", "rope_store", "norm_fold", "swiglu"]);
@@ -218,8 +223,7 @@ fn quantized_llama_decode_writes_q8_1_copies() {
             ..CacheTypes::default()
         };
         let plan = model_plan(&cfg, QuantPlan::Q4_0, cache, true);
-        let groups = fuse(&plan, &Q8_1);
-        check_invariants(&plan, &groups, &Q8_1);
+        let groups = fused(&plan, &Q8_1);
         assert_eq!(count(&groups, "norm_fold"), 0);
         assert_eq!(count(&groups, "rms_norm_mul"), 2 * l + 1);
         assert_eq!(count(&groups, "swiglu"), l);
@@ -228,8 +232,7 @@ fn quantized_llama_decode_writes_q8_1_copies() {
         assert_eq!(count(&groups, "attention"), if flash_attn { l } else { 0 });
         let copies = groups.iter().filter(|g| g.fused.q8().is_some()).count();
         assert_eq!(copies, 3 * l + 1 + if flash_attn { l } else { 0 });
-        let groups = fuse(&plan, &F32_ACTS);
-        check_invariants(&plan, &groups, &F32_ACTS);
+        let groups = fused(&plan, &F32_ACTS);
         assert!(groups.iter().all(|g| g.fused.q8().is_none()));
     }
 }
@@ -240,8 +243,7 @@ fn quantized_llama_decode_writes_q8_1_copies() {
 fn q8_1_copies_take_the_layout_of_their_product() {
     let cfg = presets::preset("llama2-7b").unwrap();
     let plan = model_plan(&cfg, QuantPlan::Q4_K_M, CacheTypes::default(), true);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     let layouts: Vec<Q8Layout> = groups
         .iter()
         .filter_map(|g| g.fused.q8().map(|q| q.layout))
@@ -265,7 +267,7 @@ fn rope_store_follows_the_cache_types() {
         flash_attn: true,
     };
     let plan = model_plan(&cfg, QuantPlan::F16, q8, true);
-    let groups = fuse(&plan, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(count(&groups, "rope_store"), 0);
     let ropes = plan
         .steps
@@ -278,7 +280,7 @@ fn rope_store_follows_the_cache_types() {
         ..CacheTypes::default()
     };
     let plan = model_plan(&cfg, QuantPlan::F16, v8, true);
-    let groups = fuse(&plan, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     let stores: Vec<&Group> = groups.iter().filter(|g| kind(g) == "rope_store").collect();
     assert_eq!(stores.len(), l);
     for g in stores {
@@ -290,8 +292,7 @@ fn rope_store_follows_the_cache_types() {
     }
     let qwen = presets::preset("qwen3-8b").unwrap();
     let plan = model_plan(&qwen, QuantPlan::F16, CacheTypes::default(), true);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(count(&groups, "rope_store"), qwen.num_hidden_layers);
 }
 
@@ -324,8 +325,7 @@ fn rms_norm_mul_pattern() {
     };
     let q4 = DType::Quant(QType::Q4_0);
     let plan = norm_then(q4, DType::F32, 1);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["rms_norm_mul"]);
     let norm_q8 = |groups: &[Group]| match groups
         .iter()
@@ -336,19 +336,18 @@ fn rms_norm_mul_pattern() {
         other => panic!("{other:?}"),
     };
     assert_eq!(norm_q8(&groups), Some(Q8Layout::Blocks));
-    assert_eq!(norm_q8(&fuse(&plan, &F32_ACTS)), None);
+    assert_eq!(norm_q8(&fused(&plan, &F32_ACTS)), None);
     let plan = norm_then(DType::Quant(QType::Q5_K), DType::F32, 1);
-    assert_eq!(norm_q8(&fuse(&plan, &Q8_1)), Some(Q8Layout::Pairs));
+    assert_eq!(norm_q8(&fused(&plan, &Q8_1)), Some(Q8Layout::Pairs));
     let plan = norm_then(DType::F16, DType::F32, 1);
     assert_eq!(
-        norm_q8(&fuse(&plan, &Q8_1)),
+        norm_q8(&fused(&plan, &Q8_1)),
         None,
         "a float product reads F32"
     );
     // broken: a weight of two rows; F16 rows
     for plan in [norm_then(q4, DType::F32, 2), norm_then(q4, DType::F16, 1)] {
-        let groups = fuse(&plan, &Q8_1);
-        check_invariants(&plan, &groups, &Q8_1);
+        let groups = fused(&plan, &Q8_1);
         assert!(
             !fused_kinds(&groups).contains(&"rms_norm_mul"),
             "{:?}",
@@ -363,8 +362,7 @@ fn rms_norm_mul_pattern() {
         let n = g.rms_norm(x, 1e-5).unwrap();
         vec![g.mul(n, w).unwrap(), n]
     });
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert!(
         fused_kinds(&groups).is_empty(),
         "{:?}",
@@ -414,8 +412,7 @@ fn swiglu_and_gemv_add_patterns() {
         })
     };
     let plan = with(q4, false);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["swiglu", "gemv_add"]);
     match groups
         .iter()
@@ -426,12 +423,10 @@ fn swiglu_and_gemv_add_patterns() {
         other => panic!("{other:?}"),
     }
     let plan = with(DType::Quant(QType::Q8_1), false);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["swiglu"]);
     let plan = with(DType::F16, true);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["gemv_add"]);
 }
 
@@ -473,16 +468,14 @@ fn gemv_add_pattern() {
         })
     };
     let plan = product_add(1, R::Dense);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["gemv_add"]);
     for plan in [
         product_add(2, R::Dense),
         product_add(1, R::Strided),
         product_add(1, R::F16),
     ] {
-        let groups = fuse(&plan, &Q8_1);
-        check_invariants(&plan, &groups, &Q8_1);
+        let groups = fused(&plan, &Q8_1);
         assert!(
             fused_kinds(&groups).is_empty(),
             "{:?}",
@@ -504,8 +497,7 @@ fn gemv_add_pattern() {
         find("mul_mat").src[1].loc,
         "the allocator reuses the vector's block (the case this checks)"
     );
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert!(fused_kinds(&groups).is_empty());
 }
 
@@ -532,8 +524,7 @@ fn norm_fold_pattern() {
         })
     };
     let plan = fold(DType::F16, 1, false);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["norm_fold", "swiglu", "gemv_add"]);
     match groups
         .iter()
@@ -544,8 +535,7 @@ fn norm_fold_pattern() {
         other => panic!("{other:?}"),
     }
     let plan = fold(DType::F16, 1, true);
-    let groups = fuse(&plan, &Q8_1);
-    check_invariants(&plan, &groups, &Q8_1);
+    let groups = fused(&plan, &Q8_1);
     assert_eq!(
         fused_kinds(&groups),
         ["gemv_add", "rms_norm_mul", "gemv_add"]
@@ -554,8 +544,7 @@ fn norm_fold_pattern() {
         fold(DType::Quant(QType::Q4_0), 1, false),
         fold(DType::F16, 2, false),
     ] {
-        let groups = fuse(&plan, &Q8_1);
-        check_invariants(&plan, &groups, &Q8_1);
+        let groups = fused(&plan, &Q8_1);
         assert_eq!(count(&groups, "norm_fold"), 0, "{:?}", fused_kinds(&groups));
     }
 }

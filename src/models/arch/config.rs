@@ -9,7 +9,11 @@
 //! `rope_parameters` object written by transformers 5 (`{"rope_type", "rope_theta", ...}`).
 //! `eos_token_id` may be an integer or a list; the dtype comes from `dtype` or
 //! `torch_dtype`. Every bad or missing field is an [`Error::Model`] naming the field and
-//! the file.
+//! the file. A `bos_token_id` or `eos_token_id` that is an integer outside the vocabulary
+//! (HF's GPT-2 defaults, 50256, in a smaller vocabulary; -1 for none) is accepted, as
+//! transformers accepts it, and left unused with a warning: without an EOS id, generation
+//! runs to its `-n` tokens (or a chat template's end of turn). So is a `dtype` /
+//! `torch_dtype` other than float32, float16 and bfloat16.
 
 use std::path::Path;
 
@@ -103,6 +107,7 @@ impl Config {
             (None, false) => return Err(f.bad(keys.intermediate, "is missing")),
         };
         let (rope_theta, rope_scaling) = f.rope()?;
+        let vocab_size = f.usize("vocab_size")?;
         let config = Config {
             arch,
             hidden_size,
@@ -112,36 +117,20 @@ impl Config {
             num_key_value_heads,
             head_dim,
             norm_eps,
-            vocab_size: f.usize("vocab_size")?,
+            vocab_size,
             max_position_embeddings: f.usize(keys.max_pos)?,
             tie_word_embeddings: f
                 .opt_bool("tie_word_embeddings")?
                 .unwrap_or(arch == Arch::Gpt2),
-            bos_token_id: f.opt_token("bos_token_id")?,
-            eos_token_ids: f.eos()?,
+            bos_token_id: f.bos(vocab_size)?,
+            eos_token_ids: f.eos(vocab_size)?,
             dtype: f.dtype()?,
             rope_theta,
             rope_scaling,
             sliding_window: f.sliding_window(arch)?,
             tp: 1,
         };
-        if let Some(b) = config.bos_token_id {
-            config.check_token_field("bos_token_id", b, source)?;
-        }
-        for &e in &config.eos_token_ids {
-            config.check_token_field("eos_token_id", e, source)?;
-        }
         Ok(config)
-    }
-
-    fn check_token_field(&self, field: &str, id: u32, source: &str) -> Result<()> {
-        if id as usize >= self.vocab_size {
-            return Err(Error::model(format!(
-                "{source}: field '{field}': token {id} is outside the vocabulary of {} (vocab_size)",
-                self.vocab_size
-            )));
-        }
-        Ok(())
     }
 
     /// Query width: `num_attention_heads * head_dim`.
@@ -216,44 +205,74 @@ impl Fields<'_> {
         }
     }
 
-    fn token(&self, field: &str, v: &Value) -> Result<u32> {
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| self.bad(field, format!("must be a token id, found {v}")))
-    }
-
-    fn opt_token(&self, field: &str) -> Result<Option<u32>> {
-        self.get(field).map(|v| self.token(field, v)).transpose()
-    }
-
-    fn eos(&self) -> Result<Vec<u32>> {
-        match self.get("eos_token_id") {
-            None => Ok(Vec::new()),
-            Some(Value::Array(list)) => {
-                list.iter().map(|v| self.token("eos_token_id", v)).collect()
+    /// A special-token id of `field`: an integer (else an error); one outside the
+    /// vocabulary of `vocab` tokens is `None`, with a warning saying what is done
+    /// without it (`unused`).
+    fn special_token(
+        &self,
+        field: &str,
+        v: &Value,
+        vocab: usize,
+        unused: &str,
+    ) -> Result<Option<u32>> {
+        let id = match (v.as_u64(), v.as_i64()) {
+            (Some(n), _) => i128::from(n),
+            (None, Some(n)) => i128::from(n),
+            (None, None) => return Err(self.bad(field, format!("must be a token id, found {v}"))),
+        };
+        match u32::try_from(id).ok().filter(|&id| (id as usize) < vocab) {
+            Some(id) => Ok(Some(id)),
+            None => {
+                crate::error::warn_once(&format!(
+                    "{}: field '{field}' {id} is not a token of the vocabulary (vocab_size {vocab}); {unused}",
+                    self.source
+                ));
+                Ok(None)
             }
-            Some(v) => Ok(vec![self.token("eos_token_id", v)?]),
         }
     }
 
-    /// `dtype`, else `torch_dtype`; both are checked when both are present.
+    fn bos(&self, vocab: usize) -> Result<Option<u32>> {
+        let unused = "graft does not use it (the tokenizer's own settings add BOS)";
+        match self.get("bos_token_id") {
+            None => Ok(None),
+            Some(v) => self.special_token("bos_token_id", v, vocab, unused),
+        }
+    }
+
+    fn eos(&self, vocab: usize) -> Result<Vec<u32>> {
+        let unused =
+            "it is not used: generation stops at -n tokens (or a chat template's end of turn)";
+        let one = |v| self.special_token("eos_token_id", v, vocab, unused);
+        match self.get("eos_token_id") {
+            None => Ok(Vec::new()),
+            Some(Value::Array(list)) => list.iter().filter_map(|v| one(v).transpose()).collect(),
+            Some(v) => Ok(one(v)?.into_iter().collect()),
+        }
+    }
+
+    /// `dtype`, else `torch_dtype`; both are checked when both are present. A type name
+    /// graft has no use for (`float64`, `int8`: transformers accepts any) is not used,
+    /// with a warning: it only says what the checkpoint was saved from, and the weights'
+    /// own types are what is loaded. A value that is not a string is an error.
     fn dtype(&self) -> Result<Option<DType>> {
         let mut found = None;
         for field in ["dtype", "torch_dtype"] {
-            if let Some(v) = self.get(field) {
-                let dt = match v.as_str() {
-                    Some("float32") => DType::F32,
-                    Some("float16") => DType::F16,
-                    Some("bfloat16") => DType::BF16,
-                    _ => {
-                        return Err(self.bad(
-                            field,
-                            format!("must be \"float32\", \"float16\" or \"bfloat16\", found {v}"),
-                        ))
-                    }
-                };
-                found = found.or(Some(dt));
-            }
+            let Some(v) = self.get(field) else { continue };
+            let dt = match v.as_str() {
+                Some("float32") => Some(DType::F32),
+                Some("float16") => Some(DType::F16),
+                Some("bfloat16") => Some(DType::BF16),
+                Some(other) => {
+                    crate::error::warn_once(&format!(
+                        "{}: field '{field}' is \"{other}\", not float32, float16 or bfloat16; it is not used (the weights' own types are loaded)",
+                        self.source
+                    ));
+                    None
+                }
+                None => return Err(self.bad(field, format!("must be a type name, found {v}"))),
+            };
+            found = found.or(dt);
         }
         Ok(found)
     }
@@ -547,6 +566,16 @@ mod tests {
         assert_eq!(parse("").unwrap().arch, Arch::Llama);
     }
 
+    /// HF's GPT-2 defaults (50256) in a smaller vocabulary, or -1 for none: accepted, as
+    /// transformers accepts them, and not used.
+    #[test]
+    fn special_token_ids_outside_the_vocabulary_are_unused() {
+        let c = parse(r#", "bos_token_id": 50256, "eos_token_id": [600, 7, -1]"#).unwrap();
+        assert_eq!((c.bos_token_id, c.eos_token_ids), (None, vec![7]));
+        let c = parse(r#", "bos_token_id": 1, "eos_token_id": 4294967296"#).unwrap();
+        assert_eq!((c.bos_token_id, c.eos_token_ids), (Some(1), vec![]));
+    }
+
     #[test]
     fn bad_fields_are_named() {
         let missing = Config::from_json_str(r#"{"hidden_size": 8}"#, "x/config.json").unwrap_err();
@@ -566,8 +595,9 @@ mod tests {
                 .contains("rope_parameters.factor")
         );
         assert!(err(r#", "eos_token_id": [1, "x"]"#).contains("'eos_token_id'"));
-        assert!(err(r#", "eos_token_id": 600"#).contains("outside the vocabulary"));
-        assert!(err(r#", "torch_dtype": "int8""#).contains("'torch_dtype'"));
+        assert!(err(r#", "bos_token_id": 1.5"#).contains("'bos_token_id'"));
+        assert!(err(r#", "torch_dtype": 16"#).contains("'torch_dtype'"));
+        assert_eq!(parse(r#", "torch_dtype": "int8""#).unwrap().dtype, None);
         assert!(err(r#", "hidden_act": "gelu""#).contains("'hidden_act'"));
         assert!(err(r#", "attention_bias": true"#).contains("'attention_bias'"));
         assert!(err(r#", "model_type": "bert""#).contains("'model_type'"));

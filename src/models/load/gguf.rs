@@ -201,15 +201,20 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
         )));
     }
     let vocab_size = vocab_size(f, &k, &key("vocab_size"))?;
-    let bos = k.opt_u32("tokenizer.ggml.bos_token_id")?;
+    let in_vocab = |key: &str, id: Option<u32>| {
+        id.filter(|&id| {
+            let ok = (id as usize) < vocab_size;
+            if !ok {
+                warn_bad_special_token(key, id, vocab_size);
+            }
+            ok
+        })
+    };
+    let bos_key = "tokenizer.ggml.bos_token_id";
+    let bos = in_vocab(bos_key, k.opt_u32(bos_key)?);
     let mut eos_token_ids = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
-        if let Some(id) = k.opt_u32(key)? {
-            if id as usize >= vocab_size {
-                return Err(bad(format!(
-                    "metadata key '{key}': token {id} is outside the vocabulary of {vocab_size}"
-                )));
-            }
+        if let Some(id) = in_vocab(key, k.opt_u32(key)?) {
             if !eos_token_ids.contains(&id) {
                 eos_token_ids.push(id);
             }
@@ -227,7 +232,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
         vocab_size,
         max_position_embeddings: k.usize(&key("context_length"))?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
-        bos_token_id: bos.filter(|&b| (b as usize) < vocab_size),
+        bos_token_id: bos,
         eos_token_ids,
         dtype: None,
         rope_theta: k
@@ -239,6 +244,16 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
     };
     cfg.rope_scaling = llama3_scaling(f, &k, &cfg)?;
     Ok(cfg)
+}
+
+/// Warns (once) that the special-token id of metadata key `key` is outside the
+/// vocabulary of `n` tokens and is not used, as llama.cpp does ("bad special token"):
+/// without an EOS id, generation runs to its `-n` tokens (or a chat template's end of
+/// turn). The config and the tokenizer of one file give the same warning.
+pub fn warn_bad_special_token(key: &str, id: u32, n: usize) {
+    crate::error::warn_once(&format!(
+        "metadata key '{key}': token id {id} is outside the vocabulary of {n} tokens; it is not used"
+    ));
 }
 
 /// The head size: `{arch}.attention.key_length` (Qwen3's explicit head size), else
@@ -453,6 +468,26 @@ pub fn load_gguf_weights(
         }
     }
     Ok(weights)
+}
+
+/// Opens the GGUF model file `path`. A file that is not GGUF but lies in a Hugging Face
+/// model folder (next to a `config.json`: the config itself, a safetensors file, the
+/// tokenizer) is an error saying to pass the folder.
+pub fn open_model_file(path: &Path) -> Result<GgufFile> {
+    GgufFile::open(path).map_err(|e| {
+        let dir = path.parent().filter(|d| d.join("config.json").is_file());
+        match (&e, dir) {
+            (Error::Gguf { field, .. }, Some(dir)) if field == "header magic" => {
+                Error::model(format!(
+                    "{} is not a GGUF file but a file of the Hugging Face model folder {}: pass the folder (--model {})",
+                    path.display(),
+                    dir.display(),
+                    dir.display()
+                ))
+            }
+            (_, _) => e,
+        }
+    })
 }
 
 /// Whether `path` names a GGUF file rather than a model folder.

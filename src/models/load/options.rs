@@ -49,9 +49,10 @@ impl CacheTypes {
             }
             if cfg.head_dim % dt.block_size() != 0 {
                 return Err(Error::model(format!(
-                    "a {dt} {what} cache needs a head size that is a multiple of {}; this model's is {}",
+                    "a {dt} {what} cache needs a head size that is a multiple of {}; this model's is {}: use --cache-type-{} f16 (or f32, bf16)",
                     dt.block_size(),
-                    cfg.head_dim
+                    cfg.head_dim,
+                    what.to_lowercase()
                 )));
             }
         }

@@ -10,7 +10,6 @@ use std::path::Path;
 
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
 use crate::graph::TensorId;
 
 use crate::models::arch::config::Config;
@@ -101,7 +100,7 @@ pub fn load_weights(
         )));
     }
     let (config, file) = if is_gguf {
-        let f = GgufFile::open(path)?;
+        let f = gguf::open_model_file(path)?;
         (gguf::config_from_gguf(&f)?, Some(f))
     } else {
         (Config::from_file(&path.join("config.json"))?, None)

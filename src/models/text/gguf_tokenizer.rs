@@ -322,12 +322,12 @@ impl TokenizerSpec {
         inner
             .add_tokens(added.user)
             .map_err(|e| Error::tokenizer_spec(key::TOKEN_TYPE, e.to_string()))?;
-        inner.with_post_processor(self.post_processor(kind)?);
-        Ok(Tokenizer::from_parts(
-            inner,
-            "GGUF tokenizer metadata".into(),
-            self.stop_ids(),
-        ))
+        let (post, cannot_add) = self.post_processor(kind)?;
+        inner.with_post_processor(post);
+        Ok(
+            Tokenizer::from_parts(inner, "GGUF tokenizer metadata".into(), self.stop_ids())
+                .cannot_add_special(cannot_add),
+        )
     }
 
     /// The ids that end generation: EOS, EOT, EOM and control tokens whose text marks an
@@ -428,12 +428,12 @@ impl TokenizerSpec {
             (key::UNK, self.unk),
             (key::PAD, self.pad),
         ];
+        // As llama.cpp ("bad special token"): an id outside the token list is not used
+        // (no stop id, no template text; BOS or EOS that the tokenizer must add is an
+        // error where it is added).
         for (k, id) in ids {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
-                return Err(Error::tokenizer_spec(
-                    k,
-                    format!("token id {id} is out of range 0..{n}"),
-                ));
+                crate::models::load::gguf::warn_bad_special_token(k, id, n);
             }
         }
         Ok(())
@@ -594,16 +594,26 @@ impl TokenizerSpec {
     }
 
     /// BOS/EOS around the text as `add_bos`/`add_eos` (or llama.cpp's defaults) say.
-    fn post_processor(&self, kind: Kind) -> Result<Option<TemplateProcessing>> {
+    fn post_processor(&self, kind: Kind) -> Result<(Option<TemplateProcessing>, Option<String>)> {
         let add_bos = self.add_bos.unwrap_or(match kind {
             Kind::SentencePiece => true,
             Kind::BytePairs => PreKind::from_pre(self.pre.as_deref())?.adds_bos(),
         });
         let add_eos = self.add_eos.unwrap_or(false);
-        let bos = self.special_piece(add_bos, key::BOS, self.bos_id())?;
-        let eos = self.special_piece(add_eos, key::EOS, self.eos_id())?;
+        // A BOS or EOS that must be added but cannot: encoding with special tokens is then
+        // an error saying why (the tokenizer still decodes, and encodes without them).
+        let mut cannot: Option<String> = None;
+        let mut piece = |add, k, id| match self.special_piece(add, k, id) {
+            Ok(p) => p,
+            Err(why) => {
+                cannot.get_or_insert(why);
+                None
+            }
+        };
+        let bos = piece(add_bos, key::BOS, self.bos_id());
+        let eos = piece(add_eos, key::EOS, self.eos_id());
         if bos.is_none() && eos.is_none() {
-            return Ok(None);
+            return Ok((None, cannot));
         }
         // Built through its serialised form: the builder's string templates cannot hold
         // token texts with spaces or colons.
@@ -629,30 +639,28 @@ impl TokenizerSpec {
             "special_tokens": tokens,
         });
         serde_json::from_value(value)
-            .map(Some)
+            .map(|p| (Some(p), cannot))
             .map_err(|e| Error::tokenizer_spec(key::BOS, e.to_string()))
     }
 
-    /// `(text, id)` of a token the post-processor adds, when `add` says so.
+    /// `(text, id)` of a token the post-processor adds, when `add` says so; the reason
+    /// it cannot be added when its id is missing or outside the token list.
     fn special_piece(
         &self,
         add: bool,
         k: &'static str,
         id: Option<u32>,
-    ) -> Result<Option<(String, u32)>> {
+    ) -> std::result::Result<Option<(String, u32)>, String> {
         if !add {
             return Ok(None);
         }
         let Some(id) = id else {
-            return Err(Error::tokenizer_spec(
-                k,
-                "missing, but the tokenizer must add it",
-            ));
+            return Err(format!("{k} is missing, but the tokenizer must add it"));
         };
         let text = self.token_text(Some(id)).ok_or_else(|| {
-            Error::tokenizer_spec(
-                k,
-                format!("token id {id} is out of range 0..{}", self.tokens.len()),
+            format!(
+                "{k} {id} is outside the vocabulary of {} tokens, but the tokenizer must add it",
+                self.tokens.len()
             )
         })?;
         Ok(Some((text.to_string(), id)))

@@ -19,7 +19,6 @@ use tokenizers::{
 };
 
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
 use crate::models::text::chat::ChatTemplate;
 use crate::models::text::gguf_tokenizer::{TokenizerSpec, END_OF_TURN_TEXTS};
 
@@ -40,6 +39,10 @@ pub struct Tokenizer {
     origin: String,
     /// Ids that end generation, sorted.
     stop: Vec<u32>,
+    /// Why the special tokens this tokenizer must add around a text cannot be added (a
+    /// GGUF tokenizer whose BOS id is outside its vocabulary), if so: encoding with them
+    /// is then an error saying so.
+    cannot_add: Option<String>,
 }
 
 impl Tokenizer {
@@ -70,6 +73,15 @@ impl Tokenizer {
             inner,
             origin,
             stop,
+            cannot_add: None,
+        }
+    }
+
+    /// The tokenizer with `why` its special tokens cannot be added, if they cannot.
+    pub(crate) fn cannot_add_special(self, why: Option<String>) -> Self {
+        Tokenizer {
+            cannot_add: why,
+            ..self
         }
     }
 
@@ -117,6 +129,12 @@ impl Tokenizer {
     /// Token ids of `text`; the special tokens the tokenizer adds around a text (BOS,
     /// EOS) only when `add_special` (off for text that continues a sequence).
     pub fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        if let (true, Some(why)) = (add_special, &self.cannot_add) {
+            return Err(Error::model(format!(
+                "{}: cannot encode a text with its special tokens: {why}; give token ids (--token-ids) or encode without them (tokenize --no-bos)",
+                self.origin
+            )));
+        }
         let enc = self
             .inner
             .encode(text, add_special)
@@ -212,7 +230,7 @@ pub fn for_model(path: &Path) -> Result<Option<ModelTokenizer>> {
     if meta.is_dir() {
         return from_folder(path);
     }
-    let file = GgufFile::open(path)?;
+    let file = crate::models::load::gguf::open_model_file(path)?;
     let md = file.metadata();
     if !md.contains_key(GGUF_TOKENIZER_KEY) {
         return Ok(None);

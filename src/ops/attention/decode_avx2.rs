@@ -13,7 +13,9 @@
 //!
 //! Differences from the reference in [`super::attend`]: the order of the f32 additions,
 //! FMA contraction, and `exp` within a few ulp; masked keys, fully masked rows (zeros),
-//! softcapping and ALiBi slopes follow the same definitions.
+//! non-finite scores (NaN), softcapping and ALiBi slopes follow the same definitions. A
+//! key some row of a chunk sees is read for all its rows: for a row that does not see it
+//! its V row enters with a weight of 0.
 
 use std::arch::x86_64::*;
 
@@ -21,6 +23,8 @@ use rayon::prelude::*;
 
 use super::super::host::HostTensor;
 use super::super::simd::{available, exp_ps};
+use super::super::softmax::max_nan;
+use super::finite_or_nan;
 use crate::graph::{DType, FlashAttnParams};
 
 /// Most query rows per step this kernel takes (more go through the general kernel).
@@ -238,7 +242,7 @@ fn merge(parts: &[Partial], r: usize, d_v: usize, out: &mut [f32]) {
     let m = parts
         .iter()
         .map(|p| p.m[r])
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(f32::NEG_INFINITY, max_nan);
     out.fill(0.0);
     if m == f32::NEG_INFINITY {
         return;
@@ -282,7 +286,7 @@ unsafe fn partial(
     for r in 0..nr {
         let sr = &mut s[r * nk..(r + 1) * nk];
         for (x, &j) in sr.iter_mut().zip(keys) {
-            let mut y = p.scale * *x;
+            let mut y = p.scale * finite_or_nan(*x);
             if p.softcap > 0.0 {
                 y = p.softcap * (y / p.softcap).tanh();
             }
@@ -295,7 +299,7 @@ unsafe fn partial(
             }
             *x = y;
         }
-        part.m[r] = sr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        part.m[r] = sr.iter().copied().fold(f32::NEG_INFINITY, max_nan);
         match part.m[r] == f32::NEG_INFINITY {
             // every key of this run is masked for this row: weights 0, not -inf
             true => sr.fill(0.0),

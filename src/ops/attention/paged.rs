@@ -296,7 +296,8 @@ struct KeyRows<'a> {
 }
 
 /// The attention output of one query row over the key positions `keys`: scores, their
-/// softmax and the weighted sum of the V rows; NaN when a score is NaN.
+/// softmax and the weighted sum of the V rows; NaN when a `q . k` is not finite (an
+/// infinity too: softcapping would make it a finite score).
 fn attend_row(
     p: &PagedAttnParams,
     q: &[f32],
@@ -309,7 +310,8 @@ fn attend_row(
         .clone()
         .map(|j| {
             let at = ((j - rows.first) * rows.n_head_kv + rows.hk) * d;
-            let mut s = p.scale * crate::ops::mul_mat::dot_f32(q, &rows.k[at..at + d]);
+            let dot = crate::ops::mul_mat::dot_f32(q, &rows.k[at..at + d]);
+            let mut s = p.scale * super::finite_or_nan(dot);
             if p.softcap > 0.0 {
                 s = p.softcap * (s / p.softcap).tanh();
             }

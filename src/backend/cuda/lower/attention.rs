@@ -20,9 +20,9 @@ use crate::backend::cuda::args::{
     FATTN_RANGE_KEYS, FATTN_RANGE_ROWS, FATTN_RANGE_THREADS, FATTN_VEC_ROWS, FATTN_VEC_UNROLL,
     FATTN_VEC_WARPS,
 };
+use crate::backend::cuda::decode::q8_1::{act_code, q8_1_copy, Q8Copy};
 use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet, KeyedSets};
-use crate::backend::cuda::lower::mul_mat_q::{self, act_code};
-use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, Q8Copy, MAX_GRID_YZ, WARP};
+use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
 use crate::backend::fusion::{Q8For, Q8Layout};
 use crate::graph::{DType, FlashAttnParams, Operand};
 use crate::quant::QType;
@@ -283,7 +283,7 @@ impl Decode {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
             if let Some((b, layout)) = &self.q8_for {
-                let (addr, col) = mul_mat_q::q8_1_copy(b, &mut offset, lw);
+                let (addr, col) = q8_1_copy(b, &mut offset, lw);
                 (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, act_code(*layout));
                 made = Some(Q8Copy {
                     of: b.clone(),

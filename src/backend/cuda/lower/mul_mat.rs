@@ -2,10 +2,10 @@
 //! Notation: `a` [k, m, a2, a3], `b` [k, n, b2, b3], dst F32 [m, n, b2, b3] (dense),
 //! `out[i, j] = sum_l a[l, i] * b[l, j]`, `a` broadcast over `b` in dims 2 and 3.
 //!
-//! 1. Decode GEMV (`mul_mat_vec_{f16,bf16,f32}`): n == 1, every other dim 1, rows of `a`
-//!    dense (any row stride), `b` an F32 vector with dense elements. One warp per row,
-//!    16-byte loads when rows and `b` are 16-byte aligned, a scalar path otherwise; a
-//!    following residual add can be fused into it (see [`crate::backend::fusion`]).
+//! 1. Decode GEMV (`mul_mat_vec_{f16,bf16,f32}`, [`crate::backend::cuda::decode::float`]):
+//!    n == 1, every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector
+//!    with dense elements; a following residual add can be fused into it (see
+//!    [`crate::backend::fusion`]).
 //! 2. `mul_mat_p021_f16_f32`: `a` F16 with dense rows of k <= 256 elements (a permuted
 //!    K-cache view [hd, n_kv, n_kv_heads]), n == 1, dims 3 == 1, `b` F32 with dense
 //!    elements; channels (dim 2) broadcast GQA-style.
@@ -25,17 +25,13 @@
 
 use super::cpy::copy_to;
 use super::mul_mat_q;
-use crate::backend::cuda::args::{
-    GemvArgs, SplitArgs, Tensor4, GEMV_WARPS, P021_ROWS, P021_THREADS,
-};
+use crate::backend::cuda::args::{GemvArgs, SplitArgs, Tensor4, P021_ROWS, P021_THREADS};
+use crate::backend::cuda::decode::{self, Gemv, ROWS as GEMV_ROWS};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::kernels::{by, k};
 use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering};
-use crate::backend::fusion::float_gemv;
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
-/// Rows (one per warp) per block of mul_mat_vec_*.
-const GEMV_ROWS: usize = GEMV_WARPS as usize;
 /// Longest row the short-row kernel takes.
 const P021_MAX_K: usize = 256;
 
@@ -64,7 +60,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
-    if let Some(ops) = gemv(a, b, dst, Gemv::default(), lw) {
+    if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
         return ops;
     }
 
@@ -93,87 +89,6 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
 
     // 5. cuBLAS.
     lower_gemm(a, a_addr, b, dst, lw, 0, Vec::new())
-}
-
-/// A decode GEMV's part in a folded norm ([`crate::backend::fusion::NormFold`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FoldPart {
-    /// The product before the norm: also `y * w` and block sums of `y^2`.
-    Rows,
-    /// The product after it: block 0 also adds the sums into the norm's factor.
-    Total,
-}
-
-/// What a GEMV launch fuses into the product (see [`super::fused`]).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Gemv<'a> {
-    /// Where the result goes instead of the step's own result (a fused add's result).
-    pub dst: Option<&'a Operand>,
-    /// A dense F32 vector added to the result (a fused residual add).
-    pub add: Option<&'a Operand>,
-    /// The address of a folded norm's `NormFold` (float weights only; see
-    /// [`crate::backend::fusion::NormFold`]) and the launch's part in it: `mul_mat_vec_fold_*` (the
-    /// product before the norm) or `mul_mat_vec_total_*` (the product after it).
-    pub fold: Option<(u64, FoldPart)>,
-    /// Where the vector `b` is read instead of its own place (float weights only: a
-    /// folded norm's `y * w` in scratch), with `b`'s layout.
-    pub b: Option<u64>,
-}
-
-/// The decode GEMV launches computing `a b` into the dense F32 `dst` (or `extra.dst`),
-/// plus `extra.add`, or None when `a`, `b` are not a decode layout. Float `a`: n == 1,
-/// every other dim 1, rows of `a` dense (any row stride), `b` an F32 vector with dense
-/// elements; block-quantized `a`: see [`mul_mat_q::gemv`].
-pub(crate) fn gemv(
-    a: &Operand,
-    b: &Operand,
-    dst: &Operand,
-    extra: Gemv,
-    lw: &mut Lowering,
-) -> Option<Result<Vec<DevOp>, String>> {
-    if a.dtype.quant().is_some() {
-        return mul_mat_q::gemv(a, b, dst, extra, lw);
-    }
-    if !float_gemv(a, b) {
-        return None;
-    }
-    let (kk, m) = (a.ne[0], a.ne[1]);
-    let set = match extra.fold {
-        Some((_, FoldPart::Rows)) => by::MUL_MAT_VEC_FOLD,
-        Some((_, FoldPart::Total)) => by::MUL_MAT_VEC_TOTAL,
-        None => by::MUL_MAT_VEC,
-    };
-    let kernel = match set.get([a.dtype]) {
-        Ok(kernel) => kernel,
-        Err(e) => return Some(Err(e)),
-    };
-    let (a_addr, b_addr) = (lw.addr(a), extra.b.unwrap_or_else(|| lw.addr(b)));
-    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
-    let args = GemvArgs {
-        a: a_addr,
-        b: b_addr,
-        dst: lw.addr(extra.dst.unwrap_or(dst)),
-        k: kk as i64,
-        m: m as i64,
-        channels: 1,
-        a_nb1: a.nb[1] as i64,
-        a_nb2: 0,
-        b_nb2: 0,
-        dst_nb2: 0,
-        ratio: 1,
-        vec: i64::from(vec),
-        add: extra.add.map_or(0, |r| lw.addr(r)),
-        prefetch: i64::from(lw.read_only(a)),
-        fold: extra.fold.map_or(0, |(at, _)| at),
-    };
-    Some(row_grid(m.div_ceil(GEMV_ROWS)).map(|grid| {
-        vec![DevOp::kernel(
-            kernel,
-            grid,
-            ((GEMV_ROWS * 32) as u32, 1, 1),
-            &args,
-        )]
-    }))
 }
 
 /// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading

@@ -4,9 +4,10 @@
 //! into the cache; the fusion pass picks the steps: [`RopeStore`]).
 
 use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
+use crate::backend::cuda::decode::fold::NormFoldOut;
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{
-    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, NormFoldOut, MAX_GRID_X,
+    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, MAX_GRID_X,
 };
 use crate::backend::fusion::RopeStore;
 use crate::graph::{Operand, RopeMode, RopeParams};

@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::params::SamplingParams;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::models::load::gguf::is_gguf_path;
+use crate::models::load::gguf::{is_gguf_path, open_model_file};
 
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +222,7 @@ impl ModelSampling {
     /// wrong type or out of its range is an error naming the file and the key.
     pub fn of(path: &Path) -> Result<ModelSampling> {
         if is_gguf_path(path) {
-            let f = GgufFile::open(path)?;
+            let f = open_model_file(path)?;
             let settings = from_gguf(&f)?;
             let from = (settings != PartialSampling::default()).then(|| path.to_path_buf());
             return Ok(ModelSampling { settings, from });
