@@ -60,7 +60,7 @@ struct Schedule {
 /// The schedule of `seed` over a vocabulary of `vocab` tokens.
 fn schedule(seed: u64, vocab: u32) -> Schedule {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut tokens = |rng: &mut StdRng, n: usize| -> Vec<u32> {
+    let tokens = |rng: &mut StdRng, n: usize| -> Vec<u32> {
         (0..n).map(|_| rng.random_range(3..vocab)).collect()
     };
     // a few shared beginnings (a system prompt, a previous turn)
