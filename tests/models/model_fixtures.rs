@@ -229,6 +229,31 @@ fn forward_logits_match_hf() {
     }
 }
 
+/// The forward pass over the 280-token sequence (Mistral's window of 48 makes its cache a
+/// ring of 96 slots at a context of 300: the forward pass runs in chunks of 48) against
+/// HF's logits of positions 248..280.
+#[test]
+fn long_forward_matches_hf() {
+    for mut be in backends() {
+        let be = be.as_mut();
+        for name in FIXTURES {
+            let f = fixture(name);
+            let mut m = Model::load(&f.dir, be, &load_options(300)).unwrap();
+            let ring = m.cache().is_ring();
+            assert_eq!(ring, m.config().sliding_window.is_some(), "{name}");
+            let vocab = m.config().vocab_size;
+            let all = m.forward(be, &f.long_tokens).unwrap().logits;
+            m.release(be).unwrap();
+            let e = nmse(&all[f.long_first * vocab..], &f.long_logits);
+            println!(
+                "{} {name}: 280-token forward (ring: {ring}) NMSE vs HF {e:.2e}",
+                be.name()
+            );
+            assert!(e < nmse_limit(be.name()), "{name}: NMSE {e:e}");
+        }
+    }
+}
+
 /// The engine's log-probabilities at every prompt position, each from a decode step over
 /// the prefix cache, against HF's logits and HF's logits with F16 K/V; and the same
 /// positions each from a prefill of its whole prefix (prefix cache off) within the
