@@ -194,39 +194,37 @@ fn prompt_rows(e: &mut Engine, f: &Fixture) -> (Vec<f64>, Vec<f64>) {
     (got, centered(&f.logits, vocab))
 }
 
-/// The one-sequence forward pass (`graft logits`): every prompt position's logits
-/// against HF's, and the device argmax of the last.
-#[test]
-fn forward_logits_match_hf() {
+/// Runs `check` on a [`Model`] of every fixture with a context of `ctx` on every
+/// available backend, releasing each model afterwards.
+fn each_model(ctx: usize, mut check: impl FnMut(&mut dyn Backend, &str, &Fixture, &mut Model)) {
     for mut be in backends() {
         let be = be.as_mut();
         for name in FIXTURES {
             let f = fixture(name);
-            let mut m = Model::load(&f.dir, be, &load_options(64)).unwrap();
-            let out = m.forward(be, &f.tokens).unwrap();
-            let e = nmse(&out.logits, &f.logits);
-            let e16 = nmse(&out.logits, &f.logits_f16kv);
-            println!(
-                "{} {name}: forward NMSE vs HF f32 {e:.2e}, vs HF with F16 K/V {e16:.2e}",
-                be.name()
-            );
-            assert!(
-                e < nmse_limit(be.name()),
-                "{} {name}: NMSE {e:e}",
-                be.name()
-            );
-            assert!(
-                e16 < f16kv_limit(be.name()),
-                "{} {name}: {e16:e}",
-                be.name()
-            );
-            let vocab = m.config().vocab_size;
-            let last = &f.logits[(f.tokens.len() - 1) * vocab..];
-            let ref_argmax = graft::ops::argmax::argmax_row(last) as u32;
-            assert_eq!(out.argmax, ref_argmax, "{name}: on-device argmax");
+            let mut m = Model::load(&f.dir, be, &load_options(ctx)).unwrap();
+            check(be, name, &f, &mut m);
             m.release(be).unwrap();
         }
     }
+}
+
+/// The one-sequence forward pass (`graft logits`): every prompt position's logits
+/// against HF's, and the device argmax of the last.
+#[test]
+fn forward_logits_match_hf() {
+    each_model(64, |be, name, f, m| {
+        let out = m.forward(be, &f.tokens).unwrap();
+        let e = nmse(&out.logits, &f.logits);
+        let e16 = nmse(&out.logits, &f.logits_f16kv);
+        let be = be.name();
+        println!("{be} {name}: forward NMSE vs HF f32 {e:.2e}, vs HF with F16 K/V {e16:.2e}");
+        assert!(e < nmse_limit(be), "{be} {name}: NMSE {e:e}");
+        assert!(e16 < f16kv_limit(be), "{be} {name}: {e16:e}");
+        let vocab = m.config().vocab_size;
+        let last = &f.logits[(f.tokens.len() - 1) * vocab..];
+        let ref_argmax = graft::ops::argmax::argmax_row(last) as u32;
+        assert_eq!(out.argmax, ref_argmax, "{name}: on-device argmax");
+    });
 }
 
 /// The forward pass over the 280-token sequence (Mistral's window of 48 makes its cache a
@@ -234,24 +232,16 @@ fn forward_logits_match_hf() {
 /// HF's logits of positions 248..280.
 #[test]
 fn long_forward_matches_hf() {
-    for mut be in backends() {
-        let be = be.as_mut();
-        for name in FIXTURES {
-            let f = fixture(name);
-            let mut m = Model::load(&f.dir, be, &load_options(300)).unwrap();
-            let ring = m.cache().is_ring();
-            assert_eq!(ring, m.config().sliding_window.is_some(), "{name}");
-            let vocab = m.config().vocab_size;
-            let all = m.forward(be, &f.long_tokens).unwrap().logits;
-            m.release(be).unwrap();
-            let e = nmse(&all[f.long_first * vocab..], &f.long_logits);
-            println!(
-                "{} {name}: 280-token forward (ring: {ring}) NMSE vs HF {e:.2e}",
-                be.name()
-            );
-            assert!(e < nmse_limit(be.name()), "{name}: NMSE {e:e}");
-        }
-    }
+    each_model(300, |be, name, f, m| {
+        let ring = m.cache().is_ring();
+        assert_eq!(ring, m.config().sliding_window.is_some(), "{name}");
+        let vocab = m.config().vocab_size;
+        let all = m.forward(be, &f.long_tokens).unwrap().logits;
+        let e = nmse(&all[f.long_first * vocab..], &f.long_logits);
+        let be = be.name();
+        println!("{be} {name}: 280-token forward (ring: {ring}) NMSE vs HF {e:.2e}");
+        assert!(e < nmse_limit(be), "{name}: NMSE {e:e}");
+    });
 }
 
 /// The engine's log-probabilities at every prompt position, each from a decode step over
