@@ -39,7 +39,7 @@ pub use text::Detokenize;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::models::arch::config::Config;
-use crate::models::blocks::batch::build_batch;
+use crate::models::blocks::batch::{build_batch, BatchShape};
 use crate::models::blocks::kv_cache::{KvCache, MAX_CTX};
 use crate::models::load::options::{CacheTypes, LoadOptions};
 use crate::models::load::quant_plan::QuantPlan;
@@ -168,6 +168,8 @@ pub struct Engine {
     next: u64,
     /// A step enqueued ahead (see [`Engine::step`]).
     inflight: Option<InFlight>,
+    /// A step staged ahead, waiting for its tokens (see [`Engine::step`]).
+    staged: Option<Staged>,
     /// Whether samplers draw from the device's top candidates when they can (else from
     /// whole rows of logits).
     candidates: bool,
@@ -175,6 +177,24 @@ pub struct Engine {
 
 /// Why a sequence finished, and the stop token that ended it.
 type Ending = (FinishReason, Option<u32>);
+
+/// What follows a step before its tokens are read (see [`Engine::step`]).
+enum Next {
+    /// Nothing: the next step is planned after this one's tokens are read.
+    None,
+    /// The next decode step, enqueued with its tokens forwarded on the device.
+    Forwarded(InFlight),
+    /// The next decode step's inputs but its tokens, on the device.
+    Staged(Staged),
+}
+
+/// A decode step whose inputs but the tokens are on the device: the sequences it
+/// computes (a token each), its shape, and whether it reads the logits.
+struct Staged {
+    slices: Vec<(RequestId, usize)>,
+    shape: BatchShape,
+    rows: bool,
+}
 
 /// A step on the device: the sequences it computes (and how many tokens each), and
 /// whether it reads the logits.
@@ -240,6 +260,7 @@ impl Engine {
             ctx: cfg.ctx,
             next: 0,
             inflight: None,
+            staged: None,
             candidates: true,
         })
     }
@@ -434,23 +455,29 @@ impl Engine {
     /// Runs one step (see the module docs); nothing to do is an empty step. An error is
     /// one of the backend, which leaves every request where it was.
     ///
-    /// When a step only decodes greedy sequences and nothing waits, the next step (the
-    /// same sequences, one position on) is enqueued before this one's tokens are read,
-    /// its tokens copied on the device from this step's argmax: the host works a step
-    /// behind the device and the device never waits for it. A sequence that finishes in
-    /// this step leaves that next step's token for it unread.
+    /// When a step only decodes, every sequence goes on and nothing waits, the next step
+    /// (the same sequences, one position on) is prepared before this one's tokens are
+    /// read. Greedy sequences alone: it is enqueued, its tokens copied on the device from
+    /// this step's argmax, so the host works a step behind the device; a sequence that
+    /// finishes in this step leaves that next step's token for it unread. Otherwise its
+    /// inputs but the tokens are written to the device now, and the next call launches
+    /// it with the drawn tokens when every sequence drew one and goes on (else plans
+    /// afresh), so that between two sampled steps the host only draws and launches.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let current = match self.inflight.take() {
             Some(f) => f,
-            None => {
-                let plan = self.sched.schedule();
-                if plan.slices.is_empty() {
-                    return Ok(Vec::new());
+            None => match self.launch_staged()? {
+                Some(f) => f,
+                None => {
+                    let plan = self.sched.schedule();
+                    if plan.slices.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    self.enqueue(&plan)?
                 }
-                self.enqueue(&plan)?
-            }
+            },
         };
-        let next = match self.continuation(&current) {
+        let next = match self.follow(&current) {
             Ok(next) => next,
             Err(e) => {
                 self.abandon(current);
@@ -459,12 +486,16 @@ impl Engine {
         };
         match self.finish(current) {
             Ok(events) => {
-                self.inflight = next;
+                match next {
+                    Next::Forwarded(f) => self.inflight = Some(f),
+                    Next::Staged(st) => self.staged = Some(st),
+                    Next::None => {}
+                }
                 Ok(events)
             }
             Err(e) => {
-                if let Some(n) = next {
-                    self.abandon(n);
+                if let Next::Forwarded(f) = next {
+                    self.abandon(f);
                 }
                 Err(e)
             }
@@ -475,7 +506,12 @@ impl Engine {
     fn enqueue(&mut self, plan: &StepPlan) -> Result<InFlight> {
         let running = &self.sched.running;
         let n_tokens = plan.slices.iter().map(|s| s.n).sum();
-        let reads = Reads::of(plan, running, self.candidates);
+        let points = plan
+            .slices
+            .iter()
+            .map(|sl| (&running[sl.seq], sl.n))
+            .filter(|(s, n)| s.computed + n == s.tokens.len());
+        let reads = Reads::of(points.map(|(s, _)| s), self.candidates);
         let shape = self.runner.shape(n_tokens, plan.slices.len(), reads.k);
         let x = self.runner.inputs(plan, running, shape);
         self.runner.copy_blocks(self.be.as_mut(), &plan.copies)?;
@@ -493,33 +529,60 @@ impl Engine {
         })
     }
 
-    /// The next decode step of the sequences of `current`, enqueued with its tokens
-    /// forwarded on the device, when it is sure to be wanted: `current` decodes every
-    /// running sequence, all greedy without log-probabilities, none at its token limit
-    /// or the end of its context, nothing waits, and the next position's blocks are free.
-    fn continuation(&mut self, current: &InFlight) -> Result<Option<InFlight>> {
+    /// What follows `current` before its tokens are read (see [`Engine::step`]): when it
+    /// decodes every running sequence, none at its token limit or the end of its
+    /// context, nothing waits and the next position's blocks are free, the next step,
+    /// enqueued with its tokens forwarded when every sequence is greedy without
+    /// log-probabilities, else staged.
+    fn follow(&mut self, current: &InFlight) -> Result<Next> {
         let sched = &self.sched;
         let bs = self.runner.block_size;
-        if current.logits
-            || !sched.waiting.is_empty()
-            || sched.running.len() != current.slices.len()
-        {
-            return Ok(None);
+        if !sched.waiting.is_empty() || sched.running.len() != current.slices.len() {
+            return Ok(Next::None);
         }
         let mut need = 0;
+        let mut greedy = !current.logits;
         for (s, &(id, n)) in sched.running.iter().zip(&current.slices) {
             let decoding = s.id == id && n == 1 && s.computed + 1 == s.tokens.len();
             let goes_on = s.generated() + 1 < s.max_tokens && s.tokens.len() + 1 < self.ctx;
-            if !(decoding && goes_on && s.sampler.is_greedy() && s.logprobs.is_none()) {
-                return Ok(None);
+            if !(decoding && goes_on) {
+                return Ok(Next::None);
             }
+            greedy &= s.sampler.is_greedy() && s.logprobs.is_none();
             need += s.blocks_for(s.tokens.len() + 1, bs);
         }
         if need > self.sched.pool.available() {
-            return Ok(None);
+            return Ok(Next::None);
         }
         let n = current.slices.len();
-        let shape = self.runner.shape(n, n, 0);
+        // every sequence reaches a sampling point in the next step
+        let reads = Reads::of(self.sched.running.iter(), self.candidates);
+        let shape = self.runner.shape(n, n, reads.k);
+        let x = self.next_inputs(shape);
+        let slices = current.slices.clone();
+        if !greedy {
+            self.runner.stage(self.be.as_mut(), shape, &x)?;
+            return Ok(Next::Staged(Staged {
+                slices,
+                shape,
+                rows: reads.rows,
+            }));
+        }
+        let step = self
+            .runner
+            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        self.sched.stats.steps += 1;
+        Ok(Next::Forwarded(InFlight {
+            slices,
+            logits: false,
+            step,
+        }))
+    }
+
+    /// The inputs of the next decode step of every running sequence in `shape` but its
+    /// tokens, the blocks of its position taken (the caller checked they are free).
+    fn next_inputs(&mut self, shape: BatchShape) -> runner::StepInputs {
+        let bs = self.runner.block_size;
         let mut x = runner::StepInputs::default();
         for (col, s) in self.sched.running.iter_mut().enumerate() {
             let grow = s.blocks_for(s.tokens.len() + 1, bs);
@@ -539,13 +602,38 @@ impl Engine {
             x.cols.push(col);
         }
         self.runner.pad(&mut x, &self.sched.running, shape);
-        let step = self
-            .runner
-            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        x
+    }
+
+    /// Launches the staged step with the tokens the last step drew, when it still fits:
+    /// nothing waits and every sequence it holds is running, in its place, with one
+    /// token drawn and not computed. `None` (the staged step dropped) otherwise.
+    fn launch_staged(&mut self) -> Result<Option<InFlight>> {
+        let Some(st) = self.staged.take() else {
+            return Ok(None);
+        };
+        let running = &self.sched.running;
+        let fits = self.sched.waiting.is_empty()
+            && running.len() == st.slices.len()
+            && running
+                .iter()
+                .zip(&st.slices)
+                .all(|(s, &(id, _))| s.id == id && s.computed + 1 == s.tokens.len());
+        if !fits {
+            return Ok(None);
+        }
+        let mut tokens: Vec<i32> = running
+            .iter()
+            .map(|s| s.tokens[s.computed] as i32)
+            .collect();
+        tokens.resize(st.shape.n_tokens, 0);
+        let n = st.slices.len();
+        let tokens = runner::Tokens::Host(&tokens);
+        let step = self.runner.launch(self.be.as_mut(), st.shape, tokens, n)?;
         self.sched.stats.steps += 1;
         Ok(Some(InFlight {
-            slices: current.slices.clone(),
-            logits: false,
+            slices: st.slices,
+            logits: st.rows,
             step,
         }))
     }
@@ -727,6 +815,7 @@ impl Engine {
         if let Some(f) = self.inflight.take() {
             self.abandon(f);
         }
+        self.staged = None;
         self.runner.release(self.be.as_mut())?;
         Ok(self.be)
     }
@@ -813,14 +902,11 @@ struct Reads {
 }
 
 impl Reads {
-    /// The reads of `plan` over `running`; `candidates` off reads rows instead.
-    fn of(plan: &StepPlan, running: &[Sequence], candidates: bool) -> Reads {
+    /// The reads of a step in which `points` reach a sampling point; `candidates` off
+    /// reads rows instead.
+    fn of<'a>(points: impl Iterator<Item = &'a Sequence>, candidates: bool) -> Reads {
         let mut r = Reads::default();
-        for sl in &plan.slices {
-            let s = &running[sl.seq];
-            if s.computed + sl.n < s.tokens.len() {
-                continue;
-            }
+        for s in points {
             match (s.logprobs, s.sampler.wants()) {
                 (None, Logits::None) => {}
                 (None, Logits::Top(k)) if candidates => r.k = r.k.max(k),
@@ -940,7 +1026,7 @@ fn largest_arena(w: &LoadedWeights, cfg: &EngineConfig) -> Result<usize> {
         crate::graph::BufferId(0),
     );
     let s = &cfg.scheduler;
-    let shape = crate::models::blocks::batch::BatchShape {
+    let shape = BatchShape {
         n_tokens: runner::bucket(s.step_tokens),
         n_seqs: runner::bucket(s.max_seqs),
         max_blocks: cfg.ctx.div_ceil(cfg.block_size),

@@ -105,6 +105,13 @@ pub(crate) struct StepInputs {
     pub(crate) cols: Vec<usize>,
 }
 
+/// The token ids of a step: from the host (padded to the shape), or the argmax of a step
+/// still on the device, forwarded there.
+pub(crate) enum Tokens<'a> {
+    Host(&'a [i32]),
+    Forwarded(&'a Enqueued),
+}
+
 /// A step enqueued on the backend, its argmax (and its candidates) being read.
 pub(crate) struct Enqueued {
     c: Loaded,
@@ -257,9 +264,42 @@ impl Runner {
         x: &StepInputs,
         from: Option<&Enqueued>,
     ) -> Result<Enqueued> {
+        self.stage(be, shape, x)?;
+        let tokens = match from {
+            Some(prev) => Tokens::Forwarded(prev),
+            None => Tokens::Host(&x.tokens),
+        };
+        self.launch(be, shape, tokens, x.cols.len())
+    }
+
+    /// Writes the inputs of a step of `shape` from `x` but its tokens, after the runs
+    /// enqueued so far (a step still on the device reads its own first).
+    pub(crate) fn stage(
+        &mut self,
+        be: &mut dyn Backend,
+        shape: BatchShape,
+        x: &StepInputs,
+    ) -> Result<()> {
         let c = self.plan(be, shape)?;
-        match from {
-            Some(prev) => {
+        be.set_input_i32(c.exec, c.pos, &x.pos)?;
+        be.set_input_i32(c.exec, c.slots, &x.slots)?;
+        be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
+        be.set_input_i32(c.exec, c.table, &x.table)?;
+        be.set_input_i32(c.exec, c.out_rows, &x.out_rows)
+    }
+
+    /// Runs the step of `shape` whose other inputs are staged, with `tokens`, for
+    /// `n_seqs` real sequences, and starts reading the argmax and the candidates.
+    pub(crate) fn launch(
+        &mut self,
+        be: &mut dyn Backend,
+        shape: BatchShape,
+        tokens: Tokens<'_>,
+        n_seqs: usize,
+    ) -> Result<Enqueued> {
+        let c = self.plan(be, shape)?;
+        match tokens {
+            Tokens::Forwarded(prev) => {
                 debug_assert_eq!(shape.n_tokens, shape.n_seqs, "a forwarded step decodes");
                 be.forward_output(
                     prev.c.exec,
@@ -269,15 +309,9 @@ impl Runner {
                     4 * shape.n_seqs,
                 )?;
             }
-            None => be.set_input_i32(c.exec, c.tokens, &x.tokens)?,
+            Tokens::Host(ids) => be.set_input_i32(c.exec, c.tokens, ids)?,
         }
-        be.set_input_i32(c.exec, c.pos, &x.pos)?;
-        be.set_input_i32(c.exec, c.slots, &x.slots)?;
-        be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
-        be.set_input_i32(c.exec, c.table, &x.table)?;
-        be.set_input_i32(c.exec, c.out_rows, &x.out_rows)?;
         be.compute(c.exec)?;
-        let n_seqs = x.cols.len();
         // begun together, finished together: one wait for all three (reads take whole
         // outputs, the padding's columns too)
         let read = be.begin_read(c.exec, c.argmax, 4 * shape.n_seqs)?;

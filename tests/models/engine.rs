@@ -20,6 +20,9 @@ fn fixture(name: &str) -> PathBuf {
     crate::fixtures::fixture(name)
 }
 
+/// The fixtures' vocabulary.
+const VOCAB: usize = 512;
+
 /// Fixtures of every attention kind: GQA with llama3 rope, a sliding window, q/k norms,
 /// learned positions.
 const FIXTURES: [&str; 4] = [
@@ -59,6 +62,9 @@ struct Outcome {
     finish: Option<FinishReason>,
     /// The error it failed with (sampled schedules only).
     error: Option<String>,
+    /// The log-probability row (by token id) of each token, when the request asked for
+    /// the whole vocabulary's.
+    rows: Vec<Vec<f32>>,
 }
 
 /// Steps until nothing is left, collecting every request's tokens.
@@ -72,7 +78,22 @@ fn drain(e: &mut Engine, out: &mut HashMap<RequestId, Outcome>) {
 
 fn record(ev: Event, out: &mut HashMap<RequestId, Outcome>) {
     match ev {
-        Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
+        Event::Token {
+            id,
+            token,
+            logprobs,
+            ..
+        } => {
+            let o = out.entry(id).or_default();
+            o.tokens.push(token);
+            if let Some(lp) = logprobs.filter(|lp| lp.top.len() == VOCAB) {
+                let mut row = vec![0f32; VOCAB];
+                for (t, x) in lp.top {
+                    row[t as usize] = x;
+                }
+                o.rows.push(row);
+            }
+        }
         Event::Finished { id, reason, .. } => out.entry(id).or_default().finish = Some(reason),
         Event::Error { id, error } => panic!("{id}: {error}"),
     }
@@ -303,6 +324,44 @@ proptest! {
             prop_assert!(a.sampled_from_candidates > 0, "{:?}", a);
             prop_assert_eq!(a.sampled_from_rows, 0);
         }
+    }
+
+    /// Every step a sampled sequence took, in a random schedule (each step launched with
+    /// the tokens drawn after the previous one, its other inputs staged before the draw),
+    /// computed the logits of the sequence it drew: each token's reported
+    /// log-probabilities are those of the one-sequence forward pass over the prompt and
+    /// the tokens before it (rows centered, within the two paths' rounding).
+    #[test]
+    fn sampled_steps_compute_the_drawn_sequence(s in sampled_schedule()) {
+        let mut s = s;
+        for (_, logprobs) in &mut s.sampling {
+            *logprobs = Some(VOCAB);
+        }
+        let (outcomes, _) = run_schedule(&s, true);
+        let mut be = CpuBackend::new();
+        let opts = LoadOptions {
+            ctx: Some(256),
+            progress: false,
+            ..LoadOptions::default()
+        };
+        let mut m = graft::models::Model::load(&fixture(s.fixture), &mut be, &opts).unwrap();
+        for ((prompt, ..), (o, _)) in s.requests.iter().zip(&outcomes) {
+            if o.error.is_some() || o.tokens.is_empty() {
+                continue;
+            }
+            prop_assert_eq!(o.rows.len(), o.tokens.len());
+            let mut seq = prompt.clone();
+            seq.extend(&o.tokens[..o.tokens.len() - 1]);
+            let all = m.forward(&mut be, &seq).unwrap().logits;
+            let want = &all[(prompt.len() - 1) * VOCAB..];
+            let got: Vec<f32> = o.rows.concat();
+            let e = crate::reference::nmse(
+                &crate::runs::centered(&got, VOCAB),
+                &crate::runs::centered(want, VOCAB),
+            );
+            prop_assert!(e < 2e-9, "{} tokens after {:?}: NMSE {e:e}", o.tokens.len(), prompt);
+        }
+        m.release(&mut be).unwrap();
     }
 }
 
