@@ -129,6 +129,19 @@ struct TopKArgs {
 };
 static_assert(sizeof(TopKArgs) == 152, "TopKArgs layout");
 
+struct MulMatIdArgs {  // group_by_expert, mul_mat_id_<type>
+    Tensor4 w;         // the experts [k, m, n_expert]
+    Tensor4 b;         // F32 inputs [k, b1, n_tokens], dense along dim 0
+    Tensor4 ids;       // I32 [n_used, n_tokens]
+    Tensor4 dst;       // F32 [m, n_used, n_tokens]
+    int* offsets;      // scratch: n_expert + 1 starts of each expert's columns in cols
+    int* cols;         // scratch: the columns (i + n_used * t), grouped by expert
+    IndexError* err;
+    i64 tag;
+    i64 chunks;        // the grid's z: blocks take column chunks z, z + chunks, ...
+};
+static_assert(sizeof(MulMatIdArgs) == 328, "MulMatIdArgs layout");
+
 // A decode RMS norm folded into the kernels around the product after it (see NormFold in
 // src/backend/fusion.rs and src/backend/cuda/decode/fold.rs): the product that computes
 // the residual y (m rows, mul_mat_vec_fold_*) also writes rw = y * w, the vector the next
@@ -339,6 +352,11 @@ constexpr int P021_THREADS = 128;  // block of mul_mat_p021
 
 // Launch geometry of top_k (cuda/topk.cu).
 
+constexpr int MMID_THREADS = 256;       // block of mul_mat_id_<type>: 8 warps, a row each at a time
+constexpr int MMID_ROWS = 32;           // rows of one expert per block of mul_mat_id_<type>
+constexpr int MMID_COLS = 8;            // columns of one expert per chunk (accumulators per lane)
+constexpr int MMID_MAX_EXPERTS = 4096;  // experts group_by_expert takes (its counts in shared memory)
+constexpr int MMID_GROUP_THREADS = 1024;  // block of group_by_expert (one block)
 constexpr int TOPK_THREADS = 1024;  // block of top_k_* (one row per block), and the largest k
 
 // Launch geometry of the flash attention kernels (cuda/fattn.cu).

@@ -26,6 +26,12 @@ struct Gelu : UnaryFunctor {
 struct Tanh : UnaryFunctor {
     static __device__ __forceinline__ float apply(float x) { return tanhf(x); }
 };
+struct Sigmoid : UnaryFunctor {
+    static __device__ __forceinline__ float apply(float x) { return 1.0f / (1.0f + expf(-x)); }
+};
+struct LogSigmoid : UnaryFunctor {
+    static __device__ __forceinline__ float apply(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
+};
 
 template <typename F, typename T>
 __device__ void unary(const UnaryArgs& p) {

@@ -8,7 +8,7 @@ DIR is an HF checkpoint folder (config.json, safetensors, and tokenizer.json for
 --prompt, which is encoded with add_special_tokens=True). The model is loaded with
 AutoModelForCausalLM and eager attention (float32 unless --dtype says otherwise) and run
 once over all the tokens. Supported architectures (config.json model_type): llama,
-mistral, qwen2, qwen3, gpt2.
+mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt2.
 
 The file holds F32 tensors (n = number of tokens, the batch dimension dropped):
 
@@ -21,7 +21,8 @@ The file holds F32 tensors (n = number of tokens, the batch dimension dropped):
     blk.{i}.attn_out   [n, n_embd]   output of o_proj / attn.c_proj (bias included)
     blk.{i}.ffn_inp    [n, n_embd]   residual after attention (input of the second norm)
     blk.{i}.ffn_norm   [n, n_embd]   output of post_attention_layernorm / ln_2
-    blk.{i}.ffn_out    [n, n_embd]   the MLP's output (down_proj / mlp.c_proj, bias included)
+    blk.{i}.ffn_out    [n, n_embd]   the MLP's output (down_proj / mlp.c_proj, bias included;
+                                     a mixture of experts' weighted sum)
     blk.{i}.out        [n, n_embd]   the block's output (ffn_inp + ffn_out)
     output_norm        [n, n_embd]   output of the final norm (model.norm / ln_f)
     logits             [n, vocab]
@@ -45,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
 LAYER_NAMES = ("attn_norm", "q", "k", "v", "kqv", "attn_out", "ffn_inp", "ffn_norm", "ffn_out", "out")
 
 

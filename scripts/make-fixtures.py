@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Makes the tiny test fixtures under tests/fixtures/ with HF transformers: Llama, Qwen3,
-Qwen2, Mistral and GPT-2.
+Qwen2, Mistral, GPT-2, and the mixtures of experts Qwen3-MoE and Mixtral.
 
 The fixtures are the reference graft is tested against: small random models written the
 way Hugging Face writes checkpoints (config.json, safetensors, tokenizer.json), plus what
@@ -65,6 +65,31 @@ above numerical noise, so tests can compare every greedy step. Fixtures:
                     one window; the 280-token long sequence does not, and the script
                     checks that dropping the window (sliding_window=None) leaves positions
                     < 48 bit-identical and changes position 100 and long_logits.
+- qwen3moe-tiny-f32: Qwen3MoeForCausalLM: qwen3-tiny-f32's attention (8 query heads of 16,
+                    2 KV heads, q/k norms, tied embeddings) and in both blocks a mixture
+                    of 8 SwiGLU experts of width 32, 3 per token, norm_topk_prob true
+                    (the selected softmax weights renormalised); F32, classic config
+                    with num_experts as published Qwen3-MoE configs have it.
+- qwen3moe-tiny-bf16: the same with 6 experts of width 48, 2 per token,
+                    norm_topk_prob false (the selected experts keep their softmax
+                    weights over all experts), untied, BF16, the config as
+                    transformers 5 writes it (the count as num_local_experts).
+- mixtral-tiny-f32: MixtralForCausalLM: Mistral's attention without a window (4 query
+                    heads, 2 KV heads, as published Mixtral configs: sliding_window
+                    null), 8 experts of width 48, 2 per token (always renormalised);
+                    F32, the Llama 2 tokenizer.
+                    The experts are written the way save_pretrained writes them (its
+                    default save_original_format): one tensor per expert,
+                    mlp.experts.{e}.{gate,up,down}_proj (Qwen) and
+                    block_sparse_moe.experts.{e}.{w1,w3,w2} (Mixtral, router
+                    block_sparse_moe.gate), which transformers 5 fuses on load; the
+                    script checks that loading leaves no key missing or unused. Router
+                    weights are N(0, 0.2) like the rest, and each seed must also keep
+                    every routing decision of the prompt, the greedy tokens and the long
+                    sequence at least MIN_ROUTER_GAP (in router logits) from a tie
+                    between the last chosen expert and the next, so that rounding (the
+                    F16 KV cache) cannot change which experts run, and give a varied
+                    greedy continuation (at least half its tokens distinct).
 - gpt2-tiny-f32:    GPT2LMHeadModel: n_embd 64, 2 layers, 4 heads (multi-head), n_inner
                     null (so 4 * 64 = 256), n_positions 512 (learned position embeddings
                     added to the token embeddings), LayerNorm eps 1e-5 with weights around
@@ -114,16 +139,22 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from transformers.models.gpt2 import modeling_gpt2
 from transformers.models.llama import modeling_llama
 from transformers.models.mistral import modeling_mistral
+from transformers.models.mixtral import modeling_mixtral
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
+from transformers.models.qwen3_moe import modeling_qwen3_moe
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "scripts" / "fixture-corpus.txt"
@@ -137,6 +168,7 @@ LONG_WINDOW = 32
 LONG_FIRST = 248  # positions 248..280 straddle 256
 INIT_RANGE = 0.2  # std of the random weights; large enough for clear greedy margins
 MIN_MARGIN = 0.1  # every reference greedy step must win by at least this (see pick_seed)
+MIN_ROUTER_GAP = 1e-3  # every routing decision must clear a tie by this (see router_gap)
 
 # model_type -> (model class, modeling module whose eager_attention_forward f16_kv patches)
 MODELS = {
@@ -144,6 +176,8 @@ MODELS = {
     "qwen3": (Qwen3ForCausalLM, modeling_qwen3),
     "qwen2": (Qwen2ForCausalLM, modeling_qwen2),
     "mistral": (MistralForCausalLM, modeling_mistral),
+    "qwen3_moe": (Qwen3MoeForCausalLM, modeling_qwen3_moe),
+    "mixtral": (MixtralForCausalLM, modeling_mixtral),
     "gpt2": (GPT2LMHeadModel, modeling_gpt2),
 }
 
@@ -259,6 +293,9 @@ def random_model(cfg, seed: int):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(INIT_RANGE * torch.randn_like(p))
+            elif ".experts." in name or name.endswith("mlp.gate.weight"):
+                # the router (zeros in Qwen3-MoE's __init__) and the experts' stacks
+                p.copy_(INIT_RANGE * torch.randn_like(p))
     return model
 
 
@@ -269,12 +306,71 @@ def is_layer_norm_weight(name):
 
 def state_dict(model, dtype, tied):
     """The parameters as save_pretrained names them (buffers, if a model had any
-    persistent ones, are left out), the tied lm_head too."""
+    persistent ones, are left out), the tied lm_head too; experts one tensor each."""
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items() if k in params}
     if tied:
         del sd["lm_head.weight"]  # shares memory with the embedding table
-    return sd
+    return split_experts(sd, model.config.model_type)
+
+
+def split_experts(sd, model_type):
+    """transformers 5 holds each block's experts as two stacks, mlp.experts.gate_up_proj
+    [E, 2 ff, hidden] (gate rows first) and mlp.experts.down_proj [E, hidden, ff];
+    checkpoints (and save_pretrained) keep one tensor per expert under the original
+    names: Qwen's mlp.experts.{e}.{gate,up,down}_proj.weight, Mixtral's
+    block_sparse_moe.experts.{e}.{w1,w3,w2}.weight with the router at
+    block_sparse_moe.gate.weight."""
+    if model_type not in ("qwen3_moe", "mixtral"):
+        return sd
+    names = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "mixtral": ("w1", "w3", "w2")}[model_type]
+    block = "mlp" if model_type == "qwen3_moe" else "block_sparse_moe"
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            pre = k[: -len("mlp.experts.gate_up_proj")] + block + ".experts."
+            ff = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{pre}{e}.{names[0]}.weight"] = v[e, :ff].contiguous()
+                out[f"{pre}{e}.{names[1]}.weight"] = v[e, ff:].contiguous()
+        elif k.endswith("mlp.experts.down_proj"):
+            pre = k[: -len("mlp.experts.down_proj")] + block + ".experts."
+            for e in range(v.shape[0]):
+                out[f"{pre}{e}.{names[2]}.weight"] = v[e].contiguous()
+        elif k.endswith("mlp.gate.weight"):
+            out[k[: -len("mlp.gate.weight")] + block + ".gate.weight"] = v
+        else:
+            out[k] = v
+    return out
+
+
+def varied(cfg, toks):
+    """Whether a continuation is varied enough to test decoding: for the mixtures of
+    experts (added later, with this rule), at least half the greedy tokens distinct (a
+    model stuck on one token would pass a test that compares only those); the older
+    fixtures' seeds were picked without it."""
+    return cfg.model_type not in ("qwen3_moe", "mixtral") or len(set(toks)) >= len(toks) // 2
+
+
+def router_gap(model, ids):
+    """The smallest margin, over every token and block, between the router logit of the
+    last expert a token goes through and the next one (inf for a dense model)."""
+    if model.config.model_type not in ("qwen3_moe", "mixtral"):
+        return float("inf")
+    k = model.config.num_experts_per_tok
+    gaps = []
+
+    def hook(mod, args, out):
+        top = torch.topk(out[0].float(), k + 1, dim=-1).values
+        gaps.append(float((top[:, k - 1] - top[:, k]).min()))
+
+    hooks = [l.mlp.gate.register_forward_hook(hook) for l in model.model.layers]
+    try:
+        logits_of(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return min(gaps)
 
 
 def write_weights(folder: Path, sd, shards: int):
@@ -325,6 +421,14 @@ def qwen2_config(cfg, dtype_name: str) -> dict:
     return d
 
 
+def qwen3moe_config(cfg, dtype_name: str) -> dict:
+    """The classic form as the published Qwen3-MoE configs read: the expert count as
+    num_experts (transformers 5 writes its attribute name, num_local_experts)."""
+    d = classic_config(cfg, dtype_name)
+    d["num_experts"] = d.pop("num_local_experts")
+    return d
+
+
 def new_config(cfg: LlamaConfig, dtype_name: str) -> dict:
     d = cfg.to_diff_dict()
     d["dtype"] = dtype_name
@@ -371,16 +475,36 @@ def greedy(model, ids, n):
     return toks, margins
 
 
+def rounded_model(cfg, seed, dtype):
+    """random_model with its parameters rounded to `dtype` and back: the model the
+    fixture's folder holds (buffers such as rope's inv_freq stay float32, as when the
+    folder is loaded; `.to(dtype)` would round those too, which moves late positions)."""
+    model = random_model(cfg, seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dtype).float())
+    return model
+
+
+def long_sequence(cfg, seed, ids, g_toks):
+    """The N_LONG-token sequence of seed `seed`: the prompt, the greedy tokens, then
+    seeded random ids."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    fill = torch.randint(0, cfg.vocab_size, (N_LONG - len(ids) - len(g_toks),), generator=gen)
+    return ids + g_toks + [int(t) for t in fill]
+
+
 def pick_seed(cfg, base, dtype, ids):
     """The first seed from `base` whose model (rounded to `dtype`) has a greedy
     continuation without EOS where every step wins by at least MIN_MARGIN, so that a
     test can compare all steps far above numerical noise."""
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     for seed in range(base, base + 1000):
-        model = random_model(cfg, seed).to(dtype).float()
+        model = rounded_model(cfg, seed, dtype)
         toks, margins = greedy(model, ids, N_GREEDY)
-        if min(margins) >= MIN_MARGIN and not set(toks) & set(eos):
-            return seed
+        if min(margins) >= MIN_MARGIN and not set(toks) & set(eos) and varied(cfg, toks):
+            if router_gap(model, long_sequence(cfg, seed, ids, toks)) >= MIN_ROUTER_GAP:
+                return seed
     raise SystemExit(f"no seed in {base}..{base + 1000} gives margins >= {MIN_MARGIN}")
 
 
@@ -411,10 +535,11 @@ def make(name, cfg, base_seed, dtype, dtype_name, tok, config_form, shards):
         native = load(folder, dtype)
         native_nmse = nmse(logits_of(native, ids), tensors["logits"])
     g_toks, g_margins = greedy(ref, ids, N_GREEDY)
-    gen = torch.Generator().manual_seed(seed + 1)
-    fill = torch.randint(0, cfg.vocab_size, (N_LONG - len(ids) - len(g_toks),), generator=gen)
-    long_tokens = ids + g_toks + [int(t) for t in fill]
+    long_tokens = long_sequence(cfg, seed, ids, g_toks)
     long_all = logits_of(ref, long_tokens)
+    gap = router_gap(ref, long_tokens)
+    if gap < MIN_ROUTER_GAP:
+        raise SystemExit(f"{name}: a routing decision of the long sequence is {gap:.2e} from a tie; pick another base seed")
     tensors["long_logits"] = long_all[LONG_FIRST : LONG_FIRST + LONG_WINDOW].contiguous()
     save_file(tensors, folder / "reference.safetensors")
     window_note = ""
@@ -450,10 +575,14 @@ def make(name, cfg, base_seed, dtype, dtype_name, tok, config_form, shards):
 
 def load(folder, dtype, **overrides):
     """The fixture as transformers reads it: the class config.json's model_type names,
-    eager attention."""
-    return AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation="eager", **overrides
-    ).eval()
+    eager attention; every tensor of the folder used and none missing."""
+    model, info = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation="eager", output_loading_info=True, **overrides
+    )
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        raise SystemExit(f"{folder.name}: transformers did not load the folder as written: {bad}")
+    return model.eval()
 
 
 def check_window(folder, w, long_tokens, long_all, n_short):
@@ -549,8 +678,9 @@ def main():
 
     tokq, endoftext_q, im_end_q = qwen_tokenizer()
 
-    def cfg_qwen3(heads, head_dim, tied):
-        return Qwen3Config(
+    def qwen3_args(heads, head_dim, tied):
+        """The settings of the Qwen3 fixtures, dense and mixtures of experts."""
+        return dict(
             vocab_size=tokq.get_vocab_size(),
             hidden_size=64,
             intermediate_size=192,
@@ -566,6 +696,9 @@ def main():
             bos_token_id=endoftext_q,
             eos_token_id=im_end_q,
         )
+
+    def cfg_qwen3(heads, head_dim, tied):
+        return Qwen3Config(**qwen3_args(heads, head_dim, tied))
 
     fixtures["qwen3-tiny-f32"] = lambda n: make(
         n, cfg_qwen3(8, 16, True), 500, torch.float32, "float32", tokq, classic_config, 1
@@ -591,7 +724,8 @@ def main():
     )
     fixtures["qwen2-tiny-f32"] = lambda n: make(n, cfg_qwen2, 700, torch.float32, "float32", tokq, qwen2_config, 1)
 
-    cfg_mistral = MistralConfig(
+    # the settings of the Mistral fixture, and with experts of the Mixtral one
+    mistral_args = dict(
         vocab_size=tok2.get_vocab_size(),
         hidden_size=64,
         intermediate_size=128,
@@ -607,8 +741,41 @@ def main():
         bos_token_id=bos2,
         eos_token_id=eos2,
     )
+    cfg_mistral = MistralConfig(**mistral_args)
     fixtures["mistral-tiny-f32"] = lambda n: make(
         n, cfg_mistral, 800, torch.float32, "float32", tok2, classic_config, 1
+    )
+
+    def cfg_qwen3moe(heads, head_dim, tied, experts, used, ff, norm):
+        return Qwen3MoeConfig(
+            **qwen3_args(heads, head_dim, tied),
+            moe_intermediate_size=ff,
+            num_experts=experts,
+            num_experts_per_tok=used,
+            norm_topk_prob=norm,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+
+    fixtures["qwen3moe-tiny-f32"] = lambda n: make(
+        n, cfg_qwen3moe(8, 16, True, 8, 3, 32, True), 1733, torch.float32, "float32", tokq, qwen3moe_config, 1
+    )
+    fixtures["qwen3moe-tiny-bf16"] = lambda n: make(
+        n, cfg_qwen3moe(4, 32, False, 6, 2, 48, False), 1100, torch.bfloat16, "bfloat16", tokq, new_config, 1
+    )
+
+    cfg_mixtral = MixtralConfig(
+        **{
+            **mistral_args,
+            "intermediate_size": 48,
+            "rope_theta": 1000000.0,
+            "sliding_window": None,
+        },
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    )
+    fixtures["mixtral-tiny-f32"] = lambda n: make(
+        n, cfg_mixtral, 1200, torch.float32, "float32", tok2, classic_config, 1
     )
 
     tokg, endoftext_g = gpt2_tokenizer()

@@ -16,7 +16,9 @@
 //!   and written;
 //! - [`models`]: model graphs (Llama) defined with the public API only;
 //! - [`files`]: outputs written without losing data, inputs opened only when regular;
-//! - [`fuzz`]: the loaders' fuzzing entry points (bytes in, `Result` out).
+//! - [`fuzz`]: the loaders' fuzzing entry points (bytes in, `Result` out);
+//! - [`serve`]: `graft serve`, an OpenAI-compatible HTTP server on the batched
+//!   [`engine`].
 
 #![deny(clippy::wildcard_enum_match_arm)]
 
@@ -30,6 +32,7 @@ pub mod graph;
 pub mod models;
 pub mod ops;
 pub mod quant;
+pub mod serve;
 
 pub use error::{Error, Result};
 

@@ -9,9 +9,12 @@
 #
 #   --cpu             llama.cpp's CPU build and graft's CPU backend (default: CUDA, GPU 0)
 #   --model FILE      time this GGUF file (repeatable) instead of random ones
-#   --preset NAME     shape of the random files: llama2-7b (default), llama3-8b or tiny
+#   --preset NAME     shape of the random files: llama2-7b (default), llama3-8b, tiny, or
+#                     the mixtures of experts qwen3-30b-a3b and tiny-moe
 #   --types "T ..."   their types (default "f16 q8_0 q4_0 q4_k_m"; F16 is written, the
-#                     others quantized from it by llama-quantize)
+#                     others quantized from it by llama-quantize; for a mixture of
+#                     experts "q8_0 q4_k_m", Q8_0 written directly (the 30 B model is 61 GB
+#                     in F16) and the others requantized from it)
 #   -p N, -n N        prompt tokens and generated tokens (default 512 and 128)
 #   --depth D         also time generation after D tokens (llama-bench -d D, before and
 #                     after graft's run; graft bench -p D)
@@ -33,7 +36,7 @@ die() { echo "compare: error: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 count() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 needs a positive whole number, got '$2'"; }
 
-cpu=0 dry=0 models=() preset=llama2-7b types="f16 q8_0 q4_0 q4_k_m" p=512 n=128 depth=""
+cpu=0 dry=0 models=() preset=llama2-7b types="" p=512 n=128 depth=""
 cache=f16 reps=3 threads="$(nproc)" src="" graft=""
 while [ $# -gt 0 ]; do
     opt="$1"
@@ -48,8 +51,8 @@ while [ $# -gt 0 ]; do
     esac
     case "$opt" in
         --model) models+=("$val") ;;
-        --preset) case "$val" in llama2-7b|llama3-8b|tiny) preset="$val" ;;
-                  *) die "--preset $val: expected llama2-7b, llama3-8b or tiny" ;; esac ;;
+        --preset) case "$val" in llama2-7b|llama3-8b|tiny|qwen3-30b-a3b|tiny-moe) preset="$val" ;;
+                  *) die "--preset $val: expected llama2-7b, llama3-8b, tiny, qwen3-30b-a3b or tiny-moe" ;; esac ;;
         --types) types="$val"; [ -n "$types" ] || die "--types needs at least one type" ;;
         -p) count -p "$val"; p="$val" ;;
         -n) count -n "$val"; n="$val" ;;
@@ -99,17 +102,21 @@ if [ ! -x "$graft" ]; then
     run - cargo build --release "${features[@]}" --manifest-path "$ROOT/Cargo.toml" --bin graft
 fi
 
-# The files.
+# The files: the base type written by make-random-gguf.py (F16; Q8_0 for a mixture of
+# experts), the others quantized from it.
+base=f16 requant=()
+case "$preset" in qwen3-30b-a3b|tiny-moe) base=q8_0 requant=(--allow-requantize) ;; esac
+[ -n "$types" ] || { [ $base = f16 ] && types="f16 q8_0 q4_0 q4_k_m" || types="q8_0 q4_k_m"; }
 if [ ${#models[@]} -eq 0 ]; then
-    f16="$PEER_DIR/$preset-f16.gguf"
-    if [ ! -f "$f16" ]; then
+    first="$PEER_DIR/$preset-$base.gguf"
+    if [ ! -f "$first" ]; then
         run - env PYTHONPATH="$src/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
-            python3 "$HERE/make-random-gguf.py" "$f16" --preset "$preset"
+            python3 "$HERE/make-random-gguf.py" "$first" --preset "$preset" --type "$base"
     fi
     for t in $types; do
         f="$PEER_DIR/$preset-$t.gguf"
-        if [ "$t" != f16 ] && [ ! -f "$f" ]; then
-            run "$PEER_DIR/quantize-$t.log" "$bin/llama-quantize" "$f16" "$f" "$t" "$(nproc)" \
+        if [ "$t" != $base ] && [ ! -f "$f" ]; then
+            run "$PEER_DIR/quantize-$t.log" "$bin/llama-quantize" "${requant[@]}" "$first" "$f" "$t" "$(nproc)" \
                 || die "llama-quantize to $t failed: $PEER_DIR/quantize-$t.log"
         fi
         models+=("$f")

@@ -61,7 +61,7 @@ else ok; fi
 refuses "compare: -p 0" "-p needs a positive whole number, got '0'" "$HERE/compare.sh" --dry-run -p 0
 refuses "compare: --threads x" "--threads needs a positive whole number, got 'x'" "$HERE/compare.sh" --cpu --threads x
 refuses "compare: --cache q5_0" "--cache q5_0: expected f16, q8_0 or q4_0" "$HERE/compare.sh" --cache q5_0
-refuses "compare: --preset" "--preset gpt2: expected llama2-7b, llama3-8b or tiny" "$HERE/compare.sh" --preset gpt2
+refuses "compare: --preset" "--preset gpt2: expected llama2-7b, llama3-8b, tiny, qwen3-30b-a3b or tiny-moe" "$HERE/compare.sh" --preset gpt2
 refuses "compare: missing file" "--model $tmp/none.gguf: no such file" "$HERE/compare.sh" --cpu --model "$tmp/none.gguf"
 refuses "compare: missing value" "--depth needs a value" "$HERE/compare.sh" --depth
 refuses "compare: unknown option" "unknown argument '--gpu'" "$HERE/compare.sh" --gpu
@@ -90,9 +90,27 @@ assert np.all(data != 0) and 0.01 < data.std() < 0.03, data.std()
 assert r.fields["llama.attention.head_count_kv"].parts[-1][0] == 4
 PY
     then ok; else bad "make-random-gguf.py: the tiny file is not what it should be"; fi
+    if python3 "$HERE/make-random-gguf.py" "$tmp/tiny-moe.gguf" --preset tiny-moe --type q8_0 >/dev/null \
+        && python3 - "$tmp/tiny-moe.gguf" <<'PY'
+import sys, gguf, numpy as np
+r = gguf.GGUFReader(sys.argv[1])
+t = {x.name: x for x in r.tensors}
+assert len(t) == 3 + 13 * 2, sorted(t)
+g = t["blk.0.ffn_gate_exps.weight"]
+assert g.tensor_type == gguf.GGMLQuantizationType.Q8_0 and list(g.shape) == [256, 128, 8], g.shape
+assert list(t["blk.1.ffn_down_exps.weight"].shape) == [128, 256, 8]
+assert t["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+q = t["blk.0.attn_q.weight"]
+data = gguf.quants.dequantize(q.data, q.tensor_type)
+assert np.all(np.isfinite(data)) and 0.005 < data.std() < 0.02, data.std()
+assert r.fields["qwen3moe.expert_count"].parts[-1][0] == 8
+assert r.fields["qwen3moe.expert_used_count"].parts[-1][0] == 2
+PY
+    then ok; else bad "make-random-gguf.py: the tiny-moe file is not what it should be"; fi
     graft="$ROOT/target/release/graft"
     if [ -x "$graft" ]; then
         expect "graft reads the random file" '"gen_tokens_per_s"' "$graft" bench --model "$tmp/tiny.gguf" -p 8 -n 4 --reps 1 --json
+        expect "graft reads the random MoE file" '"gen_tokens_per_s"' "$graft" bench --model "$tmp/tiny-moe.gguf" -p 8 -n 4 --reps 1 --json
     fi
 else
     echo "skipped: make-random-gguf.py (python3 -m pip install gguf numpy)"

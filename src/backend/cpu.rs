@@ -372,6 +372,7 @@ pub fn run_step(
         Op::Binary(op) => ops::binary::cpu(op, dst, src),
         Op::Norm(op) => ops::norm::cpu(op, dst, src),
         Op::MulMat => ops::mul_mat::cpu(dst, src, quant),
+        Op::MulMatId => ops::mul_mat_id::cpu(step, dst, src, quant),
         Op::Rope(ref p) => ops::rope::cpu(p, dst, src),
         Op::Copy(CopyOp::Cpy | CopyOp::Cont) => ops::cpy::cpu_copy(dst, src),
         Op::Copy(CopyOp::SetRows) => ops::cpy::cpu_set_rows(step, dst, src),

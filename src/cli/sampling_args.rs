@@ -1,6 +1,6 @@
-//! The sampling options of `generate` and `chat` ([`SamplingArgs`]): every sampler's
-//! flag, resolved against the model's recommendation and the defaults
-//! (docs/sampling.md).
+//! The sampling options of `generate`, `chat` and `serve` ([`SamplingArgs`]): every
+//! sampler's flag, resolved against the model's recommendation and the defaults
+//! (docs/sampling.md); for `serve`, the defaults of its requests.
 
 use std::path::Path;
 
@@ -8,8 +8,9 @@ use graft::models::runtime::sampling::{resolve, ModelSampling, PartialSampling, 
 use graft::models::SamplingParams;
 use graft::{Error, Result};
 
-/// Sampling options of `generate`, `chat` and `batched-bench`. Each one not given comes from the model's
-/// recommendation (chats only) or the defaults: see docs/sampling.md.
+/// Sampling options of `generate`, `chat`, `batched-bench` and `serve`. Each one not
+/// given comes from the model's recommendation (chats and serve) or the defaults: see
+/// docs/sampling.md.
 #[derive(clap::Args, Clone, Debug)]
 pub(super) struct SamplingArgs {
     /// Sampling temperature; 0 is greedy (the device's argmax).
@@ -105,6 +106,26 @@ impl SamplingArgs {
             eprintln!("{}", r.describe(&recommended));
         }
         Ok(r)
+    }
+}
+
+impl SamplingArgs {
+    /// The settings a server's requests start from (`graft serve`): these flags over
+    /// the model's recommendation `model`, each request's fields over both, the chat
+    /// defaults under all. Checked against a vocabulary of `vocab` tokens (errors name
+    /// the flag) and printed with --verbose; no seed is drawn (each request draws its
+    /// own unless --seed gives one).
+    pub(super) fn server_defaults(
+        &self,
+        model: &ModelSampling,
+        vocab: usize,
+    ) -> Result<PartialSampling> {
+        let r = resolve(&self.flags(), &model.settings, &SamplingParams::chat());
+        r.params.validate(vocab).map_err(flag_error)?;
+        if self.verbose {
+            eprintln!("{}", r.describe(model));
+        }
+        Ok(self.flags().or(&model.settings))
     }
 }
 

@@ -251,9 +251,7 @@ impl<'e> ChatSession<'e> {
 
     /// A whole rendering: the tokenizer's BOS is added unless the template wrote it.
     fn encode_whole(&self, text: &str) -> Result<Vec<u32>> {
-        let bos = self.template.bos_token();
-        let has_bos = !bos.is_empty() && text.starts_with(bos);
-        self.tok.encode_with(text, !has_bos)
+        self.template.encode(&self.tok, text)
     }
 
     /// Replies generated since the session began (across resets), and their tokens.

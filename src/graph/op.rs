@@ -57,6 +57,11 @@ op_family! {
         Gelu = "gelu",
         /// The hyperbolic tangent (logit softcapping: `c * tanh(x / c)`).
         Tanh = "tanh",
+        /// `1 / (1 + exp(-x))` (sigmoid gating of a mixture of experts' router).
+        Sigmoid = "sigmoid",
+        /// `log(sigmoid(x))`, computed without overflow (renormalised sigmoid gating: the
+        /// softmax of these is `sigmoid(x_i) / sum_j sigmoid(x_j)`).
+        LogSigmoid = "log_sigmoid",
     }
 }
 
@@ -209,6 +214,11 @@ pub enum Op {
     /// ggml's mul_mat: contracts `src[0]` [k, m, a2, a3] with `src[1]` [k, n, b2, b3]
     /// over dim 0, giving F32 [m, n, b2, b3]; `src[0]` is broadcast over dims 2 and 3.
     MulMat,
+    /// ggml's mul_mat_id: a product whose weight matrix is picked per column by an id.
+    /// `src[0]` [k, m, n_expert] are the experts' matrices, `src[1]` [k, b1, n_tokens] the
+    /// inputs and `src[2]` I32 [n_used, n_tokens] the experts of each token; the F32 result
+    /// [m, n_used, n_tokens] holds `src[0][:, :, ids[i, t]]^T src[1][:, i % b1, t]`.
+    MulMatId,
     /// Rotary position embedding; positions are the I32 `src[1]`.
     Rope(RopeParams),
     /// A copy or conversion.
@@ -353,6 +363,7 @@ impl Op {
             Op::Binary(b) => b.name(),
             Op::Norm(n) => n.name(),
             Op::MulMat => "mul_mat",
+            Op::MulMatId => "mul_mat_id",
             Op::Rope(_) => "rope",
             Op::Copy(c) => c.name(),
             Op::Mask(m) => m.name(),
@@ -372,7 +383,7 @@ impl Op {
             Op::GetRows | Op::Copy(_) => OpKind::Data,
             Op::Unary(_) | Op::Scale { .. } | Op::Binary(_) => OpKind::Elementwise,
             Op::Norm(_) | Op::Rope(_) | Op::Mask(_) | Op::Argmax | Op::TopK { .. } => OpKind::Row,
-            Op::MulMat | Op::FlashAttnExt(_) | Op::PagedAttn(_) => OpKind::MatMul,
+            Op::MulMat | Op::MulMatId | Op::FlashAttnExt(_) | Op::PagedAttn(_) => OpKind::MatMul,
             Op::AllReduce(_) => OpKind::Collective,
         }
     }
@@ -409,6 +420,7 @@ impl Op {
             | Op::View(_)
             | Op::GetRows
             | Op::MulMat
+            | Op::MulMatId
             | Op::Copy(_)
             | Op::Argmax
             | Op::TopK { .. }
@@ -436,6 +448,7 @@ impl Op {
             | Op::Unary(_)
             | Op::Binary(_)
             | Op::MulMat
+            | Op::MulMatId
             | Op::Copy(_)
             | Op::Argmax => String::new(),
         }

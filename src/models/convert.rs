@@ -2,7 +2,8 @@
 //! llama.cpp's architecture name and metadata keys (`general.*`, `{arch}.*`,
 //! `tokenizer.ggml.*`), its tensor names (GPT-2's q, k and v fused into `attn_qkv`), Q
 //! and K rows permuted to its rope layout where its `llama` architecture wants them,
-//! each matrix converted as
+//! the experts of a mixture of experts stacked into `ffn_{gate,up,down}_exps` with
+//! llama.cpp's `expert_*` keys, each matrix converted as
 //! a [`QuantPlan`] says (norms F32), data aligned to 32 bytes, written through
 //! [`write_output`](crate::gguf::write_output) (a temporary file renamed into place).
 //!
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{Array, GgmlType, GgufWriter, Metadata, Value};
 use crate::graph::BufferId;
 
-use crate::models::arch::config::Config;
+use crate::models::arch::config::{Config, Gating};
 use crate::models::arch::{NormKind, Positions};
 use crate::models::load::gguf::{
     ggml_type, llama3_keys, permuted_heads, rope_freq_divisors, ROPE_FREQS,
@@ -171,7 +172,23 @@ fn model_metadata(m: &mut Metadata, cfg: &Config, plan: QuantPlan, name: &str) {
     m.insert(key("context_length"), u(cfg.max_position_embeddings));
     m.insert(key("embedding_length"), u(cfg.hidden_size));
     m.insert(key("block_count"), u(cfg.num_hidden_layers));
-    m.insert(key("feed_forward_length"), u(cfg.intermediate_size));
+    match (cfg.moe, spec.experts) {
+        (Some(moe), Some(keys)) => {
+            // llama.cpp's names: Mixtral's expert width is its feed_forward_length
+            m.insert(key(keys.gguf_ff), u(cfg.intermediate_size));
+            m.insert(key("expert_count"), u(moe.n_expert));
+            m.insert(key("expert_used_count"), u(moe.n_used));
+            m.insert(key("expert_weights_norm"), Value::Bool(moe.norm_topk));
+            let gating = match moe.gating {
+                Gating::Softmax => 1,
+                Gating::Sigmoid => 2,
+            };
+            m.insert(key("expert_gating_func"), Value::U32(gating));
+        }
+        (Some(_), None) | (None, _) => {
+            m.insert(key("feed_forward_length"), u(cfg.intermediate_size))
+        }
+    }
     m.insert(key("attention.head_count"), u(cfg.num_attention_heads));
     m.insert(key("attention.head_count_kv"), u(cfg.num_key_value_heads));
     match spec.norm {

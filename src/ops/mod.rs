@@ -9,9 +9,10 @@
 //! | [`view`] | view_1d..4d, reshape, permute, transpose, after |
 //! | [`get_rows`] | get_rows |
 //! | [`binary`] | [`BinaryOp`]: add, mul (broadcasting the second operand) |
-//! | [`unary`] | scale, [`UnaryOp`]: silu, gelu |
+//! | [`unary`] | scale, [`UnaryOp`]: silu, gelu, tanh, sigmoid, log_sigmoid |
 //! | [`norm`] | rms_norm, norm |
 //! | [`mul_mat`] | mul_mat |
+//! | [`mul_mat_id`] | mul_mat_id (the experts' products of a mixture of experts) |
 //! | [`rope`] | rope |
 //! | [`cpy`] | cpy, cont / cast, set_rows |
 //! | [`softmax`] | diag_mask_inf, soft_max |
@@ -30,6 +31,7 @@ pub mod cpy;
 pub mod get_rows;
 pub mod host;
 pub mod mul_mat;
+pub mod mul_mat_id;
 pub mod norm;
 pub mod rope;
 pub(crate) mod simd;

@@ -53,6 +53,8 @@ impl UnaryOp {
                 x / (1.0 + (-2.0 * u).exp())
             }
             UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::LogSigmoid => x.min(0.0) - (-x.abs()).exp().ln_1p(),
         }
     }
 }

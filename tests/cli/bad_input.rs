@@ -602,7 +602,7 @@ fn shard_symlinks_out_of_the_folder_are_refused() {
 }
 
 /// A fresh empty folder under the system's temporary folder.
-fn tempdir(tag: &str) -> PathBuf {
+pub(crate) fn tempdir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(

@@ -18,7 +18,7 @@ use graft::gguf::{GgmlType, GgufFile, GgufWriter};
 use graft::models::convert::convert;
 use graft::models::{LoadOptions, Model, QuantPlan};
 
-use reference::{nmse, reference, FIXTURES};
+use reference::{has_experts, nmse, reference, FIXTURES};
 
 use crate::{fixtures, reference};
 
@@ -105,8 +105,14 @@ fn hf_to_gguf_round_trip() {
             );
             match plan {
                 QuantPlan::F32 => assert!(vs_folder <= 1e-10, "{name}: {vs_folder:e}"),
-                QuantPlan::F16 => assert!(vs_hf <= 1e-5, "{name}: {vs_hf:e}"),
-                QuantPlan::BF16
+                // F16 weights move a mixture of experts' router logits by about 1e-3,
+                // enough to change an expert somewhere (HF's own F16 run would too): the
+                // GGUF file is held to the same F16 model loaded from the folder instead
+                QuantPlan::F16 if !has_experts(name) => {
+                    assert!(vs_hf <= 1e-5, "{name}: {vs_hf:e}")
+                }
+                QuantPlan::F16
+                | QuantPlan::BF16
                 | QuantPlan::Q8_0
                 | QuantPlan::Q4_0
                 | QuantPlan::Q4_1

@@ -1,5 +1,5 @@
-//! The `graft` binary end to end (generate, logits, dump, bench, trace, convert, chat)
-//! and its error paths on a corpus of bad input, and checks of the source tree: the
+//! The `graft` binary end to end (generate, logits, dump, bench, trace, convert, chat,
+//! serve) and its error paths on a corpus of bad input, and checks of the source tree: the
 //! docs' code blocks are the real code, and the rooms of src/models import only
 //! earlier rooms.
 //!
@@ -15,6 +15,9 @@ mod fixtures;
 #[allow(dead_code)] // not every helper is used
 #[path = "../support/reference.rs"]
 mod reference;
+#[allow(dead_code)] // not every helper is used
+#[path = "../support/serve.rs"]
+mod server;
 
 mod bad_input;
 mod chat;
@@ -23,4 +26,7 @@ mod docs;
 mod engine_memory;
 mod gguf_model;
 mod rooms;
+mod serve;
+mod serve_errors;
+mod serve_load;
 mod trace;

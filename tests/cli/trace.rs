@@ -319,6 +319,9 @@ fn with_hf_trace() -> Vec<&'static str> {
         "qwen3-tiny-f32",
         "qwen3-tiny-bf16",
         "gpt2-tiny-f32",
+        "qwen3moe-tiny-f32",
+        "qwen3moe-tiny-bf16",
+        "mixtral-tiny-f32",
     ];
     all.into_iter()
         .filter(|n| {

@@ -231,6 +231,8 @@ pub fn unary_ref(op: UnaryOp, x: f64) -> f64 {
             x / (1.0 + (-2.0 * u).exp())
         }
         UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::LogSigmoid => -(-x).exp().ln_1p(),
     }
 }
 

@@ -45,6 +45,15 @@ impl TempCopy {
         .unwrap();
     }
 
+    /// Rewrites config.json after editing it.
+    fn edit_config(&self, f: impl FnOnce(&mut serde_json::Value)) {
+        let text = std::fs::read_to_string(self.path("config.json")).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        f(&mut v);
+        let text = serde_json::to_string_pretty(&v).unwrap();
+        std::fs::write(self.path("config.json"), text).unwrap();
+    }
+
     fn load(&self) -> graft::Result<Model> {
         load_dir(Path::new(self.dir()))
     }
@@ -456,4 +465,67 @@ fn batch_plans_stay_bounded_over_a_long_run() {
     assert!(built > MAX_BATCH_PLANS, "only {built} shapes reached");
     assert_eq!(loaded, MAX_BATCH_PLANS);
     assert_eq!(greedy(&mut e, &prompt(10), 4), first);
+}
+
+/// A mixture of experts' checkpoint holds one tensor per expert: a missing expert, one of
+/// another shape or dtype than its siblings, one too many, or a config whose expert
+/// count or experts per token do not fit are errors naming the tensor or field.
+#[test]
+fn broken_experts() {
+    let expert = "model.layers.1.mlp.experts.5.up_proj.weight";
+    let t = TempCopy::of("qwen3moe-tiny-f32");
+    t.edit("model.safetensors", |m| {
+        m.remove(expert);
+    });
+    expect_err(t.load(), &[&format!("'{expert}' is missing"), "[32, 64]"]);
+
+    let t = TempCopy::of("qwen3moe-tiny-f32");
+    t.edit("model.safetensors", |m| {
+        let (_, _, bytes) = m[expert].clone();
+        m.insert(expert.into(), (Dtype::F32, vec![64, 32], bytes));
+    });
+    expect_err(
+        t.load(),
+        &[&format!("'{expert}' has shape [64, 32], expected [32, 64]")],
+    );
+
+    let t = TempCopy::of("qwen3moe-tiny-f32");
+    t.edit("model.safetensors", |m| {
+        let (_, shape, bytes) = m[expert].clone();
+        let half: Vec<u8> = bytes.chunks(4).flat_map(|b| [b[2], b[3]]).collect();
+        m.insert(expert.into(), (Dtype::BF16, shape, half));
+    });
+    expect_err(t.load(), &[expert, "the experts of a block need one dtype"]);
+
+    let t = TempCopy::of("qwen3moe-tiny-f32");
+    t.edit("model.safetensors", |m| {
+        let extra = m[expert].clone();
+        m.insert("model.layers.1.mlp.experts.8.up_proj.weight".into(), extra);
+    });
+    expect_err(
+        t.load(),
+        &["unexpected tensor 'model.layers.1.mlp.experts.8.up_proj.weight'"],
+    );
+
+    let t = TempCopy::of("mixtral-tiny-f32");
+    t.edit_config(|c| c["num_local_experts"] = 6.into());
+    expect_err(
+        t.load(),
+        &["num_local_experts", "6", "block_sparse_moe.gate.weight"],
+    );
+    let t = TempCopy::of("mixtral-tiny-f32");
+    t.edit_config(|c| c["num_experts_per_tok"] = 9.into());
+    expect_err(
+        t.load(),
+        &[
+            "'num_local_experts' is 8 and 'num_experts_per_tok' is 9",
+            "1 <= experts per token <= experts",
+        ],
+    );
+    let t = TempCopy::of("qwen3moe-tiny-f32");
+    t.edit_config(|c| c["mlp_only_layers"] = serde_json::json!([1]));
+    expect_err(
+        t.load(),
+        &["mlp_only_layers", "every block is a mixture of experts"],
+    );
 }

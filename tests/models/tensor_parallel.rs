@@ -17,7 +17,7 @@ use graft::graph::{BufferId, DType, TensorId};
 use graft::models::blocks::batch::{build_batch, BatchShape};
 use graft::models::{CacheTypes, KvCache, LoadOptions, Model, QuantPlan};
 
-use crate::reference::{nmse, reference, FIXTURES};
+use crate::reference::{has_experts, nmse, reference, FIXTURES};
 use crate::runs::{centered, engine, greedy, prefix_rows};
 
 fn opts(cache: CacheTypes, quantize: Option<QuantPlan>) -> LoadOptions {
@@ -100,7 +100,7 @@ fn check_split(what: &str, got: &Outputs, want: &Outputs, bound: f64) {
 /// unsplit model's, and on the engine the same log-probabilities and greedy tokens.
 #[test]
 fn split_models_match_the_unsplit_model() {
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for flash in [true, false] {
             let o = opts(f32_cache(flash), None);
             let (want, _) = run(name, Box::new(CpuBackend::new()), &o);
@@ -267,7 +267,7 @@ fn split_over_gpus_matches_one_gpu() {
     let Some(g) = gpus(2) else { return };
     let mut group: Box<dyn Backend> = Box::new(g);
     let mut one: Box<dyn Backend> = Box::new(CudaBackend::new(0).expect("GPU 0"));
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for (flash, cache) in [
             (true, f32_cache(true)),
             (false, f32_cache(false)),
@@ -298,4 +298,21 @@ fn a_bad_index_on_one_gpu_is_reported_and_the_group_goes_on() {
     let err = group.get_output_f32(e, sum, 2).unwrap_err();
     assert!(matches!(err, graft::Error::IndexOutOfRange { .. }), "{err}");
     fix_device_1_and_run(&mut group, e, sum, buf);
+}
+
+/// A mixture of experts is not split: loading one over a group is an error that says so.
+#[test]
+fn mixtures_of_experts_refuse_a_split() {
+    for name in FIXTURES.into_iter().filter(|n| has_experts(n)) {
+        let mut group = DeviceGroup::cpu(2).unwrap();
+        let o = opts(f32_cache(true), None);
+        let err = Model::load(&reference(name).dir, &mut group, &o)
+            .err()
+            .unwrap_or_else(|| panic!("{name} loaded over 2 devices"))
+            .to_string();
+        assert!(
+            err.contains("--tp 2") && err.contains("mixture of experts"),
+            "{name}: {err}"
+        );
+    }
 }

@@ -6,6 +6,9 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/moe.rs"]
+#[allow(dead_code)] // the device tests share the cases
+mod moe;
 #[allow(dead_code)] // the device tests' cases; only set_rows is run here
 #[path = "../common/quant_strategies.rs"]
 mod quant_strategies;
@@ -14,6 +17,7 @@ mod alloc;
 mod attention;
 mod dump;
 mod forward;
+mod mul_mat_id;
 mod ops_cpu;
 mod ops_errors;
 mod paged_attn;

@@ -19,7 +19,7 @@ pub struct Reference {
 }
 
 /// The committed fixtures.
-pub const FIXTURES: [&str; 8] = [
+pub const FIXTURES: [&str; 11] = [
     "llama2-tiny-f32",
     "llama3-tiny-bf16",
     "llama3-tiny-f16",
@@ -28,7 +28,16 @@ pub const FIXTURES: [&str; 8] = [
     "qwen2-tiny-f32",
     "mistral-tiny-f32",
     "gpt2-tiny-f32",
+    "qwen3moe-tiny-f32",
+    "qwen3moe-tiny-bf16",
+    "mixtral-tiny-f32",
 ];
+
+/// Whether fixture `name` is a mixture of experts (which runs on one device: no
+/// tensor parallelism).
+pub fn has_experts(name: &str) -> bool {
+    name.starts_with("qwen3moe") || name.starts_with("mixtral")
+}
 
 /// Fixture `name`'s folder, its `reference.json` and the bytes of its
 /// `reference.safetensors`.

@@ -143,6 +143,11 @@ pub(crate) struct Lowering<'a> {
     /// the same layout. It is forgotten when a step writes memory the activations occupy
     /// ([`Lowering::wrote`]) or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<Q8Copy>,
+    /// The columns of the last mul_mat_id grouped by expert in scratch: the next
+    /// mul_mat_id over the same ids (a block's gate, up and down products) reads them
+    /// instead of grouping again. Forgotten like [`Lowering::q8_1`]: when a step writes
+    /// the ids' memory or another step takes scratch.
+    pub experts: Option<ExpertGroups>,
     /// Whether a step lowered before the current one has launches: a kernel of the plan
     /// then runs before it, so that data no step of the plan writes can be read before
     /// waiting on the previous kernel (which might be another plan's otherwise).
@@ -150,6 +155,19 @@ pub(crate) struct Lowering<'a> {
     /// The frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights stored in split rows (see
     /// [`super::split`]).
     pub split: &'a [SplitRows],
+}
+
+/// The columns of a mul_mat_id grouped by expert (`group_by_expert`, cuda/mul_mat_id.cu).
+#[derive(Clone, Debug)]
+pub struct ExpertGroups {
+    /// The ids they were grouped from.
+    pub ids: Operand,
+    /// The experts (the offsets' length less one).
+    pub n_expert: usize,
+    /// Each expert's first column in `cols` (I32, `n_expert + 1`).
+    pub offsets: u64,
+    /// The columns, grouped by expert (I32).
+    pub cols: u64,
 }
 
 /// Alignment of every block in the constant and scratch regions.
@@ -185,6 +203,7 @@ impl<'a> Lowering<'a> {
             devices,
             sms: DEFAULT_SMS,
             q8_1: None,
+            experts: None,
             launched: false,
             split: &[],
         }
@@ -224,6 +243,7 @@ impl Lowering<'_> {
     /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
+        self.experts = None;
         let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
         self.scratch_need = self.scratch_need.max(*offset);
@@ -234,6 +254,13 @@ impl Lowering<'_> {
     pub fn wrote(&mut self, dst: &Operand) {
         if self.q8_1.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
             self.q8_1 = None;
+        }
+        if self
+            .experts
+            .as_ref()
+            .is_some_and(|g| !disjoint(&g.ids, dst))
+        {
+            self.experts = None;
         }
     }
 

@@ -28,6 +28,44 @@ use crate::models::arch::{Arch, HfKeys};
 /// Default `rope_theta` of transformers' `LlamaConfig`, used when the file has none.
 pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
 
+/// How a router's logits become the selected experts' weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, Mixtral).
+    Softmax,
+    /// A sigmoid of each logit (llama.cpp's `expert_gating_func` 2).
+    Sigmoid,
+}
+
+/// A mixture of experts in place of every block's MLP: a router scores `n_expert`
+/// SwiGLU experts (each [`Config::intermediate_size`] wide), each token goes through the
+/// `n_used` best, and the block's output is their outputs' weighted sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per block.
+    pub n_expert: usize,
+    /// Experts per token (the router's top k).
+    pub n_used: usize,
+    /// How the logits become weights.
+    pub gating: Gating,
+    /// Whether the selected experts' weights are scaled to sum to 1.
+    pub norm_topk: bool,
+}
+
+impl Moe {
+    /// Checks the counts (`source` and `fields` name them in errors): at least one
+    /// expert, and `1 <= n_used <= n_expert`.
+    pub fn check(&self, source: &str, fields: [&str; 2]) -> Result<()> {
+        if self.n_expert == 0 || self.n_used == 0 || self.n_used > self.n_expert {
+            return Err(Error::model(format!(
+                "{source}: field '{}' is {} and '{}' is {}: a mixture of experts needs 1 <= experts per token <= experts",
+                fields[0], self.n_expert, fields[1], self.n_used
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Model hyper-parameters (names follow the HF Llama config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -35,7 +73,7 @@ pub struct Config {
     pub arch: Arch,
     /// Width of the residual stream (`n_embd`).
     pub hidden_size: usize,
-    /// Width of the MLP (`n_ff`).
+    /// Width of the MLP (`n_ff`); of each expert's MLP in a mixture of experts.
     pub intermediate_size: usize,
     /// Number of transformer blocks.
     pub num_hidden_layers: usize,
@@ -66,6 +104,8 @@ pub struct Config {
     /// Sliding-window attention (Mistral): a query at position `i` sees keys
     /// `i - window < j <= i`.
     pub sliding_window: Option<usize>,
+    /// The mixture of experts in place of every MLP, if the architecture has one.
+    pub moe: Option<Moe>,
     /// Devices the model is split over (tensor parallelism, [`Split`](crate::models::arch::tp::Split)):
     /// 1 for the whole model; above 1 this is one device's share, whose head counts and
     /// `intermediate_size` are that share's, and whose graphs sum the devices' partial
@@ -128,9 +168,15 @@ impl Config {
             rope_theta,
             rope_scaling,
             sliding_window: f.sliding_window(arch)?,
+            moe: f.moe(arch)?,
             tp: 1,
         };
         Ok(config)
+    }
+
+    /// Experts per block (0 without a mixture of experts).
+    pub fn n_expert(&self) -> usize {
+        self.moe.map_or(0, |m| m.n_expert)
     }
 
     /// Query width: `num_attention_heads * head_dim`.
@@ -359,16 +405,64 @@ impl Fields<'_> {
     /// layer).
     fn sliding_window(&self, arch: Arch) -> Result<Option<usize>> {
         match arch {
-            Arch::Mistral => self.opt_usize("sliding_window"),
-            Arch::Qwen2 | Arch::Qwen3 => match self.opt_bool("use_sliding_window")? {
-                Some(true) => Err(self.bad(
-                    "use_sliding_window",
-                    "is true; per-layer sliding windows (max_window_layers) are not supported",
-                )),
-                Some(false) | None => Ok(None),
-            },
+            Arch::Mistral | Arch::Mixtral => self.opt_usize("sliding_window"),
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                match self.opt_bool("use_sliding_window")? {
+                    Some(true) => Err(self.bad(
+                        "use_sliding_window",
+                        "is true; per-layer sliding windows (max_window_layers) are not supported",
+                    )),
+                    Some(false) | None => Ok(None),
+                }
+            }
             Arch::Llama | Arch::Gpt2 => Ok(None),
         }
+    }
+
+    /// The mixture of experts of an architecture that has one: the counts under its
+    /// keys, softmax gating, renormalised where the architecture always does or its
+    /// flag says so. Qwen-MoE configs whose blocks are not all sparse
+    /// (`decoder_sparse_step` other than 1, `mlp_only_layers`) are refused.
+    fn moe(&self, arch: Arch) -> Result<Option<Moe>> {
+        let Some(keys) = arch.spec().experts else {
+            return Ok(None);
+        };
+        if let Some(step) = self.opt_usize("decoder_sparse_step")?.filter(|&s| s != 1) {
+            return Err(self.bad(
+                "decoder_sparse_step",
+                format!(
+                    "is {step}; graft runs models whose every block is a mixture of experts (1)"
+                ),
+            ));
+        }
+        if let Some(v) = self.get("mlp_only_layers").filter(|v| !v.is_null()) {
+            if v.as_array().is_none_or(|a| !a.is_empty()) {
+                return Err(self.bad(
+                    "mlp_only_layers",
+                    format!(
+                        "is {v}; graft runs models whose every block is a mixture of experts ([])"
+                    ),
+                ));
+            }
+        }
+        let norm_topk = match keys.hf_norm {
+            Some(field) => self.opt_bool(field)?.unwrap_or(false),
+            None => true,
+        };
+        let count = keys
+            .hf_count
+            .iter()
+            .copied()
+            .find(|f| self.get(f).is_some())
+            .unwrap_or(keys.hf_count[0]);
+        let moe = Moe {
+            n_expert: self.usize(count)?,
+            n_used: self.usize(keys.hf_used)?,
+            gating: Gating::Softmax,
+            norm_topk,
+        };
+        moe.check(self.source, [count, keys.hf_used])?;
+        Ok(Some(moe))
     }
 
     /// `(rope_theta, llama3 scaling)` from either form of the rope settings.

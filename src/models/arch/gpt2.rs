@@ -22,6 +22,7 @@ pub const SPEC: Spec = Spec {
     out_bias: true,
     mlp_bias: true,
     qk_norm: false,
+    experts: None,
     hf_acts: &["gelu_new", "gelu_pytorch_tanh"],
     hf_keys: HfKeys {
         hidden: "n_embd",
@@ -86,7 +87,13 @@ fn hf_source(role: Role, layer: Option<usize>) -> Source {
         Role::FfnUpB => Source::whole(at("mlp.c_fc.bias")),
         Role::FfnDown => conv(at("mlp.c_proj.weight")),
         Role::FfnDownB => Source::whole(at("mlp.c_proj.bias")),
-        // not part of GPT-2 (no per-head norms, no gate)
-        Role::AttnQNorm | Role::AttnKNorm | Role::FfnGate => Source::whole(""),
+        // not part of GPT-2 (no per-head norms, no gate, no experts)
+        Role::AttnQNorm
+        | Role::AttnKNorm
+        | Role::FfnGate
+        | Role::FfnGateInp
+        | Role::FfnGateExps
+        | Role::FfnUpExps
+        | Role::FfnDownExps => Source::whole(""),
     }
 }

@@ -18,6 +18,7 @@ pub const SPEC: Spec = Spec {
     out_bias: false,
     mlp_bias: false,
     qk_norm: false,
+    experts: None,
     hf_acts: &["silu"],
     hf_keys: HfKeys::LLAMA,
     hf_source,
@@ -61,5 +62,10 @@ fn hf_name(role: Role, layer: Option<usize>) -> String {
         Role::FfnUpB => at("mlp.up_proj.bias"),
         Role::FfnDown => at("mlp.down_proj.weight"),
         Role::FfnDownB => at("mlp.down_proj.bias"),
+        // Qwen-MoE names; `{e}` is the expert (one tensor each in HF checkpoints)
+        Role::FfnGateInp => at("mlp.gate.weight"),
+        Role::FfnGateExps => at("mlp.experts.{e}.gate_proj.weight"),
+        Role::FfnUpExps => at("mlp.experts.{e}.up_proj.weight"),
+        Role::FfnDownExps => at("mlp.experts.{e}.down_proj.weight"),
     }
 }

@@ -9,6 +9,8 @@
 //! - [`mistral`]: Llama with sliding-window attention;
 //! - [`qwen2`]: Llama with biases on q, k and v;
 //! - [`qwen3`]: Llama with a per-head RMSNorm on q and k and an explicit head size;
+//! - [`qwen3moe`]: Qwen3 with a mixture of experts in place of each MLP;
+//! - [`mixtral`]: Mistral with a mixture of experts in place of each MLP;
 //! - [`gpt2`]: LayerNorm with bias, GELU MLP, learned positions, fused `c_attn`, Conv1D
 //!   (transposed) weights, biases everywhere.
 //!
@@ -21,9 +23,11 @@ pub mod config;
 pub mod gpt2;
 pub mod llama;
 pub mod mistral;
+pub mod mixtral;
 pub mod presets;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3moe;
 pub mod role;
 pub mod tp;
 
@@ -93,6 +97,23 @@ impl HfKeys {
     };
 }
 
+/// How a mixture-of-experts architecture names its settings: every block's MLP is then
+/// a router and `n_expert` SwiGLU experts of which each token goes through `n_used`.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertKeys {
+    /// HF: experts per block, the first of these fields present (published Qwen3-MoE
+    /// configs say `num_experts`, transformers 5 writes `num_local_experts`, Mixtral's).
+    pub hf_count: &'static [&'static str],
+    /// HF: experts per token (`num_experts_per_tok`).
+    pub hf_used: &'static str,
+    /// HF: whether the selected experts' weights are scaled to sum to 1
+    /// (`norm_topk_prob`, false when absent); `None`: always (Mixtral).
+    pub hf_norm: Option<&'static str>,
+    /// GGUF: the experts' MLP width under `{arch}.` (`expert_feed_forward_length`;
+    /// llama.cpp's Mixtral files use `feed_forward_length`).
+    pub gguf_ff: &'static str,
+}
+
 /// Where a weight of a file comes from: a tensor name, the part of its rows that is this
 /// weight (for fused tensors of equal parts such as GPT-2's `c_attn` or GGUF's
 /// `attn_qkv`), and whether the file stores the matrix transposed (`[in, out]`, GPT-2's
@@ -142,6 +163,8 @@ pub struct Spec {
     pub mlp_bias: bool,
     /// A per-head RMSNorm on q and k before rope (Qwen3).
     pub qk_norm: bool,
+    /// A mixture of experts in place of the MLP, and how its settings are named.
+    pub experts: Option<ExpertKeys>,
     /// The HF activation names accepted (`hidden_act` / `activation_function`).
     pub hf_acts: &'static [&'static str],
     /// The HF config keys.
@@ -200,17 +223,23 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense).
     Qwen3,
+    /// Qwen3 with a mixture of experts (Qwen3-30B-A3B).
+    Qwen3Moe,
+    /// Mixtral (Mistral with a mixture of experts).
+    Mixtral,
     /// GPT-2.
     Gpt2,
 }
 
 impl Arch {
     /// Every architecture.
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
         Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Mixtral,
         Arch::Gpt2,
     ];
 
@@ -221,6 +250,8 @@ impl Arch {
             Arch::Mistral => &mistral::SPEC,
             Arch::Qwen2 => &qwen2::SPEC,
             Arch::Qwen3 => &qwen3::SPEC,
+            Arch::Qwen3Moe => &qwen3moe::SPEC,
+            Arch::Mixtral => &mixtral::SPEC,
             Arch::Gpt2 => &gpt2::SPEC,
         }
     }
@@ -238,11 +269,18 @@ impl Arch {
     }
 
     /// The architecture of GGUF `general.architecture` `a` (`llama` files are Llama;
-    /// Mistral files are `llama` files with a sliding window).
+    /// Mistral files are `llama` files with a sliding window, Mixtral files `llama` files
+    /// with experts).
     pub fn from_gguf(a: &str) -> Option<Arch> {
-        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gpt2]
-            .into_iter()
-            .find(|x| x.spec().gguf_arch == a)
+        [
+            Arch::Llama,
+            Arch::Qwen2,
+            Arch::Qwen3,
+            Arch::Qwen3Moe,
+            Arch::Gpt2,
+        ]
+        .into_iter()
+        .find(|x| x.spec().gguf_arch == a)
     }
 
     /// The names accepted, for error messages.

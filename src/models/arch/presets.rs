@@ -1,20 +1,23 @@
 //! Named model shapes for benchmarks (`graft bench --preset NAME`): the published
-//! configurations of Llama 2 7B and 70B, Llama 3 8B, Qwen3 8B, Mistral 7B (v0.1, with its 4096
-//! sliding window) and GPT-2 XL, and a tiny Llama 3 style model that runs anywhere.
+//! configurations of Llama 2 7B and 70B, Llama 3 8B, Qwen3 8B, Qwen3-30B-A3B (128 experts, 8
+//! per token), Mistral 7B (v0.1, with its 4096 sliding window) and GPT-2 XL, and a tiny Llama 3
+//! style model and a tiny Qwen3-MoE that run anywhere.
 //! Benchmarks fill them with seeded random weights on the device.
 
 use crate::ops::Llama3Scaling;
 
-use crate::models::arch::config::Config;
+use crate::models::arch::config::{Config, Gating, Moe};
 use crate::models::arch::Arch;
 
 /// Every preset name.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 9] = [
     "tiny",
+    "tiny-moe",
     "llama2-7b",
     "llama2-70b",
     "llama3-8b",
     "qwen3-8b",
+    "qwen3-30b-a3b",
     "mistral-7b",
     "gpt2-xl",
 ];
@@ -39,7 +42,35 @@ pub fn preset(name: &str) -> Option<Config> {
         rope_theta: 10_000.0,
         rope_scaling: None,
         sliding_window: None,
+        moe: None,
         tp: 1,
+    };
+    let qwen3_8b = Config {
+        arch: Arch::Qwen3,
+        intermediate_size: 12288,
+        num_hidden_layers: 36,
+        num_key_value_heads: 8,
+        norm_eps: 1e-6,
+        vocab_size: 151_936,
+        max_position_embeddings: 40_960,
+        bos_token_id: Some(151_643),
+        eos_token_ids: vec![151_645, 151_643],
+        rope_theta: 1_000_000.0,
+        ..llama2_7b.clone()
+    };
+    let qwen3_30b_a3b = Config {
+        arch: Arch::Qwen3Moe,
+        hidden_size: 2048,
+        intermediate_size: 768,
+        num_hidden_layers: 48,
+        num_key_value_heads: 4,
+        moe: Some(Moe {
+            n_expert: 128,
+            n_used: 8,
+            gating: Gating::Softmax,
+            norm_topk: true,
+        }),
+        ..qwen3_8b.clone()
     };
     match name {
         "llama2-7b" => Some(llama2_7b),
@@ -68,18 +99,24 @@ pub fn preset(name: &str) -> Option<Config> {
             }),
             ..llama2_7b
         }),
-        "qwen3-8b" => Some(Config {
-            arch: Arch::Qwen3,
-            intermediate_size: 12288,
-            num_hidden_layers: 36,
-            num_key_value_heads: 8,
-            norm_eps: 1e-6,
-            vocab_size: 151_936,
-            max_position_embeddings: 40_960,
-            bos_token_id: Some(151_643),
-            eos_token_ids: vec![151_645, 151_643],
-            rope_theta: 1_000_000.0,
-            ..llama2_7b
+        "qwen3-8b" => Some(qwen3_8b),
+        "qwen3-30b-a3b" => Some(qwen3_30b_a3b),
+        "tiny-moe" => Some(Config {
+            hidden_size: 256,
+            intermediate_size: 128,
+            num_hidden_layers: 4,
+            num_attention_heads: 8,
+            num_key_value_heads: 2,
+            head_dim: 32,
+            vocab_size: 4096,
+            max_position_embeddings: 2048,
+            moe: Some(Moe {
+                n_expert: 16,
+                n_used: 4,
+                gating: Gating::Softmax,
+                norm_topk: true,
+            }),
+            ..qwen3_30b_a3b
         }),
         "mistral-7b" => Some(Config {
             arch: Arch::Mistral,
@@ -137,7 +174,8 @@ mod tests {
 
     /// The published parameter counts: 6.74 B for Llama 2 7B, 68.98 B for Llama 2 70B,
     /// 8.03 B for Llama 3 8B,
-    /// 8.19 B for Qwen3 8B, 7.24 B for Mistral 7B, 1.56 B for GPT-2 XL.
+    /// 8.19 B for Qwen3 8B, 30.53 B for Qwen3-30B-A3B, 7.24 B for Mistral 7B, 1.56 B for
+    /// GPT-2 XL.
     #[test]
     fn parameter_counts_match_the_published_models() {
         let published = [
@@ -145,6 +183,7 @@ mod tests {
             ("llama2-70b", 68.98),
             ("llama3-8b", 8.03),
             ("qwen3-8b", 8.19),
+            ("qwen3-30b-a3b", 30.53),
             ("mistral-7b", 7.24),
             ("gpt2-xl", 1.56),
         ];
@@ -156,5 +195,15 @@ mod tests {
             assert!((b - billions).abs() < 0.01, "{name}: {b} B parameters");
         }
         assert!(preset("nope").is_none());
+    }
+
+    /// Qwen3-30B-A3B reads about 3 B parameters a token (its 3.3 B activated, less the
+    /// embedding table, of which one row is read): 8 of 128 experts' stacks.
+    #[test]
+    fn a_token_reads_its_experts_share() {
+        let cfg = preset("qwen3-30b-a3b").unwrap();
+        let w = Weights::layout(&cfg, &uniform(DType::F16), BufferId(0));
+        let b = w.bytes_per_token(&cfg) as f64 / 2.0 / 1e9;
+        assert!((b - 3.04).abs() < 0.01, "{b} B parameters a token");
     }
 }

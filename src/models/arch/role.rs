@@ -48,12 +48,33 @@ pub enum Role {
     FfnDown,
     /// `ffn_down.bias` [n_embd].
     FfnDownB,
+    /// `ffn_gate_inp` [n_embd, n_expert]: the router of a mixture of experts.
+    FfnGateInp,
+    /// `ffn_gate_exps` [n_embd, n_ff, n_expert]: every expert's gate projection.
+    FfnGateExps,
+    /// `ffn_up_exps` [n_embd, n_ff, n_expert].
+    FfnUpExps,
+    /// `ffn_down_exps` [n_ff, n_embd, n_expert].
+    FfnDownExps,
     /// `output_norm` [n_embd].
     OutNorm,
     /// `output_norm.bias` [n_embd] (LayerNorm).
     OutNormB,
     /// `output` [n_embd, vocab].
     Output,
+}
+
+/// The weights of a mixture of experts (see [`Role::expert_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPart {
+    /// The router, `ffn_gate_inp`.
+    Router,
+    /// The experts' gate projections, `ffn_gate_exps`.
+    Gate,
+    /// The experts' up projections, `ffn_up_exps`.
+    Up,
+    /// The experts' down projections, `ffn_down_exps`.
+    Down,
 }
 
 impl Role {
@@ -73,7 +94,9 @@ impl Role {
             | Role::FfnGate
             | Role::FfnUp
             | Role::FfnDown
+            | Role::FfnGateInp
             | Role::Output => 2,
+            Role::FfnGateExps | Role::FfnUpExps | Role::FfnDownExps => 3,
             Role::AttnNorm
             | Role::AttnNormB
             | Role::AttnQB
@@ -112,10 +135,54 @@ impl Role {
             | Role::FfnUpB
             | Role::FfnDown
             | Role::FfnDownB
+            | Role::FfnGateInp
+            | Role::FfnGateExps
+            | Role::FfnUpExps
+            | Role::FfnDownExps
             | Role::OutNorm
             | Role::OutNormB
             | Role::Output => None,
         }
+    }
+
+    /// Which part of a mixture of experts this weight is, if any.
+    pub fn expert_part(self) -> Option<ExpertPart> {
+        match self {
+            Role::FfnGateInp => Some(ExpertPart::Router),
+            Role::FfnGateExps => Some(ExpertPart::Gate),
+            Role::FfnUpExps => Some(ExpertPart::Up),
+            Role::FfnDownExps => Some(ExpertPart::Down),
+            Role::TokEmbd
+            | Role::PosEmbd
+            | Role::AttnNorm
+            | Role::AttnNormB
+            | Role::AttnQ
+            | Role::AttnK
+            | Role::AttnV
+            | Role::AttnQB
+            | Role::AttnKB
+            | Role::AttnVB
+            | Role::AttnQNorm
+            | Role::AttnKNorm
+            | Role::AttnOut
+            | Role::AttnOutB
+            | Role::FfnNorm
+            | Role::FfnNormB
+            | Role::FfnGate
+            | Role::FfnUp
+            | Role::FfnUpB
+            | Role::FfnDown
+            | Role::FfnDownB
+            | Role::OutNorm
+            | Role::OutNormB
+            | Role::Output => None,
+        }
+    }
+
+    /// Whether this is a stack of one matrix per expert (`[.., .., n_expert]`), which a
+    /// Hugging Face checkpoint stores as one tensor per expert.
+    pub fn is_experts(self) -> bool {
+        self.ne_rank() == 3
     }
 
     /// Whether this is a bias (named `.bias` in files).
@@ -134,7 +201,8 @@ impl Role {
         )
     }
 
-    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[n]` for a vector.
+    /// `ne` of the tensor: `[row length, rows]` for a matrix, `[row length, rows,
+    /// n_expert]` for the experts' stacks, `[n]` for a vector.
     pub fn ne(self, cfg: &Config) -> Vec<usize> {
         let (n_embd, vocab, n_ff) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         match self {
@@ -157,6 +225,9 @@ impl Role {
             Role::FfnGate | Role::FfnUp => vec![n_embd, n_ff],
             Role::FfnUpB => vec![n_ff],
             Role::FfnDown => vec![n_ff, n_embd],
+            Role::FfnGateInp => vec![n_embd, cfg.n_expert()],
+            Role::FfnGateExps | Role::FfnUpExps => vec![n_embd, n_ff, cfg.n_expert()],
+            Role::FfnDownExps => vec![n_ff, n_embd, cfg.n_expert()],
         }
     }
 
@@ -185,6 +256,10 @@ impl Role {
             Role::FfnGate => blk("ffn_gate"),
             Role::FfnUp | Role::FfnUpB => blk("ffn_up"),
             Role::FfnDown | Role::FfnDownB => blk("ffn_down"),
+            Role::FfnGateInp => blk("ffn_gate_inp"),
+            Role::FfnGateExps => blk("ffn_gate_exps"),
+            Role::FfnUpExps => blk("ffn_up_exps"),
+            Role::FfnDownExps => blk("ffn_down_exps"),
         }
     }
 

@@ -57,6 +57,12 @@ impl Split {
                 "internal: splitting a config that is already split",
             ));
         }
+        if full.moe.is_some() && n > 1 {
+            return Err(Error::model(format!(
+                "--tp {n}: a {} model (a mixture of experts) runs on one device",
+                full.arch
+            )));
+        }
         let bad = |what: &str, v: usize| {
             Err(Error::model(format!(
                 "--tp {n}: {what} ({v}) cannot be split evenly over {n} devices"
@@ -148,6 +154,10 @@ impl Split {
             Role::AttnOut => Part::Cols(self.q_rows(d)),
             Role::FfnGate | Role::FfnUp | Role::FfnUpB => Part::Rows(self.ff_rows(d)),
             Role::FfnDown => Part::Cols(self.ff_rows(d)),
+            // whole: `new` splits no mixture of experts
+            Role::FfnGateInp | Role::FfnGateExps | Role::FfnUpExps | Role::FfnDownExps => {
+                Part::Whole
+            }
             Role::TokEmbd
             | Role::PosEmbd
             | Role::AttnNorm

@@ -39,6 +39,7 @@
 
 pub mod batch;
 pub mod kv_cache;
+mod moe;
 
 use crate::error::{Error, Result};
 use crate::graph::{DType, FlashAttnParams, Graph, Plan, TensorId};
@@ -48,9 +49,10 @@ use crate::models::arch::config::Config;
 use crate::models::arch::{MlpKind, NormKind, Positions};
 use crate::models::load::options::CacheTypes;
 use crate::models::load::weights::{
-    GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights,
+    FfnLeaves, GateUpLeaves, LayerLeaves, Leaves, NormLeaves, QkvLeaves, Weights,
 };
 use kv_cache::{ring_chunk, KvCache};
+use moe::route;
 
 /// Positions per decode KV-length bucket (ggml pads the KV length the same way).
 pub const DECODE_BUCKET: usize = 256;
@@ -683,12 +685,27 @@ impl<'a> Builder<'a> {
     }
 
     /// The MLP: SwiGLU `down(silu(gate(x)) * up(x))` with gate|up in one mul_mat (two
-    /// when their weights differ in dtype), or GELU `down(gelu(up(x) + b)) + b`.
+    /// when their weights differ in dtype), GELU `down(gelu(up(x) + b)) + b`, or a
+    /// mixture of SwiGLU experts ([`Builder::experts`]).
     fn mlp(&mut self, l: &LayerLeaves, cur: TensorId) -> Result<TensorId> {
+        let (gate_up, up_b, down, down_b) = match l.ffn {
+            FfnLeaves::Dense {
+                ref gate_up,
+                up_b,
+                down,
+                down_b,
+            } => (gate_up, up_b, down, down_b),
+            FfnLeaves::Experts {
+                router,
+                gate,
+                up,
+                down,
+            } => return self.experts(cur, router, [gate, up, down]),
+        };
         let (n, n_ff) = (self.n, self.cfg.intermediate_size);
-        let h = match (self.cfg.arch.spec().mlp, &l.gate_up) {
+        let h = match (self.cfg.arch.spec().mlp, gate_up) {
             (MlpKind::Gelu, &GateUpLeaves::Up(up)) => {
-                let u = self.linear(up, l.ffn_up_b, cur)?;
+                let u = self.linear(up, up_b, cur)?;
                 self.g.gelu(u)?
             }
             (MlpKind::SwiGlu, gate_up) => {
@@ -718,7 +735,46 @@ impl<'a> Builder<'a> {
             }
         };
         // down: [n_embd, n]
-        self.linear_summed(l.ffn_down, l.ffn_down_b, h)
+        self.linear_summed(down, down_b, h)
+    }
+
+    /// A mixture of SwiGLU experts: the router picks each token's `n_used` experts
+    /// ([`route`]), each runs `down(silu(gate(x)) * up(x))` with its own matrices
+    /// (mul_mat_id), and the outputs are summed with the router's weights.
+    fn experts(
+        &mut self,
+        cur: TensorId,
+        router: TensorId,
+        [gate, up, down]: [TensorId; 3],
+    ) -> Result<TensorId> {
+        let moe = self
+            .cfg
+            .moe
+            .ok_or_else(|| Error::model("internal: experts without a mixture of experts"))?;
+        let (n, n_embd) = (self.n, self.cfg.hidden_size);
+        let g = &mut self.g;
+        // logits: [n_expert, n]
+        let logits = g.mul_mat(router, cur)?;
+        // ids: I32 [n_used, n]; weights: [1, n_used, n]
+        let (ids, weights) = route(g, logits, moe)?;
+        // every expert of a token reads the token's input: [n_embd, 1, n]
+        let x = g.reshape(cur, &[n_embd, 1, n])?;
+        // gate, up: [n_ff, n_used, n]
+        let gate = g.mul_mat_id(gate, x, ids)?;
+        let up = g.mul_mat_id(up, x, ids)?;
+        let h = g.silu(gate)?;
+        let h = g.mul(h, up)?;
+        // each expert's output: [n_embd, n_used, n], scaled by its weight
+        let y = g.mul_mat_id(down, h, ids)?;
+        let y = g.mul(y, weights)?;
+        // the sum over the experts: [n_embd, n]
+        let nb = g.tensor(y).nb;
+        let mut sum = g.view_2d(y, n_embd, n, nb[2], 0)?;
+        for i in 1..moe.n_used {
+            let yi = g.view_2d(y, n_embd, n, nb[2], i * nb[1])?;
+            sum = g.add(sum, yi)?;
+        }
+        Ok(sum)
     }
 
     /// The rest of a block after attention: `x += attn; x += mlp(norm(x))`.
@@ -975,13 +1031,20 @@ mod tests {
             let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
             let l = cfg.num_hidden_layers;
             let count = |op: &str| ops.iter().filter(|o| **o == op).count();
-            assert_eq!(count("mul_mat"), 6 * l + 1, "{name}: {ops:?}");
+            // a mixture of experts: the router's product, then top_k and three
+            // mul_mat_id in place of the MLP's two products
+            let experts = cfg.moe.is_some() as usize;
+            let products = (6 - experts) * l + 1;
+            assert_eq!(count("mul_mat"), products, "{name}: {ops:?}");
+            assert_eq!(count("mul_mat_id"), 3 * experts * l);
+            assert_eq!(count("top_k"), experts * l);
             assert_eq!(count("cpy"), 2 * l);
             // a sliding window comes in as a mask input, the causal mask is an op
             let windowed = cfg.sliding_window.is_some();
             assert_eq!(count("diag_mask_inf"), if windowed { 0 } else { l });
             assert_eq!(pre.kq_mask.is_some(), windowed);
-            assert_eq!(count("soft_max"), l);
+            // attention's, and the router's over the selected experts
+            assert_eq!(count("soft_max"), (1 + experts) * l);
             assert_eq!(count("set_rows"), 0);
             let dec = build_decode(&cfg, &w, &kv, 512).unwrap();
             let plan = dec.plan().unwrap();
@@ -990,7 +1053,8 @@ mod tests {
             assert_eq!(count("set_rows"), 2 * l);
             assert_eq!(count("diag_mask_inf"), 0);
             assert_eq!(count("cont"), 0, "n == 1 needs no cont of the merged heads");
-            assert_eq!(count("mul_mat"), 6 * l + 1);
+            assert_eq!(count("mul_mat"), products);
+            assert_eq!(count("mul_mat_id"), 3 * experts * l);
 
             // The fused attention: one op per layer instead of two products, a scale, a
             // mask and a softmax; K and V both written by position.
@@ -1003,8 +1067,9 @@ mod tests {
                 let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
                 let count = |op: &str| ops.iter().filter(|o| **o == op).count();
                 assert_eq!(count("flash_attn_ext"), l, "{name}: {ops:?}");
-                assert_eq!(count("mul_mat"), 4 * l + 1);
-                assert_eq!(count("soft_max") + count("diag_mask_inf"), 0);
+                assert_eq!(count("mul_mat"), (4 - experts) * l + 1);
+                assert_eq!(count("soft_max"), experts * l);
+                assert_eq!(count("diag_mask_inf"), 0);
                 assert_eq!(count("cpy") + count("set_rows"), 2 * l);
                 assert!(mg.kq_mask.is_some());
             }

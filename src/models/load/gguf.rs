@@ -1,9 +1,11 @@
 //! Models from GGUF files as llama.cpp's converter writes them (architectures `llama`,
-//! `qwen2`, `qwen3`, `gpt2`; Mistral is a `llama` file with a sliding window): the
-//! hyper-parameters from the `{arch}.*` keys, the weights from llama.cpp's tensor names
-//! (`token_embd`, `position_embd`, `blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_qkv,
-//! attn_q_norm,attn_k_norm,attn_output,ffn_norm,ffn_gate,ffn_up,ffn_down}` with `.weight`
-//! and `.bias`, `output_norm`, and `output`, absent when tied to `token_embd`).
+//! `qwen2`, `qwen3`, `qwen3moe`, `gpt2`; Mistral is a `llama` file with a sliding window,
+//! Mixtral one with `llama.expert_count`): the hyper-parameters from the `{arch}.*` keys,
+//! the weights from llama.cpp's tensor names (`token_embd`, `position_embd`,
+//! `blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_qkv,attn_q_norm,attn_k_norm,attn_output,
+//! ffn_norm,ffn_gate,ffn_up,ffn_down,ffn_gate_inp,ffn_gate_exps,ffn_up_exps,ffn_down_exps}`
+//! with `.weight` and `.bias`, `output_norm`, and `output`, absent when tied to
+//! `token_embd`).
 //!
 //! **Rope layout.** For its `llama` architecture, llama.cpp's converter permutes the rows
 //! of every head of `attn_q` and `attn_k` so that the rotated pairs are adjacent (ggml's "normal" rope), while
@@ -32,7 +34,7 @@ use crate::gguf::{GgmlType, GgufFile};
 use crate::graph::{BufferId, DType};
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
 
-use crate::models::arch::config::{Config, DEFAULT_ROPE_THETA};
+use crate::models::arch::config::{Config, Gating, Moe, DEFAULT_ROPE_THETA};
 use crate::models::arch::role::Role;
 use crate::models::arch::tp::Split;
 use crate::models::arch::{Arch, NormKind};
@@ -171,14 +173,18 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
         .map_err(|e| k.err(e))?;
     let mut arch = Arch::from_gguf(name).ok_or_else(|| {
         bad(format!(
-            "metadata key 'general.architecture' is '{name}'; graft runs llama, qwen2, qwen3 and gpt2 files (Mistral is written as llama)"
+            "metadata key 'general.architecture' is '{name}'; graft runs llama, qwen2, qwen3, qwen3moe and gpt2 files (Mistral and Mixtral are written as llama)"
         ))
     })?;
     let key = |s: &str| format!("{name}.{s}");
     let sliding_window = k.opt_usize(&key("attention.sliding_window"))?;
-    if sliding_window.is_some() && arch == Arch::Llama {
+    let n_expert = k.opt_usize(&key("expert_count"))?.unwrap_or(0);
+    if n_expert > 0 && arch == Arch::Llama {
+        arch = Arch::Mixtral;
+    } else if sliding_window.is_some() && arch == Arch::Llama {
         arch = Arch::Mistral;
     }
+    let moe = moe(&k, f, name, arch, n_expert)?;
     let hidden_size = k.usize(&key("embedding_length"))?;
     let n_head = k.usize(&key("attention.head_count"))?;
     let n_kv_head = k
@@ -223,7 +229,10 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
     let mut cfg = Config {
         arch,
         hidden_size,
-        intermediate_size: k.usize(&key("feed_forward_length"))?,
+        intermediate_size: k.usize(&key(arch
+            .spec()
+            .experts
+            .map_or("feed_forward_length", |e| e.gguf_ff)))?,
         num_hidden_layers: k.usize(&key("block_count"))?,
         num_attention_heads: n_head,
         num_key_value_heads: n_kv_head,
@@ -240,6 +249,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Config> {
             .unwrap_or(DEFAULT_ROPE_THETA),
         rope_scaling: None,
         sliding_window,
+        moe,
         tp: 1,
     };
     cfg.rope_scaling = llama3_scaling(f, &k, &cfg)?;
@@ -254,6 +264,42 @@ pub fn warn_bad_special_token(key: &str, id: u32, n: usize) {
     crate::error::warn_once(&format!(
         "metadata key '{key}': token id {id} is outside the vocabulary of {n} tokens; it is not used"
     ));
+}
+
+/// The mixture of experts of a file of an architecture with experts: `{arch}.expert_count`
+/// and `expert_used_count`, the gating of `expert_gating_func` (llama.cpp's 1 softmax, 2
+/// sigmoid; softmax when absent), renormalised unless `expert_weights_norm` is false
+/// (llama.cpp renormalises Qwen3-MoE and Mixtral).
+fn moe(k: &Keys, f: &GgufFile, name: &str, arch: Arch, n_expert: usize) -> Result<Option<Moe>> {
+    if arch.spec().experts.is_none() {
+        return Ok(None);
+    }
+    let key = |s: &str| format!("{name}.{s}");
+    let gating = match k.opt_u32(&key("expert_gating_func"))? {
+        None | Some(1) => Gating::Softmax,
+        Some(2) => Gating::Sigmoid,
+        Some(g) => {
+            return Err(Error::model(format!(
+                "{}: metadata key '{}' is {g}; graft runs 1 (softmax) and 2 (sigmoid)",
+                f.path(),
+                key("expert_gating_func")
+            )))
+        }
+    };
+    let norm_key = key("expert_weights_norm");
+    let norm_topk = match f.metadata().contains_key(&norm_key) {
+        true => f.metadata().get_bool(&norm_key).map_err(|e| k.err(e))?,
+        false => true,
+    };
+    let moe = Moe {
+        n_expert,
+        n_used: k.usize(&key("expert_used_count"))?,
+        gating,
+        norm_topk,
+    };
+    let fields = [key("expert_count"), key("expert_used_count")];
+    moe.check(f.path(), [&fields[0], &fields[1]])?;
+    Ok(Some(moe))
 }
 
 /// The head size: `{arch}.attention.key_length` (Qwen3's explicit head size), else

@@ -166,7 +166,9 @@ impl QuantPlan {
             dtype: DType::F32,
             fallback_from: None,
         };
-        if role.is_vector() {
+        // the router of a mixture of experts stays F32 like the vectors (llama.cpp's
+        // converter and quantizer keep ffn_gate_inp so)
+        if role.is_vector() || role == Role::FfnGateInp {
             return plain;
         }
         // A file that fuses q|k|v (GPT-2's attn_qkv) stores them in one type: v's.
@@ -190,7 +192,7 @@ impl QuantPlan {
         } else {
             let more = layer.is_some_and(|l| use_more_bits(l, cfg.num_hidden_layers));
             match role {
-                Role::AttnV | Role::FfnDown if more => DType::Q6_K,
+                Role::AttnV | Role::FfnDown | Role::FfnDownExps if more => DType::Q6_K,
                 Role::TokEmbd
                 | Role::PosEmbd
                 | Role::AttnQ
@@ -200,6 +202,10 @@ impl QuantPlan {
                 | Role::FfnGate
                 | Role::FfnUp
                 | Role::FfnDown
+                | Role::FfnGateExps
+                | Role::FfnUpExps
+                | Role::FfnDownExps
+                | Role::FfnGateInp
                 | Role::Output
                 | Role::AttnNorm
                 | Role::AttnNormB

@@ -149,9 +149,11 @@ pub fn source_bytes<'a>(
     let (rows, row_len) = match shape {
         [n] => (1, *n),
         [r, c] => (*r, *c),
+        // a stack of matrices (the experts'): rows of all of them
+        [e, r, c] => (*e * *r, *c),
         _ => {
             return Err(Error::model(format!(
-                "tensor '{}': not a matrix or vector",
+                "tensor '{}': not a matrix, a stack of matrices or a vector",
                 src.name
             )))
         }

@@ -32,6 +32,7 @@ use crate::graph::{BufferId, DType};
 use crate::models::arch::config::Config;
 use crate::models::arch::role::Role;
 use crate::models::arch::tp::Split;
+use crate::models::arch::Source;
 use crate::models::load::options::LoadOptions;
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::load::rows::{convert_rows, source_bytes, source_shape};
@@ -312,6 +313,77 @@ impl Checkpoint {
         check_sizes(cfg, &SizeFields::hf(cfg), &source, layers, &ne_of)
     }
 
+    /// The weight `src` of `shape` (outermost first, graft's layout): its bytes, dtype
+    /// and name in the checkpoint, checked to be present with that shape, a supported
+    /// dtype, and inside its file.
+    fn tensor<'s>(
+        &'s self,
+        dir: &Path,
+        cfg: &Config,
+        shape: &[usize],
+        src: &Source,
+    ) -> Result<(Cow<'s, [u8]>, DType, String)> {
+        let want = source_shape(shape, src);
+        let (name, shard, info) = self.find(&src.name, cfg).ok_or_else(|| {
+            Error::model(format!(
+                "{}: tensor '{}' is missing (expected shape {want:?})",
+                dir.display(),
+                src.name,
+            ))
+        })?;
+        let here = || format!("{}: tensor '{name}'", shard.path.display());
+        let dtype = weight_dtype(info.dtype).ok_or_else(|| {
+            Error::model(format!(
+                "{} has dtype {:?}; supported: F32, F16, BF16",
+                here(),
+                info.dtype
+            ))
+        })?;
+        if info.shape != want {
+            return Err(Error::model(format!(
+                "{} has shape {:?}, expected {want:?}",
+                here(),
+                info.shape,
+            )));
+        }
+        let bytes = source_bytes(shard.bytes(name, info)?, dtype, shape, src)?;
+        Ok((bytes, dtype, name.to_string()))
+    }
+
+    /// The experts' stack of `slot` (`[n_expert, rows, row]`) from the checkpoint's one
+    /// tensor per expert (`src.name` with `{e}` the expert), which must share a dtype;
+    /// their names are added to `used`. The stack is a copy: HF files keep each
+    /// expert's matrix apart, the weight buffer holds them as one tensor.
+    fn experts(
+        &self,
+        dir: &Path,
+        cfg: &Config,
+        slot: &Slot,
+        src: &Source,
+        used: &mut Vec<String>,
+    ) -> Result<(Cow<'static, [u8]>, DType)> {
+        let mut stack = Vec::new();
+        let mut first = None;
+        for e in 0..slot.shape[0] {
+            let one = Source::whole(src.name.replace("{e}", &e.to_string()));
+            let (bytes, dtype, name) = self.tensor(dir, cfg, &slot.shape[1..], &one)?;
+            match first {
+                None => first = Some((dtype, name.clone())),
+                Some((d, ref n)) if d != dtype => {
+                    return Err(Error::model(format!(
+                        "{}: tensor '{name}' has dtype {dtype} but '{n}' has {d}: the experts of a block need one dtype",
+                        dir.display()
+                    )))
+                }
+                Some(_) => {}
+            }
+            stack.extend_from_slice(&bytes);
+            used.push(name);
+        }
+        let dtype = first.map_or(DType::F32, |f| f.0);
+        Ok((Cow::Owned(stack), dtype))
+    }
+
     /// The tensor `name`, or `name` without the architecture's optional prefix: its
     /// name in the checkpoint, shard and info.
     fn find<'s>(
@@ -389,32 +461,15 @@ impl Checkpoint {
         let mut used = Vec::new();
         for slot in probe.slots(cfg) {
             let src = (cfg.arch.spec().hf_source)(slot.role, slot.layer);
-            let want = source_shape(&slot.shape, &src);
-            let (name, shard, info) = self.find(&src.name, cfg).ok_or_else(|| {
-                Error::model(format!(
-                    "{}: tensor '{}' is missing (expected shape {want:?})",
-                    dir.display(),
-                    src.name,
-                ))
-            })?;
-            let here = || format!("{}: tensor '{name}'", shard.path.display());
-            let dtype = weight_dtype(info.dtype).ok_or_else(|| {
-                Error::model(format!(
-                    "{} has dtype {:?}; supported: F32, F16, BF16",
-                    here(),
-                    info.dtype
-                ))
-            })?;
-            if info.shape != want {
-                return Err(Error::model(format!(
-                    "{} has shape {:?}, expected {want:?}",
-                    here(),
-                    info.shape,
-                )));
-            }
-            let bytes = source_bytes(shard.bytes(name, info)?, dtype, &slot.shape, &src)?;
+            let (bytes, dtype) = match slot.role.is_experts() {
+                true => self.experts(dir, cfg, &slot, &src, &mut used)?,
+                false => {
+                    let (bytes, dtype, name) = self.tensor(dir, cfg, &slot.shape, &src)?;
+                    used.push(name);
+                    (bytes, dtype)
+                }
+            };
             found.insert((slot.role, slot.layer), (bytes, dtype));
-            used.push(name.to_string());
         }
         check_leftovers(self, &used, cfg)?;
         f(&found)

@@ -4,7 +4,9 @@
 //! Which tensors a model has follows from its architecture's spec ([`tensor_groups`]):
 //! every model has the embedding table, per-layer norms, q/k/v, the attention output,
 //! the MLP and the output norm; biases, LayerNorm biases, per-head q/k norms, the gate
-//! and learned positions come with the architectures that have them. Vectors (norm
+//! and learned positions come with the architectures that have them. A mixture of
+//! experts has, in place of the MLP, the router `ffn_gate_inp` and the experts' stacks
+//! `ffn_{gate,up,down}_exps` (`[.., .., n_expert]`, one matrix per expert). Vectors (norm
 //! weights, biases) are F32; each matrix has its own dtype (F32, F16, BF16 or a block
 //! type, see [`QuantPlan`](crate::models::load::quant_plan::QuantPlan)). Two layouts differ from a
 //! checkpoint's list of tensors when the parts share one dtype:
@@ -62,13 +64,21 @@ pub fn tensor_groups(cfg: &Config) -> [Vec<&'static [Role]>; 3] {
     opt(&mut layer, spec.out_bias, &[Role::AttnOutB]);
     layer.push(&[Role::FfnNorm]);
     opt(&mut layer, layer_norm, &[Role::FfnNormB]);
-    match spec.mlp {
-        MlpKind::SwiGlu => layer.push(&[Role::FfnGate, Role::FfnUp]),
-        MlpKind::Gelu => layer.push(&[Role::FfnUp]),
+    match (cfg.moe, spec.mlp) {
+        (Some(_), _) => {
+            layer.push(&[Role::FfnGateInp]);
+            layer.push(&[Role::FfnGateExps]);
+            layer.push(&[Role::FfnUpExps]);
+            layer.push(&[Role::FfnDownExps]);
+        }
+        (None, MlpKind::SwiGlu) => layer.push(&[Role::FfnGate, Role::FfnUp]),
+        (None, MlpKind::Gelu) => layer.push(&[Role::FfnUp]),
     }
-    opt(&mut layer, spec.mlp_bias, &[Role::FfnUpB]);
-    layer.push(&[Role::FfnDown]);
-    opt(&mut layer, spec.mlp_bias, &[Role::FfnDownB]);
+    if cfg.moe.is_none() {
+        opt(&mut layer, spec.mlp_bias, &[Role::FfnUpB]);
+        layer.push(&[Role::FfnDown]);
+        opt(&mut layer, spec.mlp_bias, &[Role::FfnDownB]);
+    }
     let mut tail: Vec<&'static [Role]> = vec![&[Role::OutNorm]];
     opt(&mut tail, layer_norm, &[Role::OutNormB]);
     opt(&mut tail, !cfg.tie_word_embeddings, &[Role::Output]);
@@ -183,10 +193,27 @@ pub(crate) struct LayerLeaves {
     pub attn_out: TensorId,
     pub attn_out_b: Option<TensorId>,
     pub ffn_norm: NormLeaves,
-    pub gate_up: GateUpLeaves,
-    pub ffn_up_b: Option<TensorId>,
-    pub ffn_down: TensorId,
-    pub ffn_down_b: Option<TensorId>,
+    pub ffn: FfnLeaves,
+}
+
+/// The MLP of one block in a graph.
+pub(crate) enum FfnLeaves {
+    /// One MLP.
+    Dense {
+        gate_up: GateUpLeaves,
+        up_b: Option<TensorId>,
+        down: TensorId,
+        down_b: Option<TensorId>,
+    },
+    /// A mixture of experts: the router `ffn_gate_inp` [n_embd, n_expert] and the
+    /// experts' `ffn_gate_exps`, `ffn_up_exps` [n_embd, n_ff, n_expert] and
+    /// `ffn_down_exps` [n_ff, n_embd, n_expert].
+    Experts {
+        router: TensorId,
+        gate: TensorId,
+        up: TensorId,
+        down: TensorId,
+    },
 }
 
 /// The weight leaves of one graph.
@@ -261,6 +288,8 @@ pub struct SizeFields {
     pub kv_heads: Option<String>,
     /// The MLP width.
     pub intermediate: String,
+    /// The expert count (of a mixture of experts).
+    pub experts: String,
     /// Whether the format lists dimensions outermost first (safetensors' `shape`) rather
     /// than innermost first (ggml's `ne`), for the messages.
     pub outermost_first: bool,
@@ -277,6 +306,11 @@ impl SizeFields {
             heads: k.heads.into(),
             kv_heads: k.kv_heads.map(Into::into),
             intermediate: k.intermediate.into(),
+            experts: cfg
+                .arch
+                .spec()
+                .experts
+                .map_or(String::new(), |e| e.hf_count.join(" / ")),
             outermost_first: true,
         }
     }
@@ -290,7 +324,14 @@ impl SizeFields {
             vocab: format!("{a}.vocab_size"),
             heads: format!("{a}.attention.head_count"),
             kv_heads: Some(format!("{a}.attention.head_count_kv")),
-            intermediate: format!("{a}.feed_forward_length"),
+            intermediate: format!(
+                "{a}.{}",
+                cfg.arch
+                    .spec()
+                    .experts
+                    .map_or("feed_forward_length", |e| e.gguf_ff)
+            ),
+            experts: format!("{a}.expert_count"),
             outermost_first: false,
         }
     }
@@ -344,11 +385,20 @@ pub fn check_sizes(
     if let (Some(kv), false) = (&fields.kv_heads, spec.gguf_fused_qkv) {
         checks.push((Role::AttnK, 1, kv, cfg.n_kv_dim()));
     }
-    let ff = match spec.mlp {
-        MlpKind::SwiGlu => Role::FfnGate,
-        MlpKind::Gelu => Role::FfnUp,
-    };
-    checks.push((ff, 1, &fields.intermediate, cfg.intermediate_size));
+    match (cfg.moe, spec.mlp) {
+        // the experts' width is checked with each expert's shape; the router's rows
+        // are the experts
+        (Some(m), _) => checks.push((Role::FfnGateInp, 1, &fields.experts, m.n_expert)),
+        (None, MlpKind::SwiGlu) => checks.push((
+            Role::FfnGate,
+            1,
+            &fields.intermediate,
+            cfg.intermediate_size,
+        )),
+        (None, MlpKind::Gelu) => {
+            checks.push((Role::FfnUp, 1, &fields.intermediate, cfg.intermediate_size))
+        }
+    }
     for (role, dim, field, want) in checks {
         let (label, ne) = ne_of(role)?;
         if ne.len() != 2 || ne[dim] != want {
@@ -519,12 +569,13 @@ impl Weights {
     /// now on, so the backend may store them in its own layout (the CUDA backend splits
     /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K rows for its decode products). The embedding tables
     /// stay as they are: get_rows reads them, and with tied embeddings the output head is
-    /// the token table.
+    /// the token table. So do the experts' stacks, which mul_mat_id reads.
     pub fn freeze(&self, cfg: &Config, be: &mut dyn Backend) -> Result<()> {
         let tensors: Vec<FrozenTensor> = self
             .slots(cfg)
             .iter()
-            .filter(|s| !s.is_vector() && !matches!(s.role, Role::TokEmbd | Role::PosEmbd))
+            .filter(|s| !s.is_vector() && !s.role.is_experts())
+            .filter(|s| !matches!(s.role, Role::TokEmbd | Role::PosEmbd))
             .map(|s| FrozenTensor {
                 name: s.gguf_name(),
                 offset: s.at.offset,
@@ -537,16 +588,19 @@ impl Weights {
     }
 
     /// Bytes of weights read to decode one token: everything but the embedding tables,
-    /// of which one row each is read (unless the token table is also the output head).
+    /// of which one row each is read (unless the token table is also the output head),
+    /// and of the experts' stacks only the share of the experts a token goes through.
     pub fn bytes_per_token(&self, cfg: &Config) -> usize {
         let row_only = |s: &Slot| {
             s.role == Role::PosEmbd || (s.role == Role::TokEmbd && !cfg.tie_word_embeddings)
         };
+        let used = cfg.moe.map_or(1, |m| m.n_used);
         self.slots(cfg)
             .iter()
-            .map(|s| match row_only(s) {
-                true => s.at.dtype.row_bytes(s.row_len()),
-                false => s.bytes(),
+            .map(|s| match (row_only(s), s.role.is_experts()) {
+                (true, _) => s.at.dtype.row_bytes(s.row_len()),
+                (false, true) => s.bytes() / cfg.n_expert().max(1) * used,
+                (false, false) => s.bytes(),
             })
             .sum()
     }
@@ -594,10 +648,20 @@ impl Weights {
                 attn_out: need(g, Role::AttnOut, l)?,
                 attn_out_b: one(g, Role::AttnOutB, l)?,
                 ffn_norm: norm(g, Role::FfnNorm, Role::FfnNormB)?,
-                gate_up: self.gate_up_leaves(g, cfg, i)?,
-                ffn_up_b: one(g, Role::FfnUpB, l)?,
-                ffn_down: need(g, Role::FfnDown, l)?,
-                ffn_down_b: one(g, Role::FfnDownB, l)?,
+                ffn: match cfg.moe {
+                    Some(_) => FfnLeaves::Experts {
+                        router: need(g, Role::FfnGateInp, l)?,
+                        gate: need(g, Role::FfnGateExps, l)?,
+                        up: need(g, Role::FfnUpExps, l)?,
+                        down: need(g, Role::FfnDownExps, l)?,
+                    },
+                    None => FfnLeaves::Dense {
+                        gate_up: self.gate_up_leaves(g, cfg, i)?,
+                        up_b: one(g, Role::FfnUpB, l)?,
+                        down: need(g, Role::FfnDown, l)?,
+                        down_b: one(g, Role::FfnDownB, l)?,
+                    },
+                },
             });
         }
         Ok(Leaves {

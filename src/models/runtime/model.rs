@@ -10,6 +10,7 @@ use std::path::Path;
 
 use crate::backend::{Backend, BackendExt, ExecId};
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::graph::TensorId;
 
 use crate::models::arch::config::Config;
@@ -83,6 +84,30 @@ pub struct LoadedWeights {
     pub weights: Weights,
 }
 
+/// The hyper-parameters of the model at `path` (a GGUF file's metadata or a folder's
+/// `config.json`), and the GGUF file when it is one.
+fn open_config(path: &Path) -> Result<(Config, Option<GgufFile>)> {
+    let is_gguf = gguf::is_gguf_path(path);
+    if !is_gguf && !path.is_dir() {
+        return Err(Error::model(format!(
+            "model {} does not exist or is neither a folder nor a GGUF file",
+            path.display()
+        )));
+    }
+    if is_gguf {
+        let f = gguf::open_model_file(path)?;
+        Ok((gguf::config_from_gguf(&f)?, Some(f)))
+    } else {
+        Ok((Config::from_file(&path.join("config.json"))?, None))
+    }
+}
+
+/// The hyper-parameters of the model at `path` (a Hugging Face folder or a GGUF file),
+/// read without its weights.
+pub fn read_config(path: &Path) -> Result<Config> {
+    open_config(path).map(|(c, _)| c)
+}
+
 /// Loads the weights of a Hugging Face folder or a GGUF file onto `be`; `check` sees
 /// the whole config and one device's share before any weight is read (a context that
 /// cannot fit fails before a long load).
@@ -92,19 +117,7 @@ pub fn load_weights(
     opts: &LoadOptions,
     check: impl FnOnce(&Config, &Config) -> Result<()>,
 ) -> Result<LoadedWeights> {
-    let is_gguf = gguf::is_gguf_path(path);
-    if !is_gguf && !path.is_dir() {
-        return Err(Error::model(format!(
-            "model {} does not exist or is neither a folder nor a GGUF file",
-            path.display()
-        )));
-    }
-    let (config, file) = if is_gguf {
-        let f = gguf::open_model_file(path)?;
-        (gguf::config_from_gguf(&f)?, Some(f))
-    } else {
-        (Config::from_file(&path.join("config.json"))?, None)
-    };
+    let (config, file) = open_config(path)?;
     let shard = Split::new(&config, be.devices())?.shard();
     check(&config, &shard)?;
     let weights = match &file {

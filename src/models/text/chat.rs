@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result, TemplateProblem};
 use crate::models::text::gguf_tokenizer::TokenizerSpec;
+use crate::models::text::tokenizer::Tokenizer;
 
 /// The built-in template for models that carry none: ChatML
 /// (`<|im_start|>role\ncontent<|im_end|>\n` per message).
@@ -123,6 +124,13 @@ impl ChatTemplate {
     /// The text the template sees as `bos_token`.
     pub fn bos_token(&self) -> &str {
         &self.bos_token
+    }
+
+    /// The token ids of a whole rendering `text`: the tokenizer's BOS is added unless the
+    /// template wrote it.
+    pub fn encode(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+        let has_bos = !self.bos_token.is_empty() && text.starts_with(&self.bos_token);
+        tok.encode_with(text, !has_bos)
     }
 
     /// The prompt text of `messages`; with `add_generation_prompt` it ends where the

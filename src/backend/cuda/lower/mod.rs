@@ -13,6 +13,7 @@ pub(crate) mod cpy;
 pub(crate) mod fused;
 pub(crate) mod get_rows;
 pub(crate) mod mul_mat;
+pub(crate) mod mul_mat_id;
 pub(crate) mod mul_mat_q;
 pub(crate) mod norm;
 pub(crate) mod paged_attn;
@@ -45,6 +46,7 @@ pub(crate) fn lower_step(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, S
         Op::Binary(op) => binary::lower(op, src, dst, lw),
         Op::Norm(op) => norm::lower(op, src, dst, lw),
         Op::MulMat => mul_mat::lower(step, lw),
+        Op::MulMatId => mul_mat_id::lower(src, dst, lw),
         Op::Rope(ref p) => rope::lower(p, src, dst, lw),
         Op::Copy(CopyOp::Cpy | CopyOp::Cont) => Ok(vec![cpy::copy(lw, &src[0], dst)?]),
         Op::Copy(CopyOp::SetRows) => cpy::lower_set_rows(src, dst, lw),

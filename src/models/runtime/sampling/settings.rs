@@ -72,6 +72,29 @@ pub struct PartialSampling {
     pub logit_bias: Vec<(u32, f32)>,
 }
 
+impl PartialSampling {
+    /// These settings, and `other`'s where these give none (the logit bias: `other`'s
+    /// when these have none).
+    pub fn or(&self, other: &PartialSampling) -> PartialSampling {
+        PartialSampling {
+            temperature: self.temperature.or(other.temperature),
+            top_k: self.top_k.or(other.top_k),
+            top_p: self.top_p.or(other.top_p),
+            min_p: self.min_p.or(other.min_p),
+            typical_p: self.typical_p.or(other.typical_p),
+            repeat_penalty: self.repeat_penalty.or(other.repeat_penalty),
+            presence_penalty: self.presence_penalty.or(other.presence_penalty),
+            frequency_penalty: self.frequency_penalty.or(other.frequency_penalty),
+            repeat_last_n: self.repeat_last_n.or(other.repeat_last_n),
+            seed: self.seed.or(other.seed),
+            logit_bias: match self.logit_bias.is_empty() {
+                true => other.logit_bias.clone(),
+                false => self.logit_bias.clone(),
+            },
+        }
+    }
+}
+
 /// A model's recommended settings and the file they were read from.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelSampling {
@@ -409,6 +432,30 @@ mod tests {
         );
         assert_eq!(r.params, SamplingParams::greedy());
         assert!(r.sources.iter().all(|s| s.1 == Source::Default));
+    }
+
+    #[test]
+    fn or_fills_in_what_is_missing() {
+        let mine = PartialSampling {
+            temperature: Some(0.2),
+            logit_bias: vec![(1, -1.0)],
+            ..PartialSampling::default()
+        };
+        let other = PartialSampling {
+            temperature: Some(0.9),
+            top_k: Some(7),
+            seed: Some(3),
+            logit_bias: vec![(2, 1.0)],
+            ..PartialSampling::default()
+        };
+        let both = mine.or(&other);
+        assert_eq!(
+            (both.temperature, both.top_k, both.seed),
+            (Some(0.2), Some(7), Some(3))
+        );
+        assert_eq!(both.logit_bias, vec![(1, -1.0)]);
+        assert_eq!(both.top_p, None);
+        assert_eq!(PartialSampling::default().or(&other), other);
     }
 
     #[test]
