@@ -924,17 +924,17 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType, k: usize, offset:
 
 /// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q5_K (rows of 256 and 768 elements:
 /// every matrix but the embedding table is split when the model freezes its weights) gives the same
-/// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
-/// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
+/// log-probabilities on the engine, bit for bit, with split rows as without, over a prompt (the F16
+/// copy for cuBLAS) and decode steps (the split decode product); the profile shows which kernels
 /// ran. The same for a wider model (rows of 2,048 and 2,304 elements) in Q6_K and Q4_K_M,
 /// whose Q6_K matrices are split.
 #[test]
 fn frozen_tiny_model_matches_unfrozen() {
     use graft::models::QuantPlan;
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut be) = common::cuda_backend() else {
+    if common::cuda_backend().is_none() {
         return;
-    };
+    }
     let tiny = graft::models::arch::presets::preset("tiny").unwrap();
     for (plan, kernel) in [
         (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
@@ -944,7 +944,7 @@ fn frozen_tiny_model_matches_unfrozen() {
         (QuantPlan::Q8_0, "mul_mat_vec_qsp_c1_q8_0"),
         (QuantPlan::Q5_K, "mul_mat_vec_qsp_c1_q5_k"),
     ] {
-        tiny_model_split_and_not(&mut be, &tiny, plan, kernel);
+        tiny_model_split_and_not(&tiny, plan, kernel);
     }
     // Rows of 2,048 and 2,304 elements (1,890 bytes: rotated Q6_K rows), an output head of
     // its own: Q6_K split, and Q4_K_M (Q6_K for v, half of down and the head, in split
@@ -960,40 +960,55 @@ fn frozen_tiny_model_matches_unfrozen() {
         ..tiny
     };
     for plan in [QuantPlan::Q6_K, QuantPlan::Q4_K_M] {
-        tiny_model_split_and_not(&mut be, &wide, plan, "mul_mat_vec_qsp_c1_q6_k");
+        tiny_model_split_and_not(&wide, plan, "mul_mat_vec_qsp_c1_q6_k");
     }
-    be.set_split(true);
 }
 
-/// The logits of the model `cfg` in `plan` over a prefill and 6 decode steps, and the
-/// kernels of the first decode step, with and without split rows; `kernel` must run with.
+/// The engine over the seeded random model `cfg` in `plan` on a fresh GPU backend with
+/// split rows on or off (context 32).
+fn random_engine(
+    cfg: &graft::models::Config,
+    plan: graft::models::QuantPlan,
+    split: bool,
+) -> graft::engine::Engine {
+    use graft::engine::{Engine, EngineConfig};
+    let mut be = common::cuda_backend().expect("the GPU found before");
+    be.set_split(split);
+    Engine::random(cfg.clone(), plan, 5, Box::new(be), EngineConfig::new(32)).unwrap()
+}
+
+/// The log-probabilities of the model `cfg` in `plan` on the engine after a prompt and over
+/// 6 decode steps (each read back), and the kernels of the first decode step, with and
+/// without split rows; `kernel` must run with.
 fn tiny_model_split_and_not(
-    be: &mut CudaBackend,
     cfg: &graft::models::Config,
     plan: graft::models::QuantPlan,
     kernel: &str,
 ) {
-    use graft::models::{CacheTypes, Logits, Model};
+    use graft::engine::{Event, Request};
     let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
-    let mut run = |split: bool| {
-        be.set_split(split);
-        let mut m = Model::random(cfg.clone(), plan, 32, CacheTypes::default(), 5, be).unwrap();
-        let mut logits = m.prefill(be, &prompt, Logits::All).unwrap().logits;
-        let mut t = 7u32;
-        let mut kernels = String::new();
-        for step in 0..6 {
-            be.set_profiling(step == 0);
-            let out = m.decode_step(be, t, true).unwrap();
-            if step == 0 {
-                let names: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
-                kernels = names.join(" ");
-                be.set_profiling(false);
+    let run = |split: bool| {
+        let mut e = random_engine(cfg, plan, split);
+        let mut req = Request::greedy(prompt.clone(), 7);
+        req.logprobs = Some(cfg.vocab_size);
+        req.stop.ignore_eos = true;
+        e.add(req).unwrap();
+        let (mut rows, mut kernels, mut step) = (Vec::new(), String::new(), 0);
+        while e.has_work() {
+            // the second step is the first decode step
+            e.backend().set_profiling(step == 1);
+            for ev in e.step().unwrap() {
+                if let Event::Token { logprobs, .. } = ev {
+                    rows.extend(logprobs.unwrap().top);
+                }
             }
-            logits.extend_from_slice(&out.logits);
-            t = out.argmax;
+            if step == 1 {
+                kernels = profiled_kernels(&mut e);
+            }
+            step += 1;
         }
-        m.release(be).unwrap();
-        (logits, kernels)
+        e.release().unwrap();
+        (rows, kernels)
     };
     let (plain, k_plain) = run(false);
     let (split, k_split) = run(true);
@@ -1005,34 +1020,34 @@ fn tiny_model_split_and_not(
         !k_plain.contains("mul_mat_vec_qs"),
         "{plan} unsplit decode kernels: {k_plain}"
     );
-    assert_eq!(plain.len(), split.len());
+    assert_eq!(plain.len(), 7 * cfg.vocab_size);
     let diff = plain
         .iter()
         .zip(&split)
-        .position(|(a, b)| a.to_bits() != b.to_bits());
+        .position(|(a, b)| a.0 != b.0 || a.1.to_bits() != b.1.to_bits());
     assert!(
         diff.is_none(),
-        "{plan}: logit {diff:?} differs with split rows"
+        "{plan}: log-probability {diff:?} differs with split rows"
     );
 }
 
 /// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the streamed
 /// decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8 query heads
-/// a KV head), against the same seeded model on the CPU: the decode steps must run
-/// `fattn_vec1s_d<D>_<type>` (MHA, and head dim 64) or `fattn_vec4s_d<D>_<type>` (GQA; 3
-/// heads: one block short of 4, 8: two blocks a KV head) in several chunks (a 300-token
-/// prompt) and their logits stay within 2e-5 NMSE of the CPU's (measured on an H200: 1.4e-7
-/// to 2.7e-7 with Q8_0 caches, 4.3e-6 to 1.0e-5 with Q4_0; the runs are deterministic, the
-/// same every time). Both backends quantize the same K/V rows into the cache, so what
-/// differs is the order of the sums; a wrong block offset, scale, nibble order, KV head or
-/// query head gives errors of order 1.
+/// a KV head), on the engine against the same seeded model on the CPU: the decode steps must
+/// run `fattn_paged_vec_d<D>_<type>` (MHA, and head dim 64) or `fattn_paged_vec4_d<D>_<type>`
+/// (GQA; 3 heads: one block short of 4, 8: two blocks a KV head) in several chunks (a
+/// 300-token prompt) and their log-probabilities stay within 2e-5 NMSE of the CPU's (the
+/// one-sequence decode measured on an H200: 1.4e-7 to 2.7e-7 with Q8_0 caches, 4.3e-6 to
+/// 1.0e-5 with Q4_0). Both backends quantize the same K/V rows into the pool, so what differs
+/// is the order of the sums; a wrong block offset, scale, nibble order, KV head or query
+/// head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
     use graft::models::{arch::presets, CacheTypes, Config as ModelConfig};
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cuda) = common::cuda_backend() else {
+    if common::cuda_backend().is_none() {
         return;
-    };
+    }
     let tiny = presets::preset("tiny").unwrap();
     // head dim, query heads, query heads a KV head, cache type
     for (d, heads, group, ty) in [
@@ -1058,12 +1073,15 @@ fn quantized_caches_stream_in_model_decode() {
             v: DType::Quant(ty),
             flash_attn: true,
         };
-        let (got, kernels) = model_logits(&mut cuda, &cfg, cache);
-        let (want, _) = model_logits(&mut CpuBackend::new(), &cfg, cache);
-        let rows = if group == 1 || d == 64 { 1 } else { 4 };
-        let kernel = format!("fattn_vec{rows}s_d{d}_{ty}");
+        let cuda = common::cuda_backend().expect("the GPU found before");
+        let (got, kernels) = model_rows(Box::new(cuda), &cfg, cache);
+        let (want, _) = model_rows(Box::new(CpuBackend::new()), &cfg, cache);
+        let kernel = match group == 1 || d == 64 {
+            true => format!("fattn_paged_vec_d{d}_{ty}"),
+            false => format!("fattn_paged_vec4_d{d}_{ty}"),
+        };
         assert!(
-            kernels.contains(&kernel) && kernels.contains("fattn_combine"),
+            kernels.contains(&kernel) && kernels.contains("fattn_paged_combine"),
             "head dim {d}, group {group}, {ty} cache: the last decode step ran {kernels}"
         );
         let e = common::nmse(&got, &want);
@@ -1075,26 +1093,58 @@ fn quantized_caches_stream_in_model_decode() {
     }
 }
 
-/// The logits of a seeded random F32 model `cfg` with caches `cache` over the last
-/// prompt token and 6 decode steps of fixed tokens after a 300-token prompt, and the
-/// kernels of the last step (profiled).
-fn model_logits(
-    be: &mut dyn Backend,
+/// The log-probabilities on the engine, over a seeded random F32 model `cfg` with caches
+/// `cache`, of the last token of a 300-token prompt and of 6 fixed tokens after it, each a
+/// decode step over the cached prefix; and the kernels of the last step (profiled).
+fn model_rows(
+    be: Box<dyn Backend>,
     cfg: &graft::models::Config,
     cache: graft::models::CacheTypes,
 ) -> (Vec<f32>, String) {
-    use graft::models::{Logits, Model, QuantPlan};
+    use graft::engine::{Engine, EngineConfig, Event, Request};
+    use graft::models::QuantPlan;
     let vocab = cfg.vocab_size as u32;
-    let prompt: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
-    let mut m = Model::random(cfg.clone(), QuantPlan::F32, 320, cache, 5, be).unwrap();
-    let mut logits = m.prefill(be, &prompt, Logits::Last).unwrap().logits;
-    let tokens = [7, 901, 13, 4000, 250, 64];
-    for (i, t) in tokens.into_iter().enumerate() {
-        be.set_profiling(i + 1 == tokens.len());
-        logits.extend(m.decode_step(be, t, true).unwrap().logits);
+    let mut seq: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
+    seq.extend([7, 901, 13, 4000, 250, 64]);
+    let ecfg = EngineConfig {
+        cache,
+        ..EngineConfig::new(320)
+    };
+    let mut e = Engine::random(cfg.clone(), QuantPlan::F32, 5, be, ecfg).unwrap();
+    let mut rows = Vec::new();
+    for end in 300..=seq.len() {
+        let last = end == seq.len();
+        let mut req = Request::greedy(seq[..end].to_vec(), 1);
+        req.logprobs = Some(cfg.vocab_size);
+        req.stop.ignore_eos = true;
+        e.add(req).unwrap();
+        e.backend().set_profiling(last);
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                if let Event::Token { logprobs, .. } = ev {
+                    let mut row = vec![0f32; cfg.vocab_size];
+                    for (t, lp) in logprobs.unwrap().top {
+                        row[t as usize] = lp;
+                    }
+                    rows.extend(row);
+                }
+            }
+        }
     }
-    let kernels: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
-    be.set_profiling(false);
-    m.release(be).unwrap();
-    (logits, kernels.join(" "))
+    let kernels = profiled_kernels(&mut e);
+    e.release().unwrap();
+    (rows, kernels)
+}
+
+/// The kernels of the runs profiled on `e`'s backend since profiling was turned on, and
+/// profiling off.
+fn profiled_kernels(e: &mut graft::engine::Engine) -> String {
+    let names: Vec<String> = e
+        .backend()
+        .take_profile()
+        .into_iter()
+        .map(|s| s.kernels)
+        .collect();
+    e.backend().set_profiling(false);
+    names.join(" ")
 }
