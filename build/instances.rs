@@ -1,7 +1,8 @@
 //! The kernel instantiation tables of the templated kernel families (part of build.rs):
-//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/fattn.cu`
-//! (flash attention), `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k)
-//! define their kernels as templates, and every
+//! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/mmq.cu`
+//! (the batched ones on int8 tensor cores), `cuda/fattn.cu` (flash attention),
+//! `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k) define their kernels
+//! as templates, and every
 //! `extern "C"` kernel of them is one [`Instance`] listed here, written by build.rs to
 //! `OUT_DIR/cuda-gen/<file>.inst.cuh`, which the `.cu` includes at its end. The Rust
 //! kernel table is parsed from those generated declarations like every other, so the
@@ -27,6 +28,7 @@ pub fn header(stem: &str) -> Option<String> {
         "fattn" => fattn(),
         "fattn_paged" => fattn_paged(),
         "topk" => topk(),
+        "mmq" => mmq(),
         _ => return None,
     };
     let mut s =
@@ -170,6 +172,53 @@ fn mul_mat_q() -> Vec<Instance> {
         decode(&mut v, "mul_mat_vec_dqs", q, RESIDENT, |nc| {
             format!("dmmv<{split}, {nc}>")
         });
+    }
+    v
+}
+
+/// The weight types of the batched products on int8 tensor cores: kernel-name suffix, the
+/// traits struct of ggml's blocks, and of split rows where the type has them
+/// (`cuda/mmq.cu`).
+const MMQ_TYPES: [(&str, &str, Option<&str>); 8] = [
+    ("q4_0", "MmqQ4_0<false>", Some("MmqQ4_0<true>")),
+    ("q4_1", "MmqQ4_1<false>", Some("MmqQ4_1<true>")),
+    ("q5_0", "MmqQ5_0<false>", Some("MmqQ5_0<true>")),
+    ("q5_1", "MmqQ5_1<false>", Some("MmqQ5_1<true>")),
+    ("q8_0", "MmqQ8_0<false>", Some("MmqQ8_0<true>")),
+    ("q4_k", "MmqK4<false>", None),
+    ("q5_k", "MmqK4<true>", Some("MmqSplitQ5_K")),
+    ("q6_k", "MmqQ6_K", Some("MmqSplitQ6_K")),
+];
+
+/// Column tiles of the batched products (`BN`): the lowering takes the narrowest that holds
+/// the product's columns, 64 beyond.
+const MMQ_TILES: [usize; 4] = [8, 16, 32, 64];
+
+/// The kernels of `cuda/mmq.cu` but `mmq_reduce` (see its header): `mmq_c<BN>_<q>` for
+/// every weight type in ggml's blocks and `mmq_split_c<BN>_<q>` for the types with split
+/// rows, by every column tile. At least 4 blocks an SM, the 64-column tiles 3 (held to 4,
+/// the split Q4_0 and Q5_0 ones spilled on sm_90; at 3 none takes more than 128
+/// registers, so 4 still fit).
+fn mmq() -> Vec<Instance> {
+    let mut v = Vec::new();
+    let tiles = |v: &mut Vec<Instance>, family: &str, q: &str, traits: &str| {
+        for bn in MMQ_TILES {
+            let resident = if bn == 64 { 3 } else { 4 };
+            v.push(Instance {
+                name: format!("{family}_c{bn}_{q}"),
+                bounds: format!("MMQ_THREADS, {resident}"),
+                args: "MmqArgs",
+                call: format!("mmq<{traits}, {bn}>"),
+            });
+        }
+    };
+    for (q, ggml, _) in MMQ_TYPES {
+        tiles(&mut v, "mmq", q, ggml);
+    }
+    for (q, _, split) in MMQ_TYPES {
+        if let Some(split) = split {
+            tiles(&mut v, "mmq_split", q, split);
+        }
     }
     v
 }

@@ -206,6 +206,33 @@ struct QGemvArgs {
 };
 static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
 
+// Batched products with block-quantized weights on int8 tensor cores (mmq_*, cuda/mmq.cu):
+// dst[r, c] = sum_l a[l, r] * b[l, c] for the n columns of the Q8_1 activations b.
+struct MmqArgs {
+    const char* a;  // weight blocks (mmq_split_*: frozen weights in split rows): row r at a + r * a_nb1
+    const char* b;  // Q8_1 activations as quantize_q8_1_f32 writes them, in the layout of the
+                    // weight type (ACT_PAIRS for the K-quants, else ACT_BLOCKS): column c at b + c * b_nb1
+    float* dst;     // F32 [m, n] dense; with gridDim.z > 1, part z of K's partial sums at
+                    // dst + z * m * n (mmq_reduce adds them up)
+    i64 k;          // row length in elements (a multiple of the block)
+    i64 m;          // rows of a
+    i64 n;          // columns of b and dst
+    i64 a_nb1;      // byte stride between rows of a
+    i64 b_nb1;      // byte stride between columns of b (a multiple of 16)
+    i64 chunks;     // MMQ_K-element chunks of a row that each part of K (blockIdx.z) takes
+    i64 prefetch;   // 1 when `a` is read-only in the plan: its first chunk loads before the
+                    // kernel waits for its predecessor
+};
+static_assert(sizeof(MmqArgs) == 80, "MmqArgs layout");
+
+struct MmqReduceArgs {  // mmq_reduce: dst[i] = the sum of part[z * count + i] over z < split, in order
+    const float* part;
+    float* dst;
+    i64 count;  // elements of dst (m * n)
+    i64 split;  // parts of K
+};
+static_assert(sizeof(MmqReduceArgs) == 32, "MmqReduceArgs layout");
+
 struct FillRandomArgs {
     char* dst;
     i64 n;
@@ -349,6 +376,13 @@ constexpr int GEMV_WARPS = 4;      // rows (one per warp) per block of mul_mat_v
 constexpr int NORM_VEC = 4;       // groups of 4 elements a thread holds in rms_norm_mul's vector path
 constexpr int P021_ROWS = 4;       // rows per warp of mul_mat_p021
 constexpr int P021_THREADS = 128;  // block of mul_mat_p021
+
+// Launch geometry of the batched quantized products (cuda/mmq.cu).
+
+constexpr int MMQ_WARPS = 4;   // warps per block of mmq_*, 16 weight rows each
+constexpr int MMQ_ROWS = 64;   // weight rows per block of mmq_* (MMQ_WARPS * 16)
+constexpr int MMQ_K = 128;     // elements of a row per step of mmq_* (4 sub-blocks of 32)
+constexpr int MMQ_REDUCE_THREADS = 256;  // block of mmq_reduce
 
 // Launch geometry of top_k (cuda/topk.cu).
 

@@ -13,12 +13,13 @@
 //! | `silu(gate)`, `mul(that, up)`, same shape | [`Fused::SwiGlu`] |
 //! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
-//! | `flash_attn_ext`, then a decode product of its result that reads Q8_1 activations | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
+//! | `flash_attn_ext`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
 //!
-//! When the step after a fused norm or SwiGLU is a decode product with block-quantized
-//! weights that reads Q8_1 activations ([`Target::q8_1`]), the fused step also writes its
-//! result as those activations ([`Q8For`]), and the product has no quantizing launch.
+//! When the step after a fused norm or SwiGLU is a product with block-quantized weights
+//! that reads Q8_1 activations ([`q8_1_input`]: a decode product, [`Target::q8_1`], or a
+//! batched one, [`Target::batched_cols`]), the fused step also writes its result as those
+//! activations ([`Q8For`]), and the product has no quantizing launch.
 //! (Folding the norm into the GEMV that reads it, each warp summing x^2 itself, measured
 //! no faster on an H100 and was dropped; so was a fold whose second product read the
 //! block sums itself, slower than the norm's launch on an H200: docs/benchmarks.md,
@@ -88,7 +89,7 @@ impl<'p> Fused<'p> {
         }
     }
 
-    /// The Q8_1 activations of the next decode product this fused step writes (for
+    /// The Q8_1 activations of the next product this fused step writes (for
     /// [`Fused::Attention`], where its decode ends in a combine).
     pub fn q8(&self) -> Option<&Q8For<'p>> {
         match self {
@@ -100,8 +101,8 @@ impl<'p> Fused<'p> {
     }
 }
 
-/// The Q8_1 activations of the decode product after a fused step, which the fused step
-/// writes too (so the product needs no quantizing launch).
+/// The Q8_1 activations of the product after a fused step ([`q8_1_input`]), which the
+/// fused step writes too (so the product needs no quantizing launch).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Q8For<'p> {
     /// The product's F32 activations (the fused step's result, or for attention the
@@ -123,7 +124,7 @@ pub enum Q8Layout {
 }
 
 impl Q8Layout {
-    /// The layout a decode product with weights of `dt` reads.
+    /// The layout a product with weights of `dt` reads (decode and batched alike).
     pub fn of(dt: DType) -> Q8Layout {
         match dt.quant() {
             Some(
@@ -263,6 +264,11 @@ pub struct Target {
     /// Q8_1 (the CUDA backend's `__dp4a` kernels): then a fused step before one writes
     /// them ([`Q8For`]).
     pub q8_1: bool,
+    /// Most activation columns, batches included, of the other products with
+    /// block-quantized weights in the batched layout ([`quant_batched_layout`]) that read
+    /// their activations as Q8_1 (the CUDA backend's int8 tensor-core product); 0: none
+    /// does. A fused step before such a product writes them too.
+    pub batched_cols: usize,
 }
 
 /// Most activation columns of a decode product (the backend's decode kernels take 1 to 8).
@@ -301,6 +307,37 @@ pub fn decode_type(q: QType) -> bool {
     }
 }
 
+/// Whether block type `q` has batched products that read Q8_1 activations (the CUDA
+/// backend's int8 tensor-core products: the legacy types and Q4_K, Q5_K, Q6_K; the other
+/// types' batched products read F32 activations, with an F16 copy of the weights for
+/// cuBLAS; a test of the CUDA backend checks its kernel sets agree).
+pub fn batched_type(q: QType) -> bool {
+    match q {
+        QType::Q4_0
+        | QType::Q4_1
+        | QType::Q5_0
+        | QType::Q5_1
+        | QType::Q8_0
+        | QType::Q4_K
+        | QType::Q5_K
+        | QType::Q6_K => true,
+        QType::Q8_1
+        | QType::Q2_K
+        | QType::Q3_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => false,
+    }
+}
+
 /// Whether `x` is one matrix (no batch dims).
 fn single(x: &Operand) -> bool {
     x.ne[2] == 1 && x.ne[3] == 1
@@ -321,12 +358,13 @@ pub fn float_gemv(a: &Operand, b: &Operand) -> bool {
         && a.rows_contiguous()
 }
 
-/// Whether `a b` with block-quantized `a` has a decode layout: 1 to [`MAX_DECODE_COLS`]
-/// columns of `b` with dense elements, whole blocks a row, no batches.
-pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
-    let (kk, n) = (a.ne[0], b.ne[1]);
+/// Whether `a b` with block-quantized `a` has the layout of a batched product: one weight
+/// matrix with whole blocks a row, F32 activations with dense rows whose columns, batches
+/// included, are 1 to `max_cols` (one after the other: column `i1 + n (i2 + b2 i3)`).
+pub fn quant_batched_layout(a: &Operand, b: &Operand, max_cols: usize) -> bool {
+    let kk = a.ne[0];
     a.dtype.quant().is_some()
-        && (1..=MAX_DECODE_COLS).contains(&n)
+        && (1..=max_cols).contains(&b.nrows())
         && kk < i32::MAX as usize
         && kk % a.dtype.block_size() == 0
         && b.dtype == DType::F32
@@ -334,7 +372,12 @@ pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
         && b.rows_contiguous()
         && a.rows_contiguous()
         && single(a)
-        && single(b)
+}
+
+/// Whether `a b` with block-quantized `a` has a decode layout: the batched layout
+/// ([`quant_batched_layout`]) with 1 to [`MAX_DECODE_COLS`] columns and no batches.
+pub fn quant_decode_layout(a: &Operand, b: &Operand) -> bool {
+    single(b) && quant_batched_layout(a, b, MAX_DECODE_COLS)
 }
 
 /// Whether `a b` is a decode product: a float GEMV ([`float_gemv`]) or a product with
@@ -348,12 +391,18 @@ pub fn decode_product(a: &Operand, b: &Operand) -> bool {
 }
 
 /// The activations `step` reads as Q8_1 when it is lowered, and their layout: its `b`
-/// when it is a decode product of block-quantized weights and the target reads those as
-/// Q8_1. A step before it that computes `b` anyway can write that copy itself.
+/// when it is a product of block-quantized weights that the target runs on Q8_1
+/// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]) or
+/// another one in the batched layout ([`Target::batched_cols`], of a [`batched_type`]). A step before it that computes `b` anyway
+/// can write that copy itself.
 pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
-    let quant = a.dtype.quant().is_some_and(decode_type);
-    (step.op == Op::MulMat && target.q8_1 && quant && quant_decode_layout(a, b)).then_some(Q8For {
+    let q = a.dtype.quant();
+    let reads = match quant_decode_layout(a, b) {
+        true => target.q8_1 && q.is_some_and(decode_type),
+        false => q.is_some_and(batched_type) && quant_batched_layout(a, b, target.batched_cols),
+    };
+    (step.op == Op::MulMat && reads).then_some(Q8For {
         of: b,
         layout: Q8Layout::of(a.dtype),
     })
@@ -569,7 +618,7 @@ impl<'p> Context<'p> {
     }
 
     /// Where a fused step's result `y` also goes as Q8_1 activations, when `next` is a
-    /// decode product of `y` that reads them (whole 32-element blocks of a dense `y`).
+    /// product of `y` that reads them (whole 32-element blocks of a dense `y`).
     fn q8_for(&self, y: &'p Operand, next: Option<&'p Step>) -> Option<Q8For<'p>> {
         let q8 = q8_1_input(next?, &self.target)?;
         (q8.of == y && y.is_contiguous() && y.ne[0] % 32 == 0).then_some(Q8For { of: y, ..q8 })

@@ -177,7 +177,12 @@ fn batches(a: &Args, e: &mut Engine, sampling: &SamplingParams) -> Result<()> {
             .collect();
         return print_out(&format!(
             "{}\n",
-            json!({ "rows": rows, "plans": e.plans().0 })
+            json!({
+                "rows": rows,
+                "plans": e.plans().0,
+                "sampled_from_candidates": e.stats().sampled_from_candidates,
+                "sampled_from_rows": e.stats().sampled_from_rows,
+            })
         ));
     }
     let mut out = String::from(
@@ -408,6 +413,8 @@ fn report_arrivals(
         "preemptions": st.preemptions,
         "steps": st.steps,
         "plans": e.plans().0,
+        "sampled_from_candidates": st.sampled_from_candidates,
+        "sampled_from_rows": st.sampled_from_rows,
     });
     if a.json {
         return print_out(&format!("{v}\n"));

@@ -7,7 +7,6 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use graft::files::{check_output, write_output_guarded};
-use graft::models::Logits;
 use graft::{Error, Result};
 
 use super::ModelArgs;
@@ -37,7 +36,7 @@ pub fn run(a: Args) -> Result<()> {
     let be = be.as_mut();
     let n = a.token_ids.len();
     let mut model = a.model.load(&path, be, Some(n.max(1)), a.quiet)?;
-    let out = model.prefill(be, &a.token_ids, Logits::All)?;
+    let out = model.forward(be, &a.token_ids)?;
     let vocab = model.config().vocab_size;
     let bytes: &[u8] = bytemuck::cast_slice(&out.logits);
     let view = TensorView::new(Dtype::F32, vec![n, vocab], bytes)

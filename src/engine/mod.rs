@@ -39,16 +39,17 @@ pub use text::Detokenize;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::models::arch::config::Config;
-use crate::models::blocks::batch::build_batch;
+use crate::models::blocks::batch::{build_batch, BatchShape};
 use crate::models::blocks::kv_cache::{KvCache, MAX_CTX};
 use crate::models::load::options::{CacheTypes, LoadOptions};
 use crate::models::load::quant_plan::QuantPlan;
 use crate::models::runtime::memory::HEADROOM;
 use crate::models::runtime::model::{load_weights, random_weights, LoadedWeights};
+use crate::models::runtime::output::Logits;
 use crate::models::runtime::sampling::{Row, SamplerChain};
 
 use pool::BlockPool;
-use runner::Runner;
+use runner::{Runner, StepOutputs};
 use scheduler::{Scheduler, StepPlan};
 use sequence::Sequence;
 use text::{TextState, TextStep};
@@ -167,10 +168,33 @@ pub struct Engine {
     next: u64,
     /// A step enqueued ahead (see [`Engine::step`]).
     inflight: Option<InFlight>,
+    /// A step staged ahead, waiting for its tokens (see [`Engine::step`]).
+    staged: Option<Staged>,
+    /// Whether samplers draw from the device's top candidates when they can (else from
+    /// whole rows of logits).
+    candidates: bool,
 }
 
 /// Why a sequence finished, and the stop token that ended it.
 type Ending = (FinishReason, Option<u32>);
+
+/// What follows a step before its tokens are read (see [`Engine::step`]).
+enum Next {
+    /// Nothing: the next step is planned after this one's tokens are read.
+    None,
+    /// The next decode step, enqueued with its tokens forwarded on the device.
+    Forwarded(InFlight),
+    /// The next decode step's inputs but its tokens, on the device.
+    Staged(Staged),
+}
+
+/// A decode step whose inputs but the tokens are on the device: the sequences it
+/// computes (a token each), its shape, and whether it reads the logits.
+struct Staged {
+    slices: Vec<(RequestId, usize)>,
+    shape: BatchShape,
+    rows: bool,
+}
 
 /// A step on the device: the sequences it computes (and how many tokens each), and
 /// whether it reads the logits.
@@ -236,6 +260,8 @@ impl Engine {
             ctx: cfg.ctx,
             next: 0,
             inflight: None,
+            staged: None,
+            candidates: true,
         })
     }
 
@@ -298,6 +324,14 @@ impl Engine {
     /// llama-batched-bench measures); off, decode tokens go first (what a server wants).
     pub fn set_prefill_first(&mut self, on: bool) {
         self.sched.cfg.prefill_first = on;
+    }
+
+    /// With `on` (the default), a sampler whose draw depends only on the largest logits
+    /// ([`SamplerChain::wants`]) draws from the device's top candidates of its row; off,
+    /// every sampler reads its whole row of logits. The tokens are the same either way
+    /// (see docs/sampling.md); off is for comparisons.
+    pub fn set_candidates(&mut self, on: bool) {
+        self.candidates = on;
     }
 
     /// Turns the prefix cache on or off for the requests admitted from now on.
@@ -421,23 +455,29 @@ impl Engine {
     /// Runs one step (see the module docs); nothing to do is an empty step. An error is
     /// one of the backend, which leaves every request where it was.
     ///
-    /// When a step only decodes greedy sequences and nothing waits, the next step (the
-    /// same sequences, one position on) is enqueued before this one's tokens are read,
-    /// its tokens copied on the device from this step's argmax: the host works a step
-    /// behind the device and the device never waits for it. A sequence that finishes in
-    /// this step leaves that next step's token for it unread.
+    /// When a step only decodes, every sequence goes on and nothing waits, the next step
+    /// (the same sequences, one position on) is prepared before this one's tokens are
+    /// read. Greedy sequences alone: it is enqueued, its tokens copied on the device from
+    /// this step's argmax, so the host works a step behind the device; a sequence that
+    /// finishes in this step leaves that next step's token for it unread. Otherwise its
+    /// inputs but the tokens are written to the device now, and the next call launches
+    /// it with the drawn tokens when every sequence drew one and goes on (else plans
+    /// afresh), so that between two sampled steps the host only draws and launches.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let current = match self.inflight.take() {
             Some(f) => f,
-            None => {
-                let plan = self.sched.schedule();
-                if plan.slices.is_empty() {
-                    return Ok(Vec::new());
+            None => match self.launch_staged()? {
+                Some(f) => f,
+                None => {
+                    let plan = self.sched.schedule();
+                    if plan.slices.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    self.enqueue(&plan)?
                 }
-                self.enqueue(&plan)?
-            }
+            },
         };
-        let next = match self.continuation(&current) {
+        let next = match self.follow(&current) {
             Ok(next) => next,
             Err(e) => {
                 self.abandon(current);
@@ -446,29 +486,35 @@ impl Engine {
         };
         match self.finish(current) {
             Ok(events) => {
-                self.inflight = next;
+                match next {
+                    Next::Forwarded(f) => self.inflight = Some(f),
+                    Next::Staged(st) => self.staged = Some(st),
+                    Next::None => {}
+                }
                 Ok(events)
             }
             Err(e) => {
-                if let Some(n) = next {
-                    self.abandon(n);
+                if let Next::Forwarded(f) = next {
+                    self.abandon(f);
                 }
                 Err(e)
             }
         }
     }
 
-    /// Enqueues the planned step.
+    /// Enqueues the planned step, with the reads its sampling points need.
     fn enqueue(&mut self, plan: &StepPlan) -> Result<InFlight> {
         let running = &self.sched.running;
         let n_tokens = plan.slices.iter().map(|s| s.n).sum();
-        let shape = self.runner.shape(n_tokens, plan.slices.len());
+        let points = plan
+            .slices
+            .iter()
+            .map(|sl| (&running[sl.seq], sl.n))
+            .filter(|(s, n)| s.computed + n == s.tokens.len());
+        let reads = Reads::of(points.map(|(s, _)| s), self.candidates);
+        let shape = self.runner.shape(n_tokens, plan.slices.len(), reads.k);
         let x = self.runner.inputs(plan, running, shape);
         self.runner.copy_blocks(self.be.as_mut(), &plan.copies)?;
-        let logits = plan.slices.iter().any(|sl| {
-            let s = &running[sl.seq];
-            s.computed + sl.n == s.tokens.len() && (!s.sampler.is_greedy() || s.logprobs.is_some())
-        });
         let slices = plan
             .slices
             .iter()
@@ -478,38 +524,65 @@ impl Engine {
         self.sched.stats.steps += 1;
         Ok(InFlight {
             slices,
-            logits,
+            logits: reads.rows,
             step,
         })
     }
 
-    /// The next decode step of the sequences of `current`, enqueued with its tokens
-    /// forwarded on the device, when it is sure to be wanted: `current` decodes every
-    /// running sequence, all greedy without log-probabilities, none at its token limit
-    /// or the end of its context, nothing waits, and the next position's blocks are free.
-    fn continuation(&mut self, current: &InFlight) -> Result<Option<InFlight>> {
+    /// What follows `current` before its tokens are read (see [`Engine::step`]): when it
+    /// decodes every running sequence, none at its token limit or the end of its
+    /// context, nothing waits and the next position's blocks are free, the next step,
+    /// enqueued with its tokens forwarded when every sequence is greedy without
+    /// log-probabilities, else staged.
+    fn follow(&mut self, current: &InFlight) -> Result<Next> {
         let sched = &self.sched;
         let bs = self.runner.block_size;
-        if current.logits
-            || !sched.waiting.is_empty()
-            || sched.running.len() != current.slices.len()
-        {
-            return Ok(None);
+        if !sched.waiting.is_empty() || sched.running.len() != current.slices.len() {
+            return Ok(Next::None);
         }
         let mut need = 0;
+        let mut greedy = !current.logits;
         for (s, &(id, n)) in sched.running.iter().zip(&current.slices) {
             let decoding = s.id == id && n == 1 && s.computed + 1 == s.tokens.len();
             let goes_on = s.generated() + 1 < s.max_tokens && s.tokens.len() + 1 < self.ctx;
-            if !(decoding && goes_on && s.sampler.is_greedy() && s.logprobs.is_none()) {
-                return Ok(None);
+            if !(decoding && goes_on) {
+                return Ok(Next::None);
             }
+            greedy &= s.sampler.is_greedy() && s.logprobs.is_none();
             need += s.blocks_for(s.tokens.len() + 1, bs);
         }
         if need > self.sched.pool.available() {
-            return Ok(None);
+            return Ok(Next::None);
         }
         let n = current.slices.len();
-        let shape = self.runner.shape(n, n);
+        // every sequence reaches a sampling point in the next step
+        let reads = Reads::of(self.sched.running.iter(), self.candidates);
+        let shape = self.runner.shape(n, n, reads.k);
+        let x = self.next_inputs(shape);
+        let slices = current.slices.clone();
+        if !greedy {
+            self.runner.stage(self.be.as_mut(), shape, &x)?;
+            return Ok(Next::Staged(Staged {
+                slices,
+                shape,
+                rows: reads.rows,
+            }));
+        }
+        let step = self
+            .runner
+            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        self.sched.stats.steps += 1;
+        Ok(Next::Forwarded(InFlight {
+            slices,
+            logits: false,
+            step,
+        }))
+    }
+
+    /// The inputs of the next decode step of every running sequence in `shape` but its
+    /// tokens, the blocks of its position taken (the caller checked they are free).
+    fn next_inputs(&mut self, shape: BatchShape) -> runner::StepInputs {
+        let bs = self.runner.block_size;
         let mut x = runner::StepInputs::default();
         for (col, s) in self.sched.running.iter_mut().enumerate() {
             let grow = s.blocks_for(s.tokens.len() + 1, bs);
@@ -529,21 +602,45 @@ impl Engine {
             x.cols.push(col);
         }
         self.runner.pad(&mut x, &self.sched.running, shape);
-        let step = self
-            .runner
-            .enqueue(self.be.as_mut(), shape, &x, Some(&current.step))?;
+        x
+    }
+
+    /// Launches the staged step with the tokens the last step drew, when it still fits:
+    /// nothing waits and every sequence it holds is running, in its place, with one
+    /// token drawn and not computed. `None` (the staged step dropped) otherwise.
+    fn launch_staged(&mut self) -> Result<Option<InFlight>> {
+        let Some(st) = self.staged.take() else {
+            return Ok(None);
+        };
+        let running = &self.sched.running;
+        let fits = self.sched.waiting.is_empty()
+            && running.len() == st.slices.len()
+            && running
+                .iter()
+                .zip(&st.slices)
+                .all(|(s, &(id, _))| s.id == id && s.computed + 1 == s.tokens.len());
+        if !fits {
+            return Ok(None);
+        }
+        let mut tokens: Vec<i32> = running
+            .iter()
+            .map(|s| s.tokens[s.computed] as i32)
+            .collect();
+        tokens.resize(st.shape.n_tokens, 0);
+        let n = st.slices.len();
+        let tokens = runner::Tokens::Host(&tokens);
+        let step = self.runner.launch(self.be.as_mut(), st.shape, tokens, n)?;
         self.sched.stats.steps += 1;
         Ok(Some(InFlight {
-            slices: current.slices.clone(),
-            logits: false,
+            slices: st.slices,
+            logits: st.rows,
             step,
         }))
     }
 
     /// Waits for an enqueued step whose results are not wanted (after an error).
     fn abandon(&mut self, f: InFlight) {
-        let n = f.slices.len();
-        let _ = self.runner.finish(self.be.as_mut(), f.step, n, false);
+        let _ = self.runner.finish(self.be.as_mut(), f.step, false);
         let _ = self.be.synchronize();
     }
 
@@ -551,33 +648,22 @@ impl Engine {
     /// where a sequence reached the end of its tokens, and retires finished ones.
     /// Sequences gone since the step was enqueued (finished, cancelled) are skipped.
     fn finish(&mut self, f: InFlight) -> Result<Vec<Event>> {
-        let out = self
-            .runner
-            .finish(self.be.as_mut(), f.step, f.slices.len(), f.logits)?;
+        let out = self.runner.finish(self.be.as_mut(), f.step, f.logits)?;
+        let points = self.advance(&f.slices);
+        let mut draws = self.draw(&points, &out);
         let mut events = Vec::new();
         let mut done: Vec<(RequestId, Option<Ending>)> = Vec::new();
-        let vocab = self.config.vocab_size;
-        let window = self.config.sliding_window;
-        for (col, &(id, n)) in f.slices.iter().enumerate() {
-            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
-                continue;
-            };
-            let s = &mut self.sched.running[i];
-            s.computed += n;
-            s.key_full_blocks(&mut self.sched.pool);
-            if let Some(w) = window {
-                s.drop_out_of_window(w, &mut self.sched.pool);
-            }
-            if s.computed < s.tokens.len() {
-                continue;
-            }
-            let row = out
-                .logits
-                .as_ref()
-                .map(|l| &l[col * vocab..(col + 1) * vocab]);
-            match next_token(s, out.argmax[col], row) {
-                Ok((token, logprobs)) => {
-                    if let Some(reason) = self.accept(i, token, logprobs, &mut events)? {
+        for &(i, _) in &points {
+            let id = self.sched.running[i].id;
+            match draws[i].take().expect("a draw for every sampling point") {
+                Ok(d) => {
+                    let stats = &mut self.sched.stats;
+                    match d.from {
+                        DrawnFrom::Argmax => {}
+                        DrawnFrom::Candidates => stats.sampled_from_candidates += 1,
+                        DrawnFrom::Row => stats.sampled_from_rows += 1,
+                    }
+                    if let Some(reason) = self.accept(i, d.token, d.logprobs, &mut events)? {
                         done.push((id, Some(reason)));
                     }
                 }
@@ -602,6 +688,70 @@ impl Engine {
             }
         }
         Ok(events)
+    }
+
+    /// Moves the sequences of a finished step's `slices` past the tokens it computed
+    /// (keying their full blocks, letting go of blocks out of a sliding window). The
+    /// running index and step column of each that reached a sampling point, in column
+    /// order.
+    fn advance(&mut self, slices: &[(RequestId, usize)]) -> Vec<(usize, usize)> {
+        let window = self.config.sliding_window;
+        let mut points = Vec::new();
+        for (col, &(id, n)) in slices.iter().enumerate() {
+            let Some(i) = self.sched.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
+            let s = &mut self.sched.running[i];
+            s.computed += n;
+            s.key_full_blocks(&mut self.sched.pool);
+            if let Some(w) = window {
+                s.drop_out_of_window(w, &mut self.sched.pool);
+            }
+            if s.computed == s.tokens.len() {
+                points.push((i, col));
+            }
+        }
+        points
+    }
+
+    /// The next token of each sampling point (running index, column) from the step's
+    /// outputs, by running index; drawn on the thread pool when
+    /// [`PARALLEL_DRAWS`] or more sequences sample.
+    fn draw(&mut self, points: &[(usize, usize)], out: &StepOutputs) -> Vec<Option<Result<Draw>>> {
+        let vocab = self.config.vocab_size;
+        let running = &mut self.sched.running;
+        let mut cols = vec![None; running.len()];
+        for &(i, col) in points {
+            cols[i] = Some(col);
+        }
+        let one = |s: &mut Sequence, col: Option<usize>| {
+            col.map(|col| {
+                let row = out
+                    .logits
+                    .as_ref()
+                    .map(|l| &l[col * vocab..(col + 1) * vocab]);
+                let top = out.top.as_ref().map(|t| t.row(col));
+                next_token(s, out.argmax[col], row, top)
+            })
+        };
+        let sampling = points
+            .iter()
+            .filter(|&&(i, _)| !running[i].sampler.is_greedy())
+            .count();
+        if sampling >= PARALLEL_DRAWS {
+            use rayon::prelude::*;
+            running
+                .par_iter_mut()
+                .zip(cols)
+                .map(|(s, col)| one(s, col))
+                .collect()
+        } else {
+            running
+                .iter_mut()
+                .zip(cols)
+                .map(|(s, col)| one(s, col))
+                .collect()
+        }
     }
 
     /// Takes a sampled token for running sequence `i`: a stop token finishes it, else
@@ -645,7 +795,13 @@ impl Engine {
     }
 
     /// Stops every request and releases the engine's plans and buffers.
-    pub fn release(mut self) -> Result<()> {
+    pub fn release(self) -> Result<()> {
+        self.into_backend().map(drop)
+    }
+
+    /// Stops every request, releases the engine's plans and buffers, and hands back the
+    /// backend (for another engine, or a model).
+    pub fn into_backend(mut self) -> Result<Box<dyn Backend>> {
         let ids: Vec<RequestId> = self
             .sched
             .running
@@ -656,31 +812,112 @@ impl Engine {
         for id in ids {
             self.sched.remove(id);
         }
-        self.runner.release(self.be.as_mut())
+        if let Some(f) = self.inflight.take() {
+            self.abandon(f);
+        }
+        self.staged = None;
+        self.runner.release(self.be.as_mut())?;
+        Ok(self.be)
     }
 }
 
-/// The next token of `s` from its step's argmax (greedy) or logits row, with its
-/// log-probabilities when asked for.
+/// Sequences sampling in one step from which their draws run on the thread pool (a
+/// draw with the chat settings takes a few microseconds, which a decode step of many
+/// sequences would otherwise wait for in turn).
+const PARALLEL_DRAWS: usize = 8;
+
+/// Where a token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DrawnFrom {
+    /// The device's argmax (greedy).
+    Argmax,
+    /// A draw from the device's top candidates.
+    Candidates,
+    /// A draw from the whole row of logits.
+    Row,
+}
+
+/// A sequence's next token, with its log-probabilities when asked for.
+struct Draw {
+    token: u32,
+    logprobs: Option<TokenLogprobs>,
+    from: DrawnFrom,
+}
+
+/// The next token of `s` from its step's argmax (greedy), or drawn by its sampler from
+/// the device's candidates `top` or its whole `row` of logits; with its
+/// log-probabilities (from the row) when asked for.
 fn next_token(
     s: &mut Sequence,
     argmax: i32,
     row: Option<&[f32]>,
-) -> Result<(u32, Option<TokenLogprobs>)> {
+    top: Option<Row<'_>>,
+) -> Result<Draw> {
     let position = s.tokens.len() - 1;
     let non_finite = || Error::NonFinite {
         position,
         step: "decode",
     };
-    let token = match (s.sampler.is_greedy(), row) {
-        (true, _) | (false, None) => u32::try_from(argmax).map_err(|_| non_finite())?,
-        (false, Some(r)) => s.sampler.sample(Row::Full(r), &s.tokens)?,
+    let (token, from) = match (s.sampler.is_greedy(), top, row) {
+        (true, _, _) => (
+            u32::try_from(argmax).map_err(|_| non_finite())?,
+            DrawnFrom::Argmax,
+        ),
+        (false, Some(top), _) => (s.sampler.sample(top, &s.tokens)?, DrawnFrom::Candidates),
+        (false, None, Some(r)) => (s.sampler.sample(Row::Full(r), &s.tokens)?, DrawnFrom::Row),
+        (false, None, None) => {
+            return Err(Error::plan(format!(
+                "internal: {} samples, and its step read neither candidates nor logits",
+                s.id
+            )))
+        }
     };
     let logprobs = match (s.logprobs, row) {
         (Some(n), Some(r)) => Some(logprobs_of(r, token, n).ok_or_else(non_finite)?),
-        (Some(_), None) | (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::plan(format!(
+                "internal: {} asks for log-probabilities, and its step read no logits",
+                s.id
+            )))
+        }
+        (None, _) => None,
     };
-    Ok((token, logprobs))
+    Ok(Draw {
+        token,
+        logprobs,
+        from,
+    })
+}
+
+/// What a step reads back beyond the argmax: for each sequence that reaches a sampling
+/// point, the device's candidates when its sampler can take them (the step's graph then
+/// selects the largest need, `k`), or the whole rows of logits when one needs them
+/// (log-probabilities, a sampler without top-k, candidates off), which then serve all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Reads {
+    /// Candidates the graph selects per sequence (0: none).
+    k: usize,
+    /// The rows of logits.
+    rows: bool,
+}
+
+impl Reads {
+    /// The reads of a step in which `points` reach a sampling point; `candidates` off
+    /// reads rows instead.
+    fn of<'a>(points: impl Iterator<Item = &'a Sequence>, candidates: bool) -> Reads {
+        let mut r = Reads::default();
+        for s in points {
+            match (s.logprobs, s.sampler.wants()) {
+                (None, Logits::None) => {}
+                (None, Logits::Top(k)) if candidates => r.k = r.k.max(k),
+                (Some(_), _) | (None, Logits::Top(_) | Logits::Last) => r.rows = true,
+            }
+        }
+        if r.rows {
+            r.k = 0;
+        }
+        r
+    }
 }
 
 /// The log-probability of `token` under the softmax of `row`, and the `n` most likely
@@ -789,10 +1026,11 @@ fn largest_arena(w: &LoadedWeights, cfg: &EngineConfig) -> Result<usize> {
         crate::graph::BufferId(0),
     );
     let s = &cfg.scheduler;
-    let shape = crate::models::blocks::batch::BatchShape {
+    let shape = BatchShape {
         n_tokens: runner::bucket(s.step_tokens),
         n_seqs: runner::bucket(s.max_seqs),
         max_blocks: cfg.ctx.div_ceil(cfg.block_size),
+        candidates: runner::candidate_bucket(crate::ops::topk::MAX_K, w.shard.vocab_size),
     };
     Ok(
         build_batch(&w.shard, &w.weights, &layout, cfg.block_size, shape)?

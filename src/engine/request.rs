@@ -174,4 +174,8 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Steps run so far.
     pub steps: u64,
+    /// Tokens drawn from the device's top candidates of their row so far.
+    pub sampled_from_candidates: u64,
+    /// Tokens drawn from a whole row of logits read back so far.
+    pub sampled_from_rows: u64,
 }

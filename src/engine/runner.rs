@@ -1,11 +1,14 @@
 //! Runs a planned step on the backend: the step's tokens laid out as the batch graph's
 //! inputs (padded to a shape bucket), the graph of that shape built and loaded on first
 //! use (a capturing backend captures it once and replays it after), the block copies of
-//! the prefix cache enqueued before it, and the outputs read back.
+//! the prefix cache enqueued before it, and the outputs read back: the argmax of every
+//! sequence, and where a sequence samples, the device's top candidates of each row or
+//! the whole rows of logits.
 //!
 //! Shapes come in buckets so that a few graphs serve every step: tokens and sequences in
-//! powers of two up to 64, then tokens in multiples of 64; the table always has the
-//! context's blocks per sequence. Padding tokens belong to sequence -1 (zero attention,
+//! powers of two up to 64, then tokens in multiples of 64; sampling candidates in powers
+//! of two from [`MIN_CANDIDATES`]; the table always has the context's blocks per
+//! sequence. Padding tokens belong to sequence -1 (zero attention,
 //! no key read) and write their K/V into block 0, which no sequence holds; padding
 //! sequences have empty tables and take the logits of token 0, which nobody reads.
 
@@ -16,6 +19,8 @@ use crate::models::arch::config::Config;
 use crate::models::blocks::batch::{build_batch, BatchGraph, BatchShape};
 use crate::models::blocks::kv_cache::KvCache;
 use crate::models::load::weights::Weights;
+use crate::models::runtime::sampling::Row;
+use crate::ops::topk::MAX_K;
 
 use super::pool::NULL_BLOCK;
 use super::scheduler::{Copy, StepPlan};
@@ -27,11 +32,27 @@ pub const MAX_BATCH_PLANS: usize = 16;
 /// Token counts up to which buckets are powers of two; above, multiples of it.
 const POW2_UP_TO: usize = 64;
 
+/// The fewest sampling candidates a graph selects (a smaller need takes this many).
+pub const MIN_CANDIDATES: usize = 16;
+
 /// The bucket of `n` tokens or sequences.
 pub fn bucket(n: usize) -> usize {
     match n {
         0..=POW2_UP_TO => n.max(1).next_power_of_two(),
         _ => n.next_multiple_of(POW2_UP_TO),
+    }
+}
+
+/// The candidates a graph selects for a step whose samplers need `k` (0: none) over a
+/// vocabulary of `vocab`: the next power of two from [`MIN_CANDIDATES`], at most the
+/// vocabulary and [`MAX_K`] (the samplers ask for no more than either).
+pub fn candidate_bucket(k: usize, vocab: usize) -> usize {
+    match k {
+        0 => 0,
+        _ => k
+            .next_power_of_two()
+            .clamp(MIN_CANDIDATES, MAX_K)
+            .min(vocab),
     }
 }
 
@@ -47,6 +68,8 @@ struct Loaded {
     out_rows: TensorId,
     logits: TensorId,
     argmax: TensorId,
+    /// The candidates' ids and values, when the graph selects them.
+    top: Option<(TensorId, TensorId)>,
 }
 
 impl Loaded {
@@ -61,6 +84,7 @@ impl Loaded {
             out_rows: g.out_rows,
             logits: g.logits,
             argmax: g.argmax,
+            top: g.top,
         })
     }
 }
@@ -81,11 +105,41 @@ pub(crate) struct StepInputs {
     pub(crate) cols: Vec<usize>,
 }
 
-/// A step enqueued on the backend, its argmax being read.
+/// The token ids of a step: from the host (padded to the shape), or the argmax of a step
+/// still on the device, forwarded there.
+pub(crate) enum Tokens<'a> {
+    Host(&'a [i32]),
+    Forwarded(&'a Enqueued),
+}
+
+/// A step enqueued on the backend, its argmax (and its candidates) being read.
 pub(crate) struct Enqueued {
     c: Loaded,
     shape: BatchShape,
+    /// Its real (unpadded) sequences.
+    n_seqs: usize,
     read: PendingRead,
+    /// The reads of the candidates' ids and values.
+    top: Option<(PendingRead, PendingRead)>,
+}
+
+/// The sampling candidates of a step: the `k` largest logits of each sequence's row
+/// with their ids, largest first (ties: lower id first).
+pub(crate) struct Candidates {
+    k: usize,
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Candidates {
+    /// The candidates of the sequence in column `col`.
+    pub(crate) fn row(&self, col: usize) -> Row<'_> {
+        let at = col * self.k..(col + 1) * self.k;
+        Row::Top {
+            ids: &self.ids[at.clone()],
+            logits: &self.logits[at],
+        }
+    }
 }
 
 /// What a step gives back for its real (unpadded) sequences, in plan order.
@@ -94,6 +148,8 @@ pub(crate) struct StepOutputs {
     pub(crate) argmax: Vec<i32>,
     /// All logits `[vocab, n_seqs]` (the padded count), when asked for.
     pub(crate) logits: Option<Vec<f32>>,
+    /// The candidates, when the step's graph selected them.
+    pub(crate) top: Option<Candidates>,
 }
 
 /// The model side of the engine: weights, pool and loaded batch graphs.
@@ -130,12 +186,14 @@ impl Runner {
         }
     }
 
-    /// The shape a plan with `n_tokens` tokens of `n_seqs` sequences runs in.
-    pub(crate) fn shape(&self, n_tokens: usize, n_seqs: usize) -> BatchShape {
+    /// The shape a plan with `n_tokens` tokens of `n_seqs` sequences runs in, whose
+    /// samplers need `k` candidates (0: none).
+    pub(crate) fn shape(&self, n_tokens: usize, n_seqs: usize, k: usize) -> BatchShape {
         BatchShape {
             n_tokens: bucket(n_tokens),
             n_seqs: bucket(n_seqs),
             max_blocks: self.max_blocks,
+            candidates: candidate_bucket(k, self.shard.vocab_size),
         }
     }
 
@@ -198,7 +256,7 @@ impl Runner {
 
     /// Enqueues one step of `shape` with inputs `x`, its tokens forwarded on the device
     /// from the argmax of the step `from` (of the same decode shape) when given, and
-    /// starts reading its argmax.
+    /// starts reading the argmax and the candidates.
     pub(crate) fn enqueue(
         &mut self,
         be: &mut dyn Backend,
@@ -206,9 +264,42 @@ impl Runner {
         x: &StepInputs,
         from: Option<&Enqueued>,
     ) -> Result<Enqueued> {
+        self.stage(be, shape, x)?;
+        let tokens = match from {
+            Some(prev) => Tokens::Forwarded(prev),
+            None => Tokens::Host(&x.tokens),
+        };
+        self.launch(be, shape, tokens, x.cols.len())
+    }
+
+    /// Writes the inputs of a step of `shape` from `x` but its tokens, after the runs
+    /// enqueued so far (a step still on the device reads its own first).
+    pub(crate) fn stage(
+        &mut self,
+        be: &mut dyn Backend,
+        shape: BatchShape,
+        x: &StepInputs,
+    ) -> Result<()> {
         let c = self.plan(be, shape)?;
-        match from {
-            Some(prev) => {
+        be.set_input_i32(c.exec, c.pos, &x.pos)?;
+        be.set_input_i32(c.exec, c.slots, &x.slots)?;
+        be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
+        be.set_input_i32(c.exec, c.table, &x.table)?;
+        be.set_input_i32(c.exec, c.out_rows, &x.out_rows)
+    }
+
+    /// Runs the step of `shape` whose other inputs are staged, with `tokens`, for
+    /// `n_seqs` real sequences, and starts reading the argmax and the candidates.
+    pub(crate) fn launch(
+        &mut self,
+        be: &mut dyn Backend,
+        shape: BatchShape,
+        tokens: Tokens<'_>,
+        n_seqs: usize,
+    ) -> Result<Enqueued> {
+        let c = self.plan(be, shape)?;
+        match tokens {
+            Tokens::Forwarded(prev) => {
                 debug_assert_eq!(shape.n_tokens, shape.n_seqs, "a forwarded step decodes");
                 be.forward_output(
                     prev.c.exec,
@@ -218,33 +309,49 @@ impl Runner {
                     4 * shape.n_seqs,
                 )?;
             }
-            None => be.set_input_i32(c.exec, c.tokens, &x.tokens)?,
+            Tokens::Host(ids) => be.set_input_i32(c.exec, c.tokens, ids)?,
         }
-        be.set_input_i32(c.exec, c.pos, &x.pos)?;
-        be.set_input_i32(c.exec, c.slots, &x.slots)?;
-        be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
-        be.set_input_i32(c.exec, c.table, &x.table)?;
-        be.set_input_i32(c.exec, c.out_rows, &x.out_rows)?;
         be.compute(c.exec)?;
+        // begun together, finished together: one wait for all three (reads take whole
+        // outputs, the padding's columns too)
         let read = be.begin_read(c.exec, c.argmax, 4 * shape.n_seqs)?;
-        Ok(Enqueued { c, shape, read })
+        let bytes = 4 * shape.candidates * shape.n_seqs;
+        let top = match c.top {
+            Some((ids, vals)) => Some((
+                be.begin_read(c.exec, ids, bytes)?,
+                be.begin_read(c.exec, vals, bytes)?,
+            )),
+            None => None,
+        };
+        Ok(Enqueued {
+            c,
+            shape,
+            n_seqs,
+            read,
+            top,
+        })
     }
 
-    /// Finishes a step: the argmax of its first `n_seqs` sequences, and every logit when
-    /// `logits`.
+    /// Finishes a step: the argmax of its real sequences, the candidates, and the rows of
+    /// logits when `logits`.
     pub(crate) fn finish(
         &self,
         be: &mut dyn Backend,
         step: Enqueued,
-        n_seqs: usize,
         logits: bool,
     ) -> Result<StepOutputs> {
-        let bytes = be.finish_read(step.read)?;
-        let argmax = bytes
-            .chunks_exact(4)
-            .take(n_seqs)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        let argmax = words(&be.finish_read(step.read)?)
+            .take(step.n_seqs)
+            .map(|w| w as i32)
             .collect();
+        let top = match step.top {
+            Some((ids, vals)) => Some(Candidates {
+                k: step.shape.candidates,
+                ids: words(&be.finish_read(ids)?).collect(),
+                logits: words(&be.finish_read(vals)?).map(f32::from_bits).collect(),
+            }),
+            None => None,
+        };
         let logits = match logits {
             true => Some(be.get_output_f32(
                 step.c.exec,
@@ -253,7 +360,11 @@ impl Runner {
             )?),
             false => None,
         };
-        Ok(StepOutputs { argmax, logits })
+        Ok(StepOutputs {
+            argmax,
+            logits,
+            top,
+        })
     }
 
     /// The loaded plan of `shape`, built and loaded on first use.
@@ -296,6 +407,13 @@ impl Runner {
     }
 }
 
+/// The little-endian 32-bit words of `bytes` (a read of I32 or F32 values).
+fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +425,15 @@ mod tests {
             .map(|&n| bucket(n))
             .collect();
         assert_eq!(got, vec![1, 1, 2, 4, 8, 64, 64, 128, 128, 192, 512, 576]);
+    }
+
+    #[test]
+    fn candidate_buckets_are_powers_of_two_within_the_vocabulary() {
+        let got: Vec<usize> = [(0, 512), (1, 512), (16, 512), (17, 512), (104, 512)]
+            .into_iter()
+            .chain([(300, 512), (1000, 151_936), (1024, 4096), (5, 8)])
+            .map(|(k, vocab)| candidate_bucket(k, vocab))
+            .collect();
+        assert_eq!(got, vec![0, 16, 16, 32, 128, 512, 1024, 1024, 8]);
     }
 }

@@ -8,8 +8,8 @@
 //!   per-tensor dtypes ([`QuantPlan`]), safetensors folders, GGUF files, load options;
 //! - [`blocks`]: the shared building blocks, the prefill, decode and trace graphs, and the
 //!   KV cache's layout ([`KvCache`]);
-//! - [`runtime`]: the inference API ([`Model`]): prefill, decode, the generation loop,
-//!   sampling, memory checks, traces;
+//! - [`runtime`]: loading weights for a run, one sequence's forward pass ([`Model`]:
+//!   every position's logits, traces), sampling, memory checks;
 //! - [`text`]: tokenizers, chat templates and the chat loop.
 //!
 //! Beside the rooms: [`convert`] writes an HF folder as a GGUF file (`graft convert`;
@@ -31,7 +31,7 @@ pub use blocks::kv_cache::KvCache;
 pub use load::options::{CacheTypes, LoadOptions};
 pub use load::quant_plan::QuantPlan;
 pub use load::weights::Weights;
-pub use runtime::model::{Generation, Model, Stop, TraceTensor};
+pub use runtime::model::{Model, TraceTensor};
 pub use runtime::output::{Logits, Output};
 pub use runtime::sampling::{Row, SamplerChain, SamplingParams};
 pub use text::chat::{ChatTemplate, Message};

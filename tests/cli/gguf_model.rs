@@ -16,7 +16,7 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
 use graft::gguf::{GgmlType, GgufFile, GgufWriter};
 use graft::models::convert::convert;
-use graft::models::{LoadOptions, Logits, Model, QuantPlan};
+use graft::models::{LoadOptions, Model, QuantPlan};
 
 use reference::{has_experts, nmse, reference, FIXTURES};
 
@@ -51,7 +51,7 @@ fn load(be: &mut dyn Backend, path: &Path, quantize: Option<QuantPlan>) -> graft
 /// The prompt logits of the model at `path`.
 fn logits(be: &mut dyn Backend, path: &Path, q: Option<QuantPlan>, tokens: &[u32]) -> Vec<f32> {
     let mut m = load(be, path, q).unwrap_or_else(|e| panic!("{e}"));
-    let out = m.prefill(be, tokens, Logits::All).unwrap().logits;
+    let out = m.forward(be, tokens).unwrap().logits;
     m.release(be).unwrap();
     out
 }

@@ -12,7 +12,7 @@ use graft::backend::cpu::CpuBackend;
 use graft::graph::DType;
 use graft::models::blocks::TRACE_NAMES;
 use graft::models::runtime::trace::{self, compare, Trace, ORDER_KEY, SOURCE_KEY, TOKENS_KEY};
-use graft::models::{CacheTypes, Config, LoadOptions, Logits, Model, TraceTensor};
+use graft::models::{CacheTypes, Config, LoadOptions, Model, TraceTensor};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -136,8 +136,7 @@ fn own_trace_has_every_documented_tensor_and_the_prefill_logits() {
         assert!(t.data.iter().all(|x| x.is_finite()), "{}", t.name);
     }
 
-    model.reset();
-    let out = model.prefill(&mut be, &ids, Logits::All).unwrap();
+    let out = model.forward(&mut be, &ids).unwrap();
     let logits = &got.last().unwrap().data;
     let e = nmse(logits, &out.logits);
     assert!(

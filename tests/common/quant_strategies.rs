@@ -1,15 +1,17 @@
 //! Cases of the ops on block-quantized tensors for the device tests: quantizing casts,
 //! dequantizing casts, get_rows from a quantized table, and mul_mat with quantized
-//! weights (decode widths 1..=8, optionally with a fused residual add, and prefill
-//! widths with broadcast batches). Weight rows may be strided (a view with padding
-//! blocks after each row); values mix gaussian-like numbers, outliers, zero blocks and
-//! all-equal blocks.
+//! weights (decode widths 1..=8, optionally with a fused residual add, batched widths
+//! 9..=300, and prefill widths with broadcast batches). Weight rows may be strided (a view
+//! with padding blocks after each row), and so may activation rows (padding elements that
+//! hold NaN, so that a kernel reading them fails the case); values mix gaussian-like
+//! numbers, outliers, zero blocks and all-equal blocks.
 //!
-//! [`run`] builds a case on any backend and returns the result bytes; [`oracle`] is the
-//! f64 result from the weights dequantized on the host (`graft::quant`).
+//! [`run`] builds a case on any backend, with the plan's arena poisoned around every
+//! tensor, and returns the result bytes; [`oracle`] is the f64 result from the weights
+//! dequantized on the host (`graft::quant`).
 
 use graft::backend::{Backend, FrozenTensor};
-use graft::graph::{BufferId, BufferRef, DType, Graph, TensorId};
+use graft::graph::{BufferId, BufferRef, DType, Graph, PlanOptions, TensorId};
 use graft::quant::{self, QType};
 
 use crate::common::quant_blocks;
@@ -32,10 +34,12 @@ pub fn quantizable_types() -> Vec<QType> {
         .collect()
 }
 
-/// The types the CUDA backend quantizes to (`cpy_f32_<q>`, `set_rows_f32_<q>` in
-/// cuda/quantize.cu): the legacy types and Q4_K, Q5_K, Q6_K. (The low-bit K-quants, IQ4
-/// and the ternary types are quantized on the host: `graft convert`, `--quantize`.)
-pub fn device_quantized_types() -> Vec<QType> {
+/// The legacy types and Q4_K, Q5_K, Q6_K: the types the CUDA backend quantizes to
+/// (`cpy_f32_<q>`, `set_rows_f32_<q>` in cuda/quantize.cu) and has batched products on
+/// the int8 tensor cores for (`mmq_*`, cuda/mmq.cu). The low-bit K-quants, IQ4 and the
+/// ternary types are quantized on the host (`graft convert`, `--quantize`), and their
+/// batched products take the F16 copy for cuBLAS.
+pub fn core_types() -> Vec<QType> {
     quantizable_types()
         .into_iter()
         .filter(|q| {
@@ -72,7 +76,8 @@ pub enum QOp {
 
 /// One case: a quantized (or to-be-quantized) matrix stack `[k, rows, a2, a3]` whose rows
 /// are `pad` blocks longer in memory than they are in the view, and for get_rows /
-/// mul_mat the other operand's width `n` and batches `b2 = a2 * r2`, `b3 = a3 * r3`.
+/// mul_mat the other operand's width `n` and batches `b2 = a2 * r2`, `b3 = a3 * r3`
+/// (mul_mat: rows of `k + x_pad` elements, viewed as `k`).
 #[derive(Clone, Debug)]
 pub struct QCase {
     pub op: QOp,
@@ -85,6 +90,8 @@ pub struct QCase {
     pub n: usize,
     pub a_batch: [usize; 2],
     pub repeat: [usize; 2],
+    /// Elements after each activation row of a mul_mat (NaN; the view leaves them out).
+    pub x_pad: usize,
     pub seed: u64,
 }
 
@@ -102,6 +109,7 @@ impl QCase {
             n,
             a_batch: [1, 1],
             repeat: [1, 1],
+            x_pad: 0,
             seed,
         }
     }
@@ -122,6 +130,13 @@ impl QCase {
     /// Rows of the whole weight stack.
     pub fn weight_rows(&self) -> usize {
         self.rows * self.a_batch[0] * self.a_batch[1]
+    }
+
+    /// Columns of a mul_mat's activations, batches included (one after the other, as in
+    /// the result).
+    pub fn cols(&self) -> usize {
+        let [b2, b3] = self.b_batch();
+        self.n * b2 * b3
     }
 }
 
@@ -234,13 +249,25 @@ pub fn quantize_input(c: &QCase) -> Vec<f32> {
 /// The activations `[k, n, b2, b3]` of a MulMat case (outliers 8 times larger: one 30
 /// times larger would cost the other 31 values of its Q8_1 block most of their bits).
 pub fn activations(c: &QCase) -> Vec<f32> {
-    let [b2, b3] = c.b_batch();
-    values_with(c.seed.wrapping_add(1), c.k * c.n * b2 * b3, 8.0)
+    values_with(c.seed.wrapping_add(1), c.k * c.cols(), 8.0)
 }
 
-/// The exact result of the Q8_1 decode path of a MulMat case without batches: each
-/// column quantized to Q8_1 on the host, each weight row dotted with it by
-/// `graft::quant::vec_dot_q8_1` (the CPU oracle of the `__dp4a` kernels).
+/// The activations as the case's input holds them: rows of `k + x_pad` elements, the
+/// padding NaN.
+pub fn activation_input(c: &QCase) -> Vec<f32> {
+    let x = activations(c);
+    let mut out = Vec::with_capacity((c.k + c.x_pad) * c.cols());
+    for row in x.chunks_exact(c.k) {
+        out.extend_from_slice(row);
+        out.extend(std::iter::repeat_n(f32::NAN, c.x_pad));
+    }
+    out
+}
+
+/// The exact result of the Q8_1 paths (the decode `__dp4a` kernels, the int8 tensor-core
+/// product) of a MulMat case over one weight matrix: each column quantized to Q8_1 on the
+/// host, each weight row dotted with it by `graft::quant::vec_dot_q8_1` (the CPU oracle of
+/// those kernels).
 pub fn oracle_q8_1(c: &QCase) -> Vec<f64> {
     let mut out = q8_1_products(c, &activations(c));
     if matches!(c.op, QOp::MulMat { add: true }) {
@@ -251,15 +278,16 @@ pub fn oracle_q8_1(c: &QCase) -> Vec<f64> {
     out
 }
 
-/// `vec_dot_q8_1` of every weight row of case `c` with each of the first `n` columns of
-/// `x` (`[k, n]` dense) quantized to Q8_1 on the host: `[rows, n]`, row-major.
+/// `vec_dot_q8_1` of every weight row of case `c` (one matrix) with each column of `x`
+/// (`[k, cols]` dense, [`QCase::cols`]) quantized to Q8_1 on the host: `[rows, cols]`,
+/// column after column.
 pub fn q8_1_products(c: &QCase, x: &[f32]) -> Vec<f64> {
     let se = c.stride_elems();
     let rb = c.q.row_bytes(se).expect("whole blocks");
     let used = c.q.row_bytes(c.k).expect("whole blocks");
     let w = weight_bytes(c);
-    let mut out = Vec::with_capacity(c.rows * c.n);
-    for col in x.chunks_exact(c.k).take(c.n) {
+    let mut out = Vec::with_capacity(c.rows * c.cols());
+    for col in x.chunks_exact(c.k).take(c.cols()) {
         let mut a = vec![0u8; QType::Q8_1.row_bytes(c.k).expect("whole blocks")];
         quant::quantize_row(QType::Q8_1, col, &mut a).expect("sizes");
         for i in 0..c.rows {
@@ -289,7 +317,7 @@ pub fn check_sum_order(c: &QCase, x: &[f32], got: &[f32], want: &[f64]) -> Resul
     let nblocks = c.k / qk;
     let tol = 4.0 * (nblocks + 4) as f64 * f64::from(2.0f32.powi(-24));
     let res = matches!(c.op, QOp::MulMat { add: true }).then(|| residual(c));
-    for (col, xc) in x.chunks_exact(c.k).take(c.n).enumerate() {
+    for (col, xc) in x.chunks_exact(c.k).take(c.cols()).enumerate() {
         for r in 0..c.rows {
             let wr = &w[r * c.k..(r + 1) * c.k];
             let mut mag: f64 = wr
@@ -439,8 +467,12 @@ fn run_inner(
                 }
                 QOp::MulMat { add } => {
                     let [b2, b3] = c.b_batch();
-                    let x = g.input("x", DType::F32, &[c.k, c.n, b2, b3])?;
-                    inputs.push((x, f32_bytes(&activations(c))));
+                    let ke = c.k + c.x_pad;
+                    let xin = g.input("x", DType::F32, &[ke, c.n, b2, b3])?;
+                    inputs.push((xin, f32_bytes(&activation_input(c))));
+                    let nb1 = 4 * ke;
+                    let x =
+                        g.view_4d(xin, [c.k, c.n, b2, b3], nb1, nb1 * c.n, nb1 * c.n * b2, 0)?;
                     let y = g.mul_mat(w, x)?;
                     if add {
                         let r = g.input("r", DType::F32, &[c.rows, c.n])?;
@@ -454,22 +486,40 @@ fn run_inner(
             }
         }
     };
-    let plan = g.plan(&[out])?;
+    let guard_bytes = crate::common::GUARD_BYTES;
+    let plan = g.plan_with(&[out], &PlanOptions { guard_bytes })?;
     let io = plan.io(out).expect("the output").operand.clone();
     let exec = be.load(&plan)?;
     let mut bytes = vec![0u8; io.nbytes()];
     let run = (|| {
-        // Twice: a backend may capture a graph on the first run and replay it.
+        // Twice: a backend may capture a graph on the first run and replay it. The arena is
+        // poisoned before each run: bytes outside every tensor must keep the poison.
         for _ in 0..2 {
+            be.fill_arena(exec, SENTINEL)?;
             for (id, data) in &inputs {
                 be.set_input(exec, *id, data)?;
             }
             be.compute(exec)?;
         }
-        be.get_output(exec, out, &mut bytes)
+        be.get_output(exec, out, &mut bytes)?;
+        be.read_arena(exec)
     })();
     be.unload(exec)?;
-    run.map(|()| (io.dtype, bytes))
+    let arena = run?;
+    if let Some(v) = arena_violation(&plan, &g, &arena) {
+        return Err(graft::Error::plan(format!(
+            "{c:?}: sentinel overwritten: {v}"
+        )));
+    }
+    if io.dtype == DType::F32 {
+        let poison = [SENTINEL; 4];
+        if let Some(i) = bytes.chunks_exact(4).position(|b| b == poison) {
+            return Err(graft::Error::plan(format!(
+                "{c:?}: result element {i} was never written"
+            )));
+        }
+    }
+    Ok((io.dtype, bytes))
 }
 
 /// The f64 result of a Dequantize, GetRows, SetRows or MulMat case (dense, row-major).
@@ -561,6 +611,7 @@ pub fn decode_rows(dt: DType, k: usize, bytes: &[u8]) -> Vec<f64> {
     out
 }
 
+use crate::common::case::{arena_violation, SENTINEL};
 pub use crate::common::nmse;
 
 fn qtype() -> impl Strategy<Value = QType> {
@@ -592,6 +643,7 @@ pub fn quantize(types: Vec<QType>) -> BoxedStrategy<QCase> {
                 n: 1,
                 a_batch: [1, 1],
                 repeat: [1, 1],
+                x_pad: 0,
                 seed,
             })
         })
@@ -618,6 +670,7 @@ pub fn dequantize() -> BoxedStrategy<QCase> {
                 n: 1,
                 a_batch: [1, 1],
                 repeat: [1, 1],
+                x_pad: 0,
                 seed,
             })
         })
@@ -638,6 +691,7 @@ pub fn get_rows() -> BoxedStrategy<QCase> {
                 n,
                 a_batch: [1, 1],
                 repeat: [1, 1],
+                x_pad: 0,
                 seed,
             })
         })
@@ -664,6 +718,7 @@ pub fn set_rows(types: Vec<QType>) -> BoxedStrategy<QCase> {
                 n: n.min(rows),
                 a_batch: [1, 1],
                 repeat: [1, 1],
+                x_pad: 0,
                 seed,
             })
         })
@@ -727,8 +782,46 @@ pub fn mul_mat_prefill() -> BoxedStrategy<QCase> {
                     n,
                     a_batch: if batched { [a2, a3] } else { [1, a3] },
                     repeat: if batched { [r2.max(2), r3] } else { [r2, 1] },
+                    x_pad: 0,
                     seed,
                 }
+            })
+        })
+        .boxed()
+}
+
+/// Batched products (a batched decode step, a prefill chunk): 9..=300 columns (the int8
+/// tensor-core product up to `MMQ_MAX_COLS`, the F16 copy for cuBLAS past it), counted
+/// over broadcast batches of activations a third of the time (one weight matrix, `n`
+/// columns a batch); rows 1..=150 (up to three tiles of 64, the last partial); rows of up
+/// to 2,048 elements (parts of K); weight rows padded and at offsets 0, 2 and 6 (aligned
+/// and unaligned K-quant blocks), activation rows padded with NaN or dense.
+pub fn mul_mat_batched() -> BoxedStrategy<QCase> {
+    let batches = prop_oneof![
+        4 => Just([1usize, 1]),
+        1 => Just([2, 1]),
+        1 => Just([1, 3]),
+        1 => Just([2, 3]),
+    ];
+    (
+        qtype(),
+        any::<u64>(),
+        1usize..=150,
+        0usize..=2,
+        prop_oneof![9usize..=64, 65usize..=300],
+        batches,
+        prop_oneof![Just(0usize), Just(2), Just(6)],
+        0usize..=3,
+    )
+        .prop_flat_map(|(q, seed, rows, pad, cols, repeat, offset, x_pad)| {
+            let max = if q.block_size() == 32 { 64 } else { 8 };
+            (1usize..=max).prop_map(move |b| QCase {
+                pad,
+                offset,
+                n: (cols / (repeat[0] * repeat[1])).max(1),
+                repeat,
+                x_pad,
+                ..QCase::mul_mat(q, b * q.block_size(), rows, 1, false, seed)
             })
         })
         .boxed()

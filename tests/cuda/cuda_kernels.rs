@@ -90,7 +90,8 @@ fn kernel_table_is_complete() {
 
 /// Every kernel of every module loads (CudaBackend::new looks each one up) and answers
 /// its attributes; the GEMV kernels (block-quantized decode products and the Q8_1
-/// activation quantizer included) use no local memory (no spills).
+/// activation quantizer included) and the batched quantized products use no local memory
+/// (no spills).
 #[test]
 fn every_kernel_loads() {
     let Some(be) = gpu() else { return };
@@ -132,6 +133,7 @@ fn every_kernel_loads() {
     ]
     .into_iter()
     .chain(quantized_decode_kernels())
+    .chain(batched_quantized_kernels())
     {
         assert_eq!(
             be.kernel_resources(kernel).unwrap().1,
@@ -216,7 +218,21 @@ fn split_and_in_place_decode_kernels() -> Vec<KernelId> {
     v
 }
 
-/// Every kernel of the decode families `families`, every column count.
+/// The batched quantized products on tensor cores (`mmq_*`): every weight type by every
+/// column tile in ggml's blocks, the split-row types in split rows, and the sum of the
+/// parts of K.
+fn batched_quantized_kernels() -> Vec<KernelId> {
+    let mut v = kernels_of(&[cols::MMQ, cols::MMQ_SPLIT]);
+    assert_eq!(
+        v.len(),
+        60,
+        "(8 weight types + 7 split-row types) x 4 column tiles"
+    );
+    v.push(k::MMQ_REDUCE.id);
+    v
+}
+
+/// Every kernel of the keyed families `families`, every key.
 fn kernels_of<A>(families: &[KeyedSets<A, 1>]) -> Vec<KernelId> {
     families
         .iter()

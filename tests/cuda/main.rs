@@ -1,6 +1,7 @@
 //! The CUDA backend: the kernel table, every op's property tests on the GPU against the
-//! f64 oracle and the CPU (float and block-quantized tensors, mul_mat_id), and a small transformer
-//! step captured and replayed as a CUDA graph.
+//! f64 oracle and the CPU (float and block-quantized tensors, mul_mat_id), a small
+//! transformer step captured and replayed as a CUDA graph, and the batched engine's random
+//! schedules.
 //!
 //! Built with `--features cuda` only (`cargo test --features cuda --test cuda`). Without
 //! a GPU the device tests print "skipped: no GPU" and pass, unless `GRAFT_REQUIRE_GPU=1`,
@@ -10,6 +11,9 @@ use std::sync::Mutex;
 
 #[path = "../common/mod.rs"]
 mod common;
+#[allow(dead_code)] // not every helper is used
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 #[allow(dead_code)] // the CPU tests' cases too
 #[path = "../common/moe.rs"]
 mod moe;
@@ -18,6 +22,7 @@ mod quant_strategies;
 
 mod cuda_graph;
 mod cuda_kernels;
+mod engine_cuda;
 mod mul_mat_id;
 mod ops_cuda;
 mod ops_cuda_quant;

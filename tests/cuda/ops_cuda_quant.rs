@@ -1,20 +1,20 @@
 //! The CUDA backend's ops on block-quantized tensors against the CPU backend and an f64
 //! oracle on the host-dequantized weights (`common/quant_strategies.rs` draws the cases):
 //! quantizing casts give the CPU's bytes (a block holding a NaN or an infinity too: zeros
-//! with a NaN scale), dequantizing casts and get_rows the CPU's
-//! bits, mul_mat is within an NMSE bound of the oracle and of the CPU on both decode
-//! paths (Q8_1 + dp4a: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
+//! with a NaN scale), dequantizing casts and get_rows the CPU's bits, mul_mat is within an
+//! NMSE bound of the oracle and of the CPU on the path its width takes, which the profile
+//! must show: the Q8_1 paths (the `__dp4a` decode kernels and the int8 tensor-core product
+//! of batched widths: 5e-4, or 1.5 times the error of the host's Q8_1 reference where
 //! that is larger, with the kernel held to that reference elementwise up to the order of
-//! its f32 sums, `quant_strategies::check_sum_order`; dequantize in
-//! registers: 1e-5) and on the prefill path
-//! (weights dequantized to F16 for cuBLAS: 1e-4). Each plan runs twice (capture, then
-//! replay). Without a GPU every test prints "skipped: no GPU" and passes, unless
-//! `GRAFT_REQUIRE_GPU=1`.
+//! its f32 sums, `quant_strategies::check_sum_order`), dequantize in registers (1e-5) and
+//! the weights dequantized to F16 for cuBLAS (1e-4). Each plan runs twice (capture, then
+//! replay) with its arena poisoned around every tensor, which must stay poisoned. Without
+//! a GPU every test prints "skipped: no GPU" and passes, unless `GRAFT_REQUIRE_GPU=1`.
 
 use std::cell::RefCell;
 
 use graft::backend::cpu::CpuBackend;
-use graft::backend::cuda::CudaBackend;
+use graft::backend::cuda::{CudaBackend, QuantPath, MMQ_MAX_COLS};
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
@@ -100,13 +100,69 @@ fn check_bytes(c: &QCase, cuda: &mut CudaBackend, cpu: &mut CpuBackend) -> Resul
     Ok(())
 }
 
-/// mul_mat within `bound` of the oracle, for the CPU and for the GPU, and of each other.
+/// The kernels a quantized mul_mat runs on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// Q8_1 activations, `__dp4a` decode kernels.
+    Dp4a,
+    /// Weights dequantized in registers against F32 activations.
+    Dequantize,
+    /// Q8_1 activations, the int8 tensor-core product.
+    Mmq,
+    /// Weights dequantized to F16 for cuBLAS.
+    Cublas,
+}
+
+impl Path {
+    /// The path of the kernels a run's profile lists.
+    fn of(kernels: &[String]) -> Option<Path> {
+        let ran = |k: &str| kernels.iter().any(|s| s.contains(k));
+        [
+            ("mmq_", Path::Mmq),
+            ("mul_mat_vec_q", Path::Dp4a),
+            ("mul_mat_vec_dq", Path::Dequantize),
+            ("cublas", Path::Cublas),
+        ]
+        .into_iter()
+        .find_map(|(k, p)| ran(k).then_some(p))
+    }
+
+    /// The path the lowering must pick for case `c` on the decode path `mmvq`: the decode
+    /// kernels for a few columns without batches, the tensor-core product up to
+    /// `MMQ_MAX_COLS` columns (batches included) over one weight matrix of a type it has
+    /// kernels for ([`qs::core_types`]), cuBLAS otherwise.
+    fn expected(c: &QCase, mmvq: bool) -> Path {
+        let one = c.a_batch == [1, 1];
+        match (c.n <= 8 && one && c.repeat == [1, 1], mmvq) {
+            (true, true) => Path::Dp4a,
+            (true, false) => Path::Dequantize,
+            (false, _) if one && c.cols() <= MMQ_MAX_COLS && qs::core_types().contains(&c.q) => {
+                Path::Mmq
+            }
+            (false, _) => Path::Cublas,
+        }
+    }
+
+    /// Bound on the NMSE of the path's results against the oracle and the CPU.
+    fn bound(self) -> f64 {
+        match self {
+            Path::Dp4a | Path::Mmq => NMSE_MMVQ,
+            Path::Dequantize => NMSE_DMMV,
+            Path::Cublas => NMSE_PREFILL,
+        }
+    }
+}
+
+/// mul_mat on the GPU on the path its shape takes (decode kernels on the `mmvq` path,
+/// the tensor-core product or cuBLAS; the profile of a second, eager run names the
+/// kernels, and its results must be the replayed run's bytes), within the path's bound of
+/// the oracle and of the CPU; a Q8_1 path also within the order of its f32 sums of the
+/// host's `vec_dot_q8_1`.
 fn check_mul_mat(
     c: &QCase,
     cuda: &mut CudaBackend,
     cpu: &mut CpuBackend,
     mmvq: bool,
-    bound: f64,
 ) -> Result<(), String> {
     let want = qs::oracle(c);
     let (dt, r) = run_on(c, cpu)?;
@@ -118,32 +174,40 @@ fn check_mul_mat(
     cuda.set_mmvq(Some(mmvq));
     let out = run_on(c, cuda);
     cuda.set_mmvq(None);
-    let (dt, g) = out?;
-    let g = qs::decode(dt, &g);
-    if let Some(i) = g.iter().position(|v| !v.is_finite()) {
-        return Err(format!("{c:?} (mmvq {mmvq}): element {i} is {}", g[i]));
+    let (dt, bytes) = out?;
+    let (eager, kernels) = profiled(cuda, mmvq, |cuda| run_on(c, cuda));
+    let path = Path::of(&kernels);
+    if path != Some(Path::expected(c, mmvq)) {
+        return Err(format!("{c:?} (mmvq {mmvq}): ran {path:?}: {kernels:?}"));
     }
-    // The Q8_1 path's error is that of the 8-bit activations, which a case with few
+    if let Some(d) = first_diff(&eager?.1, &bytes, 4) {
+        return Err(format!("{c:?}: eager and replayed runs differ: {d}"));
+    }
+    let path = Path::expected(c, mmvq);
+    let g = qs::decode(dt, &bytes);
+    if let Some(i) = g.iter().position(|v| !v.is_finite()) {
+        return Err(format!("{c:?} ({path:?}): element {i} is {}", g[i]));
+    }
+    // The Q8_1 paths' error is that of the 8-bit activations, which a case with few
     // outputs and outliers can push past the bound by itself: the bound is then the
     // host reference's own error against the oracle (normalized by the oracle, as the
     // kernel's is), and the exact check below still holds the kernel to that reference.
-    let exact = mmvq && c.n <= 8 && c.a_batch == [1, 1] && c.repeat == [1, 1];
-    let reference = exact.then(|| qs::oracle_q8_1(c));
+    let reference = matches!(path, Path::Dp4a | Path::Mmq).then(|| qs::oracle_q8_1(c));
     let bound = match &reference {
-        Some(q) => bound.max(1.5 * qs::nmse(q, &want)),
-        None => bound,
+        Some(q) => path.bound().max(1.5 * qs::nmse(q, &want)),
+        None => path.bound(),
     };
-    // The Q8_1 decode path computes exactly what vec_dot_q8_1 does, up to the order of
-    // the f32 sums (checked first: its message names the element).
+    // The Q8_1 paths compute exactly what vec_dot_q8_1 does, up to the order of the f32
+    // sums (checked first: its message names the element).
     if let Some(q) = &reference {
         let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
         qs::check_sum_order(c, &qs::activations(c), &g, q)
-            .map_err(|e| format!("{c:?}: vs vec_dot_q8_1: {e}"))?;
+            .map_err(|e| format!("{c:?} ({path:?}): vs vec_dot_q8_1: {e}"))?;
     }
     let (eo, ec) = (qs::nmse(&g, &want), qs::nmse(&g, &r));
     if eo > bound || ec > bound {
         return Err(format!(
-            "{c:?} (mmvq {mmvq}): NMSE vs oracle {eo:e}, vs cpu {ec:e} (bound {bound:e})"
+            "{c:?} ({path:?}): NMSE vs oracle {eo:e}, vs cpu {ec:e} (bound {bound:e})"
         ));
     }
     Ok(())
@@ -151,12 +215,7 @@ fn check_mul_mat(
 
 #[test]
 fn prop_quantize_matches_cpu_bytes() {
-    on_gpu(
-        "quantize",
-        qs::quantize(qs::device_quantized_types()),
-        192,
-        check_bytes,
-    );
+    on_gpu("quantize", qs::quantize(qs::core_types()), 192, check_bytes);
 }
 
 #[test]
@@ -172,12 +231,7 @@ fn prop_get_rows_matches_cpu_bits() {
 /// set_rows into a quantized table (a quantized KV cache's write): the CPU's bytes.
 #[test]
 fn prop_set_rows_matches_cpu_bytes() {
-    on_gpu(
-        "set_rows",
-        qs::set_rows(qs::device_quantized_types()),
-        96,
-        check_bytes,
-    );
+    on_gpu("set_rows", qs::set_rows(qs::core_types()), 96, check_bytes);
 }
 
 #[test]
@@ -186,7 +240,7 @@ fn prop_mul_mat_decode_q8_1() {
         "mul_mat decode (Q8_1, dp4a)",
         qs::mul_mat_decode(),
         192,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -198,7 +252,7 @@ fn prop_mul_mat_decode_q8_1_unaligned() {
         "mul_mat decode (Q8_1, dp4a), unaligned rows",
         qs::mul_mat_decode_offset(),
         96,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -218,7 +272,7 @@ fn decode_q8_1_single_output_near_zero() {
         "mul_mat decode, near-zero output",
         proptest::strategy::Just(case),
         1,
-        |c, g, r| check_mul_mat(c, g, r, true, NMSE_MMVQ),
+        |c, g, r| check_mul_mat(c, g, r, true),
     );
 }
 
@@ -228,7 +282,7 @@ fn prop_mul_mat_decode_dequantize() {
         "mul_mat decode (dequantize)",
         qs::mul_mat_decode(),
         192,
-        |c, g, r| check_mul_mat(c, g, r, false, NMSE_DMMV),
+        |c, g, r| check_mul_mat(c, g, r, false),
     );
 }
 
@@ -400,6 +454,7 @@ impl AttnProduct {
             n: n_q,
             a_batch: [1, 1],
             repeat: [1, 1],
+            x_pad: 0,
             seed: self.seed,
         }
     }
@@ -462,15 +517,59 @@ fn floats(b: &[u8]) -> Vec<f32> {
 #[test]
 fn prop_mul_mat_prefill() {
     on_gpu("mul_mat prefill", qs::mul_mat_prefill(), 96, |c, g, r| {
-        check_mul_mat(c, g, r, true, NMSE_PREFILL)
+        check_mul_mat(c, g, r, true)
+    });
+}
+
+/// Batched products (9..=300 columns, batches of activations broadcast over one weight
+/// matrix, strided activation rows whose NaN padding no kernel may read, rows of up to
+/// three 64-row tiles and long enough for parts of K, weights at aligned and unaligned
+/// offsets): the int8 tensor-core product up to `MMQ_MAX_COLS` columns, exactly the host's
+/// `vec_dot_q8_1` up to the order of its f32 sums; cuBLAS on the F16 copy past it.
+#[test]
+fn prop_mul_mat_batched() {
+    on_gpu("mul_mat batched", qs::mul_mat_batched(), 128, |c, g, r| {
+        check_mul_mat(c, g, r, true)
+    });
+}
+
+/// Every width of the tensor-core product's column tiles and the decode widths, forced
+/// onto it (`QuantPath::Mmq`), every type it has kernels for: 1..=8 columns take the
+/// 8-column tile, which only batched activations reach otherwise.
+#[test]
+fn prop_mmq_forced_at_decode_widths() {
+    use proptest::sample::select;
+    let case = (
+        select(qs::core_types()),
+        1usize..=8,
+        1usize..=70,
+        any::<u64>(),
+    )
+        .prop_flat_map(|(q, n, rows, seed)| {
+            let max = if q.block_size() == 32 { 40 } else { 5 };
+            (1usize..=max)
+                .prop_map(move |b| QCase::mul_mat(q, b * q.block_size(), rows, n, false, seed))
+        });
+    on_gpu("mmq at decode widths", case, 48, |c, cuda, _cpu| {
+        let want = qs::oracle_q8_1(c);
+        cuda.set_quant_path(QuantPath::Mmq);
+        let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
+        cuda.set_quant_path(QuantPath::Auto);
+        if Path::of(&kernels) != Some(Path::Mmq) {
+            return Err(format!("{c:?}: {kernels:?}"));
+        }
+        let (dt, bytes) = out?;
+        let g: Vec<f32> = qs::decode(dt, &bytes).iter().map(|&v| v as f32).collect();
+        qs::check_sum_order(c, &qs::activations(c), &g, &want).map_err(|e| format!("{c:?}: {e}"))
     });
 }
 
 /// A mul_mat case over frozen weights of one of `types`: `k` one of `ks` (rows the CUDA
 /// backend splits or not), at one of `offsets` (16-byte aligned or not), one wave of
-/// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths and prefill
-/// widths, a fused residual add or not, padded rows (`pad` blocks, one of `pads`) or not,
-/// on either decode path.
+/// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths, the widths of
+/// each column tile of the tensor-core product and prefill widths past them, a fused
+/// residual add or not, padded rows (`pad` blocks, one of `pads`) or not, on either decode
+/// path.
 fn frozen_case(
     types: Vec<QType>,
     ks: Vec<usize>,
@@ -482,7 +581,7 @@ fn frozen_case(
         select(types),
         select(ks),
         proptest::prop_oneof![1usize..150, 4225usize..4400],
-        select(vec![1usize, 2, 3, 4, 5, 8, 9, 40]),
+        select(vec![1usize, 2, 3, 4, 5, 8, 9, 17, 40, 64, 100, 300]),
         select(offsets),
         select(pads),
         any::<bool>(),
@@ -544,6 +643,20 @@ fn prop_frozen_k_quant_weights_match_unfrozen() {
     );
 }
 
+/// Frozen weights of every type under batched products (`qs::mul_mat_batched`: broadcast
+/// batches, strided activations, 9..=300 columns): the bytes the same weights give
+/// unfrozen, the split kernels (`mmq_split_*`, `cpy_split_*`) exactly when the rows are
+/// split (offset 0; Q6_K: any even offset).
+#[test]
+fn prop_frozen_batched_match_unfrozen() {
+    on_gpu(
+        "frozen weights, batched",
+        qs::mul_mat_batched(),
+        64,
+        |c, cuda, _cpu| check_frozen(c, true, cuda),
+    );
+}
+
 /// Q4_K and Q5_K decode products at 16-byte aligned rows, which the backend reads in
 /// place (`mul_mat_vec_qd_*`), against the same weights 2 bytes further into their
 /// buffer, which the staged kernel (`mul_mat_vec_q_*`) reads: the same result bytes
@@ -595,7 +708,7 @@ fn prop_aligned_k_quant_rows_match_staged() {
         if let Some(d) = first_diff(&aligned, &staged, 4) {
             return Err(format!("{c:?}: aligned and staged results differ: {d}"));
         }
-        check_mul_mat(c, cuda, cpu, true, NMSE_MMVQ)
+        check_mul_mat(c, cuda, cpu, true)
     });
 }
 
@@ -675,12 +788,9 @@ fn frozen_weight_past_one_chunk() {
 
 fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), String> {
     // rows of whole 16-byte multiples (Q4_0, Q5_0, Q8_0: 256 elements; Q4_1: 128; Q5_1:
-    // 64) at a 16-byte aligned start; Q6_K rows of 8 super-blocks or more at an even one
-    let blocks = c.stride_elems() / c.q.block_size();
-    let split = match c.q {
-        QType::Q6_K => blocks >= 8 && c.offset % 2 == 0,
-        _ => blocks * c.q.block_bytes() % 16 == 0 && c.offset % 16 == 0,
-    };
+    // 64; Q5_K: any) at a 16-byte aligned start; Q6_K rows of 8 super-blocks or more at an
+    // even one; never Q4_K (buffers start 256-byte aligned)
+    let split = graft::quant::split::splittable_at(c.q, c.stride_elems(), c.offset as u64);
     cuda.set_mmvq(Some(mmvq));
     let plain = run_on(c, cuda);
     let (frozen, kernels) = profiled(cuda, mmvq, |cuda| qs::run_frozen(c, cuda));
@@ -704,6 +814,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
             "mul_mat_vec_qs_",
             "mul_mat_vec_qsp_",
             "mul_mat_vec_dqs_",
+            "mmq_split_",
             "cpy_split_",
         ]
         .iter()
@@ -816,17 +927,17 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType, k: usize, offset:
 
 /// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q5_K (rows of 256 and 768 elements:
 /// every matrix but the embedding table is split when the model freezes its weights) gives the same
-/// logits, bit for bit, with split rows as without, over a prefill (the F16 copy for
-/// cuBLAS) and decode steps (the split decode product); the profile shows which kernels
+/// log-probabilities on the engine, bit for bit, with split rows as without, over a prompt (the F16
+/// copy for cuBLAS) and decode steps (the split decode product); the profile shows which kernels
 /// ran. The same for a wider model (rows of 2,048 and 2,304 elements) in Q6_K and Q4_K_M,
 /// whose Q6_K matrices are split.
 #[test]
 fn frozen_tiny_model_matches_unfrozen() {
     use graft::models::QuantPlan;
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut be) = common::cuda_backend() else {
+    if common::cuda_backend().is_none() {
         return;
-    };
+    }
     let tiny = graft::models::arch::presets::preset("tiny").unwrap();
     for (plan, kernel) in [
         (QuantPlan::Q4_0, "mul_mat_vec_qsp_c1_q4_0"),
@@ -836,7 +947,7 @@ fn frozen_tiny_model_matches_unfrozen() {
         (QuantPlan::Q8_0, "mul_mat_vec_qsp_c1_q8_0"),
         (QuantPlan::Q5_K, "mul_mat_vec_qsp_c1_q5_k"),
     ] {
-        tiny_model_split_and_not(&mut be, &tiny, plan, kernel);
+        tiny_model_split_and_not(&tiny, plan, kernel);
     }
     // Rows of 2,048 and 2,304 elements (1,890 bytes: rotated Q6_K rows), an output head of
     // its own: Q6_K split, and Q4_K_M (Q6_K for v, half of down and the head, in split
@@ -852,40 +963,55 @@ fn frozen_tiny_model_matches_unfrozen() {
         ..tiny
     };
     for plan in [QuantPlan::Q6_K, QuantPlan::Q4_K_M] {
-        tiny_model_split_and_not(&mut be, &wide, plan, "mul_mat_vec_qsp_c1_q6_k");
+        tiny_model_split_and_not(&wide, plan, "mul_mat_vec_qsp_c1_q6_k");
     }
-    be.set_split(true);
 }
 
-/// The logits of the model `cfg` in `plan` over a prefill and 6 decode steps, and the
-/// kernels of the first decode step, with and without split rows; `kernel` must run with.
+/// The engine over the seeded random model `cfg` in `plan` on a fresh GPU backend with
+/// split rows on or off (context 32).
+fn random_engine(
+    cfg: &graft::models::Config,
+    plan: graft::models::QuantPlan,
+    split: bool,
+) -> graft::engine::Engine {
+    use graft::engine::{Engine, EngineConfig};
+    let mut be = common::cuda_backend().expect("the GPU found before");
+    be.set_split(split);
+    Engine::random(cfg.clone(), plan, 5, Box::new(be), EngineConfig::new(32)).unwrap()
+}
+
+/// The log-probabilities of the model `cfg` in `plan` on the engine after a prompt and over
+/// 6 decode steps (each read back), and the kernels of the first decode step, with and
+/// without split rows; `kernel` must run with.
 fn tiny_model_split_and_not(
-    be: &mut CudaBackend,
     cfg: &graft::models::Config,
     plan: graft::models::QuantPlan,
     kernel: &str,
 ) {
-    use graft::models::{CacheTypes, Logits, Model};
+    use graft::engine::{Event, Request};
     let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
-    let mut run = |split: bool| {
-        be.set_split(split);
-        let mut m = Model::random(cfg.clone(), plan, 32, CacheTypes::default(), 5, be).unwrap();
-        let mut logits = m.prefill(be, &prompt, Logits::All).unwrap().logits;
-        let mut t = 7u32;
-        let mut kernels = String::new();
-        for step in 0..6 {
-            be.set_profiling(step == 0);
-            let out = m.decode_step(be, t, true).unwrap();
-            if step == 0 {
-                let names: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
-                kernels = names.join(" ");
-                be.set_profiling(false);
+    let run = |split: bool| {
+        let mut e = random_engine(cfg, plan, split);
+        let mut req = Request::greedy(prompt.clone(), 7);
+        req.logprobs = Some(cfg.vocab_size);
+        req.stop.ignore_eos = true;
+        e.add(req).unwrap();
+        let (mut rows, mut kernels, mut step) = (Vec::new(), String::new(), 0);
+        while e.has_work() {
+            // the second step is the first decode step
+            e.backend().set_profiling(step == 1);
+            for ev in e.step().unwrap() {
+                if let Event::Token { logprobs, .. } = ev {
+                    rows.extend(logprobs.unwrap().top);
+                }
             }
-            logits.extend_from_slice(&out.logits);
-            t = out.argmax;
+            if step == 1 {
+                kernels = profiled_kernels(&mut e);
+            }
+            step += 1;
         }
-        m.release(be).unwrap();
-        (logits, kernels)
+        e.release().unwrap();
+        (rows, kernels)
     };
     let (plain, k_plain) = run(false);
     let (split, k_split) = run(true);
@@ -897,41 +1023,40 @@ fn tiny_model_split_and_not(
         !k_plain.contains("mul_mat_vec_qs"),
         "{plan} unsplit decode kernels: {k_plain}"
     );
-    assert_eq!(plain.len(), split.len());
+    assert_eq!(plain.len(), 7 * cfg.vocab_size);
     let diff = plain
         .iter()
         .zip(&split)
-        .position(|(a, b)| a.to_bits() != b.to_bits());
+        .position(|(a, b)| a.0 != b.0 || a.1.to_bits() != b.1.to_bits());
     assert!(
         diff.is_none(),
-        "{plan}: logit {diff:?} differs with split rows"
+        "{plan}: log-probability {diff:?} differs with split rows"
     );
 }
 
 /// The `tiny` preset (rows of 256 and 768 elements, 4 layers) in the mixes of the low-bit
 /// K-quants and IQ4, random weights the CUDA backend quantizes on the host (it has no
 /// quantizing copy to these types) from the F32 values it drew: the same bytes as the
-/// CPU's model of the same seed, so the logits over a prefill (the dequantizing copy for
-/// cuBLAS) and 6 decode steps (the `__dp4a` products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-/// IQ4_NL and IQ4_XS) stay within 1e-3 NMSE of the CPU's, as the other quantized models
-/// (`quantized_decode_matches_the_cpu` in tests/models); a wrong block gives order 1.
+/// CPU's model of the same seed, so the engine's log-probability rows (centered on their
+/// means) over a 300-token prefill (the dequantizing copy for cuBLAS) and 6 decode steps
+/// (the `__dp4a` products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS) stay within
+/// 1e-3 NMSE of the CPU's, as the other quantized models (`quantized_decode_matches_the_cpu`
+/// in tests/models); a wrong block gives order 1.
 #[test]
 fn low_bit_mixes_match_the_cpu() {
-    use graft::models::{CacheTypes, Logits, Model, QuantPlan};
+    use graft::models::{CacheTypes, QuantPlan};
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cuda) = common::cuda_backend() else {
+    if common::cuda_backend().is_none() {
         return;
-    };
+    }
     let tiny = graft::models::arch::presets::preset("tiny").unwrap();
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 4096).collect();
-    let run = |be: &mut dyn Backend, plan: QuantPlan| {
-        let mut m = Model::random(tiny.clone(), plan, 32, CacheTypes::default(), 5, be).unwrap();
-        let mut logits = m.prefill(be, &prompt, Logits::All).unwrap().logits;
-        for t in [7, 901, 13, 4000, 250, 64] {
-            logits.extend(m.decode_step(be, t, true).unwrap().logits);
-        }
-        m.release(be).unwrap();
-        logits
+    let centered = |rows: Vec<f32>| -> Vec<f64> {
+        rows.chunks(tiny.vocab_size)
+            .flat_map(|r| {
+                let mean = r.iter().map(|&x| x as f64).sum::<f64>() / r.len() as f64;
+                r.iter().map(move |&x| x as f64 - mean)
+            })
+            .collect()
     };
     for plan in [
         QuantPlan::Q2_K,
@@ -939,9 +1064,15 @@ fn low_bit_mixes_match_the_cpu() {
         QuantPlan::IQ4_NL,
         QuantPlan::IQ4_XS,
     ] {
-        let got = run(&mut cuda, plan);
-        let want = run(&mut CpuBackend::new(), plan);
-        let e = common::nmse(&got, &want);
+        let cuda = common::cuda_backend().expect("the GPU found before");
+        let (got, _) = model_rows(Box::new(cuda), &tiny, plan, CacheTypes::default());
+        let (want, _) = model_rows(
+            Box::new(CpuBackend::new()),
+            &tiny,
+            plan,
+            CacheTypes::default(),
+        );
+        let e = common::nmse(&centered(got), &centered(want));
         println!("tiny {plan}: NMSE against the CPU {e:.2e}");
         assert!(e <= 1e-3, "tiny {plan}: NMSE {e:e} against the CPU");
     }
@@ -949,21 +1080,21 @@ fn low_bit_mixes_match_the_cpu() {
 
 /// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the streamed
 /// decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8 query heads
-/// a KV head), against the same seeded model on the CPU: the decode steps must run
-/// `fattn_vec1s_d<D>_<type>` (MHA, and head dim 64) or `fattn_vec4s_d<D>_<type>` (GQA; 3
-/// heads: one block short of 4, 8: two blocks a KV head) in several chunks (a 300-token
-/// prompt) and their logits stay within 2e-5 NMSE of the CPU's (measured on an H200: 1.4e-7
-/// to 2.7e-7 with Q8_0 caches, 4.3e-6 to 1.0e-5 with Q4_0; the runs are deterministic, the
-/// same every time). Both backends quantize the same K/V rows into the cache, so what
-/// differs is the order of the sums; a wrong block offset, scale, nibble order, KV head or
-/// query head gives errors of order 1.
+/// a KV head), on the engine against the same seeded model on the CPU: the decode steps must
+/// run `fattn_paged_vec_d<D>_<type>` (MHA, and head dim 64) or `fattn_paged_vec4_d<D>_<type>`
+/// (GQA; 3 heads: one block short of 4, 8: two blocks a KV head) in several chunks (a
+/// 300-token prompt) and their log-probabilities stay within 2e-5 NMSE of the CPU's (the
+/// one-sequence decode measured on an H200: 1.4e-7 to 2.7e-7 with Q8_0 caches, 4.3e-6 to
+/// 1.0e-5 with Q4_0). Both backends quantize the same K/V rows into the pool, so what differs
+/// is the order of the sums; a wrong block offset, scale, nibble order, KV head or query
+/// head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
-    use graft::models::{arch::presets, CacheTypes, Config as ModelConfig};
+    use graft::models::{arch::presets, CacheTypes, Config as ModelConfig, QuantPlan};
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cuda) = common::cuda_backend() else {
+    if common::cuda_backend().is_none() {
         return;
-    };
+    }
     let tiny = presets::preset("tiny").unwrap();
     // head dim, query heads, query heads a KV head, cache type
     for (d, heads, group, ty) in [
@@ -989,12 +1120,15 @@ fn quantized_caches_stream_in_model_decode() {
             v: DType::Quant(ty),
             flash_attn: true,
         };
-        let (got, kernels) = model_logits(&mut cuda, &cfg, cache);
-        let (want, _) = model_logits(&mut CpuBackend::new(), &cfg, cache);
-        let rows = if group == 1 || d == 64 { 1 } else { 4 };
-        let kernel = format!("fattn_vec{rows}s_d{d}_{ty}");
+        let cuda = common::cuda_backend().expect("the GPU found before");
+        let (got, kernels) = model_rows(Box::new(cuda), &cfg, QuantPlan::F32, cache);
+        let (want, _) = model_rows(Box::new(CpuBackend::new()), &cfg, QuantPlan::F32, cache);
+        let kernel = match group == 1 || d == 64 {
+            true => format!("fattn_paged_vec_d{d}_{ty}"),
+            false => format!("fattn_paged_vec4_d{d}_{ty}"),
+        };
         assert!(
-            kernels.contains(&kernel) && kernels.contains("fattn_combine"),
+            kernels.contains(&kernel) && kernels.contains("fattn_paged_combine"),
             "head dim {d}, group {group}, {ty} cache: the last decode step ran {kernels}"
         );
         let e = common::nmse(&got, &want);
@@ -1006,26 +1140,58 @@ fn quantized_caches_stream_in_model_decode() {
     }
 }
 
-/// The logits of a seeded random F32 model `cfg` with caches `cache` over the last
-/// prompt token and 6 decode steps of fixed tokens after a 300-token prompt, and the
-/// kernels of the last step (profiled).
-fn model_logits(
-    be: &mut dyn Backend,
+/// The log-probabilities on the engine, over a seeded random model `cfg` in `plan` with
+/// caches `cache`, of the last token of a 300-token prompt and of 6 fixed tokens after it,
+/// each a decode step over the cached prefix; and the kernels of the last step (profiled).
+fn model_rows(
+    be: Box<dyn Backend>,
     cfg: &graft::models::Config,
+    plan: graft::models::QuantPlan,
     cache: graft::models::CacheTypes,
 ) -> (Vec<f32>, String) {
-    use graft::models::{Logits, Model, QuantPlan};
+    use graft::engine::{Engine, EngineConfig, Event, Request};
     let vocab = cfg.vocab_size as u32;
-    let prompt: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
-    let mut m = Model::random(cfg.clone(), QuantPlan::F32, 320, cache, 5, be).unwrap();
-    let mut logits = m.prefill(be, &prompt, Logits::Last).unwrap().logits;
-    let tokens = [7, 901, 13, 4000, 250, 64];
-    for (i, t) in tokens.into_iter().enumerate() {
-        be.set_profiling(i + 1 == tokens.len());
-        logits.extend(m.decode_step(be, t, true).unwrap().logits);
+    let mut seq: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
+    seq.extend([7, 901, 13, 4000, 250, 64]);
+    let ecfg = EngineConfig {
+        cache,
+        ..EngineConfig::new(320)
+    };
+    let mut e = Engine::random(cfg.clone(), plan, 5, be, ecfg).unwrap();
+    let mut rows = Vec::new();
+    for end in 300..=seq.len() {
+        let last = end == seq.len();
+        let mut req = Request::greedy(seq[..end].to_vec(), 1);
+        req.logprobs = Some(cfg.vocab_size);
+        req.stop.ignore_eos = true;
+        e.add(req).unwrap();
+        e.backend().set_profiling(last);
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                if let Event::Token { logprobs, .. } = ev {
+                    let mut row = vec![0f32; cfg.vocab_size];
+                    for (t, lp) in logprobs.unwrap().top {
+                        row[t as usize] = lp;
+                    }
+                    rows.extend(row);
+                }
+            }
+        }
     }
-    let kernels: Vec<String> = be.take_profile().into_iter().map(|s| s.kernels).collect();
-    be.set_profiling(false);
-    m.release(be).unwrap();
-    (logits, kernels.join(" "))
+    let kernels = profiled_kernels(&mut e);
+    e.release().unwrap();
+    (rows, kernels)
+}
+
+/// The kernels of the runs profiled on `e`'s backend since profiling was turned on, and
+/// profiling off.
+fn profiled_kernels(e: &mut graft::engine::Engine) -> String {
+    let names: Vec<String> = e
+        .backend()
+        .take_profile()
+        .into_iter()
+        .map(|s| s.kernels)
+        .collect();
+    e.backend().set_profiling(false);
+    names.join(" ")
 }

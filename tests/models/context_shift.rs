@@ -1,62 +1,83 @@
-//! Generation past the context with [`Model::set_context_shift`]: the run keeps going in
-//! the memory of one context, and what it generates after a shift is what a fresh run
-//! from the kept tokens generates (CPU, tiny Model 3 fixture, greedy).
+//! Generation past the context with a context shift (`Stop::context_shift`) on the
+//! engine: the run keeps going in the memory of one context (each time the context
+//! fills, its last half is kept and computed again), and every token it generates is the
+//! one a fresh request whose prompt is the tokens then kept generates first (CPU, tiny
+//! Llama 3 fixture, greedy, blocks of 4 positions).
 
 use graft::backend::cpu::CpuBackend;
-use graft::models::{LoadOptions, Model, SamplerChain};
+use graft::engine::{Engine, EngineConfig, Event, FinishReason, KvBudget, Request};
+use graft::models::LoadOptions;
 
 use crate::fixtures;
+use crate::runs::{engine_with, run};
 
 const CTX: usize = 16;
+const BLOCK: usize = 4;
 
-fn load(be: &mut CpuBackend) -> Model {
+fn engine() -> Engine {
     let opts = LoadOptions {
         ctx: Some(CTX),
         progress: false,
         ..LoadOptions::default()
     };
-    let mut m = Model::load(&fixtures::fixture("llama3-tiny-bf16"), be, &opts).unwrap();
-    m.set_ignore_eos(true);
-    m
+    let cfg = EngineConfig {
+        block_size: BLOCK,
+        kv: KvBudget::Tokens(4 * CTX),
+        ..EngineConfig::new(CTX)
+    };
+    let path = fixtures::fixture("llama3-tiny-bf16");
+    engine_with(&path, Box::new(CpuBackend::new()), &opts, cfg)
 }
 
-fn greedy(m: &mut Model, be: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
-    m.generate(be, prompt, n, &mut SamplerChain::greedy(), &mut |_| Ok(()))
-        .unwrap()
-        .tokens
+/// A greedy request for `n` tokens after `prompt`, past end-of-sequence tokens, shifting
+/// its context when `shift`.
+fn request(prompt: &[u32], n: usize, shift: bool) -> Request {
+    let mut r = Request::greedy(prompt.to_vec(), n);
+    r.stop.ignore_eos = true;
+    r.stop.context_shift = shift;
+    r
 }
 
 #[test]
 fn generation_goes_past_the_context_by_shifting() {
-    let mut be = CpuBackend::new();
-    let mut m = load(&mut be);
+    let mut e = engine();
     let prompt = [1u32, 2, 3];
-    let e = m
-        .generate(
-            &mut be,
-            &prompt,
-            40,
-            &mut SamplerChain::greedy(),
-            &mut |_| Ok(()),
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("exceeds the context"), "{e}");
+    let err = e.add(request(&prompt, 40, false)).unwrap_err().to_string();
+    assert!(err.contains("exceeds the context"), "{err}");
 
-    m.set_context_shift(true);
-    let shifted = greedy(&mut m, &mut be, &prompt, 40);
-    assert_eq!(shifted.len(), 40);
-    assert!(m.n_past() <= CTX);
+    let id = e.add(request(&prompt, 40, true)).unwrap();
+    let mut shifted = Vec::new();
+    let mut finish = None;
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token { token, .. } => shifted.push(token),
+                Event::Finished { reason, .. } => finish = Some(reason),
+                Event::Error { error, .. } => panic!("{id}: {error}"),
+            }
+        }
+        let used = e.stats().blocks_used;
+        assert!(
+            used <= CTX / BLOCK,
+            "{used} blocks held: more than one context"
+        );
+    }
+    assert_eq!((shifted.len(), finish), (40, Some(FinishReason::Length)));
 
-    // Token i is decoded at position 3 + i, so the first shift comes before token 13
-    // (position 16) is decoded: the cache then holds the last 8 tokens up to token 13,
-    // and the tokens from 14 on come from them until the next shift (8 of them fit a
-    // fresh run's context after those 8).
-    let mut fresh = load(&mut be);
-    let unshifted = greedy(&mut fresh, &mut be, &prompt, CTX - prompt.len());
-    assert_eq!(shifted[..unshifted.len()], unshifted[..]);
-    let history: Vec<u32> = prompt.iter().chain(&shifted).copied().collect();
-    let kept = &history[prompt.len() + 13 + 1 - CTX / 2..prompt.len() + 13 + 1];
-    let after = greedy(&mut fresh, &mut be, kept, CTX - kept.len());
-    assert_eq!(shifted[14..22], after[..], "kept {kept:?}");
+    // The tokens the sequence holds after each token: a full context keeps its last
+    // half. Each token is the first greedy token of a fresh request of what was held.
+    let mut fresh = engine();
+    fresh.set_prefix_cache(false);
+    let (mut held, mut shifts) = (prompt.to_vec(), 0);
+    for (i, &t) in shifted.iter().enumerate() {
+        let want = run(&mut fresh, request(&held, 1, false)).tokens;
+        assert_eq!(want, [t], "token {i} after {held:?}");
+        held.push(t);
+        if held.len() >= CTX {
+            held.drain(..held.len() - CTX / 2);
+            shifts += 1;
+        }
+    }
+    // the first shift after token 13 (3 + 13 = 16 tokens), then every 8 tokens
+    assert_eq!(shifts, 4);
 }

@@ -11,7 +11,8 @@ use graft::backend::cpu::CpuBackend;
 use graft::engine::{
     Engine, EngineConfig, Event, FinishReason, KvBudget, Request, RequestId, SchedulerConfig,
 };
-use graft::models::{LoadOptions, SamplingParams};
+use graft::graph::DType;
+use graft::models::{CacheTypes, LoadOptions, SamplingParams};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -19,6 +20,9 @@ use rand::{Rng, SeedableRng};
 fn fixture(name: &str) -> PathBuf {
     crate::fixtures::fixture(name)
 }
+
+/// The fixtures' vocabulary.
+const VOCAB: usize = 512;
 
 /// Fixtures of every attention kind: GQA with llama3 rope, a sliding window, q/k norms,
 /// learned positions.
@@ -57,6 +61,11 @@ fn config(ctx: usize, kv: usize, max_seqs: usize, step_tokens: usize) -> EngineC
 struct Outcome {
     tokens: Vec<u32>,
     finish: Option<FinishReason>,
+    /// The error it failed with (sampled schedules only).
+    error: Option<String>,
+    /// The log-probability row (by token id) of each token, when the request asked for
+    /// the whole vocabulary's.
+    rows: Vec<Vec<f32>>,
 }
 
 /// Steps until nothing is left, collecting every request's tokens.
@@ -70,9 +79,32 @@ fn drain(e: &mut Engine, out: &mut HashMap<RequestId, Outcome>) {
 
 fn record(ev: Event, out: &mut HashMap<RequestId, Outcome>) {
     match ev {
-        Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
+        Event::Token {
+            id,
+            token,
+            logprobs,
+            ..
+        } => {
+            let o = out.entry(id).or_default();
+            o.tokens.push(token);
+            if let Some(lp) = logprobs.filter(|lp| lp.top.len() == VOCAB) {
+                let mut row = vec![0f32; VOCAB];
+                for (t, x) in lp.top {
+                    row[t as usize] = x;
+                }
+                o.rows.push(row);
+            }
+        }
         Event::Finished { id, reason, .. } => out.entry(id).or_default().finish = Some(reason),
         Event::Error { id, error } => panic!("{id}: {error}"),
+    }
+}
+
+/// [`record`], errors included.
+fn record_errors(ev: Event, out: &mut HashMap<RequestId, Outcome>) {
+    match ev {
+        Event::Error { id, error } => out.entry(id).or_default().error = Some(error.to_string()),
+        ev => record(ev, out),
     }
 }
 
@@ -94,6 +126,10 @@ struct Schedule {
     kv: usize,
     max_seqs: usize,
     step_tokens: usize,
+    /// Each request's sampling settings and log-probabilities (all greedy when empty).
+    sampling: Vec<(SamplingParams, Option<usize>)>,
+    /// The KV pool's types.
+    cache: CacheTypes,
 }
 
 fn schedule() -> impl Strategy<Value = Schedule> {
@@ -136,14 +172,86 @@ fn schedule() -> impl Strategy<Value = Schedule> {
                 kv,
                 max_seqs,
                 step_tokens: step_tokens.max(max_seqs),
+                sampling: Vec::new(),
+                cache: CacheTypes::default(),
             }
         })
 }
 
+/// A schedule whose requests sample with random settings: seeds, temperatures, top-k
+/// below and above the vocabulary (512), top-p, min-p, typical-p, penalties that lower
+/// and that raise logits, biases that ban, lower and raise tokens, log-probabilities.
+fn sampled_schedule() -> impl Strategy<Value = Schedule> {
+    (schedule(), any::<u64>()).prop_map(|(mut s, seed)| {
+        let mut rng = StdRng::seed_from_u64(seed);
+        s.sampling = (0..s.requests.len())
+            .map(|_| {
+                (
+                    random_sampling(&mut rng),
+                    rng.random_bool(0.15).then_some(3),
+                )
+            })
+            .collect();
+        s
+    })
+}
+
+/// One random sampler setting (see [`sampled_schedule`]).
+fn random_sampling(rng: &mut StdRng) -> SamplingParams {
+    let mut p = SamplingParams {
+        seed: Some(rng.random()),
+        temperature: [0.0, rng.random_range(0.2..2.0)][rng.random_range(0..2)],
+        top_k: [0, rng.random_range(1..50), rng.random_range(50..700)][rng.random_range(0..3)],
+        ..SamplingParams::greedy()
+    };
+    if rng.random_bool(0.4) {
+        p.top_p = rng.random_range(0.3..1.0);
+    }
+    if rng.random_bool(0.3) {
+        p.min_p = rng.random_range(0.0..0.3);
+    }
+    if rng.random_bool(0.2) {
+        p.typical_p = rng.random_range(0.3..1.0);
+    }
+    if rng.random_bool(0.5) {
+        p.repeat_penalty = rng.random_range(0.8..1.6);
+        p.presence_penalty = [0.0, rng.random_range(-0.5..1.0)][rng.random_range(0..2)];
+        p.frequency_penalty = [0.0, rng.random_range(-0.5..1.0)][rng.random_range(0..2)];
+        p.repeat_last_n = rng.random_range(0..80);
+    }
+    for _ in 0..rng.random_range(0..4) {
+        let bias = [
+            f32::NEG_INFINITY,
+            rng.random_range(-3.0..0.0),
+            rng.random_range(0.0..2.0),
+        ];
+        p.logit_bias
+            .push((rng.random_range(0..512), bias[rng.random_range(0..3)]));
+    }
+    p
+}
+
+/// The request of `s`'s request `i`: greedy, or with its sampling settings.
+fn request_of(s: &Schedule, i: usize) -> Request {
+    let r = &s.requests[i];
+    let mut req = Request::greedy(r.0.clone(), r.1);
+    if let Some((p, logprobs)) = s.sampling.get(i) {
+        req.sampling = p.clone();
+        req.logprobs = *logprobs;
+    }
+    req
+}
+
 /// Runs `s`: requests join at their arrival steps, some are cancelled; returns each
-/// request's outcome (cancelled ones without a finish reason) and the engine.
-fn run_schedule(s: &Schedule) -> (Vec<(Outcome, bool)>, Engine) {
-    let mut e = engine(s.fixture, config(256, s.kv, s.max_seqs, s.step_tokens));
+/// request's outcome (cancelled ones without a finish reason) and the engine. Samplers
+/// draw from the device's candidates when `candidates`, else from whole rows.
+fn run_schedule(s: &Schedule, candidates: bool) -> (Vec<(Outcome, bool)>, Engine) {
+    let cfg = EngineConfig {
+        cache: s.cache,
+        ..config(256, s.kv, s.max_seqs, s.step_tokens)
+    };
+    let mut e = engine(s.fixture, cfg);
+    e.set_candidates(candidates);
     let mut out = HashMap::new();
     let mut ids: Vec<Option<RequestId>> = vec![None; s.requests.len()];
     let mut cancelled = vec![false; s.requests.len()];
@@ -151,7 +259,7 @@ fn run_schedule(s: &Schedule) -> (Vec<(Outcome, bool)>, Engine) {
     loop {
         for (i, r) in s.requests.iter().enumerate() {
             if r.2 == step {
-                ids[i] = Some(e.add(Request::greedy(r.0.clone(), r.1)).unwrap());
+                ids[i] = Some(e.add(request_of(s, i)).unwrap());
             }
             if let (Some(id), Some(c)) = (ids[i], r.3) {
                 if step == r.2 + c && e.cancel(id).is_some() {
@@ -164,7 +272,7 @@ fn run_schedule(s: &Schedule) -> (Vec<(Outcome, bool)>, Engine) {
             break;
         }
         for ev in e.step().unwrap() {
-            record(ev, &mut out);
+            record_errors(ev, &mut out);
         }
         step += 1;
     }
@@ -183,7 +291,7 @@ proptest! {
     /// alone (a cancelled one a prefix of them); afterwards no block is held.
     #[test]
     fn batched_greedy_equals_alone(s in schedule()) {
-        let (outcomes, e) = run_schedule(&s);
+        let (outcomes, e) = run_schedule(&s, true);
         for ((prompt, max, _, _), (got, cancelled)) in s.requests.iter().zip(&outcomes) {
             let want = alone(s.fixture, prompt, *max);
             if *cancelled {
@@ -194,6 +302,81 @@ proptest! {
         }
         let st = e.stats();
         prop_assert_eq!((st.running, st.waiting, st.blocks_used), (0, 0, 0));
+    }
+
+    /// Sampled tokens are the same, for the same seeds, whether each sampler draws from
+    /// the device's top candidates of its row or from the whole row read back, over
+    /// random settings and schedules (a step mixes samplers that take candidates, ones
+    /// that need the row, greedy ones and ones asking for log-probabilities); the draws
+    /// took the candidates wherever a sampler could.
+    #[test]
+    fn sampled_tokens_are_the_same_from_candidates_and_rows(s in sampled_schedule()) {
+        let (top, e_top) = run_schedule(&s, true);
+        let (rows, e_rows) = run_schedule(&s, false);
+        prop_assert_eq!(&top, &rows);
+        let (a, b) = (e_top.stats(), e_rows.stats());
+        prop_assert_eq!(b.sampled_from_candidates, 0);
+        let draws = |st: graft::engine::EngineStats| st.sampled_from_candidates + st.sampled_from_rows;
+        prop_assert_eq!(draws(a), draws(b));
+        // a request whose sampler can take candidates and asks for no log-probabilities
+        // drew from them unless a row was read for another sequence of the same step
+        let could = s.sampling.iter().zip(&top).any(|((p, lp), (o, _))| {
+            let chain = graft::models::SamplerChain::new(p, 512).unwrap();
+            lp.is_none() && matches!(chain.wants(), graft::models::Logits::Top(_)) && !o.tokens.is_empty()
+        });
+        let rowless = s.sampling.iter().all(|(p, lp)| {
+            let chain = graft::models::SamplerChain::new(p, 512).unwrap();
+            lp.is_none() && !matches!(chain.wants(), graft::models::Logits::Last)
+        });
+        if could && rowless {
+            prop_assert!(a.sampled_from_candidates > 0, "{:?}", a);
+            prop_assert_eq!(a.sampled_from_rows, 0);
+        }
+    }
+
+    /// Every step a sampled sequence took, in a random schedule (each step launched with
+    /// the tokens drawn after the previous one, its other inputs staged before the draw),
+    /// computed the logits of the sequence it drew: each token's reported
+    /// log-probabilities are those of the one-sequence forward pass over the prompt and
+    /// the tokens before it (rows centered). F32 K/V: the two paths differ in the order
+    /// of their sums only (an F16 cache could round one of their K/V values either way).
+    #[test]
+    fn sampled_steps_compute_the_drawn_sequence(s in sampled_schedule()) {
+        let mut s = s;
+        for (_, logprobs) in &mut s.sampling {
+            *logprobs = Some(VOCAB);
+        }
+        s.cache = CacheTypes {
+            k: DType::F32,
+            v: DType::F32,
+            flash_attn: true,
+        };
+        let (outcomes, _) = run_schedule(&s, true);
+        let mut be = CpuBackend::new();
+        let opts = LoadOptions {
+            ctx: Some(256),
+            progress: false,
+            cache: s.cache,
+            ..LoadOptions::default()
+        };
+        let mut m = graft::models::Model::load(&fixture(s.fixture), &mut be, &opts).unwrap();
+        for ((prompt, ..), (o, _)) in s.requests.iter().zip(&outcomes) {
+            if o.error.is_some() || o.tokens.is_empty() {
+                continue;
+            }
+            prop_assert_eq!(o.rows.len(), o.tokens.len());
+            let mut seq = prompt.clone();
+            seq.extend(&o.tokens[..o.tokens.len() - 1]);
+            let all = m.forward(&mut be, &seq).unwrap().logits;
+            let want = &all[(prompt.len() - 1) * VOCAB..];
+            let got: Vec<f32> = o.rows.concat();
+            let e = crate::reference::nmse(
+                &crate::runs::centered(&got, VOCAB),
+                &crate::runs::centered(want, VOCAB),
+            );
+            prop_assert!(e < 1e-10, "{} tokens after {:?}: NMSE {e:e}", o.tokens.len(), prompt);
+        }
+        m.release(&mut be).unwrap();
     }
 }
 

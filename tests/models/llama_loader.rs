@@ -2,19 +2,21 @@
 //! copy of a fixture (missing, extra, mis-shaped, wrong-dtype or truncated tensor, bad
 //! index, bad config field) fails with an error naming the file, the tensor or field and
 //! what was expected. Also the run-time errors of the inference API (bad token id,
-//! context overflow, empty prompt).
+//! context overflow, empty prompt) and the bound on the engine's loaded plans.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use graft::backend::cpu::CpuBackend;
 use graft::backend::Backend;
-use graft::models::{LoadOptions, Logits, Model, SamplerChain};
+use graft::engine::{FinishReason, Request};
+use graft::models::{LoadOptions, Model, SamplingParams};
 use graft::Error;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::fixtures::{fixture, TempCopy};
+use crate::runs::{engine, greedy, run};
 
 /// Loader-test operations on a fixture copy.
 impl TempCopy {
@@ -368,7 +370,10 @@ fn missing_folder_or_weights() {
     );
 }
 
-/// Errors of the inference API: checked on the host, the model stays usable.
+/// Errors of the inference API, checked on the host: a bad token id names itself, its
+/// position and the vocabulary, for the forward pass and for a request; an empty prompt,
+/// a prompt past the context; a request that fills the context exactly runs, one token
+/// more is refused; the model and the engine stay usable.
 #[test]
 fn api_errors() {
     let mut be = CpuBackend::new();
@@ -379,7 +384,7 @@ fn api_errors() {
         ..LoadOptions::default()
     };
     let mut m = Model::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
-    match m.prefill(be, &[0, 5, 512, 7], Logits::None) {
+    match m.forward(be, &[0, 5, 512, 7]) {
         Err(Error::IndexOutOfRange {
             index,
             position,
@@ -393,72 +398,73 @@ fn api_errors() {
             other.map(|o| o.argmax)
         ),
     }
-    assert_eq!(m.n_past(), 0);
-    let e = m.prefill(be, &[], Logits::None).unwrap_err();
+    let e = m.forward(be, &[]).unwrap_err();
     assert!(e.to_string().contains("empty prompt"), "{e}");
-    let e = m
-        .generate(be, &[], 3, &mut SamplerChain::greedy(), &mut |_| Ok(()))
-        .unwrap_err();
-    assert!(e.to_string().contains("empty prompt"), "{e}");
-    let e = m
-        .generate(
-            be,
-            &[0; 15],
-            6,
-            &mut SamplerChain::greedy(),
-            &mut |_| Ok(()),
-        )
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("15 tokens") && e.to_string().contains("context of 20"),
-        "{e}"
+    let e = m.forward(be, &[0; 21]).unwrap_err();
+    assert!(e.to_string().contains("context of 20"), "{e}");
+    assert_eq!(m.forward(be, &[0; 20]).unwrap().logits.len(), 20 * 512);
+    m.release(be).unwrap();
+
+    let mut e = engine(
+        &fixture("llama3-tiny-bf16"),
+        Box::new(CpuBackend::new()),
+        &opts,
     );
-    // Filling the context exactly works; one more token does not.
-    m.prefill(be, &[0; 19], Logits::None).unwrap();
-    m.decode_step(be, 3, false).unwrap();
-    let e = m.decode_step(be, 3, false).unwrap_err();
-    assert!(e.to_string().contains("context full"), "{e}");
-    let e = m.decode_step(be, 9999, false).unwrap_err();
+    let err = e.add(Request::greedy(vec![0, 5, 9999], 3)).unwrap_err();
     assert!(
-        matches!(e, Error::IndexOutOfRange { index: 9999, .. }),
-        "{e}"
+        err.to_string().contains("token 9999 at position 2"),
+        "{err}"
     );
-    // A callback error stops generation and is returned as is.
-    let e = m
-        .generate(
-            be,
-            &[0, 302, 466],
-            5,
-            &mut SamplerChain::greedy(),
-            &mut |_| Err(Error::model("stop here")),
-        )
-        .unwrap_err();
-    assert_eq!(e.to_string(), "stop here");
+    let err = e.add(Request::greedy(vec![], 3)).unwrap_err();
+    assert!(err.to_string().contains("prompt is empty"), "{err}");
+    let err = e.add(Request::greedy(vec![0; 19], 2)).unwrap_err();
+    assert!(
+        err.to_string().contains("19 tokens") && err.to_string().contains("context of 20"),
+        "{err}"
+    );
+    // Filling the context exactly works.
+    let mut req = Request::greedy(vec![0; 19], 1);
+    req.stop.ignore_eos = true;
+    let r = run(&mut e, req);
+    assert_eq!((r.tokens.len(), r.finish), (1, FinishReason::Length));
 }
 
-/// A long generation crosses more KV buckets than the decode plan cache holds: old plans
-/// are unloaded (least recently used first), so the loaded plans stay bounded.
+/// A run over many step shapes (prompts of every length bucket, greedy and sampled, so
+/// with and without the device's candidates) builds more batch graphs than the engine
+/// keeps: the least recently used ones are unloaded, so the loaded plans stay bounded,
+/// and a greedy request gives the same tokens before and after the evictions.
 #[test]
-fn decode_plans_stay_bounded_over_a_long_run() {
-    use graft::models::SamplerChain;
-    use graft::models::{blocks::DECODE_BUCKET, runtime::model::MAX_DECODE_PLANS};
-    let mut be = CpuBackend::new();
-    let be: &mut dyn Backend = &mut be;
-    let n = DECODE_BUCKET * (MAX_DECODE_PLANS + 1) + 5;
+fn batch_plans_stay_bounded_over_a_long_run() {
+    use graft::engine::runner::MAX_BATCH_PLANS;
     let opts = LoadOptions {
-        ctx: Some(n + 1),
+        ctx: Some(512),
         progress: false,
         ..LoadOptions::default()
     };
-    let mut m = Model::load(&fixture("llama3-tiny-bf16"), be, &opts).unwrap();
-    let g = m
-        .generate(be, &[1], n, &mut SamplerChain::greedy(), &mut |_| Ok(()))
-        .unwrap();
-    assert_eq!(g.tokens.len(), n, "the run stopped early ({:?})", g.stop);
-    let built = m.plan_counts().decode;
-    assert!(built > MAX_DECODE_PLANS, "only {built} buckets reached");
-    assert_eq!(m.loaded_plans().1, MAX_DECODE_PLANS);
-    m.release(be).unwrap();
+    let mut e = engine(
+        &fixture("llama3-tiny-bf16"),
+        Box::new(CpuBackend::new()),
+        &opts,
+    );
+    // every prompt computed whole: each length its own shape
+    e.set_prefix_cache(false);
+    let prompt = |n: usize| -> Vec<u32> { (0..n).map(|i| (3 + i * 7 + n) as u32 % 500).collect() };
+    let first = greedy(&mut e, &prompt(10), 4);
+    for n in [1, 2, 3, 5, 9, 17, 33, 65, 129, 193, 257, 321, 385, 449] {
+        greedy(&mut e, &prompt(n), 2);
+        let mut req = Request::greedy(prompt(n), 2);
+        req.sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            seed: Some(n as u64),
+            ..SamplingParams::greedy()
+        };
+        run(&mut e, req);
+    }
+    let (built, loaded) = e.plans();
+    assert!(built > MAX_BATCH_PLANS, "only {built} shapes reached");
+    assert_eq!(loaded, MAX_BATCH_PLANS);
+    assert_eq!(greedy(&mut e, &prompt(10), 4), first);
 }
 
 /// A mixture of experts' checkpoint holds one tensor per expert: a missing expert, one of

@@ -17,6 +17,9 @@ mod fixtures;
 #[allow(dead_code)] // not every helper is used
 #[path = "../support/reference.rs"]
 mod reference;
+#[allow(dead_code)] // not every helper is used
+#[path = "../support/runs.rs"]
+mod runs;
 
 mod context_shift;
 mod default_model;

@@ -567,13 +567,14 @@ fn device_candidates_give_the_draws_of_the_whole_row() {
     }
 }
 
-/// A model whose final norm is NaN: every way [`Model::generate`] reads a step (the
-/// device argmax when greedy, the device's top candidates, the whole row) stops at the
+/// A model whose final norm is NaN: every way the engine reads a step (the device argmax
+/// when greedy, the device's top candidates, the whole row) ends the request at the
 /// prompt's last position with [`Error::NonFinite`], on every backend; the device's top-k
 /// puts the NaN logits first, so the candidates never look finite.
 #[test]
 fn non_finite_logits_stop_every_read_path() {
-    use graft::models::{LoadOptions, Logits, Model};
+    use graft::engine::{Event, Request};
+    use graft::models::{LoadOptions, Logits};
     let t = crate::fixtures::TempCopy::with_tensor_bits(
         "llama3-tiny-bf16",
         "model.norm.weight",
@@ -598,23 +599,32 @@ fn non_finite_logits_stop_every_read_path() {
         ),
         (SamplingParams { top_k: 0, ..chat }, Logits::Last),
     ];
-    for mut be in backends() {
-        let be = be.as_mut();
+    for be in backends() {
         let opts = LoadOptions {
             ctx: Some(16),
             progress: false,
             ..LoadOptions::default()
         };
-        let mut m = Model::load(std::path::Path::new(t.dir()), be, &opts).unwrap();
-        let vocab = m.config().vocab_size;
+        let mut e = crate::runs::engine(std::path::Path::new(t.dir()), be, &opts);
+        let vocab = e.config().vocab_size;
         for (p, reads) in &settings {
-            let mut chain = SamplerChain::new(p, vocab).unwrap();
+            let chain = SamplerChain::new(p, vocab).unwrap();
             assert_eq!(chain.wants(), *reads, "{p:?}");
-            match m.generate(be, &prompt, 4, &mut chain, &mut |_| Ok(())) {
-                Err(Error::NonFinite { position: 2, .. }) => {}
-                other => panic!("{} {reads:?}: {other:?}", be.name()),
+            let mut req = Request::greedy(prompt.to_vec(), 4);
+            req.sampling = p.clone();
+            let id = e.add(req).unwrap();
+            let mut events = Vec::new();
+            while e.has_work() {
+                events.extend(e.step().unwrap());
+            }
+            match &events[..] {
+                [Event::Error {
+                    id: i,
+                    error: Error::NonFinite { position: 2, .. },
+                }] if *i == id => {}
+                other => panic!("{} {reads:?}: {other:?}", e.backend().name()),
             }
         }
-        m.release(be).unwrap();
+        e.release().unwrap();
     }
 }

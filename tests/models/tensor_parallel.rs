@@ -1,9 +1,10 @@
 //! Tensor parallelism on simulated devices: every fixture split over N CPU devices (a
 //! `DeviceGroup` of CPU backends joined by an in-process all-reduce) gives the unsplit
-//! model's logits. Heads, KV heads (replicated when N exceeds them) and the MLP's width
-//! are divided, and each device's graph sums its partial projections with `all_reduce`.
-//! Only the order of the f32 sums differs from the unsplit model, so the bound is tight:
-//! NMSE <= 1e-6 (measured: about 1e-13 with an F32 cache).
+//! model's logits (the forward pass, either attention) and, on the engine, its
+//! log-probabilities and greedy tokens. Heads, KV heads (replicated when N exceeds them)
+//! and the MLP's width are divided, and each device's graph sums its partial projections
+//! with `all_reduce`. Only the order of the f32 sums differs from the unsplit model, so
+//! the bound is tight: NMSE <= 1e-6 (measured: about 1e-13 with an F32 cache).
 //!
 //! With the `cuda` feature the same splits run over GPUs joined by NCCL, against one GPU
 //! (NMSE <= 1e-5, the same greedy tokens). They need two GPUs and libnccl: with fewer they
@@ -13,10 +14,11 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::group::DeviceGroup;
 use graft::backend::{Backend, ExecId};
 use graft::graph::{BufferId, DType, TensorId};
-use graft::models::blocks::build_decode;
-use graft::models::{CacheTypes, LoadOptions, Logits, Model, QuantPlan, SamplerChain};
+use graft::models::blocks::batch::{build_batch, BatchShape};
+use graft::models::{CacheTypes, KvCache, LoadOptions, Model, QuantPlan};
 
 use crate::reference::{has_experts, nmse, reference, FIXTURES};
+use crate::runs::{centered, engine, greedy, prefix_rows};
 
 fn opts(cache: CacheTypes, quantize: Option<QuantPlan>) -> LoadOptions {
     LoadOptions {
@@ -36,10 +38,22 @@ fn f32_cache(flash_attn: bool) -> CacheTypes {
     }
 }
 
-/// The prompt's logits (all positions) and 6 greedy tokens of fixture `name` on `be`.
-fn run(name: &'static str, be: &mut dyn Backend, o: &LoadOptions) -> (Vec<f32>, Vec<u32>) {
+/// What a model gives on one backend: the forward pass's logits of the prompt, and with
+/// the fused attention the engine's log-probabilities of every prompt position (rows
+/// centered) and 6 greedy tokens.
+struct Outputs {
+    logits: Vec<f32>,
+    engine: Option<(Vec<f64>, Vec<u32>)>,
+}
+
+/// [`Outputs`] of fixture `name` on `be`, and the backend back.
+fn run(
+    name: &'static str,
+    mut be: Box<dyn Backend>,
+    o: &LoadOptions,
+) -> (Outputs, Box<dyn Backend>) {
     let r = reference(name);
-    let mut m = Model::load(&r.dir, be, o).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut m = Model::load(&r.dir, be.as_mut(), o).unwrap_or_else(|e| panic!("{name}: {e}"));
     if let Some(q) = o.quantize {
         let dtype = m.weights().matrix_dtype(m.shard());
         assert_eq!(
@@ -49,30 +63,50 @@ fn run(name: &'static str, be: &mut dyn Backend, o: &LoadOptions) -> (Vec<f32>, 
             q.name()
         );
     }
-    let logits = m.prefill(be, &r.tokens, Logits::All).unwrap().logits;
-    let mut greedy = SamplerChain::greedy();
-    let g = m
-        .generate(be, &r.tokens, 6, &mut greedy, &mut |_| Ok(()))
-        .unwrap();
-    m.release(be).unwrap();
-    (logits, g.tokens)
+    let logits = m.forward(be.as_mut(), &r.tokens).unwrap().logits;
+    m.release(be.as_mut()).unwrap();
+    if !o.cache.flash_attn {
+        let out = Outputs {
+            logits,
+            engine: None,
+        };
+        return (out, be);
+    }
+    let mut e = engine(&r.dir, be, o);
+    let vocab = e.config().vocab_size;
+    let rows = centered(&prefix_rows(&mut e, &r.tokens, 0), vocab);
+    let tokens = greedy(&mut e, &r.tokens, 6);
+    let out = Outputs {
+        logits,
+        engine: Some((rows, tokens)),
+    };
+    (out, e.into_backend().unwrap())
+}
+
+/// Checks `got` (split over `n` devices) against `want` (one device) within `bound`.
+fn check_split(what: &str, got: &Outputs, want: &Outputs, bound: f64) {
+    let e = nmse(&got.logits, &want.logits);
+    println!("{what}: forward NMSE {e:.2e}");
+    assert!(e <= bound, "{what}: forward NMSE {e:e}");
+    if let (Some((rows, tokens)), Some((want_rows, want_tokens))) = (&got.engine, &want.engine) {
+        let e = nmse(rows, want_rows);
+        println!("{what}: engine NMSE {e:.2e}");
+        assert!(e <= bound, "{what}: engine NMSE {e:e}");
+        assert_eq!(tokens, want_tokens, "{what}: greedy tokens");
+    }
 }
 
 /// N = 2 and 4 on every fixture, both attention paths: logits within NMSE 1e-6 of the
-/// unsplit model's, the same greedy tokens.
+/// unsplit model's, and on the engine the same log-probabilities and greedy tokens.
 #[test]
 fn split_models_match_the_unsplit_model() {
     for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for flash in [true, false] {
             let o = opts(f32_cache(flash), None);
-            let (want, want_tokens) = run(name, &mut CpuBackend::new(), &o);
+            let (want, _) = run(name, Box::new(CpuBackend::new()), &o);
             for n in [2, 4] {
-                let mut group = DeviceGroup::cpu(n).unwrap();
-                let (got, tokens) = run(name, &mut group, &o);
-                let e = nmse(&got, &want);
-                println!("{name} flash={flash} tp={n}: NMSE {e:.2e}");
-                assert!(e <= 1e-6, "{name} flash={flash} tp={n}: NMSE {e:e}");
-                assert_eq!(tokens, want_tokens, "{name} flash={flash} tp={n}");
+                let (got, _) = run(name, Box::new(DeviceGroup::cpu(n).unwrap()), &o);
+                check_split(&format!("{name} flash={flash} tp={n}"), &got, &want, 1e-6);
             }
         }
     }
@@ -85,11 +119,9 @@ fn default_cache_and_quantized_weights_split() {
     let name = "llama2-tiny-f32";
     for q in [None, Some(QuantPlan::Q8_0)] {
         let o = opts(CacheTypes::default(), q);
-        let (want, _) = run(name, &mut CpuBackend::new(), &o);
-        let (got, _) = run(name, &mut DeviceGroup::cpu(2).unwrap(), &o);
-        let e = nmse(&got, &want);
-        println!("{name} {q:?} tp=2: NMSE {e:.2e}");
-        assert!(e <= 1e-6, "{q:?}: NMSE {e:e}");
+        let (want, _) = run(name, Box::new(CpuBackend::new()), &o);
+        let (got, _) = run(name, Box::new(DeviceGroup::cpu(2).unwrap()), &o);
+        check_split(&format!("{name} {q:?} tp=2"), &got, &want, 1e-6);
     }
 }
 
@@ -99,7 +131,9 @@ fn default_cache_and_quantized_weights_split() {
 fn indivisible_splits_are_named_errors() {
     let r = reference("llama2-tiny-f32"); // 4 heads, intermediate 192
     let o = opts(CacheTypes::default(), None);
-    let e = Model::load(&r.dir, &mut DeviceGroup::cpu(3).unwrap(), &o)
+    let group = Box::new(DeviceGroup::cpu(3).unwrap());
+    let cfg = graft::engine::EngineConfig::new(96);
+    let e = graft::engine::Engine::load(&r.dir, group, &o, cfg)
         .err()
         .unwrap()
         .to_string();
@@ -111,8 +145,9 @@ fn indivisible_splits_are_named_errors() {
     assert!(e.contains("--tp 0"), "{e}");
 }
 
-/// Each device's graph holds an all_reduce after the attention output and after the
-/// MLP's down projection of every layer, and nothing else collective.
+/// Each device's batch graph (what the engine runs) holds an all_reduce after the
+/// attention output and after the MLP's down projection of every layer, and nothing
+/// else collective.
 #[test]
 fn graphs_hold_two_all_reduces_per_layer() {
     let r = reference("qwen2-tiny-f32");
@@ -120,8 +155,15 @@ fn graphs_hold_two_all_reduces_per_layer() {
     let o = opts(CacheTypes::default(), None);
     let m = Model::load(&r.dir, &mut group, &o).unwrap();
     let layers = m.config().num_hidden_layers;
-    let mg = build_decode(m.shard(), m.weights(), m.cache(), 96).unwrap();
-    let plan = mg.plan().unwrap();
+    let pool = KvCache::pool(m.shard(), 64, o.cache, BufferId(0));
+    let shape = BatchShape {
+        n_tokens: 8,
+        n_seqs: 4,
+        max_blocks: 6,
+        candidates: 16,
+    };
+    let g = build_batch(m.shard(), m.weights(), &pool, 16, shape).unwrap();
+    let plan = g.plan().unwrap();
     let ops: Vec<&str> = plan.steps.iter().map(|s| s.op.name()).collect();
     assert_eq!(
         ops.iter().filter(|o| **o == "all_reduce").count(),
@@ -217,13 +259,14 @@ fn gpus(n: usize) -> Option<DeviceGroup> {
 
 /// Every fixture split over 2 GPUs (NCCL all-reduces captured in each GPU's graph)
 /// against one GPU, both attention paths, F32 and the default F16 cache: logits within
-/// NMSE 1e-5, the same greedy tokens.
+/// NMSE 1e-5, and on the engine log-probabilities within it and the same greedy tokens.
 #[cfg(feature = "cuda")]
 #[test]
 fn split_over_gpus_matches_one_gpu() {
     use graft::backend::cuda::CudaBackend;
-    let Some(mut group) = gpus(2) else { return };
-    let mut one = CudaBackend::new(0).expect("GPU 0");
+    let Some(g) = gpus(2) else { return };
+    let mut group: Box<dyn Backend> = Box::new(g);
+    let mut one: Box<dyn Backend> = Box::new(CudaBackend::new(0).expect("GPU 0"));
     for name in FIXTURES.into_iter().filter(|n| !has_experts(n)) {
         for (flash, cache) in [
             (true, f32_cache(true)),
@@ -231,15 +274,12 @@ fn split_over_gpus_matches_one_gpu() {
             (true, CacheTypes::default()),
         ] {
             let o = opts(cache, None);
-            let (want, want_tokens) = run(name, &mut one, &o);
-            let (got, tokens) = run(name, &mut group, &o);
-            let e = nmse(&got, &want);
-            println!(
-                "{name} flash={flash} cache={:?} tp=2 on GPUs: NMSE {e:.2e}",
-                cache.k
-            );
-            assert!(e <= 1e-5, "{name} flash={flash}: NMSE {e:e}");
-            assert_eq!(tokens, want_tokens, "{name} flash={flash}");
+            let (want, b) = run(name, one, &o);
+            one = b;
+            let (got, b) = run(name, group, &o);
+            group = b;
+            let what = format!("{name} flash={flash} cache={:?} tp=2 on GPUs", cache.k);
+            check_split(&what, &got, &want, 1e-5);
         }
     }
     let stats = group.stats();

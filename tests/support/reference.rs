@@ -4,8 +4,6 @@
 
 use std::path::PathBuf;
 
-use graft::models::Model;
-
 /// One fixture folder and its reference data.
 pub struct Reference {
     pub name: &'static str,
@@ -94,46 +92,3 @@ pub fn f32_data(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
 #[path = "metrics.rs"]
 mod metrics;
 pub use metrics::nmse;
-
-/// The root mean square of `v`.
-pub fn rms(v: &[f32]) -> f64 {
-    (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
-}
-
-/// The largest absolute difference.
-pub fn max_abs(out: &[f32], reference: &[f32]) -> f32 {
-    out.iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Checks `m` against the reference: the prompt logits' NMSE (returned) and HF's greedy
-/// tokens on the leading steps whose margin is above a noise floor of 4x the RMS logit
-/// error seen on the prompt (a margin is a difference of two logits, whose error has
-/// about 1.4x the RMS: 4x is near 3 standard deviations). Returns the NMSE and the
-/// number of greedy steps compared.
-pub fn check_model(
-    be: &mut dyn graft::backend::Backend,
-    m: &mut Model,
-    r: &Reference,
-) -> (f64, usize) {
-    m.reset();
-    let out = m
-        .prefill(be, &r.tokens, graft::models::Logits::All)
-        .unwrap();
-    let e = nmse(&out.logits, &r.logits);
-    let floor = 4.0 * (e * rms(&r.logits).powi(2)).sqrt() as f32;
-    let safe = r.margins.iter().take_while(|&&mg| mg > floor).count();
-    let mut sampler = graft::models::SamplerChain::greedy();
-    let g = m
-        .generate(be, &r.tokens, r.greedy.len(), &mut sampler, &mut |_| Ok(()))
-        .unwrap();
-    assert_eq!(
-        g.tokens[..safe],
-        r.greedy[..safe],
-        "{}: greedy tokens",
-        r.name
-    );
-    (e, safe)
-}

@@ -6,9 +6,10 @@
 //! it, its Q8_1 input made once for all nodes, not by a quantizing launch of its own;
 //! the fused attention, whose decode row's bandwidth is
 //! that of its K/V read and prefill row's FLOP rate that of the unmasked half of a
-//! causal 512 x 512; the paged attention of batches of sequences next to it, [`paged`]),
-//! then a graph of many small nodes run eagerly and replayed. The bytes of a
-//! quantized product are those of its blocks.
+//! causal 512 x 512; the paged attention of batches of sequences next to it, [`paged`];
+//! the batched quantized products by 8 to 512 columns on each path, [`batched`]), then a
+//! graph of many small nodes run eagerly and replayed. The bytes of a quantized product
+//! are those of its blocks.
 //!
 //! Each op case is a plan of `R` copies of one node over distinct weights or caches
 //! (enough that the 50 MB L2 cannot hold them, for the memory-bound cases). Two times:
@@ -26,6 +27,7 @@
 //! device-to-device copy). A kernel that only reads can exceed 100%: the copy's figure
 //! includes its writes.
 
+mod batched;
 mod paged;
 
 use serde::Serialize;
@@ -101,6 +103,8 @@ pub struct BenchReport {
     pub copy_gb_s: f64,
     /// The op cases.
     pub rows: Vec<BenchRow>,
+    /// The batched quantized products, path by path (their cases are in `rows` too).
+    pub batched: Vec<batched::BatchedRow>,
     /// Eager against replayed.
     pub graph: GraphRow,
 }
@@ -126,6 +130,7 @@ impl BenchReport {
                 r.tflop_s.map_or("".into(), |t| format!("{t:.1}"))
             ));
         }
+        s.push_str(&batched::table(&self.batched));
         let g = &self.graph;
         s.push_str(&format!(
             "\n| graph of {} small nodes | us/run | us/node |\n| --- | ---: | ---: |\n| eager | {:.1} | {:.2} |\n| replayed | {:.1} | {:.2} |\n",
@@ -875,12 +880,18 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
     for case in cases {
         rows.push(run_case(&mut be, copy_gb_s, opts.iters, case)?);
     }
+    let (filter, mut batched) = (opts.filter.as_deref(), Vec::new());
+    for q in [QType::Q4_0, QType::Q8_0, QType::Q4_K] {
+        let widths = batched::cases(&mut be, q, copy_gb_s, opts.iters, filter, &mut rows)?;
+        batched.extend(widths);
+    }
     be.set_mmvq(None);
     let graph = graph_case(&mut be, opts.iters)?;
     Ok(BenchReport {
         device,
         copy_gb_s,
         rows,
+        batched,
         graph,
     })
 }

@@ -155,6 +155,26 @@ pub(crate) struct Lowering<'a> {
     /// The frozen Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K weights stored in split rows (see
     /// [`super::split`]).
     pub split: &'a [SplitRows],
+    /// Which kernels run products of block-quantized weights (see `lower::mul_mat_q`):
+    /// [`QuantPath::Auto`] but where the op benchmark or a test picks one.
+    pub quant_path: QuantPath,
+}
+
+/// How products of block-quantized weights run (`lower::mul_mat_q` has the thresholds of
+/// [`QuantPath::Auto`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantPath {
+    /// By the number of activation columns: the decode kernels for a few, the int8
+    /// tensor-core product (`mmq_*`) up to `MMQ_MAX_COLS`, the weights dequantized to F16
+    /// for cuBLAS beyond.
+    #[default]
+    Auto,
+    /// The int8 tensor-core product for every product it takes, the decode widths
+    /// included (a decode product fused with its residual add keeps its decode kernel).
+    Mmq,
+    /// The weights dequantized to F16 for cuBLAS for every product the decode kernels do
+    /// not take.
+    Dequant,
 }
 
 /// The columns of a mul_mat_id grouped by expert (`group_by_expert`, cuda/mul_mat_id.cu).
@@ -206,6 +226,7 @@ impl<'a> Lowering<'a> {
             experts: None,
             launched: false,
             split: &[],
+            quant_path: QuantPath::Auto,
         }
     }
 }
@@ -248,6 +269,16 @@ impl Lowering<'_> {
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
         self.scratch_need = self.scratch_need.max(*offset);
         addr
+    }
+
+    /// Reserves `bytes` of scratch past the `len` bytes at `addr`, the Q8_1 copy the current
+    /// step reads (which stays the copy later products read); returns the address.
+    pub fn reserve_past_copy(&mut self, addr: u64, len: usize, bytes: usize) -> u64 {
+        let copy = self.q8_1.take();
+        let mut offset = (addr - self.scratch_base) as usize + len;
+        let at = self.reserve_scratch(&mut offset, bytes);
+        self.q8_1 = copy;
+        at
     }
 
     /// A step wrote `dst`: the Q8_1 copy of activations it overlaps is stale.

@@ -60,11 +60,13 @@ use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
 use self::kernels::{KernelId, KernelTable};
+pub use self::lower::mmq::MMQ_MAX_COLS;
 use self::lower::{fused, lower_step};
+pub use self::lowering::QuantPath;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
 use self::split::SplitRows;
-use super::fusion::{self, Target};
+use super::fusion;
 use super::{
     io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
     Stats, StepTime,
@@ -103,6 +105,9 @@ pub struct CudaBackend {
     /// Whether small decode products without a Q8_1 copy at hand dequantize in registers
     /// anyway (the default; off once the path is set by [`CudaBackend::set_mmvq`]).
     small_dq: bool,
+    /// How products of block-quantized weights by more than a few columns run
+    /// ([`QuantPath::Auto`] but in the op benchmark and tests, which compare the paths).
+    quant_path: QuantPath,
     /// Streaming multiprocessors of the GPU: the lowering sizes the grids that must fit
     /// it at once (the decode attention's split, one-wave decode products) for them.
     sms: usize,
@@ -241,6 +246,7 @@ impl CudaBackend {
             pdl: cc_major >= 9 && env_flag("GRAFT_CUDA_PDL") != Some(false),
             mmvq: true,
             small_dq: true,
+            quant_path: QuantPath::Auto,
             sms: usize::try_from(sms).unwrap_or(0).max(1),
             split_rows: env_flag("GRAFT_CUDA_SPLIT") != Some(false),
             split: Vec::new(),
@@ -296,6 +302,13 @@ impl CudaBackend {
     pub fn set_mmvq(&mut self, path: Option<bool>) {
         self.mmvq = path != Some(false);
         self.small_dq = path.is_none();
+    }
+
+    /// Puts the products of block-quantized weights of plans loaded from now on on `path`
+    /// (default [`QuantPath::Auto`]): for the op benchmark, which times every path at the
+    /// same widths, and for tests of one path at any width.
+    pub fn set_quant_path(&mut self, path: QuantPath) {
+        self.quant_path = path;
     }
 
     /// Leaves every kernel whose name starts with one of `prefixes` out of the plans loaded
@@ -593,10 +606,11 @@ impl CudaBackend {
             small_dq: self.small_dq,
             split: &self.split,
             sms: self.sms,
+            quant_path: self.quant_path,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let groups = match self.fusion {
-            true => fusion::fuse(plan, &Target { q8_1: self.mmvq }),
+            true => fusion::fuse(plan, &fused::target(&lw)),
             false => fusion::unfused(plan),
         };
         let mut steps = fused::lower_plan(plan, &groups, &mut lw, |i| error_tag(exec_index, i))

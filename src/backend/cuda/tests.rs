@@ -20,13 +20,13 @@ use super::gemm::Gemm;
 use super::lower::fused;
 use super::lowering::{DevOp, Lowering, REGION_ALIGN};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::fusion::{self, Q8Layout, Target};
+use crate::backend::fusion::{self, Q8Layout};
 use crate::backend::{Backend, BackendExt};
 use crate::graph::{DType, Graph, Loc, Plan, Step, TensorId};
 use crate::ops::host::{load, store};
 
-/// Lowers `plan` as the backend does: its steps grouped by the fusion pass (`fusion`, for a
-/// target whose quantized products read Q8_1 activations when `lw.mmvq`) or each as it is.
+/// Lowers `plan` as the backend does: its steps grouped by the fusion pass (`fusion`, for
+/// the target of `lw`'s kernels, [`fused::target`]) or each as it is.
 pub(super) fn lower_plan<'s>(
     plan: &'s Plan,
     lw: &mut Lowering,
@@ -34,7 +34,7 @@ pub(super) fn lower_plan<'s>(
     tag: impl Fn(usize) -> i64,
 ) -> Result<Vec<Vec<DevOp>>, (&'s Step, String)> {
     let groups = match fusion {
-        true => fusion::fuse(plan, &Target { q8_1: lw.mmvq }),
+        true => fusion::fuse(plan, &fused::target(lw)),
         false => fusion::unfused(plan),
     };
     fused::lower_plan(plan, &groups, lw, tag)
@@ -47,7 +47,7 @@ struct HostMem {
     scratch: Vec<u64>,
 }
 
-fn base(v: &mut [u64]) -> u64 {
+pub(super) fn base(v: &mut [u64]) -> u64 {
     v.as_mut_ptr() as u64
 }
 
@@ -86,13 +86,13 @@ fn lower_on_host_with(plan: &Plan, fusion: bool) -> (Vec<Vec<DevOp>>, HostMem) {
 }
 
 /// The argument struct of a launch (a panic when the kernel takes another).
-fn args<T: KernelArgs>(op: &super::lowering::Launch) -> T {
+pub(super) fn args<T: KernelArgs>(op: &super::lowering::Launch) -> T {
     op.args
         .get::<T>()
         .unwrap_or_else(|| panic!("{} takes another argument struct", op.kernel.name))
 }
 
-fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
+pub(super) fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
     [
         i % ne[0],
         (i / ne[0]) % ne[1],
@@ -101,7 +101,7 @@ fn elem(ne: [i64; 4], i: i64) -> [i64; 4] {
     ]
 }
 
-fn offset(nb: [i64; 4], i: [i64; 4]) -> i64 {
+pub(super) fn offset(nb: [i64; 4], i: [i64; 4]) -> i64 {
     (0..4).map(|d| i[d] * nb[d]).sum()
 }
 
@@ -1184,7 +1184,7 @@ fn q8_1_activations_are_quantized_once() {
 }
 
 /// The kernel launches of lowered steps, in order.
-fn kernel_launches(ops: &[Vec<DevOp>]) -> Vec<&super::lowering::Launch> {
+pub(super) fn kernel_launches(ops: &[Vec<DevOp>]) -> Vec<&super::lowering::Launch> {
     ops.iter()
         .flatten()
         .filter_map(|op| match op {
@@ -1334,7 +1334,7 @@ fn q8_1_copy_is_forgotten_when_its_source_is_written() {
 
 /// The address of a plan location for lowering without memory behind it: arena offsets
 /// and buffers (weights, the KV cache) far apart.
-fn fake_addr_any(loc: Loc) -> u64 {
+pub(super) fn fake_addr_any(loc: Loc) -> u64 {
     match loc {
         Loc::Arena(off) => 0x1000 + off as u64,
         Loc::Buffer(b, off) => ((b.0 as u64 + 1) << 40) + off as u64,
@@ -1454,12 +1454,13 @@ fn decode_layer_fusions() {
 }
 
 /// What the fusion pass assumes of the kernels holds of the kernel tables: the caches
-/// `rope_store` writes, and the block types with decode products, on both paths and in
-/// split rows where the type has them (so a product it fuses always has a kernel).
+/// `rope_store` writes, the block types with decode products, on both paths and in split
+/// rows where the type has them, and those with batched products on Q8_1 activations (so
+/// a product it fuses always has a kernel, and reads the Q8_1 copy it gets).
 #[test]
 fn fusion_assumes_the_kernels_there_are() {
     use super::kernels::{by, cols};
-    use crate::backend::fusion::{decode_type, ROPE_STORE_CACHES};
+    use crate::backend::fusion::{batched_type, decode_type, ROPE_STORE_CACHES};
     use crate::quant::split::has_split_rows;
     use crate::quant::QType;
     let quants = QType::ALL.map(DType::Quant);
@@ -1479,6 +1480,11 @@ fn fusion_assumes_the_kernels_there_are() {
         };
         assert_eq!(has(cols::MUL_MAT_VEC_Q), decode_type(q), "{q}");
         assert_eq!(has(cols::MUL_MAT_VEC_DQ), decode_type(q), "{q}");
+        let mmq = cols::MMQ
+            .entries
+            .iter()
+            .all(|(_, set)| set.get([DType::Quant(q)]).is_ok());
+        assert_eq!(mmq, batched_type(q), "{q}: batched products");
         if has_split_rows(q) {
             assert!(decode_type(q), "{q}");
             for family in [

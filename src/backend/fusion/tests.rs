@@ -13,8 +13,19 @@ use crate::models::load::quant_plan::QuantPlan;
 use crate::models::load::weights::Weights;
 use crate::quant::QType;
 
-const Q8_1: Target = Target { q8_1: true };
-const F32_ACTS: Target = Target { q8_1: false };
+const Q8_1: Target = Target {
+    q8_1: true,
+    batched_cols: 0,
+};
+const F32_ACTS: Target = Target {
+    q8_1: false,
+    batched_cols: 0,
+};
+/// The CUDA backend's: decode products and batched ones up to 256 columns read Q8_1.
+const BATCHED: Target = Target {
+    q8_1: true,
+    batched_cols: 256,
+};
 
 /// The name of a group's kind.
 fn kind(g: &Group) -> &'static str {
@@ -160,7 +171,7 @@ fn every_preset_plan_keeps_the_invariants() {
             for cache in caches {
                 for decode in [true, false] {
                     let plan = model_plan(&cfg, w, cache, decode);
-                    for target in [Q8_1, F32_ACTS] {
+                    for target in [Q8_1, F32_ACTS, BATCHED] {
                         let groups = fused(&plan, &target);
                         if decode {
                             assert!(groups.len() < plan.steps.len(), "{name}: something fuses");
@@ -368,6 +379,57 @@ fn rms_norm_mul_pattern() {
         "{:?}",
         fused_kinds(&groups)
     );
+}
+
+/// A fused norm writes the Q8_1 activations of the product after it when the target reads
+/// them at its width: decode widths on [`Target::q8_1`], the other widths of one weight
+/// matrix up to [`Target::batched_cols`] columns (batches of activations counted), and
+/// not past them, nor for a batch of weight matrices.
+#[test]
+fn batched_products_take_q8_1_copies() {
+    let norm_then = |shape: [usize; 3], wm_batch: usize| {
+        plan_of(|g| {
+            let d = 256;
+            let x0 = g.input("x0", DType::F32, &[d, shape[0], shape[1], shape[2]]);
+            let x = g.scale(x0.unwrap(), 0.5).unwrap();
+            let w = g.input("w", DType::F32, &[d]).unwrap();
+            let n = g.rms_norm(x, 1e-5).unwrap();
+            let y = g.mul(n, w).unwrap();
+            let wm = g.input("wm", DType::Quant(QType::Q4_K), &[d, 16, wm_batch]);
+            vec![g.mul_mat(wm.unwrap(), y).unwrap()]
+        })
+    };
+    let writes = |plan: &Plan, target: &Target| {
+        let groups = fused(plan, target);
+        assert_eq!(fused_kinds(&groups), ["rms_norm_mul"]);
+        groups.iter().any(|g| g.fused.q8().is_some())
+    };
+    let no_mmvq = Target {
+        q8_1: false,
+        ..BATCHED
+    };
+    for (shape, wm_batch, q8_1, batched, dequantizing) in [
+        ([1, 1, 1], 1, true, true, false),
+        ([8, 1, 1], 1, true, true, false),
+        ([9, 1, 1], 1, false, true, true),
+        ([256, 1, 1], 1, false, true, true),
+        ([257, 1, 1], 1, false, false, false),
+        ([4, 2, 1], 1, false, true, true),
+        ([8, 4, 8], 1, false, true, true),
+        ([8, 4, 9], 1, false, false, false),
+        ([4, 2, 1], 2, false, false, false),
+    ] {
+        let plan = norm_then(shape, wm_batch);
+        let what = format!("{shape:?} by {wm_batch} weight matrices");
+        assert_eq!(writes(&plan, &Q8_1), q8_1, "{what}");
+        assert_eq!(writes(&plan, &BATCHED), batched, "{what}");
+        assert_eq!(
+            writes(&plan, &no_mmvq),
+            dequantizing,
+            "{what}: decode products dequantize"
+        );
+        assert!(!writes(&plan, &F32_ACTS), "{what}");
+    }
 }
 
 /// A decode FFN on `x` (residual `r`): the gate|up product (`wgu` weights), SwiGLU over

@@ -21,7 +21,11 @@
 //! `slots`; [`paged_attn`](crate::graph::Graph::paged_attn) over each token's visible
 //! positions; the MLP. Then the hidden states of the `out_rows` tokens are gathered
 //! (`get_rows`) and only those `n_seqs` rows go through the final norm and the output
-//! head: logits `[vocab, n_seqs]` and their argmax `[n_seqs]`.
+//! head: logits `[vocab, n_seqs]` and their argmax `[n_seqs]`. A graph built with
+//! `candidates` (the engine's graph of a step where a sequence samples) also selects
+//! each row's sampling candidates on the device ([`sample_outputs`]): the ids and
+//! values of its `candidates` largest logits, `[candidates, n_seqs]` each, so that the
+//! host reads `8 * candidates` bytes a sequence instead of the vocabulary.
 
 use crate::error::{Error, Result};
 use crate::graph::{DType, PagedAttnParams, Plan, TensorId};
@@ -29,7 +33,7 @@ use crate::models::arch::config::Config;
 use crate::models::load::weights::{LayerLeaves, Weights};
 
 use super::kv_cache::KvCache;
-use super::{Builder, Qkv};
+use super::{sample_outputs, Builder, Qkv};
 
 /// The batch graph with its named inputs and outputs.
 pub struct BatchGraph {
@@ -47,14 +51,20 @@ pub struct BatchGraph {
     /// Output: the argmax of each column of the logits, I32 `[n_seqs]` (-1 for a column
     /// that is not finite).
     pub argmax: TensorId,
+    /// Output (with [`BatchShape::candidates`]): the ids of the largest logits of each
+    /// column, largest first (ties: lower id first), I32 `[candidates, n_seqs]`, and
+    /// their values, F32 `[candidates, n_seqs]`.
+    pub top: Option<(TensorId, TensorId)>,
     /// The shape the graph was built for.
     pub shape: BatchShape,
 }
 
 impl BatchGraph {
-    /// Plans the graph (logits and argmax as outputs).
+    /// Plans the graph (logits, argmax and the candidates as outputs).
     pub fn plan(&self) -> Result<Plan> {
-        self.graph.plan(&[self.logits, self.argmax])
+        let mut outputs = vec![self.logits, self.argmax];
+        outputs.extend(self.top.iter().flat_map(|&(ids, vals)| [ids, vals]));
+        self.graph.plan(&outputs)
     }
 }
 
@@ -67,6 +77,8 @@ pub struct BatchShape {
     pub n_seqs: usize,
     /// Logical blocks per sequence: rows of the table.
     pub max_blocks: usize,
+    /// Sampling candidates selected per sequence (`top_k` of its logits; 0: none).
+    pub candidates: usize,
 }
 
 /// The batch graph of `shape` over the pool `pool` (blocks of `block_size` positions).
@@ -81,6 +93,7 @@ pub fn build_batch(
         n_tokens: n,
         n_seqs,
         max_blocks,
+        candidates,
     } = shape;
     if n == 0 || n_seqs == 0 || max_blocks == 0 {
         return Err(Error::model(format!(
@@ -131,6 +144,11 @@ pub fn build_batch(
     let logits = g.set_name(logits, "logits")?;
     let argmax = g.argmax(logits)?;
     let argmax = g.set_name(argmax, "argmax")?;
+    // ids, vals: [candidates, n_seqs]
+    let top = match candidates {
+        0 => None,
+        k => Some(sample_outputs(g, logits, k)?),
+    };
     Ok(BatchGraph {
         graph: b.g,
         tokens,
@@ -141,6 +159,7 @@ pub fn build_batch(
         out_rows,
         logits,
         argmax,
+        top,
         shape,
     })
 }

@@ -1,5 +1,5 @@
 //! The shared building blocks of decoder-only transformers, as functions over graft's
-//! graph API, and the two graphs every model runs. A model's architecture
+//! graph API, and the graphs built from them. A model's architecture
 //! ([`Arch`](crate::models::arch::Arch)) picks the blocks; nothing here is written for one model.
 //!
 //! A block is pre-norm: `x += attn(norm(x)); x += mlp(norm(x))` where
@@ -17,20 +17,22 @@
 //! learned positions (GPT-2); the head is the final norm and the output projection (the
 //! embedding table when tied).
 //!
-//! Two graphs run a model:
-//! - **prefill** of `n` tokens at positions `n_past..n_past + n` (built per `(n, n_past)`
-//!   and cached): K/V are written with `cpy` into views of the cache at `n_past`, and
-//!   attention is `mul_mat` + `scale` + `diag_mask_inf(n_past)` + `soft_max` + `mul_mat`
-//!   over exactly the `n_past + n` filled positions, or the fused `flash_attn_ext`; with
-//!   a sliding window or the fused op, the mask is an input the host fills;
-//! - **decode** of one token, built once per KV-length bucket ([`DECODE_BUCKET`]
-//!   positions) and replayed every step, so a backend that captures a plan (CUDA graphs)
-//!   captures once per bucket. Nothing in the graph depends on the position: it comes in
-//!   as data (`pos`), K/V are written with `set_rows` at row `pos`, and attention reads
-//!   the whole bucket with an additive mask input (0 where visible, -inf elsewhere). The
-//!   masked positions are inert because the cache is zero-initialised and only ever
-//!   written with finite values: their scores become -inf, their weights exactly 0, and
-//!   0 times a finite V is 0.
+//! The graphs:
+//! - **batch** ([`batch::build_batch`]): the tokens of many sequences over a pool of KV
+//!   blocks, what the batched engine runs every step;
+//! - **prefill** of `n` tokens at positions `n_past..n_past + n`: K/V are written with
+//!   `cpy` into views of the cache at `n_past`, and attention is `mul_mat` + `scale` +
+//!   `diag_mask_inf(n_past)` + `soft_max` + `mul_mat` over exactly the `n_past + n` filled
+//!   positions, or the fused `flash_attn_ext`; with a sliding window or the fused op, the
+//!   mask is an input the host fills. One sequence's forward pass
+//!   ([`Model`](crate::models::Model)) runs it from position 0;
+//! - **decode** of one token over a KV-length bucket ([`DECODE_BUCKET`] positions) of a
+//!   contiguous cache: nothing in the graph depends on the position (it comes in as data,
+//!   `pos`), K/V are written with `set_rows` at row `pos`, and attention reads the whole
+//!   bucket with an additive mask input (0 where visible, -inf elsewhere). The masked
+//!   positions are inert because the cache is zero-initialised and only ever written with
+//!   finite values: their scores become -inf, their weights exactly 0, and 0 times a
+//!   finite V is 0. `graft dump --decode` shows it; no generation runs it.
 //!
 //! A **trace** graph ([`build_trace`]) is the prefill graph from position 0 with every
 //! named intermediate ([`TRACE_NAMES`]) kept as an output, for `graft trace`.
@@ -206,9 +208,6 @@ pub struct ModelGraph {
     pub logits: TensorId,
     /// Output: argmax of the last logits, I32 `[1]`.
     pub argmax: TensorId,
-    /// Output ([`ModelGraph::add_candidates`]): the ids of the largest logits of the last
-    /// position, I32 `[k, 1]`, and their values, F32 `[k, 1]`.
-    pub top: Option<(TensorId, TensorId)>,
     /// Positions whose logits are computed (1, or `n` for all).
     pub n_out: usize,
     /// Cache positions attention reads (the mask's row length).
@@ -218,26 +217,11 @@ pub struct ModelGraph {
 }
 
 impl ModelGraph {
-    /// Plans the graph (logits, argmax, the candidates and the traced tensors as
-    /// outputs).
+    /// Plans the graph (logits, argmax and the traced tensors as outputs).
     pub fn plan(&self) -> Result<Plan> {
         let mut outs = vec![self.logits, self.argmax];
-        outs.extend(self.top.iter().flat_map(|&(ids, vals)| [ids, vals]));
         outs.extend(self.traced.iter().map(|t| t.id));
         self.graph.plan(&outs)
-    }
-
-    /// Adds the `k` largest logits of the only position whose logits the graph computes,
-    /// with their ids ([`sample_outputs`]), as outputs.
-    pub fn add_candidates(&mut self, k: usize) -> Result<()> {
-        if self.n_out != 1 {
-            return Err(Error::model(format!(
-                "sampling candidates are selected for one position; this graph computes the logits of {}",
-                self.n_out
-            )));
-        }
-        self.top = Some(sample_outputs(&mut self.graph, self.logits, k)?);
-        Ok(())
     }
 }
 
@@ -863,7 +847,6 @@ impl<'a> Builder<'a> {
             kv_idx,
             logits,
             argmax,
-            top: None,
             n_out,
             n_kv,
             traced: self.trace.unwrap_or_default(),

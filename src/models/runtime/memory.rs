@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::graph::BufferId;
 use crate::models::arch::config::Config;
 use crate::models::blocks::kv_cache::KvCache;
-use crate::models::blocks::{build_decode, build_prefill, decode_n_kv, prefill_room};
+use crate::models::blocks::{build_prefill, prefill_room};
 use crate::models::load::options::CacheTypes;
 use crate::models::load::weights::Weights;
 
@@ -23,8 +23,8 @@ pub const PREFILL_RESERVE: usize = 512;
 pub struct Need {
     /// The KV cache.
     pub cache: usize,
-    /// The larger arena of the decode plan at the full context and the prefill plan of
-    /// [`PREFILL_RESERVE`] tokens.
+    /// The arena of the prefill plan of [`PREFILL_RESERVE`] tokens (at most the
+    /// context).
     pub arena: usize,
 }
 
@@ -42,12 +42,10 @@ pub fn need(cfg: &Config, weights: &Weights, ctx: usize, types: CacheTypes) -> R
     let ctx = ctx.max(1);
     let cache = KvCache::layout(cfg, ctx, types, BufferId(0));
     let n = prefill_room(cfg, &cache, 0).min(PREFILL_RESERVE);
-    let prefill = build_prefill(cfg, weights, &cache, n, 0, false)?;
-    let decode = build_decode(cfg, weights, &cache, decode_n_kv(&cache, ctx - 1))?;
-    let arena = prefill.plan()?.arena_bytes.max(decode.plan()?.arena_bytes);
+    let prefill = build_prefill(cfg, weights, &cache, n, 0, true)?;
     Ok(Need {
         cache: cache.bytes(),
-        arena,
+        arena: prefill.plan()?.arena_bytes,
     })
 }
 

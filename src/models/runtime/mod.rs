@@ -1,7 +1,8 @@
-//! Running a loaded model: the [`Model`](model::Model) on a backend (prefill, decode,
-//! the generation loop), sampling ([`sampling`]), what a forward pass returns ([`output`]),
-//! whether cache and plans fit the device ([`memory`]) and traces of every intermediate
-//! ([`trace`]). Depends on [`arch`](super::arch), [`load`](super::load) and
+//! Running a loaded model: weights loaded for a run and one sequence's forward pass
+//! ([`model`]: every position's logits, traces), sampling ([`sampling`]), what a forward
+//! pass returns and what a sampler reads ([`output`]), whether cache and plans fit the
+//! device ([`memory`]) and the comparison of traces ([`trace`]). Generation runs on the
+//! batched engine ([`crate::engine`]). Depends on [`arch`](super::arch), [`load`](super::load) and
 //! [`blocks`](super::blocks).
 
 pub mod memory;

@@ -23,7 +23,7 @@
 //! 16-byte multiple stride are read in place on the `__dp4a` path
 //! (`mul_mat_vec_qd_c<NC>_<q>`, [`Rows::Aligned`]), the same sums as the staged kernel.
 
-use super::q8_1::{q8_1_column_bytes, quantize_q8_1};
+use super::q8_1::{made, q8_1_column_bytes, quantize_q8_1};
 use super::{Gemv, ROWS};
 use crate::backend::cuda::args::QGemvArgs;
 use crate::backend::cuda::kernels::{cols, KernelSet};
@@ -104,11 +104,7 @@ pub(crate) fn gemv(
     // product without one dequantizes in registers: it is launch-bound, and quantizing
     // would be a second launch.
     let layout = Q8Layout::of(a.dtype);
-    let copy = lw
-        .q8_1
-        .as_ref()
-        .filter(|c| c.of == *b && c.layout == layout)
-        .map(|c| c.addr);
+    let copy = made(b, layout, lw);
     let small = lw.small_dq && m * a.nb[1] <= SMALL_DQ_BYTES;
     let q8 = lw.mmvq && (copy.is_some() || !small);
     let a_addr = lw.addr(a);

@@ -7,12 +7,24 @@
 //! factor of a folded norm ([`NormFoldOut`]), which the group after a
 //! [`Fused::NormFold`] applies.
 
-use super::{attention, check_operands, lower_step, norm, rope, unary};
+use super::{attention, check_operands, lower_step, mmq, norm, rope, unary};
 use crate::backend::cuda::decode::fold::{self, NormFoldOut};
 use crate::backend::cuda::decode::{gemv_add, q8_1::Q8Copy};
-use crate::backend::cuda::lowering::{DevOp, Lowering};
-use crate::backend::fusion::{Fused, Group};
+use crate::backend::cuda::lowering::{DevOp, Lowering, QuantPath};
+use crate::backend::fusion::{Fused, Group, Target};
 use crate::graph::{Loc, Op, Plan, Step};
+
+/// What the fusion pass is told of the kernels `lw` lowers to: whether the decode products
+/// with block-quantized weights read Q8_1 activations (on the `__dp4a` path,
+/// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), and up
+/// to how many columns the other products do (the int8 tensor-core product, by the
+/// lowering's [`QuantPath`]).
+pub(crate) fn target(lw: &Lowering) -> Target {
+    Target {
+        q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
+        batched_cols: mmq::max_cols(lw.quant_path),
+    }
+}
 
 /// Lowers the groups of `plan` (from [`crate::backend::fusion::fuse`] or
 /// [`crate::backend::fusion::unfused`]): the ops of each step, a group's under its first

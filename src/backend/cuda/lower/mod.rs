@@ -12,6 +12,7 @@ pub(crate) mod collective;
 pub(crate) mod cpy;
 pub(crate) mod fused;
 pub(crate) mod get_rows;
+pub(crate) mod mmq;
 pub(crate) mod mul_mat;
 pub(crate) mod mul_mat_id;
 pub(crate) mod mul_mat_q;

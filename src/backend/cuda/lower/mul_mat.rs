@@ -12,7 +12,8 @@
 //! 3. `mul_mat_vec_nc_f16_f32`: the same with longer rows (a transposed V-cache view
 //!    [n_kv, hd, n_kv_heads]).
 //! 4. Block-quantized weights: see [`super::mul_mat_q`] (decode kernels for 1..=8
-//!    columns, otherwise the weights dequantized to F16 in scratch and case 5).
+//!    columns, the int8 tensor-core product up to `MMQ_MAX_COLS`, otherwise the weights
+//!    dequantized to F16 in scratch and case 5).
 //! 5. Everything else: cuBLAS (`cublasGemmEx`, or `cublasGemmBatchedEx` with pointer
 //!    arrays built here and uploaded with the plan's constants: the arena and buffers
 //!    never move), tensor cores for F16/BF16, f32 accumulation (`CUBLAS_COMPUTE_32F`, no

@@ -1,20 +1,32 @@
 //! mul_mat with block-quantized weights (`a` of a [`QType`](crate::quant::QType), dense
 //! blocks along dim 0 at any row stride) and F32 activations `b`, F32 dense result.
 //!
-//! 1. Decode (`b` has 1..=8 columns, no batches): the decode products of
+//! Which path a product takes, by its activation columns `n` (all of `b`'s columns,
+//! batches included): the thresholds are
+//! [`MAX_DECODE_COLS`](crate::backend::fusion::MAX_DECODE_COLS) and
+//! [`MMQ_MAX_COLS`](super::mmq::MMQ_MAX_COLS), set from `graft bench-ops`, which times
+//! each path at 8 to 512 columns on the Llama-2-7B shapes ([`QuantPath`] forces one for it
+//! and for tests):
+//!
+//! 1. Decode (`n <= MAX_DECODE_COLS`, no batches): the decode products of
 //!    [`crate::backend::cuda::decode::quant`].
-//! 2. Everything else (prefill, batches): `cpy_<q>_f16` dequantizes the weights into
-//!    scratch as F16 rows padded to 16 bytes (`cpy_split_<q>_f16` for frozen weights in
-//!    split rows, [`crate::backend::cuda::split`]), then the cuBLAS path of
+//! 2. Batched (`n <= MMQ_MAX_COLS`, one weight matrix: a batched decode step of 8 to 64
+//!    sequences, a short prefill chunk): the int8 tensor-core product ([`super::mmq`]),
+//!    which reads the weights once per 64 columns, where the decode kernels read them
+//!    once per 8 and the F16 copy writes and reads 2 bytes a weight.
+//! 3. Everything else (long prefills, batched weights): `cpy_<q>_f16` dequantizes the
+//!    weights into scratch as F16 rows padded to 16 bytes (`cpy_split_<q>_f16` for frozen
+//!    weights in split rows, [`crate::backend::cuda::split`]), then the cuBLAS path of
 //!    [`super::mul_mat`] runs on them (activations converted to F16 as for F16 weights).
 //!    The scratch is part of the loaded plan, so both stay inside a captured graph.
 
 use super::cpy::copy_to;
+use super::mmq;
 use super::mul_mat::{lower_gemm, padded};
 use crate::backend::cuda::args::{CpyArgs, Tensor4, CPY_SAME_SHAPE};
 use crate::backend::cuda::decode::{self, Gemv};
 use crate::backend::cuda::kernels::by;
-use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering};
+use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath};
 use crate::graph::{DType, Operand};
 use crate::quant::QType;
 
@@ -45,7 +57,12 @@ pub(crate) fn lower(
     if b.ne[0] != kk || b.ne[2] % a2 != 0 || b.ne[3] % a3 != 0 {
         return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
     }
-    if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
+    if lw.quant_path != QuantPath::Mmq {
+        if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
+            return ops;
+        }
+    }
+    if let Some(ops) = mmq::lower(a, b, dst, lw) {
         return ops;
     }
     // Prefill: F16 copy of the weights in scratch, then cuBLAS.

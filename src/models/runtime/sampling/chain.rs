@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 
 use super::params::SamplingParams;
 use crate::error::{Error, Result};
-use crate::models::runtime::output::{Logits, Output};
+use crate::models::runtime::output::Logits;
 use crate::ops::topk::MAX_K;
 
 /// The logits one token is sampled from.
@@ -143,16 +143,6 @@ impl SamplerChain {
             Some(k) if k < self.vocab && k <= MAX_K => Logits::Top(k),
             _ => Logits::Last,
         }
-    }
-
-    /// The next token after a forward pass's output `out`: the device's argmax when
-    /// greedy, else a draw from its logits (top candidates or the last row).
-    pub fn pick(&mut self, out: &Output, history: &[u32]) -> Result<u32> {
-        if self.is_greedy() {
-            return Ok(out.argmax);
-        }
-        let row = out.row(self.vocab)?;
-        self.sample(row, history)
     }
 
     /// Samples the next token from `row`, the logits after `history` (the sequence's

@@ -1,0 +1,606 @@
+// Products of block-quantized weights with a batch of activation columns on int8 tensor
+// cores, for the widths between the decode kernels (mul_mat_q.cu, a few columns) and the
+// weights dequantized to F16 for cuBLAS (src/backend/cuda/lower/mmq.rs picks):
+// dst[r, c] = sum_l a[l, r] * b[l, c], F32 results.
+//
+//   mmq_c<BN>_<q>: weights of type q in ggml's layout; b the activations quantized to Q8_1
+//     (quantize_q8_1_f32, or the fused step before the product) in the layout the decode
+//     products of the same type read (act_at in quant.cuh: ACT_PAIRS for the K-quants,
+//     ACT_BLOCKS for the 32-element types). A block takes MMQ_ROWS = 64 weight rows, 16 a
+//     warp, by BN = 8, 16, 32 or 64 columns (grid.x: column tiles, so that the blocks of
+//     one weight tile run side by side and all but the first read it from L2; grid.y:
+//     row tiles; grid.z: parts of K, below) and walks K in chunks of MMQ_K = 128 elements
+//     (4 sub-blocks of 32), one barrier a chunk:
+//       - each thread loads its units of the chunk's weights (a 32-element block, or a
+//         K-quant's pair of sub-blocks) into registers a chunk ahead, and unpacks them
+//         into shared memory after the current chunk's products: int8 quants, rows of 128
+//         bytes padded to 144 so that the 8 rows of a fragment load fall on different
+//         banks, and one scale slot per sub-block (the Mmq* traits below);
+//       - the chunk's activation quants are copied into shared memory asynchronously, a
+//         chunk ahead (cp.async), and their (d, d * sum) pairs loaded into registers a
+//         chunk ahead and stored as floats;
+//       - each warp multiplies its 16 rows by the BN columns one sub-block at a time:
+//         mma.sync m16n8k32 (s8 x s8 -> s32; Q6_K, whose scales cover 16 elements, two
+//         m16n8k16) gives the exact integer sum of each (row, column) pair, which the
+//         type's Slot::term scales in f32 as its decode product's dot does (quant.cuh; the
+//         CPU oracle is src/quant/dot.rs), into F32 accumulators in registers.
+//     The integer sums become floats by an integer add of 1.5 * 2^23 and a float subtract
+//     (exact below 2^22 in magnitude, which every sub-block's sum is: at most 32 * 127 *
+//     128) instead of I2F, which issues at a fraction of the rate of the f32 arithmetic
+//     that dominates the kernel from a few dozen columns on.
+//   mmq_split_c<BN>_<q>: the same for frozen weights in split rows (src/quant/split.rs): a
+//     unit's quants are 16-byte loads, its header one or a few small loads.
+//   mmq_reduce: a grid of too few blocks for the GPU (a small product, or few columns)
+//     splits K into gridDim.z parts of `chunks` chunks each; part z writes its partial sums
+//     to dst + z * m * n, and mmq_reduce adds the parts up in order. The same sums in the
+//     same order on every run, whatever the layout of the weights: results are
+//     deterministic and frozen weights give the bytes unfrozen ones give.
+//
+// Every type's traits (Mmq* below) have:
+//   QK, UNIT, HALVES     elements of a block; sub-blocks a thread loads as one unit; whether
+//                        the scales cover 16-element halves of a sub-block (Q6_K)
+//   Raw                  a unit's bytes in registers, as loaded (nothing computed from them,
+//                        so that a load a chunk ahead does not wait for its data)
+//   Slot                 what scales a sub-block's integer sums (a few floats), and
+//     Slot::term(w, s0, s1, y)  the sub-block's share of the result from its integer sum
+//                        s0 (HALVES: s0, s1 the sums of its two halves) with the Q8_1
+//                        block y = (d, d * sum)
+//   fetch(row, nb, u, r) loads unit u (sub-blocks UNIT u ..) of the row at `row` (nb blocks)
+//   unpack(r, u, q, w)   its quants as int8 words (8 a sub-block; word k holds elements
+//                        4k..4k+3, as mma's fragments take them) and its sub-blocks' slots
+#include "quant.cuh"
+
+constexpr int MMQ_THREADS = MMQ_WARPS * WARP_SIZE;
+constexpr int MMQ_SUBS = MMQ_K / 32;  // sub-blocks of a chunk
+constexpr int MMQ_LD = MMQ_K + 16;    // bytes of a weight row or activation column in shared memory
+static_assert(MMQ_ROWS == 16 * MMQ_WARPS, "a warp takes 16 rows");
+static_assert(MMQ_SUBS == 4, "a chunk's (d, d * sum) pairs of a column are one 16-byte copy");
+
+// The integer s (|s| < 2^22) as a float: 1.5 * 2^23 + s has a unit ulp, so both steps are exact.
+__device__ __forceinline__ float small_i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.0f; }
+
+__device__ __forceinline__ float f16_bits(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+__device__ __forceinline__ int lds32(const char* p) { return *reinterpret_cast<const int*>(p); }
+
+// The N 32-bit words at p (read-only global memory, 2-byte aligned): 16-byte loads when p is
+// 16-byte aligned, 16-bit ones otherwise.
+template <int N>
+__device__ __forceinline__ void load_words(const char* p, int* out) {
+    static_assert(N % 4 == 0, "whole 16-byte words");
+    if (((uintptr_t)p & 15u) == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);
+            out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = ld_i32_a2(p + 4 * i);
+    }
+}
+
+// The N / 4 16-byte words at p (16-byte aligned, read once) as N 32-bit words.
+template <int N>
+__device__ __forceinline__ void stream_words(const char* p, int* out) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const int4 v = ld_stream16(p + 16 * i);
+        out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor-core products. Fragments (g = lane / 4, t = lane % 4; word w of a row or column is
+// its k elements 4w..4w+3): a = the words t of rows g and g + 8, then the words t + 4 of
+// rows g and g + 8 (A row-major, 16 x 32); b0, b1 = the words t and t + 4 of column g (B
+// column-major, 32 x 8); c = rows g, g, g + 8, g + 8 by columns 2t, 2t + 1, 2t, 2t + 1.
+
+// c = the 16 x 8 integer products over 32 k (m16n8k32).
+__device__ __forceinline__ void mma_k32(int* c, const int* a, int b0, int b1) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// c = the 16 x 8 integer products over 16 k (m16n8k16): a0, a1 the words of rows g and g + 8,
+// b0 of column g.
+__device__ __forceinline__ void mma_k16(int* c, int a0, int a1, int b0) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// The 32-element types: H bytes of header (the f16 d; Q4_1 and Q5_1: then the f16 m; Q5_0
+// and Q5_1: then 4 bytes of fifth bits) and QB bytes of quants a block, in ggml's blocks or
+// in split rows (SPLIT: every block's quants at row + QB b, then every header at
+// row + QB nb + H b). A unit is one block.
+
+template <int H, int QB, bool SPLIT>
+struct LegacyRows {
+    static constexpr int QK = 32, UNIT = 1, BYTES = H + QB;
+    static constexpr bool HALVES = false;
+    struct Raw {
+        int v[QB / 4];      // the quant bytes as words
+        unsigned h[H / 2];  // the header as 16-bit halves
+    };
+    static __device__ __forceinline__ void fetch(const char* row, int nb, int u, Raw& r) {
+        const char* head = SPLIT ? row + QB * (i64)nb + H * (i64)u : row + BYTES * (i64)u;
+#pragma unroll
+        for (int i = 0; i < H / 2; ++i) r.h[i] = ld_u16(head + 2 * i);
+        if constexpr (SPLIT) {
+            stream_words<QB / 4>(row + QB * (i64)u, r.v);
+        } else {
+#pragma unroll
+            for (int i = 0; i < QB / 4; ++i) r.v[i] = ld_i32_a2(head + H + 4 * i);
+        }
+    }
+};
+
+// The slot of Q4_0 (OFF 8), Q5_0 (16) and Q8_0 (0): quants offset by OFF, the offset
+// applied through the Q8_1 block's d * sum: d * (s d8 - OFF s8).
+template <int OFF>
+struct OffsetSlot {
+    float d;
+    static __device__ __forceinline__ float term(const OffsetSlot& w, int s, int, float2 y) {
+        if constexpr (OFF == 0) return w.d * y.x * small_i2f(s);
+        return w.d * (small_i2f(s) * y.x - (float)OFF * y.y);
+    }
+};
+
+// The slot of Q4_1 and Q5_1: s (d d8) + m s8.
+struct AffineSlot {
+    float d, m;
+    static __device__ __forceinline__ float term(const AffineSlot& w, int s, int, float2 y) {
+        return small_i2f(s) * (w.d * y.x) + w.m * y.y;
+    }
+};
+
+template <bool SPLIT>
+struct MmqQ4_0 : LegacyRows<2, 16, SPLIT> {
+    typedef typename LegacyRows<2, 16, SPLIT>::Raw Raw;
+    typedef OffsetSlot<8> Slot;
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+        nibbles_of(r.v, q);
+        w[0].d = f16_bits(r.h[0]);
+    }
+};
+
+template <bool SPLIT>
+struct MmqQ4_1 : LegacyRows<4, 16, SPLIT> {
+    typedef typename LegacyRows<4, 16, SPLIT>::Raw Raw;
+    typedef AffineSlot Slot;
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+        nibbles_of(r.v, q);
+        w[0] = {f16_bits(r.h[0]), f16_bits(r.h[1])};
+    }
+};
+
+template <bool SPLIT>
+struct MmqQ5_0 : LegacyRows<6, 16, SPLIT> {
+    typedef typename LegacyRows<6, 16, SPLIT>::Raw Raw;
+    typedef OffsetSlot<16> Slot;
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+        fives_of(r.v, r.h[1] | (r.h[2] << 16), q);
+        w[0].d = f16_bits(r.h[0]);
+    }
+};
+
+template <bool SPLIT>
+struct MmqQ5_1 : LegacyRows<8, 16, SPLIT> {
+    typedef typename LegacyRows<8, 16, SPLIT>::Raw Raw;
+    typedef AffineSlot Slot;
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+        fives_of(r.v, r.h[2] | (r.h[3] << 16), q);
+        w[0] = {f16_bits(r.h[0]), f16_bits(r.h[1])};
+    }
+};
+
+template <bool SPLIT>
+struct MmqQ8_0 : LegacyRows<2, 32, SPLIT> {
+    typedef typename LegacyRows<2, 32, SPLIT>::Raw Raw;
+    typedef OffsetSlot<0> Slot;
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) q[k] = r.v[k];
+        w[0].d = f16_bits(r.h[0]);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// The K-quants: 256-element blocks of 8 sub-blocks.
+
+// A Q4_K / Q5_K sub-block's d * scale and dmin * min (both exact in f32: an f16 times a
+// 6-bit integer); its share: d * sc * (d8 * sum) - dmin * m * s8.
+struct K4Slot {
+    float ds, dm;
+    static __device__ __forceinline__ float term(const K4Slot& w, int s, int, float2 y) {
+        return w.ds * (y.x * small_i2f(s)) - w.dm * y.y;
+    }
+};
+
+// The slots of sub-blocks j and j + 1 from a Q4_K / Q5_K header as 4 words h.
+__device__ __forceinline__ void k4_slots(const int* h, int j, K4Slot* w) {
+    const float d = f16_bits((unsigned)h[0] & 0xffffu), dmin = f16_bits((unsigned)h[0] >> 16);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int sc, m;
+        scale_min_words(h + 1, j + i, sc, m);
+        w[i].ds = d * (float)sc;
+        w[i].dm = dmin * (float)m;
+    }
+}
+
+// Q4_K (FIVE false) and Q5_K in ggml's blocks (d, dmin, scales[12], [qh[32]], qs[128]),
+// read in place: 16-byte loads when the block is 16-byte aligned (144 and 176 bytes keep
+// every block of an aligned row aligned), 16-bit ones otherwise. A unit is the pair of
+// sub-blocks 2c, 2c + 1 (c = u % 4) of block u / 4: the low and high nibbles of 32 quant
+// bytes, and for Q5_K bits 2c and 2c + 1 of the 32 bytes of fifth bits.
+template <bool FIVE>
+struct MmqK4 {
+    static constexpr int QK = 256, UNIT = 2, BYTES = FIVE ? 176 : 144, QS = FIVE ? 48 : 16;
+    static constexpr bool HALVES = false;
+    struct Raw {
+        int h[4], qs[8], qh[FIVE ? 8 : 4];
+    };
+    typedef K4Slot Slot;
+    static __device__ __forceinline__ void fetch(const char* row, int, int u, Raw& r) {
+        const char* blk = row + BYTES * (i64)(u >> 2);
+        load_words<4>(blk, r.h);
+        load_words<8>(blk + QS + 32 * (u & 3), r.qs);
+        if constexpr (FIVE) load_words<8>(blk + 16, r.qh);
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int u, int* q, Slot* w) {
+        const int c = u & 3;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            q[k] = r.qs[k] & 0x0f0f0f0f;
+            q[8 + k] = (r.qs[k] >> 4) & 0x0f0f0f0f;
+            if constexpr (FIVE) {
+                q[k] |= ((r.qh[k] >> (2 * c)) & 0x01010101) << 4;
+                q[8 + k] |= ((r.qh[k] >> (2 * c + 1)) & 0x01010101) << 4;
+            }
+        }
+        k4_slots(r.h, 2 * c, w);
+    }
+};
+
+// Frozen Q5_K weights in split rows (SplitQ5_K in quant.cuh): a unit, the pair 2c, 2c + 1
+// of block b = u / 4, is 32 quant bytes at row + 128 b + 32 c, the pair's fifth bits as
+// two words at row + 128 nb + 32 b + 8 c (byte i of sub-block j's word holds at bit k the
+// fifth bit of its element 4k + i) and the block's header at row + 160 nb + 16 b.
+struct MmqSplitQ5_K {
+    static constexpr int QK = 256, UNIT = 2;
+    static constexpr bool HALVES = false;
+    struct Raw {
+        int h[4], qs[8];
+        unsigned fb[2];
+    };
+    typedef K4Slot Slot;
+    static __device__ __forceinline__ void fetch(const char* row, int nb, int u, Raw& r) {
+        const i64 b = u >> 2;
+        const int c = u & 3;
+        stream_words<4>(row + 160 * (i64)nb + 16 * b, r.h);
+        stream_words<8>(row + 128 * b + 32 * c, r.qs);
+        const uint2 fb = __ldg(reinterpret_cast<const uint2*>(row + 128 * (i64)nb + 32 * b + 8 * c));
+        r.fb[0] = fb.x, r.fb[1] = fb.y;
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int u, int* q, Slot* w) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                q[8 * i + k] = ((r.qs[k] >> (4 * i)) & 0x0f0f0f0f) | (int)(((r.fb[i] >> k) & 0x01010101u) << 4);
+            }
+        }
+        k4_slots(r.h, 2 * (u & 3), w);
+    }
+};
+
+// A Q6_K sub-block's d and its two 8-bit scales (the first half's in the low byte); its
+// share: d * (d8 * (sa * sum_a + sb * sum_b)). Each product of a scale and a half's sum is
+// an integer below 2^23 and so is their sum: exact in f32, the integer the CPU converts.
+struct Q6Slot {
+    float d;
+    unsigned sab;
+    static __device__ __forceinline__ float term(const Q6Slot& w, int s0, int s1, float2 y) {
+        const float sa = (float)(signed char)(w.sab & 0xffu), sb = (float)(signed char)((w.sab >> 8) & 0xffu);
+        return w.d * (y.x * (sa * small_i2f(s0) + sb * small_i2f(s1)));
+    }
+};
+
+// Q6_K quants from low nibbles (shifted by ns) and high bit pairs (shifted by hs) as words:
+// (lo | hi << 4) - 32, four at a time.
+__device__ __forceinline__ int q6_word(unsigned lo, unsigned hi, int ns, int hs) {
+    return (int)__vsub4(((lo >> ns) & 0x0f0f0f0fu) | (((hi >> hs) & 0x03030303u) << 4), 0x20202020u);
+}
+
+// Q6_K in ggml's blocks (ql[128], qh[64], scales[16], d; 210 bytes, so 2-byte aligned, read
+// as 16-bit halves). Sub-block j: half c = j / 4, quarter t = j % 4, low nibbles at bit
+// 4 (t / 2) of ql bytes 64 c + 32 (t & 1), high bit pairs at bit 2t of qh bytes 32 c. A
+// unit, the pair 2p, 2p + 1 (p = u % 4) of block u / 4, shares its half's qh bytes and the
+// nibble of its ql bytes: 64 bytes of ql, 32 of qh, its 4 scales and d.
+struct MmqQ6_K {
+    static constexpr int QK = 256, UNIT = 2;
+    static constexpr bool HALVES = true;
+    struct Raw {
+        int ql[16], qh[8];
+        unsigned sc, d;
+    };
+    typedef Q6Slot Slot;
+    static __device__ __forceinline__ void fetch(const char* row, int, int u, Raw& r) {
+        const char* blk = row + 210 * (i64)(u >> 2);
+        const int p = u & 3;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) r.ql[k] = ld_i32_a2(blk + 64 * (p >> 1) + 4 * k);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) r.qh[k] = ld_i32_a2(blk + 128 + 32 * (p >> 1) + 4 * k);
+        r.sc = (unsigned)ld_i32_a2(blk + 192 + 4 * p);
+        r.d = ld_u16(blk + 208);
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int u, int* q, Slot* w) {
+        const int t = 2 * (u & 1);  // the pair's first quarter: 0 or 2
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                q[8 * i + k] = q6_word((unsigned)r.ql[8 * i + k], (unsigned)r.qh[k], 4 * (t >> 1), 2 * (t + i));
+            }
+            w[i].d = f16_bits(r.d);
+            w[i].sab = (r.sc >> (16 * i)) & 0xffffu;
+        }
+    }
+};
+
+// Frozen Q6_K weights in split rows (SplitQ6_K in quant.cuh), rotated by the row's address:
+// a unit, pair p = u % 4 (sub-blocks 2p, 2p + 1) of block b = u / 4, is 48 bytes of
+// repacked quants at 192 b + 48 p (32 of low nibbles, 16 of high bit pairs), its four
+// scales at 192 nb + 16 b + 4 p and the block's d at 208 nb + 2 b (wrapping around).
+struct MmqSplitQ6_K {
+    static constexpr int QK = 256, UNIT = 2;
+    static constexpr bool HALVES = true;
+    struct Raw {
+        int n[8], h[4];
+        unsigned sc, d;
+    };
+    typedef Q6Slot Slot;
+    static __device__ __forceinline__ void fetch(const char* row, int nb, int u, Raw& r) {
+        const int o = SplitQ6_K::rot(row);
+        const i64 b = u >> 2;
+        const int p = u & 3;
+        const char* q = row + o + 192 * b + 48 * p;
+        stream_words<8>(q, r.n);
+        stream_words<4>(q + 32, r.h);
+        r.sc = __ldg(reinterpret_cast<const unsigned*>(row + o + 192 * (i64)nb + 16 * b + 4 * p));
+        i64 at = 208 * (i64)nb + 2 * b + o;
+        if (at >= 210 * (i64)nb) at -= 210 * (i64)nb;
+        r.d = ld_u16(row + at);
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int, int* q, Slot* w) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                q[8 * i + k] = q6_word((unsigned)r.n[k], (unsigned)r.h[k & 3], 4 * i, 2 * (k >> 2) + 4 * i);
+            }
+            w[i].d = f16_bits(r.d);
+            w[i].sab = (r.sc >> (16 * i)) & 0xffffu;
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// The kernel.
+
+// Shared memory of a block: the weights' int8 quants and slots, the activations' quants and
+// (d, d * sum) pairs (as floats, sub-block by sub-block: ys[s * BN + c]), two chunks of each.
+template <typename T, int BN>
+struct MmqSmem {
+    char wq[2][MMQ_ROWS * MMQ_LD];
+    typename T::Slot ws[2][MMQ_ROWS * MMQ_SUBS];
+    char yq[2][BN * MMQ_LD];
+    float2 ys[2][MMQ_SUBS * BN];
+};
+
+// The thread's units of a weight chunk (unit x of thread tid: row (tid + x MMQ_THREADS) /
+// UPR of the tile, part (tid + x MMQ_THREADS) % UPR of the chunk's row), loaded a chunk
+// ahead into registers and unpacked into shared memory. The rows' addresses are found at
+// each load rather than kept (registers: the wide tiles of sm_80 spilled).
+template <typename T>
+struct WeightLoader {
+    static constexpr int UPR = MMQ_SUBS / T::UNIT;             // units of a chunk's row
+    static constexpr int NU = MMQ_ROWS * UPR / MMQ_THREADS;    // units of a thread
+    static_assert(NU * MMQ_THREADS == MMQ_ROWS * UPR, "the threads share a chunk's units evenly");
+    const MmqArgs& p;
+    i64 row0;
+    typename T::Raw raw[NU];
+
+    __device__ __forceinline__ WeightLoader(const MmqArgs& args, i64 first_row) : p(args), row0(first_row) {}
+    __device__ __forceinline__ static int tile_row(int x) { return ((int)threadIdx.x + x * MMQ_THREADS) / UPR; }
+    __device__ __forceinline__ static int part(int x) { return ((int)threadIdx.x + x * MMQ_THREADS) % UPR; }
+    // Unit x's index in its row for chunk ch; a unit past the row's end (the last chunk of a
+    // row that is not whole chunks) reads the last unit instead (its sums are not used).
+    __device__ __forceinline__ int unit(int ch, int x) const {
+        return min(ch * UPR + part(x), (int)(p.k / 32) / T::UNIT - 1);
+    }
+    // Rows past m read row m - 1 (their results are not written).
+    __device__ __forceinline__ void fetch(int ch) {
+#pragma unroll
+        for (int x = 0; x < NU; ++x) {
+            const char* row = p.a + min(row0 + tile_row(x), p.m - 1) * p.a_nb1;
+            T::fetch(row, (int)(p.k / T::QK), unit(ch, x), raw[x]);
+        }
+    }
+    template <int BN>
+    __device__ __forceinline__ void store(int ch, MmqSmem<T, BN>& sm, int buf) const {
+#pragma unroll
+        for (int x = 0; x < NU; ++x) {
+            int q[8 * T::UNIT];
+            typename T::Slot w[T::UNIT];
+            T::unpack(raw[x], unit(ch, x), q, w);
+            const int r = tile_row(x), s = T::UNIT * part(x);
+            char* dq = sm.wq[buf] + r * MMQ_LD + 32 * s;
+#pragma unroll
+            for (int i = 0; i < 2 * T::UNIT; ++i) {
+                *reinterpret_cast<int4*>(dq + 16 * i) = make_int4(q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]);
+            }
+#pragma unroll
+            for (int i = 0; i < T::UNIT; ++i) sm.ws[buf][r * MMQ_SUBS + s + i] = w[i];
+        }
+    }
+};
+
+// The chunks of the BN activation columns from col0: each sub-block's 32 quants copied into
+// shared memory asynchronously (two 16-byte pieces; one group a chunk), and a column's 4
+// (d, d * sum) pairs of the chunk (thread c < BN: column c) loaded into registers a chunk
+// ahead, then stored as floats, so that each pair is converted once a block rather than by
+// every lane that reads it. Columns past n and sub-blocks past the row's end are zeros (the
+// pairs past the row's end are never read).
+template <typename T, int BN>
+struct ActLoader {
+    static_assert(BN <= MMQ_THREADS, "a thread a column's pairs");
+    const MmqArgs& p;
+    i64 col0;
+    uint4 ds;
+
+    __device__ __forceinline__ ActLoader(const MmqArgs& args, i64 first_col) : p(args), col0(first_col) {}
+    __device__ __forceinline__ void copy_quants(int ch, MmqSmem<T, BN>& sm, int buf) const {
+        constexpr i64 LAYOUT = T::QK == 256 ? ACT_PAIRS : ACT_BLOCKS;  // Q8Layout::of in src/backend/fusion.rs
+        const int s0 = ch * MMQ_SUBS, nsub = (int)(p.k / 32);
+        for (int i = threadIdx.x; i < BN * 2 * MMQ_SUBS; i += MMQ_THREADS) {
+            const int c = i / (2 * MMQ_SUBS), s = (i / 2) % MMQ_SUBS, h = i % 2;
+            const bool ok = col0 + c < p.n && s0 + s < nsub;
+            const char* src = ok ? p.b + (col0 + c) * p.b_nb1 + act_at(s0 + s, 16 * h, LAYOUT) : p.b;
+            copy16_or_zero(sm.yq[buf] + c * MMQ_LD + 32 * s + 16 * h, src, ok);
+        }
+        stage_commit();
+    }
+    __device__ __forceinline__ void fetch_pairs(int ch) {
+        const int c = threadIdx.x;
+        ds = make_uint4(0u, 0u, 0u, 0u);
+        if (c < BN && col0 + c < p.n) {
+            const char* col = p.b + (col0 + c) * p.b_nb1;
+            ds = __ldg(reinterpret_cast<const uint4*>(col + act_quant_bytes(p.k) + 16 * (i64)ch));
+        }
+    }
+    __device__ __forceinline__ void store_pairs(MmqSmem<T, BN>& sm, int buf) const {
+        const int c = threadIdx.x;
+        if (c >= BN) return;
+        const unsigned h[MMQ_SUBS] = {ds.x, ds.y, ds.z, ds.w};
+#pragma unroll
+        for (int s = 0; s < MMQ_SUBS; ++s) {
+            sm.ys[buf][s * BN + c] = __half22float2(*reinterpret_cast<const __half2*>(&h[s]));
+        }
+    }
+};
+
+// The warp's 16 rows (from `row`) of chunk buffer buf by the BN columns: the first nsc
+// sub-blocks' products, added into acc (n8 tile j: acc[j] as mma's c fragment).
+template <typename T, int BN>
+__device__ __forceinline__ void mma_chunk(const MmqSmem<T, BN>& sm, int buf, int row, int nsc, int lane,
+                                          float (*acc)[4]) {
+    const int g = lane / 4, t = lane % 4;
+    const char* wa = sm.wq[buf] + (row + g) * MMQ_LD + 4 * t;
+    const typename T::Slot* wsl = sm.ws[buf] + (row + g) * MMQ_SUBS;
+#pragma unroll 1  // unrolled, the loads of every sub-block were hoisted: 168 registers at BN = 64
+    for (int s = 0; s < MMQ_SUBS; ++s) {
+        if (s >= nsc) break;  // the same for the whole block
+        const int a[4] = {lds32(wa + 32 * s), lds32(wa + 8 * MMQ_LD + 32 * s), lds32(wa + 32 * s + 16),
+                          lds32(wa + 8 * MMQ_LD + 32 * s + 16)};
+        const typename T::Slot lo = wsl[s], hi = wsl[8 * MMQ_SUBS + s];
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const char* yb = sm.yq[buf] + (8 * j + g) * MMQ_LD + 32 * s + 4 * t;
+            const int b0 = lds32(yb), b1 = lds32(yb + 16);
+            int c0[4], c1[4] = {0, 0, 0, 0};
+            if constexpr (T::HALVES) {
+                mma_k16(c0, a[0], a[1], b0);
+                mma_k16(c1, a[2], a[3], b1);
+            } else {
+                mma_k32(c0, a, b0, b1);
+            }
+            // the (d, d * sum) pairs of columns 2t and 2t + 1 of the tile
+            const float4 yy = *reinterpret_cast<const float4*>(&sm.ys[buf][s * BN + 8 * j + 2 * t]);
+            const float2 y0 = make_float2(yy.x, yy.y), y1 = make_float2(yy.z, yy.w);
+            typedef typename T::Slot S;
+            acc[j][0] += S::term(lo, c0[0], c1[0], y0);
+            acc[j][1] += S::term(lo, c0[1], c1[1], y1);
+            acc[j][2] += S::term(hi, c0[2], c1[2], y0);
+            acc[j][3] += S::term(hi, c0[3], c1[3], y1);
+        }
+    }
+}
+
+template <typename T, int BN>
+__device__ void mmq(const MmqArgs& p) {
+    static_assert(BN % 8 == 0 && BN <= 64, "column tiles of 8 to 64");
+    __shared__ __align__(16) MmqSmem<T, BN> sm;
+    pdl_launch_dependents();
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const i64 col0 = blockIdx.x * (i64)BN, row0 = blockIdx.y * (i64)MMQ_ROWS;
+    const int nsub = (int)(p.k / 32);
+    const int first = (int)(blockIdx.z * p.chunks);
+    const int nch = (int)min(p.chunks, (i64)((nsub + MMQ_SUBS - 1) / MMQ_SUBS - first));
+    WeightLoader<T> w(p, row0);
+    ActLoader<T, BN> y(p, col0);
+    // Weights nothing in the plan writes: the first chunk loads before the wait.
+    if (p.prefetch) w.fetch(first);
+    pdl_wait();
+    if (!p.prefetch) w.fetch(first);
+    y.copy_quants(first, sm, 0);
+    y.fetch_pairs(first);
+    w.store(first, sm, 0);
+    y.store_pairs(sm, 0);
+    float acc[BN / 8][4];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int i = 0; i < nch; ++i) {
+        const int buf = i & 1, ch = first + i;
+        stage_wait<0>();
+        __syncthreads();  // chunk ch is in buf; every warp is done with buf ^ 1
+        if (i + 1 < nch) {
+            y.copy_quants(ch + 1, sm, buf ^ 1);
+            y.fetch_pairs(ch + 1);
+            w.fetch(ch + 1);
+        }
+        mma_chunk<T, BN>(sm, buf, 16 * warp, min(MMQ_SUBS, nsub - ch * MMQ_SUBS), lane, acc);
+        if (i + 1 < nch) {
+            w.store(ch + 1, sm, buf ^ 1);
+            y.store_pairs(sm, buf ^ 1);
+        }
+    }
+    float* out = p.dst + blockIdx.z * p.m * p.n;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const i64 r = row0 + 16 * warp + g + 8 * (e / 2), c = col0 + 8 * j + 2 * t + e % 2;
+            if (r < p.m && c < p.n) out[c * p.m + r] = acc[j][e];
+        }
+    }
+}
+
+// The sum of the parts of K, in order.
+__device__ void mmq_reduce_parts(const MmqReduceArgs& p) {
+    pdl_enter();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.count; i += (i64)gridDim.x * blockDim.x) {
+        float s = p.part[i];
+        for (i64 z = 1; z < p.split; ++z) s += p.part[z * p.count + i];
+        p.dst[i] = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MMQ_REDUCE_THREADS) mmq_reduce(const MmqReduceArgs p) { mmq_reduce_parts(p); }
+
+// The instantiations (mmq_c<BN>_<q>, mmq_split_c<BN>_<q>: every weight type by every column
+// tile, in ggml's blocks and in split rows for the types that have them) are generated by
+// build.rs from the table in build/instances.rs.
+#include "mmq.inst.cuh"

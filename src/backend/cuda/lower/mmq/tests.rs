@@ -1,0 +1,495 @@
+//! Host-side checks of the int8 tensor-core product's lowering ([`super`]), no GPU
+//! needed: how K is split into parts and which column tile a width takes; then products of
+//! every weight type (ggml's blocks and split rows) by 1 to 300 F32 columns, strided and
+//! with batches broadcast over one weight matrix, are lowered with host addresses; a host
+//! interpreter of each launch's contract carries them out (`quantize_q8_1_f32`: the Q8_1
+//! activations in the layout of the weight type; `mmq_*`: each part of K's sums over the
+//! weights as the kernel reads them; `mmq_reduce`), and the result must be the CPU
+//! backend's. This checks the dispatch by width and layout, the column tiles and the
+//! grid, the parts of K and their scratch, and the Q8_1 copies; the kernels' own
+//! arithmetic is checked on a GPU (tests/cuda/ops_cuda_quant.rs).
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+
+use super::{col_tile, parts, MAX_PARTS, MIN_PART_CHUNKS, MMQ_MAX_COLS};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::args::{
+    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMQ_K, MMQ_ROWS,
+};
+use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
+use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
+use crate::backend::cuda::split::SplitRows;
+use crate::backend::cuda::tests::{
+    args, base, elem, fake_addr_any, kernel_launches, lower_plan, offset,
+};
+use crate::backend::fusion::batched_type;
+use crate::backend::{Backend, BackendExt};
+use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Plan};
+use crate::quant::split::{join_row, split_row};
+use crate::quant::{dequantize_row, quantize_row, QType};
+
+#[test]
+fn parts_cover_k_and_fill_the_gpu() {
+    // Llama-2-7B on 132 SMs: [4096, 4096] by up to 64 columns is 64 tiles, split in 7
+    // parts of 5 chunks (the last 2); [11008, 4096] by 64, 172 tiles in 3; 4 column
+    // tiles of [4096, 4096] (256 columns) in 2; 512 tiles not at all.
+    assert_eq!(parts(64, 32, 132), (7, 5));
+    assert_eq!(parts(172, 32, 132), (3, 11));
+    assert_eq!(parts(256, 32, 132), (2, 16));
+    assert_eq!(parts(512, 32, 132), (1, 32));
+    // short rows: at most one part per MIN_PART_CHUNKS chunks
+    assert_eq!(parts(1, 7, 132), (1, 7));
+    assert_eq!(parts(1, 1, 132), (1, 1));
+    for tiles in [1, 3, 64, 100, 400, 1000] {
+        for chunks in 1..200 {
+            let (n, per) = parts(tiles, chunks, 132);
+            assert!((1..=MAX_PARTS).contains(&n), "{tiles} {chunks}: {n}");
+            // every part has a chunk, and the parts cover K
+            assert!(
+                (n - 1) * per < chunks && n * per >= chunks,
+                "{tiles} {chunks}"
+            );
+            assert!(n == 1 || per >= MIN_PART_CHUNKS, "{tiles} {chunks}: {per}");
+        }
+    }
+}
+
+#[test]
+fn column_tiles_are_the_narrowest_that_hold_the_columns() {
+    assert_eq!(
+        [1, 8, 9, 16, 17, 32, 33, 64].map(col_tile),
+        [8, 8, 16, 16, 32, 32, 64, 64]
+    );
+    assert_eq!([65, 256, 300].map(col_tile), [64, 64, 64]);
+}
+
+/// Byte offset of element `e` (0..32) of sub-block `s` in a column of Q8_1 activations
+/// (cuda/quant.cuh, `act_at`).
+fn act_at(s: usize, e: usize, layout: i64) -> usize {
+    if layout == ACT_PAIRS {
+        512 * (s >> 4) + 256 * (s & 1) + 128 * (e >> 4) + 16 * ((s >> 1) & 7) + (e & 15)
+    } else {
+        256 * (s >> 3) + 128 * (e >> 4) + 16 * (s & 7) + (e & 15)
+    }
+}
+
+/// Bytes of the quants of a column of `k` activations (`act_quant_bytes`).
+fn act_quant_bytes(k: usize) -> usize {
+    k.next_multiple_of(512)
+}
+
+/// Host version of quantize_q8_1_f32: every row of `src` quantized to Q8_1 by
+/// `graft::quant`, its quants and (d, d * sum) pairs laid out as the kernel writes them.
+fn run_quantize(a: CpyArgs) {
+    let k = a.src.ne[0] as usize;
+    let rows = a.src.ne[1] * a.src.ne[2] * a.src.ne[3];
+    let mut blocks = vec![0u8; k / 32 * 36];
+    for r in 0..rows {
+        let ix = elem([1, a.src.ne[1], a.src.ne[2], a.src.ne[3]], r);
+        let x: Vec<f32> = (0..k as i64)
+            // SAFETY: the row lies in the plan's memory with these strides.
+            .map(|l| unsafe { read::<f32>(a.src.data, offset(a.src.nb, [l, ix[1], ix[2], ix[3]])) })
+            .collect();
+        quantize_row(QType::Q8_1, &x, &mut blocks).unwrap();
+        let col = a.dst.data as i64 + offset(a.dst.nb, [0, ix[1], ix[2], ix[3]]);
+        for (s, blk) in blocks.chunks_exact(36).enumerate() {
+            // SAFETY: the column of the Q8_1 copy lies in scratch (q8_1_column_bytes).
+            unsafe {
+                for e in 0..32 {
+                    write(col as u64, act_at(s, e, a.mode) as i64, blk[4 + e]);
+                }
+                let ds = [blk[0], blk[1], blk[2], blk[3]];
+                write(col as u64, (act_quant_bytes(k) + 4 * s) as i64, ds);
+            }
+        }
+    }
+}
+
+/// Host version of mmq_*: for each part z of K (grid.z), the sums over its elements of
+/// the weights (dequantized from ggml's blocks, or from split rows joined back) times the
+/// Q8_1 activations (dequantized), into dst + z m n; checks that the grid covers the
+/// product.
+fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
+    let rest = name.strip_prefix("mmq_").unwrap();
+    let (split, rest) = match rest.strip_prefix("split_") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let (bn, q) = rest.strip_prefix('c').unwrap().split_once('_').unwrap();
+    let bn: usize = bn.parse().unwrap();
+    let q = DType::parse(q).and_then(DType::quant).unwrap();
+    let (k, m, n) = (p.k as usize, p.m as usize, p.n as usize);
+    let (tiles, parts) = ((grid.0 as usize, grid.1 as usize), grid.2 as usize);
+    let rows = MMQ_ROWS as usize;
+    assert!(
+        tiles.0 * bn >= n && (tiles.0 - 1) * bn < n,
+        "{name}: {tiles:?} for {n} columns"
+    );
+    assert!(
+        tiles.1 * rows >= m && (tiles.1 - 1) * rows < m,
+        "{name}: {tiles:?} for {m} rows"
+    );
+    let part = p.chunks as usize * MMQ_K as usize;
+    assert!(
+        parts * part >= k && (parts - 1) * part < k,
+        "{name}: {parts} parts of {part}"
+    );
+    assert_eq!(p.b_nb1 as usize, q8_1_column_bytes(k));
+    let rb = q.row_bytes(k).unwrap();
+    let mut w = vec![0f32; m * k];
+    for (r, wr) in w.chunks_exact_mut(k).enumerate() {
+        let at = p.a + (r as i64 * p.a_nb1) as u64;
+        // SAFETY: the weight rows lie in the weights' host buffer.
+        let src = unsafe { std::slice::from_raw_parts(at as *const u8, rb) };
+        let mut row = src.to_vec();
+        if split {
+            join_row(q, src, &mut row, at);
+        }
+        dequantize_row(q, &row, wr).unwrap();
+    }
+    let layout = if q.block_size() == 256 {
+        ACT_PAIRS
+    } else {
+        ACT_BLOCKS
+    };
+    let mut x = vec![0f64; n * k];
+    for (c, xc) in x.chunks_exact_mut(k).enumerate() {
+        let col = p.b + (c as i64 * p.b_nb1) as u64;
+        for (l, v) in xc.iter_mut().enumerate() {
+            // SAFETY: the column of the Q8_1 copy lies in scratch.
+            let (qv, d) = unsafe {
+                let qv = read::<i8>(col, act_at(l / 32, l % 32, layout) as i64);
+                let d = read::<u16>(col, (act_quant_bytes(k) + 4 * (l / 32)) as i64);
+                (qv, f16::from_bits(d))
+            };
+            *v = f64::from(qv) * d.to_f64();
+        }
+    }
+    for z in 0..parts {
+        let range = z * part..((z + 1) * part).min(k);
+        for c in 0..n {
+            for r in 0..m {
+                let s: f64 = range
+                    .clone()
+                    .map(|l| f64::from(w[r * k + l]) * x[c * k + l])
+                    .sum();
+                // SAFETY: dst holds `parts` products of m x n floats.
+                unsafe { write(p.dst, (4 * ((z * n + c) * m + r)) as i64, s as f32) };
+            }
+        }
+    }
+}
+
+/// Host version of mmq_reduce: the parts added in order.
+fn run_reduce(p: MmqReduceArgs) {
+    for i in 0..p.count {
+        let mut s = 0f32;
+        for z in 0..p.split {
+            // SAFETY: `split` parts of `count` floats at `part`.
+            s += unsafe { read::<f32>(p.part, 4 * (z * p.count + i)) };
+        }
+        // SAFETY: dst holds `count` floats.
+        unsafe { write(p.dst, 4 * i, s) };
+    }
+}
+
+/// The value of type T at byte `off` from `at`.
+///
+/// # Safety
+/// The bytes lie in memory the test owns.
+unsafe fn read<T: Copy>(at: u64, off: i64) -> T {
+    ((at as i64 + off) as *const T).read_unaligned()
+}
+
+/// Writes `v` at byte `off` from `at`.
+///
+/// # Safety
+/// As for [`read`].
+unsafe fn write<T: Copy>(at: u64, off: i64, v: T) {
+    ((at as i64 + off) as *mut T).write_unaligned(v)
+}
+
+fn interpret(l: &Launch) {
+    match l.kernel.name {
+        "quantize_q8_1_f32" => run_quantize(args(l)),
+        "mmq_reduce" => run_reduce(args(l)),
+        name if name.starts_with("mmq_") => run_mmq(name, l.grid, args(l)),
+        name => panic!("the interpreter runs no {name}"),
+    }
+}
+
+/// A product `w [k, m]` (of `q`, in a buffer; frozen in split rows when `split` and its rows
+/// can be) by `x [k, n, b2, b3]` (F32 rows `pad` elements apart beyond k).
+struct Case {
+    q: QType,
+    k: usize,
+    m: usize,
+    cols: [usize; 3],
+    pad: usize,
+    split: bool,
+}
+
+impl Case {
+    /// The plan, the weight bytes (ggml's layout) and the activations.
+    fn build(&self, buf: BufferId, seed: u64) -> (Plan, Vec<u8>, Vec<f32>) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (k, [n, b2, b3]) = (self.k, self.cols);
+        let vals: Vec<f32> = (0..k * self.m)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let mut bytes = vec![0u8; self.q.row_bytes(k).unwrap() * self.m];
+        quantize_row(self.q, &vals, &mut bytes).unwrap();
+        let ke = k + self.pad;
+        let x: Vec<f32> = (0..ke * n * b2 * b3)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let mut g = Graph::new();
+        let data = BufferRef {
+            buffer: buf,
+            offset: 0,
+        };
+        let w = g
+            .weight("w", DType::Quant(self.q), &[k, self.m], data)
+            .unwrap();
+        let xin = g.input("x", DType::F32, &[ke, n, b2, b3]).unwrap();
+        let xv = g
+            .view_4d(xin, [k, n, b2, b3], ke * 4, ke * 4 * n, ke * 4 * n * b2, 0)
+            .unwrap();
+        let y = g.mul_mat(w, xv).unwrap();
+        (g.plan(&[y]).unwrap(), bytes, x)
+    }
+
+    /// Runs the case on the CPU and lowered on `path` through the interpreter; checks the
+    /// results agree and returns the launched kernels.
+    fn run(&self, path: QuantPath, seed: u64) -> Vec<&'static str> {
+        let mut cpu = CpuBackend::new();
+        let rb = self.q.row_bytes(self.k).unwrap();
+        let buf = cpu.alloc_buffer(rb * self.m).unwrap();
+        let (plan, bytes, x) = self.build(buf, seed);
+        cpu.write_buffer(buf, 0, &bytes).unwrap();
+        let e = cpu.load(&plan).unwrap();
+        let xio = &plan.inputs[0].operand;
+        cpu.set_input_f32(e, xio.id, &x).unwrap();
+        cpu.compute(e).unwrap();
+        let out = plan.outputs[0].operand.clone();
+        let want = cpu.get_output_f32(e, out.id, out.nelements()).unwrap();
+
+        // The weights in host memory, split when frozen so (the row addresses rotate Q6_K's).
+        let mut wmem = vec![0u64; (rb * self.m).div_ceil(8) + 2 * REGION_ALIGN / 8];
+        let wbase = base(&mut wmem).next_multiple_of(REGION_ALIGN as u64);
+        let region =
+            SplitRows::new("w", buf, wbase, 0, self.q, self.k, self.m).filter(|_| self.split);
+        for (r, row) in bytes.chunks_exact(rb).enumerate() {
+            let at = wbase + (r * rb) as u64;
+            // SAFETY: row r of the weights in `wmem`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, rb) };
+            match region {
+                Some(_) => split_row(self.q, row, dst, at),
+                None => dst.copy_from_slice(row),
+            }
+        }
+        let regions: Vec<SplitRows> = region.into_iter().collect();
+        let (ops, mut arena, _scratch) = lower_on_host(&plan, wbase, &regions, path);
+        let Loc::Arena(xoff) = xio.loc else {
+            unreachable!()
+        };
+        bytemuck::cast_slice_mut::<u64, f32>(&mut arena)[xoff / 4..xoff / 4 + x.len()]
+            .copy_from_slice(&x);
+        let launches = kernel_launches(&ops);
+        let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+        if names.iter().any(|n| n.starts_with("mmq_")) {
+            for l in &launches {
+                interpret(l);
+            }
+            let Loc::Arena(off) = out.loc else {
+                unreachable!()
+            };
+            let got = &bytemuck::cast_slice::<u64, f32>(&arena)[off / 4..off / 4 + want.len()];
+            let (mut num, mut den) = (0f64, 0f64);
+            for (g, w) in got.iter().zip(&want) {
+                num += (f64::from(*g) - f64::from(*w)).powi(2);
+                den += f64::from(*w).powi(2);
+            }
+            // The CPU's Q8_1 offsets go through the f16 d * sum: about 1e-7 of difference
+            // from the exact sums of the interpreter; a wrong column, row or part is 1.
+            assert!(
+                num / den < 1e-5,
+                "{names:?}: NMSE {:e} against the CPU",
+                num / den
+            );
+        }
+        names
+    }
+}
+
+/// Lowers `plan` with host addresses (the arena and scratch in host memory, the weights'
+/// buffer at `wbase`), twice like `load`: the operations, the arena and the scratch they
+/// point into.
+fn lower_on_host(
+    plan: &Plan,
+    wbase: u64,
+    split: &[SplitRows],
+    path: QuantPath,
+) -> (Vec<Vec<DevOp>>, Vec<u64>, Vec<u64>) {
+    let lower = |arena: u64, scratch: u64| {
+        let resolve = move |loc: Loc| match loc {
+            Loc::Arena(off) => arena + off as u64,
+            Loc::Buffer(_, off) => wbase + off as u64,
+        };
+        let mut lw = Lowering {
+            scratch_base: scratch,
+            split,
+            quant_path: path,
+            ..Lowering::new(&resolve, true, 1)
+        };
+        let ops = lower_plan(plan, &mut lw, true, |_| 0)
+            .unwrap_or_else(|(s, e)| panic!("{} not supported: {e}", s.name));
+        (ops, lw.scratch_need)
+    };
+    let (_, scratch) = lower(0, 0);
+    let mut arena = vec![0u64; plan.arena_bytes.div_ceil(8)];
+    let mut scratch_mem = vec![0u64; scratch.div_ceil(8) + 1];
+    let (ops, need) = lower(base(&mut arena), base(&mut scratch_mem));
+    assert_eq!(need, scratch);
+    (ops, arena, scratch_mem)
+}
+
+/// Every weight type in ggml's blocks and in split rows, by column counts that take each
+/// column tile, with parts of K (few row tiles, long rows) and without, rows past the last
+/// whole chunk (the 32-element types at 416 elements), strided columns, and batches of
+/// activations broadcast over the weights: the CPU's results, and the split kernels
+/// exactly when the rows are split.
+#[test]
+fn mmq_products_match_the_cpu() {
+    // every block type with batched products (the others take the F16 copy for cuBLAS)
+    let types = QType::ALL.into_iter().filter(|&q| batched_type(q));
+    for (i, q) in types.enumerate() {
+        let (whole, short) = if q.block_size() == 32 {
+            (4096, 416)
+        } else {
+            (2304, 768)
+        };
+        let cases = [
+            (whole, 70, [9, 1, 1], 0, true),
+            (whole, 70, [20, 1, 1], 0, false),
+            (short, 130, [40, 1, 1], 3, false),
+            (short, 33, [5, 3, 2], 0, true),
+            (whole, 100, [100, 1, 1], 0, true),
+        ];
+        for (j, (k, m, cols, pad, split)) in cases.into_iter().enumerate() {
+            let case = Case {
+                q,
+                k,
+                m,
+                cols,
+                pad,
+                split,
+            };
+            let names = case.run(QuantPath::Auto, (10 * i + j) as u64);
+            let splits = split && crate::quant::split::splittable(q, k);
+            let what = format!("{q} [{k}, {m}] by {cols:?}, split {split}: {names:?}");
+            let product = names.iter().find(|n| n.starts_with("mmq_")).expect(&what);
+            assert_eq!(product.starts_with("mmq_split_"), splits, "{what}");
+            // a few tiles of long rows split K (2304 / 4096 elements: 18 / 32 chunks), short
+            // rows (6 / 4 chunks) do not
+            assert_eq!(names.contains(&"mmq_reduce"), k == whole, "{what}");
+        }
+    }
+}
+
+/// The widths each path takes: decode kernels up to 8 columns of one matrix, the int8
+/// tensor-core product up to `MMQ_MAX_COLS` (and 8 or fewer columns in batches), cuBLAS on
+/// the F16 copy beyond; the forced paths take every width they can, and the forced
+/// tensor-core products compute the CPU's results at widths Auto gives to the others.
+#[test]
+fn quant_paths_follow_the_thresholds() {
+    let case = |n: usize, b2: usize| Case {
+        q: QType::Q4_0,
+        k: 256,
+        m: 40,
+        cols: [n, b2, 1],
+        pad: 0,
+        split: false,
+    };
+    let gemm = "cublasGemmEx";
+    for (n, b2, auto, dequant, mmq) in [
+        (
+            1,
+            1,
+            "mul_mat_vec_q_c1_q4_0",
+            "mul_mat_vec_q_c1_q4_0",
+            "mmq_c8_q4_0",
+        ),
+        (
+            8,
+            1,
+            "mul_mat_vec_q_c8_q4_0",
+            "mul_mat_vec_q_c8_q4_0",
+            "mmq_c8_q4_0",
+        ),
+        (4, 2, "mmq_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
+        (9, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (MMQ_MAX_COLS, 1, "mmq_c64_q4_0", gemm, "mmq_c64_q4_0"),
+        (MMQ_MAX_COLS + 1, 1, gemm, gemm, "mmq_c64_q4_0"),
+    ] {
+        let c = case(n, b2);
+        let last = |path| lowered(&c, path).pop().expect("a launch");
+        assert_eq!(last(QuantPath::Auto), auto, "{n} x {b2}");
+        assert_eq!(last(QuantPath::Dequant), dequant, "{n} x {b2}");
+        // run: the forced product must still be the CPU's
+        let names = c.run(QuantPath::Mmq, 7);
+        assert_eq!(names.last(), Some(&mmq), "{n} x {b2}: {names:?}");
+    }
+}
+
+/// The names of the operations `c` lowers to on `path` (fake addresses: nothing runs).
+fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
+    let (plan, _, _) = c.build(BufferId(1), 1);
+    let mut lw = Lowering {
+        quant_path: path,
+        ..Lowering::new(&fake_addr_any, true, 1)
+    };
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    ops.iter().flatten().map(DevOp::name).collect()
+}
+
+/// A fused RMS norm whose result feeds a tensor-core product writes the product's Q8_1
+/// activations itself (no quantizing launch), and the product's parts of K take scratch
+/// after that copy, not over it.
+#[test]
+fn fused_norm_writes_the_mmq_activations() {
+    let mut g = Graph::new();
+    let (k, n) = (4096, 24);
+    let x = g.input("x", DType::F32, &[k, n]).unwrap();
+    let nw = g.input("nw", DType::F32, &[k]).unwrap();
+    let h = g.rms_norm(x, 1e-5).unwrap();
+    let h = g.mul(h, nw).unwrap();
+    let data = BufferRef {
+        buffer: BufferId(1),
+        offset: 0,
+    };
+    let w = g
+        .weight("w", DType::Quant(QType::Q4_K), &[k, 64], data)
+        .unwrap();
+    let y = g.mul_mat(w, h).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    let mut lw = Lowering {
+        scratch_base: 1 << 44,
+        ..Lowering::new(&fake_addr_any, true, 1)
+    };
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let launches = kernel_launches(&ops);
+    let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+    assert_eq!(
+        names,
+        ["rms_norm_mul_f32_f32", "mmq_c32_q4_k", "mmq_reduce"],
+        "{names:?}"
+    );
+    let norm: NormMulArgs = args(launches[0]);
+    let mmq: MmqArgs = args(launches[1]);
+    assert_eq!((norm.q8, norm.q8_layout), (mmq.b, ACT_PAIRS));
+    assert_eq!(norm.q8_nb1, mmq.b_nb1);
+    // the partial sums start past the copy's n columns
+    assert!(mmq.dst >= mmq.b + (n as u64) * mmq.b_nb1 as u64, "{mmq:?}");
+}
