@@ -1034,7 +1034,7 @@ mod cuda {
         use super::{fail, Module};
 
         /// Kernel-name suffixes naming a dtype, and the `DType` of each.
-        const DTYPES: [(&str, &str); 13] = [
+        const DTYPES: [(&str, &str); 26] = [
             ("f32", "F32"),
             ("f16", "F16"),
             ("bf16", "BF16"),
@@ -1048,6 +1048,19 @@ mod cuda {
             ("q4_k", "Q4_K"),
             ("q5_k", "Q5_K"),
             ("q6_k", "Q6_K"),
+            ("q2_k", "Q2_K"),
+            ("q3_k", "Q3_K"),
+            ("iq4_nl", "IQ4_NL"),
+            ("iq4_xs", "IQ4_XS"),
+            ("iq2_xxs", "IQ2_XXS"),
+            ("iq2_xs", "IQ2_XS"),
+            ("iq2_s", "IQ2_S"),
+            ("iq3_xxs", "IQ3_XXS"),
+            ("iq3_s", "IQ3_S"),
+            ("iq1_s", "IQ1_S"),
+            ("iq1_m", "IQ1_M"),
+            ("tq1_0", "TQ1_0"),
+            ("tq2_0", "TQ2_0"),
         ];
 
         /// `(family, dtype variants)` of a kernel name: dtype suffixes are stripped from

@@ -43,8 +43,8 @@ pub fn header(stem: &str) -> Option<String> {
 }
 
 /// The block types of the decode products: kernel-name suffix and traits struct
-/// (`cuda/quant.cuh`).
-const QTYPES: [(&str, &str); 8] = [
+/// (`cuda/quant.cuh`, `cuda/quant_lowbit.cuh`).
+const QTYPES: [(&str, &str); 21] = [
     ("q4_0", "BlockQ4_0"),
     ("q4_1", "BlockQ4_1"),
     ("q5_0", "BlockQ5_0"),
@@ -53,6 +53,20 @@ const QTYPES: [(&str, &str); 8] = [
     ("q4_k", "BlockQ4_K"),
     ("q5_k", "BlockQ5_K"),
     ("q6_k", "BlockQ6_K"),
+    // cuda/quant_lowbit.cuh
+    ("q2_k", "BlockQ2_K"),
+    ("q3_k", "BlockQ3_K"),
+    ("iq4_nl", "BlockIQ4_NL"),
+    ("iq4_xs", "BlockIQ4_XS"),
+    ("iq2_xxs", "BlockIQ2_XXS"),
+    ("iq2_xs", "BlockIQ2_XS"),
+    ("iq2_s", "BlockIQ2_S"),
+    ("iq3_xxs", "BlockIQ3_XXS"),
+    ("iq3_s", "BlockIQ3_S"),
+    ("iq1_s", "BlockIQ1_S"),
+    ("iq1_m", "BlockIQ1_M"),
+    ("tq1_0", "BlockTQ1_0"),
+    ("tq2_0", "BlockTQ2_0"),
 ];
 
 /// Activation columns of the decode kernels (`NC`): the launcher picks the smallest that

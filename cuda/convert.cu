@@ -19,6 +19,7 @@
 //     matrix (i2, i3). One block per dst row, a thread per 8-element group; an id outside
 //     0..rows is recorded in the index-error record and its dst row zero-filled.
 #include "quant.cuh"
+#include "quant_lowbit.cuh"
 
 // Whether the rows of t (dims 1..3) lie nb[1] apart, so that row r is at data + r nb[1].
 __device__ __forceinline__ bool flat_rows(const Tensor4& t) {
@@ -237,3 +238,44 @@ extern "C" __global__ void cpy_split_q6_k_f16(const CpyArgs p) { cpy_split<Split
 extern "C" __global__ void split_rows_q6_k(const CpyArgs p) { split_rows_q6k(p); }
 extern "C" __global__ void cpy_split_q5_k_f16(const CpyArgs p) { cpy_split<SplitQ5_K>(p); }
 extern "C" __global__ void split_rows_q5_k(const CpyArgs p) { split_rows_q5k(p); }
+
+// The low-bit K-quants, the i-quants and the ternary types (cuda/quant_lowbit.cuh).
+extern "C" __global__ void cpy_q2_k_f32(const CpyArgs p) { cpy_deq<BlockQ2_K, float>(p); }
+extern "C" __global__ void cpy_q2_k_f16(const CpyArgs p) { cpy_deq<BlockQ2_K, f16>(p); }
+extern "C" __global__ void get_rows_q2_k(const RowsArgs p) { get_rows_q<BlockQ2_K>(p); }
+extern "C" __global__ void cpy_q3_k_f32(const CpyArgs p) { cpy_deq<BlockQ3_K, float>(p); }
+extern "C" __global__ void cpy_q3_k_f16(const CpyArgs p) { cpy_deq<BlockQ3_K, f16>(p); }
+extern "C" __global__ void get_rows_q3_k(const RowsArgs p) { get_rows_q<BlockQ3_K>(p); }
+extern "C" __global__ void cpy_iq4_nl_f32(const CpyArgs p) { cpy_deq<BlockIQ4_NL, float>(p); }
+extern "C" __global__ void cpy_iq4_nl_f16(const CpyArgs p) { cpy_deq<BlockIQ4_NL, f16>(p); }
+extern "C" __global__ void get_rows_iq4_nl(const RowsArgs p) { get_rows_q<BlockIQ4_NL>(p); }
+extern "C" __global__ void cpy_iq4_xs_f32(const CpyArgs p) { cpy_deq<BlockIQ4_XS, float>(p); }
+extern "C" __global__ void cpy_iq4_xs_f16(const CpyArgs p) { cpy_deq<BlockIQ4_XS, f16>(p); }
+extern "C" __global__ void get_rows_iq4_xs(const RowsArgs p) { get_rows_q<BlockIQ4_XS>(p); }
+extern "C" __global__ void cpy_iq2_xxs_f32(const CpyArgs p) { cpy_deq<BlockIQ2_XXS, float>(p); }
+extern "C" __global__ void cpy_iq2_xxs_f16(const CpyArgs p) { cpy_deq<BlockIQ2_XXS, f16>(p); }
+extern "C" __global__ void get_rows_iq2_xxs(const RowsArgs p) { get_rows_q<BlockIQ2_XXS>(p); }
+extern "C" __global__ void cpy_iq2_xs_f32(const CpyArgs p) { cpy_deq<BlockIQ2_XS, float>(p); }
+extern "C" __global__ void cpy_iq2_xs_f16(const CpyArgs p) { cpy_deq<BlockIQ2_XS, f16>(p); }
+extern "C" __global__ void get_rows_iq2_xs(const RowsArgs p) { get_rows_q<BlockIQ2_XS>(p); }
+extern "C" __global__ void cpy_iq2_s_f32(const CpyArgs p) { cpy_deq<BlockIQ2_S, float>(p); }
+extern "C" __global__ void cpy_iq2_s_f16(const CpyArgs p) { cpy_deq<BlockIQ2_S, f16>(p); }
+extern "C" __global__ void get_rows_iq2_s(const RowsArgs p) { get_rows_q<BlockIQ2_S>(p); }
+extern "C" __global__ void cpy_iq3_xxs_f32(const CpyArgs p) { cpy_deq<BlockIQ3_XXS, float>(p); }
+extern "C" __global__ void cpy_iq3_xxs_f16(const CpyArgs p) { cpy_deq<BlockIQ3_XXS, f16>(p); }
+extern "C" __global__ void get_rows_iq3_xxs(const RowsArgs p) { get_rows_q<BlockIQ3_XXS>(p); }
+extern "C" __global__ void cpy_iq3_s_f32(const CpyArgs p) { cpy_deq<BlockIQ3_S, float>(p); }
+extern "C" __global__ void cpy_iq3_s_f16(const CpyArgs p) { cpy_deq<BlockIQ3_S, f16>(p); }
+extern "C" __global__ void get_rows_iq3_s(const RowsArgs p) { get_rows_q<BlockIQ3_S>(p); }
+extern "C" __global__ void cpy_iq1_s_f32(const CpyArgs p) { cpy_deq<BlockIQ1_S, float>(p); }
+extern "C" __global__ void cpy_iq1_s_f16(const CpyArgs p) { cpy_deq<BlockIQ1_S, f16>(p); }
+extern "C" __global__ void get_rows_iq1_s(const RowsArgs p) { get_rows_q<BlockIQ1_S>(p); }
+extern "C" __global__ void cpy_iq1_m_f32(const CpyArgs p) { cpy_deq<BlockIQ1_M, float>(p); }
+extern "C" __global__ void cpy_iq1_m_f16(const CpyArgs p) { cpy_deq<BlockIQ1_M, f16>(p); }
+extern "C" __global__ void get_rows_iq1_m(const RowsArgs p) { get_rows_q<BlockIQ1_M>(p); }
+extern "C" __global__ void cpy_tq1_0_f32(const CpyArgs p) { cpy_deq<BlockTQ1_0, float>(p); }
+extern "C" __global__ void cpy_tq1_0_f16(const CpyArgs p) { cpy_deq<BlockTQ1_0, f16>(p); }
+extern "C" __global__ void get_rows_tq1_0(const RowsArgs p) { get_rows_q<BlockTQ1_0>(p); }
+extern "C" __global__ void cpy_tq2_0_f32(const CpyArgs p) { cpy_deq<BlockTQ2_0, float>(p); }
+extern "C" __global__ void cpy_tq2_0_f16(const CpyArgs p) { cpy_deq<BlockTQ2_0, f16>(p); }
+extern "C" __global__ void get_rows_tq2_0(const RowsArgs p) { get_rows_q<BlockTQ2_0>(p); }

@@ -11,6 +11,7 @@
 //     the selected experts' rows read; a prefill chunk: each expert's rows read once per
 //     MMID_COLS of its tokens). A block whose expert has no columns returns at once.
 #include "quant.cuh"
+#include "quant_lowbit.cuh"
 
 // Elements 8g..8g+7 of a row of a block type (the ggml layout, nb0 the block's bytes).
 template <typename Q>
@@ -129,3 +130,16 @@ extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q8_0(const
 extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q4_k(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockQ4_K>>(p); }
 extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q5_k(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockQ5_K>>(p); }
 extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q6_k(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockQ6_K>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q2_k(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockQ2_K>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_q3_k(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockQ3_K>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq4_nl(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ4_NL>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq4_xs(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ4_XS>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq2_xxs(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ2_XXS>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq2_xs(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ2_XS>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq2_s(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ2_S>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq3_xxs(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ3_XXS>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq3_s(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ3_S>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq1_s(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ1_S>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_iq1_m(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockIQ1_M>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_tq1_0(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockTQ1_0>>(p); }
+extern "C" __global__ void __launch_bounds__(MMID_THREADS) mul_mat_id_tq2_0(const MulMatIdArgs p) { mul_mat_id<QuantRow<BlockTQ2_0>>(p); }

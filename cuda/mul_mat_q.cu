@@ -63,6 +63,7 @@
 //
 // NC is 1, 2, 4 or 8; the launcher picks the smallest NC >= ncols.
 #include "quant.cuh"
+#include "quant_lowbit.cuh"
 
 // Pulls the first 32 128-byte lines of a weight row into L2 (one line per lane).
 __device__ __forceinline__ void prefetch_row(const char* a, i64 bytes, int lane) {

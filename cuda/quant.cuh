@@ -28,7 +28,9 @@
 // reads take a memory space M: Gmem (read-only global data, through the non-coherent
 // cache) or Smem (a warp's copy of a weight row in shared memory, mul_mat_q.cu); `load`
 // takes it as a template argument, deq8 reads global memory.
-// Adding a type is one more struct here plus its kernel instantiations.
+// Adding a type is one more struct here (or in quant_lowbit.cuh, the low-bit K-quants, the
+// i-quants and the ternary types, which the files that instantiate them include) plus its
+// kernel instantiations.
 #pragma once
 
 #include "common.cuh"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's tools from a source folder (scripts/peer/fetch-llamacpp.sh makes one):
-# llama-bench, llama-batched-bench, llama-server and llama-quantize, static, into
+# llama-bench, llama-batched-bench, llama-server, llama-quantize and llama-imatrix, static, into
 # BUILD/bin. A second run rebuilds only what changed.
 #
 #   scripts/peer/build-llamacpp.sh [--cpu] [--dry-run] SRC [BUILD]
@@ -49,7 +49,7 @@ if [ $cpu = 1 ]; then
 else
     opts+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}" -DGGML_NATIVE=ON)
 fi
-targets=(llama-bench llama-batched-bench llama-server llama-quantize)
+targets=(llama-bench llama-batched-bench llama-server llama-quantize llama-imatrix)
 configure=(cmake -S "$SRC" -B "$BUILD" "${opts[@]}")
 build=(cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}")
 

@@ -9,10 +9,17 @@ Presets: llama2-7b (32 heads, 32 KV heads), llama3-8b (32 heads, 8 KV heads, 128
 tokens), tiny (2 layers, for checking the script), and the mixtures of experts
 qwen3-30b-a3b (`qwen3moe`: 48 layers, 32 heads of 128, 4 KV heads, q/k norms, 128
 experts of width 768, 8 a token, 151,936 tokens: 30.5 B parameters) and tiny-moe (2
-layers, 8 experts, 2 a token). llama-quantize turns the file into any other type (from a
-Q8_0 file with --allow-requantize). --type q8_0 writes random Q8_0 blocks directly (F16
+layers, 8 experts, 2 a token); and for scripts/make-lowbit-fixtures.sh lowbit (1 layer of
+rows of 256 elements, 64 tokens: the source of the committed llama-quantize files),
+mixes-gqa and mixes-mha (16 layers, 4 and 1 query heads a KV head, the second with rows of
+288 elements in ffn_down: the shapes whose per-tensor types llama-quantize's mixes are
+checked on). llama-quantize turns the file into any other type (from a Q8_0 file with
+--allow-requantize). --type q8_0 writes random Q8_0 blocks directly (F16
 scales, random int8 quants): the 30 B model is 32 GB in Q8_0 against 61 GB in F16. The vocabulary is SentencePiece-style placeholder pieces (`<unk>`, `<s>`,
 `</s>`, then `▁t3`, `▁t4`, ...): benchmarks feed token ids, so the text means nothing.
+`--char-vocab` makes the pieces after `</s>` `▁` and single characters (a..z, 0..9, A..Z)
+instead, so that llama.cpp's tools that read text (llama-imatrix) can tokenize text of
+those characters.
 
 Needs numpy and the `gguf` package (`python3 -m pip install gguf numpy`, or llama.cpp's
 own `gguf-py` folder on PYTHONPATH). Tensors are written one at a time, so the script
@@ -38,6 +45,9 @@ PRESETS = {
     "tiny": (256, 688, 2, 8, 4, 512, 10000.0, 512),
     "qwen3-30b-a3b": (2048, 768, 48, 32, 4, 151936, 1000000.0, 40960, 128, 128, 8),
     "tiny-moe": (256, 128, 2, 8, 4, 512, 1000000.0, 512, 32, 8, 2),
+    "lowbit": (256, 256, 1, 4, 2, 64, 10000.0, 256),
+    "mixes-gqa": (256, 512, 16, 8, 2, 64, 10000.0, 256),
+    "mixes-mha": (256, 288, 16, 4, 4, 64, 10000.0, 256),
 }
 
 # Values are windows of one pool of N(0, 0.02) samples at random offsets: a 7B file takes
@@ -108,6 +118,8 @@ def main():
     ap.add_argument("--preset", default="llama2-7b", choices=sorted(PRESETS))
     ap.add_argument("--type", default="f16", choices=["f16", "q8_0"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--char-vocab", action="store_true",
+                    help="pieces of single characters (for tools that read text)")
     a = ap.parse_args()
     d, ff, layers, heads, kv_heads, vocab, base, ctx, *moe = PRESETS[a.preset]
     head_dim, experts, used = moe or (d // heads, 0, 0)
@@ -135,6 +147,12 @@ def main():
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     pieces = ["<unk>", "<s>", "</s>"] + [f"\u2581t{i}" for i in range(3, vocab)]
+    if a.char_vocab:
+        chars = "\u2581abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        if vocab - 3 > len(chars):
+            sys.exit(f"make-random-gguf: error: --char-vocab has {len(chars)} pieces, "
+                     f"the preset {a.preset} needs {vocab - 3}")
+        pieces = ["<unk>", "<s>", "</s>"] + list(chars[:vocab - 3])
     w.add_token_list(pieces)
     w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(3, vocab)])
     w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]

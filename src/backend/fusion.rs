@@ -118,7 +118,8 @@ pub struct Q8For<'p> {
 pub enum Q8Layout {
     /// One 32-element block a lane (the 32-element types).
     Blocks,
-    /// Two neighbouring blocks a lane (the K-quants, whose lanes take sub-blocks in pairs).
+    /// Two neighbouring blocks a lane (the 256-element types, whose lanes take sub-blocks
+    /// in pairs).
     Pairs,
 }
 
@@ -126,9 +127,31 @@ impl Q8Layout {
     /// The layout a product with weights of `dt` reads (decode and batched alike).
     pub fn of(dt: DType) -> Q8Layout {
         match dt.quant() {
-            Some(QType::Q4_K | QType::Q5_K | QType::Q6_K) => Q8Layout::Pairs,
             Some(
-                QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1,
+                QType::Q2_K
+                | QType::Q3_K
+                | QType::Q4_K
+                | QType::Q5_K
+                | QType::Q6_K
+                | QType::IQ4_XS
+                | QType::IQ2_XXS
+                | QType::IQ2_XS
+                | QType::IQ2_S
+                | QType::IQ3_XXS
+                | QType::IQ3_S
+                | QType::IQ1_S
+                | QType::IQ1_M
+                | QType::TQ1_0
+                | QType::TQ2_0,
+            ) => Q8Layout::Pairs,
+            Some(
+                QType::Q4_0
+                | QType::Q4_1
+                | QType::Q5_0
+                | QType::Q5_1
+                | QType::Q8_0
+                | QType::Q8_1
+                | QType::IQ4_NL,
             )
             | None => Q8Layout::Blocks,
         }
@@ -264,9 +287,22 @@ pub fn decode_type(q: QType) -> bool {
         | QType::Q5_0
         | QType::Q5_1
         | QType::Q8_0
+        | QType::Q2_K
+        | QType::Q3_K
         | QType::Q4_K
         | QType::Q5_K
-        | QType::Q6_K => true,
+        | QType::Q6_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => true,
         QType::Q8_1 => false,
     }
 }

@@ -16,7 +16,8 @@ pub struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Type of the matrices (norms stay F32): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
-    /// q5_1, q6_k, or ggml's mixes q4_k_m and q5_k_m.
+    /// q5_1, q4_k, q5_k, q6_k, or ggml's mixes q4_k_m, q5_k_m, q2_k, q3_k_s, q3_k_m,
+    /// q3_k_l, iq4_nl and iq4_xs.
     #[arg(long = "type", value_enum)]
     ty: DTypeArg,
     /// Output GGUF file (written to a temporary file, then renamed into place).

@@ -108,7 +108,7 @@ pub(super) enum BackendKind {
 }
 
 /// Weight dtypes accepted on the command line: one type for every matrix, or one of
-/// ggml's K-quant mixes (see [`QuantPlan`]).
+/// ggml's mixes (see [`QuantPlan`]).
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(super) enum DTypeArg {
@@ -135,6 +135,18 @@ pub(super) enum DTypeArg {
     Q4_K_M,
     #[value(name = "q5_k_m")]
     Q5_K_M,
+    #[value(name = "q2_k")]
+    Q2_K,
+    #[value(name = "q3_k_s")]
+    Q3_K_S,
+    #[value(name = "q3_k_m")]
+    Q3_K_M,
+    #[value(name = "q3_k_l")]
+    Q3_K_L,
+    #[value(name = "iq4_nl")]
+    IQ4_NL,
+    #[value(name = "iq4_xs")]
+    IQ4_XS,
 }
 
 impl From<DTypeArg> for QuantPlan {
@@ -153,6 +165,12 @@ impl From<DTypeArg> for QuantPlan {
             DTypeArg::Q6_K => QuantPlan::Q6_K,
             DTypeArg::Q4_K_M => QuantPlan::Q4_K_M,
             DTypeArg::Q5_K_M => QuantPlan::Q5_K_M,
+            DTypeArg::Q2_K => QuantPlan::Q2_K,
+            DTypeArg::Q3_K_S => QuantPlan::Q3_K_S,
+            DTypeArg::Q3_K_M => QuantPlan::Q3_K_M,
+            DTypeArg::Q3_K_L => QuantPlan::Q3_K_L,
+            DTypeArg::IQ4_NL => QuantPlan::IQ4_NL,
+            DTypeArg::IQ4_XS => QuantPlan::IQ4_XS,
         }
     }
 }

@@ -135,6 +135,9 @@ impl GgmlType {
             T::Q5_0 => (6, "Q5_0", 32, 2 + 4 + 16),
             T::Q5_1 => (7, "Q5_1", 32, 2 + 2 + 4 + 16),
             T::Q8_0 => (8, "Q8_0", 32, 2 + 32),
+            // gguf-py's size (the older block of f32 d and s), which the files it writes
+            // use; ggml's block is 36 bytes today. No model file stores Q8_1, an
+            // activation format (graft does not load it as a weight).
             T::Q8_1 => (9, "Q8_1", 32, 4 + 4 + 32),
             T::Q2_K => (10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
             T::Q3_K => (11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),

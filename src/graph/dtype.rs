@@ -46,6 +46,32 @@ impl DType {
     pub const Q5_K: DType = DType::Quant(QType::Q5_K);
     /// `Q6_K`.
     pub const Q6_K: DType = DType::Quant(QType::Q6_K);
+    /// `Q2_K`.
+    pub const Q2_K: DType = DType::Quant(QType::Q2_K);
+    /// `Q3_K`.
+    pub const Q3_K: DType = DType::Quant(QType::Q3_K);
+    /// `IQ4_NL`.
+    pub const IQ4_NL: DType = DType::Quant(QType::IQ4_NL);
+    /// `IQ4_XS`.
+    pub const IQ4_XS: DType = DType::Quant(QType::IQ4_XS);
+    /// `IQ2_XXS`.
+    pub const IQ2_XXS: DType = DType::Quant(QType::IQ2_XXS);
+    /// `IQ2_XS`.
+    pub const IQ2_XS: DType = DType::Quant(QType::IQ2_XS);
+    /// `IQ2_S`.
+    pub const IQ2_S: DType = DType::Quant(QType::IQ2_S);
+    /// `IQ3_XXS`.
+    pub const IQ3_XXS: DType = DType::Quant(QType::IQ3_XXS);
+    /// `IQ3_S`.
+    pub const IQ3_S: DType = DType::Quant(QType::IQ3_S);
+    /// `IQ1_S`.
+    pub const IQ1_S: DType = DType::Quant(QType::IQ1_S);
+    /// `IQ1_M`.
+    pub const IQ1_M: DType = DType::Quant(QType::IQ1_M);
+    /// `TQ1_0`.
+    pub const TQ1_0: DType = DType::Quant(QType::TQ1_0);
+    /// `TQ2_0`.
+    pub const TQ2_0: DType = DType::Quant(QType::TQ2_0);
 
     /// Every dtype: the plain ones, then the quantized ones in ggml's order.
     pub fn all() -> impl Iterator<Item = DType> {

@@ -8,7 +8,7 @@
 //!   replayed decode graph writes K/V at a position that changes between runs).
 
 use super::host::{for_each_row, unflatten_row, HostTensor};
-use super::{expect_dtype, expect_float_or_quant, CopyOp, Op};
+use super::{expect_dtype, expect_float_or_quant, expect_quantizable, CopyOp, Op};
 use crate::error::{Error, Result};
 use crate::graph::{fmt_ne, DType, Flags, Graph, Step, TensorId};
 
@@ -38,6 +38,7 @@ impl Graph {
         let (ta, td) = (self.get(a)?, self.get(dst)?);
         expect_float_or_quant("cpy", &ta.name, ta.dtype)?;
         expect_float_or_quant("cpy", &td.name, td.dtype)?;
+        expect_quantizable("cpy", &td.name, td.dtype)?;
         if ta.nelements() != td.nelements() {
             return Err(Error::shape(
                 "cpy",
@@ -95,6 +96,7 @@ impl Graph {
                 },
             });
         }
+        expect_quantizable("cast", &t.name, dtype)?;
         crate::graph::check_blocks("cast", &t.name, dtype, &t.ne)?;
         let ne = t.ne;
         Ok(self.new_node(Op::Copy(CopyOp::Cont), dtype, ne, &[a]))
@@ -107,6 +109,7 @@ impl Graph {
     pub fn set_rows(&mut self, dst: TensorId, src: TensorId, ids: TensorId) -> Result<TensorId> {
         let (td, ts, ti) = (self.get(dst)?, self.get(src)?, self.get(ids)?);
         expect_float_or_quant("set_rows", &td.name, td.dtype)?;
+        expect_quantizable("set_rows", &td.name, td.dtype)?;
         expect_dtype("set_rows", &ts.name, ts.dtype, &DType::FLOATS)?;
         expect_dtype("set_rows", &ti.name, ti.dtype, &[DType::I32])?;
         let ok = ts.ne[0] == td.ne[0]

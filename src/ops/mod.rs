@@ -65,6 +65,28 @@ pub(crate) fn expect_dtype(
     }
 }
 
+/// Checks that `op` may write `dtype` into operand `operand`: every dtype but the block
+/// types graft reads only (the lattice i-quants, which ggml quantizes with an importance
+/// matrix; see [`crate::quant::QType::can_quantize`]).
+pub(crate) fn expect_quantizable(
+    op: &'static str,
+    operand: &str,
+    dtype: crate::graph::DType,
+) -> crate::Result<()> {
+    match dtype.quant() {
+        Some(q) if !q.can_quantize() => Err(crate::Error::DType {
+            op,
+            operand: operand.to_string(),
+            found: dtype,
+            expected: format!(
+                "a dtype graft can write: {q} is read-only (ggml quantizes it only with an \
+                 importance matrix); write f32, f16, bf16 or another block type"
+            ),
+        }),
+        Some(_) | None => Ok(()),
+    }
+}
+
 /// Checks that operand `operand` of `op` is a float or a quantized block type (weights,
 /// embedding tables, caches, conversions).
 pub(crate) fn expect_float_or_quant(

@@ -17,6 +17,9 @@
 
 use std::arch::x86_64::*;
 
+mod low;
+
+use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::scale_min_k4;
 use super::QType;
 
@@ -132,15 +135,6 @@ impl Rows {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn run<const NC: usize>(&self, q: QType, a: Cols, out: &mut [f32]) {
-        macro_rules! each_row {
-            ($kernel:expr) => {
-                for r in 0..self.nrows {
-                    let v: [f32; NC] = $kernel(self.w.add(r * self.w_stride), self.nb, a);
-                    let at = r * self.ncols + self.c0;
-                    out[at..at + NC].copy_from_slice(&v);
-                }
-            };
-        }
         if NC == 1 {
             match q {
                 QType::Q4_0 => return self.one_column::<Q4_0>(a, out),
@@ -149,19 +143,26 @@ impl Rows {
                 QType::Q5_1 => return self.one_column::<Q5_1>(a, out),
                 QType::Q8_0 => return self.one_column::<Q8_0>(a, out),
                 QType::Q8_1 => return self.one_column::<Q8_1>(a, out),
+                QType::IQ4_NL => return self.one_column::<IQ4_NL>(a, out),
                 QType::Q4_K | QType::Q5_K | QType::Q6_K => {}
+                QType::Q2_K
+                | QType::Q3_K
+                | QType::IQ4_XS
+                | QType::IQ2_XXS
+                | QType::IQ2_XS
+                | QType::IQ2_S
+                | QType::IQ3_XXS
+                | QType::IQ3_S
+                | QType::IQ1_S
+                | QType::IQ1_M
+                | QType::TQ1_0
+                | QType::TQ2_0 => {}
             }
         }
-        match q {
-            QType::Q4_0 => each_row!(legacy::<Q4_0, NC>),
-            QType::Q4_1 => each_row!(legacy::<Q4_1, NC>),
-            QType::Q5_0 => each_row!(legacy::<Q5_0, NC>),
-            QType::Q5_1 => each_row!(legacy::<Q5_1, NC>),
-            QType::Q8_0 => each_row!(legacy::<Q8_0, NC>),
-            QType::Q8_1 => each_row!(legacy::<Q8_1, NC>),
-            QType::Q4_K => each_row!(k4::<false, NC>),
-            QType::Q5_K => each_row!(k4::<true, NC>),
-            QType::Q6_K => each_row!(q6_k::<NC>),
+        for r in 0..self.nrows {
+            let v: [f32; NC] = row::<NC>(q, self.w.add(r * self.w_stride), self.nb, a);
+            let at = r * self.ncols + self.c0;
+            out[at..at + NC].copy_from_slice(&v);
         }
     }
 }
@@ -215,14 +216,24 @@ const Q5_0: u8 = 2;
 const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
 const Q8_1: u8 = 5;
+const IQ4_NL: u8 = 6;
 
 /// `NC` columns of `a` against the weight row `w`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn run<const NC: usize>(q: QType, w: &[u8], a: Cols, out: &mut [f32]) {
     let nb = w.len() / q.block_bytes();
-    let w = w.as_ptr();
-    let r: [f32; NC] = match q {
+    out.copy_from_slice(&row::<NC>(q, w.as_ptr(), nb, a));
+}
+
+/// One weight row of `nb` blocks of `q` at `w` against `NC` Q8_1 columns: the type's
+/// kernel (Q2_K, Q3_K and IQ4_XS in [`low`]), or for the types without one (the lattice
+/// i-quants and the ternary types, a small share of what models store) the portable code
+/// column by column.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn row<const NC: usize>(q: QType, w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    match q {
         QType::Q4_0 => legacy::<Q4_0, NC>(w, nb, a),
         QType::Q4_1 => legacy::<Q4_1, NC>(w, nb, a),
         QType::Q5_0 => legacy::<Q5_0, NC>(w, nb, a),
@@ -232,8 +243,35 @@ unsafe fn run<const NC: usize>(q: QType, w: &[u8], a: Cols, out: &mut [f32]) {
         QType::Q4_K => k4::<false, NC>(w, nb, a),
         QType::Q5_K => k4::<true, NC>(w, nb, a),
         QType::Q6_K => q6_k::<NC>(w, nb, a),
-    };
-    out.copy_from_slice(&r);
+        QType::IQ4_NL => legacy::<IQ4_NL, NC>(w, nb, a),
+        QType::Q2_K => low::q2_k::<NC>(w, nb, a),
+        QType::Q3_K => low::q3_k::<NC>(w, nb, a),
+        QType::IQ4_XS => low::iq4_xs::<NC>(w, nb, a),
+        QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => portable::<NC>(q, w, nb, a),
+    }
+}
+
+/// [`row`] by the portable code ([`super::dot::vec_dot_q8_1_cols_portable`]), one column
+/// at a time.
+#[inline]
+unsafe fn portable<const NC: usize>(q: QType, w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
+    // SAFETY: the row is nb whole blocks of valid memory (callers).
+    let w = unsafe { std::slice::from_raw_parts(w, nb * q.block_bytes()) };
+    let mut out = [0.0f32; NC];
+    for (c, o) in out.iter_mut().enumerate() {
+        // SAFETY: column c's Q8_1 blocks are the a.row bytes at a.q + c * a.row (Cols).
+        let col = unsafe { std::slice::from_raw_parts(a.q.add(c * a.row), a.row) };
+        super::dot::vec_dot_q8_1_cols_portable(q, w, col, std::slice::from_mut(o));
+    }
+    out
 }
 
 /// The two little-endian f16 at `p` as f32 (a 4-byte load into a zeroed register: no
@@ -294,6 +332,13 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// A weight per 16-element half: `lo` for the low 128-bit lane, `hi` for the high one.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn halves(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
 /// The 32 quants of 16 packed bytes at `p`: low nibbles (elements 0..16), then high.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -303,6 +348,14 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     let lo = _mm_and_si128(qs, m);
     let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), m);
     _mm256_set_m128i(hi, lo)
+}
+
+/// The IQ4_NL levels (signed) of 32 indices 0..16, one a byte.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn iq4_levels(idx: __m256i) -> __m256i {
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), idx)
 }
 
 /// Byte `i` = 0x10 where bit `i` of `qh` is set, else 0 (the fifth bit of Q5_0/Q5_1).
@@ -333,14 +386,16 @@ const fn legacy_bytes(t: u8) -> usize {
         Q5_0 => 22,
         Q5_1 => 24,
         Q8_0 => 34,
+        IQ4_NL => 18,
         _ => 36,
     }
 }
 
-/// One legacy weight block at `p`: its 32 quants (unsigned for the 4/5-bit types, signed
-/// for Q8_0/Q8_1), its scale `d`, and the factor of the Q8_1 block's `s` in the block's
-/// dot product (`-8 d`, `-16 d`, `m`; unused for Q8_0/Q8_1). Every block is at least 4
-/// bytes past its `d`, so the scales are read 4 bytes at a time.
+/// One legacy weight block at `p` (IQ4_NL is one too: Q4_0's layout with its nibbles
+/// indexing 16 levels): its 32 quants (unsigned for the 4/5-bit types, signed for
+/// Q8_0/Q8_1 and IQ4_NL's levels), its scale `d`, and the factor of the Q8_1 block's `s`
+/// in the block's dot product (`-8 d`, `-16 d`, `m`; unused for the signed types). Every
+/// block is at least 4 bytes past its `d`, so the scales are read 4 bytes at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn legacy_block<const T: u8>(p: *const u8) -> (__m256i, f32, f32) {
@@ -359,6 +414,7 @@ unsafe fn legacy_block<const T: u8>(p: *const u8) -> (__m256i, f32, f32) {
             (q, d, m)
         }
         Q8_0 => (_mm256_loadu_si256(p.add(2) as *const __m256i), d, 0.0),
+        IQ4_NL => (iq4_levels(nibbles(p.add(2))), d, 0.0),
         _ => (_mm256_loadu_si256(p.add(4) as *const __m256i), d, 0.0),
     }
 }
@@ -372,7 +428,7 @@ unsafe fn legacy_step<const T: u8, const NC: usize>(
     a: Cols,
     acc: &mut Acc<NC>,
 ) {
-    let signed = T == Q8_0 || T == Q8_1;
+    let signed = T == Q8_0 || T == Q8_1 || T == IQ4_NL;
     let ones = _mm256_set1_epi16(1);
     let (q, d, m) = legacy_block::<T>(w.add(b * legacy_bytes(T)));
     let qa = if signed { _mm256_sign_epi8(q, q) } else { q };
@@ -434,7 +490,7 @@ unsafe fn scale_bits(p: *const u8, with_m: bool) -> i32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn legacy_x4<const T: u8>(w: *const u8, stride: usize, nb: usize, a: Cols) -> [f32; 4] {
-    let signed = T == Q8_0 || T == Q8_1;
+    let signed = T == Q8_0 || T == Q8_1 || T == IQ4_NL;
     let has_m = T == Q4_1 || T == Q5_1;
     let ones = _mm256_set1_epi16(1);
     let bytes = legacy_bytes(T);
@@ -606,9 +662,9 @@ unsafe fn q6_k_step<const NC: usize>(
     let q = _mm256_or_si256(lo, q6_high(qh, t));
     let j = 4 * h + t;
     let scales = wb.add(192) as *const i8;
-    let scv = _mm256_set_m128i(
-        _mm_set1_epi16(i16::from(*scales.add(2 * j + 1))),
-        _mm_set1_epi16(i16::from(*scales.add(2 * j))),
+    let scv = halves(
+        i16::from(*scales.add(2 * j)),
+        i16::from(*scales.add(2 * j + 1)),
     );
     for c in 0..NC {
         let (av, d8, _) = a.block(c, 8 * b + j);
@@ -649,7 +705,8 @@ mod tests {
     use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable};
     use super::super::{quantize_row, QType};
 
-    const TYPES: [QType; 9] = [
+    /// The types with kernels here (the others run the portable code).
+    const TYPES: [QType; 13] = [
         QType::Q4_0,
         QType::Q4_1,
         QType::Q5_0,
@@ -659,6 +716,10 @@ mod tests {
         QType::Q4_K,
         QType::Q5_K,
         QType::Q6_K,
+        QType::Q2_K,
+        QType::Q3_K,
+        QType::IQ4_NL,
+        QType::IQ4_XS,
     ];
 
     /// Values in `[-scale, scale)` from a small LCG (the row content does not matter,
@@ -824,7 +885,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
-        fn avx2_matches_portable(t in 0usize..9, blocks in 1usize..=7, cols in 1usize..=11, seed in any::<u64>()) {
+        fn avx2_matches_portable(t in 0usize..13, blocks in 1usize..=7, cols in 1usize..=11, seed in any::<u64>()) {
             let q = TYPES[t];
             let blocks = if q.block_size() == 256 { blocks.div_ceil(2) } else { blocks };
             check(q, blocks, cols, seed)?;

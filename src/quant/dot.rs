@@ -24,9 +24,12 @@
 //! [`vec_dot_f32`] is the dequantize-in-registers path: each block is dequantized exactly
 //! as [`super::dequantize_row`] does and dotted with the f32 activations.
 
+use super::iq_tables::KVALUES_IQ4NL;
+use super::iqgrid::{self, Sub};
 use super::kquants::{scale_min_k4, unpack_q6_k};
+use super::kquants23::{self, q2_field, q3_k_quant, q3_k_scale};
 use super::legacy::{unpack_5bit, unpack_nibbles};
-use super::{as_array, as_array_mut, legacy, read_f16, QType};
+use super::{as_array, as_array_mut, iq4, legacy, read_f16, ternary, QType};
 
 /// Whether the CPU runs the AVX2 + FMA copy of [`vec_dot_f32`] (detected once; std
 /// caches the answer). That copy differs from the portable one only in rounding where
@@ -172,6 +175,49 @@ fn vec_dot_q8_1_any(q: QType, w: &[u8], a: &[u8]) -> f32 {
         QType::Q4_K => sum_blocks::<144, 288>(w, a, |w, a| dot_k4::<false>(w, &w[16..], a)),
         QType::Q5_K => sum_blocks::<176, 288>(w, a, |w, a| dot_k4::<true>(w, &w[48..], a)),
         QType::Q6_K => sum_blocks::<210, 288>(w, a, dot_q6_k),
+        QType::Q2_K => sum_blocks::<84, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 80), read_f16(w, 82)), q2_k_sub)
+        }),
+        QType::Q3_K => sum_blocks::<110, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 108), 0.0), q3_k_sub)
+        }),
+        QType::IQ4_NL => sum_blocks::<18, 36>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0), 0.0), iq4_nl_sub)
+        }),
+        QType::IQ4_XS => sum_blocks::<136, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0), 0.0), iq4_xs_sub)
+        }),
+        QType::IQ2_XXS => sum_blocks::<66, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0) * 0.125, 0.0), iqgrid::iq2_xxs_sub)
+        }),
+        QType::IQ2_XS => sum_blocks::<74, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0) * 0.125, 0.0), iqgrid::iq2_xs_sub)
+        }),
+        QType::IQ2_S => sum_blocks::<82, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0) * 0.125, 0.0), iqgrid::iq2_s_sub)
+        }),
+        QType::IQ3_XXS => sum_blocks::<98, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0) * 0.25, 0.0), iqgrid::iq3_xxs_sub)
+        }),
+        QType::IQ3_S => sum_blocks::<110, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0), 0.0), iqgrid::iq3_s_sub)
+        }),
+        QType::IQ1_S => sum_blocks::<50, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 0) * 0.125, 0.0), iqgrid::iq1_s_sub)
+        }),
+        QType::IQ1_M => sum_blocks::<56, 288>(w, a, |w, a| {
+            dot_subs(w, a, (iqgrid::iq1_m_d(w) * 0.125, 0.0), iqgrid::iq1_m_sub)
+        }),
+        QType::TQ1_0 => sum_blocks::<54, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 52), 0.0), |w, j| {
+                Sub::one(ternary::tq1_0_quants(w, j), 1)
+            })
+        }),
+        QType::TQ2_0 => sum_blocks::<66, 288>(w, a, |w, a| {
+            dot_subs(w, a, (read_f16(w, 64), 0.0), |w, j| {
+                Sub::one(ternary::tq2_0_quants(w, j), 1)
+            })
+        }),
     }
 }
 
@@ -215,6 +261,19 @@ fn vec_dot_f32_any(q: QType, w: &[u8], x: &[f32]) -> f32 {
         QType::Q4_K => f32_blocks(w, x, super::kquants::dequantize_q4_k),
         QType::Q5_K => f32_blocks(w, x, super::kquants::dequantize_q5_k),
         QType::Q6_K => f32_blocks(w, x, super::kquants::dequantize_q6_k),
+        QType::Q2_K => f32_blocks(w, x, kquants23::dequantize_q2_k),
+        QType::Q3_K => f32_blocks(w, x, kquants23::dequantize_q3_k),
+        QType::IQ4_NL => f32_blocks(w, x, iq4::dequantize_iq4_nl),
+        QType::IQ4_XS => f32_blocks(w, x, iq4::dequantize_iq4_xs),
+        QType::IQ2_XXS => f32_blocks(w, x, iqgrid::dequantize_iq2_xxs),
+        QType::IQ2_XS => f32_blocks(w, x, iqgrid::dequantize_iq2_xs),
+        QType::IQ2_S => f32_blocks(w, x, iqgrid::dequantize_iq2_s),
+        QType::IQ3_XXS => f32_blocks(w, x, iqgrid::dequantize_iq3_xxs),
+        QType::IQ3_S => f32_blocks(w, x, iqgrid::dequantize_iq3_s),
+        QType::IQ1_S => f32_blocks(w, x, iqgrid::dequantize_iq1_s),
+        QType::IQ1_M => f32_blocks(w, x, iqgrid::dequantize_iq1_m),
+        QType::TQ1_0 => f32_blocks(w, x, ternary::dequantize_tq1_0),
+        QType::TQ2_0 => f32_blocks(w, x, ternary::dequantize_tq2_0),
     }
 }
 
@@ -391,4 +450,76 @@ fn dot_q6_k(w: &[u8; 210], a: &[u8; 288]) -> f32 {
         sumf += read_f16(aj, 0) * (sc_a * sumi_a + sc_b * sumi_b) as f32;
     }
     read_f16(w, 208) * sumf
+}
+
+/// One weight block read as [`Sub`]s (sub-block `j` by `sub(w, j)`, one per Q8_1 block of
+/// `a`) against its Q8_1 blocks, with the block's factors `(d, dmin)`:
+/// `d * sum_j(d8_j * sumi_j) - dmin * sum_j(d8_j * summ_j)`, where `sumi_j` is the
+/// integer sum `sc_a * sum(q a) + sc_b * sum(q a)` over the two 16-element halves and
+/// `summ_j = m_a * sum(a) + m_b * sum(a)` (Q2_K's mins; zero for the other types).
+#[inline(always)]
+fn dot_subs<const W: usize>(
+    w: &[u8; W],
+    a: &[u8],
+    (d, dmin): (f32, f32),
+    sub: impl Fn(&[u8; W], usize) -> Sub,
+) -> f32 {
+    let (mut sumf_d, mut sumf_m) = (0.0f32, 0.0f32);
+    for (j, aj) in a.chunks_exact(Q8_1_BYTES).enumerate() {
+        let s = sub(w, j);
+        let sumi_a = isum::<16>(as_array(&s.q[..16]), &aj[4..20]);
+        let sumi_b = isum::<16>(as_array(&s.q[16..]), &aj[20..]);
+        let d8 = read_f16(aj, 0);
+        sumf_d += d8 * (s.sc[0] * sumi_a + s.sc[1] * sumi_b) as f32;
+        if s.m != [0, 0] {
+            let (asum_a, asum_b) = (
+                isum::<16>(&[1; 16], &aj[4..20]),
+                isum::<16>(&[1; 16], &aj[20..]),
+            );
+            sumf_m += d8 * (s.m[0] * asum_a + s.m[1] * asum_b) as f32;
+        }
+    }
+    d * sumf_d - dmin * sumf_m
+}
+
+/// Q2_K sub-block `j` (its two 16-element halves `2 j`, `2 j + 1`): quants 0..4, scales
+/// and mins; factors `(d, dmin)`.
+#[inline(always)]
+pub(crate) fn q2_k_sub(w: &[u8; 84], j: usize) -> Sub {
+    let (s0, s1) = (w[2 * j], w[2 * j + 1]);
+    Sub {
+        q: std::array::from_fn(|i| q2_field(&w[16..80], 32 * j + i) as i8),
+        sc: [i32::from(s0 & 15), i32::from(s1 & 15)],
+        m: [i32::from(s0 >> 4), i32::from(s1 >> 4)],
+    }
+}
+
+/// Q3_K sub-block `j`: quants -4..4 and the signed scales of its halves; factor `d`.
+#[inline(always)]
+pub(crate) fn q3_k_sub(w: &[u8; 110], j: usize) -> Sub {
+    let sc = |h: usize| i32::from(q3_k_scale(&w[96..108], h)) - 32;
+    Sub {
+        q: std::array::from_fn(|i| q3_k_quant(w, 32 * j + i)),
+        sc: [sc(2 * j), sc(2 * j + 1)],
+        m: [0, 0],
+    }
+}
+
+/// The 32 levels of 16 packed IQ4 bytes.
+#[inline(always)]
+fn iq4_levels(qs: &[u8]) -> [i8; 32] {
+    iq4::unpack_levels(qs).map(|l| KVALUES_IQ4NL[usize::from(l)])
+}
+
+/// The IQ4_NL block as one sub-block; factor `d`.
+#[inline(always)]
+pub(crate) fn iq4_nl_sub(w: &[u8; 18], _: usize) -> Sub {
+    Sub::one(iq4_levels(&w[2..]), 1)
+}
+
+/// IQ4_XS sub-block `j`: levels and the signed 6-bit scale; factor `d`.
+#[inline(always)]
+pub(crate) fn iq4_xs_sub(w: &[u8; 136], j: usize) -> Sub {
+    let sc = i32::from(iq4::iq4_xs_scale(w, j)) - 32;
+    Sub::one(iq4_levels(&w[8 + 16 * j..]), sc)
 }

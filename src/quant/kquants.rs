@@ -6,21 +6,23 @@
 //! order, then the scales quantized against the super-block scale and the quants
 //! recomputed from the rounded scales.
 
-use super::{as_array, as_array_mut, nearest_int, read_f16, write_f16};
+use super::{as_array, as_array_mut, nearest_int, read_f16, signed_absmax, write_f16};
 
 /// Elements per super-block.
 pub const QK_K: usize = 256;
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below it is all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// The parameters of one `make_qkx2_quants` search: quants `0..=nmax`, trial inverse
-/// scales `(rmin + rdelta * is + nmax) / (max - min)` for `is` in `0..=nstep`.
-struct Qkx2 {
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
+/// scales `(rmin + rdelta * is + nmax) / (max - min)` for `is` in `0..=nstep`, errors
+/// absolute (`mad`) or squared.
+pub(crate) struct Qkx2 {
+    pub nmax: i32,
+    pub rmin: f32,
+    pub rdelta: f32,
+    pub nstep: i32,
+    pub mad: bool,
 }
 
 /// Q4_K's search (`make_qkx2_quants(32, 15, .., -1.0, 0.1, 20, false)`).
@@ -29,6 +31,7 @@ const Q4_K_SEARCH: Qkx2 = Qkx2 {
     rmin: -1.0,
     rdelta: 0.1,
     nstep: 20,
+    mad: false,
 };
 
 /// Q5_K's search (`make_qkx2_quants(32, 31, .., -0.5, 0.1, 15, false)`).
@@ -37,35 +40,47 @@ const Q5_K_SEARCH: Qkx2 = Qkx2 {
     rmin: -0.5,
     rdelta: 0.1,
     nstep: 15,
+    mad: false,
 };
 
 /// Quants of `x` for inverse scale `iscale` and offset `min`, clamped to `0..=nmax`.
 #[inline(always)]
-fn affine_levels(x: &[f32; 32], iscale: f32, min: f32, nmax: i32, l: &mut [u8; 32]) {
+fn affine_levels<const N: usize>(x: &[f32; N], iscale: f32, min: f32, nmax: i32, l: &mut [u8; N]) {
     for (li, &v) in l.iter_mut().zip(x) {
         *li = nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
     }
 }
 
-/// Weighted squared error of `scale * l + min` against `x`.
+/// Weighted squared (or, with `mad`, absolute) error of `scale * l + min` against `x`.
 #[inline(always)]
-fn affine_error(x: &[f32; 32], w: &[f32; 32], l: &[u8; 32], scale: f32, min: f32) -> f32 {
+fn affine_error<const N: usize>(
+    x: &[f32; N],
+    w: &[f32; N],
+    l: &[u8; N],
+    (scale, min): (f32, f32),
+    mad: bool,
+) -> f32 {
     let mut err = 0.0f32;
-    for i in 0..32 {
+    for i in 0..N {
         let diff = scale * f32::from(l[i]) + min - x[i];
-        err += w[i] * (diff * diff);
+        err += w[i] * if mad { diff.abs() } else { diff * diff };
     }
     err
 }
 
-/// ggml's `make_qkx2_quants` for 32 values with squared errors (`use_mad = false`):
-/// fits `x ~ scale * l + min` (min <= 0) by weighted least squares over the trial scales of
-/// `p`, keeping the best. Writes the quants to `l`; returns `(scale, -min)`.
-fn make_qkx2_quants(x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32], p: &Qkx2) -> (f32, f32) {
+/// ggml's `make_qkx2_quants` for `N` values: fits `x ~ scale * l + min` (min <= 0) by
+/// weighted least squares over the trial scales of `p`, keeping the one of least error.
+/// Writes the quants to `l`; returns `(scale, -min)`.
+pub(crate) fn make_qkx2_quants<const N: usize>(
+    x: &[f32; N],
+    w: &[f32; N],
+    l: &mut [u8; N],
+    p: &Qkx2,
+) -> (f32, f32) {
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = w[0];
     let mut sum_x = sum_w * x[0];
-    for i in 1..32 {
+    for i in 1..N {
         if x[i] < min {
             min = x[i];
         }
@@ -86,13 +101,13 @@ fn make_qkx2_quants(x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32], p: &Qkx2) ->
     let iscale = nmax / (max - min);
     let mut scale = 1.0 / iscale;
     affine_levels(x, iscale, min, p.nmax, l);
-    let mut best_error = affine_error(x, w, l, scale, min);
-    let mut laux = [0u8; 32];
+    let mut best_error = affine_error(x, w, l, (scale, min), p.mad);
+    let mut laux = [0u8; N];
     for is in 0..=p.nstep {
         let iscale = (p.rmin + p.rdelta * is as f32 + nmax) / (max - min);
         affine_levels(x, iscale, min, p.nmax, &mut laux);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..32 {
+        for i in 0..N {
             let li = f32::from(laux[i]);
             sum_l += w[i] * li;
             sum_l2 += w[i] * li * li;
@@ -106,7 +121,7 @@ fn make_qkx2_quants(x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32], p: &Qkx2) ->
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
-            let cur_error = affine_error(x, w, &laux, this_scale, this_min);
+            let cur_error = affine_error(x, w, &laux, (this_scale, this_min), p.mad);
             if cur_error < best_error {
                 *l = laux;
                 best_error = cur_error;
@@ -141,13 +156,7 @@ fn qx_sums(x: &[f32; 16], iscale: f32, nmax: i32, out: Option<&mut [u8; 16]>) ->
 /// symmetric quants `-nmax..nmax` (stored as `l + nmax` in `l`), the scale that minimises
 /// the `x^2`-weighted error over 18 trial scales around `-nmax / max`. Returns the scale.
 fn make_qx_quants(x: &[f32; 16], nmax: i32, l: &mut [u8; 16]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;

@@ -4,23 +4,10 @@
 //! the conversions to integers truncate like C's casts, `round` is C's `roundf`), so the
 //! bytes are identical; dequantization follows ggml's `dequantize_row_*`.
 
-use super::{read_f16, write_f16};
+use super::{read_f16, signed_absmax, write_f16};
 
 /// Elements per block of every type in this file.
 pub const QK: usize = 32;
-
-/// The first value of largest magnitude (ggml keeps the first on ties) and that magnitude.
-#[inline(always)]
-fn signed_absmax(x: &[f32; QK]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    max
-}
 
 /// The smallest and largest value, starting from `(f32::MAX, -f32::MAX)` as ggml does.
 #[inline(always)]
@@ -120,7 +107,7 @@ fn affine_quants(x: &[f32; QK], min: f32, id: f32, hi: u8) -> [u8; QK] {
 
 /// Quantizes one Q4_0 block (ggml's `quantize_row_q4_0_ref`).
 pub fn quantize_q4_0(x: &[f32; QK], y: &mut [u8; 18]) {
-    let d = signed_absmax(x) / -8.0;
+    let d = signed_absmax(x).1 / -8.0;
     write_f16(y, 0, d);
     let q = symmetric_quants(x, inverse(d), 8.0, 15);
     pack_nibbles(&q, &mut y[2..]);
@@ -138,7 +125,7 @@ pub fn quantize_q4_1(x: &[f32; QK], y: &mut [u8; 20]) {
 
 /// Quantizes one Q5_0 block (ggml's `quantize_row_q5_0_ref`).
 pub fn quantize_q5_0(x: &[f32; QK], y: &mut [u8; 22]) {
-    let d = signed_absmax(x) / -16.0;
+    let d = signed_absmax(x).1 / -16.0;
     write_f16(y, 0, d);
     let q = symmetric_quants(x, inverse(d), 16.0, 31);
     y[2..6].copy_from_slice(&high_bits(&q));

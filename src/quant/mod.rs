@@ -64,6 +64,27 @@
 //! fused multiply-adds, so their output is byte-identical to ggml's `quantize_row_*_ref`
 //! built without FMA contraction.
 //!
+//! # The low-bit K-quants, the i-quants and the ternary types
+//!
+//! | type | block | bytes | bits/weight | module | quantize |
+//! |------|------:|------:|------:|--------|----------|
+//! | Q2_K | 256 | 84 | 2.625 | [`kquants23`] | ggml's reference |
+//! | Q3_K | 256 | 110 | 3.4375 | [`kquants23`] | ggml's reference |
+//! | IQ4_NL | 32 | 18 | 4.5 | [`iq4`] | llama-quantize's (no importance matrix) |
+//! | IQ4_XS | 256 | 136 | 4.25 | [`iq4`] | llama-quantize's (no importance matrix) |
+//! | IQ2_XXS, IQ2_XS, IQ2_S | 256 | 66, 74, 82 | 2.06 - 2.56 | [`iqgrid`] | read only |
+//! | IQ3_XXS, IQ3_S | 256 | 98, 110 | 3.06, 3.44 | [`iqgrid`] | read only |
+//! | IQ1_S, IQ1_M | 256 | 50, 56 | 1.56, 1.75 | [`iqgrid`] | read only |
+//! | TQ1_0, TQ2_0 | 256 | 54, 66 | 1.69, 2.06 | [`ternary`] | ggml's reference |
+//!
+//! Each module documents its layouts. The lattice i-quants index fixed grids of 4 or 8
+//! values whose tables (`iq_tables.rs`, and `cuda/iq_tables.cuh` for the device) are
+//! generated from llama.cpp's gguf-py by `scripts/make-iq-tables.py`; ggml quantizes them
+//! only with an importance matrix, so graft reads them ([`QType::can_quantize`] is false
+//! and writing one is an error). For the dot products every 32 elements of these types
+//! read as signed integer quants with an integer scale per 16 (`iqgrid::Sub`) times a
+//! per-block factor.
+//!
 //! # Dot products ([`dot`])
 //!
 //! [`vec_dot_q8_1`] is the CPU oracle of the GPU's `__dp4a` path: one weight row against
@@ -77,18 +98,24 @@
 //! # Adding a type
 //!
 //! Add the variant to [`QType`] (every `match` over it then asks for the new arms: sizes,
-//! name, ggml id), its block functions to [`legacy`] or [`kquants`], its arm in the
-//! dispatch of [`quantize_row`] and [`dequantize_row`] and in both dot products, and its
-//! test vectors to `scripts/make-quant-vectors.py`.
+//! name, ggml id, [`QType::can_quantize`]), its block functions to the module of its
+//! family, its arm in the dispatch of [`quantize_row`] and [`dequantize_row`] and in both
+//! dot products (for a type read as `Sub`s, its sub-block reader), and its test vectors
+//! to `scripts/make-quant-vectors.py`.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::available as simd_available;
 pub mod dot;
+pub mod iq4;
+mod iq_tables;
+pub mod iqgrid;
 pub mod kquants;
+pub mod kquants23;
 pub mod legacy;
 pub mod split;
+pub mod ternary;
 
 pub use dot::{
     q8_1_scales, vec_dot_f32, vec_dot_q8_1, vec_dot_q8_1_cols, vec_dot_q8_1_cols_scaled,
@@ -119,27 +146,126 @@ pub enum QType {
     Q5_K,
     /// 256 elements, 6-bit quants, 16 sub-blocks with 8-bit scales; 6.5625 bits per weight.
     Q6_K,
+    /// 256 elements, 2-bit quants, 16 sub-blocks with 4-bit scales and mins; 2.625 bits per
+    /// weight.
+    Q2_K,
+    /// 256 elements, 3-bit quants, 16 sub-blocks with 6-bit scales; 3.4375 bits per weight.
+    Q3_K,
+    /// 32 elements, 4-bit indices into 16 non-linear levels, one f16 scale; 4.5 bits per
+    /// weight.
+    IQ4_NL,
+    /// 256 elements, IQ4_NL's levels, 8 sub-blocks with 6-bit scales; 4.25 bits per weight.
+    IQ4_XS,
+    /// 256 elements, 8-value points of a 256-point lattice with 7-bit signs, 4-bit scales
+    /// per 32; 2.0625 bits per weight (needs an importance matrix to quantize).
+    IQ2_XXS,
+    /// 256 elements, 8-value points of a 512-point lattice, 4-bit scales per 16; 2.3125
+    /// bits per weight (needs an importance matrix to quantize).
+    IQ2_XS,
+    /// 256 elements, 8-value points of a 1024-point lattice with 8 sign bits, 4-bit scales
+    /// per 16; 2.5625 bits per weight (needs an importance matrix to quantize).
+    IQ2_S,
+    /// 256 elements, 4-value points of a 256-point lattice, 4-bit scales per 32; 3.0625
+    /// bits per weight (needs an importance matrix to quantize).
+    IQ3_XXS,
+    /// 256 elements, 4-value points of a 512-point lattice, 4-bit scales per 32; 3.4375
+    /// bits per weight (needs an importance matrix to quantize).
+    IQ3_S,
+    /// 256 elements, 8-value ternary points of a 2048-point lattice plus a shift, 3-bit
+    /// scales per 32; 1.5625 bits per weight (needs an importance matrix to quantize).
+    IQ1_S,
+    /// 256 elements, IQ1_S's lattice with a shift per 8 values, 3-bit scales per 16;
+    /// 1.75 bits per weight (needs an importance matrix to quantize).
+    IQ1_M,
+    /// 256 elements, ternary values packed 5 to a byte, one f16 scale; 1.6875 bits per
+    /// weight.
+    TQ1_0,
+    /// 256 elements, ternary values in 2 bits, one f16 scale; 2.0625 bits per weight.
+    TQ2_0,
 }
 
 impl QType {
     /// Every quantized type, in ggml's numbering order.
-    pub const ALL: [QType; 9] = [
+    pub const ALL: [QType; 22] = [
         QType::Q4_0,
         QType::Q4_1,
         QType::Q5_0,
         QType::Q5_1,
         QType::Q8_0,
         QType::Q8_1,
+        QType::Q2_K,
+        QType::Q3_K,
         QType::Q4_K,
         QType::Q5_K,
         QType::Q6_K,
+        QType::IQ2_XXS,
+        QType::IQ2_XS,
+        QType::IQ3_XXS,
+        QType::IQ1_S,
+        QType::IQ4_NL,
+        QType::IQ3_S,
+        QType::IQ2_S,
+        QType::IQ4_XS,
+        QType::IQ1_M,
+        QType::TQ1_0,
+        QType::TQ2_0,
     ];
 
-    /// Elements per block: 32, or 256 for the K-quants.
+    /// Elements per block: 32 for the legacy types and IQ4_NL, 256 for the others.
     pub const fn block_size(self) -> usize {
         match self {
-            QType::Q4_0 | QType::Q4_1 | QType::Q5_0 | QType::Q5_1 | QType::Q8_0 | QType::Q8_1 => 32,
-            QType::Q4_K | QType::Q5_K | QType::Q6_K => 256,
+            QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q8_1
+            | QType::IQ4_NL => 32,
+            QType::Q2_K
+            | QType::Q3_K
+            | QType::Q4_K
+            | QType::Q5_K
+            | QType::Q6_K
+            | QType::IQ4_XS
+            | QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M
+            | QType::TQ1_0
+            | QType::TQ2_0 => 256,
+        }
+    }
+
+    /// Whether [`quantize_row`] can write the type: every type but the lattice i-quants
+    /// (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), which ggml quantizes with an
+    /// importance matrix only; graft reads them.
+    pub const fn can_quantize(self) -> bool {
+        match self {
+            QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M => false,
+            QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q8_1
+            | QType::Q2_K
+            | QType::Q3_K
+            | QType::Q4_K
+            | QType::Q5_K
+            | QType::Q6_K
+            | QType::IQ4_NL
+            | QType::IQ4_XS
+            | QType::TQ1_0
+            | QType::TQ2_0 => true,
         }
     }
 
@@ -155,10 +281,23 @@ impl QType {
             QType::Q4_K => 144,
             QType::Q5_K => 176,
             QType::Q6_K => 210,
+            QType::Q2_K => 84,
+            QType::Q3_K => 110,
+            QType::IQ4_NL => 18,
+            QType::IQ4_XS => 136,
+            QType::IQ2_XXS => 66,
+            QType::IQ2_XS => 74,
+            QType::IQ2_S => 82,
+            QType::IQ3_XXS => 98,
+            QType::IQ3_S => 110,
+            QType::IQ1_S => 50,
+            QType::IQ1_M => 56,
+            QType::TQ1_0 => 54,
+            QType::TQ2_0 => 66,
         }
     }
 
-    /// ggml's lower-case name ("q4_0", ..., "q6_k").
+    /// ggml's lower-case name ("q4_0", ..., "q6_k", "iq4_xs").
     pub const fn name(self) -> &'static str {
         match self {
             QType::Q4_0 => "q4_0",
@@ -170,6 +309,19 @@ impl QType {
             QType::Q4_K => "q4_k",
             QType::Q5_K => "q5_k",
             QType::Q6_K => "q6_k",
+            QType::Q2_K => "q2_k",
+            QType::Q3_K => "q3_k",
+            QType::IQ4_NL => "iq4_nl",
+            QType::IQ4_XS => "iq4_xs",
+            QType::IQ2_XXS => "iq2_xxs",
+            QType::IQ2_XS => "iq2_xs",
+            QType::IQ2_S => "iq2_s",
+            QType::IQ3_XXS => "iq3_xxs",
+            QType::IQ3_S => "iq3_s",
+            QType::IQ1_S => "iq1_s",
+            QType::IQ1_M => "iq1_m",
+            QType::TQ1_0 => "tq1_0",
+            QType::TQ2_0 => "tq2_0",
         }
     }
 
@@ -185,6 +337,19 @@ impl QType {
             QType::Q4_K => 12,
             QType::Q5_K => 13,
             QType::Q6_K => 14,
+            QType::Q2_K => 10,
+            QType::Q3_K => 11,
+            QType::IQ2_XXS => 16,
+            QType::IQ2_XS => 17,
+            QType::IQ3_XXS => 18,
+            QType::IQ1_S => 19,
+            QType::IQ4_NL => 20,
+            QType::IQ3_S => 21,
+            QType::IQ2_S => 22,
+            QType::IQ4_XS => 23,
+            QType::IQ1_M => 29,
+            QType::TQ1_0 => 34,
+            QType::TQ2_0 => 35,
         }
     }
 
@@ -247,6 +412,17 @@ fn check_row(op: &'static str, q: QType, n: usize, bytes: usize) -> Result<()> {
 /// shape error names the sizes.
 pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     check_row("quantize_row", q, src.len(), dst.len())?;
+    if !q.can_quantize() {
+        return Err(Error::DType {
+            op: "quantize_row",
+            operand: "row".into(),
+            found: crate::graph::DType::Quant(q),
+            expected: format!(
+                "a type graft can quantize to: ggml quantizes {q} only with an importance matrix \
+                 (llama-imatrix); read a file llama-quantize made, or pick q2_k, q3_k or iq4_xs"
+            ),
+        });
+    }
     match q {
         QType::Q4_0 => for_each_block(src, dst, legacy::quantize_q4_0),
         QType::Q4_1 => for_each_block(src, dst, legacy::quantize_q4_1),
@@ -257,6 +433,19 @@ pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         QType::Q4_K => for_each_block(src, dst, kquants::quantize_q4_k),
         QType::Q5_K => for_each_block(src, dst, kquants::quantize_q5_k),
         QType::Q6_K => for_each_block(src, dst, kquants::quantize_q6_k),
+        QType::Q2_K => for_each_block(src, dst, kquants23::quantize_q2_k),
+        QType::Q3_K => for_each_block(src, dst, kquants23::quantize_q3_k),
+        QType::IQ4_NL => for_each_block(src, dst, iq4::quantize_iq4_nl),
+        QType::IQ4_XS => for_each_block(src, dst, iq4::quantize_iq4_xs),
+        QType::TQ1_0 => for_each_block(src, dst, ternary::quantize_tq1_0),
+        QType::TQ2_0 => for_each_block(src, dst, ternary::quantize_tq2_0),
+        QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M => unreachable!("can_quantize() refused {q}"),
     }
     mark_non_finite(q, src, dst);
     Ok(())
@@ -269,6 +458,10 @@ pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
 fn mark_non_finite(q: QType, src: &[f32], dst: &mut [u8]) {
     let d_at = match q {
         QType::Q6_K => 208,
+        QType::Q2_K => 80,
+        QType::Q3_K => 108,
+        QType::TQ1_0 => 52,
+        QType::TQ2_0 => 64,
         QType::Q4_0
         | QType::Q4_1
         | QType::Q5_0
@@ -276,7 +469,16 @@ fn mark_non_finite(q: QType, src: &[f32], dst: &mut [u8]) {
         | QType::Q8_0
         | QType::Q8_1
         | QType::Q4_K
-        | QType::Q5_K => 0,
+        | QType::Q5_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS => 0,
+        QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M => unreachable!("can_quantize() refused {q}"),
     };
     let blocks = src.chunks_exact(q.block_size());
     for (x, y) in blocks.zip(dst.chunks_exact_mut(q.block_bytes())) {
@@ -302,6 +504,19 @@ pub fn dequantize_row(q: QType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         QType::Q4_K => for_each_block(src, dst, kquants::dequantize_q4_k),
         QType::Q5_K => for_each_block(src, dst, kquants::dequantize_q5_k),
         QType::Q6_K => for_each_block(src, dst, kquants::dequantize_q6_k),
+        QType::Q2_K => for_each_block(src, dst, kquants23::dequantize_q2_k),
+        QType::Q3_K => for_each_block(src, dst, kquants23::dequantize_q3_k),
+        QType::IQ4_NL => for_each_block(src, dst, iq4::dequantize_iq4_nl),
+        QType::IQ4_XS => for_each_block(src, dst, iq4::dequantize_iq4_xs),
+        QType::IQ2_XXS => for_each_block(src, dst, iqgrid::dequantize_iq2_xxs),
+        QType::IQ2_XS => for_each_block(src, dst, iqgrid::dequantize_iq2_xs),
+        QType::IQ2_S => for_each_block(src, dst, iqgrid::dequantize_iq2_s),
+        QType::IQ3_XXS => for_each_block(src, dst, iqgrid::dequantize_iq3_xxs),
+        QType::IQ3_S => for_each_block(src, dst, iqgrid::dequantize_iq3_s),
+        QType::IQ1_S => for_each_block(src, dst, iqgrid::dequantize_iq1_s),
+        QType::IQ1_M => for_each_block(src, dst, iqgrid::dequantize_iq1_m),
+        QType::TQ1_0 => for_each_block(src, dst, ternary::dequantize_tq1_0),
+        QType::TQ2_0 => for_each_block(src, dst, ternary::dequantize_tq2_0),
     }
     Ok(())
 }
@@ -343,6 +558,20 @@ pub(crate) fn write_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
+/// The largest magnitude in `x` and the first value of that magnitude (ggml keeps the
+/// first on ties), as `(magnitude, value)`: the search that starts ggml's quantizers.
+#[inline(always)]
+pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
 /// ggml's `nearest_int`: adds `1.5 * 2^23` so that the float addition rounds to an
 /// integer (ties to even) and reads it from the mantissa bits. Exact for `|x| <= 2^22`;
 /// outside that range (or for NaN) the result is meaningless but, as in ggml, no panic.
@@ -377,14 +606,33 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_sizes_are_ggml_s() {
-        let bytes = [18, 20, 22, 24, 34, 36, 144, 176, 210];
+        let bytes = [
+            18, 20, 22, 24, 34, 36, 84, 110, 144, 176, 210, 66, 74, 98, 50, 18, 110, 82, 136, 56,
+            54, 66,
+        ];
         for (q, b) in QType::ALL.into_iter().zip(bytes) {
             assert_eq!(QType::parse(q.name()), Some(q));
             assert_eq!(QType::parse(&q.name().to_uppercase()), Some(q));
             assert_eq!(q.block_bytes(), b);
             assert_eq!(q.to_string(), q.name());
         }
-        assert_eq!(QType::parse("q3_k"), None);
+        assert_eq!(QType::parse("q7_k"), None);
+        // ALL is in ggml's numbering order, and the sizes are those of the GGUF reader's type
+        // table, but for Q8_1, which GGUF files written by gguf-py store in its older
+        // 40-byte block (ggml's block, graft's activations, is 36)
+        let ids: Vec<u32> = QType::ALL.iter().map(|q| q.ggml_type_id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        for q in QType::ALL {
+            let t = crate::gguf::GgmlType::from_id(q.ggml_type_id()).expect("a ggml type");
+            assert_eq!(t.name().to_lowercase(), q.name());
+            assert_eq!(t.block_size() as usize, q.block_size(), "{q}");
+            let gguf_bytes = if q == QType::Q8_1 {
+                40
+            } else {
+                q.block_bytes()
+            };
+            assert_eq!(t.block_bytes() as usize, gguf_bytes, "{q}");
+        }
     }
 
     /// A block holding a NaN or an infinity dequantizes to NaN in every type (ggml's

@@ -48,7 +48,8 @@ enum Layout {
     Q5K,
     /// Q6_K's pairs, scales and `d`, rotated by the row's address.
     Q6K,
-    /// No split rows: Q8_1 (the activation format) and Q4_K (read in place as it is).
+    /// No split rows: Q8_1 (the activation format), Q4_K (read in place as it is) and the
+    /// types whose decode products read ggml's layout.
     None,
 }
 
@@ -58,7 +59,21 @@ fn layout(q: QType) -> Layout {
         QType::Q8_0 => Layout::Blocks { quants: 32 },
         QType::Q5_K => Layout::Q5K,
         QType::Q6_K => Layout::Q6K,
-        QType::Q8_1 | QType::Q4_K => Layout::None,
+        QType::Q8_1
+        | QType::Q4_K
+        | QType::Q2_K
+        | QType::Q3_K
+        | QType::IQ4_NL
+        | QType::IQ4_XS
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M
+        | QType::TQ1_0
+        | QType::TQ2_0 => Layout::None,
     }
 }
 

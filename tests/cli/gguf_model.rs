@@ -122,7 +122,13 @@ fn hf_to_gguf_round_trip() {
                 | QuantPlan::Q5_K
                 | QuantPlan::Q6_K
                 | QuantPlan::Q4_K_M
-                | QuantPlan::Q5_K_M => {
+                | QuantPlan::Q5_K_M
+                | QuantPlan::Q2_K
+                | QuantPlan::Q3_K_S
+                | QuantPlan::Q3_K_M
+                | QuantPlan::Q3_K_L
+                | QuantPlan::IQ4_NL
+                | QuantPlan::IQ4_XS => {
                     let q = logits(be, &r.dir, Some(plan), &r.tokens);
                     let e = nmse(&got, &q);
                     assert!(e <= 1e-12, "{name} {plan}: GGUF vs --quantize {e:e}");

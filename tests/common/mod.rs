@@ -15,6 +15,7 @@ pub mod case;
 pub mod check;
 pub mod oracle;
 pub mod paged;
+pub mod quant_blocks;
 pub mod strategies;
 
 #[path = "../support/metrics.rs"]

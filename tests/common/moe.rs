@@ -4,7 +4,8 @@
 //! of a wider leaf) and random ids [n_used, n_tokens], repeats allowed. [`run`] builds a
 //! case on any backend; [`oracle`] is the f64 result of ggml's definition,
 //! `c[:, i, t] = as[:, :, ids[i, t]]^T b[:, i % b1, t]`, from the weights as stored
-//! (block types dequantized on the host by `graft::quant`).
+//! (block types dequantized on the host by `graft::quant`; the types graft only reads as
+//! random valid blocks).
 
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, Graph};
@@ -12,7 +13,8 @@ use graft::quant;
 use graft::Result;
 use proptest::prelude::*;
 
-use crate::quant_strategies::{values_with, WEIGHT_TYPES};
+use crate::common::quant_blocks;
+use crate::quant_strategies::{values_with, weight_types};
 
 /// One mul_mat_id case.
 #[derive(Clone, Debug)]
@@ -47,8 +49,12 @@ impl MoeCase {
         let rows = self.m * self.n_expert;
         let rb = self.dtype.row_bytes(self.k);
         let mut out = vec![0u8; rb * rows];
-        for (src, dst) in x.chunks_exact(self.k).zip(out.chunks_exact_mut(rb)) {
-            encode_row(self.dtype, src, dst);
+        for (r, (src, dst)) in x
+            .chunks_exact(self.k)
+            .zip(out.chunks_exact_mut(rb))
+            .enumerate()
+        {
+            encode_row(self.dtype, src, dst, self.seed ^ r as u64);
         }
         out
     }
@@ -75,8 +81,10 @@ impl MoeCase {
     }
 }
 
-/// `src` in `dtype`'s bytes (rounded to nearest, blocks quantized by `graft::quant`).
-fn encode_row(dtype: DType, src: &[f32], dst: &mut [u8]) {
+/// `src` in `dtype`'s bytes (rounded to nearest; blocks quantized by `graft::quant`, or
+/// random blocks of `src`'s magnitude for the types it only reads, see
+/// [`quant_blocks::weight_row`]).
+fn encode_row(dtype: DType, src: &[f32], dst: &mut [u8], seed: u64) {
     match dtype {
         DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
         DType::F16 => {
@@ -89,7 +97,7 @@ fn encode_row(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 d.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
             }
         }
-        DType::Quant(q) => quant::quantize_row(q, src, dst).expect("whole blocks"),
+        DType::Quant(q) => dst.copy_from_slice(&quant_blocks::weight_row(q, src, seed)),
         DType::I32 => panic!("no I32 weights"),
     }
 }
@@ -116,7 +124,7 @@ fn decode_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 /// Every weight dtype mul_mat_id takes: the floats and the block types.
 pub fn weight_dtypes() -> Vec<DType> {
     let mut v = DType::FLOATS.to_vec();
-    v.extend(WEIGHT_TYPES.iter().map(|&q| DType::Quant(q)));
+    v.extend(weight_types().into_iter().map(DType::Quant));
     v
 }
 

@@ -13,20 +13,55 @@
 use graft::backend::{Backend, FrozenTensor};
 use graft::graph::{BufferId, BufferRef, DType, Graph, PlanOptions, TensorId};
 use graft::quant::{self, QType};
+
+use crate::common::quant_blocks;
 use graft::Result;
 use proptest::prelude::*;
 
-/// The weight types (every block type but Q8_1, the activation format).
-pub const WEIGHT_TYPES: [QType; 8] = [
-    QType::Q4_0,
-    QType::Q4_1,
-    QType::Q5_0,
-    QType::Q5_1,
-    QType::Q8_0,
-    QType::Q4_K,
-    QType::Q5_K,
-    QType::Q6_K,
-];
+/// The weight types: every block type but Q8_1, the activation format.
+pub fn weight_types() -> Vec<QType> {
+    QType::ALL
+        .into_iter()
+        .filter(|&q| q != QType::Q8_1)
+        .collect()
+}
+
+/// The weight types with an int8 tensor-core product (`mmq_c<BN>_<q>` in cuda/mmq.cu):
+/// the legacy types and Q4_K, Q5_K, Q6_K; batched products of the others dequantize.
+pub fn mmq_types() -> Vec<QType> {
+    use QType::*;
+    vec![Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
+}
+
+/// The weight types graft quantizes to on the CPU (the cases that write a block type).
+pub fn quantizable_types() -> Vec<QType> {
+    weight_types()
+        .into_iter()
+        .filter(|q| q.can_quantize())
+        .collect()
+}
+
+/// The types the CUDA backend quantizes to (`cpy_f32_<q>`, `set_rows_f32_<q>` in
+/// cuda/quantize.cu): the legacy types and Q4_K, Q5_K, Q6_K. (The low-bit K-quants, IQ4
+/// and the ternary types are quantized on the host: `graft convert`, `--quantize`.)
+pub fn device_quantized_types() -> Vec<QType> {
+    quantizable_types()
+        .into_iter()
+        .filter(|q| {
+            matches!(
+                q,
+                QType::Q4_0
+                    | QType::Q4_1
+                    | QType::Q5_0
+                    | QType::Q5_1
+                    | QType::Q8_0
+                    | QType::Q4_K
+                    | QType::Q5_K
+                    | QType::Q6_K
+            )
+        })
+        .collect()
+}
 
 /// The op of a case.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -164,14 +199,15 @@ pub fn values_with(seed: u64, len: usize, outlier: f32) -> Vec<f32> {
     v
 }
 
-/// The weight stack quantized row by row (padded rows, as stored).
+/// The weight stack quantized row by row (padded rows, as stored; random valid blocks
+/// for the types graft only reads, see [`crate::common::quant_blocks`]).
 pub fn weight_bytes(c: &QCase) -> Vec<u8> {
     let se = c.stride_elems();
     let x = values(c.seed, se * c.weight_rows());
     let rb = c.q.row_bytes(se).expect("whole blocks");
-    let mut out = vec![0u8; rb * c.weight_rows()];
-    for (src, dst) in x.chunks_exact(se).zip(out.chunks_exact_mut(rb)) {
-        quant::quantize_row(c.q, src, dst).expect("sizes agree");
+    let mut out = Vec::with_capacity(rb * c.weight_rows());
+    for (r, src) in x.chunks_exact(se).enumerate() {
+        out.extend(quant_blocks::weight_row(c.q, src, c.seed ^ r as u64));
     }
     out
 }
@@ -584,7 +620,7 @@ use crate::common::case::{arena_violation, SENTINEL};
 pub use crate::common::nmse;
 
 fn qtype() -> impl Strategy<Value = QType> {
-    proptest::sample::select(WEIGHT_TYPES.to_vec())
+    proptest::sample::select(weight_types())
 }
 
 /// Row lengths: 1..=12 blocks (often more for 32-element blocks).
@@ -593,9 +629,14 @@ fn blocks(q: QType) -> BoxedStrategy<usize> {
     (1usize..=max).prop_map(move |b| b * q.block_size()).boxed()
 }
 
-/// Quantizing casts of F32 rows (odd row counts, strided rows).
-pub fn quantize() -> BoxedStrategy<QCase> {
-    (qtype(), any::<u64>(), 1usize..=37, 0usize..=2)
+/// Quantizing casts of F32 rows to one of `types` (odd row counts, strided rows).
+pub fn quantize(types: Vec<QType>) -> BoxedStrategy<QCase> {
+    (
+        proptest::sample::select(types),
+        any::<u64>(),
+        1usize..=37,
+        0usize..=2,
+    )
         .prop_flat_map(|(q, seed, rows, pad)| {
             blocks(q).prop_map(move |k| QCase {
                 op: QOp::Quantize,
@@ -662,9 +703,15 @@ pub fn get_rows() -> BoxedStrategy<QCase> {
         .boxed()
 }
 
-/// set_rows of 1..=20 distinct F32 rows into a quantized table of up to 37 rows.
-pub fn set_rows() -> BoxedStrategy<QCase> {
-    (qtype(), any::<u64>(), 1usize..=37, 1usize..=20)
+/// set_rows of 1..=20 distinct F32 rows into a quantized table of one of `types` of up to
+/// 37 rows.
+pub fn set_rows(types: Vec<QType>) -> BoxedStrategy<QCase> {
+    (
+        proptest::sample::select(types),
+        any::<u64>(),
+        1usize..=37,
+        1usize..=20,
+    )
         .prop_flat_map(|(q, seed, rows, n)| {
             blocks(q).prop_map(move |k| QCase {
                 op: QOp::SetRows,

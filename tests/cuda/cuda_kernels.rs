@@ -192,7 +192,11 @@ fn capped_attention_holds_four_blocks_per_sm() {
 /// column count and weight type, and the activation quantizer.
 fn quantized_decode_kernels() -> Vec<KernelId> {
     let mut v = kernels_of(&[cols::MUL_MAT_VEC_Q, cols::MUL_MAT_VEC_DQ]);
-    assert_eq!(v.len(), 64, "8 weight types x 4 column counts x 2 paths");
+    assert_eq!(
+        v.len(),
+        168,
+        "21 weight types (every block type but Q8_1) x 4 column counts x 2 paths"
+    );
     v.push(k::QUANTIZE_Q8_1_F32.id);
     v
 }

@@ -135,7 +135,9 @@ impl Path {
         match (c.n <= 8 && one && c.repeat == [1, 1], mmvq) {
             (true, true) => Path::Dp4a,
             (true, false) => Path::Dequantize,
-            (false, _) if one && c.cols() <= MMQ_MAX_COLS => Path::Mmq,
+            (false, _) if one && c.cols() <= MMQ_MAX_COLS && qs::mmq_types().contains(&c.q) => {
+                Path::Mmq
+            }
             (false, _) => Path::Cublas,
         }
     }
@@ -212,7 +214,12 @@ fn check_mul_mat(
 
 #[test]
 fn prop_quantize_matches_cpu_bytes() {
-    on_gpu("quantize", qs::quantize(), 192, check_bytes);
+    on_gpu(
+        "quantize",
+        qs::quantize(qs::device_quantized_types()),
+        192,
+        check_bytes,
+    );
 }
 
 #[test]
@@ -228,7 +235,12 @@ fn prop_get_rows_matches_cpu_bits() {
 /// set_rows into a quantized table (a quantized KV cache's write): the CPU's bytes.
 #[test]
 fn prop_set_rows_matches_cpu_bytes() {
-    on_gpu("set_rows", qs::set_rows(), 96, check_bytes);
+    on_gpu(
+        "set_rows",
+        qs::set_rows(qs::device_quantized_types()),
+        96,
+        check_bytes,
+    );
 }
 
 #[test]
@@ -406,7 +418,7 @@ fn run_over_weights(
 /// (one-row and tensor-core decode kernels), 1-3 queries, 130-1,500 keys (split).
 #[test]
 fn prop_attention_then_decode_q8_1() {
-    let q = proptest::sample::select(qs::WEIGHT_TYPES.to_vec());
+    let q = proptest::sample::select(qs::weight_types());
     let kv = proptest::sample::select(vec![DType::F16, DType::F32]);
     let shape = (
         proptest::sample::select(vec![64usize, 128]),
@@ -537,7 +549,7 @@ fn prop_mul_mat_batched() {
 fn prop_mmq_forced_at_decode_widths() {
     use proptest::sample::select;
     let case = (
-        select(qs::WEIGHT_TYPES.to_vec()),
+        select(qs::mmq_types()),
         1usize..=8,
         1usize..=70,
         any::<u64>(),
@@ -1031,6 +1043,42 @@ fn tiny_model_split_and_not(
     );
 }
 
+/// The `tiny` preset (rows of 256 and 768 elements, 4 layers) in the mixes of the low-bit
+/// K-quants and IQ4, random weights the CUDA backend quantizes on the host (it has no
+/// quantizing copy to these types) from the F32 values it drew: the same bytes as the
+/// CPU's model of the same seed, so on the engine the log-probabilities after a 300-token
+/// prompt (the dequantizing copy for cuBLAS) and 6 decode steps (the `__dp4a` products of
+/// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS) stay within 1e-3 NMSE of the CPU's, as
+/// the other quantized models (`quantized_decode_matches_the_cpu` in tests/models); a wrong
+/// block gives errors of order 1 in the logits.
+#[test]
+fn low_bit_mixes_match_the_cpu() {
+    use graft::models::{CacheTypes, QuantPlan};
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if common::cuda_backend().is_none() {
+        return;
+    }
+    let tiny = graft::models::arch::presets::preset("tiny").unwrap();
+    for plan in [
+        QuantPlan::Q2_K,
+        QuantPlan::Q3_K_M,
+        QuantPlan::IQ4_NL,
+        QuantPlan::IQ4_XS,
+    ] {
+        let cuda = common::cuda_backend().expect("the GPU found before");
+        let (got, _) = model_rows(Box::new(cuda), &tiny, CacheTypes::default(), plan);
+        let (want, _) = model_rows(
+            Box::new(CpuBackend::new()),
+            &tiny,
+            CacheTypes::default(),
+            plan,
+        );
+        let e = common::nmse(&got, &want);
+        println!("tiny {plan}: NMSE against the CPU {e:.2e}");
+        assert!(e <= 1e-3, "tiny {plan}: NMSE {e:e} against the CPU");
+    }
+}
+
 /// Models whose K/V caches are Q8_0 or Q4_0 (head dims 64, 128, 256: the rows the streamed
 /// decode kernels copy 4 and 8 bytes at a time; MHA, and GQA with 2, 3, 4 and 8 query heads
 /// a KV head), on the engine against the same seeded model on the CPU: the decode steps must
@@ -1043,7 +1091,7 @@ fn tiny_model_split_and_not(
 /// head gives errors of order 1.
 #[test]
 fn quantized_caches_stream_in_model_decode() {
-    use graft::models::{arch::presets, CacheTypes, Config as ModelConfig};
+    use graft::models::{arch::presets, CacheTypes, Config as ModelConfig, QuantPlan};
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     if common::cuda_backend().is_none() {
         return;
@@ -1074,8 +1122,8 @@ fn quantized_caches_stream_in_model_decode() {
             flash_attn: true,
         };
         let cuda = common::cuda_backend().expect("the GPU found before");
-        let (got, kernels) = model_rows(Box::new(cuda), &cfg, cache);
-        let (want, _) = model_rows(Box::new(CpuBackend::new()), &cfg, cache);
+        let (got, kernels) = model_rows(Box::new(cuda), &cfg, cache, QuantPlan::F32);
+        let (want, _) = model_rows(Box::new(CpuBackend::new()), &cfg, cache, QuantPlan::F32);
         let kernel = match group == 1 || d == 64 {
             true => format!("fattn_paged_vec_d{d}_{ty}"),
             false => format!("fattn_paged_vec4_d{d}_{ty}"),
@@ -1093,16 +1141,16 @@ fn quantized_caches_stream_in_model_decode() {
     }
 }
 
-/// The log-probabilities on the engine, over a seeded random F32 model `cfg` with caches
-/// `cache`, of the last token of a 300-token prompt and of 6 fixed tokens after it, each a
+/// The log-probabilities on the engine, over a seeded random model `cfg` (weights of
+/// `plan`) with caches `cache`, of the last token of a 300-token prompt and of 6 fixed tokens after it, each a
 /// decode step over the cached prefix; and the kernels of the last step (profiled).
 fn model_rows(
     be: Box<dyn Backend>,
     cfg: &graft::models::Config,
     cache: graft::models::CacheTypes,
+    plan: graft::models::QuantPlan,
 ) -> (Vec<f32>, String) {
     use graft::engine::{Engine, EngineConfig, Event, Request};
-    use graft::models::QuantPlan;
     let vocab = cfg.vocab_size as u32;
     let mut seq: Vec<u32> = (0..300).map(|i| (i * 311 + 5) % vocab).collect();
     seq.extend([7, 901, 13, 4000, 250, 64]);
@@ -1110,7 +1158,7 @@ fn model_rows(
         cache,
         ..EngineConfig::new(320)
     };
-    let mut e = Engine::random(cfg.clone(), QuantPlan::F32, 5, be, ecfg).unwrap();
+    let mut e = Engine::random(cfg.clone(), plan, 5, be, ecfg).unwrap();
     let mut rows = Vec::new();
     for end in 300..=seq.len() {
         let last = end == seq.len();

@@ -25,6 +25,7 @@ mod context_shift;
 mod default_model;
 mod engine;
 mod llama_loader;
+mod llama_quantize;
 mod model_fixtures;
 mod quant_model;
 mod sampling;

@@ -94,7 +94,7 @@ fn fixture(name: &'static str) -> Fixture {
 }
 
 /// The backends to test on: the CPU, and CUDA when built with it and a GPU is present.
-fn backends() -> Vec<Box<dyn Backend>> {
+pub(crate) fn backends() -> Vec<Box<dyn Backend>> {
     #[allow(unused_mut)] // pushed to with the cuda feature only
     let mut v: Vec<Box<dyn Backend>> = vec![Box::new(CpuBackend::new())];
     #[cfg(feature = "cuda")]

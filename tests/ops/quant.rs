@@ -14,29 +14,35 @@ use crate::common;
 // ---------------------------------------------------------------------------------------
 
 /// The types gguf-py quantizes (the script's manifest must list at least these).
-const GGUF_QUANTIZED: [QType; 5] = [
+const GGUF_QUANTIZED: [QType; 7] = [
     QType::Q4_0,
     QType::Q4_1,
     QType::Q5_0,
     QType::Q5_1,
     QType::Q8_0,
+    QType::TQ1_0,
+    QType::TQ2_0,
 ];
 
 /// The types gguf-py cannot quantize, whose vectors come from ggml's C reference
-/// (`quantize_row_*_ref`, compiled by the script with `--ggml-src`).
-const GGML_REF_QUANTIZED: [QType; 4] = [QType::Q8_1, QType::Q4_K, QType::Q5_K, QType::Q6_K];
-
-/// The types gguf-py dequantizes.
-const GGUF_DEQUANTIZED: [QType; 8] = [
-    QType::Q4_0,
-    QType::Q4_1,
-    QType::Q5_0,
-    QType::Q5_1,
-    QType::Q8_0,
+/// (`quantize_row_*_ref`, and llama-quantize's `quantize_iq4_nl` / `quantize_iq4_xs`
+/// without an importance matrix, compiled by the script with `--ggml-src`).
+const GGML_REF_QUANTIZED: [QType; 8] = [
+    QType::Q8_1,
     QType::Q4_K,
     QType::Q5_K,
     QType::Q6_K,
+    QType::Q2_K,
+    QType::Q3_K,
+    QType::IQ4_NL,
+    QType::IQ4_XS,
 ];
+
+/// The types gguf-py dequantizes: all but Q8_1. The lattice types' vectors index every
+/// point of their grids.
+fn gguf_dequantized() -> impl Iterator<Item = QType> {
+    QType::ALL.into_iter().filter(|&q| q != QType::Q8_1)
+}
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -127,7 +133,7 @@ fn manifest_covers_the_types_gguf_supports() {
             "{q} missing from the quantize vectors of ggml's reference"
         );
     }
-    for q in GGUF_DEQUANTIZED {
+    for q in gguf_dequantized() {
         assert!(
             m.dequantized.iter().any(|n| n == q.name()),
             "{q} missing from the dequantize vectors"
@@ -159,7 +165,7 @@ fn quantize_gives_gguf_s_bytes() {
     check_quantize_vectors(&GGUF_QUANTIZED, "gguf-py");
 }
 
-/// Q8_1 and the K-quants (ggml's reference scale searches) against ggml's own C.
+/// Q8_1, the K-quants and IQ4_NL/IQ4_XS (ggml's scale searches) against ggml's own C.
 #[test]
 fn quantize_gives_ggml_reference_bytes() {
     check_quantize_vectors(&GGML_REF_QUANTIZED, "ggml's reference");
@@ -191,7 +197,7 @@ fn q8_1_quantize_is_q8_0_plus_its_sum() {
 
 #[test]
 fn dequantize_gives_gguf_s_floats() {
-    for q in GGUF_DEQUANTIZED {
+    for q in gguf_dequantized() {
         let blocks = fixture(&format!("{}.blocks.bin", q.name()));
         let want = f32s(&fixture(&format!("{}.dequantized.f32", q.name())));
         assert_eq!(
@@ -251,10 +257,17 @@ fn wrong_lengths_are_errors_naming_the_sizes() {
             let e = dequantize_row(q, &buf, &mut y).expect_err("dequantize with wrong sizes");
             assert!(e.to_string().contains(&n.to_string()), "{q}: {e}");
         }
-        assert!(
-            quantize_row(q, &[], &mut []).is_ok(),
-            "{q}: an empty row is zero blocks"
-        );
+        match q.can_quantize() {
+            true => assert!(
+                quantize_row(q, &[], &mut []).is_ok(),
+                "{q}: an empty row is zero blocks"
+            ),
+            false => {
+                let x = vec![0.5f32; bs];
+                let e = quantize_row(q, &x, &mut vec![0u8; bb]).expect_err("read-only type");
+                assert!(e.to_string().contains("importance matrix"), "{q}: {e}");
+            }
+        }
     }
 }
 
@@ -265,7 +278,15 @@ fn wrong_lengths_are_errors_naming_the_sizes() {
 /// Bits per quant of each type.
 fn bits(q: QType) -> i32 {
     match q {
-        QType::Q4_0 | QType::Q4_1 | QType::Q4_K => 4,
+        QType::IQ1_S | QType::IQ1_M => 1,
+        QType::Q2_K
+        | QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::TQ1_0
+        | QType::TQ2_0 => 2,
+        QType::Q3_K | QType::IQ3_XXS | QType::IQ3_S => 3,
+        QType::Q4_0 | QType::Q4_1 | QType::Q4_K | QType::IQ4_NL | QType::IQ4_XS => 4,
         QType::Q5_0 | QType::Q5_1 | QType::Q5_K => 5,
         QType::Q6_K => 6,
         QType::Q8_0 | QType::Q8_1 => 8,
@@ -333,7 +354,10 @@ fn dequantize(q: QType, b: &[u8], n: usize) -> Vec<f32> {
 /// - Q4_0/Q5_0 map the value of largest magnitude to the end level `-2^(b-1)`, so a value
 ///   of the same magnitude and opposite sign clamps to `2^(b-1) - 1`: one step;
 /// - the K-quants: one symmetric step of the super-block's `amax` (sub-block scales are
-///   fitted finer, then cost at most their 6-bit rounding).
+///   fitted finer, then cost at most their 4- or 6-bit rounding);
+/// - TQ1_0/TQ2_0 round `x / amax` to -1, 0, 1: half of `amax`, one 2-bit step;
+/// - IQ4_NL/IQ4_XS: two 4-bit steps (their levels are up to 24 / 127 of the scale apart,
+///   and the fitted scale may clamp the largest value by as much).
 ///
 /// Plus the f16 rounding of the stored scale and min (`2^-11` relative, `2^-25` absolute
 /// when subnormal) times the largest level.
@@ -346,7 +370,23 @@ fn block_bound(q: QType, x: &[f32]) -> f32 {
     let quant = match q {
         QType::Q8_0 | QType::Q8_1 => 0.5 * amax / 127.0,
         QType::Q4_1 | QType::Q5_1 => 0.5 * (max - min) / (2.0 * half - 1.0),
-        QType::Q4_0 | QType::Q5_0 | QType::Q4_K | QType::Q5_K | QType::Q6_K => amax / half,
+        QType::Q4_0
+        | QType::Q5_0
+        | QType::Q2_K
+        | QType::Q3_K
+        | QType::Q4_K
+        | QType::Q5_K
+        | QType::Q6_K
+        | QType::TQ1_0
+        | QType::TQ2_0 => amax / half,
+        QType::IQ4_NL | QType::IQ4_XS => 2.0 * amax / half,
+        QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M => unreachable!("{q} is read-only: no round trip"),
     };
     let f16 = 2.0 * amax * 2f32.powi(-11) + 256.0 * 2f32.powi(-25);
     quant * 1.0001 + f16
@@ -394,6 +434,18 @@ proptest! {
     fn prop_round_trip_q5_k(x in row(QType::Q5_K)) { check_round_trip(QType::Q5_K, &x)?; }
     #[test]
     fn prop_round_trip_q6_k(x in row(QType::Q6_K)) { check_round_trip(QType::Q6_K, &x)?; }
+    #[test]
+    fn prop_round_trip_q2_k(x in row(QType::Q2_K)) { check_round_trip(QType::Q2_K, &x)?; }
+    #[test]
+    fn prop_round_trip_q3_k(x in row(QType::Q3_K)) { check_round_trip(QType::Q3_K, &x)?; }
+    #[test]
+    fn prop_round_trip_iq4_nl(x in row(QType::IQ4_NL)) { check_round_trip(QType::IQ4_NL, &x)?; }
+    #[test]
+    fn prop_round_trip_iq4_xs(x in row(QType::IQ4_XS)) { check_round_trip(QType::IQ4_XS, &x)?; }
+    #[test]
+    fn prop_round_trip_tq1_0(x in row(QType::TQ1_0)) { check_round_trip(QType::TQ1_0, &x)?; }
+    #[test]
+    fn prop_round_trip_tq2_0(x in row(QType::TQ2_0)) { check_round_trip(QType::TQ2_0, &x)?; }
 }
 
 /// Gaussian values from a seed (Box-Muller over a xorshift generator).
@@ -415,13 +467,24 @@ fn gaussian(seed: u64, n: usize) -> Vec<f32> {
 
 /// The NMSE bound of Gaussian rows: `c * 4^-(b-1)`, the squared symmetric step at `b` bits
 /// relative to an `amax` of about one standard deviation, with `c` over the worst seen
-/// on 200 rows of 1024 (0.55 symmetric, 0.45 affine, 0.39 K-quants). A scale off by a
+/// on 200 rows of 1024 (0.55 symmetric, 0.45 affine, 0.39 K-quants; Q2_K 0.42, Q3_K 0.42,
+/// IQ4_NL/IQ4_XS 0.43, TQ1_0/TQ2_0 3.1). A scale off by a
 /// factor of two quadruples the error, past every bound.
 fn nmse_bound(q: QType) -> f64 {
     let c = match q {
         QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_1 => 0.75,
         QType::Q4_1 | QType::Q5_1 => 0.65,
         QType::Q4_K | QType::Q5_K | QType::Q6_K => 0.55,
+        QType::Q2_K | QType::Q3_K | QType::IQ4_NL | QType::IQ4_XS => 0.5,
+        // ternary: values below half the largest round to 0 (about 0.68 on these rows)
+        QType::TQ1_0 | QType::TQ2_0 => 3.6,
+        QType::IQ2_XXS
+        | QType::IQ2_XS
+        | QType::IQ2_S
+        | QType::IQ3_XXS
+        | QType::IQ3_S
+        | QType::IQ1_S
+        | QType::IQ1_M => unreachable!("{q} is read-only: no round trip"),
     };
     c * 4f64.powi(-(bits(q) - 1))
 }
@@ -431,12 +494,21 @@ proptest! {
 
     #[test]
     fn prop_gaussian_nmse(seed in any::<u64>(), units in 1usize..=8) {
-        for q in QType::ALL {
+        for q in QType::ALL.into_iter().filter(|q| q.can_quantize()) {
             let x = gaussian(seed, 256 * units);
             let e = nmse(&dequantize(q, &quantize(q, &x), x.len()), &x);
             prop_assert!(e <= nmse_bound(q), "{q}: NMSE {e:.3e} > {:.3e}", nmse_bound(q));
         }
     }
+}
+
+/// The weight row of `q` for the values `w`: quantized, or for the read-only types
+/// random blocks of `w`'s magnitude (seeded by `w`).
+fn weights(q: QType, w: &[f32]) -> Vec<u8> {
+    let seed = w.iter().fold(w.len() as u64, |h, v| {
+        h.rotate_left(5) ^ u64::from(v.to_bits())
+    });
+    common::quant_blocks::weight_row(q, w, seed)
 }
 
 /// A weight row of `q` and an activation row of the same length.
@@ -459,7 +531,7 @@ fn dot_case(q: QType) -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
 /// sum of magnitudes (the `2^-25` terms: f16 subnormals, for `d` times up to `32 * 127`);
 /// and by the f32 rounding of the per-block terms (`2^-20 * W * A`) and of their sum.
 fn check_dot_q8_1(q: QType, w: &[f32], a: &[f32]) -> Result<(), TestCaseError> {
-    let wq = quantize(q, w);
+    let wq = weights(q, w);
     let aq = quantize(QType::Q8_1, a);
     let (wd, ad) = (
         dequantize(q, &wq, w.len()),
@@ -497,7 +569,7 @@ fn check_dot_q8_1(q: QType, w: &[f32], a: &[f32]) -> Result<(), TestCaseError> {
 /// `vec_dot_f32` against the f64 dot of the dequantized weights and `x`: f32 products
 /// and sums of `n` terms, within `n * 2^-24` of the sum of magnitudes.
 fn check_dot_f32(q: QType, w: &[f32], x: &[f32]) -> Result<(), TestCaseError> {
-    let wq = quantize(q, w);
+    let wq = weights(q, w);
     let wd = dequantize(q, &wq, w.len());
     let got = vec_dot_f32(q, &wq, x);
     let exact: f64 = wd
@@ -566,5 +638,36 @@ proptest! {
     fn prop_dot_q6_k((w, a) in dot_case(QType::Q6_K)) {
         check_dot_q8_1(QType::Q6_K, &w, &a)?;
         check_dot_f32(QType::Q6_K, &w, &a)?;
+    }
+}
+
+/// The low-bit K-quants, the i-quants and the ternary types (the others have a test
+/// each above): a type drawn with each case.
+fn new_type() -> impl Strategy<Value = QType> {
+    let older = [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+        QType::Q8_1,
+        QType::Q4_K,
+        QType::Q5_K,
+        QType::Q6_K,
+    ];
+    let types: Vec<QType> = QType::ALL
+        .into_iter()
+        .filter(|q| !older.contains(q))
+        .collect();
+    prop::sample::select(types)
+}
+
+proptest! {
+    #![proptest_config(common::config(256))]
+
+    #[test]
+    fn prop_dot_k_and_i_quants((q, (w, a)) in new_type().prop_flat_map(|q| (Just(q), dot_case(q)))) {
+        check_dot_q8_1(q, &w, &a)?;
+        check_dot_f32(q, &w, &a)?;
     }
 }

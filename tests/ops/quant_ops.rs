@@ -8,12 +8,13 @@ use graft::backend::cpu::CpuBackend;
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, Graph};
 use graft::ops::mul_mat::QuantDot;
-use graft::quant::{dequantize_row, quantize_row, QType};
+use graft::quant::{dequantize_row, QType};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use common::nmse;
+use common::quant_blocks::weight_row;
 
 use crate::{common, quant_strategies};
 
@@ -31,8 +32,9 @@ fn values(rng: &mut StdRng, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The quantized bytes of `rows` rows of `k` values, each row `stride` bytes apart, and
-/// the dequantized values (what the oracle multiplies).
+/// The quantized bytes of `rows` rows of `k` values, each row `stride` bytes apart (random
+/// valid blocks for the types graft only reads), and the dequantized values (what the
+/// oracle multiplies).
 fn quantized(q: QType, x: &[f32], k: usize, stride: usize) -> (Vec<u8>, Vec<f32>) {
     let rows = x.len() / k;
     let row_bytes = DType::Quant(q).row_bytes(k);
@@ -40,7 +42,7 @@ fn quantized(q: QType, x: &[f32], k: usize, stride: usize) -> (Vec<u8>, Vec<f32>
     let mut deq = vec![0f32; x.len()];
     for r in 0..rows {
         let out = &mut bytes[r * stride..r * stride + row_bytes];
-        quantize_row(q, &x[r * k..(r + 1) * k], out).unwrap();
+        out.copy_from_slice(&weight_row(q, &x[r * k..(r + 1) * k], r as u64));
         dequantize_row(q, out, &mut deq[r * k..(r + 1) * k]).unwrap();
     }
     (bytes, deq)
@@ -120,6 +122,10 @@ fn qtype() -> impl Strategy<Value = QType> {
     prop::sample::select(QType::ALL.to_vec())
 }
 
+fn quantizable_qtype() -> impl Strategy<Value = QType> {
+    prop::sample::select(quant_strategies::quantizable_types())
+}
+
 proptest! {
     #![proptest_config(common::config(64))]
 
@@ -149,7 +155,7 @@ proptest! {
     /// get_rows from the block table gives the dequantized rows.
     #[test]
     fn prop_cast_and_get_rows_quant(
-        q in qtype(),
+        q in quantizable_qtype(),
         blocks in 1usize..4,
         rows in 1usize..9,
         seed in any::<u64>(),
@@ -184,6 +190,30 @@ proptest! {
     }
 }
 
+/// get_rows from a block table of every weight type (the read-only ones too: a llama-quantize
+/// mix may store the embedding table as IQ3_S or Q2_K) and a cast of it to F32 or F16,
+/// against the reference dequantization.
+#[test]
+fn prop_get_rows_and_dequantize_every_type() {
+    use quant_strategies as qs;
+    let cpu = std::cell::RefCell::new(CpuBackend::new());
+    let mut runner = proptest::test_runner::TestRunner::new(common::config(128));
+    let cases = prop_oneof![qs::get_rows(), qs::dequantize()];
+    runner
+        .run(&cases, |c| {
+            let (dt, bytes) = qs::run(&c, &mut *cpu.borrow_mut())
+                .map_err(|e| TestCaseError::fail(format!("{c:?}: {e}")))?;
+            let got = qs::decode_rows(dt, c.k, &bytes);
+            let want = qs::oracle(&c);
+            // F32 results are the reference's floats; F16 ones their rounding
+            let tol = if dt == DType::F16 { 1e-6 } else { 0.0 };
+            let e = qs::nmse(&got, &want);
+            prop_assert!(e <= tol, "{c:?}: NMSE {e:e} against the oracle");
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// A block type's tensors need whole blocks along dim 0, and views may not move dim 0.
 /// set_rows of F32 rows into a block-typed state (a quantized KV cache's write): the
 /// written rows are the reference quantization of the inputs, the others untouched.
@@ -193,7 +223,7 @@ fn prop_set_rows_into_block_table() {
     let cpu = std::cell::RefCell::new(CpuBackend::new());
     let mut runner = proptest::test_runner::TestRunner::new(common::config(64));
     runner
-        .run(&qs::set_rows(), |c| {
+        .run(&qs::set_rows(qs::quantizable_types()), |c| {
             let (dt, bytes) = qs::run(&c, &mut *cpu.borrow_mut())
                 .map_err(|e| TestCaseError::fail(format!("{c:?}: {e}")))?;
             let e = qs::nmse(&qs::decode_rows(dt, c.k, &bytes), &qs::oracle(&c));
@@ -221,6 +251,24 @@ fn block_shapes_are_checked() {
     assert!(e.contains("48") && e.contains("32"), "{e}");
     let f = g.input("f", DType::F32, &[48, 2]).unwrap();
     assert!(g.cast(f, DType::Q4_0).is_err());
+    // the lattice i-quants are read-only: no op writes them
+    let f = g.input("f2", DType::F32, &[256, 2]).unwrap();
+    let e = g
+        .cast(f, DType::Quant(QType::IQ2_XS))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("iq2_xs") && e.contains("importance matrix"),
+        "{e}"
+    );
+    let at = BufferRef {
+        buffer: graft::graph::BufferId(0),
+        offset: 0,
+    };
+    let state = g
+        .state("s", DType::Quant(QType::IQ1_S), &[256, 2], at)
+        .unwrap();
+    assert!(g.cpy(f, state).is_err());
     let h = g.input("h", DType::F16, &[64, 3]).unwrap();
     let e = g.mul_mat(x, h).unwrap_err().to_string();
     assert!(e.contains("f16") && e.contains("f32"), "{e}");

@@ -243,8 +243,39 @@ fn random_leaf(
     }
 }
 
+/// The bytes of `rows` rows of `row_len` elements of `q` made on the host, for the types
+/// the device does not quantize to: seeded values in [-0.5, 0.5) quantized by
+/// [`crate::quant::quantize_row`], or, for the read-only lattice types, seeded random
+/// bytes (a product's speed does not depend on its values).
+fn host_blocks(q: QType, row_len: usize, rows: usize, seed: u64) -> Result<Vec<u8>> {
+    use rayon::prelude::*;
+    let rb = DType::Quant(q).row_bytes(row_len);
+    let mut out = vec![0u8; rb * rows];
+    let next = |s: &mut u64| {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    };
+    out.par_chunks_mut(rb)
+        .enumerate()
+        .try_for_each(|(r, row)| {
+            let mut s = (seed ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
+            if !q.can_quantize() {
+                row.iter_mut().for_each(|b| *b = next(&mut s) as u8);
+                return Ok(());
+            }
+            let x: Vec<f32> = (0..row_len)
+                .map(|_| (next(&mut s) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .collect();
+            crate::quant::quantize_row(q, &x, row)
+        })?;
+    Ok(out)
+}
+
 /// A frozen weight of block type `q` holding seeded random values quantized on the
-/// device (a plan of its own: `cpy` of a random F32 tensor into the quantized buffer).
+/// device (a plan of its own: `cpy` of a random F32 tensor into the quantized buffer), or
+/// on the host for the types the device does not quantize to ([`host_blocks`]).
 fn quant_leaf(
     be: &mut CudaBackend,
     g: &mut Graph,
@@ -257,9 +288,13 @@ fn quant_leaf(
     let dt = DType::Quant(q);
     let rows = n / shape[0];
     let buf = be.alloc_buffer(dt.row_bytes(shape[0]) * rows)?;
+    let at = |buffer| BufferRef { buffer, offset: 0 };
+    if super::kernels::by::CPY.get([DType::F32, dt]).is_err() {
+        be.write_buffer(buf, 0, &host_blocks(q, shape[0], rows, seed)?)?;
+        return g.weight(name, dt, shape, at(buf));
+    }
     let src = be.alloc_buffer(n * 4)?;
     be.fill_random(src, 0, DType::F32, n, seed, 0.5)?;
-    let at = |buffer| BufferRef { buffer, offset: 0 };
     let mut q_graph = Graph::new();
     let x = q_graph.weight("x", DType::F32, shape, at(src))?;
     let y = q_graph.state("y", dt, shape, at(buf))?;
@@ -817,18 +852,27 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
             }
         }
     }
-    for q in [
-        QType::Q4_1,
-        QType::Q5_0,
-        QType::Q5_1,
-        QType::Q5_K,
-        QType::Q6_K,
-    ] {
+    // The other weight types, the low-bit K-quants, i-quants and ternary types included.
+    let others = QType::ALL
+        .into_iter()
+        .filter(|q| ![QType::Q4_0, QType::Q4_K, QType::Q8_0, QType::Q8_1].contains(q));
+    for q in others {
         for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
             cases.push(qgemv_case(q, k, m, QPath::Dp4aShared));
         }
     }
-    cases.extend([QType::Q4_0, QType::Q4_K, QType::Q8_0].map(qprefill_case));
+    cases.extend(
+        [
+            QType::Q4_0,
+            QType::Q4_K,
+            QType::Q8_0,
+            QType::Q2_K,
+            QType::Q3_K,
+            QType::IQ4_XS,
+            QType::IQ3_XXS,
+        ]
+        .map(qprefill_case),
+    );
     if let Some(f) = &opts.filter {
         cases.retain(|c| c.name.contains(f.as_str()));
     }

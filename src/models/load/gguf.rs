@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::graph::{BufferId, DType};
 use crate::ops::{Llama3Scaling, RopeMode, RopeParams};
+use crate::quant::QType;
 
 use crate::models::arch::config::{Config, Gating, Moe, DEFAULT_ROPE_THETA};
 use crate::models::arch::role::Role;
@@ -59,44 +60,56 @@ pub mod llama3_keys {
 /// The name of llama.cpp's rope frequency divisors tensor.
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
-/// graft's dtype for a GGUF tensor type, if graft supports it for weights.
+/// graft's dtype for a GGUF tensor type, if graft supports it for weights: the float
+/// types and every block type of [`QType`] but Q8_1 (an activation format).
 pub fn weight_dtype(t: GgmlType) -> Option<DType> {
-    Some(match t {
-        GgmlType::F32 => DType::F32,
-        GgmlType::F16 => DType::F16,
-        GgmlType::BF16 => DType::BF16,
-        GgmlType::Q4_0 => DType::Q4_0,
-        GgmlType::Q4_1 => DType::Q4_1,
-        GgmlType::Q5_0 => DType::Q5_0,
-        GgmlType::Q5_1 => DType::Q5_1,
-        GgmlType::Q8_0 => DType::Q8_0,
-        GgmlType::Q4_K => DType::Q4_K,
-        GgmlType::Q5_K => DType::Q5_K,
-        GgmlType::Q6_K => DType::Q6_K,
+    let q = |q: QType| Some(DType::Quant(q));
+    match t {
+        GgmlType::F32 => Some(DType::F32),
+        GgmlType::F16 => Some(DType::F16),
+        GgmlType::BF16 => Some(DType::BF16),
+        GgmlType::Q4_0 => q(QType::Q4_0),
+        GgmlType::Q4_1 => q(QType::Q4_1),
+        GgmlType::Q5_0 => q(QType::Q5_0),
+        GgmlType::Q5_1 => q(QType::Q5_1),
+        GgmlType::Q8_0 => q(QType::Q8_0),
+        GgmlType::Q2_K => q(QType::Q2_K),
+        GgmlType::Q3_K => q(QType::Q3_K),
+        GgmlType::Q4_K => q(QType::Q4_K),
+        GgmlType::Q5_K => q(QType::Q5_K),
+        GgmlType::Q6_K => q(QType::Q6_K),
+        GgmlType::IQ2_XXS => q(QType::IQ2_XXS),
+        GgmlType::IQ2_XS => q(QType::IQ2_XS),
+        GgmlType::IQ3_XXS => q(QType::IQ3_XXS),
+        GgmlType::IQ1_S => q(QType::IQ1_S),
+        GgmlType::IQ4_NL => q(QType::IQ4_NL),
+        GgmlType::IQ3_S => q(QType::IQ3_S),
+        GgmlType::IQ2_S => q(QType::IQ2_S),
+        GgmlType::IQ4_XS => q(QType::IQ4_XS),
+        GgmlType::IQ1_M => q(QType::IQ1_M),
+        GgmlType::TQ1_0 => q(QType::TQ1_0),
+        GgmlType::TQ2_0 => q(QType::TQ2_0),
         GgmlType::Q8_1
-        | GgmlType::Q2_K
-        | GgmlType::Q3_K
         | GgmlType::Q8_K
-        | GgmlType::IQ2_XXS
-        | GgmlType::IQ2_XS
-        | GgmlType::IQ3_XXS
-        | GgmlType::IQ1_S
-        | GgmlType::IQ4_NL
-        | GgmlType::IQ3_S
-        | GgmlType::IQ2_S
-        | GgmlType::IQ4_XS
         | GgmlType::I8
         | GgmlType::I16
         | GgmlType::I32
         | GgmlType::I64
         | GgmlType::F64
-        | GgmlType::IQ1_M
-        | GgmlType::TQ1_0
-        | GgmlType::TQ2_0
         | GgmlType::MXFP4
         | GgmlType::NVFP4
-        | GgmlType::Q1_0 => return None,
-    })
+        | GgmlType::Q1_0 => None,
+    }
+}
+
+/// The GGUF types graft reads as weights, comma-separated (for errors).
+fn weight_type_names() -> String {
+    let names: Vec<&str> = GgmlType::ALL
+        .into_iter()
+        .filter(|&t| weight_dtype(t).is_some())
+        .map(GgmlType::name)
+        .collect();
+    names.join(", ")
 }
 
 /// The GGUF type of a graft weight dtype.
@@ -443,7 +456,14 @@ fn find_tensors<'a>(
             .tensor(name)
             .ok_or_else(|| bad(name, format!("is missing (expected ne {want:?})")))?;
         let dtype = weight_dtype(info.ty).ok_or_else(|| {
-            bad(name, format!("has type {}, which graft does not support (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", info.ty))
+            bad(
+                name,
+                format!(
+                    "has type {}, which graft does not support ({})",
+                    info.ty,
+                    weight_type_names()
+                ),
+            )
         })?;
         let got: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
         if got != want {

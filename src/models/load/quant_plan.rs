@@ -7,26 +7,38 @@
 //! `llama-quantize --pure` does; llama-quantize's own Q4_0 .. Q6_K also put the output
 //! head in Q6_K, a choice graft leaves out so that a single-type model reads one type).
 //!
-//! The mixes follow ggml's rules (llama.cpp's `llama-quant.cpp`) for a Llama model:
-//! - `q4_k_m`: Q4_K everywhere, except Q6_K for the output head (the embedding table
-//!   when it is tied to the output) and for `attn_v` and `ffn_down` in the layers where
-//!   ggml "uses more bits": the first eighth, the last eighth, and every third layer in
-//!   between ([`use_more_bits`]). The embedding table (untied) stays Q4_K like llama.cpp's.
-//! - `q5_k_m`: the same with Q5_K in place of Q4_K.
+//! The mixes follow ggml's rules (llama.cpp's `llama-quant.cpp`, run without an importance
+//! matrix) for a Llama model. Each puts the output head (the embedding table when it is
+//! tied to the output) in Q6_K and the untied embedding table in its main type, and:
+//! - `q4_k_m`: Q4_K, but Q6_K for `attn_v` and `ffn_down` in the layers where ggml "uses
+//!   more bits": the first eighth, the last eighth, and every third layer in between
+//!   ([`use_more_bits`]). `q5_k_m`: the same with Q5_K in place of Q4_K.
+//! - `q2_k`: Q2_K, but Q3_K for `attn_output`, `ffn_down` and `attn_v` (Q4_K for `attn_v`
+//!   with 4 or more query heads a KV head).
+//! - `q3_k_s`: Q3_K. `q3_k_m`: Q3_K, but Q4_K for `attn_output`, `ffn_down` (Q5_K in the
+//!   first sixteenth of the layers) and `attn_v` (Q5_K in layers 0 and 1). `q3_k_l`: Q3_K,
+//!   but Q5_K for `attn_output`, `attn_v` and `ffn_down`.
+//! - `iq4_nl`, `iq4_xs`: IQ4_NL or IQ4_XS, but Q5_K for `ffn_down` in the first eighth of
+//!   the layers and for `attn_v` with 4 or more query heads a KV head.
+//!
+//! A mixture of experts' `ffn_down_exps` counts as `ffn_down`; its router stays F32.
+//! (llama.cpp also gives 70B models' `attn_v`, 8-expert models and fused q|k|v tensors
+//! rules of their own: graft does not.)
 //!
 //! A type needs rows whose length is a multiple of its block (32 elements, 256 for the
-//! K-quants). When a row does not fit, the tensor falls back like llama.cpp's: Q4_K to
-//! Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and a 32-element type (or a fallback that still does
-//! not fit) to F16. The output head of a mix whose row is not a multiple of 256 takes
-//! Q8_0 directly (ggml's rule for the output). [`Pick::fallback_from`] says when this
-//! happened, so the loader can say so.
+//! K-quants and IQ4_XS). When a row does not fit, the tensor falls back like llama.cpp's:
+//! Q2_K and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL, and a
+//! 32-element type (or a fallback that still does not fit) to F16. The output head of a
+//! mix whose row is not a multiple of its main type's block takes Q8_0 directly (ggml's
+//! rule for the output). [`Pick::fallback_from`] says when this happened, so the loader
+//! can say so.
 
 use crate::graph::DType;
 
 use crate::models::arch::config::Config;
 use crate::models::arch::role::Role;
 
-/// A conversion of every weight: one type, or one of ggml's K-quant mixes.
+/// A conversion of every weight: one type, or one of ggml's mixes.
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantPlan {
@@ -56,6 +68,18 @@ pub enum QuantPlan {
     Q4_K_M,
     /// ggml's Q5_K_M mix (Q5_K, Q6_K for the output and half the attn_v/ffn_down).
     Q5_K_M,
+    /// ggml's Q2_K mix (Q2_K, Q3_K for attn_output/ffn_down/attn_v, Q6_K for the output).
+    Q2_K,
+    /// ggml's Q3_K_S mix (Q3_K, Q6_K for the output).
+    Q3_K_S,
+    /// ggml's Q3_K_M mix (Q3_K, Q4_K/Q5_K for attn_output/ffn_down/attn_v, Q6_K output).
+    Q3_K_M,
+    /// ggml's Q3_K_L mix (Q3_K, Q5_K for attn_output/ffn_down/attn_v, Q6_K output).
+    Q3_K_L,
+    /// ggml's IQ4_NL mix (IQ4_NL, Q6_K for the output, Q5_K for some ffn_down/attn_v).
+    IQ4_NL,
+    /// ggml's IQ4_XS mix (IQ4_XS, Q6_K for the output, Q5_K for some ffn_down/attn_v).
+    IQ4_XS,
 }
 
 /// The dtype chosen for one tensor.
@@ -76,7 +100,7 @@ pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
 
 impl QuantPlan {
     /// Every plan, in the order the command line lists them.
-    pub const ALL: [QuantPlan; 13] = [
+    pub const ALL: [QuantPlan; 19] = [
         QuantPlan::F32,
         QuantPlan::F16,
         QuantPlan::BF16,
@@ -90,6 +114,12 @@ impl QuantPlan {
         QuantPlan::Q6_K,
         QuantPlan::Q4_K_M,
         QuantPlan::Q5_K_M,
+        QuantPlan::Q2_K,
+        QuantPlan::Q3_K_S,
+        QuantPlan::Q3_K_M,
+        QuantPlan::Q3_K_L,
+        QuantPlan::IQ4_NL,
+        QuantPlan::IQ4_XS,
     ];
 
     /// The lowercase name (`q4_k_m`).
@@ -108,6 +138,12 @@ impl QuantPlan {
             QuantPlan::Q6_K => "q6_k",
             QuantPlan::Q4_K_M => "q4_k_m",
             QuantPlan::Q5_K_M => "q5_k_m",
+            QuantPlan::Q2_K => "q2_k",
+            QuantPlan::Q3_K_S => "q3_k_s",
+            QuantPlan::Q3_K_M => "q3_k_m",
+            QuantPlan::Q3_K_L => "q3_k_l",
+            QuantPlan::IQ4_NL => "iq4_nl",
+            QuantPlan::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -134,6 +170,12 @@ impl QuantPlan {
             QuantPlan::Q5_K_M => 17,
             QuantPlan::Q6_K => 18,
             QuantPlan::BF16 => 32,
+            QuantPlan::Q2_K => 10,
+            QuantPlan::Q3_K_S => 11,
+            QuantPlan::Q3_K_M => 12,
+            QuantPlan::Q3_K_L => 13,
+            QuantPlan::IQ4_NL => 25,
+            QuantPlan::IQ4_XS => 30,
         }
     }
 
@@ -151,12 +193,67 @@ impl QuantPlan {
             QuantPlan::Q4_K | QuantPlan::Q4_K_M => DType::Q4_K,
             QuantPlan::Q5_K | QuantPlan::Q5_K_M => DType::Q5_K,
             QuantPlan::Q6_K => DType::Q6_K,
+            QuantPlan::Q2_K => DType::Q2_K,
+            QuantPlan::Q3_K_S | QuantPlan::Q3_K_M | QuantPlan::Q3_K_L => DType::Q3_K,
+            QuantPlan::IQ4_NL => DType::IQ4_NL,
+            QuantPlan::IQ4_XS => DType::IQ4_XS,
         }
     }
 
-    /// Whether this is one of the K-quant mixes.
+    /// Whether this is one of ggml's mixes (the single types give every matrix one type).
     const fn is_mix(self) -> bool {
-        matches!(self, QuantPlan::Q4_K_M | QuantPlan::Q5_K_M)
+        matches!(
+            self,
+            QuantPlan::Q4_K_M
+                | QuantPlan::Q5_K_M
+                | QuantPlan::Q2_K
+                | QuantPlan::Q3_K_S
+                | QuantPlan::Q3_K_M
+                | QuantPlan::Q3_K_L
+                | QuantPlan::IQ4_NL
+                | QuantPlan::IQ4_XS
+        )
+    }
+
+    /// The type this mix gives matrix `role` of block `layer` (not the output head) of a
+    /// model shaped `cfg`: its main type, or more bits where ggml's rules say so.
+    fn mix_type(self, role: Role, layer: Option<usize>, cfg: &Config) -> DType {
+        let n = cfg.num_hidden_layers;
+        let l = layer.unwrap_or(0);
+        // ggml's n_gqa() >= 4: 4 or more query heads a KV head.
+        let gqa4 = cfg.num_attention_heads >= 4 * cfg.num_key_value_heads.max(1);
+        let (v, down, out) = (
+            role == Role::AttnV,
+            matches!(role, Role::FfnDown | Role::FfnDownExps),
+            role == Role::AttnOut,
+        );
+        let more = match self {
+            QuantPlan::Q4_K_M | QuantPlan::Q5_K_M => {
+                let more_bits = layer.is_some_and(|l| use_more_bits(l, n));
+                ((v || down) && more_bits).then_some(DType::Q6_K)
+            }
+            QuantPlan::Q2_K if v && gqa4 => Some(DType::Q4_K),
+            QuantPlan::Q2_K => (v || down || out).then_some(DType::Q3_K),
+            QuantPlan::Q3_K_M if (v && l < 2) || (down && l < n / 16) => Some(DType::Q5_K),
+            QuantPlan::Q3_K_M => (v || down || out).then_some(DType::Q4_K),
+            QuantPlan::Q3_K_L => (v || down || out).then_some(DType::Q5_K),
+            QuantPlan::IQ4_NL | QuantPlan::IQ4_XS => {
+                ((v && gqa4) || (down && l < n / 8)).then_some(DType::Q5_K)
+            }
+            QuantPlan::Q3_K_S
+            | QuantPlan::F32
+            | QuantPlan::F16
+            | QuantPlan::BF16
+            | QuantPlan::Q8_0
+            | QuantPlan::Q4_0
+            | QuantPlan::Q4_1
+            | QuantPlan::Q5_0
+            | QuantPlan::Q5_1
+            | QuantPlan::Q4_K
+            | QuantPlan::Q5_K
+            | QuantPlan::Q6_K => None,
+        };
+        more.unwrap_or(self.base())
     }
 
     /// The dtype of tensor `role` (of block `layer`) of a model shaped `cfg`, and
@@ -190,38 +287,7 @@ impl QuantPlan {
             }
             DType::Q6_K
         } else {
-            let more = layer.is_some_and(|l| use_more_bits(l, cfg.num_hidden_layers));
-            match role {
-                Role::AttnV | Role::FfnDown | Role::FfnDownExps if more => DType::Q6_K,
-                Role::TokEmbd
-                | Role::PosEmbd
-                | Role::AttnQ
-                | Role::AttnK
-                | Role::AttnV
-                | Role::AttnOut
-                | Role::FfnGate
-                | Role::FfnUp
-                | Role::FfnDown
-                | Role::FfnGateExps
-                | Role::FfnUpExps
-                | Role::FfnDownExps
-                | Role::FfnGateInp
-                | Role::Output
-                | Role::AttnNorm
-                | Role::AttnNormB
-                | Role::AttnQB
-                | Role::AttnKB
-                | Role::AttnVB
-                | Role::AttnQNorm
-                | Role::AttnKNorm
-                | Role::AttnOutB
-                | Role::FfnNorm
-                | Role::FfnNormB
-                | Role::FfnUpB
-                | Role::FfnDownB
-                | Role::OutNorm
-                | Role::OutNormB => self.base(),
-            }
+            self.mix_type(role, layer, cfg)
         };
         fit(wanted, row)
     }
@@ -236,9 +302,11 @@ fn fit(wanted: DType, row: usize) -> Pick {
         };
     }
     let next = match wanted {
+        DType::Q2_K | DType::Q3_K => DType::Q4_0,
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
         DType::Q6_K => DType::Q8_0,
+        DType::IQ4_XS => DType::IQ4_NL,
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::Quant(_) => DType::F16,
     };
     let dtype = if row % next.block_size() == 0 {

@@ -34,6 +34,7 @@ use crate::graph::{BufferId, BufferRef, DType, Graph, TensorId};
 use crate::models::arch::config::Config;
 use crate::models::arch::role::Role;
 use crate::models::arch::{MlpKind, NormKind, Positions};
+use crate::quant::QType;
 
 /// The tensors of a model shaped `cfg`, in buffer order, as groups laid out adjacently
 /// (q|k|v, their biases, gate|up): the globals before the layers (`None`), each layer's
@@ -754,7 +755,9 @@ impl Weights {
 
 /// Quantizes (or converts) the F32 matrix `ne` = `[row length, rows]` at the start of
 /// `src` into `dtype` at `dst`, on the backend: a graph of one `cpy` from an F32 leaf
-/// into a state leaf over the destination bytes.
+/// into a state leaf over the destination bytes. A block type the backend does not
+/// quantize to (the CUDA backend's Q2_K, Q3_K, IQ4 and ternary types) is quantized on the
+/// host instead ([`quantize_on_host`]).
 pub fn quantize_on_backend(
     be: &mut dyn Backend,
     src: BufferId,
@@ -775,10 +778,37 @@ pub fn quantize_on_backend(
     )?;
     let w = g.state(name, dtype, &ne, dst)?;
     let out = g.cpy(x, w)?;
-    let exec = be.load(&g.plan(&[out])?)?;
+    let plan = g.plan(&[out])?;
+    if let Some(q) = dtype.quant() {
+        if plan.steps.iter().any(|s| be.supports(s).is_err()) {
+            return quantize_on_host(be, src, dst, q, ne);
+        }
+    }
+    let exec = be.load(&plan)?;
     let run = be.compute(exec);
     be.unload(exec)?;
     run
+}
+
+/// [`quantize_on_backend`] through the host: the F32 rows read back, quantized by
+/// [`crate::quant::quantize_row`] (an error for the types graft only reads), written to
+/// `dst`.
+fn quantize_on_host(
+    be: &mut dyn Backend,
+    src: BufferId,
+    dst: BufferRef,
+    q: QType,
+    [k, rows]: [usize; 2],
+) -> Result<()> {
+    use rayon::prelude::*;
+    let mut f32s = vec![0f32; k * rows];
+    be.read_buffer(src, 0, bytemuck::cast_slice_mut(&mut f32s))?;
+    let row_bytes = q.row_bytes(k)?;
+    let mut out = vec![0u8; row_bytes * rows];
+    out.par_chunks_mut(row_bytes)
+        .zip(f32s.par_chunks(k))
+        .try_for_each(|(o, x)| crate::quant::quantize_row(q, x, o))?;
+    be.write_buffer(dst.buffer, dst.offset, &out)
 }
 
 #[cfg(test)]
