@@ -393,8 +393,8 @@ pub fn decode_product(a: &Operand, b: &Operand) -> bool {
 /// The activations `step` reads as Q8_1 when it is lowered, and their layout: its `b`
 /// when it is a product of block-quantized weights that the target runs on Q8_1
 /// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]) or
-/// another one in the batched layout ([`Target::batched_cols`], of a [`batched_type`]). A step before it that computes `b` anyway
-/// can write that copy itself.
+/// another one in the batched layout ([`Target::batched_cols`], of a [`batched_type`]).
+/// A step before it that computes `b` anyway can write that copy itself.
 pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
     let q = a.dtype.quant();
