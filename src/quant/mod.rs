@@ -635,12 +635,13 @@ mod tests {
         }
     }
 
-    /// A block holding a NaN or an infinity dequantizes to NaN in every type (ggml's
+    /// A block holding a NaN or an infinity dequantizes to NaN in every type graft
+    /// quantizes to (ggml's
     /// rules would give finite values: the NaN is passed over by the block's maximum);
     /// the row's other blocks are quantized as without it.
     #[test]
     fn non_finite_blocks_dequantize_to_nan() {
-        for q in QType::ALL {
+        for q in QType::ALL.into_iter().filter(|q| q.can_quantize()) {
             let n = 2 * q.block_size();
             let x: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
             let rb = q.row_bytes(n).unwrap();
