@@ -635,7 +635,8 @@ mod tests {
         }
     }
 
-    /// A block holding a NaN or an infinity dequantizes to NaN in every type (ggml's
+    /// A block holding a NaN or an infinity dequantizes to NaN in every type graft
+    /// quantizes to (ggml's
     /// rules would give finite values: the NaN is passed over by the block's maximum);
     /// the row's other blocks are quantized as without it.
     #[test]
