@@ -124,36 +124,12 @@ pub enum Q8Layout {
 }
 
 impl Q8Layout {
-    /// The layout a product with weights of `dt` reads (decode and batched alike).
+    /// The layout a product with weights of `dt` reads (decode and batched alike): pairs
+    /// for the 256-element block types, blocks for the 32-element ones and floats.
     pub fn of(dt: DType) -> Q8Layout {
         match dt.quant() {
-            Some(
-                QType::Q2_K
-                | QType::Q3_K
-                | QType::Q4_K
-                | QType::Q5_K
-                | QType::Q6_K
-                | QType::IQ4_XS
-                | QType::IQ2_XXS
-                | QType::IQ2_XS
-                | QType::IQ2_S
-                | QType::IQ3_XXS
-                | QType::IQ3_S
-                | QType::IQ1_S
-                | QType::IQ1_M
-                | QType::TQ1_0
-                | QType::TQ2_0,
-            ) => Q8Layout::Pairs,
-            Some(
-                QType::Q4_0
-                | QType::Q4_1
-                | QType::Q5_0
-                | QType::Q5_1
-                | QType::Q8_0
-                | QType::Q8_1
-                | QType::IQ4_NL,
-            )
-            | None => Q8Layout::Blocks,
+            Some(q) if q.block_size() == 256 => Q8Layout::Pairs,
+            _ => Q8Layout::Blocks,
         }
     }
 }

@@ -102,7 +102,7 @@ pub enum MaskKind {
 /// Values of `n` elements of `dt` as the backend stores them, and as f64 after the
 /// rounding or quantization (what the oracle multiplies). Rows of `row` elements.
 /// With `poison`, element `.0` is set to `.1` before the rounding.
-fn kv_values(
+pub fn kv_values(
     rng: &mut StdRng,
     dt: DType,
     (n, row): (usize, usize),

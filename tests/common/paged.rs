@@ -10,13 +10,13 @@
 
 use graft::backend::{Backend, BackendExt};
 use graft::graph::{BufferRef, DType, Graph, PagedAttnParams, PlanOptions};
-use graft::quant::{dequantize_row, quantize_row};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use super::case::{arena_violation, decode_value, encode_value, SENTINEL};
+use super::attention::kv_values;
+use super::case::{arena_violation, SENTINEL};
 use super::GUARD_BYTES;
 
 /// One drawn case.
@@ -73,31 +73,6 @@ pub struct Inputs {
     pub v: Vec<f64>,
 }
 
-/// `n` values of `dt` in rows of `row` elements, as stored and as read back.
-fn values(rng: &mut StdRng, dt: DType, n: usize, row: usize) -> (Vec<u8>, Vec<f64>) {
-    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    match dt.quant() {
-        Some(q) => {
-            let rb = dt.row_bytes(row);
-            let mut bytes = vec![0u8; n / row * rb];
-            let mut back = vec![0f32; n];
-            for (r, (xr, br)) in x.chunks(row).zip(bytes.chunks_mut(rb)).enumerate() {
-                quantize_row(q, xr, br).unwrap();
-                dequantize_row(q, br, &mut back[r * row..(r + 1) * row]).unwrap();
-            }
-            (bytes, back.iter().map(|&v| v as f64).collect())
-        }
-        None => {
-            let bytes: Vec<u8> = x.iter().flat_map(|&v| encode_value(dt, v)).collect();
-            let vals = bytes
-                .chunks(dt.block_bytes())
-                .map(|c| decode_value(dt, c))
-                .collect();
-            (bytes, vals)
-        }
-    }
-}
-
 /// Draws the block table, the tokens and the values of a case.
 pub fn inputs(c: &Case) -> Inputs {
     let mut rng = StdRng::seed_from_u64(c.seed);
@@ -129,8 +104,8 @@ pub fn inputs(c: &Case) -> Inputs {
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
     let n = c.n_kv_dim() * c.n_slots();
-    let (k_bytes, k) = values(&mut rng, c.k, n, c.d);
-    let (v_bytes, v) = values(&mut rng, c.v, n, c.d);
+    let (k_bytes, k) = kv_values(&mut rng, c.k, (n, c.d), None);
+    let (v_bytes, v) = kv_values(&mut rng, c.v, (n, c.d), None);
     Inputs {
         table,
         seqs,
