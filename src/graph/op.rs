@@ -429,6 +429,28 @@ impl Op {
         }
     }
 
+    /// Whether the op reads indices from a tensor (rows, cache slots, experts), so that a
+    /// backend must check them against their limit and report one outside it.
+    pub fn reads_indices(&self) -> bool {
+        match self {
+            Op::GetRows | Op::Copy(CopyOp::SetRows) | Op::MulMatId | Op::PagedAttn(_) => true,
+            Op::Leaf
+            | Op::View(_)
+            | Op::Unary(_)
+            | Op::Scale { .. }
+            | Op::Binary(_)
+            | Op::Norm(_)
+            | Op::MulMat
+            | Op::Rope(_)
+            | Op::Copy(CopyOp::Cpy | CopyOp::Cont)
+            | Op::Mask(_)
+            | Op::Argmax
+            | Op::TopK { .. }
+            | Op::FlashAttnExt(_)
+            | Op::AllReduce(_) => false,
+        }
+    }
+
     /// The op's parameters, formatted for dumps (empty when it has none).
     pub fn params(&self) -> String {
         match self {

@@ -73,7 +73,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
-use crate::graph::{CopyOp, Op};
 use crate::quant::split::has_split_rows;
 
 /// Most bytes of rows [`Backend::freeze_weights`] copies aside at a time to split them.
@@ -519,7 +518,7 @@ impl CudaBackend {
             .and_then(|e| e.as_ref())
             .and_then(|e| e.plan.steps.get(step));
         Err(Error::IndexOutOfRange {
-            op: step.map_or("get_rows/set_rows/paged_attn", |s| s.op.name()),
+            op: step.map_or("get_rows/set_rows/mul_mat_id/paged_attn", |s| s.op.name()),
             node: step.map_or_else(|| "(an unloaded plan)".into(), |s| s.name.clone()),
             index: rec.index,
             position: rec.position as usize,
@@ -935,12 +934,7 @@ impl Backend for CudaBackend {
             graph: GraphState::Fresh,
             written: HashSet::new(),
             buffers,
-            checks_indices: plan.steps.iter().any(|s| {
-                matches!(
-                    s.op,
-                    Op::GetRows | Op::Copy(CopyOp::SetRows) | Op::PagedAttn(_)
-                )
-            }),
+            checks_indices: plan.steps.iter().any(|s| s.op.reads_indices()),
         };
         if index == self.execs.len() {
             self.execs.push(Some(exec));
