@@ -16,6 +16,11 @@
 //!   device's free memory) after the first tenth of the requests and at the end, which
 //!   shows whether memory stays flat.
 //!
+//! With `--profile`, one decode step at each batch size (after prompts of the first PP)
+//! runs again eagerly, each kernel timed on its own: the table of where the step's time
+//! goes, and the wall time of the same step replayed from its CUDA graph, whose difference
+//! from the kernels' sum is launch and host time.
+//!
 //! Requests are greedy unless sampling flags are given (`--temperature 0.8 --top-k 40`:
 //! the same flags as `generate`, one seed for all), which measures sampled decode against
 //! greedy on the same batches.
@@ -27,6 +32,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use graft::backend::{profile_table, StepTime};
 use graft::engine::{max_kv_size, Engine, Event, Request, RequestId};
 use graft::models::SamplingParams;
 use graft::{Error, Result};
@@ -75,6 +81,10 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// After the table, one decode step of each batch size (the first PP) profiled
+    /// kernel by kernel, against the wall time of the same step replayed.
+    #[arg(long, conflicts_with = "requests")]
+    profile: bool,
 }
 
 /// Runs `graft batched-bench`.
@@ -83,6 +93,12 @@ pub fn run(a: Args) -> Result<()> {
         if v.is_empty() || v.contains(&0) {
             return Err(Error::model(format!("{flag}: give lengths of at least 1")));
         }
+    }
+    if a.profile && a.ntg[0] < 3 {
+        return Err(Error::model(format!(
+            "--profile times decode steps before the one it profiles: give --ntg of at least 3, got {}",
+            a.ntg[0]
+        )));
     }
     if let Some(r) = a.rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return Err(Error::model(format!(
@@ -161,6 +177,14 @@ fn batches(a: &Args, e: &mut Engine, sampling: &SamplingParams) -> Result<()> {
             }
         }
     }
+    let profiles = match a.profile {
+        true => a
+            .npl
+            .iter()
+            .map(|&b| profile_step(e, &mut rng, (a.npp[0], a.ntg[0]), b, sampling))
+            .collect::<Result<Vec<_>>>()?,
+        false => Vec::new(),
+    };
     let s = |n: usize, t: f64| n as f64 / t;
     if a.json {
         let rows: Vec<_> = rows
@@ -175,10 +199,12 @@ fn batches(a: &Args, e: &mut Engine, sampling: &SamplingParams) -> Result<()> {
                 })
             })
             .collect();
+        let profiles: Vec<_> = profiles.iter().map(Profile::json).collect();
         return print_out(&format!(
             "{}\n",
             json!({
                 "rows": rows,
+                "profiles": profiles,
                 "plans": e.plans().0,
                 "sampled_from_candidates": e.stats().sampled_from_candidates,
                 "sampled_from_rows": e.stats().sampled_from_rows,
@@ -206,7 +232,104 @@ fn batches(a: &Args, e: &mut Engine, sampling: &SamplingParams) -> Result<()> {
             s(n_kv, t)
         );
     }
+    for p in &profiles {
+        out += &p.text();
+    }
     print_out(&out)
+}
+
+/// One decode step of a batch, timed replayed and profiled kernel by kernel.
+struct Profile {
+    b: usize,
+    /// The step's wall time replayed (the median of a few), seconds.
+    wall: f64,
+    steps: Vec<StepTime>,
+}
+
+impl Profile {
+    fn kernels_us(&self) -> f64 {
+        self.steps.iter().map(|s| s.us).sum()
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "\ndecode step at B = {}: {:.3} ms replayed, {:.3} ms in kernels run one at a time\n\n{}",
+            self.b,
+            self.wall * 1e3,
+            self.kernels_us() / 1e3,
+            profile_table(&self.steps)
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "b": self.b,
+            "wall_ms": self.wall * 1e3,
+            "kernels_ms": self.kernels_us() / 1e3,
+            "steps": self.steps.iter().map(|s| json!({
+                "name": s.name, "op": s.op, "kernels": s.kernels, "us": s.us,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Most decode steps timed replayed before the profiled one.
+const PROFILE_STEPS: usize = 5;
+
+/// `b` requests of `pp` prompt tokens and `tg` generated: the prompts, up to
+/// [`PROFILE_STEPS`] decode steps timed (the median is the wall time), then one profiled;
+/// then the requests are cancelled.
+fn profile_step(
+    e: &mut Engine,
+    rng: &mut StdRng,
+    (pp, tg): (usize, usize),
+    b: usize,
+    sampling: &SamplingParams,
+) -> Result<Profile> {
+    // the prompt's step gives the first token, then tg decode steps: up to tg - 2 timed
+    // (run() checks tg >= 3), then one profiled with a step still to come, since a greedy
+    // step is launched in the call before the one that reads its tokens
+    let timed = tg.saturating_sub(2).min(PROFILE_STEPS);
+    let vocab = e.config().vocab_size;
+    let ids = prompts(rng, vocab, pp, b, false)
+        .into_iter()
+        .map(|p| e.add(bench_request(p, tg + 1, sampling)))
+        .collect::<Result<Vec<_>>>()?;
+    let run = (|| {
+        while e.unstarted() > 0 {
+            checked_step(e)?;
+        }
+        let mut walls = Vec::with_capacity(timed);
+        for _ in 0..timed {
+            let t0 = Instant::now();
+            checked_step(e)?;
+            walls.push(t0.elapsed().as_secs_f64());
+        }
+        e.backend().set_profiling(true);
+        let profiled = checked_step(e);
+        let steps = e.backend().take_profile();
+        e.backend().set_profiling(false);
+        profiled?;
+        Ok(Profile {
+            b,
+            wall: quantile(&mut walls, 0.5),
+            steps,
+        })
+    })();
+    for id in ids {
+        e.cancel(id);
+    }
+    run
+}
+
+/// One engine step; an error event is the step's error.
+fn checked_step(e: &mut Engine) -> Result<()> {
+    for ev in e.step()? {
+        if let Event::Error { id, error } = ev {
+            return Err(Error::model(format!("{id} failed: {error}")));
+        }
+    }
+    Ok(())
 }
 
 /// `b` random prompts of `pp` tokens (one shared prompt when `shared`).
@@ -251,11 +374,7 @@ fn run_batch(
     let t0 = Instant::now();
     let mut t_pp = None;
     while e.has_work() {
-        for ev in e.step()? {
-            if let Event::Error { id, error } = ev {
-                return Err(Error::model(format!("{id} failed: {error}")));
-            }
-        }
+        checked_step(e)?;
         if t_pp.is_none() && e.unstarted() == 0 {
             t_pp = Some(t0.elapsed().as_secs_f64());
         }

@@ -374,6 +374,75 @@ fn bench_tiny_on_cpu() {
     );
 }
 
+/// `batched-bench` on the CPU: the table's rows line up with llama-batched-bench's
+/// columns and arithmetic, and `--profile` times one decode step of each batch size.
+#[test]
+fn batched_bench_tiny_on_cpu() {
+    let args = [
+        "batched-bench",
+        "--preset",
+        "tiny",
+        "--backend",
+        "cpu",
+        "--npp",
+        "8",
+        "--ntg",
+        "4",
+        "--npl",
+        "1,3",
+        "--profile",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let j: serde_json::Value = serde_json::from_str(ok(&json_args).trim()).unwrap();
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{j}");
+    for (r, b) in rows.iter().zip([1u64, 3]) {
+        assert_eq!((r["pp"].as_u64(), r["tg"].as_u64()), (Some(8), Some(4)));
+        assert_eq!(r["b"].as_u64(), Some(b));
+        assert_eq!(r["n_kv"].as_u64(), Some(b * 12));
+        let s_tg = r["s_tg"].as_f64().unwrap();
+        let expect = (b * 4) as f64 / r["t_tg"].as_f64().unwrap();
+        assert!((s_tg - expect).abs() <= 1e-9 * expect, "{r}");
+    }
+    let profiles = j["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2, "{j}");
+    for (p, b) in profiles.iter().zip([1u64, 3]) {
+        assert_eq!(p["b"].as_u64(), Some(b));
+        let steps = p["steps"].as_array().unwrap();
+        let sum: f64 = steps.iter().map(|s| s["us"].as_f64().unwrap()).sum();
+        assert!(sum > 0.0 && p["wall_ms"].as_f64().unwrap() > 0.0, "{p}");
+        assert!((p["kernels_ms"].as_f64().unwrap() - sum / 1e3).abs() < 1e-9);
+        assert!(
+            steps.iter().any(|s| s["op"] == "mul_mat")
+                && steps.iter().any(|s| s["op"] == "paged_attn"),
+            "{p}"
+        );
+    }
+    let text = ok(&args);
+    assert!(
+        text.contains("|    PP |     TG |    B |   N_KV |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("decode step at B = 3:") && text.contains("| mul_mat |"),
+        "{text}"
+    );
+    fails(
+        &[
+            "batched-bench",
+            "--preset",
+            "tiny",
+            "--npp",
+            "8",
+            "--ntg",
+            "2",
+            "--profile",
+        ],
+        &["--profile", "--ntg of at least 3"],
+    );
+}
+
 #[test]
 fn errors_are_clear_and_never_panic() {
     let dir = fixture("llama3-tiny-bf16");
