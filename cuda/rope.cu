@@ -45,28 +45,36 @@ __device__ void rope(const RopeArgs& p) {
                    p.neox);
 }
 
-// rope_store_<D>: a decode step's rope of q and k and its K/V cache writes (D the cache
-// type), one launch for what would be two ropes and two set_rows: blocks 0..q_rows rope a
-// row of q (F32) into q_dst, the next k_rows rope a row of k (F32) straight into its cache
-// row ids[token], the last v_blocks copy v's elements into theirs (set_rows' element loop).
-// The CUDA backend fuses the steps when k's rope is read by its cache write alone. With a
-// folded norm (fold_scale) q, k and v are the product of an unnormalized vector: each is
-// scaled by the norm's factor first (rope is linear, so this is the rope of the normalized).
+// rope_store_<D>: a step's rope of q and k and its K/V cache writes (D the cache type), one
+// launch for what would be two ropes and two set_rows: the first ceil(q_rows / blockDim.y)
+// blocks rope rows of q (F32) into q_dst, a row per threadIdx.y; the next
+// ceil(k_rows / blockDim.y) rope rows of k (F32) straight into their cache rows ids[token];
+// the last v_blocks copy v's elements into theirs (set_rows' element loop over the block's
+// threads). The CUDA backend fuses the steps when k's rope is read by its cache write alone.
+// With a folded norm (fold_scale) q, k and v are the product of an unnormalized vector:
+// each is scaled by the norm's factor first (rope is linear, so this is the rope of the
+// normalized).
 template <typename D>
 __device__ void rope_store(const RopeStoreArgs& p) {
     pdl_enter();
     const float scale = fold_scale(p.fold_scale);
+    const i64 per = blockDim.y;
+    const i64 q_blocks = (p.q_rows + per - 1) / per, k_blocks = (p.k_rows + per - 1) / per;
     i64 b = blockIdx.x;
-    if (b < p.q_rows) {
-        const RowIndex r = row_index(p.q_src.ne, b);
+    if (b < q_blocks) {
+        const i64 row = b * per + threadIdx.y;
+        if (row >= p.q_rows) return;
+        const RowIndex r = row_index(p.q_src.ne, row);
         rope_row<float, float>(at(p.q_src, 0, r.i1, r.i2, r.i3), p.q_src.nb[0],
                                at(p.q_dst, 0, r.i1, r.i2, r.i3), p.q_dst.nb[0], p.q_src.ne[0],
                                position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox, scale);
         return;
     }
-    b -= p.q_rows;
-    if (b < p.k_rows) {
-        const RowIndex r = row_index(p.k_src.ne, b);
+    b -= q_blocks;
+    if (b < k_blocks) {
+        const i64 row = b * per + threadIdx.y;
+        if (row >= p.k_rows) return;
+        const RowIndex r = row_index(p.k_src.ne, row);
         const int id = *reinterpret_cast<const int*>(p.ids.data + r.i2 * p.ids.nb[0]);
         if (id < 0 || id >= p.slots) {
             if (threadIdx.x == 0) record_index_error(p.err, p.tag, id, r.i2, p.slots);
@@ -77,9 +85,10 @@ __device__ void rope_store(const RopeStoreArgs& p) {
                            position(p.pos, p.pos_nb0, r.i2), p.freqs, p.n_dims, p.neox, scale);
         return;
     }
-    b -= p.k_rows;
+    b -= k_blocks;
+    const i64 threads = (i64)blockDim.x * blockDim.y;
     const i64 n = p.v_src.ne[0] * p.v_src.ne[1] * p.v_src.ne[2] * p.v_src.ne[3];
-    for (i64 i = b * blockDim.x + threadIdx.x; i < n; i += p.v_blocks * (i64)blockDim.x) {
+    for (i64 i = b * threads + threadIdx.y * blockDim.x + threadIdx.x; i < n; i += p.v_blocks * threads) {
         set_row_element<float, D>(p.v_src, p.ids, p.v_dst, p.err, p.tag, i, scale);
     }
 }

@@ -68,7 +68,7 @@ pub(crate) fn lower(
     )])
 }
 
-/// Rows from which `rope` takes several rows per block.
+/// Rows from which `rope` and `rope_store` take several rows per block.
 const MANY_ROPE_ROWS: usize = 1024;
 
 /// Threads per block of the V part of `rope_store` (a grid-stride element loop).
@@ -103,15 +103,27 @@ pub(crate) fn lower_store(
         Some((qs, qd)) => (lw.t4(qs), lw.t4(qd), qs.nrows()),
         None => (none, none, 0),
     };
+    // A prefill's rows are many: several a block, as `rope` takes them; a decode step's
+    // few keep one a block, of V_BLOCK threads when v's elements are copied too.
+    let (threads, per_block) = match q_rows + k.nrows() >= MANY_ROPE_ROWS {
+        true => {
+            let (x, _, _) = rope_block(s.p, k.ne[0]);
+            (x, (V_BLOCK as u32 / x).max(1))
+        }
+        false if s.v.is_some() => (V_BLOCK as u32, 1),
+        false => (rope_block(s.p, k.ne[0]).0, 1),
+    };
+    let block_threads = (threads * per_block) as usize;
     let (v_src, v_dst, v_blocks) = match s.v {
         Some((vs, vd)) => (
             lw.t4(vs),
             lw.t4(vd),
-            vs.nelements().div_ceil(V_BLOCK).clamp(1, 1 << 16),
+            vs.nelements().div_ceil(block_threads).clamp(1, 1 << 16),
         ),
         None => (none, none, 0),
     };
-    let blocks = q_rows + k.nrows() + v_blocks;
+    let rows = |n: usize| n.div_ceil(per_block as usize);
+    let blocks = rows(q_rows) + rows(k.nrows()) + v_blocks;
     if blocks > MAX_GRID_X {
         return Err(format!(
             "{blocks} rope and cache rows exceed the grid limit of {MAX_GRID_X}"
@@ -138,14 +150,10 @@ pub(crate) fn lower_store(
         tag: lw.tag,
         fold_scale: NormFoldOut::scale_of(fold),
     };
-    let threads = match v_blocks {
-        0 => rope_block(s.p, k.ne[0]),
-        _ => (V_BLOCK as u32, 1, 1),
-    };
     Ok(vec![DevOp::kernel(
         kernel,
         (blocks as u32, 1, 1),
-        threads,
+        (threads, per_block, 1),
         &args,
     )])
 }
