@@ -32,10 +32,19 @@ mod tests;
 /// product is not a decode product ([`QuantPath::Auto`]). Its f32 work grows with the
 /// columns (every 32-element sub-block of every (row, column) pair is scaled on its own)
 /// while the F16 copy for cuBLAS costs the same at any width and its GEMM runs at F16
-/// tensor-core rates, so past some width cuBLAS wins. 256 (four column tiles, four times
-/// the 64 sequences of the widest batched decode step it is for) is a first bound until
-/// `graft bench-ops` times the crossing (its batched rows go to 512 columns).
-pub const MMQ_MAX_COLS: usize = 256;
+/// tensor-core rates, so past some width cuBLAS wins. `graft bench-ops` on an H200
+/// (2026-12-02), the [4096, 11008] Q4_0 product, µs a node: 64 columns 51.9 here against
+/// 60.7 with cuBLAS, 128 columns 104.4 against 62.6, 256 columns 187.9 against 70.0.
+pub const MMQ_MAX_COLS: usize = 64;
+
+/// Fewest activation columns from which a decode product whose weights have `mmq_*`
+/// kernels takes the int8 tensor-core product rather than the decode kernels
+/// ([`QuantPath::Auto`]; a decode product fused with its residual add keeps its decode
+/// kernel). The decode kernels take 5 to 8 columns with their 8-column form, which reads
+/// each weight once but every activation block once a column: `graft bench-ops` on an
+/// H200 (2026-12-02), the [4096, 11008] Q4_0 product by 8 columns, 36.6 µs a node on the
+/// decode kernel against 19.7 here.
+pub const MMQ_FROM_COLS: usize = 5;
 
 const ROWS: usize = MMQ_ROWS as usize;
 const CHUNK: usize = MMQ_K as usize;

@@ -9,7 +9,10 @@
 //! and for tests):
 //!
 //! 1. Decode (`n <= MAX_DECODE_COLS`, no batches): the decode products of
-//!    [`crate::backend::cuda::decode::quant`].
+//!    [`crate::backend::cuda::decode::quant`]; from
+//!    [`MMQ_FROM_COLS`](super::mmq::MMQ_FROM_COLS) columns on, the int8 tensor-core
+//!    product instead where the weights' type has it, unless the product is fused with
+//!    its residual add.
 //! 2. Batched (`n <= MMQ_MAX_COLS`, one weight matrix: a batched decode step of 8 to 64
 //!    sequences, a short prefill chunk): the int8 tensor-core product ([`super::mmq`]),
 //!    which reads the weights once per 64 columns, where the decode kernels read them
@@ -57,7 +60,12 @@ pub(crate) fn lower(
     if b.ne[0] != kk || b.ne[2] % a2 != 0 || b.ne[3] % a3 != 0 {
         return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
     }
-    if lw.quant_path != QuantPath::Mmq {
+    let tensor_cores_first = match lw.quant_path {
+        QuantPath::Mmq => true,
+        QuantPath::Auto => b.nrows() >= mmq::MMQ_FROM_COLS && mmq::takes(a, b, lw),
+        QuantPath::Dequant => false,
+    };
+    if !tensor_cores_first {
         if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
             return ops;
         }

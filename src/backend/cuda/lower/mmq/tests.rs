@@ -12,7 +12,7 @@
 use half::f16;
 use rand::{Rng, SeedableRng};
 
-use super::{col_tile, parts, MAX_PARTS, MIN_PART_CHUNKS, MMQ_MAX_COLS};
+use super::{col_tile, parts, MAX_PARTS, MIN_PART_CHUNKS, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
     CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMQ_K, MMQ_ROWS,
@@ -375,7 +375,7 @@ fn mmq_products_match_the_cpu() {
             (whole, 70, [20, 1, 1], 0, false),
             (short, 130, [40, 1, 1], 3, false),
             (short, 33, [5, 3, 2], 0, true),
-            (whole, 100, [100, 1, 1], 0, true),
+            (whole, 100, [MMQ_MAX_COLS, 1, 1], 0, true),
         ];
         for (j, (k, m, cols, pad, split)) in cases.into_iter().enumerate() {
             let case = Case {
@@ -422,12 +422,20 @@ fn quant_paths_follow_the_thresholds() {
             "mmq_c8_q4_0",
         ),
         (
-            8,
+            MMQ_FROM_COLS - 1,
             1,
-            "mul_mat_vec_q_c8_q4_0",
+            "mul_mat_vec_q_c4_q4_0",
+            "mul_mat_vec_q_c4_q4_0",
+            "mmq_c8_q4_0",
+        ),
+        (
+            MMQ_FROM_COLS,
+            1,
+            "mmq_c8_q4_0",
             "mul_mat_vec_q_c8_q4_0",
             "mmq_c8_q4_0",
         ),
+        (8, 1, "mmq_c8_q4_0", "mul_mat_vec_q_c8_q4_0", "mmq_c8_q4_0"),
         (4, 2, "mmq_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
         (9, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
         (MMQ_MAX_COLS, 1, "mmq_c64_q4_0", gemm, "mmq_c64_q4_0"),
