@@ -18,8 +18,8 @@
 //!
 //! With `--profile`, one decode step at each batch size (after prompts of the first PP)
 //! runs again eagerly, each kernel timed on its own: the table of where the step's time
-//! goes, and the wall time of the same step replayed from its CUDA graph, whose difference
-//! from the kernels' sum is launch and host time.
+//! goes, beside the wall time of the same step replayed from its CUDA graph (kernels timed
+//! one at a time do not overlap, so their sum can exceed the replayed step).
 //!
 //! Requests are greedy unless sampling flags are given (`--temperature 0.8 --top-k 40`:
 //! the same flags as `generate`, one seed for all), which measures sampled decode against

@@ -23,8 +23,9 @@
 //! greedy token's log-probability moved by at most 0.008 with F16 weights and cache, 0.014
 //! with a Q8_0 cache, 0.119 with Q4_0 weights and cache, and by 0.134 (Q8_1 activations
 //! throughout) and 0.148 (cuBLAS on F16 activations for the batched products) in the first
-//! schedules with Q4_0 weights; the moves come at steps shared with other sequences' prompt
-//! chunks, while steps of decode tokens alone gave the bits of the run alone.
+//! schedules with Q4_0 weights. In the requests printed, the moves came at steps shared
+//! with other sequences' prompt chunks, while steps of decode tokens alone gave the bits of
+//! the run alone.
 //!
 //! Needs a GPU: without one each test prints "skipped: no GPU" and passes, unless
 //! `GRAFT_REQUIRE_GPU=1`.

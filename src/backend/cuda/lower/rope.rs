@@ -53,23 +53,27 @@ pub(crate) fn lower(
     };
     let (threads, _, _) = rope_block(p, a.ne[0]);
     let rows = dst.nrows();
-    // A prefill's rows are short and many: several per block (256 threads), so that
-    // blocks are not mostly launch and setup. Fewer rows keep one per block.
-    let per_block = if rows >= MANY_ROPE_ROWS {
-        (256 / threads).max(1) as usize
-    } else {
-        1
-    };
+    let per_block = rows_per_block(rows, threads);
     Ok(vec![DevOp::kernel(
         kernel,
-        row_grid(rows.div_ceil(per_block))?,
-        (threads, per_block as u32, 1),
+        row_grid(rows.div_ceil(per_block as usize))?,
+        (threads, per_block, 1),
         &args,
     )])
 }
 
 /// Rows from which `rope` and `rope_store` take several rows per block.
 const MANY_ROPE_ROWS: usize = 1024;
+
+/// Rope rows a block of `threads` threads a row takes, of `rows` in all: a prefill's rows
+/// are short and many, several a block (256 threads), so that blocks are not mostly launch
+/// and setup; fewer rows keep one a block.
+fn rows_per_block(rows: usize, threads: u32) -> u32 {
+    match rows >= MANY_ROPE_ROWS {
+        true => (256 / threads).max(1),
+        false => 1,
+    }
+}
 
 /// Threads per block of the V part of `rope_store` (a grid-stride element loop).
 const V_BLOCK: usize = 256;
@@ -103,15 +107,13 @@ pub(crate) fn lower_store(
         Some((qs, qd)) => (lw.t4(qs), lw.t4(qd), qs.nrows()),
         None => (none, none, 0),
     };
-    // A prefill's rows are many: several a block, as `rope` takes them; a decode step's
-    // few keep one a block, of V_BLOCK threads when v's elements are copied too.
-    let (threads, per_block) = match q_rows + k.nrows() >= MANY_ROPE_ROWS {
-        true => {
-            let (x, _, _) = rope_block(s.p, k.ne[0]);
-            (x, (V_BLOCK as u32 / x).max(1))
-        }
-        false if s.v.is_some() => (V_BLOCK as u32, 1),
-        false => (rope_block(s.p, k.ne[0]).0, 1),
+    // several rows a block as `rope` takes them; one a block of V_BLOCK threads when
+    // there are few rows and v's elements are copied too
+    let (row_threads, _, _) = rope_block(s.p, k.ne[0]);
+    let per_block = rows_per_block(q_rows + k.nrows(), row_threads);
+    let threads = match per_block == 1 && s.v.is_some() {
+        true => V_BLOCK as u32,
+        false => row_threads,
     };
     let block_threads = (threads * per_block) as usize;
     let (v_src, v_dst, v_blocks) = match s.v {

@@ -398,9 +398,9 @@ fn mmq_products_match_the_cpu() {
     }
 }
 
-/// The widths each path takes: decode kernels up to 8 columns of one matrix, the int8
-/// tensor-core product up to `MMQ_MAX_COLS` (and 8 or fewer columns in batches), cuBLAS on
-/// the F16 copy beyond; the forced paths take every width they can, and the forced
+/// The widths each path takes: decode kernels below `MMQ_FROM_COLS` columns of one
+/// matrix, the int8 tensor-core product from there up to `MMQ_MAX_COLS` (and 8 or fewer
+/// columns in batches), cuBLAS on the F16 copy beyond; the forced paths take every width they can, and the forced
 /// tensor-core products compute the CPU's results at widths Auto gives to the others.
 #[test]
 fn quant_paths_follow_the_thresholds() {
