@@ -340,6 +340,8 @@ struct PagedArgs {  // paged_attn: fattn_paged_* (cuda/fattn_paged.cu)
     const int* seqs;      // I32 [2, n_tokens], contiguous: each token's sequence and position
     float* part;          // split > 1: (max, sum, acc[d]) of each token, head and chunk
     int* chunks;          // split > 1: the chunks each token's keys took (0: none to merge)
+    int* decoded;         // min_run > 0: the count of the tokens the decode kernels take, then
+                          // those tokens (fattn_paged_list); nullptr: every token, one a block
     IndexError* err;      // a bad sequence, position or block id
     i64 tag;
     int n_tokens;
@@ -363,7 +365,7 @@ struct PagedArgs {  // paged_attn: fattn_paged_* (cuda/fattn_paged.cu)
     int k_type;           // fattn_paged_any: the K dtype, PAGED_F32 .. PAGED_Q4_0
     int v_type;           // fattn_paged_any: the V dtype
 };
-static_assert(sizeof(PagedArgs) == 416, "PagedArgs layout");
+static_assert(sizeof(PagedArgs) == 424, "PagedArgs layout");
 constexpr int PAGED_F32 = 0;   // fattn_paged_any's K/V dtype codes: F32
 constexpr int PAGED_F16 = 1;   // F16
 constexpr int PAGED_BF16 = 2;  // BF16
@@ -399,6 +401,8 @@ constexpr int FATTN_VEC_WARPS = 4;          // warps per block of fattn_vec_*
 constexpr int FATTN_VEC_ROWS = 8;           // query rows (heads x queries of one KV head) per block
 constexpr int FATTN_VEC_UNROLL = 4;         // keys per lane group per step of fattn_vec_* (loads in flight)
 constexpr int FATTN_COMBINE_THREADS = 128;  // block of fattn_combine
+constexpr int FATTN_LIST_THREADS = 256;     // block of fattn_paged_list
+constexpr int FATTN_LIST_MAX_TILES = 2048;  // tiles of fattn_paged_list: 65,535 tokens in 32s
 constexpr int FATTN_MMA_ROWS = 64;          // query rows per block of fattn_mma_* (head dims <= 128)
 constexpr int FATTN_MMA_ROWS_D256 = 32;     // query rows per block of fattn_mma_d256_*
 constexpr int FATTN_MMA_KEYS = 32;          // keys per shared-memory tile of fattn_mma_*

@@ -21,9 +21,13 @@
 //     looked up in the table, 4 threads a key), scores and P.V on mma.sync, each row
 //     masked to its own range lo..pos, so the run's tokens may come in any order. This is
 //     the chunk of a sequence being prefilled: its K/V tiles are read once for BQ tokens.
-//   the decode kernels take every other token (tokens of shorter runs; every token when
-//     the tensor-core kernel is not launched, p.min_run == 0), one block per token, KV head
-//     (and group of its query heads) and chunk of its keys: grid (split, heads, n_tokens). split is fixed
+//   fattn_paged_list (one block, launched first with fattn_paged_mma): the other tokens
+//     (of shorter runs, padding, outside the table) into a list in scratch, p.decoded.
+//   the decode kernels take those tokens (every token when the tensor-core kernel is not
+//     launched, p.min_run == 0), a block per token, KV head (and group of its query heads)
+//     and chunk of its keys: grid (split, heads, z), block z taking tokens z, z + gridDim.z,
+//     ... of the list (z = n_tokens without one: a token a block). So a prefill chunk does
+//     not launch a decode block per token that would find nothing to do. split is fixed
 //     by the lowering for the longest sequence the table holds (flash-decoding: enough
 //     chunks to fill the GPU); a token's lo..pos is cut into chunks of
 //     max(ceil(n / split), min_keys) keys (rounded up to `unit`), so a short sequence takes
@@ -109,15 +113,6 @@ __device__ __forceinline__ int run_start(uint64_t s, int i) {
     return 63 - __clzll((long long)upto);
 }
 
-// Whether fattn_paged_mma takes token t (in the table): a run of at least p.min_run tokens
-// in its tile of p.tile. Called by whole warps.
-__device__ __forceinline__ bool in_long_run(const PagedArgs& p, int t) {
-    if (p.min_run == 0) return false;
-    const int t0 = t - t % p.tile, n = min(p.tile, p.n_tokens - t0), i = t - t0;
-    const uint64_t s = run_starts(p, t0, n);
-    return run_end(s, i, n) - run_start(s, i) >= p.min_run;
-}
-
 // The pool slot of key position j of the sequence whose table row is `row` (j / block_size
 // by a multiply and a shift); a block id outside the pool is recorded and read as block 0.
 __device__ __forceinline__ i64 slot_of(const PagedArgs& p, const int* row, int j) {
@@ -149,10 +144,10 @@ struct Chunk {
     int seq, j_begin, j_end, used;
 };
 
-// Token t's chunk for block (blockIdx.x, ..) of heads h0..h0+nrows. Padding and a bad
-// sequence or position (recorded by block (0, 0)) take none, and blocks x == 0 write their
-// rows' zeros; so do the tokens of fattn_paged_mma, whose rows it writes. With split > 1,
-// block (0, 0) writes the chunks the token's keys took for fattn_paged_combine.
+// Token t's chunk for block (blockIdx.x, ..) of heads h0..h0+nrows (t a token the decode
+// kernels take: decode_tokens). Padding and a bad sequence or position (recorded by block
+// (0, 0)) take none, and blocks x == 0 write their rows' zeros. With split > 1, block (0, 0)
+// writes the chunks the token's keys took for fattn_paged_combine.
 template <int D>
 __device__ __forceinline__ Chunk decode_chunk(const PagedArgs& p, int t, int h0, int nrows) {
     const Token tk = token_at(p, t);
@@ -166,7 +161,7 @@ __device__ __forceinline__ Chunk decode_chunk(const PagedArgs& p, int t, int h0,
             record_index_error(p.err, p.tag, tk.pos, t, p.max_pos);
         }
     }
-    if (in && !in_long_run(p, t)) {
+    if (in) {
         const int lo = first_visible(p, tk.pos), n = tk.pos + 1 - lo;
         int chunk = max((n + p.split - 1) / p.split, p.min_keys);
         chunk = (chunk + p.unit - 1) / p.unit * p.unit;
@@ -183,6 +178,18 @@ __device__ __forceinline__ Chunk decode_chunk(const PagedArgs& p, int t, int h0,
         }
     }
     return c;
+}
+
+// The decode kernels' tokens, one after another: block z takes entries z, z + gridDim.z, ...
+// of the list fattn_paged_list wrote (p.decoded) when fattn_paged_mma runs, else token z
+// alone (a grid of n_tokens). `body(t)` runs for each with the whole block.
+template <typename Body>
+__device__ __forceinline__ void decode_tokens(const PagedArgs& p, Body body) {
+    const int n = p.decoded != nullptr ? p.decoded[0] : p.n_tokens;
+    for (int i = (int)blockIdx.z; i < n; i += (int)gridDim.z) {
+        body(p.decoded != nullptr ? p.decoded[1 + i] : i);
+        if (i + (int)gridDim.z < n) __syncthreads();  // the next token reuses shared memory
+    }
 }
 
 // The q rows of heads h0..h0+nrows of token t into qs (zeros past nrows and D) and their
@@ -250,9 +257,9 @@ struct PagedCopies {
 };
 
 // The streamed decode block (fattn_vec1s's lanes, stages and arithmetic): R query heads of
-// one KV head (R = 1: a block per query head) of one token over one chunk of its keys.
+// one KV head (R = 1: a block per query head) of token t over one chunk of its keys.
 template <int D, typename T, int NS, int UN, int R>
-__device__ void paged_vec(const PagedArgs& p) {
+__device__ void paged_vec_token(const PagedArgs& p, int t) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;  // keys per warp per unrolled key
     constexpr int NW = FATTN_VEC_WARPS;
@@ -263,10 +270,9 @@ __device__ void paged_vec(const PagedArgs& p) {
     __shared__ float sacc[R][DP];
     __shared__ float sm[NW][R], sl[NW][R];
 
-    pdl_enter();
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     // grid.y: KV head hk's ceil(group / R) blocks of up to R query heads
-    const int t = blockIdx.z, row_blocks = (p.group + R - 1) / R;
+    const int row_blocks = (p.group + R - 1) / R;
     const int hk = blockIdx.y / row_blocks, first = blockIdx.y % row_blocks * R;
     const int nrows = min(R, p.group - first), h0 = hk * p.group + first;
     const Chunk c = decode_chunk<D>(p, t, h0, nrows);
@@ -312,6 +318,12 @@ __device__ void paged_vec(const PagedArgs& p) {
     finish_rows<D, R>(m, l, acc, nrows, sacc, sm, sl, paged_out<D>(p, t, h0, c.used));
 }
 
+template <int D, typename T, int NS, int UN, int R>
+__device__ void paged_vec(const PagedArgs& p) {
+    pdl_enter();
+    decode_tokens(p, [&](int t) { paged_vec_token<D, T, NS, UN, R>(p, t); });
+}
+
 // 8 elements of a K/V row of the dtype `dt` (PAGED_F32 .. PAGED_Q4_0) at e0, as load8.
 __device__ __forceinline__ void load_any(int dt, const char* row, int e0, bool vec, float out[8]) {
     switch (dt) {
@@ -327,7 +339,7 @@ __device__ __forceinline__ void load_any(int dt, const char* row, int e0, bool v
 // V of the types p.k_type and p.v_type, loaded from the pool in 8-element pieces, U keys per
 // lane group a step with every load of the step issued before the first use.
 template <int D>
-__device__ void paged_any(const PagedArgs& p) {
+__device__ void paged_any_token(const PagedArgs& p, int t) {
     constexpr int L = vec_lanes<D>();
     constexpr int KPW = WARP_SIZE / L;
     constexpr int NW = FATTN_VEC_WARPS;
@@ -337,9 +349,8 @@ __device__ void paged_any(const PagedArgs& p) {
     __shared__ float sacc[1][DP];
     __shared__ float sm[NW][1], sl[NW][1];
 
-    pdl_enter();
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int t = blockIdx.z, h = blockIdx.y, hk = h / p.group;
+    const int h = blockIdx.y, hk = h / p.group;
     const Chunk c = decode_chunk<D>(p, t, h, 1);
     if ((int)blockIdx.x >= c.used) return;
     head_rows<D, 1>(p, t, h, 1, qs, sacc);
@@ -381,6 +392,12 @@ __device__ void paged_any(const PagedArgs& p) {
         if (mx != -INFINITY) online_add(mx, s, vp, m[0], l[0], acc[0]);
     }
     finish_rows<D, 1>(m, l, acc, 1, sacc, sm, sl, paged_out<D>(p, t, h, c.used));
+}
+
+template <int D>
+__device__ void paged_any(const PagedArgs& p) {
+    pdl_enter();
+    decode_tokens(p, [&](int t) { paged_any_token<D>(p, t); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -556,10 +573,10 @@ __device__ __forceinline__ void q_tile_f16(const PagedArgs& p, Src src, f16* qs)
 // (grid.y: hk's ceil(group / 16) blocks) over chunk blockIdx.x of the token's keys in whole
 // tiles. Its rows are written with one chunk, else the chunk's partials.
 template <int D, typename T, bool ASYNC, bool VEC>
-__device__ void paged_dec_rows(const PagedArgs& p, f16* qs, f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
+__device__ void paged_dec_rows(const PagedArgs& p, int t, f16* qs, f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
     constexpr int LD = MmaShape<D>::LD;
     const int lane = threadIdx.x, t4 = lane % 4;
-    const int t = blockIdx.z, row_blocks = (p.group + 15) / 16;
+    const int row_blocks = (p.group + 15) / 16;
     const int hk = blockIdx.y / row_blocks, first = blockIdx.y % row_blocks * 16;
     const int nrows = min(16, p.group - first), h0 = hk * p.group + first;
     const Chunk c = decode_chunk<D>(p, t, h0, nrows);
@@ -612,7 +629,7 @@ __device__ void paged_dec(const PagedArgs& p) {
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
     with_tile_loads<D, T>(p.kv_vec != 0, [&](auto async, auto vec) {
-        paged_dec_rows<D, T, decltype(async)::value, decltype(vec)::value>(p, qs, kv);
+        decode_tokens(p, [&](int t) { paged_dec_rows<D, T, decltype(async)::value, decltype(vec)::value>(p, t, qs, kv); });
     });
 }
 
@@ -691,6 +708,52 @@ __device__ void paged_mma(const PagedArgs& p) {
             a = e;
         }
     });
+}
+
+// The tokens the decode kernels take when fattn_paged_mma runs (p.min_run > 0): those not
+// in a run of at least p.min_run tokens of its tile of p.tile (padding and tokens outside
+// the table among them), into p.decoded: their count, then the tokens in order. With
+// split > 1 the other tokens' chunk counts are zeroed, so fattn_paged_combine leaves their
+// rows to fattn_paged_mma. One block: each warp marks the tokens of its tiles, thread 0
+// adds up the tiles' offsets, and the warps write their tiles' tokens.
+extern "C" __global__ void __launch_bounds__(FATTN_LIST_THREADS) fattn_paged_list(const PagedArgs p) {
+    constexpr int NW = FATTN_LIST_THREADS / WARP_SIZE;
+    __shared__ uint64_t marks[FATTN_LIST_MAX_TILES];
+    __shared__ int offsets[FATTN_LIST_MAX_TILES];
+    pdl_enter();
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int tiles = (p.n_tokens + p.tile - 1) / p.tile;
+    for (int b = warp; b < tiles; b += NW) {
+        const int t0 = b * p.tile, n = min(p.tile, p.n_tokens - t0);
+        const uint64_t s = run_starts(p, t0, n);
+        const auto decoded = [&](int i) {
+            return i < n && !(in_table(p, token_at(p, t0 + i)) && run_end(s, i, n) - run_start(s, i) >= p.min_run);
+        };
+        const uint64_t lo = __ballot_sync(FULL_MASK, decoded(lane));
+        const uint64_t hi = __ballot_sync(FULL_MASK, decoded(lane + WARP_SIZE));
+        if (lane == 0) marks[b] = lo | hi << 32;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int b = 0; b < tiles; ++b) {
+            offsets[b] = total;
+            total += __popcll(marks[b]);
+        }
+        p.decoded[0] = total;
+    }
+    __syncthreads();
+    for (int b = warp; b < tiles; b += NW) {
+        const int t0 = b * p.tile, n = min(p.tile, p.n_tokens - t0);
+        const uint64_t m = marks[b];
+        for (int i = lane; i < n; i += WARP_SIZE) {
+            if (m >> i & 1) {
+                p.decoded[1 + offsets[b] + __popcll(m & ((1ull << i) - 1))] = t0 + i;
+            } else if (p.chunks != nullptr) {
+                p.chunks[t0 + i] = 0;
+            }
+        }
+    }
 }
 
 // Merges the chunks of row blockIdx.x (token t = row / n_head, head row % n_head) whose

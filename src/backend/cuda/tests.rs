@@ -1502,8 +1502,9 @@ fn fusion_assumes_the_kernels_there_are() {
 /// head dim (tensor cores for GQA over F16, streamed for aligned F16, BF16, Q8_0, Q4_0 at
 /// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256, the any-type
 /// kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
-/// sequence (a combine when there can be more than one), and the tensor-core prefill kernel first for batches of more than 64
-/// tokens with K and V of one type.
+/// sequence (a combine when there can be more than one), and the tensor-core prefill kernel
+/// first for batches of more than 64 tokens with K and V of one type, after the list of the
+/// tokens it leaves, which the decode kernel's wave of blocks takes in turn.
 #[test]
 fn paged_attention_kernels() {
     use super::args::PagedArgs;
@@ -1525,7 +1526,17 @@ fn paged_attention_kernels() {
         (f16, q8, 128, 8, 4, 1, "any_d128 combine", 17, 32),
         (f32, f32, 128, 32, 1, 1, "any_d128 combine", 17, 32),
         (f16, f16, 80, 2, 2, 1, "any_d80 combine", 64, 4),
-        (f16, f16, 128, 8, 4, 512, "mma_d128_f16 dec_d128_f16", 1, 8),
+        (
+            f16,
+            f16,
+            128,
+            8,
+            4,
+            512,
+            "list mma_d128_f16 dec_d128_f16",
+            1,
+            8,
+        ),
         (
             bf16,
             bf16,
@@ -1533,7 +1544,7 @@ fn paged_attention_kernels() {
             4,
             2,
             100,
-            "mma_d256_bf16 vec4_d256_bf16",
+            "list mma_d256_bf16 vec4_d256_bf16",
             1,
             4,
         ),
@@ -1570,10 +1581,18 @@ fn paged_attention_kernels() {
             .map(|l| &l.kernel.name["fattn_paged_".len()..])
             .collect();
         assert_eq!(names.join(" "), want, "{case}");
-        let mma = usize::from(want.starts_with("mma"));
-        let (decode, name) = (launches[mma], names[mma]);
+        let mma = want.starts_with("list");
+        let (decode, name) = (launches[2 * usize::from(mma)], names[2 * usize::from(mma)]);
         let a = args::<PagedArgs>(decode);
-        let grid = (split as u32, heads, n_tokens as u32);
+        // beside the prefill kernel, a wave of 4 blocks an SM on 132 SMs takes the listed
+        // tokens; else a block per token
+        let tokens = match mma {
+            true => (132 * 4usize)
+                .div_ceil(heads as usize * split as usize)
+                .min(n_tokens),
+            false => n_tokens,
+        };
+        let grid = (split as u32, heads, tokens as u32);
         assert_eq!((a.split, decode.grid), (split, grid), "{case}");
         let fixed = (a.max_pos, a.n_blocks, a.n_seqs, a.group);
         assert_eq!(fixed, (4096, 300, 3, group as i32), "{case}");
@@ -1585,7 +1604,12 @@ fn paged_attention_kernels() {
             (n_tokens * 4).next_multiple_of(256),
         );
         let scratch = if split > 1 { part + counts } else { 0 };
-        assert_eq!(lw.scratch_need, scratch, "{case}: scratch");
+        let list = if mma {
+            ((n_tokens + 1) * 4).next_multiple_of(256)
+        } else {
+            0
+        };
+        assert_eq!(lw.scratch_need, scratch + list, "{case}: scratch");
         if split > 1 {
             assert_eq!(
                 a.chunks - a.part,
@@ -1599,10 +1623,15 @@ fn paged_attention_kernels() {
         // the tensor-core decode launches in order, the streamed one at most 4 blocks an SM
         let launch = (decode.early, decode.per_sm);
         assert_eq!(launch, (!dec, if stream { 4 } else { 0 }), "{case}");
-        if mma == 1 {
+        if mma {
             let rows = if d > 128 { 32 } else { 64 };
             assert_eq!((a.tile, a.min_run), (rows, 16), "{case}");
-            let m = launches[0];
+            assert_eq!(
+                (launches[0].grid, launches[0].block.0),
+                ((1, 1, 1), 256),
+                "{case}"
+            );
+            let m = launches[1];
             let tiles = n_tokens.div_ceil(rows as usize) as u32;
             assert_eq!(m.grid, (tiles, (n_head_kv * group) as u32, 1), "{case}");
             assert_eq!(m.block.0 as i32, rows / 16 * 32, "{case}");

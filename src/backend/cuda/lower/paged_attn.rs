@@ -6,8 +6,11 @@
 //! - Batches of more than [`DECODE_TOKENS`] tokens with K and V of one type and head dim
 //!   64, 128 or 256 first launch the tensor-core kernel `fattn_paged_mma_d<D>_<kv>`, a block
 //!   per tile of tokens and query head, which takes the runs of at least [`MIN_RUN`] tokens
-//!   of one sequence (a prefill chunk).
-//! - Every other token goes to one decode kernel, a block per token, KV head (or query
+//!   of one sequence (a prefill chunk). `fattn_paged_list` launches before it and lists
+//!   the tokens it leaves.
+//! - Every other token goes to one decode kernel, a block per token (with the list: a wave
+//!   of blocks that take the listed tokens in turn, not a block per token of the chunk, of
+//!   which at 512 tokens of Llama-2-7B 16,384 found nothing to do), KV head (or query
 //!   heads) and chunk of its keys, `split` chunks for the longest sequence the table holds
 //!   (flash-decoding, as `flash_attn_ext`'s decode: [`dec_split`], [`decode_split`]):
 //!   `fattn_paged_dec_d<D>_f16` for GQA over F16 caches (tensor cores),
@@ -18,8 +21,8 @@
 //!   and each token's chunk count go to scratch.
 
 use crate::backend::cuda::args::{
-    PagedArgs, FATTN_COMBINE_THREADS, FATTN_MMA_ROWS, FATTN_MMA_ROWS_D256, FATTN_VEC_WARPS,
-    PAGED_BF16, PAGED_F16, PAGED_F32, PAGED_Q4_0, PAGED_Q8_0,
+    PagedArgs, FATTN_COMBINE_THREADS, FATTN_LIST_MAX_TILES, FATTN_LIST_THREADS, FATTN_MMA_ROWS,
+    FATTN_MMA_ROWS_D256, FATTN_VEC_WARPS, PAGED_BF16, PAGED_F16, PAGED_F32, PAGED_Q4_0, PAGED_Q8_0,
 };
 use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::attention::{
@@ -59,16 +62,30 @@ pub(crate) fn lower(
     args.split = split as i32;
     (args.min_keys, args.unit) = decode.chunk_keys();
     let mut ops = Vec::new();
+    let mut offset = 0;
     if split > 1 {
-        let mut offset = 0;
         let rows = sh.n_tokens * sh.n_head;
         args.part = lw.reserve_scratch(&mut offset, rows * split * (sh.d + 2) * 4);
         args.chunks = lw.reserve_scratch(&mut offset, sh.n_tokens * 4);
     }
+    // with the prefill kernel, the decode blocks take the tokens it leaves from a list, a
+    // wave of them rather than a block per token
+    let mut tokens = sh.n_tokens;
     if let Some(m) = prefill {
+        args.decoded = lw.reserve_scratch(&mut offset, (sh.n_tokens + 1) * 4);
+        let threads = (FATTN_LIST_THREADS as u32, 1, 1);
+        ops.push(DevOp::kernel(
+            k::FATTN_PAGED_LIST,
+            (1, 1, 1),
+            threads,
+            &args,
+        ));
         ops.push(DevOp::kernel(m.kernel, m.grid, (m.threads, 1, 1), &args));
+        tokens = (lw.sms * BLOCKS_PER_SM)
+            .div_ceil(decode.heads * split)
+            .clamp(1, sh.n_tokens);
     }
-    let grid = (split as u32, decode.heads as u32, sh.n_tokens as u32);
+    let grid = (split as u32, decode.heads as u32, tokens as u32);
     let op = DevOp::kernel(decode.kernel, grid, (decode.threads, 1, 1), &args);
     ops.push(match decode.kind {
         // fattn_dec's launch: in order, its many one-warp blocks holding 18-35 KB of shared
@@ -112,6 +129,7 @@ fn fixed_args(
         seqs: lw.addr(&src[4]),
         part: 0,
         chunks: 0,
+        decoded: 0,
         err: lw.err,
         tag: lw.tag,
         n_tokens: sh.n_tokens as i32,
@@ -234,6 +252,12 @@ impl Shape {
         } else {
             FATTN_MMA_ROWS
         };
+        if self.n_tokens.div_ceil(rows as usize) > FATTN_LIST_MAX_TILES as usize {
+            return Err(format!(
+                "paged_attn: {} tokens exceed the {FATTN_LIST_MAX_TILES} tiles of {rows} a step takes",
+                self.n_tokens
+            ));
+        }
         args.tile = rows;
         args.min_run = MIN_RUN as i32;
         Ok(Some(Grid {
