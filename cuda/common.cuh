@@ -281,8 +281,19 @@ __device__ __forceinline__ void record_index_error(IndexError* e, i64 tag, i64 i
     }
 }
 
-// The index (i0, i1, i2, i3) of element i of a row-major walk over ne.
+// The index (i0, i1, i2, i3) of element i of a row-major walk over ne: 32-bit divisions
+// when i and the dims fit (row_index), since a kernel that finds every element's index
+// this way spends most of its time in 64-bit divisions otherwise.
 __device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
+    if (i <= UINT32_MAX && ne[0] <= UINT32_MAX) {
+        const unsigned u = (unsigned)i, n0 = (unsigned)ne[0], q = u / n0;
+        idx[0] = u - q * n0;
+        const RowIndex r = row_index(ne, q);
+        idx[1] = r.i1;
+        idx[2] = r.i2;
+        idx[3] = r.i3;
+        return;
+    }
     idx[0] = i % ne[0];
     i /= ne[0];
     idx[1] = i % ne[1];
@@ -291,12 +302,19 @@ __device__ __forceinline__ void unflatten(const i64 ne[4], i64 i, i64 idx[4]) {
     idx[3] = i / ne[2];
 }
 
+// i % n for a broadcast index (n >= 1): no division where n is 1, a 32-bit one where both fit.
+__device__ __forceinline__ i64 wrap_index(i64 i, i64 n) {
+    if (n == 1) return 0;
+    if (i <= UINT32_MAX && n <= UINT32_MAX) return (unsigned)i % (unsigned)n;
+    return i % n;
+}
+
 // The dst row of source row (i1, i2, i3) of a set_rows: ids[i1, i2 % .., i3 % ..] (ids
 // I32 [n, i2, i3], broadcast over dims 2 and 3), or -1 for an id outside 0..dst.ne[1]
 // (recorded when `report`: once per source row, by its first element or block).
 __device__ __forceinline__ int set_row_id(const Tensor4& ids, const Tensor4& dst, IndexError* err, i64 tag,
                                           i64 i1, i64 i2, i64 i3, bool report) {
-    const int id = *reinterpret_cast<const int*>(at(ids, i1, i2 % ids.ne[1], i3 % ids.ne[2], 0));
+    const int id = *reinterpret_cast<const int*>(at(ids, i1, wrap_index(i2, ids.ne[1]), wrap_index(i3, ids.ne[2]), 0));
     if (id < 0 || id >= dst.ne[1]) {
         if (report) record_index_error(err, tag, id, i1, dst.ne[1]);
         return -1;
