@@ -342,8 +342,12 @@ struct PagedArgs {  // paged_attn: fattn_paged_* (cuda/fattn_paged.cu)
     int* chunks;          // split > 1: the chunks each token's keys took (0: none to merge)
     int* decoded;         // min_run > 0: the count of the tokens the decode kernels take, then
                           // those tokens (fattn_paged_list); nullptr: every token, one a block
+    char* q8;             // fattn_paged_combine: also the result as Q8_1 activations [d * n_head,
+                          // n_tokens] for the decode product that reads it; nullptr: none
     IndexError* err;      // a bad sequence, position or block id
     i64 tag;
+    i64 q8_nb1;           // bytes per column of q8
+    i64 q8_layout;        // ACT_BLOCKS or ACT_PAIRS (cuda/quant.cuh, act_at)
     int n_tokens;
     int n_seqs;           // columns of table
     int max_blocks;       // rows of table
@@ -365,7 +369,7 @@ struct PagedArgs {  // paged_attn: fattn_paged_* (cuda/fattn_paged.cu)
     int k_type;           // fattn_paged_any: the K dtype, PAGED_F32 .. PAGED_Q4_0
     int v_type;           // fattn_paged_any: the V dtype
 };
-static_assert(sizeof(PagedArgs) == 424, "PagedArgs layout");
+static_assert(sizeof(PagedArgs) == 448, "PagedArgs layout");
 constexpr int PAGED_F32 = 0;   // fattn_paged_any's K/V dtype codes: F32
 constexpr int PAGED_F16 = 1;   // F16
 constexpr int PAGED_BF16 = 2;  // BF16

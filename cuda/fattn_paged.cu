@@ -47,7 +47,8 @@
 //     With one chunk the block writes its rows; otherwise the partial (max, sum, acc[D]) of
 //     its chunk, and block (0, 0) of the token writes the number of chunks its keys took.
 //   fattn_paged_combine grid (n_tokens * n_head), after the decode kernel when split > 1:
-//     merges the chunks of the rows whose keys took more than one.
+//     merges the chunks of the rows whose keys took more than one, and with p.q8 writes
+//     every row as the Q8_1 activations of the decode product after it too.
 //
 // Padding tokens (sequence -1) give zero rows, written by the decode kernel. A sequence
 // outside the table, a position past it, or a block id outside the pool is recorded in the
@@ -62,6 +63,7 @@
 #include <climits>
 
 #include "fattn_common.cuh"
+#include "quant.cuh"
 
 // ---------------------------------------------------------------------------------------
 // Tokens, runs and slots.
@@ -759,15 +761,27 @@ extern "C" __global__ void __launch_bounds__(FATTN_LIST_THREADS) fattn_paged_lis
 // Merges the chunks of row blockIdx.x (token t = row / n_head, head row % n_head) whose
 // keys took more than one (p.chunks[t]): the first warp turns the chunks' (max, sum) into
 // weights exp(max_i - max) / sum (split <= 2 * WARP_SIZE), then each thread sums its
-// elements over the chunks.
-extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_paged_combine(const PagedArgs p) {
+// elements over the chunks. With p.q8 every row is also written as the Q8_1 activations of
+// the decode product that reads it: the merged rows, and the rows a decode block wrote
+// whole (one chunk, or zeros) as they are.
+template <int LAYOUT>
+__device__ void paged_combine(const PagedArgs& p) {
+    static_assert(FATTN_COMBINE_THREADS % WARP_SIZE == 0, "a warp's elements share a Q8_1 block");
     __shared__ float w[2 * WARP_SIZE];
-    pdl_enter();
     const int d = (int)p.dst.ne[0], n_head = (int)p.dst.ne[1], row = blockIdx.x;
     const int t = row / n_head, h = row % n_head, used = p.chunks[t];
-    if (used <= 1) return;  // written by a decode block or by fattn_paged_mma
-    const float* part = p.part + (i64)row * p.split * (d + 2);
     const int tid = threadIdx.x;
+    // column t of [d * n_head, n_tokens]; a warp's elements are one 32-element sub-block
+    // (blockDim.x and d are multiples of 32)
+    const auto q8_store = [&](int el, float x) {
+        if (p.q8 != nullptr) store_act(x, p.q8 + (i64)t * p.q8_nb1, (i64)d * n_head, (h * d + el) / 32, el % 32, LAYOUT);
+    };
+    if (used <= 1) {  // written by a decode block (or by fattn_paged_mma, without p.q8)
+        if (p.q8 == nullptr) return;
+        for (int el = tid; el < d; el += blockDim.x) q8_store(el, load<float>(at(p.dst, el, h, t, 0)));
+        return;
+    }
+    const float* part = p.part + (i64)row * p.split * (d + 2);
     if (tid < WARP_SIZE) {
         float m[2], l[2];
 #pragma unroll
@@ -793,6 +807,17 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_paged_
 #pragma unroll 8
         for (int s = 0; s < used; ++s) acc += part[s * (d + 2) + 2 + el] * w[s];
         store<float>(at(p.dst, el, h, t, 0), acc);
+        q8_store(el, acc);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_paged_combine(const PagedArgs p) {
+    pdl_enter();
+    // the layout as a constant: the store's offsets without a select
+    if (p.q8_layout == ACT_PAIRS) {
+        paged_combine<ACT_PAIRS>(p);
+    } else {
+        paged_combine<ACT_BLOCKS>(p);
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `silu(gate)`, `mul(that, up)`, same shape | [`Fused::SwiGlu`] |
 //! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
-//! | `flash_attn_ext`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
+//! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
 //!
 //! When the step after a fused norm or SwiGLU is a product with block-quantized weights
@@ -67,8 +67,9 @@ pub enum Fused<'p> {
     /// A decode step's attention inputs: q and k roped, k and v written into the caches,
     /// one launch.
     RopeStore(RopeStore<'p>),
-    /// A flash-attention step as it is, which also writes the Q8_1 activations of the
-    /// decode product after it where its decode ends in a combine (the backend decides).
+    /// An attention step (`flash_attn_ext`, `paged_attn`) as it is, which also writes the
+    /// Q8_1 activations of the decode product after it where its decode ends in a combine
+    /// (the backend decides).
     Attention(Q8For<'p>),
     /// A decode RMS norm between two float decode products folded into the launches
     /// around the second one (see [`NormFold`]).
@@ -487,7 +488,7 @@ impl<'p> Context<'p> {
             return Some((Fused::NormFold(fold), 5));
         }
         let (one, two) = (window.first()?, window.get(1)?);
-        if let Op::FlashAttnExt(_) = one.op {
+        if let Op::FlashAttnExt(_) | Op::PagedAttn(_) = one.op {
             return Some((Fused::Attention(q8_1_input(two, &self.target)?), 1));
         }
         let fused = self.pair(one, two, window.get(2), folded)?;

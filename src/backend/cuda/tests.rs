@@ -1453,6 +1453,69 @@ fn decode_layer_fusions() {
     }
 }
 
+/// A decode step of the engine over a Q4_0 Llama: where the paged attention's keys are
+/// split (a combine launches) the combine writes the Q8_1 copy the o product reads, and
+/// the step has one quantizing launch a layer less than with one chunk (no combine),
+/// where the product quantizes its input itself.
+#[test]
+fn paged_combine_writes_the_o_products_q8_1() {
+    use super::args::PagedArgs;
+    use crate::graph::BufferId;
+    use crate::models::blocks::batch::{build_batch, BatchShape};
+    use crate::models::blocks::kv_cache::KvCache;
+    use crate::models::load::options::CacheTypes;
+    use crate::models::load::weights::{uniform, Weights};
+    let cfg = crate::models::arch::presets::preset("tiny").unwrap();
+    let q4 = DType::Quant(crate::quant::QType::Q4_0);
+    let w = Weights::layout(&cfg, &uniform(q4), BufferId::fresh());
+    let types = CacheTypes {
+        flash_attn: true,
+        ..CacheTypes::default()
+    };
+    let pool = KvCache::pool(&cfg, 16 * 300, types, BufferId::fresh());
+    let l = cfg.num_hidden_layers;
+    // the launches of a 4-sequence decode step over a table of `max_blocks` rows
+    let launches_of = |max_blocks| {
+        let shape = BatchShape {
+            n_tokens: 4,
+            n_seqs: 4,
+            max_blocks,
+            candidates: 0,
+        };
+        let plan = build_batch(&cfg, &w, &pool, 16, shape)
+            .unwrap()
+            .plan()
+            .unwrap();
+        let mut lw = Lowering {
+            scratch_base: 1 << 50,
+            ..Lowering::new(&fake_addr_any, true, 1)
+        };
+        lower_plan(&plan, &mut lw, true, |_| 0).unwrap()
+    };
+    let count = |launches: &[&super::lowering::Launch], k: &str| {
+        launches.iter().filter(|l| l.kernel.name == k).count()
+    };
+    let (split_ops, one_ops) = (launches_of(256), launches_of(1));
+    let (split, one) = (kernel_launches(&split_ops), kernel_launches(&one_ops));
+    assert_eq!(count(&split, "fattn_paged_combine"), l);
+    assert_eq!(count(&one, "fattn_paged_combine"), 0);
+    for (i, k) in split.iter().enumerate() {
+        if k.kernel.name != "fattn_paged_combine" {
+            continue;
+        }
+        let (q8, next) = (args::<PagedArgs>(k).q8, split[i + 1]);
+        assert_ne!(q8, 0, "the combine writes a copy");
+        assert!(next.kernel.name.ends_with("_q4_0"), "{}", next.kernel.name);
+        assert_eq!(
+            args::<QGemvArgs>(next).b,
+            q8,
+            "the o product reads the copy"
+        );
+    }
+    let quant = |launches: &[&super::lowering::Launch]| count(launches, "quantize_q8_1_f32");
+    assert_eq!(quant(&one) - quant(&split), l);
+}
+
 /// What the fusion pass assumes of the kernels holds of the kernel tables: the caches
 /// `rope_store` writes, the block types with decode products, on both paths and in split
 /// rows where the type has them, and those with batched products on Q8_1 activations (so

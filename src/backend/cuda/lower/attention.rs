@@ -160,8 +160,9 @@ pub(crate) fn lower_writing(
 }
 
 /// Whether `b` is the dense F32 result `dst` [d, n_head, n_q, batch] seen as columns
-/// `[d * n_head, n_q * batch]` (the same bytes), with whole 32-element Q8_1 blocks per head.
-fn same_columns(b: &Operand, dst: &Operand, d: usize) -> bool {
+/// `[d * n_head, n_q * batch]` (the same bytes), with whole 32-element Q8_1 blocks per head
+/// (also `paged_attn`'s result [d, n_head, n_tokens]).
+pub(crate) fn same_columns(b: &Operand, dst: &Operand, d: usize) -> bool {
     let cols = dst.ne[2] * dst.ne[3];
     d % 32 == 0
         && b.dtype == DType::F32

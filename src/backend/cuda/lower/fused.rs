@@ -7,7 +7,7 @@
 //! factor of a folded norm ([`NormFoldOut`]), which the group after a
 //! [`Fused::NormFold`] applies.
 
-use super::{attention, check_operands, lower_step, mmq, norm, rope, unary};
+use super::{attention, check_operands, lower_step, mmq, norm, paged_attn, rope, unary};
 use crate::backend::cuda::decode::fold::{self, NormFoldOut};
 use crate::backend::cuda::decode::{gemv_add, q8_1::Q8Copy};
 use crate::backend::cuda::lowering::{DevOp, Lowering, QuantPath};
@@ -95,10 +95,16 @@ fn lower_group(
         Fused::GemvAdd(g) => Ok((gemv_add(g, lw)?, None)),
         Fused::RopeStore(s) => Ok((rope::lower_store(s, applied.as_ref(), lw)?, None)),
         Fused::Attention(q8) => {
-            let Op::FlashAttnExt(p) = &step.op else {
-                return Err("internal: a fused attention step that is not flash_attn_ext".into());
-            };
             check_operands(step, lw)?;
+            if let Op::PagedAttn(p) = &step.op {
+                return paged_attn::lower_writing(p, &step.src, &step.dst, Some(q8), lw);
+            }
+            let Op::FlashAttnExt(p) = &step.op else {
+                return Err(
+                    "internal: a fused attention step that is neither flash_attn_ext nor paged_attn"
+                        .into(),
+                );
+            };
             attention::lower_writing(p, &step.src, &step.dst, Some(q8), lw)
         }
         Fused::NormFold(f) => {

@@ -18,18 +18,22 @@
 //!   memory) for F16, BF16, Q8_0 and Q4_0 caches whose rows allow it, and
 //!   `fattn_paged_any_d<D>` for the rest (K and V of different types, F32, other head dims).
 //! - `fattn_paged_combine` merges the chunks when there can be more than one; the partials
-//!   and each token's chunk count go to scratch.
+//!   and each token's chunk count go to scratch. In a decode step whose next product reads
+//!   Q8_1 activations it also writes them ([`lower_writing`]), as `flash_attn_ext`'s
+//!   combine does.
 
 use crate::backend::cuda::args::{
     PagedArgs, FATTN_COMBINE_THREADS, FATTN_LIST_MAX_TILES, FATTN_LIST_THREADS, FATTN_MMA_ROWS,
     FATTN_MMA_ROWS_D256, FATTN_VEC_WARPS, PAGED_BF16, PAGED_F16, PAGED_F32, PAGED_Q4_0, PAGED_Q8_0,
 };
+use crate::backend::cuda::decode::q8_1::{written_by_fused, Q8Copy};
 use crate::backend::cuda::kernels::{dims, k, Kernel, KernelSet};
 use crate::backend::cuda::lower::attention::{
-    aligned_rows, dec_split, decode_split, stream_unit, BLOCKS_PER_SM, DEC_ROWS, DEC_TILE,
-    MIN_CHUNK, STREAM_ROWS,
+    aligned_rows, dec_split, decode_split, same_columns, stream_unit, BLOCKS_PER_SM, DEC_ROWS,
+    DEC_TILE, MIN_CHUNK, STREAM_ROWS,
 };
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
+use crate::backend::fusion::Q8For;
 use crate::graph::{DType, Operand, PagedAttnParams};
 use crate::quant::QType;
 
@@ -49,10 +53,26 @@ pub(crate) fn lower(
     dst: &Operand,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
+    lower_writing(p, src, dst, None, lw).map(|(ops, _)| ops)
+}
+
+/// Lowers `paged_attn(q, k, v, table, seqs)` into `dst`. `q8_for` holds the F32
+/// activations that the next step, a decode product, reads as Q8_1
+/// ([`crate::backend::fusion::Fused::Attention`]): when they are `dst` itself seen as
+/// `[d * n_head, n_tokens]` and the step ends in `fattn_paged_combine` without the prefill
+/// kernel, the combine writes every row as Q8_1 too, returned as the copy made, and the
+/// product skips its quantizing launch.
+pub(crate) fn lower_writing(
+    p: &PagedAttnParams,
+    src: &[Operand],
+    dst: &Operand,
+    q8_for: Option<&Q8For>,
+    lw: &mut Lowering,
+) -> Result<(Vec<DevOp>, Option<Q8Copy>), String> {
     let (kt, vt) = (&src[1], &src[2]);
     let sh = Shape::check(p, src)?;
     if sh.n_tokens == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     let mut args = fixed_args(p, src, dst, &sh, lw)?;
     let prefill = sh.prefill(kt, vt, &mut args)?;
@@ -63,10 +83,17 @@ pub(crate) fn lower(
     (args.min_keys, args.unit) = decode.chunk_keys();
     let mut ops = Vec::new();
     let mut offset = 0;
+    let mut made = None;
     if split > 1 {
         let rows = sh.n_tokens * sh.n_head;
         args.part = lw.reserve_scratch(&mut offset, rows * split * (sh.d + 2) * 4);
         args.chunks = lw.reserve_scratch(&mut offset, sh.n_tokens * 4);
+        let q8 = q8_for.filter(|q8| prefill.is_none() && same_columns(q8.of, dst, sh.d));
+        if let Some(q8) = q8 {
+            let ((addr, nb1, layout), copy) = written_by_fused(Some(q8), &mut offset, lw);
+            (args.q8, args.q8_nb1, args.q8_layout) = (addr, nb1, layout);
+            made = copy;
+        }
     }
     // with the prefill kernel, the decode blocks take the tokens it leaves from a list, a
     // wave of them rather than a block per token
@@ -107,7 +134,7 @@ pub(crate) fn lower(
             DecodeKind::Stream | DecodeKind::Any => combine,
         });
     }
-    Ok(ops)
+    Ok((ops, made))
 }
 
 /// The arguments every launch of the step shares, before the decode split is chosen.
@@ -130,6 +157,9 @@ fn fixed_args(
         part: 0,
         chunks: 0,
         decoded: 0,
+        q8: 0,
+        q8_nb1: 0,
+        q8_layout: 0,
         err: lw.err,
         tag: lw.tag,
         n_tokens: sh.n_tokens as i32,
