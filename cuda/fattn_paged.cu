@@ -320,10 +320,17 @@ __device__ void paged_vec_token(const PagedArgs& p, int t) {
     finish_rows<D, R>(m, l, acc, nrows, sacc, sm, sl, paged_out<D>(p, t, h0, c.used));
 }
 
+// vec takes the listed tokens of a batch with a prefill run; vec4 a token a block only (the
+// lowering gives listed tokens to vec): the loop's registers spilled vec4's Q8_0 kernels
+// at their 4 blocks an SM.
 template <int D, typename T, int NS, int UN, int R>
 __device__ void paged_vec(const PagedArgs& p) {
     pdl_enter();
-    decode_tokens(p, [&](int t) { paged_vec_token<D, T, NS, UN, R>(p, t); });
+    if constexpr (R == 1) {
+        decode_tokens(p, [&](int t) { paged_vec_token<D, T, NS, UN, R>(p, t); });
+    } else {
+        paged_vec_token<D, T, NS, UN, R>(p, (int)blockIdx.z);
+    }
 }
 
 // 8 elements of a K/V row of the dtype `dt` (PAGED_F32 .. PAGED_Q4_0) at e0, as load8.

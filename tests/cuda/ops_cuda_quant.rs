@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 
 use graft::backend::cpu::CpuBackend;
-use graft::backend::cuda::{CudaBackend, QuantPath, MMQ_MAX_COLS};
+use graft::backend::cuda::{CudaBackend, QuantPath, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
@@ -128,17 +128,21 @@ impl Path {
     }
 
     /// The path the lowering must pick for case `c` on the decode path `mmvq`: the decode
-    /// kernels for a few columns without batches, the tensor-core product up to
-    /// `MMQ_MAX_COLS` columns (batches included) over one weight matrix of a type it has
-    /// kernels for ([`qs::core_types`]), cuBLAS otherwise.
+    /// kernels for a few columns without batches (below `MMQ_FROM_COLS` for a type the
+    /// tensor-core product takes, unless fused with the residual add), the tensor-core
+    /// product up to `MMQ_MAX_COLS` columns (batches included) over one weight matrix of a
+    /// type it has kernels for ([`qs::core_types`]), cuBLAS otherwise.
     fn expected(c: &QCase, mmvq: bool) -> Path {
         let one = c.a_batch == [1, 1];
-        match (c.n <= 8 && one && c.repeat == [1, 1], mmvq) {
+        let mmq_type = qs::core_types().contains(&c.q);
+        let decode_cols = match mmq_type && !matches!(c.op, QOp::MulMat { add: true }) {
+            true => MMQ_FROM_COLS - 1,
+            false => 8,
+        };
+        match (c.n <= decode_cols && one && c.repeat == [1, 1], mmvq) {
             (true, true) => Path::Dp4a,
             (true, false) => Path::Dequantize,
-            (false, _) if one && c.cols() <= MMQ_MAX_COLS && qs::core_types().contains(&c.q) => {
-                Path::Mmq
-            }
+            (false, _) if one && c.cols() <= MMQ_MAX_COLS && mmq_type => Path::Mmq,
             (false, _) => Path::Cublas,
         }
     }
@@ -687,8 +691,12 @@ fn prop_aligned_k_quant_rows_match_staged() {
             offset: c.offset + 2,
             ..c.clone()
         };
+        // the decode kernels at every width they take (from 5 columns the lowering gives
+        // a product that is not fused with its residual add to the tensor cores)
+        cuda.set_quant_path(QuantPath::Dequant);
         let (aligned, aligned_kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
         let (staged, staged_kernels) = profiled(cuda, true, |cuda| run_on(&staged_case, cuda));
+        cuda.set_quant_path(QuantPath::Auto);
         let (aligned, staged) = (aligned?.1, staged?.1);
         let nc = match c.n {
             1 => 1,

@@ -1563,8 +1563,8 @@ fn fusion_assumes_the_kernels_there_are() {
 
 /// paged_attn's launches by shape on 132 SMs: the decode kernel by cache types, GQA and
 /// head dim (tensor cores for GQA over F16, streamed for aligned F16, BF16, Q8_0, Q4_0 at
-/// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256, the any-type
-/// kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
+/// head dims 64, 128, 256, 4 query heads a block with GQA at 128 and 256 but beside the
+/// prefill kernel, the any-type kernel for the rest), its chunks as flash_attn_ext's decode splits the table's longest
 /// sequence (a combine when there can be more than one), and the tensor-core prefill kernel
 /// first for batches of more than 64 tokens with K and V of one type, after the list of the
 /// tokens it leaves, which the decode kernel's wave of blocks takes in turn.
@@ -1607,9 +1607,9 @@ fn paged_attention_kernels() {
             4,
             2,
             100,
-            "list mma_d256_bf16 vec4_d256_bf16",
+            "list mma_d256_bf16 vec_d256_bf16",
             1,
-            4,
+            8,
         ),
         (f16, q8, 128, 8, 4, 512, "any_d128", 1, 32),
     ] {

@@ -15,7 +15,8 @@
 //!   (flash-decoding, as `flash_attn_ext`'s decode: [`dec_split`], [`decode_split`]):
 //!   `fattn_paged_dec_d<D>_f16` for GQA over F16 caches (tensor cores),
 //!   `fattn_paged_vec_d<D>_<kv>` / `fattn_paged_vec4_d<D>_<kv>` (streamed through shared
-//!   memory) for F16, BF16, Q8_0 and Q4_0 caches whose rows allow it, and
+//!   memory; vec4, 4 query heads a block with GQA, takes no list) for F16, BF16, Q8_0 and
+//!   Q4_0 caches whose rows allow it, and
 //!   `fattn_paged_any_d<D>` for the rest (K and V of different types, F32, other head dims).
 //! - `fattn_paged_combine` merges the chunks when there can be more than one; the partials
 //!   and each token's chunk count go to scratch. In a decode step whose next product reads
@@ -76,7 +77,7 @@ pub(crate) fn lower_writing(
     }
     let mut args = fixed_args(p, src, dst, &sh, lw)?;
     let prefill = sh.prefill(kt, vt, &mut args)?;
-    let decode = sh.decode_kernel(kt, vt, lw)?;
+    let decode = sh.decode_kernel(kt, vt, prefill.is_some(), lw)?;
     let blocks = decode.heads * sh.n_tokens;
     let split = decode.split(sh.max_pos, blocks, lw.sms);
     args.split = split as i32;
@@ -301,8 +302,16 @@ impl Shape {
         }))
     }
 
-    /// The decode kernel for K `kt` and V `vt` (see the module docs).
-    fn decode_kernel(&self, kt: &Operand, vt: &Operand, lw: &Lowering) -> Result<Decode, String> {
+    /// The decode kernel for K `kt` and V `vt` (see the module docs); `listed`: it takes
+    /// the tokens the prefill kernel leaves from a list, which the streamed kernel of
+    /// several query heads does not (`fattn_paged_vec4` takes a token a block).
+    fn decode_kernel(
+        &self,
+        kt: &Operand,
+        vt: &Operand,
+        listed: bool,
+        lw: &Lowering,
+    ) -> Result<Decode, String> {
         let dt = kt.dtype;
         let same = dt == vt.dtype;
         if let Some(set) = dec_family(self.d).filter(|_| same && dt == DType::F16 && self.group > 1)
@@ -316,7 +325,7 @@ impl Shape {
         }
         let streams = stream_unit(dt, self.d)
             .is_some_and(|u| aligned_rows(lw, kt, u) && aligned_rows(lw, vt, u));
-        let streamed = vec_family(self.d, self.group > 1).filter(|_| same && streams);
+        let streamed = vec_family(self.d, self.group > 1 && !listed).filter(|_| same && streams);
         if let Some((set, rows)) = streamed {
             return Ok(Decode {
                 kind: DecodeKind::Stream,
@@ -421,9 +430,9 @@ fn dec_family(d: usize) -> Option<KernelSet<PagedArgs, 1>> {
     dims::FATTN_PAGED_DEC.get(d).ok()
 }
 
-/// The streamed decode kernels at head dim `d` and their query heads a block: with GQA,
-/// [`STREAM_ROWS`] at head dims 128 and 256 (at 64, fattn_vec4s's Q8_0 kernel spilled
-/// within the register bound of 4 blocks an SM), else one.
+/// The streamed decode kernels at head dim `d` and their query heads a block: with GQA
+/// (`gqa`), [`STREAM_ROWS`] at head dims 128 and 256 (at 64, fattn_vec4s's Q8_0 kernel
+/// spilled within the register bound of 4 blocks an SM), else one.
 fn vec_family(d: usize, gqa: bool) -> Option<(KernelSet<PagedArgs, 1>, usize)> {
     match dims::FATTN_PAGED_VEC4.get(d) {
         Ok(set) if gqa => Some((set, STREAM_ROWS)),
