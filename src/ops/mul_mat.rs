@@ -236,7 +236,8 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     }
 }
 
-/// [`QuantDot::F32`]: each weight block dequantized and dotted with the f32 columns.
+/// [`QuantDot::F32`]: each weight row dequantized (once, when there are several columns)
+/// and dotted with the f32 columns, in the same order of sums either way.
 fn cpu_quant_f32(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -250,14 +251,22 @@ fn cpu_quant_f32(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
             }
             let (i02, i03) = (i2 / r2, i3 / r3);
             let cols = &cols;
+            let scratch = || vec![0f32; if n > 1 { k } else { 0 }];
             (0..m.div_ceil(ROWS_PER_TASK))
                 .into_par_iter()
-                .for_each(|task| {
+                .for_each_init(scratch, |row, task| {
                     for i in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m) {
                         // SAFETY: i < m, (i02, i03) inside a's batch dims; a is read-only here.
                         let w = unsafe { quant_row(&a, i, i02, i03, w_bytes) };
+                        if n > 1 {
+                            quant::dequantize_row(q, w, row).expect("k is whole blocks");
+                        }
                         for (j, col) in cols.chunks_exact(k).enumerate() {
-                            let v = quant::vec_dot_f32(q, w, col);
+                            let v = if n > 1 {
+                                quant::dot::dot_dequantized(row, col)
+                            } else {
+                                quant::vec_dot_f32(q, w, col)
+                            };
                             // SAFETY: (i, j, i2, i3) is inside dst; each task writes its own rows.
                             unsafe { dst.set([i, j, i2, i3], v) };
                         }

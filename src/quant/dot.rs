@@ -235,6 +235,43 @@ pub fn vec_dot_f32(q: QType, w: &[u8], x: &[f32]) -> f32 {
     vec_dot_f32_any(q, w, x)
 }
 
+/// The dot product of a weight row that [`super::dequantize_row`] dequantized with `x`,
+/// summed as [`vec_dot_f32`] sums the quantized row (the same bits): a product with
+/// several columns dequantizes each weight row once instead of once per column.
+pub fn dot_dequantized(w: &[f32], x: &[f32]) -> f32 {
+    assert!(
+        w.len() == x.len() && w.len() % LANES == 0,
+        "dot_dequantized: {} weights and {} activations are not one row of whole blocks",
+        w.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (checked by has_avx2).
+        return unsafe { dot_dequantized_avx2(w, x) };
+    }
+    dot_dequantized_any(w, x)
+}
+
+/// [`dot_dequantized`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_dequantized_avx2(w: &[f32], x: &[f32]) -> f32 {
+    dot_dequantized_any(w, x)
+}
+
+/// [`dot_dequantized`] for any target: [`f32_blocks`]'s lanes over the whole row.
+#[inline(always)]
+fn dot_dequantized_any(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
+        for k in 0..LANES {
+            acc[k] += wc[k] * xc[k];
+        }
+    }
+    reduce_lanes(&acc)
+}
+
 /// [`vec_dot_f32`] compiled for AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

@@ -2,6 +2,7 @@
 //! `scripts/make-quant-vectors.py` under tests/fixtures/quant/), and property tests of the
 //! round trip and the dot products against f64 oracles.
 
+use graft::quant::dot::dot_dequantized;
 use graft::quant::{dequantize_row, quantize_row, vec_dot_f32, vec_dot_q8_1, QType};
 use half::f16;
 use proptest::prelude::*;
@@ -586,6 +587,13 @@ fn check_dot_f32(q: QType, w: &[f32], x: &[f32]) -> Result<(), TestCaseError> {
     prop_assert!(
         (f64::from(got) - exact).abs() <= tol,
         "{q} n={}: vec_dot_f32 {got} vs exact {exact}, tolerance {tol:.3e}",
+        w.len()
+    );
+    // a product of several columns dequantizes the row once: the same sums, the same bits
+    let once = dot_dequantized(&wd, x);
+    prop_assert!(
+        once.to_bits() == got.to_bits(),
+        "{q} n={}: dot_dequantized {once} vs vec_dot_f32 {got}",
         w.len()
     );
     Ok(())
