@@ -1,7 +1,8 @@
 //! paged_attn on the CPU backend against an f64 oracle written here (a plain softmax over
 //! each query's visible positions, keys found through the block table): random block
 //! tables, sequence lengths, decode and prefill-chunk queries, padding, GQA, windows and
-//! every cache type (the cases live in `common/paged.rs`, shared with the CUDA test);
+//! every cache type (the cases live in `common/paged.rs`, shared with the CUDA test), and
+//! decode steps over F16 pools alone;
 //! non-finite input; bad tables and positions; builder errors.
 
 use crate::common;
@@ -23,6 +24,26 @@ proptest! {
         let want = oracle(&c, &x);
         prop_assert!(got.iter().all(|v| v.is_finite()), "non-finite output");
         let e = nmse(&got, &want);
+        prop_assert!(e <= 1e-9, "NMSE {e:e}");
+    }
+
+    /// Decode steps over F16 pools (on x86-64 with AVX2, FMA and F16C the keys' raw rows
+    /// go to flash_attn_ext's decode kernel): windows, softcapping, GQA and padding as
+    /// above, every sequence with at most one query.
+    #[test]
+    fn prop_paged_attn_decode_f16(c in case()
+        .prop_map(|mut c| {
+            (c.k, c.v) = (DType::F16, DType::F16);
+            c.queries.iter_mut().for_each(|q| *q = (*q).min(1));
+            c
+        })
+        .prop_filter("a batch of at least one token", |c| {
+            c.padding + c.queries.iter().sum::<usize>() > 0
+        }))
+    {
+        let x = inputs(&c);
+        let got = run(&c, &x, &mut CpuBackend::new()).map_err(TestCaseError::fail)?;
+        let e = nmse(&got, &oracle(&c, &x));
         prop_assert!(e <= 1e-9, "NMSE {e:e}");
     }
 }

@@ -194,21 +194,7 @@ fn gather(
         ..pool
     };
     for (key, row) in out.chunks_exact_mut(d * heads).enumerate() {
-        let j = run.lo + key;
-        // SAFETY: j / block_size < max_blocks (checked by `runs`), seq < n_seqs.
-        let block = unsafe { table.get_i32([j / block_size, run.seq, 0, 0]) };
-        let slot = usize::try_from(block)
-            .ok()
-            .and_then(|b| b.checked_mul(block_size))
-            .map(|b| b + j % block_size)
-            .filter(|&s| s < n_slots)
-            .ok_or_else(|| Error::IndexOutOfRange {
-                op: OP,
-                node: step.name.clone(),
-                index: block.into(),
-                position: j / block_size,
-                limit: n_slots / block_size,
-            })?;
+        let slot = slot_of(step, pool, table, run, run.lo + key, block_size)?;
         if merged {
             // SAFETY: slot < n_slots; a pool row's heads are contiguous (checked above).
             unsafe { whole.read_row(slot, 0, 0, row) };
@@ -222,9 +208,37 @@ fn gather(
     Ok(())
 }
 
+/// The pool slot of key position `j` of `run`'s sequence; a physical block outside the
+/// pool is an error.
+fn slot_of(
+    step: &Step,
+    pool: HostTensor,
+    table: HostTensor,
+    run: &Run,
+    j: usize,
+    block_size: usize,
+) -> Result<usize> {
+    let n_slots = pool.ne[1];
+    // SAFETY: j / block_size < max_blocks (checked by `runs`), seq < n_seqs.
+    let block = unsafe { table.get_i32([j / block_size, run.seq, 0, 0]) };
+    usize::try_from(block)
+        .ok()
+        .and_then(|b| b.checked_mul(block_size))
+        .map(|b| b + j % block_size)
+        .filter(|&s| s < n_slots)
+        .ok_or_else(|| Error::IndexOutOfRange {
+            op: OP,
+            node: step.name.clone(),
+            index: block.into(),
+            position: j / block_size,
+            limit: n_slots / block_size,
+        })
+}
+
 /// CPU kernel: the tokens are grouped into runs of one sequence; each run's visible K
 /// and V rows are gathered once into dense f32, then its (token, head) rows are scored,
-/// softmaxed and summed over V, runs and rows in parallel.
+/// softmaxed and summed over V, runs and rows in parallel. A decode run over F16 pools
+/// takes [`decode_f16`] instead where the CPU allows.
 pub(crate) fn cpu(
     step: &Step,
     p: &PagedAttnParams,
@@ -249,6 +263,10 @@ pub(crate) fn cpu(
         .map(|r| (r.end - r.start) * n_head * (r.hi + 1 - r.lo) * (d + d_v))
         .sum();
     let one = |run: &Run| -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if decode_f16(step, p, dst, src, run)? {
+            return Ok(());
+        }
         let (mut kf, mut vf) = (Vec::new(), Vec::new());
         gather(step, k, table, run, p.block_size, &mut kf)?;
         gather(step, v, table, run, p.block_size, &mut vf)?;
@@ -283,6 +301,86 @@ pub(crate) fn cpu(
     } else {
         runs.par_iter().try_for_each(one)
     }
+}
+
+/// A run of one token (a decode step's sequence) over F16 K and V pools: the raw f16 rows
+/// of its visible keys copied side by side (no conversion), then the AVX2 decode kernel
+/// of `flash_attn_ext` ([`super::decode_avx2`]) on them, every key visible. False when
+/// the run or the pools do not qualify, or the CPU lacks AVX2, FMA or F16C.
+#[cfg(target_arch = "x86_64")]
+fn decode_f16(
+    step: &Step,
+    p: &PagedAttnParams,
+    dst: HostTensor,
+    src: &[HostTensor],
+    run: &Run,
+) -> Result<bool> {
+    let (q, k, v, table) = (src[0], src[1], src[2], src[3]);
+    let f16_rows = |t: &HostTensor| {
+        t.dtype == DType::F16 && t.nb[0] == 2 && t.nb[2] == t.ne[0] * 2 && t.nb[1] % 2 == 0
+    };
+    if run.end - run.start != 1 || !f16_rows(&k) || !f16_rows(&v) || !crate::ops::simd::available()
+    {
+        return Ok(false);
+    }
+    let (d, d_v, n_head_kv, n_head) = (k.ne[0], v.ne[0], k.ne[2], q.ne[1]);
+    let keys = run.hi + 1 - run.lo;
+    let (mut kh, mut vh) = (Vec::new(), Vec::new());
+    gather_f16(step, k, table, run, p.block_size, &mut kh)?;
+    gather_f16(step, v, table, run, p.block_size, &mut vh)?;
+    let dense = |buf: &mut Vec<u16>, d: usize| HostTensor {
+        ptr: buf.as_mut_ptr() as *mut u8,
+        dtype: DType::F16,
+        // [d, keys, n_head_kv]: a key's heads side by side, as in the pool
+        ne: [d, keys, n_head_kv, 1],
+        nb: [2, n_head_kv * d * 2, d * 2, keys * n_head_kv * d * 2],
+    };
+    let (kt, vt) = (dense(&mut kh, d), dense(&mut vh, d_v));
+    // the token's query rows as [d, 1, n_head, 1] and its result rows as [d_v, n_head, 1, 1]
+    let qt = HostTensor {
+        ptr: q.ptr.wrapping_add(q.offset([0, 0, run.start, 0])),
+        ne: [d, 1, n_head, 1],
+        nb: [q.nb[0], q.nb[2], q.nb[1], q.nb[3]],
+        ..q
+    };
+    let out = HostTensor {
+        ptr: dst.ptr.wrapping_add(dst.offset([0, 0, run.start, 0])),
+        ne: [d_v, n_head, 1, 1],
+        ..dst
+    };
+    let fp = crate::graph::FlashAttnParams {
+        scale: p.scale,
+        max_bias: 0.0,
+        softcap: p.softcap,
+    };
+    Ok(super::decode_avx2::try_run(&fp, out, (qt, kt, vt), None))
+}
+
+/// [`gather`]'s rows as the pool's raw f16 (`u16`) values.
+#[cfg(target_arch = "x86_64")]
+fn gather_f16(
+    step: &Step,
+    pool: HostTensor,
+    table: HostTensor,
+    run: &Run,
+    block_size: usize,
+    out: &mut Vec<u16>,
+) -> Result<()> {
+    let width = pool.ne[0] * pool.ne[2];
+    out.resize((run.hi + 1 - run.lo) * width, 0);
+    for (key, row) in out.chunks_exact_mut(width).enumerate() {
+        let slot = slot_of(step, pool, table, run, run.lo + key, block_size)?;
+        // SAFETY: slot < the pool's slots; a slot's heads are `width` contiguous f16
+        // (decode_f16 checked the strides), inside the pool's memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                pool.ptr.add(slot * pool.nb[1]) as *const u16,
+                row.as_mut_ptr(),
+                width,
+            )
+        };
+    }
+    Ok(())
 }
 
 /// The dense K and V rows of a run: key position `j` of KV head `hk` at
