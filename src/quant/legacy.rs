@@ -149,9 +149,20 @@ fn quants_8bit(x: &[f32; QK], qs: &mut [u8]) -> f32 {
     let d = absmax(x) / 127.0;
     let id = inverse(d);
     for (q, &v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round() as i8 as u8;
+        *q = round_half_away(v * id).clamp(-128, 127) as i8 as u8;
     }
     d
+}
+
+/// `x` rounded half away from zero, the value `f32::round` (C's `roundf`) gives, through a
+/// truncating conversion: exact for |x| < 2^23 (where `x - trunc(x)` is exact), 0 for
+/// NaN. On the baseline x86-64 target `f32::round` is a call into libm for each element,
+/// which took 1.5% of a batched CPU decode of the default model; this loop vectorizes.
+#[inline(always)]
+fn round_half_away(x: f32) -> i32 {
+    let t = x as i32;
+    let f = x - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
 }
 
 /// Quantizes one Q8_0 block (ggml's `quantize_row_q8_0_ref`).
@@ -224,5 +235,28 @@ pub fn dequantize_q8_1(x: &[u8; 36], y: &mut [f32; QK]) {
     let d = read_f16(x, 0);
     for (v, &qi) in y.iter_mut().zip(&x[4..]) {
         *v = f32::from(qi as i8) * d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    /// The same values as `f32::round` over the quantizers' range: every half-integer tie,
+    /// the floats next to each tie, and a sweep in steps of 1/1024, both signs; NaN gives 0
+    /// as `NaN.round() as i8` does.
+    #[test]
+    fn round_half_away_is_roundf() {
+        let mut xs = vec![0.0f32, -0.0, f32::MIN_POSITIVE, 0.49999997, -0.49999997];
+        for i in -300..=300 {
+            let tie = i as f32 + 0.5;
+            let b = tie.to_bits();
+            xs.extend([tie, f32::from_bits(b + 1), f32::from_bits(b - 1)]);
+        }
+        xs.extend((-140 * 1024..=140 * 1024).map(|i| i as f32 / 1024.0));
+        for x in xs {
+            assert_eq!(round_half_away(x), x.round() as i32, "{x:e}");
+        }
+        assert_eq!(round_half_away(f32::NAN), f32::NAN.round() as i8 as i32);
     }
 }
