@@ -385,13 +385,16 @@ fn fattn_paged() -> Vec<Instance> {
             call,
         ));
     }
-    // fattn_paged_mma: the prefill block over runs of tokens, K and V of one type.
+    // fattn_paged_mma: the prefill block over runs of tokens, K and V of one type, two
+    // blocks an SM at least: left to itself ptxas kept the F16 kernel at head dim 128 to
+    // 168 registers (three blocks) and spilled in its key loop; flash_attn_ext's prefill
+    // block takes 225 without a bound.
     for d in PAGED_DIMS {
         for (kv, ty) in [F32, F16, BF16, Q8_0, Q4_0] {
             let call = format!("paged_mma<{d}, {ty}>");
             v.push(paged(
                 format!("fattn_paged_mma_d{d}_{kv}"),
-                mma_block(d),
+                &format!("{}, 2", mma_block(d)),
                 call,
             ));
         }

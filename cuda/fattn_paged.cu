@@ -11,16 +11,17 @@
 //
 //   fattn_paged_mma_d<D>_<kv> (when the lowering launches it: batches of more than
 //     DECODE_TOKENS tokens, K and V of one type, head dims 64, 128, 256) grid (ceil(n_tokens
-//     / BQ), n_head), the prefill kernel's block (MmaShape: BQ = 64 rows of 16 per warp, 32
-//     for D = 256). Its tile of BQ consecutive tokens splits into runs: consecutive tokens
-//     of one sequence (a token outside the table, or padding, ends a run). The block takes
-//     every run of at least p.min_run tokens of its tile, one after another, for one query
-//     head: the run's rows over the keys from the least first visible position of its
-//     tokens to the greatest position, in tiles of BK keys through shared memory (cp.async
-//     into two buffers for aligned F16 rows, else loads converted to F16; each tile's keys
-//     looked up in the table, 4 threads a key), scores and P.V on mma.sync, each row
-//     masked to its own range lo..pos, so the run's tokens may come in any order. This is
-//     the chunk of a sequence being prefilled: its K/V tiles are read once for BQ tokens.
+//     / BQ), n_head; the last tile first), the prefill kernel's block (MmaShape: BQ = 64
+//     rows of 16 per warp, 32 for D = 256). Its tile of BQ consecutive tokens splits into
+//     runs: consecutive tokens of one sequence (a token outside the table, or padding, ends
+//     a run). The block takes every run of at least p.min_run tokens of its tile, one after
+//     another, for one query head: the run's rows over the keys from the least first
+//     visible position of its tokens to the greatest position, in tiles of BK keys through
+//     shared memory (cp.async into two buffers for aligned F16 rows, else loads converted
+//     to F16; each tile's keys looked up in the table a tile ahead, 4 threads a key),
+//     scores and P.V on mma.sync, each row masked to its own range lo..pos, so the run's
+//     tokens may come in any order. This is the chunk of a sequence being prefilled: its
+//     K/V tiles are read once for BQ tokens.
 //   fattn_paged_list (one block, launched first with fattn_paged_mma): the other tokens
 //     (of shorter runs, padding, outside the table) into a list in scratch, p.decoded.
 //   the decode kernels take those tokens (every token when the tensor-core kernel is not
@@ -423,14 +424,42 @@ struct PagedKeys {
     int klo, khi, alo, ahi, blo, bhi;
 };
 
-// The K and V tiles of keys j0..j0+BK into ks and vs ([key][d], LDK halves a key), keys past
-// kr.khi zeros (their probability is 0, and V must not hold a NaN; the look-up repeats key
-// khi, so no table entry outside the rows' keys is read). G = 4 threads take a key, each
-// D / 32 pieces of 8 elements of its K and V rows after one look-up a pass. ASYNC and VEC
-// as in fattn.cu's kv_tiles: F16 rows that allow 16-byte copies go by cp.async, the other
-// types are loaded (at most 4 pieces of K and V in flight a thread) and converted to F16.
+// The pool slot of the key a thread copies of the tile of keys j0..j0+BK (G = 4 threads a
+// key, NT / G keys a pass): key j0 + c0 + threadIdx.x / G, keys past kr.khi as key khi (so
+// no table entry outside the rows' keys is read). Where a tile is one pass (AHEAD: the
+// prefill blocks) the slot is looked up a tile ahead of the copies (paged_keys), so that
+// the table's load is not waited on before them; the decode block's single warp copies a
+// tile in several passes and looks each key up as it copies it (a slot held for every
+// pass spilled).
+template <int BK, int NT, bool AHEAD = BK == NT / 4>
+struct TileSlots {
+    int s;  // the pool's slots fit in 32 bits (the lowering checks)
+    // The slot for tile j0, whose copies come after this.
+    __device__ __forceinline__ void ahead(const PagedArgs& p, const PagedKeys& kr, int j0) {
+        s = (int)slot_of(p, kr.row, min(j0 + (int)threadIdx.x / 4, kr.khi));
+    }
+    // The slot of key j.
+    __device__ __forceinline__ i64 slot(const PagedArgs&, const PagedKeys&, int) const { return s; }
+};
+
+// Several passes a tile: each key looked up as it is copied.
+template <int BK, int NT>
+struct TileSlots<BK, NT, false> {
+    __device__ __forceinline__ void ahead(const PagedArgs&, const PagedKeys&, int) {}
+    __device__ __forceinline__ i64 slot(const PagedArgs& p, const PagedKeys& kr, int j) const {
+        return slot_of(p, kr.row, min(j, kr.khi));
+    }
+};
+
+// The K and V tiles of keys j0..j0+BK into ks and vs ([key][d], LDK halves a key) from the
+// pool slots `sl` (TileSlots of the same tile), keys past kr.khi zeros (their probability
+// is 0, and V must not hold a NaN). G = 4 threads take a key, each D / 32 pieces of 8
+// elements of its K and V rows a pass. ASYNC and VEC as in fattn.cu's kv_tiles: F16 rows
+// that allow 16-byte copies go by cp.async, the other types are loaded (at most 4 pieces
+// of K and V in flight a thread) and converted to F16.
 template <typename T, bool ASYNC, bool VEC, int D, int BK, int NT, int LDK>
-__device__ __forceinline__ void paged_tiles(const PagedArgs& p, const PagedKeys& kr, int j0, f16* ks, f16* vs) {
+__device__ __forceinline__ void paged_tiles(const PagedArgs& p, const PagedKeys& kr, int j0,
+                                            const TileSlots<BK, NT>& sl, f16* ks, f16* vs) {
     constexpr int G = 4;
     constexpr int P = D / 8 / G;  // pieces a thread copies of a row
     constexpr int UB = P < 4 ? P : 4;  // of which in flight together
@@ -441,7 +470,7 @@ __device__ __forceinline__ void paged_tiles(const PagedArgs& p, const PagedKeys&
     for (int c0 = 0; c0 < BK; c0 += KEYS) {
         const int c = c0 + (int)threadIdx.x / G, j = j0 + c;
         const bool in = j <= kr.khi;
-        const i64 slot = slot_of(p, kr.row, min(j, kr.khi));
+        const i64 slot = sl.slot(p, kr, j);
         const char* krow = kr.kbase + slot * p.k.nb[1];
         const char* vrow = kr.vbase + slot * p.v.nb[1];
 #pragma unroll
@@ -506,7 +535,13 @@ __device__ __forceinline__ void paged_keys(const PagedArgs& p, const PagedKeys& 
     constexpr int BK = S::BK, LD = S::LD;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, t4 = lane % 4;
     const int tiles = kr.khi >= kr.klo ? (kr.khi - kr.klo) / BK + 1 : 0;
-    if (tiles > 0) paged_tiles<T, ASYNC, VEC, D, BK, NT, LD>(p, kr, kr.klo, kv[0][0], kv[0][1]);
+    // nxt: the slots of the next tile to copy, looked up a tile before its copies
+    TileSlots<BK, NT> nxt;
+    if (tiles > 0) {
+        nxt.ahead(p, kr, kr.klo);
+        paged_tiles<T, ASYNC, VEC, D, BK, NT, LD>(p, kr, kr.klo, nxt, kv[0][0], kv[0][1]);
+        if (tiles > 1) nxt.ahead(p, kr, kr.klo + BK);
+    }
     if constexpr (ASYNC) stage_commit();
     stage_q();
     __syncthreads();
@@ -528,13 +563,15 @@ __device__ __forceinline__ void paged_keys(const PagedArgs& p, const PagedKeys& 
             stage_wait<0>();
             __syncthreads();  // tile it is in; every warp is done with the other buffer
             if (it + 1 < tiles) {
-                paged_tiles<T, true, VEC, D, BK, NT, LD>(p, kr, j0 + BK, kv[cur ^ 1][0], kv[cur ^ 1][1]);
+                paged_tiles<T, true, VEC, D, BK, NT, LD>(p, kr, j0 + BK, nxt, kv[cur ^ 1][0], kv[cur ^ 1][1]);
+                if (it + 2 < tiles) nxt.ahead(p, kr, j0 + 2 * BK);
             }
             stage_commit();
         } else {
             if (it > 0) {
                 __syncthreads();  // every warp is done with the previous tile
-                paged_tiles<T, false, VEC, D, BK, NT, LD>(p, kr, j0, kv[0][0], kv[0][1]);
+                paged_tiles<T, false, VEC, D, BK, NT, LD>(p, kr, j0, nxt, kv[0][0], kv[0][1]);
+                if (it + 1 < tiles) nxt.ahead(p, kr, j0 + BK);
             }
             __syncthreads();
         }
@@ -647,7 +684,7 @@ __device__ void paged_dec(const PagedArgs& p) {
 // the least first visible position of the run to its greatest position, and the rows of the
 // run are written normalized.
 template <int D, typename T, bool ASYNC, bool VEC>
-__device__ void paged_mma_run(const PagedArgs& p, int t0, int a, int e, int seq, int h, f16* qs,
+__device__ __forceinline__ void paged_mma_run(const PagedArgs& p, int t0, int a, int e, int seq, int h, f16* qs,
                               f16 (*kv)[2][MmaShape<D>::BK * MmaShape<D>::LD]) {
     using S = MmaShape<D>;
     constexpr int BQ = S::BQ, NT = S::NT, LD = S::LD;
@@ -696,8 +733,9 @@ __device__ void paged_mma_run(const PagedArgs& p, int t0, int a, int e, int seq,
     }
 }
 
-// The prefill block: the runs of at least p.min_run tokens of tile blockIdx.x, for query
-// head blockIdx.y.
+// The prefill block: the runs of at least p.min_run tokens of a tile, for query head
+// blockIdx.y. The last tile goes first (blockIdx.x 0): in a prompt's chunk the later
+// tokens see the most keys, and the heavy blocks starting first leave no long tail.
 template <int D, typename T>
 __device__ void paged_mma(const PagedArgs& p) {
     using S = MmaShape<D>;
@@ -705,7 +743,7 @@ __device__ void paged_mma(const PagedArgs& p) {
     __shared__ __align__(16) f16 qsep[S::QREG ? 1 : S::BQ * S::LD];
     f16* qs = S::QREG ? kv[S::STAGES - 1][0] : qsep;
     pdl_enter();
-    const int t0 = blockIdx.x * S::BQ, n = min(S::BQ, p.n_tokens - t0), h = blockIdx.y;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * S::BQ, n = min(S::BQ, p.n_tokens - t0), h = blockIdx.y;
     const uint64_t starts = run_starts(p, t0, n);
     with_tile_loads<D, T>(p.kv_vec != 0, [&](auto async, auto vec) {
         for (int a = 0; a < n;) {
