@@ -289,8 +289,10 @@ struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K
     i64 tag;
     const float* fold_scale;  // a folded norm's factor (NormFold::scale) that scales the
                               // inputs; null: none
+    i64 vec;         // 1: every row dense and 16-byte aligned, n_dims a multiple of 4 and
+                     // v's rows a multiple of 8 elements (rope_row_vec, set_row_chunk)
 };
-static_assert(sizeof(RopeStoreArgs) == 600, "RopeStoreArgs layout");
+static_assert(sizeof(RopeStoreArgs) == 608, "RopeStoreArgs layout");
 
 struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
     Tensor4 src;

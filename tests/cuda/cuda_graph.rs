@@ -626,15 +626,21 @@ fn skipped_kernels_are_not_launched() {
 }
 
 /// One case of [`attention_inputs_match_cpu`]: the weight type, the rope pairing, the
-/// caches' type, whether V is cached transposed and whether the product's input is a
+/// caches' type, whether V is cached transposed, whether the product's input is a
 /// residual add and RMS norm (which the CUDA backend folds into the launches around the
-/// product) rather than an input.
+/// product) rather than an input, and the tokens of the step.
 struct QkvCase {
     w: DType,
     mode: RopeMode,
     cache: DType,
     v_transposed: bool,
     fold: bool,
+    tokens: usize,
+}
+
+/// The cache slot of token `i` of a [`qkv_graph`] (distinct, out of order).
+fn qkv_slot(i: usize) -> i32 {
+    ((77 + 7 * i) % CTX) as i32
 }
 
 /// `n` values in [-1, 1) from `seed`, alike on every backend.
@@ -648,17 +654,17 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
 type Inputs = Vec<(TensorId, Vec<f32>)>;
 
 /// A q|k|v product, its views, the ropes of q and k and the cache writes of k and v (the
-/// steps of a decode layer's attention inputs) for one token at cache slot `slot`, the
+/// steps of a layer's attention inputs) for `c.tokens` tokens at cache slots `slot`, the
 /// product's input x an input or, with `c.fold`, `rms_norm(r + wo a) * wn` (r, a, wo, wn
-/// F32 inputs): the plan, its F32 inputs with their values, its other inputs (pos,
-/// slot), its output (roped q) and the two caches.
+/// F32 inputs; one token): the plan, its F32 inputs with their values, its other inputs
+/// (pos, slot), its output (roped q) and the two caches.
 fn qkv_graph(
     be: &mut dyn Backend,
     c: &QkvCase,
     caches: &mut Vec<(BufferId, usize)>,
 ) -> graft::Result<(Plan, Inputs, [TensorId; 3])> {
     const K: usize = 256;
-    let (m, slots) = ((N_HEAD + 2 * N_KV_HEAD) * HD, CTX);
+    let (m, slots, n) = ((N_HEAD + 2 * N_KV_HEAD) * HD, CTX, c.tokens);
     let mut g = Graph::new();
     let mut inputs = Vec::new();
     let x = if c.fold {
@@ -678,12 +684,20 @@ fn qkv_graph(
         let n = g.rms_norm(y, 1e-5)?;
         g.mul(n, wn)?
     } else {
-        let x = g.input("x", DType::F32, &[K, 1])?;
-        inputs.push((x, values(K, 0)));
+        let x = g.input("x", DType::F32, &[K, n])?;
+        // many tokens' products may round x to F16 (cuBLAS): values F16 holds exactly
+        let v = match n {
+            1 => values(K, 0),
+            _ => values(K * n, 0)
+                .iter()
+                .map(|x| (x * 64.0).round() / 64.0)
+                .collect(),
+        };
+        inputs.push((x, v));
         x
     };
-    let pos = g.input("pos", DType::I32, &[1])?;
-    let slot = g.input("slot", DType::I32, &[1])?;
+    let pos = g.input("pos", DType::I32, &[n])?;
+    let slot = g.input("slot", DType::I32, &[n])?;
     // weights seeded alike on both backends, quantized on the host where they are blocks
     let vals: Vec<f32> = (0..K * m)
         .map(|i| ((i as u64 * 2_654_435_761) % 1000) as f32 / 5000.0 - 0.1)
@@ -723,21 +737,21 @@ fn qkv_graph(
         freq_scale: 1.0,
         llama3: None,
     };
-    let qkv = g.mul_mat(w, x)?; // [m, 1]
+    let qkv = g.mul_mat(w, x)?; // [m, n]
     let row = m * 4;
-    let q = g.view_3d(qkv, HD, N_HEAD, 1, HD * 4, row, 0)?;
-    let k = g.view_3d(qkv, HD, N_KV_HEAD, 1, HD * 4, row, N_HEAD * HD * 4)?;
-    let v = g.view_2d(qkv, KV, 1, row, (N_HEAD + N_KV_HEAD) * HD * 4)?;
+    let q = g.view_3d(qkv, HD, N_HEAD, n, HD * 4, row, 0)?;
+    let k = g.view_3d(qkv, HD, N_KV_HEAD, n, HD * 4, row, N_HEAD * HD * 4)?;
+    let v = g.view_2d(qkv, KV, n, row, (N_HEAD + N_KV_HEAD) * HD * 4)?;
     let q = g.rope(q, pos, rope)?;
     let k = g.rope(k, pos, rope)?;
-    let k = g.reshape(k, &[KV, 1])?;
+    let k = g.reshape(k, &[KV, n])?;
     let k_written = g.set_rows(kc, k, slot)?;
     let es = c.cache.block_bytes();
     let v_written = match c.v_transposed {
         // the transposed cache as [1, slots, KV] (row p of matrix j is element (p, j))
         true => {
             let dst = g.view_3d(vc, 1, slots, KV, es, slots * es, 0)?;
-            let src = g.view_3d(v, 1, 1, KV, row, 4, 0)?;
+            let src = g.view_3d(v, 1, n, KV, row, 4, 0)?;
             g.set_rows(dst, src, slot)?
         }
         false => g.set_rows(vc, v, slot)?,
@@ -746,9 +760,11 @@ fn qkv_graph(
     Ok((plan, inputs, [pos, slot, q]))
 }
 
-/// A decode step's attention inputs (a q|k|v product, the ropes of q and k, the cache
-/// writes of k and v) on the CUDA backend: the product, then one `rope_store` launch for
-/// the four steps after it, computing what the CPU does: roped q within 1e-9 NMSE, the
+/// A step's attention inputs (a q|k|v product, the ropes of q and k, the cache writes of k
+/// and v) on the CUDA backend, for one token (a decode step) and for 200 (a prompt's
+/// chunk: several rows a block, and with dense rows the 16-byte path; F16 weights and
+/// inputs F16 holds, so that the product is exact on any path): the product, then
+/// one `rope_store` launch for the four steps after it, computing what the CPU does: roped q within 1e-9 NMSE, the
 /// written cache rows within 1e-9 (F32), 1e-6 (F16) or 1e-4 (BF16: the two products' sums
 /// can round apart), every other cache byte as it was (a wrong slot, row order or rotation
 /// is off by order 1). Weights F16 and Q4_0 (the `__dp4a` kernel), NeoX and normal pairs,
@@ -769,24 +785,33 @@ fn attention_inputs_match_cpu() {
     gpu.set_profiling(true);
     let q4 = DType::Quant(QType::Q4_0);
     let cases = [
-        (q4, RopeMode::Neox, DType::F16, false, false),
-        (q4, RopeMode::Normal, DType::F32, true, false),
-        (q4, RopeMode::Neox, DType::BF16, true, false),
-        (DType::F16, RopeMode::Neox, DType::F16, false, false),
-        (DType::F16, RopeMode::Normal, DType::BF16, true, false),
-        (DType::F16, RopeMode::Neox, DType::F16, false, true),
-        (DType::F16, RopeMode::Normal, DType::F32, true, true),
-        (q4, RopeMode::Neox, DType::BF16, false, true),
+        (q4, RopeMode::Neox, DType::F16, false, false, 1),
+        (q4, RopeMode::Normal, DType::F32, true, false, 1),
+        (q4, RopeMode::Neox, DType::BF16, true, false, 1),
+        (DType::F16, RopeMode::Neox, DType::F16, false, false, 1),
+        (DType::F16, RopeMode::Normal, DType::BF16, true, false, 1),
+        (DType::F16, RopeMode::Neox, DType::F16, false, true, 1),
+        (DType::F16, RopeMode::Normal, DType::F32, true, true, 1),
+        (q4, RopeMode::Neox, DType::BF16, false, true, 1),
+        (DType::F16, RopeMode::Neox, DType::F16, false, false, 200),
+        (DType::F16, RopeMode::Normal, DType::F16, false, false, 200),
+        (DType::F16, RopeMode::Normal, DType::F32, false, false, 200),
+        (DType::F16, RopeMode::Neox, DType::BF16, false, false, 200),
+        (DType::F16, RopeMode::Normal, DType::F16, true, false, 200),
     ];
-    for (w, mode, cache, v_transposed, fold) in cases {
+    for (w, mode, cache, v_transposed, fold, tokens) in cases {
         let c = QkvCase {
             w,
             mode,
             cache,
             v_transposed,
             fold,
+            tokens,
         };
-        let what = format!("{w} {mode:?} {cache} transposed {v_transposed} fold {fold}");
+        let what =
+            format!("{w} {mode:?} {cache} transposed {v_transposed} fold {fold} {tokens} tokens");
+        let slots: Vec<i32> = (0..tokens).map(qkv_slot).collect();
+        let positions: Vec<i32> = (0..tokens as i32).map(|i| 1234 + i).collect();
         let mut results = Vec::new();
         for be in [&mut gpu as &mut dyn Backend, &mut CpuBackend::new()] {
             let mut caches = Vec::new();
@@ -799,10 +824,11 @@ fn attention_inputs_match_cpu() {
             for (id, v) in &inputs {
                 be.set_input_f32(e, *id, v).unwrap();
             }
-            be.set_input_i32(e, pos, &[1234]).unwrap();
-            // a slot outside the cache first: an index error (the GPU reports it when
+            be.set_input_i32(e, pos, &positions).unwrap();
+            // slots outside the cache first: an index error (the GPU reports it when
             // it next waits for the device), nothing written
-            be.set_input_i32(e, slot, &[CTX as i32 + 3]).unwrap();
+            be.set_input_i32(e, slot, &vec![CTX as i32 + 3; tokens])
+                .unwrap();
             match be.compute(e).and_then(|()| be.synchronize()) {
                 Err(Error::IndexOutOfRange { index, limit, .. }) => {
                     assert_eq!((index, limit), (CTX as i64 + 3, CTX), "{what}")
@@ -814,9 +840,9 @@ fn attention_inputs_match_cpu() {
                 be.read_buffer(buf, 0, &mut v).unwrap();
                 assert!(v.iter().all(|&b| b == 0x5a), "{what}: a bad slot wrote");
             }
-            be.set_input_i32(e, slot, &[77]).unwrap();
+            be.set_input_i32(e, slot, &slots).unwrap();
             be.compute(e).unwrap();
-            let mut qv = vec![0f32; HD * N_HEAD];
+            let mut qv = vec![0f32; HD * N_HEAD * tokens];
             be.get_output(e, q, bytemuck::cast_slice_mut(&mut qv))
                 .unwrap();
             let mut cv = Vec::new();
@@ -843,10 +869,13 @@ fn attention_inputs_match_cpu() {
         let store = |k: &&str| k.starts_with(&format!("rope_store_{}", cache.name()));
         let unfolded = 4 * usize::from(fold && !folds);
         let count = |f: &dyn Fn(&&str) -> bool| kernels.iter().filter(|k| f(k)).count();
+        // (a product of many tokens: whatever path it takes, then rope_store alone)
+        let unfused = |k: &&str| k.contains("rope_f") || k.contains("set_rows");
         assert!(
-            kernels.len() == 4 + unfolded
+            count(&unfused) == 0
+                && (tokens > 1 || kernels.len() == 4 + unfolded)
                 && count(&folded) == 2 * usize::from(folds)
-                && count(&product) == 2 + unfolded / 2
+                && (tokens > 1 || count(&product) == 2 + unfolded / 2)
                 && count(&store) == 2,
             "{what}: {kernels:?}"
         );
@@ -855,10 +884,11 @@ fn attention_inputs_match_cpu() {
         assert!(e < 1e-9, "{what}: q NMSE {e:e}");
         let es = cache.block_bytes();
         for (i, (g, cpu)) in gc.iter().zip(cc).enumerate() {
-            // the bytes of slot 77: a row by position, a column transposed (V only)
+            // the bytes of the tokens' slots: rows by position, columns transposed (V only)
+            let at = |slot: usize| slots.contains(&(slot as i32));
             let written = |b: usize| match (i, v_transposed) {
-                (1, true) => b % (CTX * es) / es == 77,
-                _ => b / (KV * es) == 77,
+                (1, true) => at(b % (CTX * es) / es),
+                _ => at(b / (KV * es)),
             };
             let (mut gw, mut cw) = (Vec::new(), Vec::new());
             for (b, (&x, &y)) in g.iter().zip(cpu).enumerate() {
