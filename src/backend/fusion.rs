@@ -246,6 +246,21 @@ pub struct Target {
     /// their activations as Q8_1 (the CUDA backend's int8 tensor-core product); 0: none
     /// does. A fused step before such a product writes them too.
     pub batched_cols: usize,
+    /// Fewest activation columns from which a decode product with weights of a
+    /// [`batched_type`] takes the batched product rather than the decode kernels
+    /// (`usize::MAX`: never). Such a product is not fused with its residual add
+    /// ([`Fused::GemvAdd`] is the decode kernels' epilogue).
+    pub batched_from: usize,
+}
+
+impl Target {
+    /// Whether `a b` runs as a batched product although its layout is a decode product's
+    /// ([`Target::batched_from`]).
+    fn batched_decode(&self, a: &Operand, b: &Operand) -> bool {
+        a.dtype.quant().is_some_and(batched_type)
+            && b.nrows() >= self.batched_from
+            && quant_batched_layout(a, b, self.batched_cols)
+    }
 }
 
 /// Most activation columns of a decode product (the backend's decode kernels take 1 to 8).
@@ -376,7 +391,7 @@ pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
     let q = a.dtype.quant();
     let reads = match quant_decode_layout(a, b) {
-        true => target.q8_1 && q.is_some_and(decode_type),
+        true => (target.q8_1 && q.is_some_and(decode_type)) || target.batched_decode(a, b),
         false => q.is_some_and(batched_type) && quant_batched_layout(a, b, target.batched_cols),
     };
     (step.op == Op::MulMat && reads).then_some(Q8For {
@@ -650,7 +665,8 @@ impl<'p> Context<'p> {
                 let fits = disjoint_or_same(y, r)
                     && disjoint(y, v)
                     && disjoint(y, a)
-                    && decode_product(a, v);
+                    && decode_product(a, v)
+                    && !self.target.batched_decode(a, v);
                 fits.then_some(Fused::GemvAdd(GemvAdd {
                     a,
                     v,

@@ -129,13 +129,13 @@ impl Path {
 
     /// The path the lowering must pick for case `c` on the decode path `mmvq`: the decode
     /// kernels for a few columns without batches (below `MMQ_FROM_COLS` for a type the
-    /// tensor-core product takes, unless fused with the residual add), the tensor-core
-    /// product up to `MMQ_MAX_COLS` columns (batches included) over one weight matrix of a
-    /// type it has kernels for ([`qs::core_types`]), cuBLAS otherwise.
+    /// tensor-core product takes, with or without a residual add after it), the
+    /// tensor-core product up to `MMQ_MAX_COLS` columns (batches included) over one weight
+    /// matrix of a type it has kernels for ([`qs::core_types`]), cuBLAS otherwise.
     fn expected(c: &QCase, mmvq: bool) -> Path {
         let one = c.a_batch == [1, 1];
         let mmq_type = qs::core_types().contains(&c.q);
-        let decode_cols = match mmq_type && !matches!(c.op, QOp::MulMat { add: true }) {
+        let decode_cols = match mmq_type {
             true => MMQ_FROM_COLS - 1,
             false => 8,
         };

@@ -16,15 +16,19 @@ use crate::quant::QType;
 const Q8_1: Target = Target {
     q8_1: true,
     batched_cols: 0,
+    batched_from: usize::MAX,
 };
 const F32_ACTS: Target = Target {
     q8_1: false,
     batched_cols: 0,
+    batched_from: usize::MAX,
 };
-/// The CUDA backend's: decode products and batched ones up to 64 columns read Q8_1.
+/// The CUDA backend's: decode products and batched ones up to 64 columns read Q8_1, and
+/// products of 5 columns on take the batched product.
 const BATCHED: Target = Target {
     q8_1: true,
     batched_cols: 64,
+    batched_from: 5,
 };
 
 /// The name of a group's kind.
@@ -382,9 +386,10 @@ fn rms_norm_mul_pattern() {
 }
 
 /// A fused norm writes the Q8_1 activations of the product after it when the target reads
-/// them at its width: decode widths on [`Target::q8_1`], the other widths of one weight
-/// matrix up to [`Target::batched_cols`] columns (batches of activations counted), and
-/// not past them, nor for a batch of weight matrices.
+/// them at its width: decode widths on [`Target::q8_1`] (or from [`Target::batched_from`]
+/// columns, where the batched product takes them), the other widths of one weight matrix
+/// up to [`Target::batched_cols`] columns (batches of activations counted), and not past
+/// them, nor for a batch of weight matrices.
 #[test]
 fn batched_products_take_q8_1_copies() {
     let norm_then = |shape: [usize; 3], wm_batch: usize| {
@@ -410,7 +415,8 @@ fn batched_products_take_q8_1_copies() {
     };
     for (shape, wm_batch, q8_1, batched, dequantizing) in [
         ([1, 1, 1], 1, true, true, false),
-        ([8, 1, 1], 1, true, true, false),
+        ([4, 1, 1], 1, true, true, false),
+        ([8, 1, 1], 1, true, true, true),
         ([9, 1, 1], 1, false, true, true),
         ([64, 1, 1], 1, false, true, true),
         ([65, 1, 1], 1, false, false, false),
@@ -561,6 +567,33 @@ fn gemv_add_pattern() {
     );
     let groups = fused(&plan, &Q8_1);
     assert!(fused_kinds(&groups).is_empty());
+}
+
+/// A quantized product and its residual add fuse at the decode kernels' widths, and not
+/// from [`Target::batched_from`] columns on, where the batched product takes the product.
+#[test]
+fn gemv_add_leaves_batched_widths() {
+    let product_add = |cols: usize| {
+        plan_of(|g| {
+            let v0 = g.input("v0", DType::F32, &[64, cols]).unwrap();
+            let v = g.scale(v0, 0.5).unwrap();
+            let w = g.input("w", DType::Quant(QType::Q4_0), &[64, 64]).unwrap();
+            let o = g.mul_mat(w, v).unwrap();
+            let x0 = g.input("x0", DType::F32, &[64, cols]).unwrap();
+            let r = g.scale(x0, 2.0).unwrap();
+            vec![g.add(r, o).unwrap()]
+        })
+    };
+    for (cols, target, want) in [
+        (4, BATCHED, vec!["gemv_add"]),
+        (5, BATCHED, vec![]),
+        (8, BATCHED, vec![]),
+        (8, Q8_1, vec!["gemv_add"]),
+    ] {
+        let plan = product_add(cols);
+        let groups = fused(&plan, &target);
+        assert_eq!(fused_kinds(&groups), want, "{cols} columns");
+    }
 }
 
 /// A decode FFN block whose norm folds: `o + add`, the norm and the gate|up product

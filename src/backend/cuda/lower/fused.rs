@@ -16,13 +16,14 @@ use crate::graph::{Loc, Op, Plan, Step};
 
 /// What the fusion pass is told of the kernels `lw` lowers to: whether the decode products
 /// with block-quantized weights read Q8_1 activations (on the `__dp4a` path,
-/// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), and up
-/// to how many columns the other products do (the int8 tensor-core product, by the
-/// lowering's [`QuantPath`]).
+/// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), up to
+/// how many columns the other products do (the int8 tensor-core product, by the
+/// lowering's [`QuantPath`]), and from how many columns a decode product takes it.
 pub(crate) fn target(lw: &Lowering) -> Target {
     Target {
         q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
         batched_cols: mmq::max_cols(lw.quant_path),
+        batched_from: mmq::from_cols(lw.quant_path),
     }
 }
 

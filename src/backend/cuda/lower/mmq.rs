@@ -39,11 +39,11 @@ pub const MMQ_MAX_COLS: usize = 64;
 
 /// Fewest activation columns from which a decode product whose weights have `mmq_*`
 /// kernels takes the int8 tensor-core product rather than the decode kernels
-/// ([`QuantPath::Auto`]; a decode product fused with its residual add keeps its decode
-/// kernel). The decode kernels take 5 to 8 columns with their 8-column form, which reads
-/// each weight once but every activation block once a column: `graft bench-ops` on an
-/// H200 (2026-12-02), the [4096, 11008] Q4_0 product by 8 columns, 36.6 µs a node on the
-/// decode kernel against 19.7 here.
+/// ([`QuantPath::Auto`]; such a product's residual add is not fused into it, as the
+/// decode kernels' epilogue would be). The decode kernels take 5 to 8 columns with their
+/// 8-column form, which reads each weight once but every activation block once a column:
+/// `graft bench-ops` on an H200 (2026-12-02), the [4096, 11008] Q4_0 product by 8
+/// columns, 36.6 µs a node on the decode kernel against 19.7 here.
 pub const MMQ_FROM_COLS: usize = 5;
 
 const ROWS: usize = MMQ_ROWS as usize;
@@ -67,6 +67,17 @@ pub(crate) fn max_cols(path: QuantPath) -> usize {
         QuantPath::Auto => MMQ_MAX_COLS,
         QuantPath::Mmq => usize::MAX,
         QuantPath::Dequant => 0,
+    }
+}
+
+/// Fewest activation columns from which a product in a decode layout takes the int8
+/// tensor cores under `path` (`usize::MAX`: never), the bound the fusion pass is given
+/// ([`crate::backend::fusion::Target`]).
+pub(crate) fn from_cols(path: QuantPath) -> usize {
+    match path {
+        QuantPath::Auto => MMQ_FROM_COLS,
+        QuantPath::Mmq => 1,
+        QuantPath::Dequant => usize::MAX,
     }
 }
 

@@ -11,8 +11,8 @@
 //! 1. Decode (`n <= MAX_DECODE_COLS`, no batches): the decode products of
 //!    [`crate::backend::cuda::decode::quant`]; from
 //!    [`MMQ_FROM_COLS`](super::mmq::MMQ_FROM_COLS) columns on, the int8 tensor-core
-//!    product instead where the weights' type has it, unless the product is fused with
-//!    its residual add.
+//!    product instead where the weights' type has it (the fusion pass then leaves its
+//!    residual add a step of its own: [`crate::backend::fusion::Target::batched_from`]).
 //! 2. Batched (`n <= MMQ_MAX_COLS`, one weight matrix: a batched decode step of 8 to 64
 //!    sequences, a short prefill chunk): the int8 tensor-core product ([`super::mmq`]),
 //!    which reads the weights once per 64 columns, where the decode kernels read them
