@@ -254,12 +254,16 @@ pub struct Target {
 }
 
 impl Target {
+    /// Whether `a b` can run as a batched product: weights of a [`batched_type`] in the
+    /// batched layout up to [`Target::batched_cols`] columns.
+    fn batched(&self, a: &Operand, b: &Operand) -> bool {
+        a.dtype.quant().is_some_and(batched_type) && quant_batched_layout(a, b, self.batched_cols)
+    }
+
     /// Whether `a b` runs as a batched product although its layout is a decode product's
     /// ([`Target::batched_from`]).
     fn batched_decode(&self, a: &Operand, b: &Operand) -> bool {
-        a.dtype.quant().is_some_and(batched_type)
-            && b.nrows() >= self.batched_from
-            && quant_batched_layout(a, b, self.batched_cols)
+        b.nrows() >= self.batched_from && self.batched(a, b)
     }
 }
 
@@ -384,15 +388,16 @@ pub fn decode_product(a: &Operand, b: &Operand) -> bool {
 
 /// The activations `step` reads as Q8_1 when it is lowered, and their layout: its `b`
 /// when it is a product of block-quantized weights that the target runs on Q8_1
-/// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]) or
-/// another one in the batched layout ([`Target::batched_cols`], of a [`batched_type`]).
+/// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]; from
+/// [`Target::batched_from`] columns the batched product's) or another one in the batched
+/// layout ([`Target::batched_cols`], of a [`batched_type`]).
 /// A step before it that computes `b` anyway can write that copy itself.
 pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
     let q = a.dtype.quant();
     let reads = match quant_decode_layout(a, b) {
         true => (target.q8_1 && q.is_some_and(decode_type)) || target.batched_decode(a, b),
-        false => q.is_some_and(batched_type) && quant_batched_layout(a, b, target.batched_cols),
+        false => target.batched(a, b),
     };
     (step.op == Op::MulMat && reads).then_some(Q8For {
         of: b,
