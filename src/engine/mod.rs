@@ -1031,6 +1031,7 @@ fn largest_arena(w: &LoadedWeights, cfg: &EngineConfig) -> Result<usize> {
         n_seqs: runner::bucket(s.max_seqs),
         max_blocks: cfg.ctx.div_ceil(cfg.block_size),
         candidates: runner::candidate_bucket(crate::ops::topk::MAX_K, w.shard.vocab_size),
+        decode: false,
     };
     Ok(
         build_batch(&w.shard, &w.weights, &layout, cfg.block_size, shape)?

@@ -61,11 +61,7 @@ pub fn candidate_bucket(k: usize, vocab: usize) -> usize {
 struct Loaded {
     exec: ExecId,
     tokens: TensorId,
-    pos: TensorId,
-    slots: TensorId,
-    seqs: TensorId,
-    table: TensorId,
-    out_rows: TensorId,
+    step: TensorId,
     logits: TensorId,
     argmax: TensorId,
     /// The candidates' ids and values, when the graph selects them.
@@ -77,11 +73,7 @@ impl Loaded {
         Ok(Loaded {
             exec: be.load(&g.plan()?)?,
             tokens: g.tokens,
-            pos: g.pos,
-            slots: g.slots,
-            seqs: g.seqs,
-            table: g.table,
-            out_rows: g.out_rows,
+            step: g.step,
             logits: g.logits,
             argmax: g.argmax,
             top: g.top,
@@ -103,6 +95,24 @@ pub(crate) struct StepInputs {
     /// The running sequence of each column (not an input: where the table rows come
     /// from).
     pub(crate) cols: Vec<usize>,
+}
+
+impl StepInputs {
+    /// The batch graph's `step` input of `shape` (see [`BatchShape::layout`]): the
+    /// inputs but the tokens, padded as they are.
+    pub(crate) fn pack(&self, shape: BatchShape) -> Vec<i32> {
+        let at = shape.layout();
+        let mut v = vec![0; at.len];
+        let mut put = |off: usize, part: &[i32]| v[off..off + part.len()].copy_from_slice(part);
+        put(at.pos, &self.pos);
+        put(at.slots, &self.slots);
+        put(at.seqs, &self.seqs);
+        put(at.table, &self.table);
+        if let Some(off) = at.out_rows {
+            put(off, &self.out_rows);
+        }
+        v
+    }
 }
 
 /// The token ids of a step: from the host (padded to the shape), or the argmax of a step
@@ -187,13 +197,15 @@ impl Runner {
     }
 
     /// The shape a plan with `n_tokens` tokens of `n_seqs` sequences runs in, whose
-    /// samplers need `k` candidates (0: none).
+    /// samplers need `k` candidates (0: none). As many tokens as sequences is a decode
+    /// step: each sequence has at least one token, so each has exactly one.
     pub(crate) fn shape(&self, n_tokens: usize, n_seqs: usize, k: usize) -> BatchShape {
         BatchShape {
             n_tokens: bucket(n_tokens),
             n_seqs: bucket(n_seqs),
             max_blocks: self.max_blocks,
             candidates: candidate_bucket(k, self.shard.vocab_size),
+            decode: n_tokens == n_seqs,
         }
     }
 
@@ -281,11 +293,7 @@ impl Runner {
         x: &StepInputs,
     ) -> Result<()> {
         let c = self.plan(be, shape)?;
-        be.set_input_i32(c.exec, c.pos, &x.pos)?;
-        be.set_input_i32(c.exec, c.slots, &x.slots)?;
-        be.set_input_i32(c.exec, c.seqs, &x.seqs)?;
-        be.set_input_i32(c.exec, c.table, &x.table)?;
-        be.set_input_i32(c.exec, c.out_rows, &x.out_rows)
+        be.set_input_i32(c.exec, c.step, &x.pack(shape))
     }
 
     /// Runs the step of `shape` whose other inputs are staged, with `tokens`, for

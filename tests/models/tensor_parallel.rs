@@ -161,6 +161,7 @@ fn graphs_hold_two_all_reduces_per_layer() {
         n_seqs: 4,
         max_blocks: 6,
         candidates: 16,
+        decode: false,
     };
     let g = build_batch(m.shard(), m.weights(), &pool, 16, shape).unwrap();
     let plan = g.plan().unwrap();

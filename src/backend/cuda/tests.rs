@@ -1481,6 +1481,7 @@ fn paged_combine_writes_the_o_products_q8_1() {
             n_seqs: 4,
             max_blocks,
             candidates: 0,
+            decode: true,
         };
         let plan = build_batch(&cfg, &w, &pool, 16, shape)
             .unwrap()
