@@ -30,7 +30,9 @@
 //! - Reads can finish later ([`reads`]): [`Backend::begin_read`] copies an output into a
 //!   page-locked slot behind the runs enqueued so far and [`Backend::finish_read`] waits
 //!   for that copy alone, while [`Backend::forward_output`] copies an output into another
-//!   plan's input on the device; greedy decoding uses both to stay a step ahead.
+//!   plan's input on the device; greedy decoding uses both to stay a step ahead. Inputs
+//!   are written through a ring of page-locked slots ([`writes`]), so that writing the
+//!   next step's inputs never waits for the step before.
 
 mod args;
 pub mod bench;
@@ -44,10 +46,12 @@ mod launch_lists;
 mod lower;
 mod lowering;
 pub mod nccl;
+mod pinned;
 mod reads;
 mod split;
 #[cfg(test)]
 mod tests;
+mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -66,6 +70,7 @@ pub use self::lowering::QuantPath;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};
 use self::reads::Reads;
 use self::split::SplitRows;
+use self::writes::{Writes, MAX_STAGED};
 use super::fusion;
 use super::{
     io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
@@ -120,6 +125,8 @@ pub struct CudaBackend {
     skip: Vec<String>,
     /// Reads under way ([`Backend::begin_read`]).
     reads: Reads,
+    /// The staging ring of input writes ([`Backend::set_input`]).
+    writes: Writes,
     /// Step times of profiled runs (`Some` while profiling is on).
     profile: Option<Vec<StepTime>>,
     warnings: Vec<String>,
@@ -251,6 +258,7 @@ impl CudaBackend {
             split: Vec::new(),
             skip: Vec::new(),
             reads: Reads::new(),
+            writes: Writes::new(),
             profile: None,
             warnings: Vec::new(),
             group: None,
@@ -959,7 +967,12 @@ impl Backend for CudaBackend {
         let Loc::Arena(off) = io_slot(&e.plan.inputs, id, data.len(), "input")? else {
             return Err(Error::plan("cuda: an input outside the arena"));
         };
-        self.htod(e.arena() + off as u64, data)?;
+        let dst = e.arena() + off as u64;
+        match data.len() {
+            0 => {}
+            1..=MAX_STAGED => self.writes.write(&self.ctx, &self.stream, dst, data)?,
+            _ => self.htod(dst, data)?,
+        }
         if let Some(e) = self.execs[exec.0].as_mut() {
             e.written.insert(id);
         }

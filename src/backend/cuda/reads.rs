@@ -12,44 +12,11 @@ use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream};
 
 use super::args::IndexError;
 use super::device::driver_error;
+use super::pinned::PinnedBytes;
 use crate::error::{Error, Result};
 
 /// Slots in the ring: a pipelined decode keeps at most two reads under way.
 const READ_SLOTS: usize = 4;
-
-/// Page-locked host bytes, freed on drop.
-struct PinnedBytes {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl PinnedBytes {
-    /// `len` bytes of page-locked memory (cached: the host reads them).
-    fn alloc(len: usize) -> Result<Self> {
-        // SAFETY: a plain page-locked allocation in the context the caller bound.
-        let ptr = unsafe { result::malloc_host(len.max(1), 0) }
-            .map_err(|e| driver_error("allocating page-locked host memory", e))?;
-        Ok(PinnedBytes {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` holds `len` bytes owned by self; `&mut self` makes this view the
-        // only one.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for PinnedBytes {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host, freed once. Copies into it have landed: a
-        // slot is only resized after waiting on its event, and the backend synchronizes
-        // its stream before its fields drop.
-        let _ = unsafe { result::free_host(self.ptr.cast()) };
-    }
-}
 
 /// One slot: the output bytes, the record, the event after their copies, and the
 /// ticket of the read they belong to.
