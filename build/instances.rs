@@ -194,21 +194,25 @@ const MMQ_TYPES: [(&str, &str, Option<&str>); 8] = [
 /// the product's columns, 64 beyond.
 const MMQ_TILES: [usize; 4] = [8, 16, 32, 64];
 
-/// The kernels of `cuda/mmq.cu` but `mmq_reduce` (see its header): `mmq_c<BN>_<q>` for
-/// every weight type in ggml's blocks and `mmq_split_c<BN>_<q>` for the types with split
-/// rows, by every column tile. At least 4 blocks an SM, the 64-column tiles 3 (held to 4,
-/// the split Q4_0 and Q5_0 ones spilled on sm_90; at 3 none takes more than 128
-/// registers, so 4 still fit).
+/// The kernels of `cuda/mmq.cu` but `mmq_reduce` (see its header): `mmq_c<BN>_<q>` and
+/// `mmq_id_c<BN>_<q>` (a mixture of experts' product) for every weight type in ggml's
+/// blocks and `mmq_split_c<BN>_<q>` for the types with split rows, by every column tile.
+/// At least 4 blocks an SM, the 64-column tiles 3 (held to 4, the split Q4_0 and Q5_0
+/// ones spilled on sm_90; at 3 none takes more than 128 registers, so 4 still fit).
 fn mmq() -> Vec<Instance> {
     let mut v = Vec::new();
     let tiles = |v: &mut Vec<Instance>, family: &str, q: &str, traits: &str| {
+        let (entry, args) = match family {
+            "mmq_id" => ("mmq_id", "MmqIdArgs"),
+            _ => ("mmq", "MmqArgs"),
+        };
         for bn in MMQ_TILES {
             let resident = if bn == 64 { 3 } else { 4 };
             v.push(Instance {
                 name: format!("{family}_c{bn}_{q}"),
                 bounds: format!("MMQ_THREADS, {resident}"),
-                args: "MmqArgs",
-                call: format!("mmq<{traits}, {bn}>"),
+                args,
+                call: format!("{entry}<{traits}, {bn}>"),
             });
         }
     };
@@ -219,6 +223,9 @@ fn mmq() -> Vec<Instance> {
         if let Some(split) = split {
             tiles(&mut v, "mmq_split", q, split);
         }
+    }
+    for (q, ggml, _) in MMQ_TYPES {
+        tiles(&mut v, "mmq_id", q, ggml);
     }
     v
 }

@@ -139,8 +139,12 @@ struct MulMatIdArgs {  // group_by_expert, mul_mat_id_<type>
     IndexError* err;
     i64 tag;
     i64 chunks;        // the grid's z: blocks take column chunks z, z + chunks, ...
+    int* tile_expert;  // scratch (tile_bn > 0): each expert's columns in tiles of tile_bn,
+    int* tile_first;   //   tile x's expert and first index into cols; -1 past the last
+    i64 tile_bn;       //   (0: no tiles)
+    i64 tiles;         // entries of tile_expert and tile_first
 };
-static_assert(sizeof(MulMatIdArgs) == 328, "MulMatIdArgs layout");
+static_assert(sizeof(MulMatIdArgs) == 360, "MulMatIdArgs layout");
 
 // A decode RMS norm folded into the kernels around the product after it (see NormFold in
 // src/backend/fusion.rs and src/backend/cuda/decode/fold.rs): the product that computes
@@ -224,6 +228,26 @@ struct MmqArgs {
                     // kernel waits for its predecessor
 };
 static_assert(sizeof(MmqArgs) == 80, "MmqArgs layout");
+
+struct MmqIdArgs {             // mmq_id_c<BN>_<q>: the experts' columns of a mul_mat_id in tiles
+    const char* a;             // expert 0's weight blocks: row r of expert e at a + e * a_nb2 + r * a_nb1
+    const char* b;             // the Q8_1 copy of the inputs (as MmqArgs::b): column (i % b1) + b1 * t
+    const int* offsets;        // group_by_expert's: n_expert + 1 starts of each expert's columns
+    const int* cols;           // group_by_expert's: the columns j = i + n_used * t, by expert
+    const int* tile_expert;    // group_by_expert's: tile x's expert (-1: past the last tile)
+    const int* tile_first;     // group_by_expert's: tile x's first index into cols
+    char* dst;                 // F32 [m, n_used, n_tokens], dense along dim 0
+    i64 k;                     // row length in elements (a multiple of the block)
+    i64 m;                     // rows of an expert
+    i64 a_nb1;                 // byte strides of the weights: rows, experts
+    i64 a_nb2;
+    i64 b_nb1;                 // byte stride between columns of b (a multiple of 16)
+    i64 dst_nb1;               // byte strides of dst
+    i64 dst_nb2;
+    i64 n_used;
+    i64 b1;                    // input columns per token (1: shared by its experts, or n_used)
+};
+static_assert(sizeof(MmqIdArgs) == 128, "MmqIdArgs layout");
 
 struct MmqReduceArgs {  // mmq_reduce: dst[i] = the sum of part[z * count + i] over z < split, in order
     const float* part;

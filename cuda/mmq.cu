@@ -419,10 +419,12 @@ struct WeightLoader {
     static constexpr int NU = MMQ_ROWS * UPR / MMQ_THREADS;    // units of a thread
     static_assert(NU * MMQ_THREADS == MMQ_ROWS * UPR, "the threads share a chunk's units evenly");
     const MmqArgs& p;
+    const char* a;  // the rows (p.a, or an expert's rows)
     i64 row0;
     typename T::Raw raw[NU];
 
-    __device__ __forceinline__ WeightLoader(const MmqArgs& args, i64 first_row) : p(args), row0(first_row) {}
+    __device__ __forceinline__ WeightLoader(const MmqArgs& args, const char* rows, i64 first_row)
+        : p(args), a(rows), row0(first_row) {}
     __device__ __forceinline__ static int tile_row(int x) { return ((int)threadIdx.x + x * MMQ_THREADS) / UPR; }
     __device__ __forceinline__ static int part(int x) { return ((int)threadIdx.x + x * MMQ_THREADS) % UPR; }
     // Unit x's index in its row for chunk ch; a unit past the row's end (the last chunk of a
@@ -434,7 +436,7 @@ struct WeightLoader {
     __device__ __forceinline__ void fetch(int ch) {
 #pragma unroll
         for (int x = 0; x < NU; ++x) {
-            const char* row = p.a + min(row0 + tile_row(x), p.m - 1) * p.a_nb1;
+            const char* row = a + min(row0 + tile_row(x), p.m - 1) * p.a_nb1;
             T::fetch(row, (int)(p.k / T::QK), unit(ch, x), raw[x]);
         }
     }
@@ -457,27 +459,51 @@ struct WeightLoader {
     }
 };
 
-// The chunks of the BN activation columns from col0: each sub-block's 32 quants copied into
+// Where a block's BN columns come from and where their results go:
+//   has(c)  column c of the tile exists;
+//   act(c)  its Q8_1 activations (b + column * b_nb1);
+//   out(c)  its m results.
+// DenseCols: columns col0 .. col0 + BN of b and of dst (part blockIdx.z of K's partial sums),
+// everything read from the kernel's arguments where it is used.
+struct DenseCols {
+    const MmqArgs& p;
+    i64 col0;
+    __device__ __forceinline__ bool has(int c) const { return col0 + c < p.n; }
+    __device__ __forceinline__ const char* act(int c) const { return p.b + (col0 + c) * p.b_nb1; }
+    __device__ __forceinline__ float* out(int c) const { return p.dst + (blockIdx.z * p.n + col0 + c) * p.m; }
+};
+
+// ExpertCols: the nc columns of an expert's tile (mmq_id), their addresses in shared memory.
+struct ExpertCols {
+    const char* const* acts;
+    float* const* outs;
+    int nc;
+    __device__ __forceinline__ bool has(int c) const { return c < nc; }
+    __device__ __forceinline__ const char* act(int c) const { return acts[c]; }
+    __device__ __forceinline__ float* out(int c) const { return outs[c]; }
+};
+
+// The chunks of the BN activation columns of a tile (C: DenseCols or ExpertCols): each sub-block's 32 quants copied into
 // shared memory asynchronously (two 16-byte pieces; one group a chunk), and a column's 4
 // (d, d * sum) pairs of the chunk (thread c < BN: column c) loaded into registers a chunk
 // ahead, then stored as floats, so that each pair is converted once a block rather than by
 // every lane that reads it. Columns past n and sub-blocks past the row's end are zeros (the
 // pairs past the row's end are never read).
-template <typename T, int BN>
+template <typename T, int BN, typename C>
 struct ActLoader {
     static_assert(BN <= MMQ_THREADS, "a thread a column's pairs");
     const MmqArgs& p;
-    i64 col0;
+    const C& cols;
     uint4 ds;
 
-    __device__ __forceinline__ ActLoader(const MmqArgs& args, i64 first_col) : p(args), col0(first_col) {}
+    __device__ __forceinline__ ActLoader(const MmqArgs& args, const C& tile) : p(args), cols(tile) {}
     __device__ __forceinline__ void copy_quants(int ch, MmqSmem<T, BN>& sm, int buf) const {
         constexpr i64 LAYOUT = T::QK == 256 ? ACT_PAIRS : ACT_BLOCKS;  // Q8Layout::of in src/backend/fusion.rs
         const int s0 = ch * MMQ_SUBS, nsub = (int)(p.k / 32);
         for (int i = threadIdx.x; i < BN * 2 * MMQ_SUBS; i += MMQ_THREADS) {
             const int c = i / (2 * MMQ_SUBS), s = (i / 2) % MMQ_SUBS, h = i % 2;
-            const bool ok = col0 + c < p.n && s0 + s < nsub;
-            const char* src = ok ? p.b + (col0 + c) * p.b_nb1 + act_at(s0 + s, 16 * h, LAYOUT) : p.b;
+            const bool ok = cols.has(c) && s0 + s < nsub;
+            const char* src = ok ? cols.act(c) + act_at(s0 + s, 16 * h, LAYOUT) : p.b;
             copy16_or_zero(sm.yq[buf] + c * MMQ_LD + 32 * s + 16 * h, src, ok);
         }
         stage_commit();
@@ -485,8 +511,8 @@ struct ActLoader {
     __device__ __forceinline__ void fetch_pairs(int ch) {
         const int c = threadIdx.x;
         ds = make_uint4(0u, 0u, 0u, 0u);
-        if (c < BN && col0 + c < p.n) {
-            const char* col = p.b + (col0 + c) * p.b_nb1;
+        if (c < BN && cols.has(c)) {
+            const char* col = cols.act(c);
             ds = __ldg(reinterpret_cast<const uint4*>(col + act_quant_bytes(p.k) + 16 * (i64)ch));
         }
     }
@@ -538,22 +564,14 @@ __device__ __forceinline__ void mma_chunk(const MmqSmem<T, BN>& sm, int buf, int
     }
 }
 
-template <typename T, int BN>
-__device__ void mmq(const MmqArgs& p) {
-    static_assert(BN % 8 == 0 && BN <= 64, "column tiles of 8 to 64");
-    __shared__ __align__(16) MmqSmem<T, BN> sm;
-    pdl_launch_dependents();
+// The block's tile after the wait for its predecessor, its first weight chunk fetched:
+// chunks first .. first + nch of the 64 rows from row0 by the BN columns of `cols`.
+template <typename T, int BN, typename C>
+__device__ __forceinline__ void mmq_tile(const MmqArgs& p, WeightLoader<T>& w, const C& cols, MmqSmem<T, BN>& sm,
+                                         int first, int nch) {
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const i64 col0 = blockIdx.x * (i64)BN, row0 = blockIdx.y * (i64)MMQ_ROWS;
     const int nsub = (int)(p.k / 32);
-    const int first = (int)(blockIdx.z * p.chunks);
-    const int nch = (int)min(p.chunks, (i64)((nsub + MMQ_SUBS - 1) / MMQ_SUBS - first));
-    WeightLoader<T> w(p, row0);
-    ActLoader<T, BN> y(p, col0);
-    // Weights nothing in the plan writes: the first chunk loads before the wait.
-    if (p.prefetch) w.fetch(first);
-    pdl_wait();
-    if (!p.prefetch) w.fetch(first);
+    ActLoader<T, BN, C> y(p, cols);
     y.copy_quants(first, sm, 0);
     y.fetch_pairs(first);
     w.store(first, sm, 0);
@@ -576,16 +594,67 @@ __device__ void mmq(const MmqArgs& p) {
             y.store_pairs(sm, buf ^ 1);
         }
     }
-    float* out = p.dst + blockIdx.z * p.m * p.n;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const i64 r = row0 + 16 * warp + g + 8 * (e / 2), c = col0 + 8 * j + 2 * t + e % 2;
-            if (r < p.m && c < p.n) out[c * p.m + r] = acc[j][e];
+            const i64 r = w.row0 + 16 * warp + g + 8 * (e / 2);
+            const int c = 8 * j + 2 * t + e % 2;
+            if (r < p.m && cols.has(c)) cols.out(c)[r] = acc[j][e];
         }
     }
+}
+
+template <typename T, int BN>
+__device__ void mmq(const MmqArgs& p) {
+    static_assert(BN % 8 == 0 && BN <= 64, "column tiles of 8 to 64");
+    __shared__ __align__(16) MmqSmem<T, BN> sm;
+    pdl_launch_dependents();
+    const i64 col0 = blockIdx.x * (i64)BN, row0 = blockIdx.y * (i64)MMQ_ROWS;
+    const int nsub = (int)(p.k / 32);
+    const int first = (int)(blockIdx.z * p.chunks);
+    const int nch = (int)min(p.chunks, (i64)((nsub + MMQ_SUBS - 1) / MMQ_SUBS - first));
+    WeightLoader<T> w(p, p.a, row0);
+    // Weights nothing in the plan writes: the first chunk loads before the wait.
+    if (p.prefetch) w.fetch(first);
+    pdl_wait();
+    if (!p.prefetch) w.fetch(first);
+    const DenseCols cols{p, col0};
+    mmq_tile<T, BN>(p, w, cols, sm, first, nch);
+}
+
+// mmq_id_c<BN>_<q>: the tile blockIdx.x of the experts' column tiles (tile_expert,
+// tile_first: group_by_expert's list; an expert of -1 is past the last tile) by the rows
+// blockIdx.y * MMQ_ROWS ..: the expert's weights at a + e * a_nb2, its columns j = i +
+// n_used * t (cols[first ..], at most BN and up to the expert's end) read from Q8_1
+// column (i % b1) + b1 * t of b, their results written to dst + i * dst_nb1 + t * dst_nb2.
+// The whole of K in one part.
+template <typename T, int BN>
+__device__ void mmq_id(const MmqIdArgs& q) {
+    static_assert(BN % 8 == 0 && BN <= 64, "column tiles of 8 to 64");
+    __shared__ __align__(16) MmqSmem<T, BN> sm;
+    __shared__ const char* acts[BN];
+    __shared__ float* outs[BN];
+    pdl_launch_dependents();
+    pdl_wait();
+    const MmqArgs p{q.a, q.b, nullptr, q.k, q.m, 0, q.a_nb1, q.b_nb1, 0, 0};
+    const int e = q.tile_expert[blockIdx.x];
+    if (e < 0) return;  // the same for the whole block
+    const int first = q.tile_first[blockIdx.x];
+    const int nc = min(BN, q.offsets[e + 1] - first);
+    if ((int)threadIdx.x < nc) {
+        const int j = q.cols[first + threadIdx.x];
+        const i64 i = j % q.n_used, t = j / q.n_used;
+        acts[threadIdx.x] = p.b + (i % q.b1 + q.b1 * t) * p.b_nb1;
+        outs[threadIdx.x] = reinterpret_cast<float*>(q.dst + i * q.dst_nb1 + t * q.dst_nb2);
+    }
+    __syncthreads();
+    const int nch = (int)((p.k / 32 + MMQ_SUBS - 1) / MMQ_SUBS);
+    WeightLoader<T> w(p, p.a + e * q.a_nb2, blockIdx.y * (i64)MMQ_ROWS);
+    w.fetch(0);
+    const ExpertCols cols{acts, outs, nc};
+    mmq_tile<T, BN>(p, w, cols, sm, 0, nch);
 }
 
 // The sum of the parts of K, in order.

@@ -3,7 +3,9 @@
 // along dim 0) and I32 ids [n_used, n_tokens]. Two launches:
 //   - group_by_expert (one block): the columns j = i + n_used * t grouped by expert into
 //     scratch (offsets[e] .. offsets[e + 1] index cols); an id outside 0..n_expert is
-//     recorded in the index-error buffer and its column zero-filled;
+//     recorded in the index-error buffer and its column zero-filled. With tile_bn, also the
+//     list of each expert's columns in tiles of tile_bn for mmq_id_* (cuda/mmq.cu), which
+//     then takes the product on int8 tensor cores from a Q8_1 copy of the inputs;
 //   - mul_mat_id_<type>: a block per (tile of MMID_ROWS rows, expert, chunk z); it walks
 //     its expert's columns MMID_COLS at a time (chunks z, z + chunks, ...) and each warp
 //     takes a row at a time: every weight element is read and dequantized once per chunk
@@ -29,6 +31,24 @@ struct FloatRow {
         for (int u = 0; u < 8; ++u) v[u] = g * 8 + u < k ? load<T>(row + (g * 8 + u) * nb0) : 0.0f;
     }
 };
+
+// The tiles of tile_bn columns of each expert (mmq_id_*), in expert order: thread 0 lists
+// them (a prefill chunk's few hundred), the others mark the rest of the list empty.
+__device__ void expert_tiles(const MulMatIdArgs& p, const int* start, int n_expert) {
+    __shared__ int listed;
+    if (threadIdx.x == 0) {
+        int x = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            for (int c = start[e]; c < start[e + 1]; c += (int)p.tile_bn, ++x) {
+                p.tile_expert[x] = e;
+                p.tile_first[x] = c;
+            }
+        }
+        listed = x;
+    }
+    __syncthreads();
+    for (int x = listed + threadIdx.x; x < p.tiles; x += blockDim.x) p.tile_expert[x] = -1;
+}
 
 extern "C" __global__ void __launch_bounds__(MMID_GROUP_THREADS) group_by_expert(const MulMatIdArgs p) {
     pdl_enter();
@@ -59,6 +79,7 @@ extern "C" __global__ void __launch_bounds__(MMID_GROUP_THREADS) group_by_expert
     }
     __syncthreads();
     for (int e = threadIdx.x; e <= n_expert; e += blockDim.x) p.offsets[e] = start[e];
+    if (p.tile_bn > 0) expert_tiles(p, start, n_expert);
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += blockDim.x) {

@@ -188,6 +188,21 @@ pub struct ExpertGroups {
     pub offsets: u64,
     /// The columns, grouped by expert (I32).
     pub cols: u64,
+    /// Each expert's columns in tiles for `mmq_id_*`, when listed.
+    pub tiles: Option<ExpertTiles>,
+    /// Scratch bytes the grouping takes (from offset 0).
+    pub end: usize,
+}
+
+/// The tiles of [`ExpertGroups`]: each expert's columns in tiles of `bn` (I32 `count`
+/// entries each: the tile's expert, -1 past the last tile, and its first index into
+/// the columns).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertTiles {
+    pub bn: usize,
+    pub count: usize,
+    pub expert: u64,
+    pub first: u64,
 }
 
 /// Alignment of every block in the constant and scratch regions.

@@ -86,8 +86,18 @@ pub(crate) fn quantize_q8_1(
     layout: Q8Layout,
     lw: &mut Lowering,
 ) -> Result<(u64, DevOp), String> {
+    quantize_q8_1_at(b, layout, 0, lw)
+}
+
+/// [`quantize_q8_1`] into scratch from byte `offset` (past what the step keeps there).
+pub(crate) fn quantize_q8_1_at(
+    b: &Operand,
+    layout: Q8Layout,
+    mut offset: usize,
+    lw: &mut Lowering,
+) -> Result<(u64, DevOp), String> {
     let (kk, n, b2) = (b.ne[0], b.ne[1], b.ne[2]);
-    let (addr, row) = q8_1_copy(b, &mut 0, lw);
+    let (addr, row) = q8_1_copy(b, &mut offset, lw);
     let args = CpyArgs {
         src: lw.t4(b),
         dst: Tensor4 {
