@@ -26,7 +26,7 @@ use crate::backend::fusion::{quant_batched_layout, Q8Layout};
 use crate::graph::Operand;
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 
 /// Most activation columns (batches included) of the int8 tensor-core product where a
 /// product is not a decode product ([`QuantPath::Auto`]). Its f32 work grows with the

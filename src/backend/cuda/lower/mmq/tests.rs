@@ -25,7 +25,7 @@ use crate::backend::cuda::tests::{
 };
 use crate::backend::fusion::batched_type;
 use crate::backend::{Backend, BackendExt};
-use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Plan};
+use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Operand, Plan};
 use crate::quant::split::{join_row, split_row};
 use crate::quant::{dequantize_row, quantize_row, QType};
 
@@ -81,7 +81,7 @@ fn act_quant_bytes(k: usize) -> usize {
 
 /// Host version of quantize_q8_1_f32: every row of `src` quantized to Q8_1 by
 /// `graft::quant`, its quants and (d, d * sum) pairs laid out as the kernel writes them.
-fn run_quantize(a: CpyArgs) {
+pub(in crate::backend::cuda::lower) fn run_quantize(a: CpyArgs) {
     let k = a.src.ne[0] as usize;
     let rows = a.src.ne[1] * a.src.ne[2] * a.src.ne[3];
     let mut blocks = vec![0u8; k / 32 * 36];
@@ -148,24 +148,9 @@ fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         }
         dequantize_row(q, &row, wr).unwrap();
     }
-    let layout = if q.block_size() == 256 {
-        ACT_PAIRS
-    } else {
-        ACT_BLOCKS
-    };
-    let mut x = vec![0f64; n * k];
-    for (c, xc) in x.chunks_exact_mut(k).enumerate() {
-        let col = p.b + (c as i64 * p.b_nb1) as u64;
-        for (l, v) in xc.iter_mut().enumerate() {
-            // SAFETY: the column of the Q8_1 copy lies in scratch.
-            let (qv, d) = unsafe {
-                let qv = read::<i8>(col, act_at(l / 32, l % 32, layout) as i64);
-                let d = read::<u16>(col, (act_quant_bytes(k) + 4 * (l / 32)) as i64);
-                (qv, f16::from_bits(d))
-            };
-            *v = f64::from(qv) * d.to_f64();
-        }
-    }
+    let x: Vec<f64> = (0..n)
+        .flat_map(|c| q8_1_column(p.b + (c as i64 * p.b_nb1) as u64, k, q))
+        .collect();
     for z in 0..parts {
         let range = z * part..((z + 1) * part).min(k);
         for c in 0..n {
@@ -179,6 +164,27 @@ fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
             }
         }
     }
+}
+
+/// The `k` values of the column of Q8_1 activations at `col` (in scratch) that a product
+/// of weights `q` reads, dequantized.
+pub(in crate::backend::cuda::lower) fn q8_1_column(col: u64, k: usize, q: QType) -> Vec<f64> {
+    let layout = if q.block_size() == 256 {
+        ACT_PAIRS
+    } else {
+        ACT_BLOCKS
+    };
+    (0..k)
+        .map(|l| {
+            // SAFETY: the column of the Q8_1 copy lies in scratch.
+            let (qv, d) = unsafe {
+                let qv = read::<i8>(col, act_at(l / 32, l % 32, layout) as i64);
+                let d = read::<u16>(col, (act_quant_bytes(k) + 4 * (l / 32)) as i64);
+                (qv, f16::from_bits(d))
+            };
+            f64::from(qv) * d.to_f64()
+        })
+        .collect()
 }
 
 /// Host version of mmq_reduce: the parts added in order.
@@ -198,7 +204,7 @@ fn run_reduce(p: MmqReduceArgs) {
 ///
 /// # Safety
 /// The bytes lie in memory the test owns.
-unsafe fn read<T: Copy>(at: u64, off: i64) -> T {
+pub(in crate::backend::cuda::lower) unsafe fn read<T: Copy>(at: u64, off: i64) -> T {
     ((at as i64 + off) as *const T).read_unaligned()
 }
 
@@ -206,7 +212,7 @@ unsafe fn read<T: Copy>(at: u64, off: i64) -> T {
 ///
 /// # Safety
 /// As for [`read`].
-unsafe fn write<T: Copy>(at: u64, off: i64, v: T) {
+pub(in crate::backend::cuda::lower) unsafe fn write<T: Copy>(at: u64, off: i64, v: T) {
     ((at as i64 + off) as *mut T).write_unaligned(v)
 }
 
@@ -302,31 +308,37 @@ impl Case {
             for l in &launches {
                 interpret(l);
             }
-            let Loc::Arena(off) = out.loc else {
-                unreachable!()
-            };
-            let got = &bytemuck::cast_slice::<u64, f32>(&arena)[off / 4..off / 4 + want.len()];
-            let (mut num, mut den) = (0f64, 0f64);
-            for (g, w) in got.iter().zip(&want) {
-                num += (f64::from(*g) - f64::from(*w)).powi(2);
-                den += f64::from(*w).powi(2);
-            }
+            let nmse = output_nmse(&arena, &out, &want);
             // The CPU's Q8_1 offsets go through the f16 d * sum: about 1e-7 of difference
             // from the exact sums of the interpreter; a wrong column, row or part is 1.
-            assert!(
-                num / den < 1e-5,
-                "{names:?}: NMSE {:e} against the CPU",
-                num / den
-            );
+            assert!(nmse < 1e-5, "{names:?}: NMSE {nmse:e} against the CPU");
         }
         names
     }
 }
 
+/// The NMSE of the F32 result `out` in the host arena against `want`.
+pub(in crate::backend::cuda::lower) fn output_nmse(
+    arena: &[u64],
+    out: &Operand,
+    want: &[f32],
+) -> f64 {
+    let Loc::Arena(off) = out.loc else {
+        unreachable!("results live in the arena")
+    };
+    let got = &bytemuck::cast_slice::<u64, f32>(arena)[off / 4..off / 4 + want.len()];
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (f64::from(*g) - f64::from(*w)).powi(2);
+        den += f64::from(*w).powi(2);
+    }
+    num / den
+}
+
 /// Lowers `plan` with host addresses (the arena and scratch in host memory, the weights'
 /// buffer at `wbase`), twice like `load`: the operations, the arena and the scratch they
 /// point into.
-fn lower_on_host(
+pub(in crate::backend::cuda::lower) fn lower_on_host(
     plan: &Plan,
     wbase: u64,
     split: &[SplitRows],
