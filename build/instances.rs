@@ -106,14 +106,24 @@ fn mul_mat_q() -> Vec<Instance> {
     // as many as its 35 KB of staging buffers let an H100 SM hold anyway (the registers
     // that frees took the 7B decode from 279.9 to 282.5 tok/s); Q5_K for 7, which its
     // pairs need so as not to spill (344.7 against 341.5 with 8 and 36 bytes of spills).
+    let mmvq_resident = |q| match q {
+        "q8_0" => [6, 6, 6, 4],
+        "q5_k" => [7, 7, 6, 4],
+        _ => RESIDENT,
+    };
     for (q, block) in QTYPES {
-        let resident = match q {
-            "q8_0" => [6, 6, 6, 4],
-            "q5_k" => [7, 7, 6, 4],
-            _ => RESIDENT,
-        };
-        decode(&mut v, "mul_mat_vec_q", q, resident, |nc| {
+        decode(&mut v, "mul_mat_vec_q", q, mmvq_resident(q), |nc| {
             format!("mmvq<{block}, {nc}>")
+        });
+    }
+    // mul_mat_vec_id_q: a decode step's mul_mat_id, each column by mul_mat_vec_q_c1's body
+    // on its expert's rows, with its launch bounds.
+    for (q, block) in QTYPES {
+        v.push(Instance {
+            name: format!("mul_mat_vec_id_q_{q}"),
+            bounds: format!("GEMV_WARPS * WARP_SIZE, {}", mmvq_resident(q)[0]),
+            args: "QGemvIdArgs",
+            call: format!("gemv_id<mmvq<{block}, 1>>"),
         });
     }
     // mul_mat_vec_dq: weights dequantized in registers, F32 activations.
@@ -143,12 +153,23 @@ fn mul_mat_q() -> Vec<Instance> {
     }
     // mul_mat_vec_qd: Q4_K and Q5_K rows at 16-byte aligned addresses read in place. Q5_K
     // asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
+    // mul_mat_vec_id_qd: mul_mat_vec_id_q for experts whose rows are all 16-byte aligned,
+    // by mul_mat_vec_qd_c1's body with one pair a lane in flight after the first (U = 1),
+    // at 8 blocks an SM: the experts' rows of 2,048 and 768 elements of the MoE models
+    // give a lane one pair or none, and with two ptxas spilled (nvcc 13.0, sm_90: 4 bytes
+    // for Q4_K at 8; Q5_K asked for 6 to keep them).
     for (q, block, resident) in [
         ("q4_k", "BlockQ4_K", RESIDENT),
         ("q5_k", "BlockQ5_K", [6, 6, 6, 4]),
     ] {
         decode(&mut v, "mul_mat_vec_qd", q, resident, |nc| {
             format!("mmvq_direct<InPlace<{block}>, {nc}, 2>")
+        });
+        v.push(Instance {
+            name: format!("mul_mat_vec_id_qd_{q}"),
+            bounds: format!("GEMV_WARPS * WARP_SIZE, {}", RESIDENT[0]),
+            args: "QGemvIdArgs",
+            call: format!("gemv_id<mmvq_direct<InPlace<{block}>, 1, 1>>"),
         });
     }
     // Frozen Q6_K and Q5_K in split rows, read by mmvq_direct: qs keeps two more pairs a

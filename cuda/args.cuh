@@ -210,6 +210,31 @@ struct QGemvArgs {
 };
 static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
 
+// A decode step's mul_mat_id with block-quantized experts (mul_mat_vec_id_q*_<q>): a block
+// per GEMV_WARPS rows (grid.x) and column j = i + n_used * t (grid.y) computes
+// dst[:, i, t] = w[:, :, ids[i, t]]^T b[:, i % b1, t] as mul_mat_vec_q_c1_<q> does.
+struct QGemvIdArgs {
+    const char* a;    // expert 0's weight blocks: row r of expert e at a + e * a_nb2 + r * a_nb1
+    const char* b;    // the Q8_1 copy of the inputs (as QGemvArgs::b): column (i % b1) + b1 * t
+    const char* ids;  // I32 [n_used, n_tokens]: id (i, t) at ids + i * ids_nb0 + t * ids_nb1
+    char* dst;        // F32 [m, n_used, n_tokens]: column (i, t) at dst + i * dst_nb1 + t * dst_nb2, dense
+    IndexError* err;  // the first id outside 0..n_expert (its column is zero-filled)
+    i64 tag;          // which plan step (set by the host)
+    i64 k;            // row length in elements (a multiple of the block)
+    i64 m;            // rows of an expert
+    i64 a_nb1;        // byte stride between rows of an expert
+    i64 a_nb2;        // byte stride between experts
+    i64 b_nb1;        // byte stride between columns of b
+    i64 ids_nb0;      // byte stride of ids along the used experts
+    i64 ids_nb1;      // byte stride of ids along the tokens
+    i64 dst_nb1;      // byte stride of dst along the used experts
+    i64 dst_nb2;      // byte stride of dst along the tokens
+    i64 n_used;       // experts a token uses (ids.ne[0])
+    i64 b1;           // input columns per token (1: shared by its experts, or n_used)
+    i64 n_expert;     // experts of the weights (w.ne[2])
+};
+static_assert(sizeof(QGemvIdArgs) == 144, "QGemvIdArgs layout");
+
 // Batched products with block-quantized weights on int8 tensor cores (mmq_*, cuda/mmq.cu):
 // dst[r, c] = sum_l a[l, r] * b[l, c] for the n columns of the Q8_1 activations b.
 struct MmqArgs {

@@ -12,6 +12,8 @@
 //     and dotted with the chunk's columns (a decode step's k experts: one chunk each, only
 //     the selected experts' rows read; a prefill chunk: each expert's rows read once per
 //     MMID_COLS of its tokens). A block whose expert has no columns returns at once.
+// A decode step of block-quantized experts takes neither: mul_mat_vec_id_q*_<type>
+// (cuda/mul_mat_q.cu) runs each column on its expert's rows, the id read in the kernel.
 #include "quant.cuh"
 #include "quant_lowbit.cuh"
 

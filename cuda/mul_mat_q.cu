@@ -60,6 +60,10 @@
 //   mul_mat_vec_dq_c<NC>_<q>: b is F32. Lane g takes 8-element groups g, g + 32, ...:
 //     dequantized in registers, dotted in f32 with the activations (16-byte loads when
 //     vec, scalar otherwise). mul_mat_vec_dqs_c<NC>_<q>: the same on split rows.
+//   mul_mat_vec_id_q_<q>, mul_mat_vec_id_qd_<q> (q4_k, q5_k): a decode step's mul_mat_id
+//     (src/backend/cuda/lower/mul_mat_id.rs): the one-column body of mul_mat_vec_q_c1_<q>
+//     (mul_mat_vec_qd_c1_<q> for aligned rows) for each column (i, t) of the step, a grid
+//     row of blocks a column, on the rows of the column's expert (gemv_id).
 //
 // NC is 1, 2, 4 or 8; the launcher picks the smallest NC >= ncols.
 #include "quant.cuh"
@@ -209,6 +213,36 @@ __device__ void mmvq(const QGemvArgs& p) {
         __syncwarp();  // the buffer is free for chunk ci + 2
     }
     write_row<NC>(p, row, acc, lane);
+}
+
+// One column of a decode step's mul_mat_id (mul_mat_vec_id_q*_<q>): column j = blockIdx.y
+// is (i, t) = (j % n_used, j / n_used); GEMV, a one-column decode product (mmvq<Q, 1>,
+// mmvq_direct<InPlace<Q>, 1, U>), runs on expert ids[i, t]'s rows, the Q8_1 column
+// (i % b1) + b1 * t and dst[:, i, t]. The ids come from the kernels before, so nothing is
+// read before the wait. A bad id is recorded (by the column's first block) and the
+// column zero-filled; its expert is never read.
+template <void (*GEMV)(const QGemvArgs&)>
+__device__ void gemv_id(const QGemvIdArgs& p) {
+    pdl_enter();
+    const int n_used = (int)p.n_used, j = blockIdx.y;
+    const int i = j % n_used, t = j / n_used;
+    const int id = *reinterpret_cast<const int*>(p.ids + i * p.ids_nb0 + t * p.ids_nb1);
+    char* dst = p.dst + i * p.dst_nb1 + t * p.dst_nb2;
+    if (id < 0 || id >= p.n_expert) {
+        const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x;
+        if (threadIdx.x < GEMV_WARPS && row < p.m) reinterpret_cast<float*>(dst)[row] = 0.0f;
+        if (blockIdx.x == 0 && threadIdx.x == 0) record_index_error(p.err, p.tag, id, t, p.n_expert);
+        return;
+    }
+    const QGemvArgs q = {
+        p.a + id * p.a_nb2,                             // a
+        p.b + (i % (int)p.b1 + p.b1 * t) * p.b_nb1,     // b
+        dst,                                            // dst
+        nullptr,                                        // add
+        p.k, p.m, 1, p.a_nb1, p.b_nb1,                  // k, m, ncols, a_nb1, b_nb1
+        0, 0,                                           // vec, prefetch (the wait is past)
+    };
+    GEMV(q);
 }
 
 // 8 consecutive floats at x: two 16-byte loads when vec, else scalar ones.

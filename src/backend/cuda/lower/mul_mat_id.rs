@@ -1,5 +1,12 @@
-//! mul_mat_id (`cuda/mul_mat_id.cu`, `cuda/mmq.cu`): `group_by_expert` sorts the columns
-//! by expert into scratch, then one of two products runs over each expert's columns:
+//! mul_mat_id (`cuda/mul_mat_id.cu`, `cuda/mmq.cu`, `cuda/mul_mat_q.cu`): a decode step's
+//! product of block-quantized experts runs each column on its expert's rows with the
+//! decode kernels; any other product has `group_by_expert` sort the columns by expert into
+//! scratch, then one of two products runs over each expert's columns:
+//! - `mul_mat_vec_id_q_<type>` (decode: block-quantized weights of at most
+//!   [`DECODE_MAX_TOKENS`] tokens, [`decode`]): the inputs quantized to Q8_1, then a
+//!   block per 4 rows and column, each column's expert read by the one-column decode
+//!   product (`mul_mat_vec_id_qd_<type>`, rows read in place, for Q4_K and Q5_K experts
+//!   whose rows are all 16-byte aligned). No grouping: the ids are read by the kernel;
 //! - `mmq_id_c<BN>_<type>` (block-quantized weights of a type with `mmq_*` kernels): the
 //!   inputs quantized to Q8_1 once, each expert's columns in tiles of BN (listed by
 //!   `group_by_expert`) on int8 tensor cores, each expert's rows read once a tile;
@@ -8,16 +15,20 @@
 //!
 //! A block's gate, up and down products share their ids: the grouping of the first serves
 //! the next ones ([`Lowering::experts`]) while no step between them takes scratch or
-//! writes the ids; the Q8_1 copy of the gate's inputs serves the up product too.
+//! writes the ids; the Q8_1 copy of the gate's inputs serves the up product too. A decode
+//! product neither makes nor reads a grouping, and the scratch it takes for its Q8_1 copy
+//! forgets the one there was ([`Lowering::reserve_scratch`]).
 
 use crate::backend::cuda::args::{
-    MmqIdArgs, MulMatIdArgs, MMID_COLS, MMID_GROUP_THREADS, MMID_MAX_EXPERTS, MMID_ROWS,
-    MMID_THREADS, MMQ_ROWS, MMQ_WARPS,
+    MmqIdArgs, MulMatIdArgs, QGemvIdArgs, MMID_COLS, MMID_GROUP_THREADS, MMID_MAX_EXPERTS,
+    MMID_ROWS, MMID_THREADS, MMQ_ROWS, MMQ_WARPS,
 };
 use crate::backend::cuda::decode::q8_1::{self, q8_1_column_bytes};
+use crate::backend::cuda::decode::ROWS;
 use crate::backend::cuda::kernels::{by, cols, k, Kernel};
 use crate::backend::cuda::lowering::{
-    expect_i32, DevOp, ExpertGroups, ExpertTiles, Lowering, MAX_GRID_X, MAX_GRID_YZ, WARP,
+    expect_i32, row_grid, DevOp, ExpertGroups, ExpertTiles, Lowering, QuantPath, MAX_GRID_X,
+    MAX_GRID_YZ, WARP,
 };
 use crate::backend::fusion::Q8Layout;
 use crate::graph::{DType, Operand};
@@ -25,6 +36,18 @@ use crate::graph::{DType, Operand};
 /// The grid's z at most: the column chunks of one expert that run side by side (a
 /// prefill's experts have many; a decode step's one each).
 const MAX_CHUNKS: usize = 32;
+
+/// Most tokens of a product of block-quantized experts on the decode kernels
+/// ([`decode`]). There each column reads its expert's rows, so an expert with `c` columns
+/// is read `c` times, where the tensor-core product reads it once per tile of up to 8 of
+/// its columns (but launches `n / 8 + n_expert` blocks per 64 rows, most of them idle,
+/// and computes 8 columns for each tile of one or two). A token's experts are distinct,
+/// so an expert has at most one column a token: at 4 tokens it is read at most 4 times,
+/// the widths at which a plain product keeps its decode kernels (below
+/// [`MMQ_FROM_COLS`](super::mmq::MMQ_FROM_COLS)). With 8 of 128 experts (Qwen3-30B-A3B)
+/// 4 tokens' 32 columns fall on 29 experts on average: one read in 10 repeated, which L2
+/// may serve. Set from these read counts; not yet timed against the tensor-core product.
+pub(crate) const DECODE_MAX_TOKENS: usize = 4;
 
 /// `dst` = the experts `src[0]` times the inputs `src[1]` for the ids `src[2]`.
 pub(crate) fn lower(
@@ -56,6 +79,9 @@ pub(crate) fn lower(
     let tiles = m.div_ceil(MMID_ROWS as usize);
     if n == 0 {
         return Ok(Vec::new());
+    }
+    if let Some(ops) = decode(w, b, ids, dst, lw) {
+        return ops;
     }
     if tiles > MAX_GRID_X {
         return Err(format!("mul_mat_id with {m} rows exceeds the grid"));
@@ -96,6 +122,84 @@ pub(crate) fn lower(
     }
     lw.experts = Some(groups);
     Ok(launches)
+}
+
+/// The launches of a decode step's product (None when it is not one): block-quantized
+/// weights of a type with decode kernels, whole blocks a row, at most
+/// [`DECODE_MAX_TOKENS`] tokens, results dense along dim 0, and not forced onto the tensor
+/// cores ([`QuantPath::Mmq`]). The Q8_1 copy of `b` (or the one an earlier step made, as
+/// the gate's for the up product) is read by `mul_mat_vec_id_q*_<type>`, a grid row of
+/// blocks a column `i + n_used * t`. Like the tensor-core path it reads Q8_1 inputs
+/// whatever [`Lowering::mmvq`] says.
+fn decode(
+    w: &Operand,
+    b: &Operand,
+    ids: &Operand,
+    dst: &Operand,
+    lw: &mut Lowering,
+) -> Option<Result<Vec<DevOp>, String>> {
+    let (kk, m, n_expert) = (w.ne[0], w.ne[1], w.ne[2]);
+    let (n_used, n_tokens) = (ids.ne[0], ids.ne[1]);
+    let takes = lw.quant_path != QuantPath::Mmq
+        && n_tokens <= DECODE_MAX_TOKENS
+        && n_used * n_tokens <= MAX_GRID_YZ
+        && w.dtype.quant().is_some()
+        && kk % w.dtype.block_size() == 0
+        && kk < i32::MAX as usize
+        && dst.nb[0] == 4;
+    if !takes {
+        return None;
+    }
+    let a = lw.addr(w);
+    let aligned = a % 16 == 0 && w.nb[1] % 16 == 0 && w.nb[2] % 16 == 0;
+    let in_place = by::MUL_MAT_VEC_ID_QD
+        .get([w.dtype])
+        .ok()
+        .filter(|_| aligned);
+    let kernel = in_place.or_else(|| by::MUL_MAT_VEC_ID_Q.get([w.dtype]).ok())?;
+    let grid = match row_grid(m.div_ceil(ROWS)) {
+        Ok((x, _, _)) => (x, (n_used * n_tokens) as u32, 1),
+        Err(e) => return Some(Err(e)),
+    };
+    let layout = Q8Layout::of(w.dtype);
+    let mut ops = Vec::with_capacity(2);
+    let q8 = match q8_1::made(b, layout, lw) {
+        Some(addr) => addr,
+        None => match q8_1::quantize_q8_1(b, layout, lw) {
+            Ok((addr, op)) => {
+                ops.push(op);
+                addr
+            }
+            Err(e) => return Some(Err(e)),
+        },
+    };
+    let args = QGemvIdArgs {
+        a,
+        b: q8,
+        ids: lw.addr(ids),
+        dst: lw.addr(dst),
+        err: lw.err,
+        tag: lw.tag,
+        k: kk as i64,
+        m: m as i64,
+        a_nb1: w.nb[1] as i64,
+        a_nb2: w.nb[2] as i64,
+        b_nb1: q8_1_column_bytes(kk) as i64,
+        ids_nb0: ids.nb[0] as i64,
+        ids_nb1: ids.nb[1] as i64,
+        dst_nb1: dst.nb[1] as i64,
+        dst_nb2: dst.nb[2] as i64,
+        n_used: n_used as i64,
+        b1: b.ne[1] as i64,
+        n_expert: n_expert as i64,
+    };
+    ops.push(DevOp::kernel(
+        kernel,
+        grid,
+        ((ROWS * WARP) as u32, 1, 1),
+        &args,
+    ));
+    Some(Ok(ops))
 }
 
 /// The `mmq_id_*` kernel of the product and its column tile, when it takes one: weights of
@@ -211,119 +315,4 @@ fn lower_tiled(
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::backend::cuda::args::{MmqIdArgs, MulMatIdArgs};
-    use crate::backend::cuda::lowering::{DevOp, Lowering};
-    use crate::backend::cuda::tests::{args, fake_addr_any, kernel_launches, lower_plan};
-    use crate::graph::{BufferId, BufferRef, DType, Graph};
-    use crate::ops::UnaryOp;
-
-    const SCRATCH: u64 = 1 << 50;
-
-    /// A mixture's gate, up and down products over `n_tokens` tokens (8 experts of
-    /// 256 x 256 weights of `dt`, 2 a token), lowered.
-    fn experts_block(dt: DType, n_tokens: usize) -> Vec<Vec<DevOp>> {
-        let (k, m, n_expert, n_used) = (256, 256, 8, 2);
-        let mut g = Graph::new();
-        let at = |offset| BufferRef {
-            buffer: BufferId(1),
-            offset,
-        };
-        let bytes = dt.row_bytes(k) * m * n_expert;
-        let gate = g.weight("gate", dt, &[k, m, n_expert], at(0)).unwrap();
-        let up = g.weight("up", dt, &[k, m, n_expert], at(bytes)).unwrap();
-        let down = g
-            .weight("down", dt, &[m, k, n_expert], at(2 * bytes))
-            .unwrap();
-        let x = g.input("x", DType::F32, &[k, 1, n_tokens]).unwrap();
-        let ids = g.input("ids", DType::I32, &[n_used, n_tokens]).unwrap();
-        let a = g.mul_mat_id(gate, x, ids).unwrap();
-        let b = g.mul_mat_id(up, x, ids).unwrap();
-        let a = g.unary(UnaryOp::Silu, a).unwrap();
-        let h = g.mul(a, b).unwrap();
-        let y = g.mul_mat_id(down, h, ids).unwrap();
-        let plan = g.plan(&[y]).unwrap();
-        let mut lw = Lowering {
-            scratch_base: SCRATCH,
-            ..Lowering::new(&fake_addr_any, true, 1)
-        };
-        lower_plan(&plan, &mut lw, false, |_| 0).unwrap()
-    }
-
-    /// A prefill's products of block-quantized experts run on the tensor cores: one
-    /// grouping with its tiles for the three, one Q8_1 copy for the gate and up products'
-    /// shared inputs and one for the down product's, both past the grouping in scratch,
-    /// and every product reads the grouping and tiles the grouping wrote.
-    #[test]
-    fn prefill_experts_take_the_tensor_cores() {
-        let ops = experts_block(DType::Q4_K, 64);
-        let launches = kernel_launches(&ops);
-        let ours: Vec<_> = launches
-            .iter()
-            .filter(|l| {
-                ["mmq_id", "group", "quant"]
-                    .iter()
-                    .any(|p| l.kernel.name.starts_with(p))
-            })
-            .collect();
-        let names: Vec<&str> = ours.iter().map(|l| l.kernel.name).collect();
-        assert_eq!(
-            names,
-            [
-                "group_by_expert",
-                "quantize_q8_1_f32",
-                "mmq_id_c16_q4_k",
-                "mmq_id_c16_q4_k",
-                "quantize_q8_1_f32",
-                "mmq_id_c16_q4_k"
-            ]
-        );
-        let group: MulMatIdArgs = args(ours[0]);
-        // 128 columns of 8 experts: 128 / 8 = 16 a tile; at most 128 / 16 + 8 tiles
-        assert_eq!((group.tile_bn, group.tiles), (16, 16));
-        let end = [
-            group.offsets,
-            group.cols,
-            group.tile_expert,
-            group.tile_first,
-        ]
-        .iter()
-        .max()
-        .unwrap()
-            + 16 * 4;
-        let mmqs: Vec<MmqIdArgs> = [2, 3, 5].iter().map(|&i| args(ours[i])).collect();
-        for p in &mmqs {
-            assert_eq!(
-                (p.offsets, p.cols, p.tile_expert, p.tile_first),
-                (
-                    group.offsets,
-                    group.cols,
-                    group.tile_expert,
-                    group.tile_first
-                )
-            );
-            assert!(p.b >= end, "the Q8_1 copy overlaps the grouping");
-        }
-        assert_eq!(mmqs[0].b, mmqs[1].b, "gate and up share their inputs' copy");
-        assert_eq!((mmqs[0].b1, mmqs[2].b1, mmqs[2].n_used), (1, 2, 2));
-        assert_eq!(ours[2].grid, (16, 4, 1));
-    }
-
-    /// Float experts and block types without tensor-core kernels keep the
-    /// dequantizing kernel, grouped once for the three products.
-    #[test]
-    fn other_experts_keep_the_dequantizing_kernel() {
-        for (dt, kernel) in [
-            (DType::F16, "mul_mat_id_f16"),
-            (DType::IQ4_XS, "mul_mat_id_iq4_xs"),
-        ] {
-            let ops = experts_block(dt, 64);
-            let names: Vec<&str> = kernel_launches(&ops)
-                .iter()
-                .map(|l| l.kernel.name)
-                .filter(|n| n.starts_with("mul_mat_id") || n.starts_with("group"))
-                .collect();
-            assert_eq!(names, ["group_by_expert", kernel, kernel, kernel]);
-        }
-    }
-}
+mod tests;
