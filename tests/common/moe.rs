@@ -32,6 +32,9 @@ pub struct MoeCase {
     pub n_tokens: usize,
     /// Elements of padding after each input column (a strided view when nonzero).
     pub b_pad: usize,
+    /// Bytes before the experts in their buffer (2: block types' rows not 16-byte
+    /// aligned).
+    pub w_offset: usize,
     /// `[n_used, n_tokens]`, each in `0..n_expert` unless a test puts one outside.
     pub ids: Vec<i32>,
     pub seed: u64,
@@ -130,7 +133,8 @@ pub fn weight_dtypes() -> Vec<DType> {
 
 /// Random cases: every weight dtype, 1..=6 experts of 1..=9 rows, 1..=4 used (ids drawn
 /// with repeats, so a token may use an expert twice and an expert may go unused), shared
-/// or per-expert inputs, 1..=7 tokens, contiguous or strided inputs.
+/// or per-expert inputs, 1..=7 tokens, contiguous or strided inputs, block types' rows
+/// 16-byte aligned or not.
 pub fn cases() -> impl Strategy<Value = MoeCase> {
     cases_with(7, 6, 9)
 }
@@ -142,20 +146,40 @@ pub fn cases_with(
     max_experts: usize,
     max_rows: usize,
 ) -> impl Strategy<Value = MoeCase> {
-    let dtypes = weight_dtypes();
+    draw(weight_dtypes(), 1..=max_tokens, max_experts, max_rows, 4)
+}
+
+/// Decode steps of block-quantized experts (the CUDA backend's decode kernels): 1..=4
+/// tokens of 1..=8 experts each out of 1..=12 (repeats allowed) of 1..=40 rows, shared or
+/// per-expert inputs, rows 16-byte aligned or not.
+pub fn decode_cases() -> impl Strategy<Value = MoeCase> {
+    let blocks = weight_types().into_iter().map(DType::Quant).collect();
+    draw(blocks, 1..=4, 12, 40, 8)
+}
+
+/// Cases of `dtypes`, `tokens` tokens of 1..=`max_used` experts each out of
+/// 1..=`max_experts` of 1..=`max_rows` rows.
+fn draw(
+    dtypes: Vec<DType>,
+    tokens: std::ops::RangeInclusive<usize>,
+    max_experts: usize,
+    max_rows: usize,
+    max_used: usize,
+) -> impl Strategy<Value = MoeCase> {
     (
         0..dtypes.len(),
         1usize..=3,
         1usize..=max_rows,
         1usize..=max_experts,
-        1usize..=4,
+        1usize..=max_used,
         any::<bool>(),
-        1usize..=max_tokens,
+        tokens,
         prop_oneof![Just(0usize), 1usize..=5],
+        any::<bool>(),
         any::<u64>(),
     )
         .prop_flat_map(
-            move |(d, kb, m, n_expert, n_used, shared, n_tokens, b_pad, seed)| {
+            move |(d, kb, m, n_expert, n_used, shared, n_tokens, b_pad, misalign, seed)| {
                 let dtype = dtypes[d];
                 let k = match dtype.quant() {
                     Some(_) => kb * dtype.block_size(),
@@ -171,6 +195,11 @@ pub fn cases_with(
                     b1: if shared { 1 } else { n_used },
                     n_tokens,
                     b_pad,
+                    w_offset: if misalign && dtype.quant().is_some() {
+                        2
+                    } else {
+                        0
+                    },
                     ids,
                     seed,
                 })
@@ -182,13 +211,13 @@ pub fn cases_with(
 /// returns the F32 result `[m, n_used, n_tokens]`.
 pub fn run(c: &MoeCase, be: &mut dyn Backend) -> Result<Vec<f32>> {
     let bytes = c.weight_bytes();
-    let buf = be.alloc_buffer(bytes.len())?;
+    let buf = be.alloc_buffer(c.w_offset + bytes.len())?;
     let out = (|| {
-        be.write_buffer(buf, 0, &bytes)?;
+        be.write_buffer(buf, c.w_offset, &bytes)?;
         let mut g = Graph::new();
         let data = BufferRef {
             buffer: buf,
-            offset: 0,
+            offset: c.w_offset,
         };
         let w = g.weight("experts", c.dtype, &[c.k, c.m, c.n_expert], data)?;
         let kp = c.k + c.b_pad;

@@ -1,8 +1,10 @@
 //! mul_mat_id on the GPU against the f64 oracle (`common/moe.rs` draws the cases): every
 //! weight dtype, random ids with repeats and unused experts, shared and per-expert
-//! inputs, strided inputs; decode widths (a few columns per expert, one chunk) and
-//! prefill widths (up to 96 tokens: many chunks of MMID_COLS columns per expert, more
-//! than the grid's z, or many column tiles of the int8 tensor-core product). A kernel that
+//! inputs, strided inputs; decode widths (a few columns per expert, one chunk; block
+//! types of up to 4 tokens on the decode kernels `mul_mat_vec_id_q*_<type>`, up to 8
+//! experts a token, rows 16-byte aligned or not) and prefill widths (up to 96 tokens: many
+//! chunks of MMID_COLS columns per expert, more than the grid's z, or many column tiles of
+//! the int8 tensor-core product). A kernel that
 //! dequantizes the weights in registers and sums in f32 is held within relative 1e-5 of
 //! each output's terms' scale (`moe::magnitudes`), as the CPU's f32 path; a Q8_1 path of
 //! block types (the tensor-core product, the decode kernels) within 1e-3 of it against
@@ -70,31 +72,49 @@ fn mul_mat_id_decode_widths() {
     on_gpu(moe::cases(), 128);
 }
 
+/// Decode steps of block-quantized experts: the decode kernels, every block type.
+#[test]
+fn mul_mat_id_decode_kernels() {
+    on_gpu(moe::decode_cases(), 96);
+}
+
 #[test]
 fn mul_mat_id_prefill_widths() {
     on_gpu(moe::cases_with(96, 12, 70), 48);
 }
 
+/// A bad id is an index error on the decode kernels (3 tokens) and on the grouped
+/// products (6 tokens: `group_by_expert`), block-quantized and float.
 #[test]
 fn ids_outside_the_experts_are_index_errors() {
     let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut cuda) = common::cuda_backend() else {
         return;
     };
-    let c = moe::MoeCase {
-        dtype: DType::Q4_K,
-        k: 256,
-        m: 40,
-        n_expert: 4,
-        n_used: 2,
-        b1: 1,
-        n_tokens: 3,
-        b_pad: 0,
-        ids: vec![0, 1, 2, 3, 7, 0],
-        seed: 9,
-    };
-    match moe::run(&c, &mut cuda) {
-        Err(Error::IndexOutOfRange { index, limit, .. }) => assert_eq!((index, limit), (7, 4)),
-        other => panic!("{other:?}"),
+    for (dtype, n_tokens) in [(DType::Q4_K, 3), (DType::Q4_K, 6), (DType::F16, 3)] {
+        let mut ids = vec![0, 1, 2, 3, 7, 0];
+        ids.resize(2 * n_tokens, 1);
+        let c = moe::MoeCase {
+            dtype,
+            k: 256,
+            m: 40,
+            n_expert: 4,
+            n_used: 2,
+            b1: 1,
+            n_tokens,
+            b_pad: 0,
+            w_offset: 0,
+            ids,
+            seed: 9,
+        };
+        match moe::run(&c, &mut cuda) {
+            Err(Error::IndexOutOfRange {
+                index,
+                limit,
+                position,
+                ..
+            }) => assert_eq!((index, limit, position), (7, 4, 2), "{c:?}"),
+            other => panic!("{c:?}: {other:?}"),
+        }
     }
 }

@@ -54,6 +54,7 @@ fn repeated_ids_give_equal_columns() {
         b1: 1,
         n_tokens: 2,
         b_pad: 0,
+        w_offset: 0,
         ids: vec![2, 2, 0, 3, 1, 2],
         seed: 11,
     };
@@ -77,6 +78,7 @@ fn ids_outside_the_experts_are_index_errors() {
             b1: 2,
             n_tokens: 3,
             b_pad: 0,
+            w_offset: 0,
             ids: vec![0, 1, 2, 3, bad, 0],
             seed: 5,
         };
