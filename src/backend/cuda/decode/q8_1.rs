@@ -89,8 +89,26 @@ pub(crate) fn quantize_q8_1(
     quantize_q8_1_at(b, layout, 0, lw)
 }
 
+/// The address of the Q8_1 copy of `b` in `layout` a product reads: the one an earlier
+/// step made ([`made`]), else one quantized into scratch from byte `offset`
+/// ([`quantize_q8_1_at`]), its launch pushed onto `ops`.
+pub(crate) fn copy_of(
+    b: &Operand,
+    layout: Q8Layout,
+    offset: usize,
+    lw: &mut Lowering,
+    ops: &mut Vec<DevOp>,
+) -> Result<u64, String> {
+    if let Some(addr) = made(b, layout, lw) {
+        return Ok(addr);
+    }
+    let (addr, op) = quantize_q8_1_at(b, layout, offset, lw)?;
+    ops.push(op);
+    Ok(addr)
+}
+
 /// [`quantize_q8_1`] into scratch from byte `offset` (past what the step keeps there).
-pub(crate) fn quantize_q8_1_at(
+fn quantize_q8_1_at(
     b: &Operand,
     layout: Q8Layout,
     mut offset: usize,

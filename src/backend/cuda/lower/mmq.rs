@@ -119,14 +119,7 @@ fn lower_taken(
     let kernel = family.get(bn)?.get([a.dtype])?;
     let layout = Q8Layout::of(a.dtype);
     let mut ops = Vec::with_capacity(3);
-    let q8 = match q8_1::made(b, layout, lw) {
-        Some(addr) => addr,
-        None => {
-            let (addr, op) = q8_1::quantize_q8_1(b, layout, lw)?;
-            ops.push(op);
-            addr
-        }
-    };
+    let q8 = q8_1::copy_of(b, layout, 0, lw, &mut ops)?;
     let col_bytes = q8_1_column_bytes(kk);
     let grid = (n.div_ceil(bn), m.div_ceil(ROWS));
     let (parts, chunks) = parts(grid.0 * grid.1, kk.div_ceil(CHUNK), lw.sms);

@@ -86,7 +86,7 @@ pub(crate) fn lower(
     if tiles > MAX_GRID_X {
         return Err(format!("mul_mat_id with {m} rows exceeds the grid"));
     }
-    let tiled = tiled_kernel(w, b, dst, n, n_expert)?;
+    let tiled = tiled_kernel(w, dst, n, n_expert);
     let (groups, regroup) = grouping(ids, n_expert, n, tiled.map(|(_, bn)| bn), lw);
     let chunks = n.div_ceil(MMID_COLS as usize).min(MAX_CHUNKS);
     let t = groups.tiles;
@@ -143,10 +143,7 @@ fn decode(
     let takes = lw.quant_path != QuantPath::Mmq
         && n_tokens <= DECODE_MAX_TOKENS
         && n_used * n_tokens <= MAX_GRID_YZ
-        && w.dtype.quant().is_some()
-        && kk % w.dtype.block_size() == 0
-        && kk < i32::MAX as usize
-        && dst.nb[0] == 4;
+        && q8_1_experts(w, dst);
     if !takes {
         return None;
     }
@@ -163,15 +160,9 @@ fn decode(
     };
     let layout = Q8Layout::of(w.dtype);
     let mut ops = Vec::with_capacity(2);
-    let q8 = match q8_1::made(b, layout, lw) {
-        Some(addr) => addr,
-        None => match q8_1::quantize_q8_1(b, layout, lw) {
-            Ok((addr, op)) => {
-                ops.push(op);
-                addr
-            }
-            Err(e) => return Some(Err(e)),
-        },
+    let q8 = match q8_1::copy_of(b, layout, 0, lw, &mut ops) {
+        Ok(addr) => addr,
+        Err(e) => return Some(Err(e)),
     };
     let args = QGemvIdArgs {
         a,
@@ -202,30 +193,33 @@ fn decode(
     Some(Ok(ops))
 }
 
+/// Whether the experts `w` and the result `dst` suit the products on Q8_1 inputs:
+/// block-quantized weights in whole blocks a row, rows short enough for the kernels'
+/// 32-bit counts, results dense along dim 0.
+fn q8_1_experts(w: &Operand, dst: &Operand) -> bool {
+    let kk = w.ne[0];
+    w.dtype.quant().is_some()
+        && kk % w.dtype.block_size() == 0
+        && kk < i32::MAX as usize
+        && dst.nb[0] == 4
+}
+
 /// The `mmq_id_*` kernel of the product and its column tile, when it takes one: weights of
-/// a type with `mmq_*` kernels in whole blocks a row, results dense along dim 0, and an
-/// expert's rows one grid holds. The tile is the narrowest that holds an expert's share
-/// of the columns when the ids spread evenly.
+/// a type with `mmq_*` kernels ([`q8_1_experts`]) and an expert's rows one grid holds. The
+/// tile is the narrowest that holds an expert's share of the columns when the ids spread
+/// evenly.
 fn tiled_kernel(
     w: &Operand,
-    b: &Operand,
     dst: &Operand,
     n: usize,
     n_expert: usize,
-) -> Result<Option<(Kernel<MmqIdArgs>, usize)>, String> {
+) -> Option<(Kernel<MmqIdArgs>, usize)> {
     let bn = n.div_ceil(n_expert).next_power_of_two().clamp(8, 64);
-    let takes = w.dtype.quant().is_some()
-        && w.ne[0] % w.dtype.block_size() == 0
-        && w.ne[0] < i32::MAX as usize
-        && b.ne[0] == w.ne[0]
-        && dst.nb[0] == 4
+    let takes = q8_1_experts(w, dst)
         && w.ne[1] <= MMQ_ROWS as usize * MAX_GRID_YZ
         && n.div_ceil(bn) + n_expert <= MAX_GRID_X;
-    let kernel = cols::MMQ_ID.get(bn).and_then(|s| s.get([w.dtype]));
-    Ok(match (takes, kernel) {
-        (true, Ok(kernel)) => Some((kernel, bn)),
-        _ => None,
-    })
+    let kernel = cols::MMQ_ID.get(bn).and_then(|s| s.get([w.dtype])).ok();
+    kernel.filter(|_| takes).map(|k| (k, bn))
 }
 
 /// The columns of `ids` grouped by expert: those of the last mul_mat_id when it had these
@@ -282,14 +276,7 @@ fn lower_tiled(
     let (kk, m) = (w.ne[0], w.ne[1]);
     let layout = Q8Layout::of(w.dtype);
     let mut ops = Vec::with_capacity(2);
-    let q8 = match q8_1::made(b, layout, lw) {
-        Some(addr) => addr,
-        None => {
-            let (addr, op) = q8_1::quantize_q8_1_at(b, layout, groups.end, lw)?;
-            ops.push(op);
-            addr
-        }
-    };
+    let q8 = q8_1::copy_of(b, layout, groups.end, lw, &mut ops)?;
     let args = MmqIdArgs {
         a: lw.addr(w),
         b: q8,
