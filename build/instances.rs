@@ -1,6 +1,6 @@
 //! The kernel instantiation tables of the templated kernel families (part of build.rs):
 //! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/mmq.cu`
-//! (the batched ones on int8 tensor cores), `cuda/fattn.cu` (flash attention),
+//! and `cuda/mmh.cu` (the batched ones on int8 and F16 tensor cores), `cuda/fattn.cu` (flash attention),
 //! `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k) define their kernels
 //! as templates, and every
 //! `extern "C"` kernel of them is one [`Instance`] listed here, written by build.rs to
@@ -29,6 +29,7 @@ pub fn header(stem: &str) -> Option<String> {
         "fattn_paged" => fattn_paged(),
         "topk" => topk(),
         "mmq" => mmq(),
+        "mmh" => mmh(),
         _ => return None,
     };
     let mut s =
@@ -247,6 +248,37 @@ fn mmq() -> Vec<Instance> {
     }
     for (q, ggml, _) in MMQ_TYPES {
         tiles(&mut v, "mmq_id", q, ggml);
+    }
+    v
+}
+
+/// The kernels of `cuda/mmh.cu` (see its header): `mmh_c<BN>_<q>` for every weight type of
+/// [`MMQ_TYPES`] in ggml's blocks and `mmh_split_c<BN>_<q>` for the types with split rows,
+/// by every column tile. At least 4 blocks an SM; 3 for the 64-column tiles and for Q5_K
+/// and Q6_K, whose units two chunks ahead take the most registers (at 4 they spilled on
+/// sm_90).
+fn mmh() -> Vec<Instance> {
+    let mut v = Vec::new();
+    let mut tiles = |family: &str, q: &str, traits: &str| {
+        for bn in MMQ_TILES {
+            let resident = if bn == 64 || q == "q5_k" || q == "q6_k" {
+                3
+            } else {
+                4
+            };
+            v.push(Instance {
+                name: format!("{family}_c{bn}_{q}"),
+                bounds: format!("MMH_THREADS, {resident}"),
+                args: "MmqArgs",
+                call: format!("mmh<{traits}, {bn}>"),
+            });
+        }
+    };
+    for (q, ggml, split) in MMQ_TYPES {
+        tiles("mmh", q, ggml);
+        if let Some(split) = split {
+            tiles("mmh_split", q, split);
+        }
     }
     v
 }

@@ -240,7 +240,8 @@ static_assert(sizeof(QGemvIdArgs) == 144, "QGemvIdArgs layout");
 struct MmqArgs {
     const char* a;  // weight blocks (mmq_split_*: frozen weights in split rows): row r at a + r * a_nb1
     const char* b;  // Q8_1 activations as quantize_q8_1_f32 writes them, in the layout of the
-                    // weight type (ACT_PAIRS for the K-quants, else ACT_BLOCKS): column c at b + c * b_nb1
+                    // weight type (ACT_PAIRS for the K-quants, else ACT_BLOCKS); mmh_*: F16
+                    // activations, k dense elements a column: column c at b + c * b_nb1
     float* dst;     // F32 [m, n] dense; with gridDim.z > 1, part z of K's partial sums at
                     // dst + z * m * n (mmq_reduce adds them up)
     i64 k;          // row length in elements (a multiple of the block)
@@ -248,7 +249,7 @@ struct MmqArgs {
     i64 n;          // columns of b and dst
     i64 a_nb1;      // byte stride between rows of a
     i64 b_nb1;      // byte stride between columns of b (a multiple of 16)
-    i64 chunks;     // MMQ_K-element chunks of a row that each part of K (blockIdx.z) takes
+    i64 chunks;     // MMQ_K-element (mmh_*: MMH_K) chunks of a row that each part of K (blockIdx.z) takes
     i64 prefetch;   // 1 when `a` is read-only in the plan: its first chunk loads before the
                     // kernel waits for its predecessor
 };
@@ -440,6 +441,7 @@ constexpr int MMQ_WARPS = 4;   // warps per block of mmq_*, 16 weight rows each
 constexpr int MMQ_ROWS = 64;   // weight rows per block of mmq_* (MMQ_WARPS * 16)
 constexpr int MMQ_K = 128;     // elements of a row per step of mmq_* (4 sub-blocks of 32)
 constexpr int MMQ_REDUCE_THREADS = 256;  // block of mmq_reduce
+constexpr int MMH_K = 64;      // elements of a row per step of mmh_* (blocks of MMQ_WARPS warps, MMQ_ROWS rows)
 
 // Launch geometry of top_k (cuda/topk.cu).
 

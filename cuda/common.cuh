@@ -337,3 +337,47 @@ __device__ __forceinline__ void set_row_element(const Tensor4& src, const Tensor
     if constexpr (std::is_same<S, float>::value) x *= scale;
     *reinterpret_cast<D*>(at(dst, ix[0], id, ix[2], ix[3])) = convert<D>(x);
 }
+
+// ---------------------------------------------------------------------------------------
+// F16 tensor cores (attention, cuda/fattn*.cu; batched products, cuda/mmh.cu).
+
+// d += a * b for one m16n8k16 tile: F16 inputs, F32 accumulation. Fragment layout (g =
+// lane / 4, t = lane % 4): a[0] rows g, cols 2t..2t+1; a[1] row g + 8; a[2] cols + 8;
+// a[3] both; b[0] k rows 2t..2t+1 of col g, b[1] k rows + 8; d[0..1] row g, cols
+// 2t..2t+1, d[2..3] row g + 8.
+__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory (ldmatrix.x4): lanes 8i..8i+7
+// give the row addresses of matrix i (16-byte aligned), and each lane receives, of every
+// matrix, row lane / 4, elements 2 (lane % 4) and 2 (lane % 4) + 1; with TRANS the
+// matrices are transposed on the way (each lane receives column lane / 4).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4(const f16* row, uint32_t r[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    if constexpr (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    }
+#else
+    r[0] = r[1] = r[2] = r[3] = 0u;
+#endif
+}

@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 
 use graft::backend::cpu::CpuBackend;
-use graft::backend::cuda::{CudaBackend, QuantPath, MMQ_FROM_COLS, MMQ_MAX_COLS};
+use graft::backend::cuda::{CudaBackend, QuantPath, MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
@@ -109,6 +109,8 @@ enum Path {
     Dequantize,
     /// Q8_1 activations, the int8 tensor-core product.
     Mmq,
+    /// F16 activations, the F16 tensor-core product on weights unpacked to F16.
+    Mmh,
     /// Weights dequantized to F16 for cuBLAS.
     Cublas,
 }
@@ -118,7 +120,9 @@ impl Path {
     fn of(kernels: &[String]) -> Option<Path> {
         let ran = |k: &str| kernels.iter().any(|s| s.contains(k));
         [
-            ("mmq_", Path::Mmq),
+            ("mmq_c", Path::Mmq),
+            ("mmq_split_", Path::Mmq),
+            ("mmh_", Path::Mmh),
             ("mul_mat_vec_q", Path::Dp4a),
             ("mul_mat_vec_dq", Path::Dequantize),
             ("cublas", Path::Cublas),
@@ -129,9 +133,10 @@ impl Path {
 
     /// The path the lowering must pick for case `c` on the decode path `mmvq`: the decode
     /// kernels for a few columns without batches (below `MMQ_FROM_COLS` for a type the
-    /// tensor-core product takes, with or without a residual add after it), the
-    /// tensor-core product up to `MMQ_MAX_COLS` columns (batches included) over one weight
-    /// matrix of a type it has kernels for ([`qs::core_types`]), cuBLAS otherwise.
+    /// tensor-core products take, with or without a residual add after it), the
+    /// tensor-core products up to `MMQ_MAX_COLS` columns (batches included) over one weight
+    /// matrix of a type they have kernels for ([`qs::core_types`]: int8 below
+    /// `MMH_FROM_COLS`, F16 from there), cuBLAS otherwise.
     fn expected(c: &QCase, mmvq: bool) -> Path {
         let one = c.a_batch == [1, 1];
         let mmq_type = qs::core_types().contains(&c.q);
@@ -142,7 +147,8 @@ impl Path {
         match (c.n <= decode_cols && one && c.repeat == [1, 1], mmvq) {
             (true, true) => Path::Dp4a,
             (true, false) => Path::Dequantize,
-            (false, _) if one && c.cols() <= MMQ_MAX_COLS && mmq_type => Path::Mmq,
+            (false, _) if one && c.cols() < MMH_FROM_COLS && mmq_type => Path::Mmq,
+            (false, _) if one && c.cols() <= MMQ_MAX_COLS && mmq_type => Path::Mmh,
             (false, _) => Path::Cublas,
         }
     }
@@ -152,7 +158,7 @@ impl Path {
         match self {
             Path::Dp4a | Path::Mmq => NMSE_MMVQ,
             Path::Dequantize => NMSE_DMMV,
-            Path::Cublas => NMSE_PREFILL,
+            Path::Mmh | Path::Cublas => NMSE_PREFILL,
         }
     }
 }
@@ -568,6 +574,47 @@ fn prop_mmq_forced_at_decode_widths() {
     });
 }
 
+/// Every width of the F16 tensor-core product's column tiles and the decode widths, forced
+/// onto it (`QuantPath::Mmh`), every type it has kernels for, rows of one to a few 64-row
+/// tiles and long enough for parts of K: within the F16 paths' bound of the oracle and of
+/// the CPU.
+#[test]
+fn prop_mmh_forced_at_every_width() {
+    use proptest::sample::select;
+    let case = (
+        select(qs::core_types()),
+        1usize..=MMQ_MAX_COLS,
+        1usize..=200,
+        any::<u64>(),
+    )
+        .prop_flat_map(|(q, n, rows, seed)| {
+            let max = if q.block_size() == 32 { 160 } else { 20 };
+            (1usize..=max)
+                .prop_map(move |b| QCase::mul_mat(q, b * q.block_size(), rows, n, false, seed))
+        });
+    on_gpu("mmh at every width", case, 48, |c, cuda, cpu| {
+        let want = qs::oracle(c);
+        let (dt, r) = run_on(c, cpu)?;
+        let r = qs::decode(dt, &r);
+        cuda.set_quant_path(QuantPath::Mmh);
+        let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
+        cuda.set_quant_path(QuantPath::Auto);
+        if Path::of(&kernels) != Some(Path::Mmh) {
+            return Err(format!("{c:?}: {kernels:?}"));
+        }
+        let (dt, bytes) = out?;
+        let g = qs::decode(dt, &bytes);
+        if let Some(i) = g.iter().position(|v| !v.is_finite()) {
+            return Err(format!("{c:?}: element {i} is {}", g[i]));
+        }
+        let (eo, ec) = (qs::nmse(&g, &want), qs::nmse(&g, &r));
+        match eo <= NMSE_PREFILL && ec <= NMSE_PREFILL {
+            true => Ok(()),
+            false => Err(format!("{c:?}: NMSE vs oracle {eo:e}, vs cpu {ec:e}")),
+        }
+    });
+}
+
 /// A mul_mat case over frozen weights of one of `types`: `k` one of `ks` (rows the CUDA
 /// backend splits or not), at one of `offsets` (16-byte aligned or not), one wave of
 /// blocks (`mul_mat_vec_qsp_*`) or more (`mul_mat_vec_qs_*`), decode widths, the widths of
@@ -823,6 +870,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
             "mul_mat_vec_qsp_",
             "mul_mat_vec_dqs_",
             "mmq_split_",
+            "mmh_split_",
             "cpy_split_",
         ]
         .iter()

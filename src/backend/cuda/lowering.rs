@@ -11,6 +11,7 @@ use super::args::{ArgBytes, KernelArgs, Tensor4};
 use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
 use super::kernels::{Kernel, KernelId};
+use super::lower::mmq::F16Copy;
 use super::split::SplitRows;
 use crate::backend::fusion::disjoint;
 use crate::graph::{BufferId, DType, Loc, Operand};
@@ -143,6 +144,10 @@ pub(crate) struct Lowering<'a> {
     /// the same layout. It is forgotten when a step writes memory the activations occupy
     /// ([`Lowering::wrote`]) or another step takes scratch ([`Lowering::reserve_scratch`]).
     pub q8_1: Option<Q8Copy>,
+    /// The F16 copy of activations made last by a batched product on F16 tensor cores
+    /// ([`super::lower::mmq`]): the next such product of the same activations reads it.
+    /// Forgotten like [`Lowering::q8_1`].
+    pub f16: Option<F16Copy>,
     /// The columns of the last mul_mat_id grouped by expert in scratch: the next
     /// mul_mat_id over the same ids (a block's gate, up and down products) reads them
     /// instead of grouping again. Forgotten like [`Lowering::q8_1`]: when a step writes
@@ -165,13 +170,15 @@ pub(crate) struct Lowering<'a> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QuantPath {
     /// By the number of activation columns: the decode kernels for a few, the int8
-    /// tensor-core product (`mmq_*`) up to `MMQ_MAX_COLS`, the weights dequantized to F16
-    /// for cuBLAS beyond.
+    /// tensor-core product (`mmq_*`) below `MMH_FROM_COLS`, the F16 one (`mmh_*`) up to
+    /// `MMQ_MAX_COLS`, the weights dequantized to F16 for cuBLAS beyond.
     #[default]
     Auto,
     /// The int8 tensor-core product for every product it takes, the decode widths
     /// included (a decode product fused with its residual add keeps its decode kernel).
     Mmq,
+    /// The F16 tensor-core product (`mmh_*`) for every product it takes, likewise.
+    Mmh,
     /// The weights dequantized to F16 for cuBLAS for every product the decode kernels do
     /// not take.
     Dequant,
@@ -238,6 +245,7 @@ impl<'a> Lowering<'a> {
             devices,
             sms: DEFAULT_SMS,
             q8_1: None,
+            f16: None,
             experts: None,
             launched: false,
             split: &[],
@@ -279,6 +287,7 @@ impl Lowering<'_> {
     /// Reserves `bytes` of scratch at `*offset` (advanced past them); returns the address.
     pub fn reserve_scratch(&mut self, offset: &mut usize, bytes: usize) -> u64 {
         self.q8_1 = None;
+        self.f16 = None;
         self.experts = None;
         let addr = self.scratch_base + *offset as u64;
         *offset = (*offset + bytes).next_multiple_of(REGION_ALIGN);
@@ -286,13 +295,13 @@ impl Lowering<'_> {
         addr
     }
 
-    /// Reserves `bytes` of scratch past the `len` bytes at `addr`, the Q8_1 copy the current
-    /// step reads (which stays the copy later products read); returns the address.
+    /// Reserves `bytes` of scratch past the `len` bytes at `addr`, the Q8_1 or F16 copy the
+    /// current step reads (which stays the copy later products read); returns the address.
     pub fn reserve_past_copy(&mut self, addr: u64, len: usize, bytes: usize) -> u64 {
-        let copy = self.q8_1.take();
+        let (q8, f16) = (self.q8_1.take(), self.f16.take());
         let mut offset = (addr - self.scratch_base) as usize + len;
         let at = self.reserve_scratch(&mut offset, bytes);
-        self.q8_1 = copy;
+        (self.q8_1, self.f16) = (q8, f16);
         at
     }
 
@@ -300,6 +309,9 @@ impl Lowering<'_> {
     pub fn wrote(&mut self, dst: &Operand) {
         if self.q8_1.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
             self.q8_1 = None;
+        }
+        if self.f16.as_ref().is_some_and(|c| !disjoint(&c.of, dst)) {
+            self.f16 = None;
         }
         if self
             .experts

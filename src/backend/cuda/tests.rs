@@ -122,7 +122,7 @@ unsafe fn set_f32(t: &Tensor4, ix: [i64; 4], v: f32) {
 }
 
 /// Host version of cpy_S_D.
-fn run_cpy(name: &str, a: CpyArgs) {
+pub(super) fn run_cpy(name: &str, a: CpyArgs) {
     let mut parts = name.split('_').skip(1);
     let s = DType::parse(parts.next().unwrap()).unwrap();
     let d = DType::parse(parts.next().unwrap()).unwrap();

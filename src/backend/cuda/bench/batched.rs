@@ -1,8 +1,9 @@
 //! The batched products of block-quantized weights in `graft bench-ops` (Q4_0, Q8_0, Q4_K
 //! on the Llama-2-7B shapes by 8 to 512 columns: a batched decode step of that many
 //! sequences, or a prefill chunk of that many tokens), each on every path its width can
-//! take ([`QuantPath`]: the decode kernels at 8 columns, the int8 tensor-core product at
-//! every width, the F16 copy of the weights for cuBLAS from 16 on). Every node of a case
+//! take ([`QuantPath`]: the decode kernels at 8 columns, the int8 and F16 tensor-core
+//! products at every width (the F16 one up to `MMQ_MAX_COLS`), the F16 copy of the
+//! weights for cuBLAS from 16 on). Every node of a case
 //! reads one shared input, so the tensor-core product's Q8_1 copy is made once, as a
 //! model's fused norm makes it. The bytes are the weights', so the fraction of the copy
 //! bandwidth is that of the weight-read roofline; [`BatchedRow`] puts the paths side by
@@ -11,7 +12,7 @@
 use serde::Serialize;
 
 use super::{quant_leaf, reps_for, run_case, BenchRow, Case};
-use crate::backend::cuda::lower::mmq::MMQ_MAX_COLS;
+use crate::backend::cuda::lower::mmq::{MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use crate::backend::cuda::lowering::QuantPath;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::fusion::MAX_DECODE_COLS;
@@ -33,6 +34,8 @@ pub struct BatchedRow {
     pub decode_us: Option<f64>,
     /// The same on the int8 tensor-core product.
     pub mmq_us: Option<f64>,
+    /// The same on the F16 tensor-core product.
+    pub mmh_us: Option<f64>,
     /// The same with the weights dequantized to F16 for cuBLAS (more columns than the
     /// decode kernels take).
     pub dequant_us: Option<f64>,
@@ -47,16 +50,17 @@ pub fn table(rows: &[BatchedRow]) -> String {
         us.map_or("".into(), |t| format!("{t:.2} ({:.0}%)", 100.0 * roof / t))
     };
     let mut s = String::from(
-        "\n| weights | columns | roofline us | decode us | mmq us | F16 + cuBLAS us | thresholds pick |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "\n| weights | columns | roofline us | decode us | mmq us | mmh us | F16 + cuBLAS us | thresholds pick |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
             r.weights,
             r.n,
             r.roofline_us,
             cell(r.decode_us, r.roofline_us),
             cell(r.mmq_us, r.roofline_us),
+            cell(r.mmh_us, r.roofline_us),
             cell(r.dequant_us, r.roofline_us),
             r.auto
         ));
@@ -71,6 +75,7 @@ fn case<'a>(q: QType, k: usize, m: usize, n: usize, path: QuantPath) -> Case<'a>
     let what = match path {
         QuantPath::Auto => "decode kernels",
         QuantPath::Mmq => "int8 tensor cores",
+        QuantPath::Mmh => "F16 tensor cores",
         QuantPath::Dequant => "F16 copy + cuBLAS",
     };
     let bytes = (DType::Quant(q).row_bytes(k) * m) as f64;
@@ -128,16 +133,24 @@ pub fn cases(
                 false => None,
             };
             let mmq_us = time(QuantPath::Mmq)?;
+            let mmh_us = match n <= MMQ_MAX_COLS {
+                true => time(QuantPath::Mmh)?,
+                false => None,
+            };
             let dequant_us = match n > MAX_DECODE_COLS {
                 true => time(QuantPath::Dequant)?,
                 false => None,
             };
-            if decode_us.is_none() && mmq_us.is_none() && dequant_us.is_none() {
+            if [decode_us, mmq_us, mmh_us, dequant_us]
+                .iter()
+                .all(Option::is_none)
+            {
                 continue;
             }
             let auto = match n {
-                ..=MAX_DECODE_COLS => "decode",
-                _ if n <= MMQ_MAX_COLS => "mmq",
+                ..MMQ_FROM_COLS => "decode",
+                _ if n < MMH_FROM_COLS => "mmq",
+                _ if n <= MMQ_MAX_COLS => "mmh",
                 _ => "F16 + cuBLAS",
             };
             out.push(BatchedRow {
@@ -146,6 +159,7 @@ pub fn cases(
                 roofline_us: (DType::Quant(q).row_bytes(k) * m) as f64 / copy_gb_s / 1e3,
                 decode_us,
                 mmq_us,
+                mmh_us,
                 dequant_us,
                 auto: auto.into(),
             });

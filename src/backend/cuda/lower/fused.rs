@@ -22,7 +22,7 @@ use crate::graph::{Loc, Op, Plan, Step};
 pub(crate) fn target(lw: &Lowering) -> Target {
     Target {
         q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
-        batched_cols: mmq::max_cols(lw.quant_path),
+        batched_cols: mmq::q8_cols(lw.quant_path),
         batched_from: mmq::from_cols(lw.quant_path),
     }
 }

@@ -1,29 +1,34 @@
-//! mul_mat with block-quantized weights on int8 tensor cores (`mmq_c<BN>_<q>`,
-//! `mmq_split_c<BN>_<q>` and `mmq_reduce` in `cuda/mmq.cu`), for the products that
+//! mul_mat with block-quantized weights on tensor cores, for the products that
 //! [`super::mul_mat_q`] gives it: more activation columns than the decode kernels take,
 //! at most [`MMQ_MAX_COLS`] (the batched decode step of 8 to 64 sequences, a short prefill
-//! chunk).
+//! chunk). Below [`MMH_FROM_COLS`] columns the int8 tensor cores (`mmq_c<BN>_<q>`,
+//! `mmq_split_c<BN>_<q>` in `cuda/mmq.cu`), from there on F16 ones (`mmh_c<BN>_<q>`,
+//! `mmh_split_c<BN>_<q>` in `cuda/mmh.cu`), with `mmq_reduce` adding up parts of K.
 //!
-//! - The activations `b` [k, n, b2, b3] (F32, dense rows, any strides) are quantized to
-//!   Q8_1 once, as the decode products read them ([`q8_1::quantize_q8_1`] into scratch, in
-//!   the layout of the weight type), or the copy a step before made is read instead (a
-//!   fused norm or SwiGLU, or the product before of the same activations:
-//!   [`Lowering::q8_1`]). All `n b2 b3` columns are the product's columns: the weights
-//!   are one matrix, broadcast over the batches.
+//! - On int8 tensor cores, the activations `b` [k, n, b2, b3] (F32, dense rows, any
+//!   strides) are quantized to Q8_1 once, as the decode products read them
+//!   ([`q8_1::quantize_q8_1`] into scratch, in the layout of the weight type), or the copy
+//!   a step before made is read instead (a fused norm or SwiGLU, or the product before of
+//!   the same activations: [`Lowering::q8_1`]). On F16 ones they are converted to F16
+//!   columns once (or the product before of the same activations made the copy:
+//!   [`Lowering::f16`]). All `n b2 b3` columns are the product's columns: the weights are
+//!   one matrix, broadcast over the batches.
 //! - A block of the kernel takes `MMQ_ROWS` (64) weight rows by a tile of 8, 16, 32 or 64
-//!   columns ([`col_tile`]); frozen weights in split rows take `mmq_split_*`.
+//!   columns ([`col_tile`]); frozen weights in split rows take `*_split_*`.
 //! - A grid of too few blocks for the GPU splits K into parts ([`parts`]): part `z` writes
 //!   its partial sums into scratch after the Q8_1 copy, and `mmq_reduce` adds them up into
 //!   `dst` in order, so results are the same on every run.
 
+use super::cpy::copy_to;
+use super::mul_mat::padded;
 use crate::backend::cuda::args::{
-    MmqArgs, MmqReduceArgs, MMQ_K, MMQ_REDUCE_THREADS, MMQ_ROWS, MMQ_WARPS,
+    MmqArgs, MmqReduceArgs, MMH_K, MMQ_K, MMQ_REDUCE_THREADS, MMQ_ROWS, MMQ_WARPS,
 };
 use crate::backend::cuda::decode::q8_1::{self, q8_1_column_bytes};
 use crate::backend::cuda::kernels::{cols, k};
 use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath, MAX_GRID_YZ, WARP};
-use crate::backend::fusion::{quant_batched_layout, Q8Layout};
-use crate::graph::Operand;
+use crate::backend::fusion::{quant_batched_layout, Q8Layout, MAX_DECODE_COLS};
+use crate::graph::{DType, Operand};
 
 #[cfg(test)]
 pub(super) mod tests;
@@ -46,6 +51,25 @@ pub const MMQ_MAX_COLS: usize = 64;
 /// columns, 36.6 µs a node on the decode kernel against 19.7 here.
 pub const MMQ_FROM_COLS: usize = 5;
 
+/// Fewest activation columns from which a batched product takes the F16 tensor cores
+/// (`mmh_*`) rather than the int8 ones ([`QuantPath::Auto`]): the int8 product scales
+/// every sub-block of every (row, column) pair in f32, work that grows with the columns,
+/// while the F16 one unpacks each weight to F16 once a tile and leaves the rest to the
+/// tensor cores. More than the decode widths, so that the fusion pass's decode products
+/// (whose residual add is not fused from [`MMQ_FROM_COLS`] on) all read Q8_1.
+pub const MMH_FROM_COLS: usize = 16;
+const _: () = assert!(MMH_FROM_COLS > MAX_DECODE_COLS);
+
+/// An F16 copy of F32 activations in scratch, as `mmh_*` reads them (columns of
+/// [`f16_column_bytes`]): the next product of the same activations on F16 tensor cores
+/// reads it ([`Lowering::f16`]).
+#[derive(Clone, Debug)]
+pub struct F16Copy {
+    /// The activations.
+    pub of: Operand,
+    /// The copy's address.
+    pub addr: u64,
+}
 const ROWS: usize = MMQ_ROWS as usize;
 const CHUNK: usize = MMQ_K as usize;
 // mmq_reduce's blocks are flat_grid's.
@@ -60,25 +84,50 @@ const MAX_PARTS: usize = 8;
 /// spread over them).
 const MIN_PART_CHUNKS: usize = 4;
 
-/// Most activation columns of products on the int8 tensor cores under `path` (0: none),
-/// the bound the fusion pass is given ([`crate::backend::fusion::Target`]).
-pub(crate) fn max_cols(path: QuantPath) -> usize {
+/// Most activation columns of products on the tensor cores (int8 or F16) under `path`
+/// (0: none).
+fn max_cols(path: QuantPath) -> usize {
     match path {
         QuantPath::Auto => MMQ_MAX_COLS,
-        QuantPath::Mmq => usize::MAX,
+        QuantPath::Mmq | QuantPath::Mmh => usize::MAX,
         QuantPath::Dequant => 0,
     }
 }
 
-/// Fewest activation columns from which a product in a decode layout takes the int8
-/// tensor cores under `path` (`usize::MAX`: never), the bound the fusion pass is given
+/// Most activation columns of products on the int8 tensor cores under `path` (0: none),
+/// which read Q8_1 activations: the bound the fusion pass is given
+/// ([`crate::backend::fusion::Target`]).
+pub(crate) fn q8_cols(path: QuantPath) -> usize {
+    match path {
+        QuantPath::Auto => MMH_FROM_COLS - 1,
+        QuantPath::Mmq => usize::MAX,
+        QuantPath::Mmh | QuantPath::Dequant => 0,
+    }
+}
+
+/// Whether a product of `n` columns on the tensor cores takes the F16 ones under `path`.
+fn f16_cores(n: usize, path: QuantPath) -> bool {
+    match path {
+        QuantPath::Auto => n >= MMH_FROM_COLS,
+        QuantPath::Mmh => true,
+        QuantPath::Mmq | QuantPath::Dequant => false,
+    }
+}
+
+/// Fewest activation columns from which a product in a decode layout takes the tensor
+/// cores under `path` (`usize::MAX`: never), the bound the fusion pass is given
 /// ([`crate::backend::fusion::Target`]).
 pub(crate) fn from_cols(path: QuantPath) -> usize {
     match path {
         QuantPath::Auto => MMQ_FROM_COLS,
-        QuantPath::Mmq => 1,
+        QuantPath::Mmq | QuantPath::Mmh => 1,
         QuantPath::Dequant => usize::MAX,
     }
+}
+
+/// Bytes of one column of `k` activations in F16 as `mmh_*` reads them (16-byte aligned).
+pub(crate) fn f16_column_bytes(k: usize) -> usize {
+    (2 * k).next_multiple_of(16)
 }
 
 /// Whether `a b` runs on the int8 tensor cores: block-quantized weights of a type with
@@ -112,25 +161,33 @@ fn lower_taken(
 ) -> Result<Vec<DevOp>, String> {
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
-    let family = match lw.weights_split(a)? {
-        true => cols::MMQ_SPLIT,
-        false => cols::MMQ,
+    let f16 = f16_cores(n, lw.quant_path);
+    let family = match (f16, lw.weights_split(a)?) {
+        (false, false) => cols::MMQ,
+        (false, true) => cols::MMQ_SPLIT,
+        (true, false) => cols::MMH,
+        (true, true) => cols::MMH_SPLIT,
     };
     let kernel = family.get(bn)?.get([a.dtype])?;
-    let layout = Q8Layout::of(a.dtype);
     let mut ops = Vec::with_capacity(3);
-    let q8 = q8_1::copy_of(b, layout, 0, lw, &mut ops)?;
-    let col_bytes = q8_1_column_bytes(kk);
+    let (act, col_bytes, chunk) = match f16 {
+        true => (f16_copy_of(b, lw, &mut ops)?, f16_column_bytes(kk), MMH_K),
+        false => {
+            let q8 = q8_1::copy_of(b, Q8Layout::of(a.dtype), 0, lw, &mut ops)?;
+            (q8, q8_1_column_bytes(kk), MMQ_K)
+        }
+    };
+    let chunk = chunk as usize;
     let grid = (n.div_ceil(bn), m.div_ceil(ROWS));
-    let (parts, chunks) = parts(grid.0 * grid.1, kk.div_ceil(CHUNK), lw.sms);
-    // With parts of K, their partial sums go to scratch after the Q8_1 copy.
+    let (parts, chunks) = parts(grid.0 * grid.1, kk.div_ceil(chunk), lw.sms, chunk);
+    // With parts of K, their partial sums go to scratch after the activations' copy.
     let out = match parts {
         1 => lw.addr(dst),
-        _ => lw.reserve_past_copy(q8, col_bytes * n, parts * m * n * 4),
+        _ => lw.reserve_past_copy(act, col_bytes * n, parts * m * n * 4),
     };
     let args = MmqArgs {
         a: lw.addr(a),
-        b: q8,
+        b: act,
         dst: out,
         k: kk as i64,
         m: m as i64,
@@ -151,6 +208,24 @@ fn lower_taken(
         ops.push(reduce(out, lw.addr(dst), m * n, parts));
     }
     Ok(ops)
+}
+
+/// The address of the F16 copy of the F32 columns `b` [k, n, b2, b3] that `mmh_*` reads
+/// (columns of [`f16_column_bytes`] one after the other): the one the product before made
+/// ([`Lowering::f16`]), else a copy into scratch at offset 0, its launch pushed onto `ops`.
+fn f16_copy_of(b: &Operand, lw: &mut Lowering, ops: &mut Vec<DevOp>) -> Result<u64, String> {
+    if let Some(c) = lw.f16.as_ref().filter(|c| c.of == *b) {
+        return Ok(c.addr);
+    }
+    let dense = padded(b, DType::F16);
+    debug_assert_eq!(dense.nb[1], f16_column_bytes(b.ne[0]));
+    let addr = lw.reserve_scratch(&mut 0, dense.nbytes());
+    ops.push(copy_to(lw, b, &dense, addr)?);
+    lw.f16 = Some(F16Copy {
+        of: b.clone(),
+        addr,
+    });
+    Ok(addr)
 }
 
 /// `mmq_reduce`: the `split` parts of `count` partial sums at `part` added up in order
@@ -174,14 +249,15 @@ fn col_tile(n: usize) -> usize {
 }
 
 /// How many parts K is split into for a grid of `tiles` blocks on `sms` SMs, and the
-/// chunks of `MMQ_K` elements of each (the last part may have fewer): as few as give
-/// every SM `MIN_BLOCKS_PER_SM` blocks, at most `MAX_PARTS`, each of `MIN_PART_CHUNKS`
-/// chunks or more.
-fn parts(tiles: usize, chunks: usize, sms: usize) -> (usize, usize) {
+/// chunks of `chunk` elements (`MMQ_K` or `MMH_K`) of each (the last part may have
+/// fewer): as few as give every SM `MIN_BLOCKS_PER_SM` blocks, at most `MAX_PARTS`, each
+/// of `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more.
+fn parts(tiles: usize, chunks: usize, sms: usize, chunk: usize) -> (usize, usize) {
+    let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
     let want = (MIN_BLOCKS_PER_SM * sms)
         .div_ceil(tiles.max(1))
         .clamp(1, MAX_PARTS)
-        .min((chunks / MIN_PART_CHUNKS).max(1));
+        .min((chunks / min_chunks).max(1));
     let per = chunks.div_ceil(want);
     (chunks.div_ceil(per), per)
 }

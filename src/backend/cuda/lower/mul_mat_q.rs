@@ -61,7 +61,7 @@ pub(crate) fn lower(
         return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
     }
     let tensor_cores_first = match lw.quant_path {
-        QuantPath::Mmq => true,
+        QuantPath::Mmq | QuantPath::Mmh => true,
         QuantPath::Auto => b.nrows() >= mmq::MMQ_FROM_COLS && mmq::takes(a, b, lw),
         QuantPath::Dequant => false,
     };

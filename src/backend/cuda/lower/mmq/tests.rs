@@ -1,27 +1,31 @@
-//! Host-side checks of the int8 tensor-core product's lowering ([`super`]), no GPU
-//! needed: how K is split into parts and which column tile a width takes; then products of
-//! every weight type (ggml's blocks and split rows) by 1 to 300 F32 columns, strided and
-//! with batches broadcast over one weight matrix, are lowered with host addresses; a host
+//! Host-side checks of the tensor-core products' lowering ([`super`]), no GPU needed: how
+//! K is split into parts and which column tile a width takes; then products of every
+//! weight type (ggml's blocks and split rows) by 1 to 300 F32 columns, strided and with
+//! batches broadcast over one weight matrix, are lowered with host addresses; a host
 //! interpreter of each launch's contract carries them out (`quantize_q8_1_f32`: the Q8_1
-//! activations in the layout of the weight type; `mmq_*`: each part of K's sums over the
-//! weights as the kernel reads them; `mmq_reduce`), and the result must be the CPU
-//! backend's. This checks the dispatch by width and layout, the column tiles and the
-//! grid, the parts of K and their scratch, and the Q8_1 copies; the kernels' own
-//! arithmetic is checked on a GPU (tests/cuda/ops_cuda_quant.rs).
+//! activations in the layout of the weight type; `cpy_f32_f16`: the F16 ones; `mmq_*`,
+//! `mmh_*`: each part of K's sums over the weights as the kernel reads them;
+//! `mmq_reduce`), and the result must be the CPU backend's. This checks the dispatch by
+//! width and layout, the column tiles and the grid, the parts of K and their scratch, and
+//! the activation copies; the kernels' own arithmetic is checked on a GPU
+//! (tests/cuda/ops_cuda_quant.rs).
 
 use half::f16;
 use rand::{Rng, SeedableRng};
 
-use super::{col_tile, parts, MAX_PARTS, MIN_PART_CHUNKS, MMQ_FROM_COLS, MMQ_MAX_COLS};
+use super::{
+    col_tile, f16_column_bytes, parts, MAX_PARTS, MIN_PART_CHUNKS, MMH_FROM_COLS, MMQ_FROM_COLS,
+    MMQ_MAX_COLS,
+};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
-    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMQ_K, MMQ_ROWS,
+    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMH_K, MMQ_K, MMQ_ROWS,
 };
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
 use crate::backend::cuda::split::SplitRows;
 use crate::backend::cuda::tests::{
-    args, base, elem, fake_addr_any, kernel_launches, lower_plan, offset,
+    args, base, elem, fake_addr_any, kernel_launches, lower_plan, offset, run_cpy,
 };
 use crate::backend::fusion::batched_type;
 use crate::backend::{Backend, BackendExt};
@@ -34,16 +38,16 @@ fn parts_cover_k_and_fill_the_gpu() {
     // Llama-2-7B on 132 SMs: [4096, 4096] by up to 64 columns is 64 tiles, split in 7
     // parts of 5 chunks (the last 2); [11008, 4096] by 64, 172 tiles in 3; 4 column
     // tiles of [4096, 4096] (256 columns) in 2; 512 tiles not at all.
-    assert_eq!(parts(64, 32, 132), (7, 5));
-    assert_eq!(parts(172, 32, 132), (3, 11));
-    assert_eq!(parts(256, 32, 132), (2, 16));
-    assert_eq!(parts(512, 32, 132), (1, 32));
+    assert_eq!(parts(64, 32, 132, 128), (7, 5));
+    assert_eq!(parts(172, 32, 132, 128), (3, 11));
+    assert_eq!(parts(256, 32, 132, 128), (2, 16));
+    assert_eq!(parts(512, 32, 132, 128), (1, 32));
     // short rows: at most one part per MIN_PART_CHUNKS chunks
-    assert_eq!(parts(1, 7, 132), (1, 7));
-    assert_eq!(parts(1, 1, 132), (1, 1));
+    assert_eq!(parts(1, 7, 132, 128), (1, 7));
+    assert_eq!(parts(1, 1, 132, 128), (1, 1));
     for tiles in [1, 3, 64, 100, 400, 1000] {
         for chunks in 1..200 {
-            let (n, per) = parts(tiles, chunks, 132);
+            let (n, per) = parts(tiles, chunks, 132, 128);
             assert!((1..=MAX_PARTS).contains(&n), "{tiles} {chunks}: {n}");
             // every part has a chunk, and the parts cover K
             assert!(
@@ -106,12 +110,15 @@ pub(in crate::backend::cuda::lower) fn run_quantize(a: CpyArgs) {
     }
 }
 
-/// Host version of mmq_*: for each part z of K (grid.z), the sums over its elements of
-/// the weights (dequantized from ggml's blocks, or from split rows joined back) times the
-/// Q8_1 activations (dequantized), into dst + z m n; checks that the grid covers the
-/// product.
-fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
-    let rest = name.strip_prefix("mmq_").unwrap();
+/// Host version of mmq_* and mmh_*: for each part z of K (grid.z), the sums over its
+/// elements of the weights (dequantized from ggml's blocks, or from split rows joined
+/// back) times the activations (mmq_*: Q8_1, dequantized; mmh_*: F16), into dst + z m n;
+/// checks that the grid covers the product.
+fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
+    let (f16_acts, rest) = match name.strip_prefix("mmh_") {
+        Some(r) => (true, r),
+        None => (false, name.strip_prefix("mmq_").unwrap()),
+    };
     let (split, rest) = match rest.strip_prefix("split_") {
         Some(r) => (true, r),
         None => (false, rest),
@@ -130,12 +137,17 @@ fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         tiles.1 * rows >= m && (tiles.1 - 1) * rows < m,
         "{name}: {tiles:?} for {m} rows"
     );
-    let part = p.chunks as usize * MMQ_K as usize;
+    let chunk = if f16_acts { MMH_K } else { MMQ_K };
+    let part = p.chunks as usize * chunk as usize;
     assert!(
         parts * part >= k && (parts - 1) * part < k,
         "{name}: {parts} parts of {part}"
     );
-    assert_eq!(p.b_nb1 as usize, q8_1_column_bytes(k));
+    let col_bytes = match f16_acts {
+        true => f16_column_bytes(k),
+        false => q8_1_column_bytes(k),
+    };
+    assert_eq!(p.b_nb1 as usize, col_bytes);
     let rb = q.row_bytes(k).unwrap();
     let mut w = vec![0f32; m * k];
     for (r, wr) in w.chunks_exact_mut(k).enumerate() {
@@ -148,9 +160,17 @@ fn run_mmq(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         }
         dequantize_row(q, &row, wr).unwrap();
     }
-    let x: Vec<f64> = (0..n)
-        .flat_map(|c| q8_1_column(p.b + (c as i64 * p.b_nb1) as u64, k, q))
-        .collect();
+    let column = |c: usize| {
+        let col = p.b + (c as i64 * p.b_nb1) as u64;
+        match f16_acts {
+            // SAFETY: the column of the F16 copy lies in scratch.
+            true => (0..k)
+                .map(|l| unsafe { f16::from_bits(read::<u16>(col, 2 * l as i64)) }.to_f64())
+                .collect(),
+            false => q8_1_column(col, k, q),
+        }
+    };
+    let x: Vec<f64> = (0..n).flat_map(column).collect();
     for z in 0..parts {
         let range = z * part..((z + 1) * part).min(k);
         for c in 0..n {
@@ -220,7 +240,10 @@ fn interpret(l: &Launch) {
     match l.kernel.name {
         "quantize_q8_1_f32" => run_quantize(args(l)),
         "mmq_reduce" => run_reduce(args(l)),
-        name if name.starts_with("mmq_") => run_mmq(name, l.grid, args(l)),
+        "cpy_f32_f16" => run_cpy(l.kernel.name, args(l)),
+        name if name.starts_with("mmq_") || name.starts_with("mmh_") => {
+            run_batched(name, l.grid, args(l))
+        }
         name => panic!("the interpreter runs no {name}"),
     }
 }
@@ -304,14 +327,18 @@ impl Case {
             .copy_from_slice(&x);
         let launches = kernel_launches(&ops);
         let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
-        if names.iter().any(|n| n.starts_with("mmq_")) {
+        let tensor_cores = |p: &str| names.iter().any(|n| n.starts_with(p));
+        if tensor_cores("mmq_") || tensor_cores("mmh_") {
             for l in &launches {
                 interpret(l);
             }
             let nmse = output_nmse(&arena, &out, &want);
             // The CPU's Q8_1 offsets go through the f16 d * sum: about 1e-7 of difference
-            // from the exact sums of the interpreter; a wrong column, row or part is 1.
-            assert!(nmse < 1e-5, "{names:?}: NMSE {nmse:e} against the CPU");
+            // from the exact sums of the interpreter on Q8_1 activations. On F16 ones, the
+            // CPU's Q8_1 rounding of the activations is the difference, about 5e-6. A
+            // wrong column, row or part is 1.
+            let bound = if tensor_cores("mmh_") { 5e-5 } else { 1e-5 };
+            assert!(nmse < bound, "{names:?}: NMSE {nmse:e} against the CPU");
         }
         names
     }
@@ -384,6 +411,7 @@ fn mmq_products_match_the_cpu() {
         };
         let cases = [
             (whole, 70, [9, 1, 1], 0, true),
+            (short, 130, [12, 1, 1], 3, false),
             (whole, 70, [20, 1, 1], 0, false),
             (short, 130, [40, 1, 1], 3, false),
             (short, 33, [5, 3, 2], 0, true),
@@ -401,8 +429,13 @@ fn mmq_products_match_the_cpu() {
             let names = case.run(QuantPath::Auto, (10 * i + j) as u64);
             let splits = split && crate::quant::split::splittable(q, k);
             let what = format!("{q} [{k}, {m}] by {cols:?}, split {split}: {names:?}");
-            let product = names.iter().find(|n| n.starts_with("mmq_")).expect(&what);
-            assert_eq!(product.starts_with("mmq_split_"), splits, "{what}");
+            let product = names
+                .iter()
+                .find(|n| n.starts_with("mmq_c") || n.starts_with("mmq_s") || n.starts_with("mmh_"))
+                .expect(&what);
+            assert_eq!(product.contains("_split_"), splits, "{what}");
+            let n = cols.iter().product::<usize>();
+            assert_eq!(product.starts_with("mmh_"), n >= MMH_FROM_COLS, "{what}");
             // a few tiles of long rows split K (2304 / 4096 elements: 18 / 32 chunks), short
             // rows (6 / 4 chunks) do not
             assert_eq!(names.contains(&"mmq_reduce"), k == whole, "{what}");
@@ -411,9 +444,10 @@ fn mmq_products_match_the_cpu() {
 }
 
 /// The widths each path takes: decode kernels below `MMQ_FROM_COLS` columns of one
-/// matrix, the int8 tensor-core product from there up to `MMQ_MAX_COLS` (and 8 or fewer
-/// columns in batches), cuBLAS on the F16 copy beyond; the forced paths take every width they can, and the forced
-/// tensor-core products compute the CPU's results at widths Auto gives to the others.
+/// matrix, the int8 tensor-core product from there (and in batches) below
+/// `MMH_FROM_COLS`, the F16 one up to `MMQ_MAX_COLS`, cuBLAS on the F16 copy beyond; the
+/// forced paths take every width they can, and the forced tensor-core products compute
+/// the CPU's results at widths Auto gives to the others.
 #[test]
 fn quant_paths_follow_the_thresholds() {
     let case = |n: usize, b2: usize| Case {
@@ -450,16 +484,21 @@ fn quant_paths_follow_the_thresholds() {
         (8, 1, "mmq_c8_q4_0", "mul_mat_vec_q_c8_q4_0", "mmq_c8_q4_0"),
         (4, 2, "mmq_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
         (9, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
-        (MMQ_MAX_COLS, 1, "mmq_c64_q4_0", gemm, "mmq_c64_q4_0"),
+        (MMH_FROM_COLS - 1, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (MMH_FROM_COLS, 1, "mmh_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (MMQ_MAX_COLS, 1, "mmh_c64_q4_0", gemm, "mmq_c64_q4_0"),
         (MMQ_MAX_COLS + 1, 1, gemm, gemm, "mmq_c64_q4_0"),
     ] {
         let c = case(n, b2);
         let last = |path| lowered(&c, path).pop().expect("a launch");
         assert_eq!(last(QuantPath::Auto), auto, "{n} x {b2}");
         assert_eq!(last(QuantPath::Dequant), dequant, "{n} x {b2}");
-        // run: the forced product must still be the CPU's
+        // run: the forced products must still be the CPU's
         let names = c.run(QuantPath::Mmq, 7);
         assert_eq!(names.last(), Some(&mmq), "{n} x {b2}: {names:?}");
+        let names = c.run(QuantPath::Mmh, 7);
+        let mmh = mmq.replace("mmq_", "mmh_");
+        assert_eq!(names.last(), Some(&mmh.as_str()), "{n} x {b2}: {names:?}");
     }
 }
 
@@ -474,13 +513,13 @@ fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
     ops.iter().flatten().map(DevOp::name).collect()
 }
 
-/// A fused RMS norm whose result feeds a tensor-core product writes the product's Q8_1
-/// activations itself (no quantizing launch), and the product's parts of K take scratch
-/// after that copy, not over it.
+/// A fused RMS norm whose result feeds an int8 tensor-core product writes the product's
+/// Q8_1 activations itself (no quantizing launch), and the product's parts of K take
+/// scratch after that copy, not over it.
 #[test]
 fn fused_norm_writes_the_mmq_activations() {
     let mut g = Graph::new();
-    let (k, n) = (4096, 24);
+    let (k, n) = (4096, 12);
     let x = g.input("x", DType::F32, &[k, n]).unwrap();
     let nw = g.input("nw", DType::F32, &[k]).unwrap();
     let h = g.rms_norm(x, 1e-5).unwrap();
@@ -503,7 +542,7 @@ fn fused_norm_writes_the_mmq_activations() {
     let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
     assert_eq!(
         names,
-        ["rms_norm_mul_f32_f32", "mmq_c32_q4_k", "mmq_reduce"],
+        ["rms_norm_mul_f32_f32", "mmq_c16_q4_k", "mmq_reduce"],
         "{names:?}"
     );
     let norm: NormMulArgs = args(launches[0]);
@@ -512,4 +551,60 @@ fn fused_norm_writes_the_mmq_activations() {
     assert_eq!(norm.q8_nb1, mmq.b_nb1);
     // the partial sums start past the copy's n columns
     assert!(mmq.dst >= mmq.b + (n as u64) * mmq.b_nb1 as u64, "{mmq:?}");
+}
+
+/// Products on F16 tensor cores read an F16 copy of their activations, made once for the
+/// products of the same activations (a layer's gate and up), with the parts of K after it;
+/// the fused norm before them writes no Q8_1 copy.
+#[test]
+fn f16_products_share_one_copy_of_their_activations() {
+    let mut g = Graph::new();
+    let (k, n) = (4096, 24);
+    let x = g.input("x", DType::F32, &[k, n]).unwrap();
+    let nw = g.input("nw", DType::F32, &[k]).unwrap();
+    let h = g.rms_norm(x, 1e-5).unwrap();
+    let h = g.mul(h, nw).unwrap();
+    let weight = |g: &mut Graph, name: &str, offset: usize| {
+        let data = BufferRef {
+            buffer: BufferId(1),
+            offset,
+        };
+        g.weight(name, DType::Quant(QType::Q4_K), &[k, 64], data)
+            .unwrap()
+    };
+    let (wg, wu) = (weight(&mut g, "gate", 0), weight(&mut g, "up", 1 << 20));
+    let gate = g.mul_mat(wg, h).unwrap();
+    let up = g.mul_mat(wu, h).unwrap();
+    let y = g.mul(gate, up).unwrap();
+    let plan = g.plan(&[y]).unwrap();
+    let mut lw = Lowering {
+        scratch_base: 1 << 44,
+        ..Lowering::new(&fake_addr_any, true, 1)
+    };
+    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let launches = kernel_launches(&ops);
+    let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+    let product = "mmh_c32_q4_k";
+    assert_eq!(
+        names[..6],
+        [
+            "rms_norm_mul_f32_f32",
+            "cpy_f32_f16",
+            product,
+            "mmq_reduce",
+            product,
+            "mmq_reduce"
+        ],
+        "{names:?}"
+    );
+    let norm: NormMulArgs = args(launches[0]);
+    assert_eq!(norm.q8, 0, "no Q8_1 copy: {norm:?}");
+    let copy: CpyArgs = args(launches[1]);
+    let (first, second): (MmqArgs, MmqArgs) = (args(launches[2]), args(launches[4]));
+    assert_eq!((first.b, second.b), (copy.dst.data, copy.dst.data));
+    assert_eq!(first.b_nb1 as usize, f16_column_bytes(k));
+    assert_eq!(copy.dst.nb[1], first.b_nb1);
+    for p in [first, second] {
+        assert!(p.dst >= p.b + (n as u64) * p.b_nb1 as u64, "{p:?}");
+    }
 }
