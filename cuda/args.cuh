@@ -58,6 +58,15 @@ struct BinaryArgs {  // add, mul
 };
 static_assert(sizeof(BinaryArgs) == 216, "BinaryArgs layout");
 
+struct MoeSumArgs {  // moe_sum: dst[e, t] = the sum over slots i, in order, of y[e, i, t] * w[0, i, t]
+    Tensor4 y;       // F32 [n_embd, n_used, n_tokens]: each expert slot's output
+    Tensor4 w;       // F32 [1, n_used, n_tokens]: the slots' routing weights
+    Tensor4 dst;     // F32 [n_embd, n_tokens]
+    i64 staged;      // 1: dst overlaps w; one block of MOE_SUM_THREADS reads all of w
+                     // (at most MOE_SUM_STAGE weights) into shared memory before it writes
+};
+static_assert(sizeof(MoeSumArgs) == 224, "MoeSumArgs layout");
+
 struct NormArgs {  // rms_norm, norm
     Tensor4 src;
     Tensor4 dst;
@@ -450,6 +459,8 @@ constexpr int MMID_ROWS = 32;           // rows of one expert per block of mul_m
 constexpr int MMID_COLS = 8;            // columns of one expert per chunk (accumulators per lane)
 constexpr int MMID_MAX_EXPERTS = 4096;  // experts group_by_expert takes (its counts in shared memory)
 constexpr int MMID_GROUP_THREADS = 1024;  // block of group_by_expert (one block)
+constexpr int MOE_SUM_THREADS = 1024;  // block of moe_sum_f32 when staged (one block)
+constexpr int MOE_SUM_STAGE = 64;       // most weights (n_used x n_tokens) moe_sum_f32 stages
 constexpr int TOPK_THREADS = 1024;  // block of top_k_* (one row per block), and the largest k
 
 // Launch geometry of the flash attention kernels (cuda/fattn.cu).

@@ -3,7 +3,8 @@
 // layout); each element is read and written by one thread. One functor per BinaryOp,
 // `struct Name : BinaryFunctor` with `apply(x, y)`, named like the Rust variant; build.rs
 // instantiates `binary<Name, TA, TB>` as `name_<a dtype>_<b dtype>` for every pair of float
-// dtypes into binary.inst.cuh (included at the end).
+// dtypes into binary.inst.cuh (included at the end). Also moe_sum, a mixture of experts'
+// weighted sum of its expert slots (a mul and a chain of adds), fused by the CUDA backend.
 #include "common.cuh"
 
 // The base of every binary functor (build.rs finds `struct Name : BinaryFunctor`).
@@ -30,6 +31,44 @@ __device__ void binary(const BinaryArgs& p) {
             const float x = load<TA>(a + i0 * p.a.nb[0]);
             const float y = load<TB>(b + j0 * p.b.nb[0]);
             store<TA>(d + i0 * p.dst.nb[0], F::apply(x, y));
+        };
+    });
+}
+
+// The weighted sum of a mixture of experts' outputs y [n_embd, n_used, n_tokens] by their
+// routing weights w [1, n_used, n_tokens], F32, any strides: the CUDA backend fuses the
+// mul by the broadcast weights with the chain of adds of its expert slots (MoeSum in
+// src/backend/fusion.rs) when nothing else reads the products or the partial sums.
+//   dst[e, t] = ((y[e, 0, t] w[0, 0, t] + y[e, 1, t] w[0, 1, t]) + y[e, 2, t] w[0, 2, t]) + ...
+// Each product and each sum is rounded to f32 in that order (__fmul_rn / __fadd_rn: never
+// contracted into an fma), as the unfused mul and adds round them, so the result is
+// bit-identical to theirs and to the CPU backend's. One thread per (e, t). dst never
+// overlaps y, but may overlap w (the allocator gives the first add memory the weights
+// had, free once the unfused mul was done): then (staged) the launch is one block, which
+// copies all of w into shared memory before any thread writes.
+extern "C" __global__ void __launch_bounds__(MOE_SUM_THREADS) moe_sum_f32(const MoeSumArgs p) {
+    pdl_enter();
+    __shared__ float stage[MOE_SUM_STAGE];
+    const i64 n_used = p.y.ne[1];
+    if (p.staged) {
+        for (i64 j = threadIdx.x; j < n_used * p.dst.ne[1]; j += blockDim.x) {
+            stage[j] = load<float>(at(p.w, 0, j % n_used, j / n_used, 0));
+        }
+        __syncthreads();
+    }
+    for_each_row(p.dst.ne, [&](i64 t, i64, i64) {
+        const char* y = at(p.y, 0, 0, t, 0);
+        const char* w = at(p.w, 0, 0, t, 0);
+        const float* ws = stage + n_used * t;
+        char* d = at(p.dst, 0, t, 0, 0);
+        return [=, &p](i64 e) {
+            const char* ye = y + e * p.y.nb[0];
+            auto weight = [&](i64 i) { return p.staged ? ws[i] : load<float>(w + i * p.w.nb[1]); };
+            float acc = __fmul_rn(load<float>(ye), weight(0));
+            for (i64 i = 1; i < n_used; ++i) {
+                acc = __fadd_rn(acc, __fmul_rn(load<float>(ye + i * p.y.nb[1]), weight(i)));
+            }
+            store<float>(d + e * p.dst.nb[0], acc);
         };
     });
 }
