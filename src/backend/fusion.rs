@@ -15,6 +15,7 @@
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
 //! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
+//! | `mul(ys, w)`, `w` [1, n_used, n] broadcast, then the `n_used - 1` adds of its expert slots in slot order (a mixture of experts' weighted sum) | [`Fused::MoeSum`] |
 //!
 //! When the step after a fused norm or SwiGLU is a product with block-quantized weights
 //! that reads Q8_1 activations ([`q8_1_input`]: a decode product, [`Target::q8_1`], or a
@@ -74,6 +75,9 @@ pub enum Fused<'p> {
     /// A decode RMS norm between two float decode products folded into the launches
     /// around the second one (see [`NormFold`]).
     NormFold(NormFold<'p>),
+    /// A mixture of experts' outputs weighted and summed over its expert slots, one
+    /// launch (see [`MoeSum`]).
+    MoeSum(MoeSum<'p>),
 }
 
 impl<'p> Fused<'p> {
@@ -86,7 +90,8 @@ impl<'p> Fused<'p> {
             | Fused::RmsNormMul(_)
             | Fused::GemvAdd(_)
             | Fused::Attention(_)
-            | Fused::NormFold(_) => false,
+            | Fused::NormFold(_)
+            | Fused::MoeSum(_) => false,
         }
     }
 
@@ -97,7 +102,11 @@ impl<'p> Fused<'p> {
             Fused::RmsNormMul(n) => n.q8.as_ref(),
             Fused::SwiGlu(s) => s.q8.as_ref(),
             Fused::Attention(q8) => Some(q8),
-            Fused::Step | Fused::GemvAdd(_) | Fused::RopeStore(_) | Fused::NormFold(_) => None,
+            Fused::Step
+            | Fused::GemvAdd(_)
+            | Fused::RopeStore(_)
+            | Fused::NormFold(_)
+            | Fused::MoeSum(_) => None,
         }
     }
 }
@@ -234,6 +243,23 @@ pub struct NormFold<'p> {
     pub next: &'p Step,
 }
 
+/// A mixture of experts' weighted sum: the steps are `y = mul(ys, w)` (F32 `ys`
+/// [n_embd, n_used, n], F32 routing weights `w` [1, n_used, n] broadcast along dim 0)
+/// and the `n_used - 1` adds of its expert slots (the 2-d views `y[:, i, :]`) in slot
+/// order, `sum = ((y0 + y1) + y2) + ...`, whose last result is `sum` [n_embd, n]. The
+/// launch computes each product and each sum in that order, so its result is the steps'
+/// bit for bit; it never writes `y` nor the partial sums, which nothing else reads.
+#[derive(Debug)]
+pub struct MoeSum<'p> {
+    pub ys: &'p Operand,
+    pub w: &'p Operand,
+    pub sum: &'p Operand,
+    /// Whether `sum` overlaps `w` (the allocator may give the first add the memory the
+    /// weights had, free once the mul was done), so the launch must read every weight
+    /// before it writes ([`Target::moe_sum_stage`]).
+    pub staged: bool,
+}
+
 /// What the backend's kernels take, which decides some patterns.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
@@ -251,6 +277,10 @@ pub struct Target {
     /// (`usize::MAX`: never). Such a product is not fused with its residual add
     /// ([`Fused::GemvAdd`] is the decode kernels' epilogue).
     pub batched_from: usize,
+    /// Most routing weights (`n_used * n`) a [`Fused::MoeSum`] launch reads before it
+    /// writes anything (the CUDA backend's one block, which stages them in shared
+    /// memory), for a sum that overlaps them; a larger one is not fused (0: none is).
+    pub moe_sum_stage: usize,
 }
 
 impl Target {
@@ -424,6 +454,14 @@ fn disjoint_or_same(x: &Operand, y: &Operand) -> bool {
     disjoint(x, y) || (x.loc == y.loc && x.ne == y.ne && x.nb == y.nb)
 }
 
+/// `loc` moved `by` bytes on.
+fn shifted(loc: Loc, by: usize) -> Loc {
+    match loc {
+        Loc::Arena(off) => Loc::Arena(off + by),
+        Loc::Buffer(b, off) => Loc::Buffer(b, off + by),
+    }
+}
+
 fn dense_f32(x: &Operand) -> bool {
     x.dtype == DType::F32 && x.is_contiguous()
 }
@@ -507,6 +545,10 @@ impl<'p> Context<'p> {
         if let Some(fold) = self.norm_fold(window) {
             return Some((Fused::NormFold(fold), 5));
         }
+        if let Some(sum) = self.moe_sum(window) {
+            let used = sum.ys.ne[1];
+            return Some((Fused::MoeSum(sum), used));
+        }
         let (one, two) = (window.first()?, window.get(1)?);
         if let Op::FlashAttnExt(_) | Op::PagedAttn(_) = one.op {
             return Some((Fused::Attention(q8_1_input(two, &self.target)?), 1));
@@ -573,6 +615,62 @@ impl<'p> Context<'p> {
             xn,
             next,
         })
+    }
+
+    /// A [`MoeSum`] of the first `n_used` steps of `window`: the mul by the weights, read
+    /// through its `n_used` expert slots alone, then the adds, each of the partial sum so
+    /// far (read by the next add alone) and the next slot, either operand first (an f32
+    /// add is commutative); never another order, stride or offset of the slots, another
+    /// dtype or shape of the weights, or a sum that overlaps the outputs or (past
+    /// [`Target::moe_sum_stage`] of them) the weights.
+    fn moe_sum(&self, window: &'p [Step]) -> Option<MoeSum<'p>> {
+        let (mul, rest) = window.split_first()?;
+        let (ys, w, y) = (mul.src.first()?, mul.src.get(1)?, &mul.dst);
+        let n_used = ys.ne[1];
+        let adds = rest.get(..n_used.checked_sub(1)?)?;
+        let fits = mul.op == Op::Binary(BinaryOp::Mul)
+            && n_used >= 2
+            && [ys, w, y].iter().all(|t| t.dtype == DType::F32)
+            && ys.ne[3] == 1
+            && w.ne == [1, n_used, ys.ne[2], 1]
+            && self.readers.get(&y.id) == Some(&n_used);
+        if !fits {
+            return None;
+        }
+        let mut sum: Option<&'p Operand> = None;
+        for (i, add) in (1..).zip(adds) {
+            let (a, b) = (add.src.first()?, add.src.get(1)?);
+            // the partial sum so far: slot 0 alone before the first add
+            let prev = |x: &Operand| sum.map_or(self.slot_of(y, x) == Some(0), |s| x == s);
+            let slot = |x: &Operand| self.slot_of(y, x) == Some(i);
+            let chained = (prev(a) && slot(b)) || (slot(a) && prev(b));
+            let last = i + 1 == n_used;
+            if add.op != Op::Binary(BinaryOp::Add)
+                || !chained
+                || add.dst.dtype != DType::F32
+                || !(last || self.read_once(&add.dst))
+            {
+                return None;
+            }
+            sum = Some(&add.dst);
+        }
+        let sum = sum?;
+        let staged = !disjoint(sum, w);
+        let fits = sum.ne == [ys.ne[0], ys.ne[2], 1, 1]
+            && disjoint(sum, ys)
+            && (!staged || n_used * ys.ne[2] <= self.target.moe_sum_stage);
+        fits.then_some(MoeSum { ys, w, sum, staged })
+    }
+
+    /// Which expert slot of `y` [n_embd, n_used, n] the operand `x` is: the 2-d view
+    /// `y[:, i, :]` (its rows `y.nb[2]` apart, `i * y.nb[1]` bytes in).
+    fn slot_of(&self, y: &Operand, x: &Operand) -> Option<usize> {
+        let fits = x.id != y.id
+            && base(self.plan, x.id) == y.id
+            && x.dtype == y.dtype
+            && x.ne == [y.ne[0], y.ne[2], 1, 1]
+            && x.nb[..2] == [y.nb[0], y.nb[2]];
+        (0..y.ne[1]).find(|&i| fits && x.loc == shifted(y.loc, i * y.nb[1]))
     }
 
     /// Whether the fused step that `steps` start with reads every use of `out` and can

@@ -11,9 +11,9 @@ use rand::{Rng, SeedableRng};
 
 use super::args::KernelArgs;
 use super::args::{
-    BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, NormArgs, NormFold, NormMulArgs, QGemvArgs,
-    RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE,
-    CPY_SAME_SHAPE, GEMV_WARPS,
+    BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, MoeSumArgs, NormArgs, NormFold, NormMulArgs,
+    QGemvArgs, RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS,
+    CPY_RESHAPE, CPY_SAME_SHAPE, GEMV_WARPS, MOE_SUM_STAGE,
 };
 use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
@@ -319,6 +319,43 @@ fn run_swiglu(a: GluArgs) {
     }
 }
 
+/// Host version of moe_sum_f32: `dst[e, t] = ((y[e, 0, t] w[0, 0, t] + y[e, 1, t]
+/// w[0, 1, t]) + ...)`, each product and sum an f32 operation, in slot order; staged, one
+/// block that reads every weight first (up to `MOE_SUM_STAGE`), else each weight read
+/// when its element is computed (so a sum over the weights comes out wrong).
+fn run_moe_sum(grid: (u32, u32, u32), a: MoeSumArgs) {
+    let n_used = a.y.ne[1];
+    let at = |i: i64, t: i64| {
+        // SAFETY: w lies in the plan's memory with its shape [1, n_used, n].
+        unsafe { get_f32(&a.w, [0, i, t, 0]) }
+    };
+    let staged: Vec<f32> = match a.staged {
+        0 => Vec::new(),
+        _ => {
+            assert_eq!(grid, (1, 1, 1), "a staged sum is one block");
+            assert!(n_used * a.dst.ne[1] <= i64::from(MOE_SUM_STAGE));
+            (0..a.dst.ne[1])
+                .flat_map(|t| (0..n_used).map(move |i| (i, t)))
+                .map(|(i, t)| at(i, t))
+                .collect()
+        }
+    };
+    let weight = |i: i64, t: i64| match a.staged {
+        0 => at(i, t),
+        _ => staged[(i + n_used * t) as usize],
+    };
+    for t in 0..a.dst.ne[1] {
+        for e in 0..a.dst.ne[0] {
+            // SAFETY: y and dst lie in the plan's memory with these shapes.
+            unsafe {
+                let term = |i| get_f32(&a.y, [e, i, t, 0]) * weight(i, t);
+                let sum = (1..n_used).fold(term(0), |acc, i| acc + term(i));
+                set_f32(&a.dst, [e, t, 0, 0], sum);
+            }
+        }
+    }
+}
+
 /// Host version of cublasGemmEx / cublasGemmBatchedEx (column-major, alpha 1, beta 0 or 1).
 fn run_gemm(g: &Gemm) {
     let es = g.dtype.block_bytes() as u64;
@@ -404,6 +441,7 @@ fn interpret(op: &DevOp) -> String {
         "rms_norm_f32" => run_rms_norm(args(l)),
         "mul_f32_f32" => run_binary(args(l), |x, y| x * y),
         "swiglu_f32" => run_swiglu(args(l)),
+        "moe_sum_f32" => run_moe_sum(l.grid, args(l)),
         _ => panic!("unexpected kernel {name}"),
     }
     name.to_string()
@@ -451,6 +489,27 @@ fn check_lowering(
     tol: f64,
     fusion: bool,
 ) -> Vec<String> {
+    let (names, got, want) = run_on_host(g, y, inputs, seed, fusion);
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(&want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    let nmse = num / den;
+    assert!(nmse < tol, "{names:?}: NMSE {nmse:e} against the CPU");
+    names
+}
+
+/// Runs `y` of graph `g` (the `inputs` random in -1..1 from `seed`) on the CPU backend
+/// and through the host-lowered operations, with step fusion on or off: the kernel
+/// names, the lowered result and the CPU's.
+pub(super) fn run_on_host(
+    g: &Graph,
+    y: TensorId,
+    inputs: &[TensorId],
+    seed: u64,
+    fusion: bool,
+) -> (Vec<String>, Vec<f32>, Vec<f32>) {
     let plan = g.plan(&[y]).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut cpu = CpuBackend::new();
@@ -484,14 +543,7 @@ fn check_lowering(
     let got: &[f32] = bytemuck::cast_slice(
         &bytemuck::cast_slice::<u64, u8>(&mem.arena)[off..off + out.nelements() * 4],
     );
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(&want) {
-        num += (*g as f64 - *w as f64).powi(2);
-        den += (*w as f64).powi(2);
-    }
-    let nmse = num / den;
-    assert!(nmse < tol, "{names:?}: NMSE {nmse:e} against the CPU");
-    names
+    (names, got.to_vec(), want)
 }
 
 /// BF16 weights times F32 activations in cuBLAS: the split keeps the activations to about

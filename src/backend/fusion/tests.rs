@@ -2,7 +2,7 @@
 //! graphs over weight layouts, no backend) and on hand-made graphs where a pattern is
 //! present, or broken by another reader, a layout, a dtype or memory the allocator reused.
 
-use super::{fuse, q8_1_input, unfused, Fused, Group, Q8Layout, Target};
+use super::{disjoint, fuse, q8_1_input, unfused, Fused, Group, Q8Layout, Target};
 use crate::graph::{BufferId, DType, Graph, Op, Plan, TensorId};
 use crate::models::arch::config::Config;
 use crate::models::arch::presets;
@@ -17,11 +17,13 @@ const Q8_1: Target = Target {
     q8_1: true,
     batched_cols: 0,
     batched_from: usize::MAX,
+    moe_sum_stage: 64,
 };
 const F32_ACTS: Target = Target {
     q8_1: false,
     batched_cols: 0,
     batched_from: usize::MAX,
+    moe_sum_stage: 0,
 };
 /// The CUDA backend's: decode products and batched ones up to 64 columns read Q8_1, and
 /// products of 5 columns on take the batched product.
@@ -29,6 +31,7 @@ const BATCHED: Target = Target {
     q8_1: true,
     batched_cols: 64,
     batched_from: 5,
+    moe_sum_stage: 64,
 };
 
 /// The name of a group's kind.
@@ -41,6 +44,7 @@ fn kind(g: &Group) -> &'static str {
         Fused::RopeStore(_) => "rope_store",
         Fused::Attention(_) => "attention",
         Fused::NormFold(_) => "norm_fold",
+        Fused::MoeSum(_) => "moe_sum",
     }
 }
 
@@ -91,6 +95,12 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
                 assert!((2..=4).contains(&g.len));
                 assert_eq!(s.folded, folded_before);
                 assert_eq!(plan.steps[s.k_write].dst, *s.k.1);
+                None
+            }
+            Fused::MoeSum(m) => {
+                assert_eq!(g.len, m.ys.ne[1]);
+                assert_eq!((m.ys, m.w), (&steps[0].src[0], &steps[0].src[1]));
+                assert_eq!(m.sum, &steps[g.len - 1].dst);
                 None
             }
             Fused::NormFold(f) => {
@@ -642,4 +652,238 @@ fn norm_fold_pattern() {
         let groups = fused(&plan, &Q8_1);
         assert_eq!(count(&groups, "norm_fold"), 0, "{:?}", fused_kinds(&groups));
     }
+}
+
+/// A mixture of experts' block ends in one weighted sum a layer: each MoE preset's decode
+/// and prefill (7 tokens) plans, every weight type, fuse the mul by the routing weights
+/// and the adds of all `n_used` expert slots. The allocator gives each layer's first add
+/// memory the routing weights had, so every sum is staged: not fused for a target that
+/// stages fewer weights than the step has.
+#[test]
+fn moe_presets_fuse_the_weighted_sum() {
+    for name in ["tiny-moe", "qwen3-30b-a3b"] {
+        let mut cfg = presets::preset(name).unwrap();
+        cfg.num_hidden_layers = cfg.num_hidden_layers.min(3);
+        let n_used = cfg.moe.unwrap().n_used;
+        for w in [QuantPlan::F16, QuantPlan::Q4_K_M] {
+            for (decode, n) in [(true, 1), (false, 7)] {
+                let plan = model_plan(&cfg, w, CacheTypes::default(), decode);
+                let sums = |target: &Target| {
+                    let groups = fused(&plan, target);
+                    let mut staged = Vec::new();
+                    for g in &groups {
+                        if let Fused::MoeSum(s) = &g.fused {
+                            assert_eq!(g.len, n_used, "{name}");
+                            assert_eq!(s.staged, !disjoint(s.sum, s.w), "{name}");
+                            staged.push(s.staged);
+                        }
+                    }
+                    staged
+                };
+                let all = vec![true; cfg.num_hidden_layers];
+                assert_eq!(sums(&Q8_1), all, "{name} {decode}");
+                assert_eq!(sums(&BATCHED), all, "{name} {decode}");
+                let short = Target {
+                    moe_sum_stage: n_used * n - 1,
+                    ..Q8_1
+                };
+                assert!(sums(&short).is_empty(), "{name} {decode}");
+                assert!(sums(&F32_ACTS).is_empty(), "{name} {decode}");
+            }
+        }
+    }
+}
+
+/// How [`moe_tail`] builds the weighted sum of `n_used` expert slots.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tail {
+    /// As the model does: `((y0 + y1) + y2) + ...`.
+    Model,
+    /// Each add with the slot first: `y2 + (y1 + y0)`, the same f32 sums.
+    SlotFirst,
+    /// The mul's result is an output too.
+    ProductOut,
+    /// The first partial sum is an output too.
+    PartialOut,
+    /// Slot 1's view is an output too.
+    SlotOut,
+    /// Slot 0's view starts one element in.
+    SlotOffset,
+    /// The slots' views take rows `nb[1]` apart (other elements).
+    SlotStride,
+    /// Slots 1 and 2 added in the other order.
+    Reordered,
+    /// `y0 + (y1 + y2)`.
+    RightFirst,
+    /// The last slot left out of the sum.
+    Short,
+    /// F16 outputs and weights.
+    F16,
+    /// F16 weights.
+    F16Weights,
+    /// One weight a token for every slot, `[1, 1, n]`.
+    SharedWeights,
+    /// A weight an element, `[d, n_used, n]`.
+    FullWeights,
+}
+
+/// A mixture of experts' tail over `n` tokens (64 wide): outputs computed from an input
+/// (as mul_mat_id's), weighted by `w` and summed over the `n_used` slots as `how` says;
+/// the outputs of the plan.
+fn moe_tail(g: &mut Graph, n_used: usize, n: usize, how: Tail) -> Vec<TensorId> {
+    let d = 64;
+    let dt = if how == Tail::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let wdt = if matches!(how, Tail::F16 | Tail::F16Weights) {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let wshape = if how == Tail::SharedWeights {
+        [1, 1, n]
+    } else if how == Tail::FullWeights {
+        [d, n_used, n]
+    } else {
+        [1, n_used, n]
+    };
+    let ys0 = g.input("ys0", dt, &[d, n_used, n]).unwrap();
+    let ys = g.scale(ys0, 0.5).unwrap();
+    let w = g.input("w", wdt, &wshape).unwrap();
+    let y = g.mul(ys, w).unwrap();
+    let nb = g.tensor(y).nb;
+    let slot = |g: &mut Graph, i: usize| {
+        let row = if how == Tail::SlotStride {
+            nb[1]
+        } else {
+            nb[2]
+        };
+        let shift = if how == Tail::SlotOffset && i == 0 {
+            4
+        } else {
+            0
+        };
+        g.view_2d(y, d, n, row, i * nb[1] + shift).unwrap()
+    };
+    let mut order: Vec<usize> = (0..n_used).collect();
+    if how == Tail::Reordered {
+        order.swap(1, 2);
+    }
+    if how == Tail::Short {
+        order.pop();
+    }
+    let mut outs = Vec::new();
+    let mut sum = slot(g, order[0]);
+    if how == Tail::RightFirst {
+        let (a, b) = (slot(g, 1), slot(g, 2));
+        let right = g.add(a, b).unwrap();
+        sum = g.add(sum, right).unwrap();
+        order.retain(|&i| i == 0 || i > 2);
+    }
+    for (k, &i) in order.iter().enumerate().skip(1) {
+        let yi = slot(g, i);
+        sum = if how == Tail::SlotFirst {
+            g.add(yi, sum).unwrap()
+        } else {
+            g.add(sum, yi).unwrap()
+        };
+        if how == Tail::PartialOut && k == 1 {
+            outs.push(sum);
+        }
+    }
+    outs.insert(0, sum);
+    if how == Tail::ProductOut {
+        outs.push(y);
+    }
+    if how == Tail::SlotOut {
+        outs.push(slot(g, 1));
+    }
+    outs
+}
+
+/// The mul by the broadcast routing weights and the adds of every expert slot in slot
+/// order fuse (either operand of an add first), for 2 to 8 slots and 1 to many tokens;
+/// one slot has no adds. Nothing fuses when the product, a partial sum or a slot has
+/// another reader, a slot's view has another offset or stride, the slots are added in
+/// another order or grouping or not all of them, the outputs or weights are F16, or the
+/// weights are broadcast otherwise.
+#[test]
+fn moe_sum_pattern() {
+    let kinds = |n_used: usize, n: usize, how: Tail| {
+        let plan = plan_of(|g| moe_tail(g, n_used, n, how));
+        let groups = fused(&plan, &Q8_1);
+        let sums: Vec<usize> = groups
+            .iter()
+            .filter(|g| kind(g) == "moe_sum")
+            .map(|g| g.len)
+            .collect();
+        (fused_kinds(&groups), sums)
+    };
+    for (n_used, n) in [(2, 1), (3, 1), (8, 1), (8, 7), (4, 64)] {
+        for how in [Tail::Model, Tail::SlotFirst] {
+            let (k, sums) = kinds(n_used, n, how);
+            assert_eq!(
+                (k, sums),
+                (vec!["moe_sum"], vec![n_used]),
+                "{n_used} {n} {how:?}"
+            );
+        }
+    }
+    assert!(kinds(1, 4, Tail::Model).0.is_empty());
+    for how in [
+        Tail::ProductOut,
+        Tail::PartialOut,
+        Tail::SlotOut,
+        Tail::SlotOffset,
+        Tail::SlotStride,
+        Tail::Reordered,
+        Tail::RightFirst,
+        Tail::Short,
+        Tail::F16,
+        Tail::F16Weights,
+        Tail::SharedWeights,
+        Tail::FullWeights,
+    ] {
+        assert!(kinds(3, 2, how).0.is_empty(), "{how:?}");
+    }
+}
+
+/// The outputs are a permuted view of a result nothing reads after the mul (so the mul
+/// does not run in place): the allocator gives the first partial sum, and so the sum,
+/// that result's memory, which the fused launch would overwrite while it reads it; with
+/// that result also an output it keeps its memory and the sum fuses.
+#[test]
+fn moe_sum_refuses_a_sum_over_its_outputs() {
+    let (d, n_used, n) = (64, 4, 3);
+    let tail = |keep: bool| {
+        plan_of(|g| {
+            let ys0 = g.input("ys0", DType::F32, &[d, n, n_used]).unwrap();
+            let raw = g.scale(ys0, 0.5).unwrap();
+            let ys = g.permute(raw, [0, 2, 1, 3]).unwrap();
+            let w = g.input("w", DType::F32, &[1, n_used, n]).unwrap();
+            let y = g.mul(ys, w).unwrap();
+            let nb = g.tensor(y).nb;
+            let mut sum = g.view_2d(y, d, n, nb[2], 0).unwrap();
+            for i in 1..n_used {
+                let yi = g.view_2d(y, d, n, nb[2], i * nb[1]).unwrap();
+                sum = g.add(sum, yi).unwrap();
+            }
+            match keep {
+                true => vec![sum, raw],
+                false => vec![sum],
+            }
+        })
+    };
+    let plan = tail(false);
+    let (mul, last) = (&plan.steps[1], plan.steps.last().unwrap());
+    assert_eq!(mul.op.name(), "mul");
+    assert!(
+        !disjoint(&last.dst, &mul.src[0]),
+        "the allocator reuses the outputs' block (the case this checks)"
+    );
+    assert!(fused_kinds(&fused(&plan, &Q8_1)).is_empty());
+    let plan = tail(true);
+    assert_eq!(fused_kinds(&fused(&plan, &Q8_1)), ["moe_sum"]);
 }

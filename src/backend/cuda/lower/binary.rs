@@ -1,11 +1,19 @@
 //! Binary elementwise ops (`cuda/binary.cu`): each [`BinaryOp`]'s kernels come from its
 //! functor ([`kernels::binary`](crate::backend::cuda::kernels::binary)), keyed by the
-//! dtypes of both operands.
+//! dtypes of both operands. Also the fused launch `moe_sum_f32`, a mixture of experts'
+//! mul by its routing weights and adds of its expert slots (the fusion pass picks the
+//! steps: [`MoeSum`]).
 
-use crate::backend::cuda::args::BinaryArgs;
-use crate::backend::cuda::kernels;
-use crate::backend::cuda::lowering::{elementwise_grid, same_dtype, DevOp, Lowering};
+use crate::backend::cuda::args::{BinaryArgs, MoeSumArgs, MOE_SUM_THREADS};
+use crate::backend::cuda::kernels::{self, k};
+use crate::backend::cuda::lowering::{
+    check_aligned, elementwise_grid, same_dtype, DevOp, Lowering,
+};
+use crate::backend::fusion::MoeSum;
 use crate::graph::{BinaryOp, Operand};
+
+#[cfg(test)]
+mod tests;
 
 /// `op(src[0], src[1])` into `dst` (dtype of `src[0]`), `src[1]` broadcast.
 pub(crate) fn lower(
@@ -24,4 +32,28 @@ pub(crate) fn lower(
     };
     let (grid, block) = elementwise_grid(dst.ne);
     Ok(vec![DevOp::kernel(kernel, grid, block, &args)])
+}
+
+/// A mixture of experts' weighted sum as one launch: `sum[e, t]` is the sum over the
+/// expert slots `i`, in order, of `ys[e, i, t] * w[0, i, t]` (one thread an element; one
+/// block when the sum overlaps the weights, which it stages before it writes).
+pub(crate) fn lower_moe_sum(s: &MoeSum, lw: &Lowering) -> Result<Vec<DevOp>, String> {
+    for (what, t) in [
+        ("the outputs", s.ys),
+        ("the weights", s.w),
+        ("the sum", s.sum),
+    ] {
+        check_aligned(what, t, lw.addr(t))?;
+    }
+    let args = MoeSumArgs {
+        y: lw.t4(s.ys),
+        w: lw.t4(s.w),
+        dst: lw.t4(s.sum),
+        staged: i64::from(s.staged),
+    };
+    let (grid, block) = match s.staged {
+        true => ((1, 1, 1), (MOE_SUM_THREADS as u32, 1, 1)),
+        false => elementwise_grid(s.sum.ne),
+    };
+    Ok(vec![DevOp::kernel(k::MOE_SUM_F32, grid, block, &args)])
 }

@@ -7,7 +7,8 @@
 //! factor of a folded norm ([`NormFoldOut`]), which the group after a
 //! [`Fused::NormFold`] applies.
 
-use super::{attention, check_operands, lower_step, mmq, norm, paged_attn, rope, unary};
+use super::{attention, binary, check_operands, lower_step, mmq, norm, paged_attn, rope, unary};
+use crate::backend::cuda::args::MOE_SUM_STAGE;
 use crate::backend::cuda::decode::fold::{self, NormFoldOut};
 use crate::backend::cuda::decode::{gemv_add, q8_1::Q8Copy};
 use crate::backend::cuda::lowering::{DevOp, Lowering, QuantPath};
@@ -18,12 +19,14 @@ use crate::graph::{Loc, Op, Plan, Step};
 /// with block-quantized weights read Q8_1 activations (on the `__dp4a` path,
 /// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), up to
 /// how many columns the other products do (the int8 tensor-core product, by the
-/// lowering's [`QuantPath`]), and from how many columns a decode product takes it.
+/// lowering's [`QuantPath`]), from how many columns a decode product takes it, and how
+/// many routing weights the weighted sum of a mixture of experts stages.
 pub(crate) fn target(lw: &Lowering) -> Target {
     Target {
         q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
         batched_cols: mmq::q8_cols(lw.quant_path),
         batched_from: mmq::from_cols(lw.quant_path),
+        moe_sum_stage: MOE_SUM_STAGE as usize,
     }
 }
 
@@ -56,7 +59,8 @@ pub(crate) fn lower_plan<'s>(
             | Fused::SwiGlu(_)
             | Fused::GemvAdd(_)
             | Fused::Attention(_)
-            | Fused::NormFold(_) => g.first,
+            | Fused::NormFold(_)
+            | Fused::MoeSum(_) => g.first,
         });
         let (ops, made) = lower_group(step, &g.fused, &mut pending, lw).map_err(|e| (step, e))?;
         lw.launched |= !ops.is_empty();
@@ -113,5 +117,6 @@ fn lower_group(
             *pending = Some(out);
             Ok((ops, None))
         }
+        Fused::MoeSum(s) => Ok((binary::lower_moe_sum(s, lw)?, None)),
     }
 }
