@@ -1,7 +1,7 @@
 //! The CUDA backend: the kernel table, every op's property tests on the GPU against the
-//! f64 oracle and the CPU (float and block-quantized tensors, mul_mat_id), a small
-//! transformer step captured and replayed as a CUDA graph, and the batched engine's random
-//! schedules.
+//! f64 oracle and the CPU (float and block-quantized tensors, mul_mat_id), a mixture of
+//! experts' fused weighted sum bit for bit against the CPU, a small transformer step
+//! captured and replayed as a CUDA graph, and the batched engine's random schedules.
 //!
 //! Built with `--features cuda` only (`cargo test --features cuda --test cuda`). Without
 //! a GPU the device tests print "skipped: no GPU" and pass, unless `GRAFT_REQUIRE_GPU=1`,
@@ -23,6 +23,7 @@ mod quant_strategies;
 mod cuda_graph;
 mod cuda_kernels;
 mod engine_cuda;
+mod moe_sum;
 mod mul_mat_id;
 mod ops_cuda;
 mod ops_cuda_quant;

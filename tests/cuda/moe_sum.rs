@@ -1,0 +1,179 @@
+//! A mixture of experts' weighted sum (`y = mul(ys, weights)`, then the adds of its expert
+//! slots, as `Builder::experts` ends) on the GPU: the CUDA backend fuses it into one
+//! `moe_sum_f32` launch, which must give the CPU backend's result (the unfused graph)
+//! bit for bit, and the CUDA backend's own unfused launches' too: each product and each
+//! sum is one f32 operation in the same order, so any other order, an fma, a wrong stride
+//! or a slot missed shows as a difference. Random shapes: 1, 2, 8 and other numbers of
+//! slots, 1 token to a few hundred, rows of any length; outputs dense (the mul in place)
+//! or a permuted view; weights an input (several blocks) or computed like the router's
+//! (a softmax, whose memory the allocator gives the sum: the one-block staged launch up to
+//! 64 weights, unfused past that). Each plan runs twice (capture, then replay).
+//! Without a GPU the test prints "skipped: no GPU" and passes, unless
+//! `GRAFT_REQUIRE_GPU=1`.
+
+use graft::backend::cpu::CpuBackend;
+use graft::backend::cuda::CudaBackend;
+use graft::backend::{Backend, BackendExt};
+use graft::graph::{DType, Graph, Plan, TensorId};
+use rand::{Rng, SeedableRng};
+
+use crate::common;
+
+/// Most weights (`n_used * n`) the staged launch takes (`MOE_SUM_STAGE` in cuda/args.cuh).
+const STAGE: usize = 64;
+
+/// One weighted sum.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    d: usize,
+    n_used: usize,
+    n: usize,
+    /// The outputs a permuted view of an input (else computed, the mul in place).
+    permuted: bool,
+    /// The weights a softmax of each token's logits (else an input).
+    routed: bool,
+}
+
+/// The graph of `c`: the plan, the inputs and the sum.
+fn build(c: &Case) -> (Plan, [TensorId; 2], TensorId) {
+    let (d, n_used, n) = (c.d, c.n_used, c.n);
+    let mut g = Graph::new();
+    let ys0 = match c.permuted {
+        true => g.input("ys0", DType::F32, &[d, n, n_used]),
+        false => g.input("ys0", DType::F32, &[d, n_used, n]),
+    };
+    let ys0 = ys0.unwrap();
+    let w0 = match c.routed {
+        true => g.input("logits", DType::F32, &[n_used, n]),
+        false => g.input("w0", DType::F32, &[1, n_used, n]),
+    };
+    let w0 = w0.unwrap();
+    let ys = match c.permuted {
+        true => g.permute(ys0, [0, 2, 1, 3]),
+        false => g.scale(ys0, 1.5),
+    };
+    let ys = ys.unwrap();
+    let w = match c.routed {
+        true => {
+            let p = g.soft_max(w0).unwrap();
+            g.reshape(p, &[1, n_used, n]).unwrap()
+        }
+        false => w0,
+    };
+    let y = g.mul(ys, w).unwrap();
+    let nb = g.tensor(y).nb;
+    let mut sum = g.view_2d(y, d, n, nb[2], 0).unwrap();
+    for i in 1..n_used {
+        let yi = g.view_2d(y, d, n, nb[2], i * nb[1]).unwrap();
+        sum = g.add(sum, yi).unwrap();
+    }
+    (g.plan(&[sum]).unwrap(), [ys0, w0], sum)
+}
+
+/// Runs `plan` twice on `be` with `inputs`; both results.
+fn run<B: Backend + ?Sized>(
+    be: &mut B,
+    plan: &Plan,
+    inputs: &[(TensorId, Vec<f32>)],
+    out: TensorId,
+) -> [Vec<f32>; 2] {
+    let n = plan.io(out).unwrap().operand.nelements();
+    let e = be.load(plan).unwrap();
+    let mut once = || {
+        for (id, v) in inputs {
+            be.set_input_f32(e, *id, v).unwrap();
+        }
+        be.compute(e).unwrap();
+        be.get_output_f32(e, out, n).unwrap()
+    };
+    let results = [once(), once()];
+    be.unload(e).unwrap();
+    results
+}
+
+/// The kernels a profiled run of `plan` launches, joined.
+fn kernels(
+    cuda: &mut CudaBackend,
+    plan: &Plan,
+    inputs: &[(TensorId, Vec<f32>)],
+    out: TensorId,
+) -> String {
+    cuda.set_profiling(true);
+    run(cuda, plan, inputs, out);
+    cuda.set_profiling(false);
+    let rows = cuda.take_profile();
+    rows.iter()
+        .map(|r| r.kernels.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Checks one case: fused and unfused CUDA results against the CPU's, bit for bit, and
+/// that a sum of 2 slots or more that fits the stage is one `moe_sum_f32` launch.
+fn check(c: &Case, seed: u64, cuda: &mut CudaBackend) {
+    let (plan, [ys0, w0], sum) = build(c);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut values =
+        |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(-s..s)).collect() };
+    let inputs = [
+        (ys0, values(c.d * c.n_used * c.n, 4.0)),
+        (w0, values(c.n_used * c.n, 2.0)),
+    ];
+    let want = run(&mut CpuBackend::new(), &plan, &inputs, sum);
+    cuda.set_fusion(true);
+    let fused = run(cuda, &plan, &inputs, sum);
+    let names = kernels(cuda, &plan, &inputs, sum);
+    cuda.set_fusion(false);
+    let unfused = run(cuda, &plan, &inputs, sum);
+    for (what, got) in [("fused", &fused), ("unfused", &unfused)] {
+        for (r, got) in got.iter().enumerate() {
+            if let Some(j) = (0..got.len()).find(|&j| got[j].to_bits() != want[0][j].to_bits()) {
+                panic!(
+                    "{c:?} {what} run {r}: element {j} is {}, the CPU's {} ({names})",
+                    got[j], want[0][j]
+                );
+            }
+        }
+    }
+    assert_eq!(bits(&want[0]), bits(&want[1]));
+    let launched = names.contains("moe_sum_f32");
+    let must = c.n_used >= 2 && (!c.routed || c.n_used * c.n <= STAGE);
+    assert!(launched || !must, "{c:?}: {names}");
+    if launched {
+        assert!(!names.contains("add_f32_f32"), "{c:?}: {names}");
+    }
+}
+
+#[test]
+fn moe_sum_matches_the_cpu_bit_for_bit() {
+    let _serial = crate::GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut cuda) = common::cuda_backend() else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut seed = 0;
+    for n_used in [1, 2, 8, 3, 6] {
+        for n in [1, 2, 4, 8, 9, 64, 300] {
+            for (permuted, routed) in [(false, false), (false, true), (true, false), (true, true)] {
+                let d = match rng.random_range(0..3) {
+                    0 => 2048,
+                    1 => 64 * rng.random_range(1..20),
+                    _ => rng.random_range(1..700),
+                };
+                seed += 1;
+                let c = Case {
+                    d,
+                    n_used,
+                    n,
+                    permuted,
+                    routed,
+                };
+                check(&c, seed, &mut cuda);
+            }
+        }
+    }
+}
