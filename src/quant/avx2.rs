@@ -15,9 +15,9 @@
 //! The integer sums are those of the portable code, exactly; only the order in which the
 //! f32 terms are added differs (eight lanes per column, summed at the end).
 //!
-//! [`dot_rows`] with several columns runs the legacy types four rows at a time
-//! (`tile`: the rows' sums in the lanes of one vector); the decode step (one column) runs
-//! them through [`legacy_x4`], the other types row by row.
+//! [`dot_rows`] with several columns runs the legacy types, Q4_K, Q5_K and IQ4_XS four
+//! rows at a time (`tile`: the rows' sums in the lanes of one vector); the decode step
+//! (one column) runs the legacy types through [`legacy_x4`], the other types row by row.
 
 use std::arch::x86_64::*;
 
