@@ -213,13 +213,16 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                             out,
                         )
                     };
-                    for (r, vals) in out.chunks_exact(nc).enumerate() {
-                        for (c, &v) in vals.iter().enumerate() {
+                    // column by column: a column's rows are next to each other in dst
+                    // (row by row, every store went to another cache line)
+                    for c in 0..nc {
+                        let at = dst.offset([rows.start, j0 + c, i2, i3]);
+                        for (r, vals) in out.chunks_exact(nc).enumerate() {
                             // SAFETY: (rows.start + r, j0 + c, i2, i3) is inside dst (F32);
                             // each task writes its own rows.
                             unsafe {
-                                let at = dst.offset([rows.start + r, j0 + c, i2, i3]);
-                                (dst.ptr.add(at) as *mut f32).write_unaligned(v)
+                                let p = dst.ptr.add(at + r * dst.nb[0]) as *mut f32;
+                                p.write_unaligned(vals[c])
                             };
                         }
                     }

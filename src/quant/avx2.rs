@@ -14,10 +14,15 @@
 //!
 //! The integer sums are those of the portable code, exactly; only the order in which the
 //! f32 terms are added differs (eight lanes per column, summed at the end).
+//!
+//! [`dot_rows`] with several columns runs the legacy types, Q4_K, Q5_K and IQ4_XS four
+//! rows at a time (`tile`: the rows' sums in the lanes of one vector); the decode step
+//! (one column) runs the legacy types through [`legacy_x4`], the other types row by row.
 
 use std::arch::x86_64::*;
 
 mod low;
+mod tile;
 
 use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::scale_min_k4;
@@ -159,7 +164,15 @@ impl Rows {
                 | QType::TQ2_0 => {}
             }
         }
-        for r in 0..self.nrows {
+        // legacy types: four rows at a time, then the rows left
+        let done = tile::rows::<NC>(
+            q,
+            (self.w, self.w_stride, self.nb),
+            (self.nrows, self.ncols),
+            a,
+            &mut out[self.c0..],
+        );
+        for r in done..self.nrows {
             let v: [f32; NC] = row::<NC>(q, self.w.add(r * self.w_stride), self.nb, a);
             let at = r * self.ncols + self.c0;
             out[at..at + NC].copy_from_slice(&v);
@@ -889,6 +902,22 @@ mod tests {
             let q = TYPES[t];
             let blocks = if q.block_size() == 256 { blocks.div_ceil(2) } else { blocks };
             check(q, blocks, cols, seed)?;
+        }
+
+        /// [`super::dot_rows`] on random row and column counts: the four-row tiles of
+        /// the legacy types (and the rows after the last whole tile), every column group.
+        #[test]
+        fn rows_match_portable(
+            t in 0usize..13,
+            blocks in 1usize..=9,
+            nrows in 1usize..=13,
+            ncols in 1usize..=11,
+            pad in 0usize..8,
+            seed in 0u64..1 << 32,
+        ) {
+            let q = TYPES[t];
+            let blocks = if q.block_size() == 256 { blocks.div_ceil(3) } else { blocks };
+            check_rows(q, blocks, nrows, ncols, pad, seed);
         }
     }
 }
