@@ -7,6 +7,7 @@ use crate::graph::{BufferId, DType, Graph, Op, Plan, TensorId};
 use crate::models::arch::config::Config;
 use crate::models::arch::presets;
 use crate::models::blocks::kv_cache::KvCache;
+use crate::models::blocks::moe::weighted_sum;
 use crate::models::blocks::{build_decode, build_prefill};
 use crate::models::load::options::CacheTypes;
 use crate::models::load::quant_plan::QuantPlan;
@@ -863,13 +864,7 @@ fn moe_sum_refuses_a_sum_over_its_outputs() {
             let raw = g.scale(ys0, 0.5).unwrap();
             let ys = g.permute(raw, [0, 2, 1, 3]).unwrap();
             let w = g.input("w", DType::F32, &[1, n_used, n]).unwrap();
-            let y = g.mul(ys, w).unwrap();
-            let nb = g.tensor(y).nb;
-            let mut sum = g.view_2d(y, d, n, nb[2], 0).unwrap();
-            for i in 1..n_used {
-                let yi = g.view_2d(y, d, n, nb[2], i * nb[1]).unwrap();
-                sum = g.add(sum, yi).unwrap();
-            }
+            let sum = weighted_sum(g, ys, w).unwrap();
             match keep {
                 true => vec![sum, raw],
                 false => vec![sum],

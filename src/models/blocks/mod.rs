@@ -39,7 +39,7 @@
 
 pub mod batch;
 pub mod kv_cache;
-mod moe;
+pub(crate) mod moe;
 
 use crate::error::{Error, Result};
 use crate::graph::{DType, FlashAttnParams, Graph, Plan, TensorId};
@@ -766,15 +766,8 @@ impl<'a> Builder<'a> {
         let h = g.mul(h, up)?;
         // each expert's output: [n_embd, n_used, n], scaled by its weight
         let y = g.mul_mat_id(down, h, ids)?;
-        let y = g.mul(y, weights)?;
-        // the sum over the experts: [n_embd, n]
-        let nb = g.tensor(y).nb;
-        let mut sum = g.view_2d(y, n_embd, n, nb[2], 0)?;
-        for i in 1..moe.n_used {
-            let yi = g.view_2d(y, n_embd, n, nb[2], i * nb[1])?;
-            sum = g.add(sum, yi)?;
-        }
-        Ok(sum)
+        // the weighted sum over the experts: [n_embd, n]
+        moe::weighted_sum(g, y, weights)
     }
 
     /// The rest of a block after attention: `x += attn; x += mlp(norm(x))`.

@@ -50,6 +50,21 @@ pub(crate) fn route(g: &mut Graph, logits: TensorId, moe: Moe) -> Result<(Tensor
     Ok((ids, weights))
 }
 
+/// The experts' outputs `ys` `[n_embd, n_used, n]` weighted by `weights` `[1, n_used, n]`
+/// and summed over the experts in slot order: `[n_embd, n]` (a `mul`, then the `add`s of
+/// its slot views, the pattern the CUDA backend fuses into one launch).
+pub(crate) fn weighted_sum(g: &mut Graph, ys: TensorId, weights: TensorId) -> Result<TensorId> {
+    let y = g.mul(ys, weights)?;
+    let t = g.tensor(y);
+    let ([n_embd, n_used, n, _], nb) = (t.ne, t.nb);
+    let mut sum = g.view_2d(y, n_embd, n, nb[2], 0)?;
+    for i in 1..n_used {
+        let yi = g.view_2d(y, n_embd, n, nb[2], i * nb[1])?;
+        sum = g.add(sum, yi)?;
+    }
+    Ok(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use crate::backend::cuda::args::MOE_SUM_STAGE;
 use crate::backend::cuda::tests::run_on_host;
 use crate::backend::fusion::{fuse, Fused, Target};
 use crate::graph::{DType, Graph, TensorId};
+use crate::models::blocks::moe::weighted_sum;
 
 /// Where the experts' outputs come from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -66,13 +67,7 @@ fn moe_tail(
             g.reshape(p, &[1, n_used, n]).unwrap()
         }
     };
-    let y = g.mul(ys, w).unwrap();
-    let nb = g.tensor(y).nb;
-    let mut sum = g.view_2d(y, d, n, nb[2], 0).unwrap();
-    for i in 1..n_used {
-        let yi = g.view_2d(y, d, n, nb[2], i * nb[1]).unwrap();
-        sum = g.add(sum, yi).unwrap();
-    }
+    let sum = weighted_sum(&mut g, ys, w).unwrap();
     (g, sum, inputs)
 }
 

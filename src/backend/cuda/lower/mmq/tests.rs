@@ -513,6 +513,23 @@ fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
     ops.iter().flatten().map(DevOp::name).collect()
 }
 
+/// The operations of `plan` lowered with fake addresses and scratch at 2^44.
+fn lower_with_scratch(plan: &Plan) -> Vec<Vec<DevOp>> {
+    let mut lw = Lowering {
+        scratch_base: 1 << 44,
+        ..Lowering::new(&fake_addr_any, true, 1)
+    };
+    lower_plan(plan, &mut lw, true, |_| 0).unwrap()
+}
+
+/// An RMS norm times its weight of an input [k, n] (what the fusion pass makes one step).
+fn normed(g: &mut Graph, k: usize, n: usize) -> crate::graph::TensorId {
+    let x = g.input("x", DType::F32, &[k, n]).unwrap();
+    let nw = g.input("nw", DType::F32, &[k]).unwrap();
+    let h = g.rms_norm(x, 1e-5).unwrap();
+    g.mul(h, nw).unwrap()
+}
+
 /// A fused RMS norm whose result feeds an int8 tensor-core product writes the product's
 /// Q8_1 activations itself (no quantizing launch), and the product's parts of K take
 /// scratch after that copy, not over it.
@@ -520,10 +537,7 @@ fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
 fn fused_norm_writes_the_mmq_activations() {
     let mut g = Graph::new();
     let (k, n) = (4096, 12);
-    let x = g.input("x", DType::F32, &[k, n]).unwrap();
-    let nw = g.input("nw", DType::F32, &[k]).unwrap();
-    let h = g.rms_norm(x, 1e-5).unwrap();
-    let h = g.mul(h, nw).unwrap();
+    let h = normed(&mut g, k, n);
     let data = BufferRef {
         buffer: BufferId(1),
         offset: 0,
@@ -532,12 +546,7 @@ fn fused_norm_writes_the_mmq_activations() {
         .weight("w", DType::Quant(QType::Q4_K), &[k, 64], data)
         .unwrap();
     let y = g.mul_mat(w, h).unwrap();
-    let plan = g.plan(&[y]).unwrap();
-    let mut lw = Lowering {
-        scratch_base: 1 << 44,
-        ..Lowering::new(&fake_addr_any, true, 1)
-    };
-    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let ops = lower_with_scratch(&g.plan(&[y]).unwrap());
     let launches = kernel_launches(&ops);
     let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
     assert_eq!(
@@ -560,10 +569,7 @@ fn fused_norm_writes_the_mmq_activations() {
 fn f16_products_share_one_copy_of_their_activations() {
     let mut g = Graph::new();
     let (k, n) = (4096, 24);
-    let x = g.input("x", DType::F32, &[k, n]).unwrap();
-    let nw = g.input("nw", DType::F32, &[k]).unwrap();
-    let h = g.rms_norm(x, 1e-5).unwrap();
-    let h = g.mul(h, nw).unwrap();
+    let h = normed(&mut g, k, n);
     let weight = |g: &mut Graph, name: &str, offset: usize| {
         let data = BufferRef {
             buffer: BufferId(1),
@@ -576,12 +582,7 @@ fn f16_products_share_one_copy_of_their_activations() {
     let gate = g.mul_mat(wg, h).unwrap();
     let up = g.mul_mat(wu, h).unwrap();
     let y = g.mul(gate, up).unwrap();
-    let plan = g.plan(&[y]).unwrap();
-    let mut lw = Lowering {
-        scratch_base: 1 << 44,
-        ..Lowering::new(&fake_addr_any, true, 1)
-    };
-    let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
+    let ops = lower_with_scratch(&g.plan(&[y]).unwrap());
     let launches = kernel_launches(&ops);
     let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
     let product = "mmh_c32_q4_k";
