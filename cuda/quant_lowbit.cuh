@@ -88,14 +88,29 @@ __device__ __forceinline__ int iq4_levels4(unsigned idx) {
     return (int)((lo & ~m) | (hi & m));
 }
 
+// The levels of the 8 nibbles of word v: of its low nibbles (bytes 0..3) into lo, of its high
+// ones into hi. Each nibble looks itself up in the lower and the upper 8 levels at once
+// (__byte_perm reads the low 3 bits of a selector nibble), its bit 3 picks one of the two,
+// and two more permutes sort the levels into low and high nibbles: 6 permutes for 8 levels.
+__device__ __forceinline__ void iq4_levels8(unsigned v, int& lo, int& hi) {
+    const unsigned pick = ((v & 0x88888888u) >> 1) | 0x32103210u;
+    unsigned t[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const unsigned s = v >> (16 * i);
+        const unsigned l = __byte_perm(KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1, s);
+        const unsigned h = __byte_perm(KVALUES_IQ4NL_W2, KVALUES_IQ4NL_W3, s);
+        t[i] = __byte_perm(l, h, pick >> (16 * i));  // nibbles 4i .. 4i + 3, in order
+    }
+    lo = (int)__byte_perm(t[0], t[1], 0x6420);
+    hi = (int)__byte_perm(t[0], t[1], 0x7531);
+}
+
 // The 32 levels of an IQ4 group of 16 bytes held as 4 words v (low nibbles: elements
 // 0..15, high: 16..31).
 __device__ __forceinline__ void iq4_sub(const int* v, int* q) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        q[k] = iq4_levels4((unsigned)v[k] & 0x0f0f0f0fu);
-        q[k + 4] = iq4_levels4(((unsigned)v[k] >> 4) & 0x0f0f0f0fu);
-    }
+    for (int k = 0; k < 4; ++k) iq4_levels8((unsigned)v[k], q[k], q[k + 4]);
 }
 
 // 8 elements of an IQ4 group of 16 bytes at qs: elements i0..i0+7 (i0 a multiple of 8)
