@@ -16,7 +16,7 @@
 //! - A block of the kernel takes `MMQ_ROWS` (64) weight rows by a tile of 8, 16, 32 or 64
 //!   columns ([`col_tile`]); frozen weights in split rows take `*_split_*`.
 //! - A grid of too few blocks for the GPU splits K into parts ([`parts`]): part `z` writes
-//!   its partial sums into scratch after the Q8_1 copy, and `mmq_reduce` adds them up into
+//!   its partial sums into scratch after the activations' copy, and `mmq_reduce` adds them up into
 //!   `dst` in order, so results are the same on every run.
 
 use super::cpy::copy_to;
@@ -33,13 +33,15 @@ use crate::graph::{DType, Operand};
 #[cfg(test)]
 pub(super) mod tests;
 
-/// Most activation columns (batches included) of the int8 tensor-core product where a
-/// product is not a decode product ([`QuantPath::Auto`]). Its f32 work grows with the
-/// columns (every 32-element sub-block of every (row, column) pair is scaled on its own)
-/// while the F16 copy for cuBLAS costs the same at any width and its GEMM runs at F16
-/// tensor-core rates, so past some width cuBLAS wins. `graft bench-ops` on an H200
-/// (2026-12-02), the [4096, 11008] Q4_0 product, µs a node: 64 columns 51.9 here against
-/// 60.7 with cuBLAS, 128 columns 104.4 against 62.6, 256 columns 187.9 against 70.0.
+/// Most activation columns (batches included) of the tensor-core products where a
+/// product is not a decode product ([`QuantPath::Auto`]). The int8 product's f32 work
+/// grows with the columns (every 32-element sub-block of every (row, column) pair is
+/// scaled on its own) while the F16 copy for cuBLAS costs the same at any width and its
+/// GEMM runs at F16 tensor-core rates, so past some width cuBLAS wins. `graft bench-ops`
+/// on an H200 (2026-12-02), the [4096, 11008] Q4_0 product, µs a node: 64 columns 51.9 on
+/// the int8 product against 60.7 with cuBLAS, 128 columns 104.4 against 62.6, 256 columns
+/// 187.9 against 70.0. The F16 tensor-core product (42.3 at 64 columns, 2026-12-04) has
+/// not been timed past 64.
 pub const MMQ_MAX_COLS: usize = 64;
 
 /// Fewest activation columns from which a decode product whose weights have `mmq_*`
