@@ -462,16 +462,26 @@ fn fattn_paged() -> Vec<Instance> {
     v
 }
 
-/// The kernels of `cuda/topk.cu`: `top_k_<dtype>`, one block of `TOPK_THREADS` a row, for
-/// every float dtype.
+/// The kernels of `cuda/topk.cu`: `top_k_<dtype>`, one block of `TOPK_THREADS` a row, and
+/// `top_k_warp_<dtype>`, a warp a short row, for every float dtype.
 fn topk() -> Vec<Instance> {
     [F32, F16, BF16]
         .into_iter()
-        .map(|(t, ty)| Instance {
-            name: format!("top_k_{t}"),
-            bounds: "TOPK_THREADS".into(),
-            args: "TopKArgs",
-            call: format!("top_k<{ty}>"),
+        .flat_map(|(t, ty)| {
+            [
+                Instance {
+                    name: format!("top_k_{t}"),
+                    bounds: "TOPK_THREADS".into(),
+                    args: "TopKArgs",
+                    call: format!("top_k<{ty}>"),
+                },
+                Instance {
+                    name: format!("top_k_warp_{t}"),
+                    bounds: "TOPK_WARP_ROWS * WARP_SIZE".into(),
+                    args: "TopKArgs",
+                    call: format!("top_k_warp<{ty}>"),
+                },
+            ]
         })
         .collect()
 }

@@ -462,6 +462,8 @@ constexpr int MMID_GROUP_THREADS = 1024;  // block of group_by_expert (one block
 constexpr int MOE_SUM_THREADS = 1024;  // block of moe_sum_f32 when staged (one block)
 constexpr int MOE_SUM_STAGE = 64;       // most weights (n_used x n_tokens) moe_sum_f32 stages
 constexpr int TOPK_THREADS = 1024;  // block of top_k_* (one row per block), and the largest k
+constexpr int TOPK_WARP_MAX = 256;  // longest row of top_k_warp_* (a warp a row, k <= 32)
+constexpr int TOPK_WARP_ROWS = 4;   // rows (warps) per block of top_k_warp_*
 
 // Launch geometry of the flash attention kernels (cuda/fattn.cu).
 

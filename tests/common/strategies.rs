@@ -1200,13 +1200,17 @@ pub fn top_k() -> BoxedStrategy<Case> {
         3 => row_shape([70, 8, 3, 2], 2000),
         1 => (1024..=20_000usize, 1..=3usize).prop_map(|(n0, n1)| [n0, n1, 1, 1]),
         1 => (100_000..=200_000usize).prop_map(|n0| [n0, 1, 1, 1]),
+        // a mixture of experts' router logits, up to the warp kernel's 256 and past it
+        1 => (100..=300usize, 1..=40usize).prop_map(|(n0, n1)| [n0, n1, 1, 1]),
     ];
     (ne, float_dtype(), 0..4usize, any::<u64>())
         .prop_map(|(ne, dt, values, seed)| {
             let mut g = Gen::new(seed);
-            let k = match g.rng.random_range(0..4) {
+            let k = match g.rng.random_range(0..5) {
                 0 => 1,
                 1 => ne[0].min(1024),
+                // up to a warp's 32, as a router picks
+                2 => g.rng.random_range(1..=ne[0].min(32)),
                 _ => g.rng.random_range(1..=ne[0].min(1024)),
             };
             let n: usize = ne.iter().product();
