@@ -60,12 +60,16 @@ static_assert(sizeof(BinaryArgs) == 216, "BinaryArgs layout");
 
 struct MoeSumArgs {  // moe_sum: dst[e, t] = the sum over slots i, in order, of y[e, i, t] * w[0, i, t]
     Tensor4 y;       // F32 [n_embd, n_used, n_tokens]: each expert slot's output
-    Tensor4 w;       // F32 [1, n_used, n_tokens]: the slots' routing weights
+    Tensor4 w;       // F32 [1, n_used, n_tokens]: the slots' routing weights (unused when routed)
     Tensor4 dst;     // F32 [n_embd, n_tokens]
-    i64 staged;      // 1: dst overlaps w; one block of MOE_SUM_THREADS reads all of w
-                     // (at most MOE_SUM_STAGE weights) into shared memory before it writes
+    Tensor4 r;       // F32 [n_embd, n_tokens]: a residual added to each sum (data null: none)
+    Tensor4 logits;  // F32 [1, n_expert, n_tokens]: router logits when routed (data null: w)
+    Tensor4 ids;     // I32 [n_used, n_tokens]: each token's experts, in range, when routed
+    i64 staged;      // 1: one block of MOE_SUM_THREADS finds all the weights (at most
+                     // MOE_SUM_STAGE) in shared memory before it writes: read from w when dst
+                     // overlaps it, or when routed the softmax of the logits at the ids
 };
-static_assert(sizeof(MoeSumArgs) == 224, "MoeSumArgs layout");
+static_assert(sizeof(MoeSumArgs) == 440, "MoeSumArgs layout");
 
 struct NormArgs {  // rms_norm, norm
     Tensor4 src;

@@ -10,12 +10,12 @@
 //! | steps | fused step |
 //! | --- | --- |
 //! | `rms_norm(x)`, `mul(that, w)`, `w` one row broadcast | [`Fused::RmsNormMul`] |
-//! | `silu(gate)`, `mul(that, up)`, same shape | [`Fused::SwiGlu`] |
+//! | `silu(gate)`, `mul(that, up)` or `mul(up, that)`, same shape | [`Fused::SwiGlu`] |
 //! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
 //! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
-//! | `mul(ys, w)`, `w` [1, n_used, n] broadcast, then the `n_used - 1` adds of its expert slots in slot order (a mixture of experts' weighted sum) | [`Fused::MoeSum`] |
+//! | [`get_rows(logits, ids)`, `soft_max` of it], `mul(ys, w)`, `w` [1, n_used, n] broadcast, then the `n_used - 1` adds of its expert slots in slot order (a mixture of experts' weighted sum), [`add(r, that)`] | [`Fused::MoeSum`] (with its routing weights when `ids` are a `top_k` of the logits, and its residual add) |
 //!
 //! When the step after a fused norm or SwiGLU is a product with block-quantized weights
 //! that reads Q8_1 activations ([`q8_1_input`]: a decode product, [`Target::q8_1`], or a
@@ -35,8 +35,8 @@
 use std::collections::HashMap;
 
 use crate::graph::{
-    AllocKind, BinaryOp, BufferId, CopyOp, DType, Loc, NormOp, Op, Operand, Plan, RopeParams, Step,
-    TensorId, UnaryOp,
+    AllocKind, BinaryOp, BufferId, CopyOp, DType, Loc, MaskOp, NormOp, Op, Operand, Plan,
+    RopeParams, Step, TensorId, UnaryOp,
 };
 use crate::quant::QType;
 
@@ -246,18 +246,44 @@ pub struct NormFold<'p> {
 /// A mixture of experts' weighted sum: the steps are `y = mul(ys, w)` (F32 `ys`
 /// [n_embd, n_used, n], F32 routing weights `w` [1, n_used, n] broadcast along dim 0)
 /// and the `n_used - 1` adds of its expert slots (the 2-d views `y[:, i, :]`) in slot
-/// order, `sum = ((y0 + y1) + y2) + ...`, whose last result is `sum` [n_embd, n]. The
-/// launch computes each product and each sum in that order, so its result is the steps'
-/// bit for bit; it never writes `y` nor the partial sums, which nothing else reads.
-#[derive(Debug)]
+/// order, `sum = ((y0 + y1) + y2) + ...` [n_embd, n]; then, when it fits, the residual
+/// add `out = r + sum` (either order). Before them may come the steps that make `w`
+/// ([`MoeRoute`]). The launch computes each product and each sum in that order, so its
+/// result is the steps' bit for bit; it never writes `y`, the partial sums, nor a fused
+/// `sum` or `w`, which nothing else reads.
+#[derive(Clone, Copy, Debug)]
 pub struct MoeSum<'p> {
     pub ys: &'p Operand,
     pub w: &'p Operand,
-    pub sum: &'p Operand,
-    /// Whether `sum` overlaps `w` (the allocator may give the first add the memory the
-    /// weights had, free once the mul was done), so the launch must read every weight
-    /// before it writes ([`Target::moe_sum_stage`]).
+    /// The launch's result: the sum, or with a residual the add's result.
+    pub out: &'p Operand,
+    /// The residual added to the sum, when its add is fused.
+    pub residual: Option<&'p Operand>,
+    /// The steps that make `w`, when they are fused.
+    pub route: Option<MoeRoute<'p>>,
+    /// Whether the launch finds every weight before it writes: one block stages them
+    /// ([`Target::moe_sum_stage`]), as it must when `out` overlaps `w` (the allocator may
+    /// give the first add the memory the weights had, free once the mul was done) and
+    /// when it makes them ([`MoeSum::route`]).
     pub staged: bool,
+}
+
+impl MoeSum<'_> {
+    /// The steps the launch covers.
+    pub fn steps(&self) -> usize {
+        let route = if self.route.is_some() { 2 } else { 0 };
+        route + self.ys.ne[1] + usize::from(self.residual.is_some())
+    }
+}
+
+/// The routing weights of a [`MoeSum`] as two steps make them: `sel = get_rows(logits,
+/// ids)` (the F32 router logits seen as rows of one value, [1, n_expert, n], at the I32
+/// `ids` [n_used, n] a `top_k` of the same logits made, so every id is in range), then
+/// `w = soft_max(sel)` over each token's `n_used <= 32` values (no scale, no mask).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeRoute<'p> {
+    pub logits: &'p Operand,
+    pub ids: &'p Operand,
 }
 
 /// What the backend's kernels take, which decides some patterns.
@@ -277,6 +303,10 @@ pub struct Target {
     /// (`usize::MAX`: never). Such a product is not fused with its residual add
     /// ([`Fused::GemvAdd`] is the decode kernels' epilogue).
     pub batched_from: usize,
+    /// Most tokens of a `mul_mat_id` with block-quantized experts that runs on the decode
+    /// kernels, which read the inputs as Q8_1 (0: none does); a fused step before one
+    /// writes them ([`q8_1_input`]).
+    pub expert_decode_tokens: usize,
     /// Most routing weights (`n_used * n`) a [`Fused::MoeSum`] launch reads before it
     /// writes anything (the CUDA backend's one block, which stages them in shared
     /// memory), for a sum that overlaps them; a larger one is not fused (0: none is).
@@ -421,9 +451,17 @@ pub fn decode_product(a: &Operand, b: &Operand) -> bool {
 /// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]; from
 /// [`Target::batched_from`] columns the batched product's) or another one in the batched
 /// layout ([`Target::batched_cols`], of a [`batched_type`]).
+/// Also a decode step's `mul_mat_id` that the target runs on its decode kernels
+/// ([`expert_decode`]).
 /// A step before it that computes `b` anyway can write that copy itself.
 pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
     let (a, b) = (step.src.first()?, step.src.get(1)?);
+    if step.op == Op::MulMatId {
+        return expert_decode(step, target).then_some(Q8For {
+            of: b,
+            layout: Q8Layout::of(a.dtype),
+        });
+    }
     let q = a.dtype.quant();
     let reads = match quant_decode_layout(a, b) {
         true => (target.q8_1 && q.is_some_and(decode_type)) || target.batched_decode(a, b),
@@ -433,6 +471,26 @@ pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
         of: b,
         layout: Q8Layout::of(a.dtype),
     })
+}
+
+/// Whether `step` is a `mul_mat_id` that the target runs on its decode kernels, which
+/// read the inputs as Q8_1: experts of a [`decode_type`] in whole blocks a row, F32
+/// inputs and results dense along dim 0, and 1 to [`Target::expert_decode_tokens`] tokens.
+fn expert_decode(step: &Step, target: &Target) -> bool {
+    let [w, b, ids] = &step.src[..] else {
+        return false;
+    };
+    let kk = w.ne[0];
+    step.op == Op::MulMatId
+        && w.dtype.quant().is_some_and(decode_type)
+        && kk % w.dtype.block_size() == 0
+        && kk < i32::MAX as usize
+        && w.rows_contiguous()
+        && b.dtype == DType::F32
+        && b.nb[0] == 4
+        && step.dst.dtype == DType::F32
+        && step.dst.nb[0] == 4
+        && (1..=target.expert_decode_tokens).contains(&ids.ne[1])
 }
 
 /// The memory `x` spans: (arena or buffer, first byte, one past the last).
@@ -546,7 +604,7 @@ impl<'p> Context<'p> {
             return Some((Fused::NormFold(fold), 5));
         }
         if let Some(sum) = self.moe_sum(window) {
-            let used = sum.ys.ne[1];
+            let used = sum.steps();
             return Some((Fused::MoeSum(sum), used));
         }
         let (one, two) = (window.first()?, window.get(1)?);
@@ -617,13 +675,79 @@ impl<'p> Context<'p> {
         })
     }
 
-    /// A [`MoeSum`] of the first `n_used` steps of `window`: the mul by the weights, read
-    /// through its `n_used` expert slots alone, then the adds, each of the partial sum so
-    /// far (read by the next add alone) and the next slot, either operand first (an f32
-    /// add is commutative); never another order, stride or offset of the slots, another
-    /// dtype or shape of the weights, or a sum that overlaps the outputs or (past
-    /// [`Target::moe_sum_stage`] of them) the weights.
+    /// A [`MoeSum`] of the first steps of `window`: with its routing weights' two steps
+    /// ([`Context::moe_route`]) when they fit, else from the mul ([`Context::weighted_sum`]).
     fn moe_sum(&self, window: &'p [Step]) -> Option<MoeSum<'p>> {
+        if let [get, soft, rest @ ..] = window {
+            if let Some(sum) = self.moe_route(get, soft, rest) {
+                return Some(sum);
+            }
+        }
+        self.weighted_sum(window)
+    }
+
+    /// A [`MoeSum`] whose weights `get` (`get_rows`) and `soft` (`soft_max`) make, fused
+    /// with them ([`MoeRoute`]): the two results read by the next step alone, the sum
+    /// ([`Context::weighted_sum`] of `rest`) reading the softmax as its weights, at most
+    /// 32 slots and [`Target::moe_sum_stage`] weights (the launch stages what it makes).
+    fn moe_route(&self, get: &'p Step, soft: &'p Step, rest: &'p [Step]) -> Option<MoeSum<'p>> {
+        let (logits, ids, sel, w) = (get.src.first()?, get.src.get(1)?, &get.dst, &soft.dst);
+        let fits = get.op == Op::GetRows
+            && soft.op == Op::Mask(MaskOp::SoftMax { scale: 1.0 })
+            && soft.src.len() == 1
+            && [logits, sel, w].iter().all(|t| t.dtype == DType::F32)
+            && ids.dtype == DType::I32
+            && logits.ne[0] == 1
+            && logits.ne[3] == 1
+            && ids.ne[2] == 1
+            && ids.ne[3] == 1
+            && self.read_once(sel)
+            && self.read_once(w)
+            && soft.src[0].loc == sel.loc
+            && soft.src[0].ne == [ids.ne[0], ids.ne[1], 1, 1]
+            && sel.is_contiguous()
+            && soft.src[0].is_contiguous()
+            && self.top_k_of(ids, logits);
+        if !fits {
+            return None;
+        }
+        let mut sum = self.weighted_sum(rest)?;
+        let (n_used, n) = (sum.ys.ne[1], sum.ys.ne[2]);
+        let fits = base(self.plan, sum.w.id) == w.id
+            && sum.w.loc == w.loc
+            && sum.w.is_contiguous()
+            && w.is_contiguous()
+            && ids.ne[..2] == [n_used, n]
+            && logits.ne[2] == n
+            && n_used <= 32
+            && n_used * n <= self.target.moe_sum_stage;
+        if !fits {
+            return None;
+        }
+        sum.route = Some(MoeRoute { logits, ids });
+        sum.staged = true;
+        Some(sum)
+    }
+
+    /// Whether `ids` are the result of a `top_k` over the logits that `logits` views.
+    fn top_k_of(&self, ids: &Operand, logits: &Operand) -> bool {
+        let of = base(self.plan, logits.id);
+        self.plan.steps.iter().any(|s| {
+            matches!(s.op, Op::TopK { .. })
+                && s.dst.id == ids.id
+                && s.dst.loc == ids.loc
+                && s.src.first().is_some_and(|x| base(self.plan, x.id) == of)
+        })
+    }
+
+    /// A [`MoeSum`] of the first `n_used` steps of `window` (and the residual add after
+    /// them when it fits): the mul by the weights, read through its `n_used` expert slots
+    /// alone, then the adds, each of the partial sum so far (read by the next add alone)
+    /// and the next slot, either operand first (an f32 add is commutative); never another
+    /// order, stride or offset of the slots, another dtype or shape of the weights, or a
+    /// result that overlaps the outputs or (past [`Target::moe_sum_stage`] of them) the
+    /// weights.
+    fn weighted_sum(&self, window: &'p [Step]) -> Option<MoeSum<'p>> {
         let (mul, rest) = window.split_first()?;
         let (ys, w, y) = (mul.src.first()?, mul.src.get(1)?, &mul.dst);
         let n_used = ys.ne[1];
@@ -655,11 +779,42 @@ impl<'p> Context<'p> {
             sum = Some(&add.dst);
         }
         let sum = sum?;
-        let staged = !disjoint(sum, w);
-        let fits = sum.ne == [ys.ne[0], ys.ne[2], 1, 1]
-            && disjoint(sum, ys)
-            && (!staged || n_used * ys.ne[2] <= self.target.moe_sum_stage);
-        fits.then_some(MoeSum { ys, w, sum, staged })
+        if sum.ne != [ys.ne[0], ys.ne[2], 1, 1] {
+            return None;
+        }
+        let plain = MoeSum {
+            ys,
+            w,
+            out: sum,
+            residual: None,
+            route: None,
+            staged: false,
+        };
+        let residual = rest.get(n_used - 1).and_then(|add| {
+            let r = self.residual_of(&adds[n_used - 2], add)?;
+            Some((r, &add.dst))
+        });
+        let with_residual = residual.map(|(r, out)| MoeSum {
+            out,
+            residual: Some(r),
+            ..plain
+        });
+        [with_residual, Some(plain)]
+            .into_iter()
+            .flatten()
+            .find_map(|s| self.staged_if_needed(s))
+    }
+
+    /// `s` with [`MoeSum::staged`] set when its result overlaps the weights, or None when
+    /// its result overlaps the outputs, a residual other than in place, or more weights
+    /// than the launch stages.
+    fn staged_if_needed(&self, mut s: MoeSum<'p>) -> Option<MoeSum<'p>> {
+        s.staged = !disjoint(s.out, s.w);
+        let n_used = s.ys.ne[1];
+        let fits = disjoint(s.out, s.ys)
+            && s.residual.is_none_or(|r| disjoint_or_same(s.out, r))
+            && (!s.staged || n_used * s.ys.ne[2] <= self.target.moe_sum_stage);
+        fits.then_some(s)
     }
 
     /// Which expert slot of `y` [n_embd, n_used, n] the operand `x` is: the 2-d view
@@ -689,8 +844,8 @@ impl<'p> Context<'p> {
         read > 0 && self.readers.get(&of) == Some(&read)
     }
 
-    /// `silu(gate)` then `mul(that, up)` as one SwiGLU launch: (gate, up, result), when the
-    /// silu is read by the multiplication alone and all are F32 of one shape whose result
+    /// `silu(gate)` then `mul(that, up)` (or `mul(up, that)`) as one SwiGLU launch: (gate,
+    /// up, result), when the silu is read by the multiplication alone and all are F32 of one shape whose result
     /// touches no source it is read alongside (the same layout is fine).
     fn swiglu_of(
         &self,
@@ -702,9 +857,13 @@ impl<'p> Context<'p> {
         {
             return None;
         }
-        let (gate, up, y) = (silu.src.first()?, mul.src.get(1)?, &mul.dst);
-        let fits = mul.src[0].id == silu.dst.id
-            && [gate, up, y].iter().all(|t| t.dtype == DType::F32)
+        // the product either way round: f32 multiplication commutes exactly
+        let up = match (mul.src.first()?, mul.src.get(1)?) {
+            (s, u) | (u, s) if s.id == silu.dst.id && u.id != silu.dst.id => u,
+            _ => return None,
+        };
+        let (gate, y) = (silu.src.first()?, &mul.dst);
+        let fits = [gate, up, y].iter().all(|t| t.dtype == DType::F32)
             && up.ne == gate.ne
             && y.ne == gate.ne
             && disjoint_or_same(y, gate)

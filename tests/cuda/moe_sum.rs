@@ -8,7 +8,10 @@
 //! slots, 1 token to a few hundred, rows of any length; outputs dense (the mul in place)
 //! or a permuted view; weights an input (several blocks) or computed like the router's
 //! (a softmax, whose memory the allocator gives the sum: the one-block staged launch up to
-//! 64 weights, unfused past that). Each plan runs twice (capture, then replay).
+//! 64 weights, unfused past that), or made as the model routes: `top_k` of router logits,
+//! `get_rows` of the logits at those ids and a softmax (fused into the launch up to 64
+//! weights); with or without the residual add after the sum (fused too). Each plan runs
+//! twice (capture, then replay).
 //! Without a GPU the test prints "skipped: no GPU" and passes, unless
 //! `GRAFT_REQUIRE_GPU=1`.
 
@@ -33,10 +36,27 @@ struct Case {
     permuted: bool,
     /// The weights a softmax of each token's logits (else an input).
     routed: bool,
+    /// The routed weights at the `top_k` of 2 * n_used + 3 logits a token (as the model
+    /// routes), not all of them.
+    top_k: bool,
+    /// A residual added to the sum.
+    residual: bool,
 }
 
-/// The graph of `c`: the plan, the inputs and the sum.
-fn build(c: &Case) -> (Plan, [TensorId; 2], TensorId) {
+/// The inputs of a case's graph: outputs, logits or weights, residual.
+struct Inputs {
+    ys0: TensorId,
+    w0: TensorId,
+    r: Option<TensorId>,
+}
+
+/// Logits a token of a `top_k` case.
+fn n_expert(c: &Case) -> usize {
+    2 * c.n_used + 3
+}
+
+/// The graph of `c`: the plan, the inputs and the result.
+fn build(c: &Case) -> (Plan, Inputs, TensorId) {
     let (d, n_used, n) = (c.d, c.n_used, c.n);
     let mut g = Graph::new();
     let ys0 = match c.permuted {
@@ -44,9 +64,10 @@ fn build(c: &Case) -> (Plan, [TensorId; 2], TensorId) {
         false => g.input("ys0", DType::F32, &[d, n_used, n]),
     };
     let ys0 = ys0.unwrap();
-    let w0 = match c.routed {
-        true => g.input("logits", DType::F32, &[n_used, n]),
-        false => g.input("w0", DType::F32, &[1, n_used, n]),
+    let w0 = match (c.routed, c.top_k) {
+        (true, true) => g.input("logits", DType::F32, &[n_expert(c), n]),
+        (true, false) => g.input("logits", DType::F32, &[n_used, n]),
+        (false, _) => g.input("w0", DType::F32, &[1, n_used, n]),
     };
     let w0 = w0.unwrap();
     let ys = match c.permuted {
@@ -54,12 +75,20 @@ fn build(c: &Case) -> (Plan, [TensorId; 2], TensorId) {
         false => g.scale(ys0, 1.5),
     };
     let ys = ys.unwrap();
-    let w = match c.routed {
-        true => {
+    let w = match (c.routed, c.top_k) {
+        (true, true) => {
+            let ids = g.top_k(w0, n_used).unwrap();
+            let rows = g.reshape(w0, &[1, n_expert(c), n]).unwrap();
+            let sel = g.get_rows(rows, ids).unwrap();
+            let sel = g.reshape(sel, &[n_used, n]).unwrap();
+            let p = g.soft_max(sel).unwrap();
+            g.reshape(p, &[1, n_used, n]).unwrap()
+        }
+        (true, false) => {
             let p = g.soft_max(w0).unwrap();
             g.reshape(p, &[1, n_used, n]).unwrap()
         }
-        false => w0,
+        (false, _) => w0,
     };
     let y = g.mul(ys, w).unwrap();
     let nb = g.tensor(y).nb;
@@ -68,7 +97,14 @@ fn build(c: &Case) -> (Plan, [TensorId; 2], TensorId) {
         let yi = g.view_2d(y, d, n, nb[2], i * nb[1]).unwrap();
         sum = g.add(sum, yi).unwrap();
     }
-    (g.plan(&[sum]).unwrap(), [ys0, w0], sum)
+    let r = c
+        .residual
+        .then(|| g.input("r", DType::F32, &[d, n]).unwrap());
+    let out = match r {
+        Some(r) => g.add(r, sum).unwrap(),
+        None => sum,
+    };
+    (g.plan(&[out]).unwrap(), Inputs { ys0, w0, r }, out)
 }
 
 /// Runs `plan` twice on `be` with `inputs`; both results.
@@ -117,14 +153,18 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Checks one case: fused and unfused CUDA results against the CPU's, bit for bit, and
 /// that a sum of 2 slots or more that fits the stage is one `moe_sum_f32` launch.
 fn check(c: &Case, seed: u64, cuda: &mut CudaBackend) {
-    let (plan, [ys0, w0], sum) = build(c);
+    let (plan, ins, sum) = build(c);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut values =
         |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(-s..s)).collect() };
-    let inputs = [
-        (ys0, values(c.d * c.n_used * c.n, 4.0)),
-        (w0, values(c.n_used * c.n, 2.0)),
+    let logits = if c.top_k { n_expert(c) } else { c.n_used };
+    let mut inputs = vec![
+        (ins.ys0, values(c.d * c.n_used * c.n, 4.0)),
+        (ins.w0, values(logits * c.n, 2.0)),
     ];
+    if let Some(r) = ins.r {
+        inputs.push((r, values(c.d * c.n, 8.0)));
+    }
     let want = run(&mut CpuBackend::new(), &plan, &inputs, sum);
     cuda.set_fusion(true);
     let fused = run(cuda, &plan, &inputs, sum);
@@ -163,8 +203,13 @@ fn check(c: &Case, seed: u64, cuda: &mut CudaBackend) {
     let launched = names.contains("moe_sum_f32");
     let must = c.n_used >= 2 && (!c.routed || c.n_used * c.n <= STAGE);
     assert!(launched || !must, "{c:?}: {names}");
-    if launched {
+    if launched && !c.residual {
         assert!(!names.contains("add_f32_f32"), "{c:?}: {names}");
+    }
+    if launched && c.top_k && c.n_used * c.n <= STAGE {
+        for unfused in ["get_rows_f32", "soft_max_f32"] {
+            assert!(!names.contains(unfused), "{c:?}: {names}");
+        }
     }
 }
 
@@ -178,7 +223,15 @@ fn moe_sum_matches_the_cpu_bit_for_bit() {
     let mut seed = 0;
     for n_used in [1, 2, 8, 3, 6] {
         for n in [1, 2, 4, 8, 9, 64, 300] {
-            for (permuted, routed) in [(false, false), (false, true), (true, false), (true, true)] {
+            let kinds = [
+                (false, false, false),
+                (false, true, false),
+                (true, false, false),
+                (true, true, false),
+                (false, true, true),
+                (true, true, true),
+            ];
+            for (permuted, routed, top_k) in kinds {
                 let d = match rng.random_range(0..3) {
                     0 => 2048,
                     1 => 64 * rng.random_range(1..20),
@@ -191,6 +244,8 @@ fn moe_sum_matches_the_cpu_bit_for_bit() {
                     n,
                     permuted,
                     routed,
+                    top_k,
+                    residual: rng.random_bool(0.5),
                 };
                 check(&c, seed, &mut cuda);
             }

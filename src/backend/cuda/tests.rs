@@ -12,8 +12,8 @@ use rand::{Rng, SeedableRng};
 use super::args::KernelArgs;
 use super::args::{
     BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, MoeSumArgs, NormArgs, NormFold, NormMulArgs,
-    QGemvArgs, RopeStoreArgs, SplitArgs, Tensor4, UnaryArgs, ACT_BLOCKS, CPY_CONTIGUOUS,
-    CPY_RESHAPE, CPY_SAME_SHAPE, GEMV_WARPS, MOE_SUM_STAGE,
+    QGemvArgs, RopeStoreArgs, RowsArgs, SoftMaxArgs, SplitArgs, Tensor4, TopKArgs, UnaryArgs,
+    ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE, GEMV_WARPS, MOE_SUM_STAGE,
 };
 use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
@@ -320,24 +320,28 @@ fn run_swiglu(a: GluArgs) {
 }
 
 /// Host version of moe_sum_f32: `dst[e, t] = ((y[e, 0, t] w[0, 0, t] + y[e, 1, t]
-/// w[0, 1, t]) + ...)`, each product and sum an f32 operation, in slot order; staged, one
-/// block that reads every weight first (up to `MOE_SUM_STAGE`), else each weight read
-/// when its element is computed (so a sum over the weights comes out wrong).
+/// w[0, 1, t]) + ...) (+ r[e, t])`, each product and sum an f32 operation, in slot order;
+/// staged, one block that finds every weight first (up to `MOE_SUM_STAGE`: read, or when
+/// routed made by [`route_weights`]), else each weight read when its element is computed
+/// (so a sum over the weights comes out wrong).
 fn run_moe_sum(grid: (u32, u32, u32), a: MoeSumArgs) {
     let n_used = a.y.ne[1];
     let at = |i: i64, t: i64| {
         // SAFETY: w lies in the plan's memory with its shape [1, n_used, n].
         unsafe { get_f32(&a.w, [0, i, t, 0]) }
     };
-    let staged: Vec<f32> = match a.staged {
-        0 => Vec::new(),
-        _ => {
+    let staged: Vec<f32> = match (a.staged, a.logits.data) {
+        (0, _) => Vec::new(),
+        (_, routed) => {
             assert_eq!(grid, (1, 1, 1), "a staged sum is one block");
             assert!(n_used * a.dst.ne[1] <= i64::from(MOE_SUM_STAGE));
-            (0..a.dst.ne[1])
-                .flat_map(|t| (0..n_used).map(move |i| (i, t)))
-                .map(|(i, t)| at(i, t))
-                .collect()
+            match routed {
+                0 => (0..a.dst.ne[1])
+                    .flat_map(|t| (0..n_used).map(move |i| (i, t)))
+                    .map(|(i, t)| at(i, t))
+                    .collect(),
+                _ => route_weights(&a),
+            }
         }
     };
     let weight = |i: i64, t: i64| match a.staged {
@@ -346,14 +350,53 @@ fn run_moe_sum(grid: (u32, u32, u32), a: MoeSumArgs) {
     };
     for t in 0..a.dst.ne[1] {
         for e in 0..a.dst.ne[0] {
-            // SAFETY: y and dst lie in the plan's memory with these shapes.
+            // SAFETY: y, r and dst lie in the plan's memory with these shapes.
             unsafe {
                 let term = |i| get_f32(&a.y, [e, i, t, 0]) * weight(i, t);
-                let sum = (1..n_used).fold(term(0), |acc, i| acc + term(i));
+                let mut sum = (1..n_used).fold(term(0), |acc, i| acc + term(i));
+                if a.r.data != 0 {
+                    sum += get_f32(&a.r, [e, t, 0, 0]);
+                }
                 set_f32(&a.dst, [e, t, 0, 0], sum);
             }
         }
     }
+}
+
+/// The routing weights moe_sum_f32 makes, `n_used` a token: the softmax of the logits at
+/// the ids, its sum in the kernel's order (a warp's butterfly over 32 lanes, zeros past
+/// `n_used`).
+fn route_weights(a: &MoeSumArgs) -> Vec<f32> {
+    let n_used = a.y.ne[1] as usize;
+    assert!(n_used <= 32, "a warp a token");
+    let mut out = Vec::new();
+    for t in 0..a.dst.ne[1] {
+        let v: Vec<f32> = (0..n_used as i64)
+            .map(|i| {
+                // SAFETY: ids [n_used, n] and logits [1, n_expert, n] lie in the plan's
+                // memory, and the ids are a top_k of the logits (in range).
+                unsafe {
+                    let id = *((a.ids.data as i64 + offset(a.ids.nb, [i, t, 0, 0])) as *const i32);
+                    get_f32(&a.logits, [0, i64::from(id), t, 0])
+                }
+            })
+            .collect();
+        let mx = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if mx == f32::NEG_INFINITY {
+            out.extend(std::iter::repeat_n(0.0, n_used));
+            continue;
+        }
+        let mut lanes = [0f32; 32];
+        for (l, x) in lanes.iter_mut().zip(&v) {
+            *l = (x - mx).exp();
+        }
+        for o in [16, 8, 4, 2, 1] {
+            lanes = std::array::from_fn(|l| lanes[l] + lanes[l ^ o]);
+        }
+        let inv = 1.0 / lanes[0];
+        out.extend(v.iter().map(|x| (x - mx).exp() * inv));
+    }
+    out
 }
 
 /// Host version of cublasGemmEx / cublasGemmBatchedEx (column-major, alpha 1, beta 0 or 1).
@@ -442,9 +485,70 @@ fn interpret(op: &DevOp) -> String {
         "mul_f32_f32" => run_binary(args(l), |x, y| x * y),
         "swiglu_f32" => run_swiglu(args(l)),
         "moe_sum_f32" => run_moe_sum(l.grid, args(l)),
+        "top_k_f32" | "top_k_warp_f32" => run_top_k(args(l)),
+        "get_rows_f32" => run_get_rows(args(l)),
+        "soft_max_f32" => run_soft_max(args(l)),
         _ => panic!("unexpected kernel {name}"),
     }
     name.to_string()
+}
+
+/// `top_k_f32`, `top_k_warp_f32`: the I32 indices of each row's `k` largest, in the
+/// order of [`crate::ops::topk::top_k_row`].
+fn run_top_k(a: TopKArgs) {
+    for r in 0..a.src.ne[1] * a.src.ne[2] * a.src.ne[3] {
+        let ix = elem([1, a.src.ne[1], a.src.ne[2], a.src.ne[3]], r);
+        // SAFETY: src and dst lie in the plan's memory with these shapes.
+        unsafe {
+            let row: Vec<f32> = (0..a.src.ne[0])
+                .map(|i| get_f32(&a.src, [i, ix[1], ix[2], ix[3]]))
+                .collect();
+            for (j, id) in (0..).zip(crate::ops::topk::top_k_row(&row, a.k as usize)) {
+                let at = a.dst.data as i64 + offset(a.dst.nb, [j, ix[1], ix[2], ix[3]]);
+                *(at as *mut i32) = id as i32;
+            }
+        }
+    }
+}
+
+/// `get_rows_f32`: dst row (i1, i2, i3) = row ids[i1, i2, i3] of the F32 table's matrix
+/// (i2, i3); the ids must be in range.
+fn run_get_rows(a: RowsArgs) {
+    let n: i64 = a.dst.ne.iter().product();
+    for i in 0..n {
+        let [i0, i1, i2, i3] = elem(a.dst.ne, i);
+        // SAFETY: the three tensors lie in the plan's memory with these shapes.
+        unsafe {
+            let id = *((a.ids.data as i64 + offset(a.ids.nb, [i1, i2, i3, 0])) as *const i32);
+            assert!(
+                (0..a.src.ne[1]).contains(&i64::from(id)),
+                "id {id} in range"
+            );
+            let v = get_f32(&a.src, [i0, i64::from(id), i2, i3]);
+            set_f32(&a.dst, [i0, i1, i2, i3], v);
+        }
+    }
+}
+
+/// `soft_max_f32` without a mask: each row of `src * scale`, its max subtracted, exp'd
+/// and divided by the sum.
+fn run_soft_max(a: SoftMaxArgs) {
+    assert_eq!(a.mask.data, 0, "the interpreter runs no mask");
+    for r in 0..a.src.ne[1] * a.src.ne[2] * a.src.ne[3] {
+        let ix = elem([1, a.src.ne[1], a.src.ne[2], a.src.ne[3]], r);
+        let at = |i: i64| [i, ix[1], ix[2], ix[3]];
+        // SAFETY: src and dst lie in the plan's memory with these shapes.
+        unsafe {
+            let v: Vec<f32> = (0..a.src.ne[0])
+                .map(|i| get_f32(&a.src, at(i)) * a.scale)
+                .collect();
+            let mx = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = v.iter().map(|x| (x - mx).exp()).sum();
+            for (i, x) in (0..).zip(&v) {
+                set_f32(&a.dst, at(i), (x - mx).exp() / sum);
+            }
+        }
+    }
 }
 
 /// `scale_f32`: dst = src * scale, F32, any strides.

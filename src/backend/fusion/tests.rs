@@ -18,12 +18,14 @@ const Q8_1: Target = Target {
     q8_1: true,
     batched_cols: 0,
     batched_from: usize::MAX,
+    expert_decode_tokens: 4,
     moe_sum_stage: 64,
 };
 const F32_ACTS: Target = Target {
     q8_1: false,
     batched_cols: 0,
     batched_from: usize::MAX,
+    expert_decode_tokens: 0,
     moe_sum_stage: 0,
 };
 /// The CUDA backend's: decode products and batched ones up to 64 columns read Q8_1, and
@@ -32,6 +34,7 @@ const BATCHED: Target = Target {
     q8_1: true,
     batched_cols: 64,
     batched_from: 5,
+    expert_decode_tokens: 4,
     moe_sum_stage: 64,
 };
 
@@ -99,9 +102,20 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
                 None
             }
             Fused::MoeSum(m) => {
-                assert_eq!(g.len, m.ys.ne[1]);
-                assert_eq!((m.ys, m.w), (&steps[0].src[0], &steps[0].src[1]));
-                assert_eq!(m.sum, &steps[g.len - 1].dst);
+                assert_eq!(g.len, m.steps());
+                let mul = match &m.route {
+                    Some(r) => {
+                        assert_eq!((r.logits, r.ids), (&steps[0].src[0], &steps[0].src[1]));
+                        assert!(m.staged, "a routed sum stages the weights it makes");
+                        &steps[2]
+                    }
+                    None => &steps[0],
+                };
+                assert_eq!((m.ys, m.w), (&mul.src[0], &mul.src[1]));
+                assert_eq!(m.out, &steps[g.len - 1].dst);
+                if let Some(r) = m.residual {
+                    assert!(steps[g.len - 1].src.contains(r));
+                }
                 None
             }
             Fused::NormFold(f) => {
@@ -656,10 +670,10 @@ fn norm_fold_pattern() {
 }
 
 /// A mixture of experts' block ends in one weighted sum a layer: each MoE preset's decode
-/// and prefill (7 tokens) plans, every weight type, fuse the mul by the routing weights
-/// and the adds of all `n_used` expert slots. The allocator gives each layer's first add
-/// memory the routing weights had, so every sum is staged: not fused for a target that
-/// stages fewer weights than the step has.
+/// and prefill (7 tokens) plans, every weight type, fuse the routing weights' get_rows and
+/// soft_max, the mul by them, the adds of all `n_used` expert slots and the residual add
+/// into one staged launch. A target that stages fewer weights than the step has fuses no
+/// routing, nor a sum that would need staging.
 #[test]
 fn moe_presets_fuse_the_weighted_sum() {
     for name in ["tiny-moe", "qwen3-30b-a3b"] {
@@ -669,27 +683,34 @@ fn moe_presets_fuse_the_weighted_sum() {
         for w in [QuantPlan::F16, QuantPlan::Q4_K_M] {
             for (decode, n) in [(true, 1), (false, 7)] {
                 let plan = model_plan(&cfg, w, CacheTypes::default(), decode);
+                // (routed, with its residual, staged) of each fused sum
                 let sums = |target: &Target| {
                     let groups = fused(&plan, target);
-                    let mut staged = Vec::new();
+                    let mut kinds = Vec::new();
                     for g in &groups {
                         if let Fused::MoeSum(s) = &g.fused {
-                            assert_eq!(g.len, n_used, "{name}");
-                            assert_eq!(s.staged, !disjoint(s.sum, s.w), "{name}");
-                            staged.push(s.staged);
+                            if s.route.is_none() {
+                                assert_eq!(s.staged, !disjoint(s.out, s.w), "{name}");
+                            }
+                            kinds.push((s.route.is_some(), s.residual.is_some(), s.staged));
                         }
                     }
-                    staged
+                    kinds
                 };
-                let all = vec![true; cfg.num_hidden_layers];
+                let all = vec![(true, true, true); cfg.num_hidden_layers];
                 assert_eq!(sums(&Q8_1), all, "{name} {decode}");
                 assert_eq!(sums(&BATCHED), all, "{name} {decode}");
                 let short = Target {
                     moe_sum_stage: n_used * n - 1,
                     ..Q8_1
                 };
-                assert!(sums(&short).is_empty(), "{name} {decode}");
-                assert!(sums(&F32_ACTS).is_empty(), "{name} {decode}");
+                for target in [short, F32_ACTS] {
+                    let kinds = sums(&target);
+                    assert!(
+                        kinds.iter().all(|&(routed, _, staged)| !routed && !staged),
+                        "{name} {decode}: {kinds:?}"
+                    );
+                }
             }
         }
     }

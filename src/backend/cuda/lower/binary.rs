@@ -34,26 +34,38 @@ pub(crate) fn lower(
     Ok(vec![DevOp::kernel(kernel, grid, block, &args)])
 }
 
-/// A mixture of experts' weighted sum as one launch: `sum[e, t]` is the sum over the
-/// expert slots `i`, in order, of `ys[e, i, t] * w[0, i, t]` (one thread an element; one
-/// block when the sum overlaps the weights, which it stages before it writes).
+/// A mixture of experts' weighted sum as one launch: `out[e, t]` is the sum over the
+/// expert slots `i`, in order, of `ys[e, i, t] * w[0, i, t]`, plus the residual when its
+/// add is fused (one thread an element; one block when it stages the weights, which it
+/// reads, or makes from the router's logits when routed, before it writes).
 pub(crate) fn lower_moe_sum(s: &MoeSum, lw: &Lowering) -> Result<Vec<DevOp>, String> {
-    for (what, t) in [
-        ("the outputs", s.ys),
-        ("the weights", s.w),
-        ("the sum", s.sum),
-    ] {
-        check_aligned(what, t, lw.addr(t))?;
+    let route = s.route.as_ref();
+    let checked = [
+        ("the outputs", Some(s.ys)),
+        ("the weights", Some(s.w)),
+        ("the sum", Some(s.out)),
+        ("the residual", s.residual),
+        ("the router's logits", route.map(|r| r.logits)),
+        ("the experts' ids", route.map(|r| r.ids)),
+    ];
+    for (what, t) in checked {
+        if let Some(t) = t {
+            check_aligned(what, t, lw.addr(t))?;
+        }
     }
+    let t4 = |t: Option<&Operand>| t.map(|t| lw.t4(t)).unwrap_or_default();
     let args = MoeSumArgs {
         y: lw.t4(s.ys),
         w: lw.t4(s.w),
-        dst: lw.t4(s.sum),
+        dst: lw.t4(s.out),
+        r: t4(s.residual),
+        logits: t4(route.map(|r| r.logits)),
+        ids: t4(route.map(|r| r.ids)),
         staged: i64::from(s.staged),
     };
     let (grid, block) = match s.staged {
         true => ((1, 1, 1), (MOE_SUM_THREADS as u32, 1, 1)),
-        false => elementwise_grid(s.sum.ne),
+        false => elementwise_grid(s.out.ne),
     };
     Ok(vec![DevOp::kernel(k::MOE_SUM_F32, grid, block, &args)])
 }

@@ -7,7 +7,9 @@
 //! factor of a folded norm ([`NormFoldOut`]), which the group after a
 //! [`Fused::NormFold`] applies.
 
-use super::{attention, binary, check_operands, lower_step, mmq, norm, paged_attn, rope, unary};
+use super::{
+    attention, binary, check_operands, lower_step, mmq, mul_mat_id, norm, paged_attn, rope, unary,
+};
 use crate::backend::cuda::args::MOE_SUM_STAGE;
 use crate::backend::cuda::decode::fold::{self, NormFoldOut};
 use crate::backend::cuda::decode::{gemv_add, q8_1::Q8Copy};
@@ -19,13 +21,15 @@ use crate::graph::{Loc, Op, Plan, Step};
 /// with block-quantized weights read Q8_1 activations (on the `__dp4a` path,
 /// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), up to
 /// how many columns the other products do (the int8 tensor-core product, by the
-/// lowering's [`QuantPath`]), from how many columns a decode product takes it, and how
-/// many routing weights the weighted sum of a mixture of experts stages.
+/// lowering's [`QuantPath`]), from how many columns a decode product takes it, up to how
+/// many tokens a `mul_mat_id` runs on the decode kernels, and how many routing weights
+/// the weighted sum of a mixture of experts stages.
 pub(crate) fn target(lw: &Lowering) -> Target {
     Target {
         q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
         batched_cols: mmq::q8_cols(lw.quant_path),
         batched_from: mmq::from_cols(lw.quant_path),
+        expert_decode_tokens: mul_mat_id::decode_tokens(lw.quant_path),
         moe_sum_stage: MOE_SUM_STAGE as usize,
     }
 }

@@ -49,6 +49,16 @@ const MAX_CHUNKS: usize = 32;
 /// may serve. Set from these read counts; not yet timed against the tensor-core product.
 pub(crate) const DECODE_MAX_TOKENS: usize = 4;
 
+/// Most tokens of a product of block-quantized experts on the decode kernels under
+/// `path` (none when it is forced onto the tensor cores): what the fusion pass is told
+/// ([`crate::backend::fusion::Target::expert_decode_tokens`]).
+pub(crate) fn decode_tokens(path: QuantPath) -> usize {
+    match path {
+        QuantPath::Mmq => 0,
+        QuantPath::Auto | QuantPath::Mmh | QuantPath::Dequant => DECODE_MAX_TOKENS,
+    }
+}
+
 /// `dst` = the experts `src[0]` times the inputs `src[1]` for the ids `src[2]`.
 pub(crate) fn lower(
     src: &[Operand],
@@ -140,8 +150,7 @@ fn decode(
 ) -> Option<Result<Vec<DevOp>, String>> {
     let (kk, m, n_expert) = (w.ne[0], w.ne[1], w.ne[2]);
     let (n_used, n_tokens) = (ids.ne[0], ids.ne[1]);
-    let takes = lw.quant_path != QuantPath::Mmq
-        && n_tokens <= DECODE_MAX_TOKENS
+    let takes = n_tokens <= decode_tokens(lw.quant_path)
         && n_used * n_tokens <= MAX_GRID_YZ
         && q8_1_experts(w, dst);
     if !takes {

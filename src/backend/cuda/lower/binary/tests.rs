@@ -5,14 +5,17 @@
 //! addresses and carried out by the host interpreter of the kernel's contract
 //! (`MoeSumArgs`: each product and sum an f32 operation, in slot order; a staged launch
 //! reads every weight before it writes), equals the CPU backend's result and the
-//! unfused launches' bit for bit. The kernel itself is checked on a GPU
+//! unfused launches' bit for bit. Routed as the model routes (top_k, get_rows, soft_max)
+//! and with the residual add after it, the weights made in the launch come out within
+//! float rounding of the CPU's. The kernel itself is checked on a GPU
 //! (tests/cuda/moe_sum.rs).
 
 use crate::backend::cuda::args::MOE_SUM_STAGE;
 use crate::backend::cuda::tests::run_on_host;
 use crate::backend::fusion::{fuse, Fused, Target};
 use crate::graph::{DType, Graph, TensorId};
-use crate::models::blocks::moe::weighted_sum;
+use crate::models::arch::config::{Gating, Moe};
+use crate::models::blocks::moe::{route, weighted_sum};
 
 /// Where the experts' outputs come from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,6 +81,7 @@ fn staged(g: &Graph, sum: TensorId) -> bool {
         q8_1: true,
         batched_cols: 0,
         batched_from: usize::MAX,
+        expert_decode_tokens: 0,
         moe_sum_stage: MOE_SUM_STAGE as usize,
     };
     let groups = fuse(&plan, &target);
@@ -146,4 +150,75 @@ fn moe_sum_matches_the_cpu_bit_for_bit() {
         staged_sums > 0,
         "some sum lies over the computed weights (the case staging is for)"
     );
+}
+
+/// A mixture of experts' tail routed as the model routes it (`top_k` of `n_expert` logits
+/// a token, the softmax of the selected ones) with the residual add after the sum: the
+/// fused launch covers the weights' `get_rows` and `soft_max` up to 64 weights (32
+/// slots), and the add where its result is clear of the outputs; its result is the CPU's within float rounding (the weights are
+/// made in another order of operations), as are the unfused launches'.
+#[test]
+fn routed_moe_sum_with_its_residual_matches_the_cpu() {
+    let mut seed = 100;
+    let mut residuals = 0;
+    for (d, n_expert, n_used, n) in [
+        (64, 16, 8, 1),
+        (40, 12, 3, 7),
+        (96, 128, 8, 8),
+        (32, 8, 2, 40),
+    ] {
+        seed += 1;
+        let what = format!("{d} x {n_used} of {n_expert} x {n}");
+        let mut g = Graph::new();
+        let ys0 = g.input("ys0", DType::F32, &[d, n_used, n]).unwrap();
+        let logits = g.input("logits", DType::F32, &[n_expert, n]).unwrap();
+        let r = g.input("r", DType::F32, &[d, n]).unwrap();
+        let moe = Moe {
+            n_expert,
+            n_used,
+            gating: Gating::Softmax,
+            norm_topk: true,
+        };
+        let (_, w) = route(&mut g, logits, moe).unwrap();
+        let ys = g.scale(ys0, 0.5).unwrap();
+        let sum = weighted_sum(&mut g, ys, w).unwrap();
+        let out = g.add(r, sum).unwrap();
+        let inputs = [ys0, logits, r];
+        let (names, got, want) = run_on_host(&g, out, &inputs, seed, true);
+        let (unfused_names, unfused, _) = run_on_host(&g, out, &inputs, seed, false);
+        residuals += usize::from(!names.contains(&"add_f32_f32".to_string()));
+        match n_used * n <= MOE_SUM_STAGE as usize {
+            // the residual add stays a launch where its result has the outputs' memory
+            true => assert_eq!(
+                names[..3],
+                ["scale_f32", "top_k_warp_f32", "moe_sum_f32"],
+                "{what}: {names:?}"
+            ),
+            false => {
+                // the weights made as steps (the sum itself is fused where it need not
+                // stage more weights than the launch holds)
+                for kernel in ["get_rows_f32", "soft_max_f32"] {
+                    assert!(names.iter().any(|k| k == kernel), "{what}: {names:?}");
+                }
+            }
+        }
+        for unfused_kernel in ["get_rows_f32", "soft_max_f32", "mul_f32_f32", "add_f32_f32"] {
+            assert!(
+                unfused_names.iter().any(|k| k == unfused_kernel),
+                "{what}: {unfused_names:?}"
+            );
+        }
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (j, ((a, b), c)) in got.iter().zip(&want).zip(&unfused).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "{what}: element {j} is {a}, the CPU's {b}"
+            );
+            assert!(
+                (c - b).abs() <= 1e-5 * scale,
+                "{what}: unfused element {j} is {c}, the CPU's {b}"
+            );
+        }
+    }
+    assert!(residuals > 0, "some residual add fuses");
 }
