@@ -225,7 +225,8 @@ static_assert(sizeof(QGemvArgs) == 88, "QGemvArgs layout");
 
 // A decode step's mul_mat_id with block-quantized experts (mul_mat_vec_id_q*_<q>): a block
 // per GEMV_WARPS rows (grid.x) and column j = i + n_used * t (grid.y) computes
-// dst[:, i, t] = w[:, :, ids[i, t]]^T b[:, i % b1, t] as mul_mat_vec_q_c1_<q> does.
+// dst[:, i, t] = w[:, :, ids[i, t]]^T b[:, i % b1, t] as mul_mat_vec_q_c1_<q> does; with
+// a2, grid.y is twice the columns and its upper half computes the second product.
 struct QGemvIdArgs {
     const char* a;    // expert 0's weight blocks: row r of expert e at a + e * a_nb2 + r * a_nb1
     const char* b;    // the Q8_1 copy of the inputs (as QGemvArgs::b): column (i % b1) + b1 * t
@@ -245,8 +246,11 @@ struct QGemvIdArgs {
     i64 n_used;       // experts a token uses (ids.ne[0])
     i64 b1;           // input columns per token (1: shared by its experts, or n_used)
     i64 n_expert;     // experts of the weights (w.ne[2])
+    const char* a2;   // a second product's experts (as a), or null: the grid's upper half
+                      // of rows (gridDim.y / 2 on) computes it with the same inputs and ids
+    char* dst2;       // the second product's result (as dst)
 };
-static_assert(sizeof(QGemvIdArgs) == 144, "QGemvIdArgs layout");
+static_assert(sizeof(QGemvIdArgs) == 160, "QGemvIdArgs layout");
 
 // Batched products with block-quantized weights on int8 tensor cores (mmq_*, cuda/mmq.cu):
 // dst[r, c] = sum_l a[l, r] * b[l, c] for the n columns of the Q8_1 activations b.

@@ -218,16 +218,21 @@ __device__ void mmvq(const QGemvArgs& p) {
 // One column of a decode step's mul_mat_id (mul_mat_vec_id_q*_<q>): column j = blockIdx.y
 // is (i, t) = (j % n_used, j / n_used); GEMV, a one-column decode product (mmvq<Q, 1>,
 // mmvq_direct<InPlace<Q>, 1, U>), runs on expert ids[i, t]'s rows, the Q8_1 column
-// (i % b1) + b1 * t and dst[:, i, t]. The ids come from the kernels before, so nothing is
-// read before the wait. A bad id is recorded (by the column's first block) and the
-// column zero-filled; its expert is never read.
+// (i % b1) + b1 * t and dst[:, i, t]. With a second product (a2 not null: other experts
+// of the same shape and type, the same inputs and ids), the grid's upper half of rows
+// runs it into dst2. The ids come from the kernels before, so nothing is read before the
+// wait. A bad id is recorded (by the column's first block) and the column zero-filled;
+// its expert is never read.
 template <void (*GEMV)(const QGemvArgs&)>
 __device__ void gemv_id(const QGemvIdArgs& p) {
     pdl_enter();
-    const int n_used = (int)p.n_used, j = blockIdx.y;
+    const int cols = p.a2 == nullptr ? (int)gridDim.y : (int)gridDim.y / 2;
+    const bool second = (int)blockIdx.y >= cols;
+    const int n_used = (int)p.n_used, j = (int)blockIdx.y - (second ? cols : 0);
     const int i = j % n_used, t = j / n_used;
     const int id = *reinterpret_cast<const int*>(p.ids + i * p.ids_nb0 + t * p.ids_nb1);
-    char* dst = p.dst + i * p.dst_nb1 + t * p.dst_nb2;
+    const char* a = second ? p.a2 : p.a;
+    char* dst = (second ? p.dst2 : p.dst) + i * p.dst_nb1 + t * p.dst_nb2;
     if (id < 0 || id >= p.n_expert) {
         const i64 row = blockIdx.x * (i64)GEMV_WARPS + threadIdx.x;
         if (threadIdx.x < GEMV_WARPS && row < p.m) reinterpret_cast<float*>(dst)[row] = 0.0f;
@@ -235,7 +240,7 @@ __device__ void gemv_id(const QGemvIdArgs& p) {
         return;
     }
     const QGemvArgs q = {
-        p.a + id * p.a_nb2,                             // a
+        a + id * p.a_nb2,                               // a
         p.b + (i % (int)p.b1 + p.b1 * t) * p.b_nb1,     // b
         dst,                                            // dst
         nullptr,                                        // add

@@ -15,6 +15,7 @@
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
 //! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
+//! | `mul_mat_id(w1, x, ids)`, `mul_mat_id(w2, x, ids)`, both on the decode kernels ([`Target::expert_decode_tokens`]), experts of one type and shape (a mixture of experts' up and gate) | [`Fused::ExpertPair`] |
 //! | [`get_rows(logits, ids)`, `soft_max` of it], `mul(ys, w)`, `w` [1, n_used, n] broadcast, then the `n_used - 1` adds of its expert slots in slot order (a mixture of experts' weighted sum), [`add(r, that)`] | [`Fused::MoeSum`] (with its routing weights when `ids` are a `top_k` of the logits, and its residual add) |
 //!
 //! When the step after a fused norm or SwiGLU is a product with block-quantized weights
@@ -78,6 +79,9 @@ pub enum Fused<'p> {
     /// A mixture of experts' outputs weighted and summed over its expert slots, one
     /// launch (see [`MoeSum`]).
     MoeSum(MoeSum<'p>),
+    /// Two decode products of experts with the same inputs and ids, one launch (see
+    /// [`ExpertPair`]).
+    ExpertPair(ExpertPair<'p>),
 }
 
 impl<'p> Fused<'p> {
@@ -91,7 +95,8 @@ impl<'p> Fused<'p> {
             | Fused::GemvAdd(_)
             | Fused::Attention(_)
             | Fused::NormFold(_)
-            | Fused::MoeSum(_) => false,
+            | Fused::MoeSum(_)
+            | Fused::ExpertPair(_) => false,
         }
     }
 
@@ -106,7 +111,8 @@ impl<'p> Fused<'p> {
             | Fused::GemvAdd(_)
             | Fused::RopeStore(_)
             | Fused::NormFold(_)
-            | Fused::MoeSum(_) => None,
+            | Fused::MoeSum(_)
+            | Fused::ExpertPair(_) => None,
         }
     }
 }
@@ -284,6 +290,16 @@ impl MoeSum<'_> {
 pub struct MoeRoute<'p> {
     pub logits: &'p Operand,
     pub ids: &'p Operand,
+}
+
+/// Two `mul_mat_id` steps of a decode step on the decode kernels ([`expert_decode`]) with
+/// the same inputs and ids and experts of one type and shape (a mixture of experts' up
+/// and gate products), whose results are clear of each other and of everything the other
+/// reads: one launch computes both.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertPair<'p> {
+    pub first: &'p Step,
+    pub second: &'p Step,
 }
 
 /// What the backend's kernels take, which decides some patterns.
@@ -607,6 +623,9 @@ impl<'p> Context<'p> {
             let used = sum.steps();
             return Some((Fused::MoeSum(sum), used));
         }
+        if let Some(pair) = self.expert_pair(window) {
+            return Some((Fused::ExpertPair(pair), 2));
+        }
         let (one, two) = (window.first()?, window.get(1)?);
         if let Op::FlashAttnExt(_) | Op::PagedAttn(_) = one.op {
             return Some((Fused::Attention(q8_1_input(two, &self.target)?), 1));
@@ -673,6 +692,25 @@ impl<'p> Context<'p> {
             xn,
             next,
         })
+    }
+
+    /// An [`ExpertPair`] of the first two steps of `window`.
+    fn expert_pair(&self, window: &'p [Step]) -> Option<ExpertPair<'p>> {
+        let [first, second, ..] = window else {
+            return None;
+        };
+        if !(expert_decode(first, &self.target) && expert_decode(second, &self.target)) {
+            return None;
+        }
+        let (w1, w2) = (&first.src[0], &second.src[0]);
+        let (d1, d2) = (&first.dst, &second.dst);
+        let reads = [w1, w2, &first.src[1], &first.src[2]];
+        let fits = first.src[1..] == second.src[1..]
+            && (w1.dtype, w1.ne, w1.nb) == (w2.dtype, w2.ne, w2.nb)
+            && (d1.ne, d1.nb) == (d2.ne, d2.nb)
+            && disjoint(d1, d2)
+            && reads.iter().all(|r| disjoint(d1, r) && disjoint(d2, r));
+        fits.then_some(ExpertPair { first, second })
     }
 
     /// A [`MoeSum`] of the first steps of `window`: with its routing weights' two steps

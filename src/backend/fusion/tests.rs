@@ -49,6 +49,7 @@ fn kind(g: &Group) -> &'static str {
         Fused::Attention(_) => "attention",
         Fused::NormFold(_) => "norm_fold",
         Fused::MoeSum(_) => "moe_sum",
+        Fused::ExpertPair(_) => "expert_pair",
     }
 }
 
@@ -116,6 +117,12 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
                 if let Some(r) = m.residual {
                     assert!(steps[g.len - 1].src.contains(r));
                 }
+                None
+            }
+            Fused::ExpertPair(p) => {
+                assert_eq!(g.len, 2);
+                assert!(std::ptr::eq(p.first, &steps[0]) && std::ptr::eq(p.second, &steps[1]));
+                assert_eq!(p.first.src[1..], p.second.src[1..]);
                 None
             }
             Fused::NormFold(f) => {
@@ -698,6 +705,16 @@ fn moe_presets_fuse_the_weighted_sum() {
                     kinds
                 };
                 let all = vec![(true, true, true); cfg.num_hidden_layers];
+                // up and gate in one launch where the decode kernels take block-quantized
+                // experts (not F16 ones, not a prefill)
+                let pairs = count(&fused(&plan, &Q8_1), "expert_pair");
+                let quantized = w == QuantPlan::Q4_K_M && decode;
+                assert_eq!(
+                    pairs,
+                    usize::from(quantized) * cfg.num_hidden_layers,
+                    "{name}"
+                );
+                assert_eq!(count(&fused(&plan, &F32_ACTS), "expert_pair"), 0, "{name}");
                 assert_eq!(sums(&Q8_1), all, "{name} {decode}");
                 assert_eq!(sums(&BATCHED), all, "{name} {decode}");
                 let short = Target {

@@ -64,7 +64,8 @@ pub(crate) fn lower_plan<'s>(
             | Fused::GemvAdd(_)
             | Fused::Attention(_)
             | Fused::NormFold(_)
-            | Fused::MoeSum(_) => g.first,
+            | Fused::MoeSum(_)
+            | Fused::ExpertPair(_) => g.first,
         });
         let (ops, made) = lower_group(step, &g.fused, &mut pending, lw).map_err(|e| (step, e))?;
         lw.launched |= !ops.is_empty();
@@ -122,5 +123,6 @@ fn lower_group(
             Ok((ops, None))
         }
         Fused::MoeSum(s) => Ok((binary::lower_moe_sum(s, lw)?, None)),
+        Fused::ExpertPair(p) => Ok((mul_mat_id::lower_pair(p, lw)?, None)),
     }
 }

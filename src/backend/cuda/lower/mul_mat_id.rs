@@ -19,6 +19,7 @@
 //! product neither makes nor reads a grouping, and the scratch it takes for its Q8_1 copy
 //! forgets the one there was ([`Lowering::reserve_scratch`]).
 
+use super::{check_operands, lower_step};
 use crate::backend::cuda::args::{
     MmqIdArgs, MulMatIdArgs, QGemvIdArgs, MMID_COLS, MMID_GROUP_THREADS, MMID_MAX_EXPERTS,
     MMID_ROWS, MMID_THREADS, MMQ_ROWS, MMQ_WARPS,
@@ -30,7 +31,7 @@ use crate::backend::cuda::lowering::{
     expect_i32, row_grid, DevOp, ExpertGroups, ExpertTiles, Lowering, QuantPath, MAX_GRID_X,
     MAX_GRID_YZ, WARP,
 };
-use crate::backend::fusion::Q8Layout;
+use crate::backend::fusion::{ExpertPair, Q8Layout};
 use crate::graph::{DType, Operand};
 
 /// The grid's z at most: the column chunks of one expert that run side by side (a
@@ -90,7 +91,7 @@ pub(crate) fn lower(
     if n == 0 {
         return Ok(Vec::new());
     }
-    if let Some(ops) = decode(w, b, ids, dst, lw) {
+    if let Some(ops) = decode(w, b, ids, dst, None, lw) {
         return ops;
     }
     if tiles > MAX_GRID_X {
@@ -134,18 +135,36 @@ pub(crate) fn lower(
     Ok(launches)
 }
 
+/// Two decode products of experts with the same inputs and ids ([`ExpertPair`]) as one
+/// launch of the decode kernels, the second in the grid's upper half of rows; each as its
+/// own step where the pair does not take them (which the fusion pass rules out).
+pub(crate) fn lower_pair(p: &ExpertPair, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let (one, two) = (p.first, p.second);
+    check_operands(one, lw)?;
+    check_operands(two, lw)?;
+    let second = Some((&two.src[0], &two.dst));
+    if let Some(ops) = decode(&one.src[0], &one.src[1], &one.src[2], &one.dst, second, lw) {
+        return ops;
+    }
+    let mut ops = lower_step(one, lw)?;
+    ops.extend(lower_step(two, lw)?);
+    Ok(ops)
+}
+
 /// The launches of a decode step's product (None when it is not one): block-quantized
 /// weights of a type with decode kernels, whole blocks a row, at most
 /// [`DECODE_MAX_TOKENS`] tokens, results dense along dim 0, and not forced onto the tensor
 /// cores ([`QuantPath::Mmq`]). The Q8_1 copy of `b` (or the one an earlier step made, as
 /// the gate's for the up product) is read by `mul_mat_vec_id_q*_<type>`, a grid row of
 /// blocks a column `i + n_used * t`. Like the tensor-core path it reads Q8_1 inputs
-/// whatever [`Lowering::mmvq`] says.
+/// whatever [`Lowering::mmvq`] says. `second`: the experts and result of a second
+/// product of the same inputs and ids in the same launch ([`lower_pair`]).
 fn decode(
     w: &Operand,
     b: &Operand,
     ids: &Operand,
     dst: &Operand,
+    second: Option<(&Operand, &Operand)>,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
     let (kk, m, n_expert) = (w.ne[0], w.ne[1], w.ne[2]);
@@ -157,14 +176,21 @@ fn decode(
         return None;
     }
     let a = lw.addr(w);
-    let aligned = a % 16 == 0 && w.nb[1] % 16 == 0 && w.nb[2] % 16 == 0;
+    let a2 = second.map(|(w2, _)| lw.addr(w2));
+    let aligned = [Some(a), a2].into_iter().flatten().all(|a| a % 16 == 0)
+        && w.nb[1] % 16 == 0
+        && w.nb[2] % 16 == 0;
+    let pair = u32::from(second.is_some()) + 1;
+    if pair * (n_used * n_tokens) as u32 > MAX_GRID_YZ as u32 {
+        return None;
+    }
     let in_place = by::MUL_MAT_VEC_ID_QD
         .get([w.dtype])
         .ok()
         .filter(|_| aligned);
     let kernel = in_place.or_else(|| by::MUL_MAT_VEC_ID_Q.get([w.dtype]).ok())?;
     let grid = match row_grid(m.div_ceil(ROWS)) {
-        Ok((x, _, _)) => (x, (n_used * n_tokens) as u32, 1),
+        Ok((x, _, _)) => (x, pair * (n_used * n_tokens) as u32, 1),
         Err(e) => return Some(Err(e)),
     };
     let layout = Q8Layout::of(w.dtype);
@@ -192,6 +218,8 @@ fn decode(
         n_used: n_used as i64,
         b1: b.ne[1] as i64,
         n_expert: n_expert as i64,
+        a2: a2.unwrap_or(0),
+        dst2: second.map_or(0, |(_, d2)| lw.addr(d2)),
     };
     ops.push(DevOp::kernel(
         kernel,

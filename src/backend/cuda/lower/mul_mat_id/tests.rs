@@ -10,7 +10,9 @@ use rand::{Rng, SeedableRng};
 
 use super::DECODE_MAX_TOKENS;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::args::{CpyArgs, MmqIdArgs, MulMatIdArgs, QGemvIdArgs, GEMV_WARPS};
+use crate::backend::cuda::args::{
+    CpyArgs, GluArgs, MmqIdArgs, MulMatIdArgs, QGemvIdArgs, GEMV_WARPS,
+};
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lower::mmq::tests::{
     lower_on_host, output_nmse, q8_1_column, read, run_quantize, write,
@@ -32,6 +34,17 @@ fn experts_block(dt: DType, n_tokens: usize) -> Vec<Vec<DevOp>> {
 
 /// [`experts_block`] with gate, up and down weights of the dtypes `dts`, on `path`.
 fn experts_block_of(dts: [DType; 3], n_tokens: usize, path: QuantPath) -> Vec<Vec<DevOp>> {
+    experts_block_fused(dts, n_tokens, path, false)
+}
+
+/// [`experts_block_of`], the product `up * silu(gate)` as the model builds it, lowered
+/// with fusion when `fused`.
+fn experts_block_fused(
+    dts: [DType; 3],
+    n_tokens: usize,
+    path: QuantPath,
+    fused: bool,
+) -> Vec<Vec<DevOp>> {
     let (k, m, n_expert, n_used) = (256, 256, 8, 2);
     let mut g = Graph::new();
     let at = |offset| BufferRef {
@@ -51,7 +64,10 @@ fn experts_block_of(dts: [DType; 3], n_tokens: usize, path: QuantPath) -> Vec<Ve
     let a = g.mul_mat_id(gate, x, ids).unwrap();
     let b = g.mul_mat_id(up, x, ids).unwrap();
     let a = g.unary(UnaryOp::Silu, a).unwrap();
-    let h = g.mul(a, b).unwrap();
+    let h = match fused {
+        true => g.mul(b, a).unwrap(),
+        false => g.mul(a, b).unwrap(),
+    };
     let y = g.mul_mat_id(down, h, ids).unwrap();
     let plan = g.plan(&[y]).unwrap();
     let mut lw = Lowering {
@@ -59,7 +75,54 @@ fn experts_block_of(dts: [DType; 3], n_tokens: usize, path: QuantPath) -> Vec<Ve
         quant_path: path,
         ..Lowering::new(&fake_addr_any, true, 1)
     };
-    lower_plan(&plan, &mut lw, false, |_| 0).unwrap()
+    lower_plan(&plan, &mut lw, fused, |_| 0).unwrap()
+}
+
+/// Fused, a decode step's block takes one launch for the up and gate products (the gate
+/// in the grid's upper half of rows, the same Q8_1 inputs and ids), one SwiGLU launch
+/// that writes the down product's Q8_1 inputs, and the down product; one token past the
+/// decode kernels, or the tensor cores forced, and the pair is two launches again.
+#[test]
+fn fused_decode_experts_pair_up_and_gate() {
+    for (dt, kernel) in [
+        (DType::Q4_K, "mul_mat_vec_id_qd_q4_k"),
+        (DType::Q4_0, "mul_mat_vec_id_q_q4_0"),
+    ] {
+        for n_tokens in 1..=DECODE_MAX_TOKENS {
+            let ops = experts_block_fused([dt; 3], n_tokens, QuantPath::Auto, true);
+            let launches = kernel_launches(&ops);
+            let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
+            let quant = "quantize_q8_1_f32";
+            assert_eq!(names, [quant, kernel, "swiglu_f32", kernel], "{dt}");
+            let [up_gate, down]: [QGemvIdArgs; 2] = [1, 3].map(|i| args(launches[i]));
+            let swiglu = args::<GluArgs>(launches[2]);
+            let q = args::<CpyArgs>(launches[0]);
+            assert_eq!(launches[1].grid.1, 2 * 2 * n_tokens as u32, "{dt}");
+            assert_eq!(launches[3].grid.1, 2 * n_tokens as u32, "{dt}");
+            // up first (the model's order), the gate's experts right before it
+            let bytes = (dt.row_bytes(256) * 256 * 8) as u64;
+            assert_eq!(up_gate.a2 + bytes, up_gate.a, "{dt}");
+            assert_eq!(
+                (up_gate.b, swiglu.up.data, swiglu.gate.data),
+                (q.dst.data, up_gate.dst, up_gate.dst2)
+            );
+            assert_eq!((down.a2, down.b), (0, swiglu.q8), "{dt}");
+        }
+        for (n_tokens, path) in [
+            (DECODE_MAX_TOKENS + 1, QuantPath::Auto),
+            (1, QuantPath::Mmq),
+        ] {
+            let ops = experts_block_fused([dt; 3], n_tokens, path, true);
+            let names: Vec<&str> = kernel_launches(&ops)
+                .iter()
+                .map(|l| l.kernel.name)
+                .collect();
+            assert!(
+                !names.iter().any(|n| n.starts_with("mul_mat_vec_id")),
+                "{names:?}"
+            );
+        }
+    }
 }
 
 /// The launches of `ops` of mul_mat_id's own kernels and of the Q8_1 copies they read.
@@ -365,23 +428,29 @@ fn run_gemv_id(name: &str, grid: (u32, u32, u32), p: QGemvIdArgs) {
     }
     let (k, m, rows) = (p.k as usize, p.m as usize, GEMV_WARPS as usize);
     assert!(grid.0 as usize * rows >= m && (grid.0 as usize - 1) * rows < m);
-    assert_eq!(grid.1 as i64 % p.n_used, 0);
+    // with a second product, the grid's upper half of rows computes it
+    let cols = if p.a2 == 0 { grid.1 } else { grid.1 / 2 } as i64;
+    assert_eq!(cols % p.n_used, 0);
     let rb = q.row_bytes(k).unwrap();
     let mut w = vec![0f32; k];
-    for j in 0..grid.1 as i64 {
+    for jj in 0..grid.1 as i64 {
+        let (j, a, dst) = match jj < cols {
+            true => (jj, p.a, p.dst),
+            false => (jj - cols, p.a2, p.dst2),
+        };
         let (i, t) = (j % p.n_used, j / p.n_used);
         // SAFETY: (i, t) is inside the ids' shape [n_used, grid.y / n_used].
         let id = unsafe { read::<i32>(p.ids, i * p.ids_nb0 + t * p.ids_nb1) } as i64;
         assert!((0..p.n_expert).contains(&id), "{p:?}: id {id}");
         let x = q8_1_column(p.b + ((i % p.b1 + p.b1 * t) * p.b_nb1) as u64, k, q);
         for r in 0..m as i64 {
-            let at = p.a + (id * p.a_nb2 + r * p.a_nb1) as u64;
+            let at = a + (id * p.a_nb2 + r * p.a_nb1) as u64;
             // SAFETY: row r of expert id lies in the weights' host buffer.
             let src = unsafe { std::slice::from_raw_parts(at as *const u8, rb) };
             dequantize_row(q, src, &mut w).unwrap();
             let s: f64 = w.iter().zip(&x).map(|(&a, b)| f64::from(a) * b).sum();
             // SAFETY: dst[r, i, t] lies in the arena.
-            unsafe { write(p.dst, 4 * r + i * p.dst_nb1 + t * p.dst_nb2, s as f32) };
+            unsafe { write(dst, 4 * r + i * p.dst_nb1 + t * p.dst_nb2, s as f32) };
         }
     }
 }
