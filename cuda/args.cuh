@@ -358,8 +358,13 @@ struct RopeStoreArgs {  // rope_store: a decode step's rope of q and k and its K
                               // inputs; null: none
     i64 vec;         // 1: every row dense and 16-byte aligned, n_dims a multiple of 4 and
                      // v's rows a multiple of 8 elements (rope_row_vec, set_row_chunk)
+    const float* q_norm;  // F32 [head dim]: each q row is RMS-normed and times this before
+                          // its rope (rope_row_normed, a warp a row); null: none
+    const float* k_norm;  // likewise for the k rows
+    float q_eps;          // the norms' epsilons
+    float k_eps;
 };
-static_assert(sizeof(RopeStoreArgs) == 608, "RopeStoreArgs layout");
+static_assert(sizeof(RopeStoreArgs) == 632, "RopeStoreArgs layout");
 
 struct SplitArgs {  // split_*_bf16: hi at dst, lo at dst + lo_offset (same layout)
     Tensor4 src;

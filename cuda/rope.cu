@@ -36,6 +36,34 @@ __device__ __forceinline__ float2 rotate(float x0, float x1, float a) {
     return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
 }
 
+// rope_row of the row's RMS norm times w (F32 [ne0], dense; q and k norms, as Qwen3 has
+// them), one warp a row (blockDim.x == 32): each lane sums the squares of its elements
+// lane, lane + 32, ... in order, a warp sum gives the row's, and x * (1 / sqrt(ss / ne0 +
+// eps)) * w is what the rope rotates (rms_rows' arithmetic; its sums may go in another
+// order). Every lane has read the whole row for the sum before any writes, and each
+// element is then read and written by one lane, so in place is safe.
+template <typename D>
+__device__ void rope_row_normed(const char* x, i64 snb0, char* y, i64 dnb0, i64 ne0, float t, const float* freqs,
+                                i64 n_dims, i64 neox, const float* w, float eps) {
+    float ss = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < ne0; i0 += WARP_SIZE) {
+        const float v = load<float>(x + i0 * snb0);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)ne0 + eps);
+    auto normed = [&](i64 i0) { return load<float>(x + i0 * snb0) * scale * w[i0]; };
+    const i64 half = n_dims / 2;
+    for (i64 i = threadIdx.x; i < half; i += WARP_SIZE) {
+        const i64 j0 = neox ? i : 2 * i;
+        const i64 j1 = neox ? i + half : 2 * i + 1;
+        const float2 r = rotate(normed(j0), normed(j1), t * freqs[i]);
+        store<D>(y + j0 * dnb0, r.x);
+        store<D>(y + j1 * dnb0, r.y);
+    }
+    for (i64 i0 = n_dims + threadIdx.x; i0 < ne0; i0 += WARP_SIZE) store<D>(y + i0 * dnb0, normed(i0));
+}
+
 // N (2 or 4) f32 values as N consecutive T at p, one store (p aligned to N * sizeof(T)).
 template <typename T, int N>
 __device__ __forceinline__ void store_n(char* p, const float* v) {
@@ -130,7 +158,8 @@ __device__ void rope(const RopeArgs& p) {
 // steps when k's rope is read by its cache write alone.
 // With a folded norm (fold_scale) q, k and v are the product of an unnormalized vector:
 // each is scaled by the norm's factor first (rope is linear, so this is the rope of the
-// normalized).
+// normalized). With q_norm / k_norm (never with fold_scale) each q / k row is RMS-normed
+// and weighted first (rope_row_normed; the lowering gives rows a warp).
 template <typename D>
 __device__ void rope_store(const RopeStoreArgs& p) {
     pdl_enter();
@@ -145,7 +174,10 @@ __device__ void rope_store(const RopeStoreArgs& p) {
         const char* x = at(p.q_src, 0, r.i1, r.i2, r.i3);
         char* y = at(p.q_dst, 0, r.i1, r.i2, r.i3);
         const float t = position(p.pos, p.pos_nb0, r.i2);
-        if (p.vec) {
+        if (p.q_norm != nullptr) {
+            rope_row_normed<float>(x, p.q_src.nb[0], y, p.q_dst.nb[0], p.q_src.ne[0], t, p.freqs, p.n_dims, p.neox,
+                                   p.q_norm, p.q_eps);
+        } else if (p.vec) {
             rope_row_vec<float>(x, y, p.q_src.ne[0], t, p.freqs, p.n_dims, p.neox, scale);
         } else {
             rope_row<float, float>(x, p.q_src.nb[0], y, p.q_dst.nb[0], p.q_src.ne[0], t, p.freqs, p.n_dims, p.neox,
@@ -166,7 +198,10 @@ __device__ void rope_store(const RopeStoreArgs& p) {
         const char* x = at(p.k_src, 0, r.i1, r.i2, r.i3);
         char* y = at(p.k_dst, 0, r.i1, id, r.i3);
         const float t = position(p.pos, p.pos_nb0, r.i2);
-        if (p.vec) {
+        if (p.k_norm != nullptr) {
+            rope_row_normed<D>(x, p.k_src.nb[0], y, p.k_dst.nb[0], p.k_src.ne[0], t, p.freqs, p.n_dims, p.neox,
+                               p.k_norm, p.k_eps);
+        } else if (p.vec) {
             rope_row_vec<D>(x, y, p.k_src.ne[0], t, p.freqs, p.n_dims, p.neox, scale);
         } else {
             rope_row<float, D>(x, p.k_src.nb[0], y, p.k_dst.nb[0], p.k_src.ne[0], t, p.freqs, p.n_dims, p.neox, scale);

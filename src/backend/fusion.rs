@@ -13,6 +13,7 @@
 //! | `silu(gate)`, `mul(that, up)` or `mul(up, that)`, same shape | [`Fused::SwiGlu`] |
 //! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
+//! | `rms_norm(q)`, `mul(that, wq)`, `rope(that)`, `rms_norm(k)`, `mul(that, wk)`, then the steps of a [`Fused::RopeStore`] of k with no q (Qwen3's q and k norms) | [`Fused::RopeStore`] with [`RowNorm`]s |
 //! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
 //! | float decode product `mul_mat(a, v)`, `add(r, that)`, `rms_norm(y)`, `mul(that, w)`, then a float decode product of the norm's result whose every use the next fused step reads | [`Fused::NormFold`]; the next [`Fused::RopeStore`] or [`Fused::SwiGlu`] is `folded` |
 //! | `mul_mat_id(w1, x, ids)`, `mul_mat_id(w2, x, ids)`, both on the decode kernels ([`Target::expert_decode_tokens`]), experts of one type and shape (a mixture of experts' up and gate) | [`Fused::ExpertPair`] |
@@ -202,6 +203,19 @@ pub struct RopeStore<'p> {
     /// Whether its sources include the result of a [`Fused::NormFold`] just before, whose
     /// norm's factor this launch multiplies q, k and v by.
     pub folded: bool,
+    /// q's per-row RMS norm and weight, which the launch applies before the rope (q's
+    /// source is then the norm's input).
+    pub q_norm: Option<RowNorm<'p>>,
+    /// Likewise for k.
+    pub k_norm: Option<RowNorm<'p>>,
+}
+
+/// The RMS norm of each row and its weight, `mul(rms_norm(x), w)` with `w` one dense F32
+/// row (the q and k norms of Qwen3), applied by a [`RopeStore`] launch before the rope.
+#[derive(Clone, Copy, Debug)]
+pub struct RowNorm<'p> {
+    pub w: &'p Operand,
+    pub eps: f32,
 }
 
 impl<'p> RopeStore<'p> {
@@ -215,6 +229,7 @@ impl<'p> RopeStore<'p> {
     /// What the launch reads and writes.
     fn memory(&self) -> (Vec<&'p Operand>, Vec<&'p Operand>) {
         let mut reads = vec![self.k.0, self.pos, self.ids];
+        reads.extend([self.q_norm, self.k_norm].iter().flatten().map(|n| n.w));
         let mut writes = vec![self.k.1];
         for (src, dst) in self.q.iter().chain(&self.v) {
             reads.push(src);
@@ -612,6 +627,9 @@ impl<'p> Context<'p> {
     /// `folded`: the group before is a [`Fused::NormFold`], whose factor this one applies.
     fn at(&self, first: usize, folded: bool) -> Option<(Fused<'p>, usize)> {
         let window = &self.plan.steps[first..];
+        if let Some((store, used)) = self.normed_rope_store(window, first).filter(|_| !folded) {
+            return Some((Fused::RopeStore(store), used));
+        }
         if let Some((mut store, used)) = self.rope_store(window, first) {
             store.folded = folded;
             return Some((Fused::RopeStore(store), used));
@@ -1005,6 +1023,70 @@ impl<'p> Context<'p> {
         })
     }
 
+    /// A `rope_store` launch that also applies the per-row RMS norms of q and k before
+    /// their ropes (Qwen3's q and k norms): the steps are q's `rms_norm` and `mul` by its
+    /// weight, q's rope, k's `rms_norm` and `mul`, then a [`Context::rope_store`] of k's
+    /// rope (with its cache writes) that has no q of its own. Each middle result is read
+    /// by the next step alone; q's rope has the store's parameters and positions; what the
+    /// launch writes is clear of what it reads (q's result may be its input, in place).
+    fn normed_rope_store(
+        &self,
+        window: &'p [Step],
+        first: usize,
+    ) -> Option<(RopeStore<'p>, usize)> {
+        let [nq, mq, rq, nk, mk, rest @ ..] = window else {
+            return None;
+        };
+        let ((xq, q_norm), (xk, k_norm)) = (self.row_norm(nq, mq)?, self.row_norm(nk, mk)?);
+        let (mut store, used) = self.rope_store(rest, first + 5)?;
+        let Op::Rope(p) = &rq.op else {
+            return None;
+        };
+        let (q_in, q_out) = (rq.src.first()?, &rq.dst);
+        let fits = store.q.is_none()
+            && !store.folded
+            && *store.k.0 == mk.dst
+            && *q_in == mq.dst
+            && p == store.p
+            && rq.src.get(1) == Some(store.pos)
+            && [xq, xk, q_out].iter().all(|t| t.dtype == DType::F32)
+            && xq.ne == q_out.ne
+            && xq.ne[0] == xk.ne[0]
+            && xq.ne[2..] == xk.ne[2..];
+        if !fits {
+            return None;
+        }
+        store.q = Some((xq, q_out));
+        store.k.0 = xk;
+        store.q_norm = Some(q_norm);
+        store.k_norm = Some(k_norm);
+        let (reads, writes) = store.memory();
+        let clear = writes.iter().all(|w| {
+            reads
+                .iter()
+                .all(|r| disjoint(w, r) || (*w == q_out && r == &xq && disjoint_or_same(w, r)))
+        });
+        clear.then_some((store, 5 + used))
+    }
+
+    /// `mul(rms_norm(x), w)` with `w` one dense F32 row, both results read by the next
+    /// step alone: `x` and the norm.
+    fn row_norm(&self, norm: &'p Step, mul: &'p Step) -> Option<(&'p Operand, RowNorm<'p>)> {
+        let Op::Norm(NormOp::RmsNorm { eps }) = norm.op else {
+            return None;
+        };
+        let (x, w) = (norm.src.first()?, mul.src.get(1)?);
+        let fits = mul.op == Op::Binary(BinaryOp::Mul)
+            && mul.src[0].id == norm.dst.id
+            && self.read_once(&norm.dst)
+            && self.read_once(&mul.dst)
+            && x.dtype == DType::F32
+            && dense_f32(w)
+            && w.ne == [x.ne[0], 1, 1, 1]
+            && mul.dst.ne == x.ne;
+        fits.then_some((x, RowNorm { w, eps }))
+    }
+
     /// The core of a `rope_store` launch: `rk` ropes k, `sk` (step `k_write` of the plan)
     /// writes its rows into the cache, and nothing else reads the roped k.
     fn store_core(&self, rk: &'p Step, sk: &'p Step, k_write: usize) -> Option<RopeStore<'p>> {
@@ -1036,6 +1118,8 @@ impl<'p> Context<'p> {
             v: None,
             k_write,
             folded: false,
+            q_norm: None,
+            k_norm: None,
         })
     }
 }

@@ -97,7 +97,12 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
                 None
             }
             Fused::RopeStore(s) => {
-                assert!((2..=4).contains(&g.len));
+                // with the q and k norms: their 4 steps and q's rope
+                match (s.q_norm, s.k_norm) {
+                    (Some(_), Some(_)) => assert!((7..=8).contains(&g.len)),
+                    (None, None) => assert!((2..=4).contains(&g.len)),
+                    norms => panic!("one row norm of two: {norms:?}"),
+                }
                 assert_eq!(s.folded, folded_before);
                 assert_eq!(plan.steps[s.k_write].dst, *s.k.1);
                 None
@@ -303,7 +308,9 @@ fn q8_1_copies_take_the_layout_of_their_product() {
 
 /// The attention inputs of a decode step: a Q8_0 cache has no `rope_store` (the ropes and
 /// cache writes stay steps); a Q8_0 V cache with an F16 K cache keeps V's write out of it;
-/// a model whose heads are normalized after the product (Qwen3) still fuses them.
+/// a model whose heads are normalized after the product (Qwen3) still fuses them, with
+/// the q and k norms inside the launch where q and k come from one product; a Llama has
+/// no row norms.
 #[test]
 fn rope_store_follows_the_cache_types() {
     let cfg = presets::preset("tiny").unwrap();
@@ -337,10 +344,33 @@ fn rope_store_follows_the_cache_types() {
         assert!(s.q.is_some() && s.v.is_none());
         assert_eq!(s.k.1.dtype, DType::F16);
     }
-    let qwen = presets::preset("qwen3-8b").unwrap();
+    let norms = |plan: &Plan| -> Vec<(bool, bool, bool)> {
+        let groups = fused(plan, &Q8_1);
+        let mut kinds = Vec::new();
+        for g in &groups {
+            if let Fused::RopeStore(s) = &g.fused {
+                kinds.push((s.q.is_some(), s.q_norm.is_some(), s.k_norm.is_some()));
+            }
+        }
+        kinds
+    };
+    let plan = model_plan(&cfg, QuantPlan::F16, CacheTypes::default(), true);
+    assert_eq!(norms(&plan), vec![(true, false, false); l]);
+    let mut qwen = presets::preset("qwen3-8b").unwrap();
+    qwen.num_hidden_layers = 3;
     let plan = model_plan(&qwen, QuantPlan::F16, CacheTypes::default(), true);
-    let groups = fused(&plan, &Q8_1);
-    assert_eq!(count(&groups, "rope_store"), qwen.num_hidden_layers);
+    assert_eq!(norms(&plan), vec![(true, true, true); 3]);
+    // Q4_K_M gives some layers' v more bits: q, k and v are then products of their own,
+    // k's between q's rope and k's norm, and those layers keep q's norm and rope apart
+    let plan = model_plan(&qwen, QuantPlan::Q4_K_M, CacheTypes::default(), true);
+    let kinds = norms(&plan);
+    assert!(kinds.contains(&(true, true, true)), "{kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .all(|k| [(true, true, true), (false, false, false)].contains(k)),
+        "{kinds:?}"
+    );
 }
 
 /// The plan of a graph made by `f`, for the outputs it returns.

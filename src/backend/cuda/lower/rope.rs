@@ -7,7 +7,7 @@ use crate::backend::cuda::args::{RopeArgs, RopeStoreArgs, Tensor4};
 use crate::backend::cuda::decode::fold::NormFoldOut;
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{
-    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, MAX_GRID_X,
+    expect_i32, loop_block, row_grid, same_dtype, DevOp, Lowering, MAX_GRID_X, WARP,
 };
 use crate::backend::fusion::RopeStore;
 use crate::graph::{Operand, RopeMode, RopeParams};
@@ -124,7 +124,10 @@ pub(crate) fn lower_store(
     let k_src = lw.t4(k);
     let v = s.v.map(|(vs, vd)| (lw.t4(vs), lw.t4(vd)));
     let es = cache.dtype.block_bytes() as i64;
-    let vec = k.ne[2] * k.ne[3] >= VEC_TOKENS
+    // rows normed first take a warp each (rope_row_normed)
+    let normed = s.q_norm.is_some() || s.k_norm.is_some();
+    let vec = !normed
+        && k.ne[2] * k.ne[3] >= VEC_TOKENS
         && s.p.n_dims % 4 == 0
         && (q_rows == 0 || (dense16(&q_src, 4) && dense16(&q_dst, 4)))
         && dense16(&k_src, 4)
@@ -132,12 +135,13 @@ pub(crate) fn lower_store(
         && v.is_none_or(|(vs, vd)| vs.ne[0] % 8 == 0 && dense16(&vs, 4) && dense16(&vd, es));
     // several rows a block as `rope` takes them; one a block of V_BLOCK threads when
     // there are few rows and v's elements are copied too
-    let (row_threads, _, _) = match vec {
-        true => loop_block((s.p.n_dims / 4).max(k.ne[0] - s.p.n_dims)),
-        false => rope_block(s.p, k.ne[0]),
+    let (row_threads, _, _) = match (normed, vec) {
+        (true, _) => (WARP as u32, 1, 1),
+        (false, true) => loop_block((s.p.n_dims / 4).max(k.ne[0] - s.p.n_dims)),
+        (false, false) => rope_block(s.p, k.ne[0]),
     };
     let per_block = rows_per_block(q_rows + k.nrows(), row_threads);
-    let threads = match per_block == 1 && s.v.is_some() {
+    let threads = match per_block == 1 && s.v.is_some() && !normed {
         true => V_BLOCK as u32,
         false => row_threads,
     };
@@ -179,7 +183,14 @@ pub(crate) fn lower_store(
         tag: lw.tag,
         fold_scale: NormFoldOut::scale_of(fold),
         vec: i64::from(vec),
+        q_norm: s.q_norm.map_or(0, |n| lw.addr(n.w)),
+        k_norm: s.k_norm.map_or(0, |n| lw.addr(n.w)),
+        q_eps: s.q_norm.map_or(0.0, |n| n.eps),
+        k_eps: s.k_norm.map_or(0.0, |n| n.eps),
     };
+    if normed && fold.is_some() {
+        return Err("internal: a rope_store launch with both a folded norm and row norms".into());
+    }
     Ok(vec![DevOp::kernel(
         kernel,
         (blocks as u32, 1, 1),
