@@ -23,7 +23,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16x2, iq4_levels, legacy_block, legacy_bytes, nibbles, Cols};
+use super::{dpbusd, f16x2, iq4_levels, legacy_block, legacy_bytes, nibbles, Cols};
 use super::{IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1};
 use crate::quant::iq4::iq4_xs_scale;
 use crate::quant::kquants::scale_min_k4;
@@ -170,15 +170,35 @@ unsafe fn transpose(q: [__m256i; 4]) -> [__m256i; 4] {
 
 /// The integer sums of four rows (quants `wt` from [`transpose`], `wa` their magnitudes
 /// for the signed types) against one Q8_1 block `av`: lane `r` and `r + 4` the sums of
-/// row `r` over the low and high half of the block.
+/// row `r` over the low and high half of the block (`V`: by `vpdpbusd`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn sums<const T: u8>(wt: &[__m256i; 4], wa: &[__m256i; 4], av: __m256i) -> __m256i {
+unsafe fn sums<const T: u8, const V: bool>(
+    wt: &[__m256i; 4],
+    wa: &[__m256i; 4],
+    av: __m256i,
+) -> __m256i {
     let a0 = _mm256_shuffle_epi32::<0x00>(av);
     let a1 = _mm256_shuffle_epi32::<0x55>(av);
     let a2 = _mm256_shuffle_epi32::<0xaa>(av);
     let a3 = _mm256_shuffle_epi32::<0xff>(av);
     let ones = _mm256_set1_epi16(1);
+    if V {
+        // two chains of two: the products of the signed types go by the sign trick
+        let (s0, s1, s2, s3) = match signed(T) {
+            true => (
+                _mm256_sign_epi8(a0, wt[0]),
+                _mm256_sign_epi8(a1, wt[1]),
+                _mm256_sign_epi8(a2, wt[2]),
+                _mm256_sign_epi8(a3, wt[3]),
+            ),
+            false => (a0, a1, a2, a3),
+        };
+        let zero = _mm256_setzero_si256();
+        let p01 = dpbusd::<V>(dpbusd::<V>(zero, wa[0], s0), wa[1], s1);
+        let p23 = dpbusd::<V>(dpbusd::<V>(zero, wa[2], s2), wa[3], s3);
+        return _mm256_add_epi32(p01, p23);
+    }
     if signed(T) {
         // |q| * (a * sign(q)) in pairs: |sum| <= 2 * 127 * 128, summed in i32
         let p0 = _mm256_madd_epi16(
@@ -214,7 +234,7 @@ unsafe fn sums<const T: u8>(wt: &[__m256i; 4], wa: &[__m256i; 4], av: __m256i) -
 /// The rows at `rows` (`units` blocks each) against `NC` columns of `a`: `out[c][r]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const T: u8, const NC: usize>(
+unsafe fn tile<const T: u8, const NC: usize, const V: bool>(
     rows: [*const u8; 4],
     units: usize,
     a: Cols,
@@ -238,7 +258,7 @@ unsafe fn tile<const T: u8, const NC: usize>(
         };
         for c in 0..NC {
             let (av, d8, s8) = a.block(c, k);
-            let si = sums::<T>(&wt, &wa, av);
+            let si = sums::<T, V>(&wt, &wa, av);
             // lanes: rows 0..4 of the low halves, then of the high halves
             let s = _mm256_cvtepi32_ps(si);
             acc[c] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(d8)), acc[c]);
@@ -264,11 +284,12 @@ unsafe fn tile<const T: u8, const NC: usize>(
 /// that is not a legacy one.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; the rows are valid memory; `a` holds `NC` columns of
-/// one Q8_1 block per 32 weights of a row; `out` holds `nrows * ncols` floats.
+/// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL when `V`; the rows are valid
+/// memory; `a` holds `NC` columns of one Q8_1 block per 32 weights of a row; `out` holds
+/// `nrows * ncols` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn rows<const NC: usize>(
+pub(super) unsafe fn rows<const NC: usize, const V: bool>(
     q: QType,
     (w, stride, nb): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
@@ -276,16 +297,16 @@ pub(super) unsafe fn rows<const NC: usize>(
     out: &mut [f32],
 ) -> usize {
     match q {
-        QType::Q4_0 => each_tile::<Q4_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_1 => each_tile::<Q4_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_0 => each_tile::<Q5_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_1 => each_tile::<Q5_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_0 => each_tile::<Q8_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_1 => each_tile::<Q8_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::IQ4_NL => each_tile::<IQ4_NL, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_K => each_tile::<Q4_K, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::Q5_K => each_tile::<Q5_K, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::IQ4_XS => each_tile::<IQ4_XS, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::Q4_0 => each_tile::<Q4_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q4_1 => each_tile::<Q4_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q5_0 => each_tile::<Q5_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q5_1 => each_tile::<Q5_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q8_0 => each_tile::<Q8_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q8_1 => each_tile::<Q8_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::IQ4_NL => each_tile::<IQ4_NL, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q4_K => each_tile::<Q4_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::Q5_K => each_tile::<Q5_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::IQ4_XS => each_tile::<IQ4_XS, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
         QType::Q6_K
         | QType::Q3_K
         | QType::Q2_K
@@ -304,7 +325,7 @@ pub(super) unsafe fn rows<const NC: usize>(
 /// [`rows`] for the type `T`, rows of `units` units.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn each_tile<const T: u8, const NC: usize>(
+unsafe fn each_tile<const T: u8, const NC: usize, const V: bool>(
     (w, stride, units): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
     a: Cols,
@@ -319,7 +340,7 @@ unsafe fn each_tile<const T: u8, const NC: usize>(
     for r in (0..done).step_by(4) {
         let p = w.add(r * stride);
         let rows = [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)];
-        for (c, v) in tile::<T, NC>(rows, units, a).into_iter().enumerate() {
+        for (c, v) in tile::<T, NC, V>(rows, units, a).into_iter().enumerate() {
             for (i, x) in v.into_iter().enumerate() {
                 out[(r + i) * ncols + c] = x;
             }
