@@ -22,9 +22,9 @@
 //! On CPUs with AVX-512 VNNI (and VL), those two kernels sum the products of unsigned
 //! quants and signed activations with `vpdpbusd` ([`dpbusd`]: four byte products added
 //! into each i32 lane, no i16 step) instead of `vpmaddubsw` + `vpmaddwd`; the const
-//! parameter `V` of the kernels says which ([`vnni_available`]).
+//! parameter `V` of the kernels says which ([`vnni_available`]); those kernels run inside
+//! functions compiled for AVX-512, which also gives them 32 vector registers.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 mod low;
@@ -49,12 +49,14 @@ pub(crate) fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// Whether this CPU runs `vpdpbusd` on 256-bit registers (AVX-512 VNNI and VL; the
-/// instruction is written in `asm!` so that the crate keeps building on toolchains whose
-/// AVX-512 intrinsics are unstable).
+/// Whether this CPU runs `vpdpbusd` on 256-bit registers and the other AVX-512 features
+/// the kernels of `V = true` are compiled for (F, VL, BW, VNNI).
 #[inline]
 pub(crate) fn vnni_available() -> bool {
-    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
 }
 
 /// `acc` plus, in each i32 lane, the four products of the unsigned bytes of `u` with the
@@ -71,19 +73,19 @@ unsafe fn dpbusd<const V: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i
         let pairs = _mm256_maddubs_epi16(u, s);
         return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
     }
-    let mut r = acc;
-    // SAFETY: vpdpbusd on ymm registers (EVEX-encoded, AVX-512 VNNI + VL, which the caller
-    // has checked) reads and writes only the registers named.
-    unsafe {
-        asm!(
-            "vpdpbusd {r}, {u}, {s}",
-            r = inout(ymm_reg) r,
-            u = in(ymm_reg) u,
-            s = in(ymm_reg) s,
-            options(pure, nomem, nostack, preserves_flags)
-        )
-    };
-    r
+    // SAFETY: the CPU has AVX-512 VNNI and VL (caller).
+    unsafe { vpdpbusd(acc, u, s) }
+}
+
+/// `vpdpbusd` on 256-bit registers. Its callers are inlined into functions compiled for
+/// AVX-512 F, VL, BW and VNNI, where this is inlined in turn.
+///
+/// # Safety
+/// The CPU has AVX-512 F, VL, BW and VNNI ([`vnni_available`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn vpdpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
 }
 
 /// `out[c]` = the dot product of the weight row `w` (blocks of `q`) with the Q8_1 row
@@ -124,7 +126,8 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 /// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
 /// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
 /// row, so that a group's activations stay in the L1 cache. `vnni`: the kernels that
-/// have a `vpdpbusd` form use it ([`dpbusd`]).
+/// have a `vpdpbusd` form use it ([`dpbusd`]), and the row tiles take groups of
+/// [`tile::WIDE_COLS`] columns.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if `vnni`
@@ -145,6 +148,10 @@ pub(crate) unsafe fn dot_rows(
     }
     let nrows = out.len() / ncols;
     let row = a.len() / ncols;
+    let group = match vnni && tile::has_tiles(q) {
+        true => tile::WIDE_COLS,
+        false => 4,
+    };
     let mut c0 = 0;
     while c0 < ncols {
         let cols = Cols {
@@ -160,7 +167,7 @@ pub(crate) unsafe fn dot_rows(
             ncols,
             c0,
         };
-        match (ncols - c0, vnni) {
+        match ((ncols - c0).min(group), vnni) {
             (1, false) => rows.run::<1, false>(q, cols, out),
             (2, false) => rows.run::<2, false>(q, cols, out),
             (3, false) => rows.run::<3, false>(q, cols, out),
@@ -168,9 +175,13 @@ pub(crate) unsafe fn dot_rows(
             (1, true) => rows.run::<1, true>(q, cols, out),
             (2, true) => rows.run::<2, true>(q, cols, out),
             (3, true) => rows.run::<3, true>(q, cols, out),
-            (_, true) => rows.run::<4, true>(q, cols, out),
+            (4, true) => rows.run::<4, true>(q, cols, out),
+            (5, true) => rows.run::<5, true>(q, cols, out),
+            (6, true) => rows.run::<6, true>(q, cols, out),
+            (7, true) => rows.run::<7, true>(q, cols, out),
+            (_, true) => rows.run::<8, true>(q, cols, out),
         }
-        c0 += 4;
+        c0 += group;
     }
 }
 
@@ -190,27 +201,13 @@ impl Rows {
     #[inline]
     unsafe fn run<const NC: usize, const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) {
         if NC == 1 {
-            match q {
-                QType::Q4_0 => return self.one_column::<Q4_0, V>(a, out),
-                QType::Q4_1 => return self.one_column::<Q4_1, V>(a, out),
-                QType::Q5_0 => return self.one_column::<Q5_0, V>(a, out),
-                QType::Q5_1 => return self.one_column::<Q5_1, V>(a, out),
-                QType::Q8_0 => return self.one_column::<Q8_0, V>(a, out),
-                QType::Q8_1 => return self.one_column::<Q8_1, V>(a, out),
-                QType::IQ4_NL => return self.one_column::<IQ4_NL, V>(a, out),
-                QType::Q4_K | QType::Q5_K | QType::Q6_K => {}
-                QType::Q2_K
-                | QType::Q3_K
-                | QType::IQ4_XS
-                | QType::IQ2_XXS
-                | QType::IQ2_XS
-                | QType::IQ2_S
-                | QType::IQ3_XXS
-                | QType::IQ3_S
-                | QType::IQ1_S
-                | QType::IQ1_M
-                | QType::TQ1_0
-                | QType::TQ2_0 => {}
+            let done = match V {
+                // SAFETY: V is chosen only where vnni_available() (dot_rows' contract).
+                true => unsafe { self.one_column_wide(q, a, out) },
+                false => self.legacy_column::<false>(q, a, out),
+            };
+            if done {
+                return;
             }
         }
         // legacy types: four rows at a time, then the rows left
@@ -230,6 +227,47 @@ impl Rows {
 }
 
 impl Rows {
+    /// [`Rows::legacy_column`] by `vpdpbusd`, compiled for AVX-512.
+    ///
+    /// # Safety
+    /// As [`dot_rows`] with `vnni`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    unsafe fn one_column_wide(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+        self.legacy_column::<true>(q, a, out)
+    }
+
+    /// [`Rows::one_column`] for a legacy type `q`, and whether `q` is one (else nothing
+    /// is done).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn legacy_column<const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+        match q {
+            QType::Q4_0 => self.one_column::<Q4_0, V>(a, out),
+            QType::Q4_1 => self.one_column::<Q4_1, V>(a, out),
+            QType::Q5_0 => self.one_column::<Q5_0, V>(a, out),
+            QType::Q5_1 => self.one_column::<Q5_1, V>(a, out),
+            QType::Q8_0 => self.one_column::<Q8_0, V>(a, out),
+            QType::Q8_1 => self.one_column::<Q8_1, V>(a, out),
+            QType::IQ4_NL => self.one_column::<IQ4_NL, V>(a, out),
+            QType::Q4_K
+            | QType::Q5_K
+            | QType::Q6_K
+            | QType::Q2_K
+            | QType::Q3_K
+            | QType::IQ4_XS
+            | QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M
+            | QType::TQ1_0
+            | QType::TQ2_0 => return false,
+        }
+        true
+    }
+
     /// Every row of a legacy type against the one column of `a` (a decode step's
     /// matrix-vector product): four rows at a time through [`legacy_x4`], the rest one by
     /// one.
@@ -265,7 +303,8 @@ impl Cols {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn block(&self, c: usize, blk: usize) -> (__m256i, f32, f32) {
-        let at = c * self.row / Q8 + blk;
+        // (row / Q8 is the same for every call: computed once out of the callers' loops)
+        let at = c * (self.row / Q8) + blk;
         let qv = _mm256_loadu_si256(self.q.add(at * Q8 + 4) as *const __m256i);
         (qv, *self.ds.add(2 * at), *self.ds.add(2 * at + 1))
     }
