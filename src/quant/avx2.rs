@@ -18,6 +18,12 @@
 //! [`dot_rows`] with several columns runs the legacy types, Q4_K, Q5_K and IQ4_XS four
 //! rows at a time (`tile`: the rows' sums in the lanes of one vector); the decode step
 //! (one column) runs the legacy types through [`legacy_x4`], the other types row by row.
+//!
+//! On CPUs with AVX-512 VNNI (and VL), those two kernels sum the products of unsigned
+//! quants and signed activations with `vpdpbusd` ([`dpbusd`]: four byte products added
+//! into each i32 lane, no i16 step) instead of `vpmaddubsw` + `vpmaddwd`; the const
+//! parameter `V` of the kernels says which ([`vnni_available`]); those kernels run inside
+//! functions compiled for AVX-512, which also gives them 32 vector registers.
 
 use std::arch::x86_64::*;
 
@@ -41,6 +47,45 @@ pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
+}
+
+/// Whether this CPU runs `vpdpbusd` on 256-bit registers and the other AVX-512 features
+/// the kernels of `V = true` are compiled for (F, VL, BW, VNNI).
+#[inline]
+pub(crate) fn vnni_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// `acc` plus, in each i32 lane, the four products of the unsigned bytes of `u` with the
+/// signed bytes of `s` in that lane: `vpdpbusd` when `V`, else `vpmaddubsw` (pairs in
+/// i16, exact while no pair passes `i16::MAX`, as every caller's quants ensure) and
+/// `vpmaddwd`. Both give the same sums.
+///
+/// # Safety
+/// The CPU has AVX2, and AVX-512 VNNI and VL when `V` ([`vnni_available`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dpbusd<const V: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if !V {
+        let pairs = _mm256_maddubs_epi16(u, s);
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+    // SAFETY: the CPU has AVX-512 VNNI and VL (caller).
+    unsafe { vpdpbusd(acc, u, s) }
+}
+
+/// `vpdpbusd` on 256-bit registers. Its callers are inlined into functions compiled for
+/// AVX-512 F, VL, BW and VNNI, where this is inlined in turn.
+///
+/// # Safety
+/// The CPU has AVX-512 F, VL, BW and VNNI ([`vnni_available`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn vpdpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
 }
 
 /// `out[c]` = the dot product of the weight row `w` (blocks of `q`) with the Q8_1 row
@@ -80,10 +125,13 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 /// `out[r * ncols + c]` = the dot product of weight row `r` (at `w + r * w_stride`,
 /// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
 /// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
-/// row, so that a group's activations stay in the L1 cache.
+/// row, so that a group's activations stay in the L1 cache. `vnni`: the kernels that
+/// have a `vpdpbusd` form use it ([`dpbusd`]), and the row tiles take groups of
+/// [`tile::WIDE_COLS`] columns.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; every weight row is `nb` whole blocks of valid memory;
+/// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if `vnni`
+/// ([`vnni_available`]); every weight row is `nb` whole blocks of valid memory;
 /// `a` holds `ncols` Q8_1 rows of `nb * q.block_size() / 32` blocks, `ds` two floats per
 /// block of `a`, and `out.len()` is a multiple of `ncols` (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -92,7 +140,7 @@ pub(crate) unsafe fn dot_rows(
     (w, w_stride, nb): (*const u8, usize, usize),
     a: &[u8],
     ds: &[f32],
-    ncols: usize,
+    (ncols, vnni): (usize, bool),
     out: &mut [f32],
 ) {
     if ncols == 0 {
@@ -100,6 +148,10 @@ pub(crate) unsafe fn dot_rows(
     }
     let nrows = out.len() / ncols;
     let row = a.len() / ncols;
+    let group = match vnni && tile::has_tiles(q) {
+        true => tile::WIDE_COLS,
+        false => 4,
+    };
     let mut c0 = 0;
     while c0 < ncols {
         let cols = Cols {
@@ -115,13 +167,21 @@ pub(crate) unsafe fn dot_rows(
             ncols,
             c0,
         };
-        match ncols - c0 {
-            1 => rows.run::<1>(q, cols, out),
-            2 => rows.run::<2>(q, cols, out),
-            3 => rows.run::<3>(q, cols, out),
-            _ => rows.run::<4>(q, cols, out),
+        match ((ncols - c0).min(group), vnni) {
+            (1, false) => rows.run::<1, false>(q, cols, out),
+            (2, false) => rows.run::<2, false>(q, cols, out),
+            (3, false) => rows.run::<3, false>(q, cols, out),
+            (_, false) => rows.run::<4, false>(q, cols, out),
+            (1, true) => rows.run::<1, true>(q, cols, out),
+            (2, true) => rows.run::<2, true>(q, cols, out),
+            (3, true) => rows.run::<3, true>(q, cols, out),
+            (4, true) => rows.run::<4, true>(q, cols, out),
+            (5, true) => rows.run::<5, true>(q, cols, out),
+            (6, true) => rows.run::<6, true>(q, cols, out),
+            (7, true) => rows.run::<7, true>(q, cols, out),
+            (_, true) => rows.run::<8, true>(q, cols, out),
         }
-        c0 += 4;
+        c0 += group;
     }
 }
 
@@ -136,36 +196,22 @@ struct Rows {
 }
 
 impl Rows {
-    /// Every row against the `NC` columns of `a`.
+    /// Every row against the `NC` columns of `a` (`V`: with `vpdpbusd`, see [`dpbusd`]).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn run<const NC: usize>(&self, q: QType, a: Cols, out: &mut [f32]) {
+    unsafe fn run<const NC: usize, const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) {
         if NC == 1 {
-            match q {
-                QType::Q4_0 => return self.one_column::<Q4_0>(a, out),
-                QType::Q4_1 => return self.one_column::<Q4_1>(a, out),
-                QType::Q5_0 => return self.one_column::<Q5_0>(a, out),
-                QType::Q5_1 => return self.one_column::<Q5_1>(a, out),
-                QType::Q8_0 => return self.one_column::<Q8_0>(a, out),
-                QType::Q8_1 => return self.one_column::<Q8_1>(a, out),
-                QType::IQ4_NL => return self.one_column::<IQ4_NL>(a, out),
-                QType::Q4_K | QType::Q5_K | QType::Q6_K => {}
-                QType::Q2_K
-                | QType::Q3_K
-                | QType::IQ4_XS
-                | QType::IQ2_XXS
-                | QType::IQ2_XS
-                | QType::IQ2_S
-                | QType::IQ3_XXS
-                | QType::IQ3_S
-                | QType::IQ1_S
-                | QType::IQ1_M
-                | QType::TQ1_0
-                | QType::TQ2_0 => {}
+            let done = match V {
+                // SAFETY: V is chosen only where vnni_available() (dot_rows' contract).
+                true => unsafe { self.one_column_wide(q, a, out) },
+                false => self.legacy_column::<false>(q, a, out),
+            };
+            if done {
+                return;
             }
         }
         // legacy types: four rows at a time, then the rows left
-        let done = tile::rows::<NC>(
+        let done = tile::rows::<NC, V>(
             q,
             (self.w, self.w_stride, self.nb),
             (self.nrows, self.ncols),
@@ -181,15 +227,56 @@ impl Rows {
 }
 
 impl Rows {
+    /// [`Rows::legacy_column`] by `vpdpbusd`, compiled for AVX-512.
+    ///
+    /// # Safety
+    /// As [`dot_rows`] with `vnni`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    unsafe fn one_column_wide(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+        self.legacy_column::<true>(q, a, out)
+    }
+
+    /// [`Rows::one_column`] for a legacy type `q`, and whether `q` is one (else nothing
+    /// is done).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn legacy_column<const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+        match q {
+            QType::Q4_0 => self.one_column::<Q4_0, V>(a, out),
+            QType::Q4_1 => self.one_column::<Q4_1, V>(a, out),
+            QType::Q5_0 => self.one_column::<Q5_0, V>(a, out),
+            QType::Q5_1 => self.one_column::<Q5_1, V>(a, out),
+            QType::Q8_0 => self.one_column::<Q8_0, V>(a, out),
+            QType::Q8_1 => self.one_column::<Q8_1, V>(a, out),
+            QType::IQ4_NL => self.one_column::<IQ4_NL, V>(a, out),
+            QType::Q4_K
+            | QType::Q5_K
+            | QType::Q6_K
+            | QType::Q2_K
+            | QType::Q3_K
+            | QType::IQ4_XS
+            | QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M
+            | QType::TQ1_0
+            | QType::TQ2_0 => return false,
+        }
+        true
+    }
+
     /// Every row of a legacy type against the one column of `a` (a decode step's
     /// matrix-vector product): four rows at a time through [`legacy_x4`], the rest one by
     /// one.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn one_column<const T: u8>(&self, a: Cols, out: &mut [f32]) {
+    unsafe fn one_column<const T: u8, const V: bool>(&self, a: Cols, out: &mut [f32]) {
         let mut r = 0;
         while r + 4 <= self.nrows {
-            let v = legacy_x4::<T>(self.w.add(r * self.w_stride), self.w_stride, self.nb, a);
+            let v = legacy_x4::<T, V>(self.w.add(r * self.w_stride), self.w_stride, self.nb, a);
             for (k, x) in v.into_iter().enumerate() {
                 out[(r + k) * self.ncols + self.c0] = x;
             }
@@ -216,7 +303,8 @@ impl Cols {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn block(&self, c: usize, blk: usize) -> (__m256i, f32, f32) {
-        let at = c * self.row / Q8 + blk;
+        // (row / Q8 is the same for every call: computed once out of the callers' loops)
+        let at = c * (self.row / Q8) + blk;
         let qv = _mm256_loadu_si256(self.q.add(at * Q8 + 4) as *const __m256i);
         (qv, *self.ds.add(2 * at), *self.ds.add(2 * at + 1))
     }
@@ -499,13 +587,18 @@ unsafe fn scale_bits(p: *const u8, with_m: bool) -> i32 {
 /// once for the four rows; the rows' scales are converted four at a time, and their
 /// offset terms (`m * s8`, `-8 d * s8`, `-16 d * s8`) summed in one vector, so no scalar
 /// chain runs through the row; the four totals come out of one horizontal reduction.
-/// The integer sums are those of [`legacy`]; only the order of the f32 additions differs.
+/// The integer sums are those of [`legacy`] (`V`: by `vpdpbusd`); only the order of the f32
+/// additions differs.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn legacy_x4<const T: u8>(w: *const u8, stride: usize, nb: usize, a: Cols) -> [f32; 4] {
+unsafe fn legacy_x4<const T: u8, const V: bool>(
+    w: *const u8,
+    stride: usize,
+    nb: usize,
+    a: Cols,
+) -> [f32; 4] {
     let signed = T == Q8_0 || T == Q8_1 || T == IQ4_NL;
     let has_m = T == Q4_1 || T == Q5_1;
-    let ones = _mm256_set1_epi16(1);
     let bytes = legacy_bytes(T);
     let rows = [w, w.add(stride), w.add(2 * stride), w.add(3 * stride)];
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -542,7 +635,7 @@ unsafe fn legacy_x4<const T: u8>(w: *const u8, stride: usize, nb: usize, a: Cols
                 true => (_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q)),
                 false => (q, av),
             };
-            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, av), ones);
+            let sumi = dpbusd::<V>(_mm256_setzero_si256(), qa, av);
             let scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r as i32));
             *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sumi), *acc);
         }
@@ -824,11 +917,37 @@ mod tests {
         let mut ds = vec![0.0f32; a.len() / 36 * 2];
         q8_1_scales(&a, &mut ds);
         let mut got = vec![0.0f32; nrows * ncols];
-        // SAFETY: available() was checked; the rows lie in `w`; the lengths agree.
-        unsafe { super::dot_rows(q, (w.as_ptr(), stride, blocks), &a, &ds, ncols, &mut got) };
+        for vnni in [false, super::vnni_available()] {
+            // SAFETY: available() was checked, and vnni_available() for vnni; the rows lie
+            // in `w`; the lengths agree.
+            unsafe {
+                super::dot_rows(
+                    q,
+                    (w.as_ptr(), stride, blocks),
+                    &a,
+                    &ds,
+                    (ncols, vnni),
+                    &mut got,
+                )
+            };
+            compare_rows(q, (&w, stride, row_bytes), &a, (nrows, ncols), (&got, vnni));
+        }
+    }
+
+    /// The results `got` of [`check_rows`] (by the `vpdpbusd` kernels if `vnni`) against
+    /// the portable code, row by row.
+    fn compare_rows(
+        q: QType,
+        (w, stride, row_bytes): (&[u8], usize, usize),
+        a: &[u8],
+        (nrows, ncols): (usize, usize),
+        (got, vnni): (&[f32], bool),
+    ) {
+        let n = row_bytes / q.block_bytes() * q.block_size();
+        let blocks = row_bytes / q.block_bytes();
         for r in 0..nrows {
             let mut want = vec![0.0f32; ncols];
-            vec_dot_q8_1_cols_portable(q, &w[r * stride..r * stride + row_bytes], &a, &mut want);
+            vec_dot_q8_1_cols_portable(q, &w[r * stride..r * stride + row_bytes], a, &mut want);
             for c in 0..ncols {
                 let (g, e) = (got[r * ncols + c], want[c]);
                 // Inputs below 2 and 4 in magnitude: every partial sum is below 8 per
@@ -836,7 +955,7 @@ mod tests {
                 let tol = 8.0 * n as f32 * (blocks * 9 + 8) as f32 * f32::EPSILON;
                 assert!(
                     (g - e).abs() <= tol,
-                    "{q} row {r} of {nrows}, column {c} of {ncols}: {g} vs {e} (tol {tol:e})"
+                    "{q} (vnni {vnni}) row {r} of {nrows}, column {c} of {ncols}: {g} vs {e} (tol {tol:e})"
                 );
             }
         }

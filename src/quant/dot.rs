@@ -131,9 +131,10 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
     );
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
-        // SAFETY: the CPU has AVX2, FMA and F16C; the rows are valid (caller) and the
-        // other lengths were checked above.
-        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), a, ds, ncols, out) };
+        let vnni = super::avx2::vnni_available();
+        // SAFETY: the CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if vnni; the
+        // rows are valid (caller) and the other lengths were checked above.
+        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), a, ds, (ncols, vnni), out) };
         return;
     }
     for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {

@@ -23,11 +23,32 @@
 
 use std::arch::x86_64::*;
 
-use super::{f16x2, iq4_levels, legacy_block, legacy_bytes, nibbles, Cols};
+use super::{dpbusd, f16x2, iq4_levels, legacy_block, legacy_bytes, nibbles, Cols};
 use super::{IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1};
 use crate::quant::iq4::iq4_xs_scale;
 use crate::quant::kquants::scale_min_k4;
 use crate::quant::QType;
+
+/// The most columns [`super::dot_rows`] hands the tiles at once with AVX-512 VNNI (4
+/// without it).
+pub(super) const WIDE_COLS: usize = 8;
+
+/// Whether [`rows`] has tiles for `q` (the others run row by row).
+pub(super) fn has_tiles(q: QType) -> bool {
+    matches!(
+        q,
+        QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q8_1
+            | QType::IQ4_NL
+            | QType::Q4_K
+            | QType::Q5_K
+            | QType::IQ4_XS
+    )
+}
 
 // The super-block types with one scale per 32 elements, as const parameters (after the
 // legacy ones of `super`).
@@ -170,10 +191,18 @@ unsafe fn transpose(q: [__m256i; 4]) -> [__m256i; 4] {
 
 /// The integer sums of four rows (quants `wt` from [`transpose`], `wa` their magnitudes
 /// for the signed types) against one Q8_1 block `av`: lane `r` and `r + 4` the sums of
-/// row `r` over the low and high half of the block.
+/// row `r` over the low and high half of the block. `V`: by [`vnni_sums`] (`wa` unused,
+/// `start` from [`signed_start`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn sums<const T: u8>(wt: &[__m256i; 4], wa: &[__m256i; 4], av: __m256i) -> __m256i {
+unsafe fn sums<const T: u8, const V: bool>(
+    wt: &[__m256i; 4],
+    wa: &[__m256i; 4],
+    (av, start): (__m256i, __m256i),
+) -> __m256i {
+    if V {
+        return vnni_sums::<T>(wt, (av, start));
+    }
     let a0 = _mm256_shuffle_epi32::<0x00>(av);
     let a1 = _mm256_shuffle_epi32::<0x55>(av);
     let a2 = _mm256_shuffle_epi32::<0xaa>(av);
@@ -211,10 +240,51 @@ unsafe fn sums<const T: u8>(wt: &[__m256i; 4], wa: &[__m256i; 4], av: __m256i) -
     }
 }
 
+/// [`sums`] by `vpdpbusd`, in two chains of two. Unsigned quants meet the signed
+/// activations directly; the signed types' quants meet the activations plus 128
+/// (unsigned: `a ^ 0x80`), from `start` = -128 times the quants' sums ([`signed_start`]),
+/// which is the same for every column.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn vnni_sums<const T: u8>(wt: &[__m256i; 4], (av, start): (__m256i, __m256i)) -> __m256i {
+    let zero = _mm256_setzero_si256();
+    if signed(T) {
+        let au = _mm256_xor_si256(av, _mm256_set1_epi8(i8::MIN));
+        let a0 = _mm256_shuffle_epi32::<0x00>(au);
+        let a1 = _mm256_shuffle_epi32::<0x55>(au);
+        let a2 = _mm256_shuffle_epi32::<0xaa>(au);
+        let a3 = _mm256_shuffle_epi32::<0xff>(au);
+        let p01 = dpbusd::<true>(dpbusd::<true>(start, a0, wt[0]), a1, wt[1]);
+        let p23 = dpbusd::<true>(dpbusd::<true>(zero, a2, wt[2]), a3, wt[3]);
+        return _mm256_add_epi32(p01, p23);
+    }
+    let a0 = _mm256_shuffle_epi32::<0x00>(av);
+    let a1 = _mm256_shuffle_epi32::<0x55>(av);
+    let a2 = _mm256_shuffle_epi32::<0xaa>(av);
+    let a3 = _mm256_shuffle_epi32::<0xff>(av);
+    let p01 = dpbusd::<true>(dpbusd::<true>(zero, wt[0], a0), wt[1], a1);
+    let p23 = dpbusd::<true>(dpbusd::<true>(zero, wt[2], a2), wt[3], a3);
+    _mm256_add_epi32(p01, p23)
+}
+
+/// -128 times the sum of the signed bytes of each i32 lane over the four registers `wt`
+/// (by `vpdpbusd`: the CPU has AVX-512 VNNI and VL): what [`vnni_sums`] takes off the
+/// products of the activations plus 128.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn signed_start(wt: &[__m256i; 4]) -> __m256i {
+    let zero = _mm256_setzero_si256();
+    // 128 as an unsigned byte
+    let h = _mm256_set1_epi8(i8::MIN);
+    let s01 = dpbusd::<true>(dpbusd::<true>(zero, h, wt[0]), h, wt[1]);
+    let s23 = dpbusd::<true>(dpbusd::<true>(zero, h, wt[2]), h, wt[3]);
+    _mm256_sub_epi32(zero, _mm256_add_epi32(s01, s23))
+}
+
 /// The rows at `rows` (`units` blocks each) against `NC` columns of `a`: `out[c][r]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const T: u8, const NC: usize>(
+unsafe fn tile<const T: u8, const NC: usize, const V: bool>(
     rows: [*const u8; 4],
     units: usize,
     a: Cols,
@@ -226,19 +296,22 @@ unsafe fn tile<const T: u8, const NC: usize>(
         let (q, d, m) = unit::<T>(rows, k, &mut f);
         let d = _mm256_set_m128(d, d);
         let wt = transpose(q);
-        let wa = if signed(T) {
-            [
-                _mm256_sign_epi8(wt[0], wt[0]),
-                _mm256_sign_epi8(wt[1], wt[1]),
-                _mm256_sign_epi8(wt[2], wt[2]),
-                _mm256_sign_epi8(wt[3], wt[3]),
-            ]
-        } else {
-            wt
+        let (wa, start) = match (signed(T), V) {
+            (true, false) => (
+                [
+                    _mm256_sign_epi8(wt[0], wt[0]),
+                    _mm256_sign_epi8(wt[1], wt[1]),
+                    _mm256_sign_epi8(wt[2], wt[2]),
+                    _mm256_sign_epi8(wt[3], wt[3]),
+                ],
+                _mm256_setzero_si256(),
+            ),
+            (true, true) => (wt, signed_start(&wt)),
+            (false, _) => (wt, _mm256_setzero_si256()),
         };
         for c in 0..NC {
             let (av, d8, s8) = a.block(c, k);
-            let si = sums::<T>(&wt, &wa, av);
+            let si = sums::<T, V>(&wt, &wa, (av, start));
             // lanes: rows 0..4 of the low halves, then of the high halves
             let s = _mm256_cvtepi32_ps(si);
             acc[c] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(d8)), acc[c]);
@@ -264,11 +337,12 @@ unsafe fn tile<const T: u8, const NC: usize>(
 /// that is not a legacy one.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; the rows are valid memory; `a` holds `NC` columns of
-/// one Q8_1 block per 32 weights of a row; `out` holds `nrows * ncols` floats.
+/// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL when `V`; the rows are valid
+/// memory; `a` holds `NC` columns of one Q8_1 block per 32 weights of a row; `out` holds
+/// `nrows * ncols` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn rows<const NC: usize>(
+pub(super) unsafe fn rows<const NC: usize, const V: bool>(
     q: QType,
     (w, stride, nb): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
@@ -276,16 +350,16 @@ pub(super) unsafe fn rows<const NC: usize>(
     out: &mut [f32],
 ) -> usize {
     match q {
-        QType::Q4_0 => each_tile::<Q4_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_1 => each_tile::<Q4_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_0 => each_tile::<Q5_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_1 => each_tile::<Q5_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_0 => each_tile::<Q8_0, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_1 => each_tile::<Q8_1, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::IQ4_NL => each_tile::<IQ4_NL, NC>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_K => each_tile::<Q4_K, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::Q5_K => each_tile::<Q5_K, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::IQ4_XS => each_tile::<IQ4_XS, NC>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::Q4_0 => each_tile::<Q4_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q4_1 => each_tile::<Q4_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q5_0 => each_tile::<Q5_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q5_1 => each_tile::<Q5_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q8_0 => each_tile::<Q8_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q8_1 => each_tile::<Q8_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::IQ4_NL => each_tile::<IQ4_NL, NC, V>((w, stride, nb), (nrows, ncols), a, out),
+        QType::Q4_K => each_tile::<Q4_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::Q5_K => each_tile::<Q5_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
+        QType::IQ4_XS => each_tile::<IQ4_XS, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
         QType::Q6_K
         | QType::Q3_K
         | QType::Q2_K
@@ -304,7 +378,7 @@ pub(super) unsafe fn rows<const NC: usize>(
 /// [`rows`] for the type `T`, rows of `units` units.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn each_tile<const T: u8, const NC: usize>(
+unsafe fn each_tile<const T: u8, const NC: usize, const V: bool>(
     (w, stride, units): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
     a: Cols,
@@ -315,11 +389,42 @@ unsafe fn each_tile<const T: u8, const NC: usize>(
         // than one column's products win)
         return 0;
     }
+    match V {
+        true => each_tile_wide::<T, NC>((w, stride, units), (nrows, ncols), a, out),
+        false => tiles::<T, NC, false>((w, stride, units), (nrows, ncols), a, out),
+    }
+}
+
+/// [`tiles`] by `vpdpbusd`, compiled for AVX-512 (F, VL, BW, VNNI): its 32 vector
+/// registers hold the accumulators of up to 8 columns ([`WIDE_COLS`]) besides a unit's
+/// quants, so that each unit is unpacked once for twice the columns of the AVX2 tile.
+///
+/// # Safety
+/// As [`rows`] with `V`: the CPU has AVX-512 F, VL, BW and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn each_tile_wide<const T: u8, const NC: usize>(
+    (w, stride, units): (*const u8, usize, usize),
+    (nrows, ncols): (usize, usize),
+    a: Cols,
+    out: &mut [f32],
+) -> usize {
+    tiles::<T, NC, true>((w, stride, units), (nrows, ncols), a, out)
+}
+
+/// The loop of [`each_tile`]: every whole tile of four rows, its results into `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tiles<const T: u8, const NC: usize, const V: bool>(
+    (w, stride, units): (*const u8, usize, usize),
+    (nrows, ncols): (usize, usize),
+    a: Cols,
+    out: &mut [f32],
+) -> usize {
     let done = nrows / 4 * 4;
     for r in (0..done).step_by(4) {
         let p = w.add(r * stride);
         let rows = [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)];
-        for (c, v) in tile::<T, NC>(rows, units, a).into_iter().enumerate() {
+        for (c, v) in tile::<T, NC, V>(rows, units, a).into_iter().enumerate() {
             for (i, x) in v.into_iter().enumerate() {
                 out[(r + i) * ncols + c] = x;
             }
