@@ -301,7 +301,7 @@ fn with_blocks(
     types: &[(&'static str, &'static str)],
 ) -> Vec<(&'static str, &'static str)> {
     let mut v = types.to_vec();
-    if d % 32 == 0 {
+    if d.is_multiple_of(32) {
         v.extend([Q8_0, Q4_0]);
     }
     v

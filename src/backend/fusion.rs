@@ -453,7 +453,7 @@ pub fn quant_batched_layout(a: &Operand, b: &Operand, max_cols: usize) -> bool {
     a.dtype.quant().is_some()
         && (1..=max_cols).contains(&b.nrows())
         && kk < i32::MAX as usize
-        && kk % a.dtype.block_size() == 0
+        && kk.is_multiple_of(a.dtype.block_size())
         && b.dtype == DType::F32
         && b.ne[0] == kk
         && b.rows_contiguous()
@@ -931,7 +931,8 @@ impl<'p> Context<'p> {
     /// product of `y` that reads them (whole 32-element blocks of a dense `y`).
     fn q8_for(&self, y: &'p Operand, next: Option<&'p Step>) -> Option<Q8For<'p>> {
         let q8 = q8_1_input(next?, &self.target)?;
-        (q8.of == y && y.is_contiguous() && y.ne[0] % 32 == 0).then_some(Q8For { of: y, ..q8 })
+        (q8.of == y && y.is_contiguous() && y.ne[0].is_multiple_of(32))
+            .then_some(Q8For { of: y, ..q8 })
     }
 
     /// The fused step of `one` then `two` (`next` the step after them), or None when the

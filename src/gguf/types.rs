@@ -118,7 +118,7 @@ impl GgmlType {
     /// block size or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = u64::from(self.block_size());
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(u64::from(self.block_bytes()))

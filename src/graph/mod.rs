@@ -85,7 +85,7 @@ pub fn shape4(op: &'static str, shape: &[usize]) -> Result<[usize; 4]> {
 /// plain dtypes); the error names the op, the tensor and the sizes.
 pub fn check_blocks(op: &'static str, name: &str, dtype: DType, ne: &[usize; 4]) -> Result<()> {
     let bs = dtype.block_size();
-    if ne[0] % bs != 0 {
+    if !ne[0].is_multiple_of(bs) {
         return Err(Error::shape(
             op,
             format!(

@@ -75,7 +75,7 @@ pub fn argmax_row(row: &[f32]) -> usize {
 /// CPU reference for argmax.
 pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor]) -> Result<()> {
     let a = src[0];
-    let dense = a.dtype == DType::F32 && a.nb[0] == 4 && a.ptr as usize % 4 == 0;
+    let dense = a.dtype == DType::F32 && a.nb[0] == 4 && (a.ptr as usize).is_multiple_of(4);
     let mut row = vec![0f32; if dense { 0 } else { a.ne[0] }];
     for_each_row(a.ne, |i1, i2, i3| {
         // SAFETY: (i1, i2, i3) is inside a; a dense row is ne[0] aligned f32 there; dst is

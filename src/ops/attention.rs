@@ -142,7 +142,11 @@ impl Graph {
             tm.dtype,
             &[DType::F32, DType::F16],
         )?;
-        if tm.ne[0] != n_kv || tm.ne[1] < n_q || n_head % tm.ne[2] != 0 || batch % tm.ne[3] != 0 {
+        if tm.ne[0] != n_kv
+            || tm.ne[1] < n_q
+            || !n_head.is_multiple_of(tm.ne[2])
+            || !batch.is_multiple_of(tm.ne[3])
+        {
             return Err(Error::shape(
                 "flash_attn_ext",
                 format!(

@@ -118,7 +118,7 @@ impl HostTensor {
                     )
                 }
             }
-            DType::F16 if nb0 == 2 && base as usize % 2 == 0 => {
+            DType::F16 if nb0 == 2 && (base as usize).is_multiple_of(2) => {
                 // SAFETY: a dense, aligned f16 row of out.len() elements starts at base.
                 let row = unsafe { std::slice::from_raw_parts(base as *const f16, out.len()) };
                 // F16C conversion where the CPU has it (half detects it at run time).
@@ -159,7 +159,7 @@ impl HostTensor {
             };
             return;
         }
-        if self.dtype == DType::F16 && nb0 == 2 && base as usize % 2 == 0 {
+        if self.dtype == DType::F16 && nb0 == 2 && (base as usize).is_multiple_of(2) {
             // SAFETY: a dense, aligned f16 row of vals.len() elements starts at base, and
             // `vals` is the caller's own buffer.
             let row = unsafe { std::slice::from_raw_parts_mut(base as *mut f16, vals.len()) };

@@ -88,7 +88,7 @@ pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Resul
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let a_dense = a.dtype == DType::F32
         && a.nb[0] == 4
-        && (a.ptr as usize) % 4 == 0
+        && (a.ptr as usize).is_multiple_of(4)
         && a.nb.iter().all(|n| n % 4 == 0);
     let mut bm = vec![0f32; n * k];
     for i3 in 0..b.ne[3] {

@@ -26,7 +26,7 @@ impl Graph {
                 ),
             ));
         }
-        if p.n_dims == 0 || p.n_dims % 2 != 0 || p.n_dims > ta.ne[0] {
+        if p.n_dims == 0 || !p.n_dims.is_multiple_of(2) || p.n_dims > ta.ne[0] {
             return Err(Error::shape(
                 "rope",
                 format!(

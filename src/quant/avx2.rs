@@ -677,7 +677,7 @@ unsafe fn k4_step<const FIVE: bool, const NC: usize>(
     let qs = wb.add(if FIVE { 48 } else { 16 });
     let (sc, m) = scale_min_k4(j, scales);
     let raw = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
-    let mut q = if j % 2 == 0 {
+    let mut q = if j.is_multiple_of(2) {
         _mm256_and_si256(raw, low)
     } else {
         _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low)

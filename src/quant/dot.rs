@@ -80,7 +80,7 @@ pub fn vec_dot_q8_1_cols(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
 pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mut [f32]) {
     let n = w.len() / q.block_bytes() * q.block_size();
     assert!(
-        w.len() % q.block_bytes() == 0
+        w.len().is_multiple_of(q.block_bytes())
             && a.len() == out.len() * (n / 32 * Q8_1_BYTES)
             && ds.len() == a.len() / Q8_1_BYTES * 2,
         "vec_dot_q8_1 {q}: {} weight bytes, {} Q8_1 bytes and {} scales do not describe {} row(s)",
@@ -123,7 +123,7 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
         row_bytes % q.block_bytes() == 0
             && a.len() == ncols * q8_row
             && ds.len() == a.len() / Q8_1_BYTES * 2
-            && out.len() % ncols.max(1) == 0,
+            && out.len().is_multiple_of(ncols.max(1)),
         "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results",
         a.len(),
         ds.len(),
@@ -157,7 +157,7 @@ pub fn q8_1_scales(a: &[u8], ds: &mut [f32]) {
 pub(crate) fn vec_dot_q8_1_cols_portable(q: QType, w: &[u8], a: &[u8], out: &mut [f32]) {
     let n = w.len() / q.block_bytes() * q.block_size();
     let r = n / 32 * Q8_1_BYTES;
-    assert!(w.len() % q.block_bytes() == 0 && a.len() == out.len() * r);
+    assert!(w.len().is_multiple_of(q.block_bytes()) && a.len() == out.len() * r);
     for (o, ac) in out.iter_mut().zip(a.chunks_exact(r.max(1))) {
         *o = vec_dot_q8_1_any(q, w, ac);
     }
@@ -241,7 +241,7 @@ pub fn vec_dot_f32(q: QType, w: &[u8], x: &[f32]) -> f32 {
 /// several columns dequantizes each weight row once instead of once per column.
 pub fn dot_dequantized(w: &[f32], x: &[f32]) -> f32 {
     assert!(
-        w.len() == x.len() && w.len() % LANES == 0,
+        w.len() == x.len() && w.len().is_multiple_of(LANES),
         "dot_dequantized: {} weights and {} activations are not one row of whole blocks",
         w.len(),
         x.len()
@@ -284,7 +284,8 @@ unsafe fn vec_dot_f32_avx2(q: QType, w: &[u8], x: &[f32]) -> f32 {
 #[inline(always)]
 fn vec_dot_f32_any(q: QType, w: &[u8], x: &[f32]) -> f32 {
     assert!(
-        w.len() % q.block_bytes() == 0 && x.len() == w.len() / q.block_bytes() * q.block_size(),
+        w.len().is_multiple_of(q.block_bytes())
+            && x.len() == w.len() / q.block_bytes() * q.block_size(),
         "vec_dot_f32 {q}: {} weight bytes and {} activations do not describe one row",
         w.len(),
         x.len()

@@ -408,9 +408,9 @@ fn iq1_m_scales(x: &[u8], ib: usize) -> [i32; 2] {
 #[inline(always)]
 fn iq1_m_group(x: &[u8], ib: usize, l: usize) -> (u64, bool) {
     let qh = x[32 + 2 * ib + l / 2];
-    let shift = if l % 2 == 0 { 8 } else { 4 };
+    let shift = if l.is_multiple_of(2) { 8 } else { 4 };
     let idx = usize::from(x[4 * ib + l]) | ((usize::from(qh) << shift) & 0x700);
-    let sign_bit = if l % 2 == 0 { 0x08 } else { 0x80 };
+    let sign_bit = if l.is_multiple_of(2) { 0x08 } else { 0x80 };
     (IQ1S_GRID[idx], qh & sign_bit != 0)
 }
 

@@ -375,7 +375,7 @@ impl std::fmt::Display for QType {
 
 /// [`QType::row_bytes`], with `op` naming the caller in the error.
 fn row_bytes_for(op: &'static str, q: QType, n: usize) -> Result<usize> {
-    if n % q.block_size() != 0 {
+    if !n.is_multiple_of(q.block_size()) {
         return Err(Error::shape(
             op,
             format!(

@@ -100,9 +100,9 @@ pub fn rotation(q: QType, addr: u64) -> usize {
 /// elements).
 pub fn splittable(q: QType, row_len: usize) -> bool {
     let bs = q.block_size();
-    let whole = row_len > 0 && row_len % bs == 0;
+    let whole = row_len > 0 && row_len.is_multiple_of(bs);
     match layout(q) {
-        Layout::Blocks { .. } => whole && (row_len / bs * q.block_bytes()) % 16 == 0,
+        Layout::Blocks { .. } => whole && (row_len / bs * q.block_bytes()).is_multiple_of(16),
         Layout::Q5K => whole,
         Layout::Q6K => whole && row_len / bs >= 8,
         Layout::None => false,
@@ -113,7 +113,7 @@ pub fn splittable(q: QType, row_len: usize) -> bool {
 /// split ([`splittable`]): 16-byte aligned, Q6_K's 2-byte aligned (it rotates its rows).
 pub fn splittable_at(q: QType, row_len: usize, addr: u64) -> bool {
     let align = if layout(q) == Layout::Q6K { 2 } else { 16 };
-    splittable(q, row_len) && addr % align == 0
+    splittable(q, row_len) && addr.is_multiple_of(align)
 }
 
 /// One ggml row of `q` (`src`, whole blocks) as a split row into `dst` (same length), for

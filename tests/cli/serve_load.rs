@@ -156,7 +156,7 @@ fn ten_thousand_requests_at_concurrency_64() {
                     let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                     if d == WARM_UP {
                         *warm_rss.lock().unwrap() = Some(s.rss_kib());
-                    } else if d > WARM_UP && d % 500 == 0 {
+                    } else if d > WARM_UP && d.is_multiple_of(500) {
                         peak_rss.fetch_max(s.rss_kib(), Ordering::Relaxed);
                     }
                 }

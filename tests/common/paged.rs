@@ -252,7 +252,7 @@ pub fn poison(bytes: &mut [u8], dt: DType, i: usize) {
 
 /// Cache types, with whole 32-element blocks per head for the block types.
 fn cache_type(dt: DType, d: usize) -> DType {
-    if dt.quant().is_some() && d % 32 != 0 {
+    if dt.quant().is_some() && !d.is_multiple_of(32) {
         DType::F16
     } else {
         dt

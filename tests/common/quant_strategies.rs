@@ -238,7 +238,7 @@ pub fn weights_dequantized(c: &QCase) -> Vec<f32> {
 pub fn quantize_input(c: &QCase) -> Vec<f32> {
     let se = c.stride_elems();
     let mut x = values(c.seed, se * c.rows);
-    if c.seed % 4 == 0 {
+    if c.seed.is_multiple_of(4) {
         let bad = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][(c.seed / 4 % 3) as usize];
         let (i, row) = ((c.seed / 16) as usize % c.k, (c.seed / 7) as usize % c.rows);
         x[row * se + i] = bad;

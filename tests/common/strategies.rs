@@ -101,7 +101,7 @@ impl Gen {
         } else if r < 0.65 {
             1
         } else {
-            let d: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+            let d: Vec<usize> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
             d[self.rng.random_range(0..d.len())]
         }
     }

@@ -1056,7 +1056,7 @@ impl Rig {
             }
             1 => {
                 let s = self.random_shape();
-                self.external(&s, c % 3 == 0)
+                self.external(&s, c.is_multiple_of(3))
             }
             2 | 3 => self.step_binary(pool, a, i),
             4..=7 => self.step_unary(a, i.op, c),
@@ -1070,7 +1070,7 @@ impl Rig {
             9 if na[0] >= 2 => {
                 let pos = self.ids(&[na[2]], 16);
                 let n_dims = 2 * (1 + c % (na[0] / 2));
-                let mode = if c % 2 == 0 {
+                let mode = if c.is_multiple_of(2) {
                     RopeMode::Normal
                 } else {
                     RopeMode::Neox
@@ -1090,7 +1090,7 @@ impl Rig {
     /// broadcasts to `a`'s (3: the op in place).
     fn step_binary(&mut self, pool: &Pool, a: TensorId, i: &Instr) -> TensorId {
         let na = self.ne(a);
-        let b = if i.c % 3 == 0 {
+        let b = if i.c.is_multiple_of(3) {
             let s = self.divisor_shape(na);
             self.input(&s)
         } else {
@@ -1098,7 +1098,7 @@ impl Rig {
                 .0
                 .iter()
                 .copied()
-                .filter(|&b| (0..4).all(|k| na[k] % self.ne(b)[k] == 0))
+                .filter(|&b| (0..4).all(|k| na[k].is_multiple_of(self.ne(b)[k])))
                 .collect();
             cands[i.b as usize % cands.len()]
         };
@@ -1132,7 +1132,7 @@ impl Rig {
                     let hi = row.iter().copied().fold(f64::MIN, f64::max);
                     m.min(hi - lo)
                 });
-                if c % 3 == 0 && ne0 > 1 && spread > 0.1 {
+                if c.is_multiple_of(3) && ne0 > 1 && spread > 0.1 {
                     self.norm(a, eps)
                 } else {
                     self.rms_norm(a, eps)
@@ -1153,12 +1153,12 @@ impl Rig {
             .copied()
             .filter(|&w| {
                 let nw = self.ne(w);
-                nw[0] == na[0] && na[2] % nw[2] == 0 && na[3] % nw[3] == 0
+                nw[0] == na[0] && na[2].is_multiple_of(nw[2]) && na[3].is_multiple_of(nw[3])
             })
             .collect();
-        let w = if c % 3 == 0 {
+        let w = if c.is_multiple_of(3) {
             let m = self.rng.random_range(1..=5);
-            let w2 = if c % 2 == 0 { na[2] } else { 1 };
+            let w2 = if c.is_multiple_of(2) { na[2] } else { 1 };
             if i.op == 10 {
                 self.external(&[na[0], m, w2], false)
             } else {
@@ -1183,7 +1183,7 @@ impl Rig {
                     .sum();
                 self.view(a, ne, t.nb, offs)
             }
-            15 if t.is_contiguous() && c % 2 == 0 => {
+            15 if t.is_contiguous() && c.is_multiple_of(2) => {
                 self.reshape(a, &[t.ne[0] * t.ne[1], t.ne[2] * t.ne[3]])
             }
             15 if t.is_contiguous() => {

@@ -75,7 +75,7 @@ pub fn split_safetensors(path: &Path) -> (serde_json::Value, Vec<u8>) {
 /// Writes a safetensors file from a header and data, the header padded to 8 bytes.
 pub fn join_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
     let mut h = header.to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

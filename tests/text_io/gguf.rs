@@ -275,7 +275,7 @@ impl Built {
         self.bytes.extend_from_slice(s.as_bytes());
     }
     fn pad(&mut self, alignment: usize) {
-        while self.bytes.len() % alignment != 0 {
+        while !self.bytes.len().is_multiple_of(alignment) {
             self.bytes.push(0);
         }
     }

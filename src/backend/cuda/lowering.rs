@@ -354,8 +354,8 @@ pub(crate) const fn elem_align(dt: DType) -> usize {
 /// Checks that every element of `op` at `addr` is aligned as [`elem_align`] says.
 pub(crate) fn check_aligned(what: &str, op: &Operand, addr: u64) -> Result<(), String> {
     let a = elem_align(op.dtype);
-    let strides_ok = (0..4).all(|i| op.ne[i] == 1 || op.nb[i] % a == 0);
-    if addr % a as u64 != 0 || !strides_ok {
+    let strides_ok = (0..4).all(|i| op.ne[i] == 1 || op.nb[i].is_multiple_of(a));
+    if !addr.is_multiple_of(a as u64) || !strides_ok {
         return Err(format!(
             "{what} (offset or strides {:?}) is not aligned to {a} bytes for its {} elements",
             op.nb, op.dtype

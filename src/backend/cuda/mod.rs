@@ -845,7 +845,7 @@ impl Backend for CudaBackend {
             .ok_or_else(|| Error::plan(format!("cuda: fill_random of {n} elements overflows")))?;
         range_check("cuda", "fill", buf, offset, bytes, mem.bytes())?;
         split::check_write(&self.split, buf, offset, bytes, "fill_random")?;
-        if offset % es != 0 {
+        if !offset.is_multiple_of(es) {
             return Err(Error::plan(format!(
                 "cuda: fill_random at offset {offset} is not aligned to {dtype} elements"
             )));

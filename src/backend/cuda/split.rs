@@ -85,7 +85,7 @@ impl SplitRows {
             && other.q == self.q
             && other.row_len == self.row_len
             && other.offset >= self.offset
-            && (other.offset - self.offset) % self.row_bytes == 0
+            && (other.offset - self.offset).is_multiple_of(self.row_bytes)
             && other.end() <= self.end()
     }
 

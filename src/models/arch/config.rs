@@ -374,7 +374,7 @@ impl Fields<'_> {
         };
         let head_dim = match self.opt_usize("head_dim")? {
             Some(d) => d,
-            None if hidden_size % heads != 0 => {
+            None if !hidden_size.is_multiple_of(heads) => {
                 return Err(self.bad(
                     "head_dim",
                     format!(

@@ -72,12 +72,12 @@ impl Split {
         if heads % n != 0 {
             return bad("the attention heads", heads);
         }
-        if kv % n != 0 && n % kv != 0 {
+        if kv % n != 0 && !n.is_multiple_of(kv) {
             return Err(Error::model(format!(
                 "--tp {n}: the {kv} KV heads neither divide over {n} devices nor do {n} devices divide into {kv} groups"
             )));
         }
-        if full.intermediate_size % n != 0 {
+        if !full.intermediate_size.is_multiple_of(n) {
             return bad("the MLP's intermediate_size", full.intermediate_size);
         }
         Ok(Split {

@@ -324,7 +324,7 @@ fn head_dim(k: &Keys, name: &str, hidden: usize, n_head: usize) -> Result<usize>
     let rot = k.opt_usize(&format!("{name}.rope.dimension_count"))?;
     let head_dim = match (key_len, rot) {
         (Some(d), _) | (None, Some(d)) => d,
-        (None, None) if hidden % n_head == 0 => hidden / n_head,
+        (None, None) if hidden.is_multiple_of(n_head) => hidden / n_head,
         (None, None) => return Err(bad(format!("metadata keys '{name}.attention.key_length' and '{name}.rope.dimension_count' are missing and {name}.embedding_length {hidden} is not a multiple of {name}.attention.head_count {n_head}"))),
     };
     if let Some(r) = rot.filter(|&r| r != head_dim) {

@@ -47,7 +47,7 @@ impl CacheTypes {
                     "{what} cache type {dt} is not one of f32, f16, bf16, q8_0, q4_0"
                 )));
             }
-            if cfg.head_dim % dt.block_size() != 0 {
+            if !cfg.head_dim.is_multiple_of(dt.block_size()) {
                 return Err(Error::model(format!(
                     "a {dt} {what} cache needs a head size that is a multiple of {}; this model's is {}: use --cache-type-{} f16 (or f32, bf16)",
                     dt.block_size(),

@@ -295,7 +295,7 @@ impl QuantPlan {
 
 /// `wanted` if its block divides `row`, else llama.cpp's fallback.
 fn fit(wanted: DType, row: usize) -> Pick {
-    if row % wanted.block_size() == 0 {
+    if row.is_multiple_of(wanted.block_size()) {
         return Pick {
             dtype: wanted,
             fallback_from: None,
@@ -309,7 +309,7 @@ fn fit(wanted: DType, row: usize) -> Pick {
         DType::IQ4_XS => DType::IQ4_NL,
         DType::F32 | DType::F16 | DType::BF16 | DType::I32 | DType::Quant(_) => DType::F16,
     };
-    let dtype = if row % next.block_size() == 0 {
+    let dtype = if row.is_multiple_of(next.block_size()) {
         next
     } else {
         DType::F16

@@ -71,12 +71,15 @@ pub fn convert_rows(
     row_len: usize,
 ) -> Result<Vec<u8>> {
     let (sb, db) = (from.row_bytes(row_len), to.row_bytes(row_len));
-    if row_len % from.block_size() != 0 || row_len % to.block_size() != 0 || sb == 0 {
+    if !row_len.is_multiple_of(from.block_size())
+        || !row_len.is_multiple_of(to.block_size())
+        || sb == 0
+    {
         return Err(Error::model(format!(
             "tensor '{name}': rows of {row_len} elements do not fit the blocks of {from} and {to}"
         )));
     }
-    if src.len() % sb != 0 {
+    if !src.len().is_multiple_of(sb) {
         return Err(Error::model(format!(
             "tensor '{name}': {} bytes are not whole rows of {row_len} {from} elements ({sb} bytes)",
             src.len()

@@ -317,7 +317,7 @@ fn decode_f16(
 ) -> Result<bool> {
     let (q, k, v, table) = (src[0], src[1], src[2], src[3]);
     let f16_rows = |t: &HostTensor| {
-        t.dtype == DType::F16 && t.nb[0] == 2 && t.nb[2] == t.ne[0] * 2 && t.nb[1] % 2 == 0
+        t.dtype == DType::F16 && t.nb[0] == 2 && t.nb[2] == t.ne[0] * 2 && t.nb[1].is_multiple_of(2)
     };
     if run.end - run.start != 1 || !f16_rows(&k) || !f16_rows(&v) || !crate::ops::simd::available()
     {

@@ -33,7 +33,7 @@ pub(crate) fn gemv(
         Err(e) => return Some(Err(e)),
     };
     let (a_addr, b_addr) = (lw.addr(a), extra.b.unwrap_or_else(|| lw.addr(b)));
-    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1] % 16 == 0) && b_addr % 16 == 0;
+    let vec = a_addr % 16 == 0 && (m == 1 || a.nb[1].is_multiple_of(16)) && b_addr % 16 == 0;
     let args = GemvArgs {
         a: a_addr,
         b: b_addr,

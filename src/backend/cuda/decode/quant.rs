@@ -111,7 +111,7 @@ pub(crate) fn gemv(
     let rows = match lw.weights_split(a) {
         Ok(true) if one_wave(m, resident(q8, n, a.dtype), lw.sms) => Rows::SplitOneWave,
         Ok(true) => Rows::Split,
-        Ok(false) if a_addr % 16 == 0 && a.nb[1] % 16 == 0 => Rows::Aligned,
+        Ok(false) if a_addr.is_multiple_of(16) && a.nb[1].is_multiple_of(16) => Rows::Aligned,
         Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
@@ -152,7 +152,7 @@ pub(crate) fn gemv(
         args.b_nb1 = q8_1_column_bytes(kk) as i64;
     } else {
         let b_addr = lw.addr(b);
-        args.vec = i64::from(b_addr % 16 == 0 && (n == 1 || b.nb[1] % 16 == 0));
+        args.vec = i64::from(b_addr.is_multiple_of(16) && (n == 1 || b.nb[1].is_multiple_of(16)));
     }
     Some(row_grid(m.div_ceil(ROWS)).map(|grid| {
         ops.push(DevOp::kernel(

@@ -164,7 +164,7 @@ pub(crate) fn lower_writing(
 /// (also `paged_attn`'s result [d, n_head, n_tokens]).
 pub(crate) fn same_columns(b: &Operand, dst: &Operand, d: usize) -> bool {
     let cols = dst.ne[2] * dst.ne[3];
-    d % 32 == 0
+    d.is_multiple_of(32)
         && b.dtype == DType::F32
         && b.loc == dst.loc
         && b.is_contiguous()
@@ -376,7 +376,7 @@ fn check(q: &Operand, kt: &Operand, vt: &Operand, dst: &Operand) -> Result<usize
             kt.dtype, vt.dtype
         ));
     }
-    if kt.dtype.quant().is_some() && d % 32 != 0 {
+    if kt.dtype.quant().is_some() && !d.is_multiple_of(32) {
         return Err(format!(
             "flash_attn_ext: a {} cache needs whole blocks per row, not {d}",
             kt.dtype
@@ -404,7 +404,8 @@ fn at_dim(family: KeyedSets<FattnArgs, 1>, d: usize) -> Result<KernelSet<FattnAr
 
 /// Whether every row of `t` starts `align`-byte aligned (16: the kernels' vector loads).
 pub(crate) fn aligned_rows(lw: &Lowering, t: &Operand, align: u64) -> bool {
-    lw.addr(t) % align == 0 && (1..4).all(|i| t.ne[i] == 1 || t.nb[i] as u64 % align == 0)
+    lw.addr(t).is_multiple_of(align)
+        && (1..4).all(|i| t.ne[i] == 1 || (t.nb[i] as u64).is_multiple_of(align))
 }
 
 /// The alignment the streamed decode kernel `fattn_vec1s` needs of the starts of K/V rows

@@ -44,10 +44,10 @@ pub(crate) fn copy_to(
     };
     // Dense, 16-byte aligned float copies take 8 elements a thread (cuda/cpy.cu).
     let vec8 = mode == CPY_CONTIGUOUS
-        && n % 8 == 0
+        && n.is_multiple_of(8)
         && src.dtype != DType::I32
-        && args.src.data % 16 == 0
-        && dst_addr % 16 == 0;
+        && args.src.data.is_multiple_of(16)
+        && dst_addr.is_multiple_of(16);
     let (grid, block) = flat_grid(if vec8 { n / 8 } else { n });
     Ok(DevOp::kernel(kernel, grid, block, &args))
 }

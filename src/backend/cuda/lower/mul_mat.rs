@@ -129,10 +129,10 @@ fn gemv_channels(
     }
     let (a_addr, b_addr) = (lw.addr(a), lw.addr(b));
     let vec = a_addr % 16 == 0
-        && (m == 1 || a.nb[1] % 16 == 0)
-        && (a2 == 1 || a.nb[2] % 16 == 0)
+        && (m == 1 || a.nb[1].is_multiple_of(16))
+        && (a2 == 1 || a.nb[2].is_multiple_of(16))
         && b_addr % 16 == 0
-        && (b2 == 1 || b.nb[2] % 16 == 0);
+        && (b2 == 1 || b.nb[2].is_multiple_of(16));
     let args = GemvArgs {
         vec: i64::from(vec),
         prefetch: i64::from(lw.read_only(a)),
@@ -168,14 +168,14 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
     // cuBLAS's tensor-core kernels assume 16-byte aligned matrices, leading dimensions
     // and batch strides (a 2-byte aligned F16 view read back NaN); anything else goes
     // through a dense copy in the (aligned) scratch.
-    let batched_stride_ok = |nb: usize, n: usize| n == 1 || nb % 16 == 0;
-    if addr % 16 != 0
+    let batched_stride_ok = |nb: usize, n: usize| n == 1 || nb.is_multiple_of(16);
+    if !addr.is_multiple_of(16)
         || !batched_stride_ok(x.nb[2], x.ne[2])
         || !batched_stride_ok(x.nb[3], x.ne[3])
     {
         return None;
     }
-    if x.rows_contiguous() && (cols == 1 || (x.nb[1] % 16 == 0 && x.nb[1] / es >= kk)) {
+    if x.rows_contiguous() && (cols == 1 || (x.nb[1].is_multiple_of(16) && x.nb[1] / es >= kk)) {
         let ld = if cols == 1 { kk } else { x.nb[1] / es };
         return Some(GemmOperand {
             addr,
@@ -185,7 +185,7 @@ fn describe(x: &Operand, addr: u64, x_t: bool) -> Option<GemmOperand> {
             ld,
         });
     }
-    if kk > 1 && cols > 1 && x.nb[1] == es && x.nb[0] % 16 == 0 && x.nb[0] / es >= cols {
+    if kk > 1 && cols > 1 && x.nb[1] == es && x.nb[0].is_multiple_of(16) && x.nb[0] / es >= cols {
         return Some(GemmOperand {
             addr,
             nb2: x.nb[2],

@@ -178,8 +178,8 @@ fn decode(
     let a = lw.addr(w);
     let a2 = second.map(|(w2, _)| lw.addr(w2));
     let aligned = [Some(a), a2].into_iter().flatten().all(|a| a % 16 == 0)
-        && w.nb[1] % 16 == 0
-        && w.nb[2] % 16 == 0;
+        && w.nb[1].is_multiple_of(16)
+        && w.nb[2].is_multiple_of(16);
     let pair = u32::from(second.is_some()) + 1;
     if pair * (n_used * n_tokens) as u32 > MAX_GRID_YZ as u32 {
         return None;
@@ -236,7 +236,7 @@ fn decode(
 fn q8_1_experts(w: &Operand, dst: &Operand) -> bool {
     let kk = w.ne[0];
     w.dtype.quant().is_some()
-        && kk % w.dtype.block_size() == 0
+        && kk.is_multiple_of(w.dtype.block_size())
         && kk < i32::MAX as usize
         && dst.nb[0] == 4
 }

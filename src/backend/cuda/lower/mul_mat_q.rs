@@ -57,7 +57,7 @@ pub(crate) fn lower(
         ));
     }
     let (kk, a2, a3) = (a.ne[0], a.ne[2], a.ne[3]);
-    if b.ne[0] != kk || b.ne[2] % a2 != 0 || b.ne[3] % a3 != 0 {
+    if b.ne[0] != kk || !b.ne[2].is_multiple_of(a2) || !b.ne[3].is_multiple_of(a3) {
         return Err(format!("mul_mat of {:?} by {:?}", a.ne, b.ne));
     }
     let tensor_cores_first = match lw.quant_path {
@@ -92,8 +92,8 @@ fn split_copy(lw: &Lowering, a: &Operand, dense: &Operand, addr: u64) -> Result<
     let rows = n / a.ne[0];
     let fits = dense.ne == a.ne
         && dense.nb[0] == 2
-        && dense.nb[1] % 16 == 0
-        && addr % 16 == 0
+        && dense.nb[1].is_multiple_of(16)
+        && addr.is_multiple_of(16)
         && (rows == 1 || dense.nb[2] == dense.nb[1] * dense.ne[1])
         && dense.nb[3] == dense.nb[2] * dense.ne[2]
         && n / 8 < i32::MAX as usize;

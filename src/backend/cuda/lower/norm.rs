@@ -54,16 +54,16 @@ const NORM_VEC_MIN: usize = 2048;
 /// elements.
 fn norm_vec(x: &Operand, y: &Operand, w: &Operand, lw: &Lowering) -> bool {
     let rows16 = |t: &Operand| {
-        t.nb[0] == 4 && t.nb[1..].iter().all(|nb| nb % 16 == 0) && lw.addr(t) % 16 == 0
+        t.nb[0] == 4 && t.nb[1..].iter().all(|nb| nb % 16 == 0) && lw.addr(t).is_multiple_of(16)
     };
     let wsize = w.dtype.block_bytes();
-    x.ne[0] % 4 == 0
+    x.ne[0].is_multiple_of(4)
         && (x.ne[0] >= NORM_VEC_MIN || x.nrows() > MAX_DECODE_COLS)
         && x.ne[0] / 4 <= NORM_VEC as usize * 1024
         && rows16(x)
         && rows16(y)
         && w.nb[0] == wsize
-        && lw.addr(w) % (4 * wsize as u64) == 0
+        && lw.addr(w).is_multiple_of(4 * wsize as u64)
 }
 
 /// Threads of a vector-path `rms_norm_mul` block for rows of `ne0` elements: `NORM_VEC`

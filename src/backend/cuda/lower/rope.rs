@@ -16,7 +16,7 @@ use crate::graph::{Operand, RopeMode, RopeParams};
 /// address in the constant region.
 fn freqs(p: &RopeParams, a: &Operand, pos: &Operand, lw: &mut Lowering) -> Result<u64, String> {
     expect_i32("rope positions", pos)?;
-    if p.n_dims % 2 != 0 || p.n_dims > a.ne[0] {
+    if !p.n_dims.is_multiple_of(2) || p.n_dims > a.ne[0] {
         return Err(format!(
             "rope n_dims {} does not fit rows of {}",
             p.n_dims, a.ne[0]
@@ -86,7 +86,7 @@ const VEC_TOKENS: usize = 128;
 /// (`rope_store`'s 16-byte loads and stores).
 fn dense16(t: &Tensor4, es: i64) -> bool {
     let strides_ok = (1..4).all(|d| t.ne[d] <= 1 || t.nb[d] % 16 == 0);
-    t.nb[0] == es && t.data % 16 == 0 && strides_ok
+    t.nb[0] == es && t.data.is_multiple_of(16) && strides_ok
 }
 
 /// Threads per block of the V part of `rope_store` (a grid-stride element loop).
@@ -128,7 +128,7 @@ pub(crate) fn lower_store(
     let normed = s.q_norm.is_some() || s.k_norm.is_some();
     let vec = !normed
         && k.ne[2] * k.ne[3] >= VEC_TOKENS
-        && s.p.n_dims % 4 == 0
+        && s.p.n_dims.is_multiple_of(4)
         && (q_rows == 0 || (dense16(&q_src, 4) && dense16(&q_dst, 4)))
         && dense16(&k_src, 4)
         && dense16(&k_dst, es)

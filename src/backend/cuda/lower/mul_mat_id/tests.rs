@@ -422,7 +422,7 @@ fn run_gemv_id(name: &str, grid: (u32, u32, u32), p: QGemvIdArgs) {
         .unwrap();
     if name.starts_with("mul_mat_vec_id_qd_") {
         assert!(
-            p.a % 16 == 0 && p.a_nb1 % 16 == 0 && p.a_nb2 % 16 == 0,
+            p.a.is_multiple_of(16) && p.a_nb1 % 16 == 0 && p.a_nb2 % 16 == 0,
             "{p:?}"
         );
     }
