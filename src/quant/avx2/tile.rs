@@ -203,10 +203,7 @@ unsafe fn sums<const T: u8, const V: bool>(
     if V {
         return vnni_sums::<T>(wt, (av, start));
     }
-    let a0 = _mm256_shuffle_epi32::<0x00>(av);
-    let a1 = _mm256_shuffle_epi32::<0x55>(av);
-    let a2 = _mm256_shuffle_epi32::<0xaa>(av);
-    let a3 = _mm256_shuffle_epi32::<0xff>(av);
+    let [a0, a1, a2, a3] = dwords(av);
     let ones = _mm256_set1_epi16(1);
     if signed(T) {
         // |q| * (a * sign(q)) in pairs: |sum| <= 2 * 127 * 128, summed in i32
@@ -240,30 +237,37 @@ unsafe fn sums<const T: u8, const V: bool>(
     }
 }
 
+/// Each of the four 4-byte groups of every 128-bit half of `v`, repeated over its half:
+/// the activations a transposed quant register ([`transpose`]) meets.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dwords(v: __m256i) -> [__m256i; 4] {
+    [
+        _mm256_shuffle_epi32::<0x00>(v),
+        _mm256_shuffle_epi32::<0x55>(v),
+        _mm256_shuffle_epi32::<0xaa>(v),
+        _mm256_shuffle_epi32::<0xff>(v),
+    ]
+}
+
 /// [`sums`] by `vpdpbusd`, in two chains of two. Unsigned quants meet the signed
-/// activations directly; the signed types' quants meet the activations plus 128
-/// (unsigned: `a ^ 0x80`), from `start` = -128 times the quants' sums ([`signed_start`]),
-/// which is the same for every column.
+/// activations directly (`start` zero); the signed types' quants meet the activations
+/// plus 128 (unsigned: `a ^ 0x80`), from `start` = -128 times the quants' sums
+/// ([`signed_start`]), which is the same for every column.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn vnni_sums<const T: u8>(wt: &[__m256i; 4], (av, start): (__m256i, __m256i)) -> __m256i {
-    let zero = _mm256_setzero_si256();
-    if signed(T) {
-        let au = _mm256_xor_si256(av, _mm256_set1_epi8(i8::MIN));
-        let a0 = _mm256_shuffle_epi32::<0x00>(au);
-        let a1 = _mm256_shuffle_epi32::<0x55>(au);
-        let a2 = _mm256_shuffle_epi32::<0xaa>(au);
-        let a3 = _mm256_shuffle_epi32::<0xff>(au);
-        let p01 = dpbusd::<true>(dpbusd::<true>(start, a0, wt[0]), a1, wt[1]);
-        let p23 = dpbusd::<true>(dpbusd::<true>(zero, a2, wt[2]), a3, wt[3]);
-        return _mm256_add_epi32(p01, p23);
-    }
-    let a0 = _mm256_shuffle_epi32::<0x00>(av);
-    let a1 = _mm256_shuffle_epi32::<0x55>(av);
-    let a2 = _mm256_shuffle_epi32::<0xaa>(av);
-    let a3 = _mm256_shuffle_epi32::<0xff>(av);
-    let p01 = dpbusd::<true>(dpbusd::<true>(zero, wt[0], a0), wt[1], a1);
-    let p23 = dpbusd::<true>(dpbusd::<true>(zero, wt[2], a2), wt[3], a3);
+    // vpdpbusd's first operand is the unsigned one
+    let (u, s) = match signed(T) {
+        true => (dwords(_mm256_xor_si256(av, _mm256_set1_epi8(i8::MIN))), *wt),
+        false => (*wt, dwords(av)),
+    };
+    let p01 = dpbusd::<true>(dpbusd::<true>(start, u[0], s[0]), u[1], s[1]);
+    let p23 = dpbusd::<true>(
+        dpbusd::<true>(_mm256_setzero_si256(), u[2], s[2]),
+        u[3],
+        s[3],
+    );
     _mm256_add_epi32(p01, p23)
 }
 

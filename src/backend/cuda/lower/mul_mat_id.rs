@@ -169,8 +169,10 @@ fn decode(
 ) -> Option<Result<Vec<DevOp>, String>> {
     let (kk, m, n_expert) = (w.ne[0], w.ne[1], w.ne[2]);
     let (n_used, n_tokens) = (ids.ne[0], ids.ne[1]);
+    // a pair's second product takes a second grid row of blocks a column
+    let pair = 1 + usize::from(second.is_some());
     let takes = n_tokens <= decode_tokens(lw.quant_path)
-        && n_used * n_tokens <= MAX_GRID_YZ
+        && pair * n_used * n_tokens <= MAX_GRID_YZ
         && q8_1_experts(w, dst);
     if !takes {
         return None;
@@ -180,17 +182,13 @@ fn decode(
     let aligned = [Some(a), a2].into_iter().flatten().all(|a| a % 16 == 0)
         && w.nb[1].is_multiple_of(16)
         && w.nb[2].is_multiple_of(16);
-    let pair = u32::from(second.is_some()) + 1;
-    if pair * (n_used * n_tokens) as u32 > MAX_GRID_YZ as u32 {
-        return None;
-    }
     let in_place = by::MUL_MAT_VEC_ID_QD
         .get([w.dtype])
         .ok()
         .filter(|_| aligned);
     let kernel = in_place.or_else(|| by::MUL_MAT_VEC_ID_Q.get([w.dtype]).ok())?;
     let grid = match row_grid(m.div_ceil(ROWS)) {
-        Ok((x, _, _)) => (x, pair * (n_used * n_tokens) as u32, 1),
+        Ok((x, _, _)) => (x, (pair * n_used * n_tokens) as u32, 1),
         Err(e) => return Some(Err(e)),
     };
     let layout = Q8Layout::of(w.dtype);
