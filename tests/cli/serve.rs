@@ -801,11 +801,13 @@ fn sigterm_lets_running_requests_finish_and_exits_0() {
 
 #[test]
 fn the_shutdown_timeout_cuts_off_long_requests() {
+    // 0.05 s: the two requests' 1,000 tokens take the tiny model far longer (about 0.3 s
+    // on an idle 2-core machine, where 0.3 s let both finish and the cut never came)
     let mut s = tiny(&[
         "--ctx",
         "512",
         "--shutdown-timeout",
-        "0.3",
+        "0.05",
         "--parallel",
         "1",
     ]);
