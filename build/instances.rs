@@ -152,25 +152,27 @@ fn mul_mat_q() -> Vec<Instance> {
             format!("mmvq_split<{split}, {nc}, {pre}, {unroll}>")
         });
     }
-    // mul_mat_vec_qd: Q4_K and Q5_K rows at 16-byte aligned addresses read in place. Q5_K
-    // asks for 6 (the one-column kernel spills 4 bytes at 6, as at 7 and 8).
-    // mul_mat_vec_id_qd: mul_mat_vec_id_q for experts whose rows are all 16-byte aligned,
+    // mul_mat_vec_qd: Q4_K and Q5_K rows at 16-byte aligned addresses read in place, IQ4_XS
+    // rows at 8-byte aligned ones. Q5_K asks for 6 (the one-column kernel spills 4 bytes
+    // at 6, as at 7 and 8).
+    // mul_mat_vec_id_qd: mul_mat_vec_id_q for experts whose rows are all aligned so,
     // by mul_mat_vec_qd_c1's body with one pair a lane in flight after the first (U = 1),
     // at 8 blocks an SM: the experts' rows of 2,048 and 768 elements of the MoE models
     // give a lane one pair or none, and with two ptxas spilled (nvcc 13.0, sm_90: 4 bytes
     // for Q4_K at 8; Q5_K asked for 6 to keep them).
-    for (q, block, resident) in [
-        ("q4_k", "BlockQ4_K", RESIDENT),
-        ("q5_k", "BlockQ5_K", [6, 6, 6, 4]),
+    for (q, reader, resident) in [
+        ("q4_k", "InPlace<BlockQ4_K>", RESIDENT),
+        ("q5_k", "InPlace<BlockQ5_K>", [6, 6, 6, 4]),
+        ("iq4_xs", "InPlace<BlockIQ4_XS, GLOBAL8>", RESIDENT),
     ] {
         decode(&mut v, "mul_mat_vec_qd", q, resident, |nc| {
-            format!("mmvq_direct<InPlace<{block}>, {nc}, 2>")
+            format!("mmvq_direct<{reader}, {nc}, 2>")
         });
         v.push(Instance {
             name: format!("mul_mat_vec_id_qd_{q}"),
             bounds: format!("GEMV_WARPS * WARP_SIZE, {}", RESIDENT[0]),
             args: "QGemvIdArgs",
-            call: format!("gemv_id<mmvq_direct<InPlace<{block}>, 1, 1>>"),
+            call: format!("gemv_id<mmvq_direct<{reader}, 1, 1>>"),
         });
     }
     // Frozen Q6_K and Q5_K in split rows, read by mmvq_direct: qs keeps two more pairs a

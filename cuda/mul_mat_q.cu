@@ -45,6 +45,7 @@
 //     and 176 bytes keep every block aligned) read in place, nothing staged: each lane's
 //     pair of sub-blocks as 16-byte loads through the non-coherent cache, the first pair
 //     before the wait, unroll 2; the pairs and order of mul_mat_vec_q, so the same sums.
+//     IQ4_XS (blocks of 136 bytes) the same at 8-byte aligned rows, as 8-byte loads.
 //     Q4_K in the chain: 65 / 77 / 73% -> 79 / 85 / 87% of the copy bandwidth on
 //     [4096, 4096] / [4096, 11008] / [11008, 4096] (the same kernel without the early
 //     pair: 59 / 82 / 67%).
@@ -271,14 +272,15 @@ __device__ __forceinline__ void load_first(const char* a, int nb, int lane, type
     }
 }
 
-// Q4_K and Q5_K rows at 16-byte aligned addresses, read in place (the reader of
-// mmvq_direct): a pair's block header and quant bytes as 16-byte loads.
-template <typename B>
+// Rows read in place (the reader of mmvq_direct): Q4_K and Q5_K at 16-byte aligned
+// addresses, a pair's block header and quant bytes as 16-byte loads (A = GLOBAL16); IQ4_XS
+// at 8-byte aligned ones, as 8-byte loads (A = GLOBAL8).
+template <typename B, int A = GLOBAL16>
 struct InPlace {
     typedef B Q;
     static constexpr int QK = B::QK;
     static __device__ __forceinline__ void load2(const char* row, int, int s, typename Q::W& wa, typename Q::W& wb) {
-        Q::template load2<GLOBAL16>(row + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
+        Q::template load2<A>(row + (s / Q::SUBS) * Q::BYTES, s % Q::SUBS, wa, wb);
     }
 };
 

@@ -16,8 +16,9 @@
 //                        agree
 //   load(blk, sub, w)    reads sub-block `sub` of the block at blk (all but Q4_K, Q5_K)
 //   load2<A>(blk, j, w0, w1)  with PAIRS: sub-blocks j (even) and j + 1 of the block at
-//                        blk, in shared memory at alignment A (or, A = GLOBAL16 and
-//                        Q4_K, Q5_K only, in global memory at a 16-byte aligned address)
+//                        blk, in shared memory at alignment A (or in global memory:
+//                        A = GLOBAL16, Q4_K and Q5_K, at a 16-byte aligned address;
+//                        A = GLOBAL8, IQ4_XS, at an 8-byte aligned one)
 //   dot(w, y)            the sub-block's dot product with one Q8_1 block, integer sums by
 //                        __dp4a, scales and offsets applied in f32 as src/quant/dot.rs does
 //   deq8(blk, g, v)      elements 8g..8g+7 of the block, dequantized exactly as
@@ -88,15 +89,23 @@ __device__ __forceinline__ void ld_words(const char* p, int* out) {
     }
 }
 
-// ld_smem's alignment tag for read-only global memory at a 16-byte aligned address.
+// ld_smem's alignment tags for read-only global memory at a 16-byte (GLOBAL16) or an
+// 8-byte (GLOBAL8) aligned address.
 constexpr int GLOBAL16 = -16;
+constexpr int GLOBAL8 = -8;
 
 // N consecutive 32-bit words at p in shared memory, p A-byte aligned: 16-byte loads for
-// A = 16, ld_words otherwise; A = GLOBAL16: p in read-only global memory, 16-byte aligned,
-// read as 16-byte loads through the non-coherent cache.
+// A = 16, ld_words otherwise; A = GLOBAL16 (GLOBAL8): p in read-only global memory,
+// 16-byte (8-byte) aligned, read as 16-byte (8-byte) loads through the non-coherent cache.
 template <int A, int N>
 __device__ __forceinline__ void ld_smem(const char* p, int* out) {
-    if constexpr (A == GLOBAL16 && N % 4 == 0) {
+    if constexpr (A == GLOBAL8 && N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const int2 v = __ldg(reinterpret_cast<const int2*>(p) + i);
+            out[2 * i] = v.x, out[2 * i + 1] = v.y;
+        }
+    } else if constexpr (A == GLOBAL16 && N % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < N / 4; ++i) {
             const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);

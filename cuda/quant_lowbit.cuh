@@ -270,12 +270,14 @@ __device__ __forceinline__ int iq4_xs_scale(unsigned h0, unsigned h1, int j) {
 }
 
 struct BlockIQ4_XS : Pairs256<136> {
-    // Sub-blocks j (even) and j + 1: 32 contiguous bytes of qs, the 8-byte header once.
+    // Sub-blocks j (even) and j + 1: 32 contiguous bytes of qs, the 8-byte header once. A
+    // block is 17 8-byte words, so in rows at 8-byte aligned addresses (A = GLOBAL8, read in
+    // place) the header and the quants are 8-byte loads.
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
         int h[2], qs[8];
-        ld_words<Smem, 2>(b, h);
-        ld_words<Smem, 8>(b + 8 + 16 * j, qs);
+        ld_smem<A == GLOBAL8 ? GLOBAL8 : 2, 2>(b, h);
+        ld_smem<A == GLOBAL8 ? GLOBAL8 : 2, 8>(b + 8 + 16 * j, qs);
         const float d = __half2float(__ushort_as_half((unsigned short)((unsigned)h[0] & 0xffffu)));
         W* w[2] = {&w0, &w1};
 #pragma unroll

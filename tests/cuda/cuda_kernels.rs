@@ -212,8 +212,8 @@ fn split_and_in_place_decode_kernels() -> Vec<KernelId> {
     ]);
     assert_eq!(
         v.len(),
-        92,
-        "7 split-row types x 4 column counts x 3 paths + 2 in-place types x 4"
+        96,
+        "7 split-row types x 4 column counts x 3 paths + 3 in-place types x 4"
     );
     v
 }

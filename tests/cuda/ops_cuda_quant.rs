@@ -708,18 +708,19 @@ fn prop_frozen_batched_match_unfrozen() {
     );
 }
 
-/// Q4_K and Q5_K decode products at 16-byte aligned rows, which the backend reads in
-/// place (`mul_mat_vec_qd_*`), against the same weights 2 bytes further into their
-/// buffer, which the staged kernel (`mul_mat_vec_q_*`) reads: the same result bytes
+/// Q4_K and Q5_K decode products at 16-byte aligned rows and IQ4_XS ones at 8-byte
+/// aligned rows (with padding blocks, IQ4_XS rows that are not 16-byte multiples), which
+/// the backend reads in place (`mul_mat_vec_qd_*`), against the same weights 2 bytes
+/// further into their buffer, which the staged kernel (`mul_mat_vec_q_*`) reads: the same result bytes
 /// (the same sums in the same order), each kernel seen in its profile so the check
 /// cannot pass by both taking one path, and the aligned result held to the oracle and
 /// the CPU. Row lengths from one super-block to past a 4,096-element staging chunk,
 /// padded rows, 1-8 columns, the fused residual add on and off.
 #[test]
-fn prop_aligned_k_quant_rows_match_staged() {
+fn prop_aligned_rows_match_staged() {
     use proptest::sample::select;
     let case = (
-        select(vec![QType::Q4_K, QType::Q5_K]),
+        select(vec![QType::Q4_K, QType::Q5_K, QType::IQ4_XS]),
         select(vec![256usize, 512, 1024, 4096, 4352, 11008]),
         1usize..90,
         select(vec![1usize, 2, 3, 4, 5, 8]),
@@ -733,7 +734,7 @@ fn prop_aligned_k_quant_rows_match_staged() {
             offset,
             ..QCase::mul_mat(q, k, rows, n, add, seed)
         });
-    on_gpu("aligned K-quant rows", case, 48, |c, cuda, cpu| {
+    on_gpu("aligned rows read in place", case, 64, |c, cuda, cpu| {
         let staged_case = QCase {
             offset: c.offset + 2,
             ..c.clone()

@@ -19,9 +19,10 @@
 //! lane's first blocks before the wait; Q5_K's and Q6_K's load the first pair early in any
 //! grid and differ in the pairs a lane keeps in flight) and `mul_mat_vec_dqs_c<NC>_<q>`,
 //! the same values in the same order as the ggml-layout kernels. Q4_K and Q5_K blocks
-//! (144 and 176 bytes) are multiples of 16 bytes: rows that start 16-byte aligned at a
-//! 16-byte multiple stride are read in place on the `__dp4a` path
-//! (`mul_mat_vec_qd_c<NC>_<q>`, [`Rows::Aligned`]), the same sums as the staged kernel.
+//! (144 and 176 bytes) are multiples of 16 bytes, IQ4_XS's (136) of 8: rows that start
+//! so aligned at a stride of such a multiple ([`in_place_alignment`]) are read in place on
+//! the `__dp4a` path (`mul_mat_vec_qd_c<NC>_<q>`, [`Rows::Aligned`]), the same sums as the
+//! staged kernel.
 
 use super::q8_1::{made, q8_1_column_bytes, quantize_q8_1};
 use super::{Gemv, ROWS};
@@ -49,9 +50,29 @@ enum Rows {
     /// blocks are loaded before the kernel waits for its predecessor
     /// (`mul_mat_vec_qsp_c<NC>_<q>`).
     SplitOneWave,
-    /// ggml's layout at 16-byte aligned rows, read in place: Q4_K and Q5_K on the
-    /// `__dp4a` path (`mul_mat_vec_qd_c<NC>_<q>`).
+    /// ggml's layout at aligned rows ([`in_place_alignment`]), read in place: Q4_K, Q5_K
+    /// and IQ4_XS on the `__dp4a` path (`mul_mat_vec_qd_c<NC>_<q>`).
     Aligned,
+}
+
+/// The alignment, in bytes, of the rows (their address and stride) that the in-place
+/// decode kernels of weights `dt` read (`mul_mat_vec_qd_*`, `mul_mat_vec_id_qd_*`): the
+/// widest load, up to 16 bytes, that keeps every block of such a row aligned (the largest
+/// power of two dividing the block's bytes). Q4_K's and Q5_K's blocks of 144 and 176
+/// bytes are read as 16-byte words, IQ4_XS's of 136 as 8-byte ones; the other types have
+/// no in-place kernels.
+pub(crate) fn in_place_alignment(dt: DType) -> usize {
+    if let DType::Quant(q) = dt {
+        let bytes = q.block_bytes();
+        return (bytes & bytes.wrapping_neg()).min(16);
+    }
+    16
+}
+
+/// Whether the rows of `a` at `addr` are aligned for its in-place decode kernels.
+fn aligned_rows(addr: u64, a: &Operand) -> bool {
+    let align = in_place_alignment(a.dtype);
+    addr.is_multiple_of(align as u64) && a.nb[1].is_multiple_of(align)
 }
 
 /// The decode kernel set for `ncols` columns on the chosen path and row reading: the
@@ -111,7 +132,7 @@ pub(crate) fn gemv(
     let rows = match lw.weights_split(a) {
         Ok(true) if one_wave(m, resident(q8, n, a.dtype), lw.sms) => Rows::SplitOneWave,
         Ok(true) => Rows::Split,
-        Ok(false) if a_addr.is_multiple_of(16) && a.nb[1].is_multiple_of(16) => Rows::Aligned,
+        Ok(false) if aligned_rows(a_addr, a) => Rows::Aligned,
         Ok(false) => Rows::Ggml,
         Err(e) => return Some(Err(e)),
     };
@@ -167,9 +188,31 @@ pub(crate) fn gemv(
 
 #[cfg(test)]
 mod tests {
-    use super::{one_wave, resident};
+    use super::{in_place_alignment, kernel_set, one_wave, resident, Rows};
     use crate::graph::DType;
     use crate::quant::QType;
+
+    #[test]
+    fn in_place_kernels_read_rows_at_their_blocks_alignment() {
+        let with_kernels: Vec<QType> = QType::ALL
+            .into_iter()
+            .filter(|&q| {
+                kernel_set(true, 1, Rows::Aligned)
+                    .and_then(|s| s.get([DType::Quant(q)]))
+                    .is_ok()
+            })
+            .collect();
+        assert_eq!(with_kernels, [QType::Q4_K, QType::Q5_K, QType::IQ4_XS]);
+        let aligns: Vec<usize> = with_kernels
+            .iter()
+            .map(|&q| in_place_alignment(DType::Quant(q)))
+            .collect();
+        assert_eq!(aligns, [16, 16, 8]);
+        // every block of an aligned row starts aligned
+        for (q, a) in with_kernels.iter().zip(aligns) {
+            assert_eq!(q.block_bytes() % a, 0, "{q}");
+        }
+    }
 
     #[test]
     fn one_wave_follows_the_sm_count() {

@@ -5,8 +5,9 @@
 //! - `mul_mat_vec_id_q_<type>` (decode: block-quantized weights of at most
 //!   [`DECODE_MAX_TOKENS`] tokens, [`decode`]): the inputs quantized to Q8_1, then a
 //!   block per 4 rows and column, each column's expert read by the one-column decode
-//!   product (`mul_mat_vec_id_qd_<type>`, rows read in place, for Q4_K and Q5_K experts
-//!   whose rows are all 16-byte aligned). No grouping: the ids are read by the kernel;
+//!   product (`mul_mat_vec_id_qd_<type>`, rows read in place, for Q4_K, Q5_K and IQ4_XS
+//!   experts whose rows are all aligned for it: 16 bytes, IQ4_XS 8). No grouping: the ids
+//!   are read by the kernel;
 //! - `mmq_id_c<BN>_<type>` (block-quantized weights of a type with `mmq_*` kernels): the
 //!   inputs quantized to Q8_1 once, each expert's columns in tiles of BN (listed by
 //!   `group_by_expert`) on int8 tensor cores, each expert's rows read once a tile;
@@ -25,6 +26,7 @@ use crate::backend::cuda::args::{
     MMID_ROWS, MMID_THREADS, MMQ_ROWS, MMQ_WARPS,
 };
 use crate::backend::cuda::decode::q8_1::{self, q8_1_column_bytes};
+use crate::backend::cuda::decode::quant::in_place_alignment;
 use crate::backend::cuda::decode::ROWS;
 use crate::backend::cuda::kernels::{by, cols, k, Kernel};
 use crate::backend::cuda::lowering::{
@@ -179,9 +181,13 @@ fn decode(
     }
     let a = lw.addr(w);
     let a2 = second.map(|(w2, _)| lw.addr(w2));
-    let aligned = [Some(a), a2].into_iter().flatten().all(|a| a % 16 == 0)
-        && w.nb[1].is_multiple_of(16)
-        && w.nb[2].is_multiple_of(16);
+    let align = in_place_alignment(w.dtype);
+    let aligned = [Some(a), a2]
+        .into_iter()
+        .flatten()
+        .all(|a| a.is_multiple_of(align as u64))
+        && w.nb[1].is_multiple_of(align)
+        && w.nb[2].is_multiple_of(align);
     let in_place = by::MUL_MAT_VEC_ID_QD
         .get([w.dtype])
         .ok()

@@ -209,7 +209,7 @@ fn other_experts_keep_the_dequantizing_kernel() {
 /// A decode step's products of block-quantized experts (up to `DECODE_MAX_TOKENS` tokens)
 /// take the decode kernels, with no grouping: the gate's Q8_1 copy of the shared inputs
 /// serves the up product, the down product quantizes its own, a grid row of blocks a
-/// column (2 a token), the Q4_K experts' aligned rows read in place; one token more, or
+/// column (2 a token), the Q4_K and IQ4_XS experts' aligned rows read in place; one token more, or
 /// the tensor cores forced, and they take the grouped tensor-core product.
 #[test]
 fn decode_experts_take_the_decode_kernels() {
@@ -217,7 +217,7 @@ fn decode_experts_take_the_decode_kernels() {
         (DType::Q4_K, "mul_mat_vec_id_qd_q4_k"),
         (DType::Q6_K, "mul_mat_vec_id_q_q6_k"),
         (DType::Q4_0, "mul_mat_vec_id_q_q4_0"),
-        (DType::IQ4_XS, "mul_mat_vec_id_q_iq4_xs"),
+        (DType::IQ4_XS, "mul_mat_vec_id_qd_iq4_xs"),
     ] {
         for n_tokens in 1..=DECODE_MAX_TOKENS {
             let ops = experts_block(dt, n_tokens);
@@ -421,8 +421,11 @@ fn run_gemv_id(name: &str, grid: (u32, u32, u32), p: QGemvIdArgs) {
         .and_then(DType::quant)
         .unwrap();
     if name.starts_with("mul_mat_vec_id_qd_") {
+        // 16 bytes, or 8 for IQ4_XS's blocks of 136 bytes
+        let bytes = q.block_bytes() as i64;
+        let align = (bytes & -bytes).min(16);
         assert!(
-            p.a.is_multiple_of(16) && p.a_nb1 % 16 == 0 && p.a_nb2 % 16 == 0,
+            p.a.is_multiple_of(align as u64) && p.a_nb1 % align == 0 && p.a_nb2 % align == 0,
             "{p:?}"
         );
     }
@@ -457,7 +460,7 @@ fn run_gemv_id(name: &str, grid: (u32, u32, u32), p: QGemvIdArgs) {
 
 /// Decode steps of 1 to `DECODE_MAX_TOKENS` tokens of 1 to 8 experts each, shared and
 /// per-expert inputs, contiguous and strided, for block types of 32 and 256 elements
-/// (Q4_K's rows aligned or not: read in place or staged) compute the CPU's results
+/// (Q4_K's and IQ4_XS's rows aligned or not: read in place or staged) compute the CPU's results
 /// through the decode kernels' contract.
 #[test]
 fn decode_steps_match_the_cpu() {
@@ -468,6 +471,8 @@ fn decode_steps_match_the_cpu() {
         (QType::Q4_K, 0, "mul_mat_vec_id_qd_q4_k"),
         (QType::Q4_K, 2, "mul_mat_vec_id_q_q4_k"),
         (QType::Q6_K, 0, "mul_mat_vec_id_q_q6_k"),
+        (QType::IQ4_XS, 8, "mul_mat_vec_id_qd_iq4_xs"),
+        (QType::IQ4_XS, 2, "mul_mat_vec_id_q_iq4_xs"),
     ] {
         for n_tokens in 1..=DECODE_MAX_TOKENS {
             for (n_used, shared, pad) in [(1, true, 0), (3, false, 2), (8, true, 3), (8, false, 0)]
