@@ -14,7 +14,9 @@
 #   --types "T ..."   their types (default "f16 q8_0 q4_0 q4_k_m"; F16 is written, the
 #                     others quantized from it by llama-quantize; for a mixture of
 #                     experts "q8_0 q4_k_m", Q8_0 written directly (the 30 B model is 61 GB
-#                     in F16) and the others requantized from it)
+#                     in F16) and the others requantized from it). The types that need an
+#                     importance matrix (iq3_xxs, iq2_*, iq1_*, q2_k_s) get a flat one
+#                     (make-flat-imatrix.py: every column equally important)
 #   -p N, -n N        prompt tokens and generated tokens (default 512 and 128)
 #   --depth D         also time generation after D tokens (llama-bench -d D, before and
 #                     after graft's run; graft bench -p D)
@@ -115,8 +117,17 @@ if [ ${#models[@]} -eq 0 ]; then
     fi
     for t in $types; do
         f="$PEER_DIR/$preset-$t.gguf"
+        # the types llama-quantize makes only with an importance matrix: a flat one
+        imatrix=()
+        case "$t" in iq3_xxs|iq2_xxs|iq2_xs|iq2_s|iq1_s|iq1_m|q2_k_s)
+            flat="$PEER_DIR/$preset-flat.imatrix"
+            [ -f "$flat" ] || run - env PYTHONPATH="$src/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
+                python3 "$HERE/make-flat-imatrix.py" "$first" "$flat"
+            imatrix=(--imatrix "$flat") ;;
+        esac
         if [ "$t" != $base ] && [ ! -f "$f" ]; then
-            run "$PEER_DIR/quantize-$t.log" "$bin/llama-quantize" "${requant[@]}" "$first" "$f" "$t" "$(nproc)" \
+            run "$PEER_DIR/quantize-$t.log" "$bin/llama-quantize" "${requant[@]}" "${imatrix[@]}" \
+                "$first" "$f" "$t" "$(nproc)" \
                 || die "llama-quantize to $t failed: $PEER_DIR/quantize-$t.log"
         fi
         models+=("$f")
