@@ -23,7 +23,8 @@
 //     32-bit shared-memory words, see ld_words, or 16-byte ones for aligned K-quant rows;
 //     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
 //     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
-//     the CPU oracle).
+//     the CPU oracle). IQ3_XXS and IQ3_S look their points up in a copy of the lattice
+//     table that the block makes in shared memory first (stage_grid; quant_lowbit.cuh).
 //   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
 //     weights in split rows (Split in quant.cuh): nothing staged, lane s reads block s's
 //     quants as one or two 16-byte loads straight from memory (a warp's loads are 512
@@ -171,6 +172,31 @@ __device__ __forceinline__ void chunk_pairs(const QGemvArgs& p, const char* w0, 
     }
 }
 
+// The 32-bit words of Q's lattice table that its load2 reads from shared memory
+// (Q::GRID_WORDS; 0 for the types without one).
+template <typename Q>
+__host__ __device__ constexpr int grid_words(decltype(Q::GRID_WORDS)*) {
+    return Q::GRID_WORDS;
+}
+template <typename Q>
+__host__ __device__ constexpr int grid_words(...) {
+    return 0;
+}
+
+static_assert(grid_words<BlockIQ3_XXS>(nullptr) == 256 && grid_words<BlockIQ3_S>(nullptr) == 512 &&
+                  grid_words<BlockIQ2_XXS>(nullptr) == 0 && grid_words<BlockQ4_0>(nullptr) == 0,
+              "the types with a staged table, and only they, name its size");
+
+// Copies Q's lattice table, if it has one, into its shared-memory copy: every thread of
+// the block, before any returns (constant data: before the wait too).
+template <typename Q>
+__device__ __forceinline__ void stage_grid() {
+    if constexpr (grid_words<Q>(nullptr) > 0) {
+        for (int i = (int)threadIdx.x; i < Q::GRID_WORDS; i += (int)blockDim.x) Q::grid_smem()[i] = Q::grid_src()[i];
+        __syncthreads();
+    }
+}
+
 template <typename Q, int NC>
 __device__ void mmvq(const QGemvArgs& p) {
     constexpr int CH = CHUNK / Q::QK * Q::BYTES;  // bytes of a chunk, a multiple of 16
@@ -178,6 +204,7 @@ __device__ void mmvq(const QGemvArgs& p) {
     // two chunk buffers per warp, 16 bytes over for the row's misalignment
     __shared__ __align__(16) char stage[GEMV_WARPS][2][CH + 16];
     pdl_launch_dependents();
+    stage_grid<Q>();
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const i64 row = blockIdx.x * (i64)GEMV_WARPS + warp;
     if (row >= p.m) return;  // the whole warp

@@ -78,6 +78,19 @@ __device__ __forceinline__ int signed4(unsigned g, unsigned b) {
     return (int)__vsub4(g ^ m, m);
 }
 
+// A lattice table of 32-bit points in shared memory, the decode products' copy
+// (mul_mat_q.cu's mmvq stages it when the kernel starts: stage_grid). A warp's 32 lanes
+// look up points at random: from global memory a lookup takes a wavefront of the L1 cache
+// per 128-byte line of the table it touches (up to 8 of IQ3_XXS's 1 KB, all 16 of IQ3_S's
+// 2 KB), from shared memory about as many cycles as lanes fall in one bank. The tables of
+// 64-bit points (IQ2, IQ1: 2-16 KB) stay in global memory: a block of 4 rows would copy
+// more of them than it reads of weights.
+template <int WORDS, int ID>
+__device__ __forceinline__ unsigned* smem_grid() {
+    __shared__ unsigned table[WORDS];
+    return table;
+}
+
 // The 4 bytes of IQ4_NL's levels indexed by the 4 bytes of idx (each 0..15): two byte
 // permutes of the level table (lower and upper 8), picked by bit 3 of each index.
 __device__ __forceinline__ int iq4_levels4(unsigned idx) {
@@ -422,12 +435,17 @@ __device__ __forceinline__ void put4x2(float scale, unsigned p1, unsigned p2, un
 // IQ3_XXS: d, qs[64] (one grid index per 4 elements), per 32 elements a word of 4 x 7
 // sign bits and a 4-bit scale.
 struct BlockIQ3_XXS : Pairs256<98> {
+    // The lattice table load2 reads: its copy in shared memory (stage_grid).
+    static constexpr int GRID_WORDS = 256;
+    static __device__ __forceinline__ const unsigned* grid_src() { return IQ3XXS_GRID; }
+    static __device__ __forceinline__ unsigned* grid_smem() { return smem_grid<GRID_WORDS, 0>(); }
     static __device__ __forceinline__ void sub(const int (&qs)[2], unsigned aux, float d4, W& w) {
+        const unsigned* grid = grid_smem();
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const unsigned s = ksign(aux >> (7 * l));
-            w.q[2 * l] = signed4(IQ3XXS_GRID[byte_at(qs, 2 * l)], s);
-            w.q[2 * l + 1] = signed4(IQ3XXS_GRID[byte_at(qs, 2 * l + 1)], s >> 4);
+            w.q[2 * l] = signed4(grid[byte_at(qs, 2 * l)], s);
+            w.q[2 * l + 1] = signed4(grid[byte_at(qs, 2 * l + 1)], s >> 4);
         }
         w.sc[0] = w.sc[1] = 2 * (int)(aux >> 28) + 1;
         w.m[0] = w.m[1] = 0;
@@ -455,11 +473,15 @@ struct BlockIQ3_XXS : Pairs256<98> {
 // IQ3_S: d, qs[64] (grid index low bits), qh[8] (the 9th bits), signs[32], scales[4]
 // (4 bits per 32).
 struct BlockIQ3_S : Pairs256<110> {
-    // The grid points of group l of a sub-block with index bytes q0, q1 and high bits qh.
-    static __device__ __forceinline__ void points(unsigned q0, unsigned q1, unsigned qh, int l, unsigned& p1,
-                                                  unsigned& p2) {
-        p1 = IQ3S_GRID[q0 | ((qh << (8 - 2 * l)) & 256u)];
-        p2 = IQ3S_GRID[q1 | ((qh << (7 - 2 * l)) & 256u)];
+    // The lattice table load2 reads: its copy in shared memory (stage_grid).
+    static constexpr int GRID_WORDS = 512;
+    static __device__ __forceinline__ const unsigned* grid_src() { return IQ3S_GRID; }
+    static __device__ __forceinline__ unsigned* grid_smem() { return smem_grid<GRID_WORDS, 1>(); }
+    // The points of `grid` of group l of a sub-block with index bytes q0, q1 and high bits qh.
+    static __device__ __forceinline__ void points(const unsigned* grid, unsigned q0, unsigned q1, unsigned qh, int l,
+                                                  unsigned& p1, unsigned& p2) {
+        p1 = grid[q0 | ((qh << (8 - 2 * l)) & 256u)];
+        p2 = grid[q1 | ((qh << (7 - 2 * l)) & 256u)];
     }
     template <int A>
     static __device__ __forceinline__ void load2(const char* b, int j, W& w0, W& w1) {
@@ -475,7 +497,7 @@ struct BlockIQ3_S : Pairs256<110> {
 #pragma unroll
             for (int l = 0; l < 4; ++l) {
                 unsigned p1, p2;
-                points(byte_at(qs[u], 2 * l), byte_at(qs[u], 2 * l + 1), byte_of(qh, u), l, p1, p2);
+                points(grid_smem(), byte_at(qs[u], 2 * l), byte_at(qs[u], 2 * l + 1), byte_of(qh, u), l, p1, p2);
                 const unsigned sgn = byte_of((unsigned)sg[u], l);
                 w[u]->q[2 * l] = signed4(p1, sgn);
                 w[u]->q[2 * l + 1] = signed4(p2, sgn >> 4);
@@ -491,7 +513,7 @@ struct BlockIQ3_S : Pairs256<110> {
         const float db = mul_rn(ld_f16(b), (float)(1u + 2u * s));
         const char* qs = b + 2 + 8 * j;
         unsigned p1, p2;
-        points(ld_u8(qs, 2 * l), ld_u8(qs, 2 * l + 1), ld_u8(b + 66, j), l, p1, p2);
+        points(IQ3S_GRID, ld_u8(qs, 2 * l), ld_u8(qs, 2 * l + 1), ld_u8(b + 66, j), l, p1, p2);
         put4x2(db, p1, p2, ld_u8(b + 74, 4 * j + l), v);
     }
 };

@@ -768,6 +768,39 @@ fn prop_aligned_rows_match_staged() {
     });
 }
 
+/// IQ3_XXS and IQ3_S decode products, whose kernels look their points up in the copy of
+/// the lattice table each block makes in shared memory first: the staged kernel seen in
+/// the profile, results held to the oracle and the CPU. 1-4 columns, rows over several
+/// blocks of 4 rows with a partial last one (the warps past the last row take part in the
+/// copy, then return), rows across the 4,096-element staging chunk, padded rows.
+#[test]
+fn prop_staged_lattice_tables_decode() {
+    use proptest::sample::select;
+    let case = (
+        select(vec![QType::IQ3_XXS, QType::IQ3_S]),
+        select(vec![256usize, 512, 4096, 4352]),
+        1usize..=45,
+        1usize..=4,
+        0usize..=1,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(q, k, rows, n, pad, add, seed)| QCase {
+            pad,
+            ..QCase::mul_mat(q, k, rows, n, add, seed)
+        });
+    on_gpu("staged lattice tables", case, 48, |c, cuda, cpu| {
+        let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
+        out?;
+        let nc = if c.n <= 2 { c.n } else { 4 };
+        let want = format!("mul_mat_vec_q_c{nc}_{}", c.q.to_string().to_lowercase());
+        if !kernels.iter().any(|k| k.contains(&want)) {
+            return Err(format!("{c:?}: no {want} in {kernels:?}"));
+        }
+        check_mul_mat(c, cuda, cpu, true)
+    });
+}
+
 /// Runs `f` on `cuda` on the decode path `mmvq` (the Q8_1 one when true) with the
 /// profiler on, then puts both back: what `f` returned and the kernels of every step.
 fn profiled<T>(
