@@ -51,8 +51,37 @@ fn main() {
         return;
     }
     println!("cargo:rerun-if-changed=build.rs");
+    git_rev();
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         cuda::build();
+    }
+}
+
+/// Sets `GRAFT_GIT_REV` for the crate: the short commit the tree is built from, `unknown`
+/// outside a git checkout (`graft --version` prints it, so a benchmark's figure names the
+/// build that made it). The build reruns when HEAD moves.
+fn git_rev() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+    };
+    let rev = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=GRAFT_GIT_REV={rev}");
+    // HEAD names a branch whose ref file (or packed-refs) moves with each commit
+    for path in ["HEAD", "packed-refs"] {
+        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(p) = git(&["rev-parse", "--git-path", &branch]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
     }
 }
 

@@ -157,5 +157,8 @@ for m in "${models[@]}"; do
         run "$raw/llama.$stem.d$depth.b.json" "${llama[@]}" -r 2 -p 0 -n "$n" -d "$depth"
     fi
 done
-rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# the commit the graft binary was built from (graft --version: "graft 0.1.0 (abc1234)"),
+# else the tree's
+rev="$("$graft" --version 2>/dev/null | sed -n 's/.*(\(.*\)).*/\1/p')"
+[ -n "$rev" ] && [ "$rev" != unknown ] || rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 run - python3 "$HERE/table.py" "$raw" --graft-rev "$rev"

@@ -49,8 +49,11 @@ use model_args::{BackendKind, CacheArgs, DTypeArg, ModelArgs};
 use sampling_args::SamplingArgs;
 
 /// graft: a compute-graph framework for LLM inference.
+/// `graft --version`: the crate's version and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("GRAFT_GIT_REV"), ")");
+
 #[derive(Parser)]
-#[command(name = "graft", version, about)]
+#[command(name = "graft", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

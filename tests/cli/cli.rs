@@ -49,6 +49,23 @@ fn ok(args: &[&str]) -> String {
     stdout(&o)
 }
 
+/// `graft --version` names the version and the commit the binary was built from (the
+/// tree's HEAD, which the build reruns for), so a benchmark's figure names its build.
+#[test]
+fn version_names_the_commit() {
+    let out = ok(&["--version"]);
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=7", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let want = format!("graft {} ({head})", env!("CARGO_PKG_VERSION"));
+    assert_eq!(out.trim(), want);
+}
+
 /// Runs graft, expecting failure with exit status 1 and every needle in the message.
 fn fails(args: &[&str], needles: &[&str]) {
     let o = graft(args);
