@@ -447,6 +447,63 @@ pub(crate) fn iq1_m_sub(x: &[u8; 56], ib: usize) -> Sub {
 mod tests {
     use super::*;
 
+    /// Every coordinate of the lattices whose points the CUDA decode products negate
+    /// bytewise is positive: their negation (`negated4` in `cuda/quant_lowbit.cuh`) is an
+    /// xor and a plain add, exact only where no byte is 0. Read from the device's tables
+    /// (`cuda/iq_tables.cuh`), and the host's agree with them.
+    #[test]
+    fn grid_coordinates_are_never_zero() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/iq_tables.cuh");
+        let text = std::fs::read_to_string(path).unwrap();
+        let table = |name: &str| -> Vec<u64> {
+            let start = text
+                .find(&format!(" {name}["))
+                .unwrap_or_else(|| panic!("{name}"));
+            let body = &text[start..];
+            let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+            body.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(|t| {
+                    let hex = t
+                        .trim_start_matches("0x")
+                        .trim_end_matches("ull")
+                        .trim_end_matches('u');
+                    u64::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{name}: {t}: {e}"))
+                })
+                .collect()
+        };
+        let wide = [
+            ("IQ2XXS_GRID", &IQ2XXS_GRID[..]),
+            ("IQ2XS_GRID", &IQ2XS_GRID[..]),
+            ("IQ2S_GRID", &IQ2S_GRID[..]),
+        ];
+        for (name, host) in wide {
+            let dev = table(name);
+            assert_eq!(dev, host, "{name}");
+            for p in dev {
+                assert!(p.to_le_bytes().iter().all(|&b| b > 0), "{name}: {p:#x}");
+            }
+        }
+        for (name, host) in [
+            ("IQ3XXS_GRID", &IQ3XXS_GRID[..]),
+            ("IQ3S_GRID", &IQ3S_GRID[..]),
+        ] {
+            let dev = table(name);
+            assert_eq!(
+                dev,
+                host.iter().map(|&p| u64::from(p)).collect::<Vec<_>>(),
+                "{name}"
+            );
+            for p in dev {
+                assert!(
+                    (p as u32).to_le_bytes().iter().all(|&b| b > 0),
+                    "{name}: {p:#x}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn ksign_has_even_parity() {
         for i in 0..128u32 {
