@@ -159,6 +159,6 @@ for m in "${models[@]}"; do
 done
 # the commit the graft binary was built from (graft --version: "graft 0.1.0 (abc1234)"),
 # else the tree's
-rev="$("$graft" --version 2>/dev/null | sed -n 's/.*(\(.*\)).*/\1/p')"
+rev="$("$graft" --version 2>/dev/null | sed -n 's/.*(\(.*\)).*/\1/p' || true)"
 [ -n "$rev" ] && [ "$rev" != unknown ] || rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 run - python3 "$HERE/table.py" "$raw" --graft-rev "$rev"

@@ -1,7 +1,7 @@
 //! The `graft` binary end to end (generate, logits, dump, bench, trace, convert, chat,
 //! serve) and its error paths on a corpus of bad input, and checks of the source tree: the
-//! docs' code blocks are the real code, and the rooms of src/models import only
-//! earlier rooms.
+//! docs' code blocks are the real code, the rooms of src/models import only earlier
+//! rooms, and the peer scripts pass their self-test.
 //!
 //! These tests need what cargo builds next to them (the `graft` binary, the source
 //! folder), so they stay out of the GPU bundle.
@@ -25,6 +25,7 @@ mod cli;
 mod docs;
 mod engine_memory;
 mod gguf_model;
+mod peer_scripts;
 mod rooms;
 mod serve;
 mod serve_errors;
