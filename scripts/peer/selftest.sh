@@ -47,6 +47,7 @@ expect "cuda: graft at depth" 'graft bench .* -p 4096 -n 128 --reps 1 > .*graft\
 expect "cuda: the table" 'table\.py .*-cuda --graft-rev' "${gpu[@]}"
 expect "cuda: a quantized cache for both" 'llama-bench .*-ctk q8_0 -ctv q8_0 .*' "${gpu[@]}" --cache q8_0
 expect "cuda: graft's quantized cache" 'graft bench .*--cache-type-k q8_0 --cache-type-v q8_0' "${gpu[@]}" --cache q8_0
+expect "cuda: a dry run without a graft binary" 'table\.py .*--graft-rev' "${gpu[@]}" --graft "$tmp/no-graft"
 iq=("$HERE/compare.sh" --dry-run --src "$src" --types "iq3_xxs q2_k")
 expect "cuda: a flat importance matrix" 'make-flat-imatrix\.py .*llama2-7b-f16\.gguf .*llama2-7b-flat\.imatrix' "${iq[@]}"
 expect "cuda: IQ3_XXS with it" 'llama-quantize --imatrix .*flat\.imatrix .*llama2-7b-iq3_xxs\.gguf iq3_xxs' "${iq[@]}"
