@@ -36,7 +36,8 @@ echo 'Error: out of memory' > "$tmp/graft.x.main.json"
 refuses "table.py on a failed run" "graft.x.main.json is not JSON" python3 "$HERE/table.py" "$tmp"
 
 # compare.sh --dry-run: the CUDA path
-src="$tmp/llama.cpp"; mkdir -p "$src"; touch "$src/CMakeLists.txt"
+# a source folder as far as the scripts look (a clean clone has no .gpu/llama.cpp)
+src="$tmp/llama.cpp"; mkdir -p "$src/tools/llama-bench"; touch "$src/CMakeLists.txt"
 gpu=("$HERE/compare.sh" --dry-run --src "$src" --types "f16 q4_0" --depth 4096)
 expect "cuda: builds llama.cpp for CUDA" 'build-llamacpp\.sh .*/build-cuda$' "${gpu[@]}"
 expect "cuda: quantizes from the F16 file" 'llama-quantize .*llama2-7b-f16\.gguf .*llama2-7b-q4_0\.gguf q4_0' "${gpu[@]}"
@@ -74,9 +75,9 @@ refuses "compare: missing value" "--depth needs a value" "$HERE/compare.sh" --de
 refuses "compare: unknown option" "unknown argument '--gpu'" "$HERE/compare.sh" --gpu
 
 # build-llamacpp.sh
-expect "build: CPU without native flags" 'GGML_CUDA=OFF -DGGML_NATIVE=OFF' "$HERE/build-llamacpp.sh" --cpu --dry-run "$ROOT/.gpu/llama.cpp"
+expect "build: CPU without native flags" 'GGML_CUDA=OFF -DGGML_NATIVE=OFF' "$HERE/build-llamacpp.sh" --cpu --dry-run "$src"
 expect "build: the four tools" '--target llama-bench llama-batched-bench llama-server llama-quantize' \
-    "$HERE/build-llamacpp.sh" --dry-run "$ROOT/.gpu/llama.cpp"
+    "$HERE/build-llamacpp.sh" --dry-run "$src"
 refuses "build: not a source folder" "is not a llama.cpp source folder" "$HERE/build-llamacpp.sh" --cpu "$tmp"
 refuses "build: unknown option" "unknown option --gpu" "$HERE/build-llamacpp.sh" --gpu "$tmp"
 
