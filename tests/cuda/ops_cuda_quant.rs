@@ -746,12 +746,7 @@ fn prop_aligned_rows_match_staged() {
         let (staged, staged_kernels) = profiled(cuda, true, |cuda| run_on(&staged_case, cuda));
         cuda.set_quant_path(QuantPath::Auto);
         let (aligned, staged) = (aligned?.1, staged?.1);
-        let nc = match c.n {
-            1 => 1,
-            2 => 2,
-            3 | 4 => 4,
-            _ => 8,
-        };
+        let nc = c.n.next_power_of_two(); // the kernel of the fewest of 1, 2, 4, 8 columns
         let q = c.q.to_string().to_lowercase();
         for (kernels, want) in [
             (&aligned_kernels, format!("mul_mat_vec_qd_c{nc}_{q}")),
@@ -792,7 +787,7 @@ fn prop_staged_lattice_tables_decode() {
     on_gpu("staged lattice tables", case, 48, |c, cuda, cpu| {
         let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
         out?;
-        let nc = if c.n <= 2 { c.n } else { 4 };
+        let nc = c.n.next_power_of_two();
         let want = format!("mul_mat_vec_q_c{nc}_{}", c.q.to_string().to_lowercase());
         if !kernels.iter().any(|k| k.contains(&want)) {
             return Err(format!("{c:?}: no {want} in {kernels:?}"));

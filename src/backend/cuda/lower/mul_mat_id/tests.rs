@@ -14,6 +14,7 @@ use crate::backend::cuda::args::{
     CpyArgs, GluArgs, MmqIdArgs, MulMatIdArgs, QGemvIdArgs, GEMV_WARPS,
 };
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
+use crate::backend::cuda::decode::quant::in_place_alignment;
 use crate::backend::cuda::lower::mmq::tests::{
     lower_on_host, output_nmse, q8_1_column, read, run_quantize, write,
 };
@@ -421,9 +422,7 @@ fn run_gemv_id(name: &str, grid: (u32, u32, u32), p: QGemvIdArgs) {
         .and_then(DType::quant)
         .unwrap();
     if name.starts_with("mul_mat_vec_id_qd_") {
-        // 16 bytes, or 8 for IQ4_XS's blocks of 136 bytes
-        let bytes = q.block_bytes() as i64;
-        let align = (bytes & -bytes).min(16);
+        let align = in_place_alignment(DType::Quant(q)) as i64;
         assert!(
             p.a.is_multiple_of(align as u64) && p.a_nb1 % align == 0 && p.a_nb2 % align == 0,
             "{p:?}"
