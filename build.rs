@@ -7,9 +7,9 @@
 //!    the `.cu` includes: every functor `struct Name : UnaryFunctor` of `cuda/unary.cu` (and
 //!    `: BinaryFunctor` of `cuda/binary.cu`) becomes one kernel per float dtype (pair)
 //!    ([`elementwise`]); the decode products of `cuda/mul_mat_q.cu`, the batched ones of
-//!    `cuda/mmq.cu`, the attention kernels of `cuda/fattn.cu` and `cuda/fattn_paged.cu`
-//!    and the top-k kernels of `cuda/topk.cu` come from the tables of
-//!    `build/instances.rs`; and it
+//!    `cuda/mmq.cu`, `cuda/mmh.cu` and `cuda/mmr.cu`, the attention kernels of
+//!    `cuda/fattn.cu` and `cuda/fattn_paged.cu` and the top-k kernels of `cuda/topk.cu`
+//!    come from the tables of `build/instances.rs`; and it
 //!    writes `OUT_DIR/cuda-gen/args_layout.cuh`, the offset of every field of every
 //!    argument struct as the Rust mirror has it, checked by `static_assert`s where
 //!    `cuda/args.cuh` includes it;

@@ -1,6 +1,6 @@
 //! The kernel instantiation tables of the templated kernel families (part of build.rs):
 //! `cuda/mul_mat_q.cu` (the decode products with block-quantized weights), `cuda/mmq.cu`
-//! and `cuda/mmh.cu` (the batched ones on int8 and F16 tensor cores), `cuda/fattn.cu` (flash attention),
+//! `cuda/mmh.cu` and `cuda/mmr.cu` (the batched ones on int8 and F16 tensor cores), `cuda/fattn.cu` (flash attention),
 //! `cuda/fattn_paged.cu` (paged attention) and `cuda/topk.cu` (top-k) define their kernels
 //! as templates, and every
 //! `extern "C"` kernel of them is one [`Instance`] listed here, written by build.rs to
@@ -30,6 +30,7 @@ pub fn header(stem: &str) -> Option<String> {
         "topk" => topk(),
         "mmq" => mmq(),
         "mmh" => mmh(),
+        "mmr" => mmr(),
         _ => return None,
     };
     let mut s =
@@ -280,6 +281,28 @@ fn mmh() -> Vec<Instance> {
         tiles("mmh", q, ggml);
         if let Some(split) = split {
             tiles("mmh_split", q, split);
+        }
+    }
+    v
+}
+
+/// The kernels of `cuda/mmr.cu` (see its header): `mmr_c<BN>_<q>` and `mmr_split_c<BN>_<q>`
+/// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit), by every
+/// column tile. Two blocks an SM: a lane's accumulators, its weights two chunks ahead and
+/// their unpacked quants take up to about 200 registers at 64 columns.
+fn mmr() -> Vec<Instance> {
+    let mut v = Vec::new();
+    for (q, ggml, split) in MMQ_TYPES.into_iter().filter(|(q, ..)| !q.ends_with("_k")) {
+        for (family, traits) in [("mmr", Some(ggml)), ("mmr_split", split)] {
+            let Some(traits) = traits else { continue };
+            for bn in MMQ_TILES {
+                v.push(Instance {
+                    name: format!("{family}_c{bn}_{q}"),
+                    bounds: "MMR_THREADS, 2".into(),
+                    args: "MmqArgs",
+                    call: format!("mmr<{traits}, {bn}>"),
+                });
+            }
         }
     }
     v

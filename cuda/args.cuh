@@ -266,7 +266,7 @@ struct MmqArgs {
     i64 n;          // columns of b and dst
     i64 a_nb1;      // byte stride between rows of a
     i64 b_nb1;      // byte stride between columns of b (a multiple of 16)
-    i64 chunks;     // MMQ_K-element (mmh_*: MMH_K) chunks of a row that each part of K (blockIdx.z) takes
+    i64 chunks;     // MMQ_K-element (mmh_*: MMH_K, mmr_*: MMR_K) chunks of a row that each part of K (blockIdx.z) takes
     i64 prefetch;   // 1 when `a` is read-only in the plan: its first chunk loads before the
                     // kernel waits for its predecessor
 };
@@ -464,6 +464,9 @@ constexpr int MMQ_ROWS = 64;   // weight rows per block of mmq_* (MMQ_WARPS * 16
 constexpr int MMQ_K = 128;     // elements of a row per step of mmq_* (4 sub-blocks of 32)
 constexpr int MMQ_REDUCE_THREADS = 256;  // block of mmq_reduce
 constexpr int MMH_K = 64;      // elements of a row per step of mmh_* (blocks of MMQ_WARPS warps, MMQ_ROWS rows)
+constexpr int MMR_WARPS = 4;   // warps per block of mmr_*, 32 weight rows each
+constexpr int MMR_ROWS = 128;  // weight rows per block of mmr_* (MMR_WARPS * 32)
+constexpr int MMR_K = 128;     // elements of a row per step of mmr_* (a 32-element block per lane of a quad)
 
 // Launch geometry of top_k (cuda/topk.cu).
 

@@ -330,3 +330,30 @@ struct MmqSplitQ6_K {
         }
     }
 };
+
+// ---------------------------------------------------------------------------------------
+// Units as F16 values, for the products on F16 tensor cores (mmh.cu, mmr.cu).
+
+// The F16 value of a quant q: q * s + o for a sub-block's scale and offset (from its slot;
+// `half`: which 16 elements of a Q6_K sub-block).
+template <int OFF>
+__device__ __forceinline__ void affine(const OffsetSlot<OFF>& w, int, float& s, float& o) {
+    s = w.d, o = -(float)OFF * w.d;
+}
+__device__ __forceinline__ void affine(const AffineSlot& w, int, float& s, float& o) { s = w.d, o = w.m; }
+__device__ __forceinline__ void affine(const K4Slot& w, int, float& s, float& o) { s = w.ds, o = -w.dm; }
+__device__ __forceinline__ void affine(const Q6Slot& w, int half, float& s, float& o) {
+    s = w.d * (float)(signed char)((w.sab >> (8 * half)) & 0xffu), o = 0.0f;
+}
+
+// The 4 int8 quants of word w as F16 values q * s + o (two half2 words, elements 0-1 then
+// 2-3): each byte biased to 0..255 becomes the half 1024 + byte (0x64 as its high byte),
+// less 1152 the quant exactly, then one fused multiply-add.
+__device__ __forceinline__ uint2 unpack_f16x4(int w, __half2 s, __half2 o) {
+    const unsigned u = (unsigned)w ^ 0x80808080u;
+    const unsigned lo = __byte_perm(u, 0x64646464u, 0x5140), hi = __byte_perm(u, 0x64646464u, 0x7362);
+    const __half2 bias = __half2half2(__ushort_as_half((unsigned short)0x6480));  // 1152
+    const __half2 a = __hfma2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), s, o);
+    const __half2 b = __hfma2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), s, o);
+    return make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&b));
+}

@@ -218,15 +218,23 @@ fn split_and_in_place_decode_kernels() -> Vec<KernelId> {
     v
 }
 
-/// The batched quantized products on tensor cores (`mmq_*`, `mmh_*`): every weight type by every
-/// column tile in ggml's blocks, the split-row types in split rows, and the sum of the
-/// parts of K.
+/// The batched quantized products on tensor cores (`mmq_*`, `mmh_*`, `mmr_*`): every weight
+/// type by every column tile in ggml's blocks, the split-row types in split rows, and the
+/// sum of the parts of K.
 fn batched_quantized_kernels() -> Vec<KernelId> {
-    let mut v = kernels_of(&[cols::MMQ, cols::MMQ_SPLIT, cols::MMH, cols::MMH_SPLIT]);
+    let mut v = kernels_of(&[
+        cols::MMQ,
+        cols::MMQ_SPLIT,
+        cols::MMH,
+        cols::MMH_SPLIT,
+        cols::MMR,
+        cols::MMR_SPLIT,
+    ]);
     assert_eq!(
         v.len(),
-        120,
-        "(8 weight types + 7 split-row types) x 4 column tiles, int8 and F16"
+        160,
+        "(8 weight types + 7 split-row types) x 4 column tiles, int8 and F16, \
+         + (5 + 5) 32-element types x 4 on F16 in registers"
     );
     v.push(k::MMQ_REDUCE.id);
     v

@@ -109,7 +109,8 @@ enum Path {
     Dequantize,
     /// Q8_1 activations, the int8 tensor-core product.
     Mmq,
-    /// F16 activations, the F16 tensor-core product on weights unpacked to F16.
+    /// F16 activations, the F16 tensor-core product on weights unpacked to F16 (in shared
+    /// memory, `mmh_*`, or in registers, `mmr_*`).
     Mmh,
     /// Weights dequantized to F16 for cuBLAS.
     Cublas,
@@ -123,6 +124,7 @@ impl Path {
             ("mmq_c", Path::Mmq),
             ("mmq_split_", Path::Mmq),
             ("mmh_", Path::Mmh),
+            ("mmr_", Path::Mmh),
             ("mul_mat_vec_q", Path::Dp4a),
             ("mul_mat_vec_dq", Path::Dequantize),
             ("cublas", Path::Cublas),
@@ -900,6 +902,7 @@ fn check_frozen(c: &QCase, mmvq: bool, cuda: &mut CudaBackend) -> Result<(), Str
             "mul_mat_vec_dqs_",
             "mmq_split_",
             "mmh_split_",
+            "mmr_split_",
             "cpy_split_",
         ]
         .iter()

@@ -2,8 +2,10 @@
 //! [`super::mul_mat_q`] gives it: more activation columns than the decode kernels take,
 //! at most [`MMQ_MAX_COLS`] (the batched decode step of 8 to 64 sequences, a short prefill
 //! chunk). Below [`MMH_FROM_COLS`] columns the int8 tensor cores (`mmq_c<BN>_<q>`,
-//! `mmq_split_c<BN>_<q>` in `cuda/mmq.cu`), from there on F16 ones (`mmh_c<BN>_<q>`,
-//! `mmh_split_c<BN>_<q>` in `cuda/mmh.cu`), with `mmq_reduce` adding up parts of K.
+//! `mmq_split_c<BN>_<q>` in `cuda/mmq.cu`), from there on F16 ones: `mmr_c<BN>_<q>`,
+//! `mmr_split_c<BN>_<q>` (`cuda/mmr.cu`, the weights unpacked in registers) for the
+//! 32-element types, `mmh_c<BN>_<q>`, `mmh_split_c<BN>_<q>` (`cuda/mmh.cu`, unpacked into
+//! shared memory) for the K-quants; `mmq_reduce` adds up parts of K.
 //!
 //! - On int8 tensor cores, the activations `b` [k, n, b2, b3] (F32, dense rows, any
 //!   strides) are quantized to Q8_1 once, as the decode products read them
@@ -13,8 +15,9 @@
 //!   columns once (or the product before of the same activations made the copy:
 //!   [`Lowering::f16`]). All `n b2 b3` columns are the product's columns: the weights are
 //!   one matrix, broadcast over the batches.
-//! - A block of the kernel takes `MMQ_ROWS` (64) weight rows by a tile of 8, 16, 32 or 64
-//!   columns ([`col_tile`]); frozen weights in split rows take `*_split_*`.
+//! - A block of the kernel takes `MMQ_ROWS` (64; `mmr_*`: `MMR_ROWS`, 128) weight rows by a
+//!   tile of 8, 16, 32 or 64 columns ([`col_tile`]); frozen weights in split rows take
+//!   `*_split_*`.
 //! - A grid of too few blocks for the GPU splits K into parts ([`parts`]): part `z` writes
 //!   its partial sums into scratch after the activations' copy, and `mmq_reduce` adds them up into
 //!   `dst` in order, so results are the same on every run.
@@ -22,10 +25,11 @@
 use super::cpy::copy_to;
 use super::mul_mat::padded;
 use crate::backend::cuda::args::{
-    MmqArgs, MmqReduceArgs, MMH_K, MMQ_K, MMQ_REDUCE_THREADS, MMQ_ROWS, MMQ_WARPS,
+    MmqArgs, MmqReduceArgs, MMH_K, MMQ_K, MMQ_REDUCE_THREADS, MMQ_ROWS, MMQ_WARPS, MMR_K, MMR_ROWS,
+    MMR_WARPS,
 };
 use crate::backend::cuda::decode::q8_1::{self, q8_1_column_bytes};
-use crate::backend::cuda::kernels::{cols, k};
+use crate::backend::cuda::kernels::{cols, k, KeyedSets};
 use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath, MAX_GRID_YZ, WARP};
 use crate::backend::fusion::{quant_batched_layout, Q8Layout, MAX_DECODE_COLS};
 use crate::graph::{DType, Operand};
@@ -72,14 +76,17 @@ pub struct F16Copy {
     /// The copy's address.
     pub addr: u64,
 }
-const ROWS: usize = MMQ_ROWS as usize;
 const CHUNK: usize = MMQ_K as usize;
 // mmq_reduce's blocks are flat_grid's.
 const _: () = assert!(MMQ_REDUCE_THREADS == 256);
 
-/// Blocks per SM below which a product's K is split into parts: a block is `MMQ_WARPS`
-/// warps, one per SM partition, which alone cannot hide the latency of their loads.
+/// Blocks of `mmq_*` and `mmh_*` per SM below which a product's K is split into parts: a
+/// block is `MMQ_WARPS` warps, one per SM partition, which alone cannot hide the latency of
+/// their loads.
 const MIN_BLOCKS_PER_SM: usize = 3;
+/// Blocks of `mmr_*` an SM holds (their launch bound, build/instances.rs): K is split
+/// into parts until every SM has that many.
+const MMR_PER_SM: usize = 2;
 /// Most parts of K (each part's partial sums are `m n` floats of scratch traffic).
 const MAX_PARTS: usize = 8;
 /// Fewest `MMQ_K`-element chunks of a part (a block's setup and its first loads are
@@ -141,7 +148,7 @@ pub(crate) fn f16_column_bytes(k: usize) -> usize {
 pub(crate) fn takes(a: &Operand, b: &Operand, lw: &Lowering) -> bool {
     quant_batched_layout(a, b, max_cols(lw.quant_path))
         && cols::MMQ.get(8).and_then(|s| s.get([a.dtype])).is_ok()
-        && a.ne[1] <= ROWS * MAX_GRID_YZ
+        && a.ne[1] <= MMQ_ROWS as usize * MAX_GRID_YZ
 }
 
 /// The launches of `dst = a b` on the int8 tensor cores, or None when the product is not
@@ -155,6 +162,53 @@ pub(crate) fn lower(
     takes(a, b, lw).then(|| lower_taken(a, b, dst, lw))
 }
 
+/// The kernel family of a product on the tensor cores and its geometry.
+struct Family {
+    kernels: KeyedSets<MmqArgs, 1>,
+    /// Weight rows a block takes.
+    rows: usize,
+    /// Elements of K a block takes per step (`chunks` counts them).
+    chunk: usize,
+    /// Threads of a block.
+    threads: usize,
+    /// Blocks an SM holds (the minimum of the kernels' launch bounds).
+    per_sm: usize,
+}
+
+/// The family of a product of weights `dt` (in split rows when `split`), on the F16
+/// tensor cores when `f16`: `mmr_*` for the 32-element types there, whose weights unpack
+/// in registers, `mmh_*` for the others.
+fn family(dt: DType, split: bool, f16: bool) -> Family {
+    let mmr = f16 && cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok();
+    let (kernels, rows, chunk, threads, per_sm) = match (f16, mmr, split) {
+        (false, _, false) => (cols::MMQ, MMQ_ROWS, MMQ_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
+        (false, _, true) => (
+            cols::MMQ_SPLIT,
+            MMQ_ROWS,
+            MMQ_K,
+            MMQ_WARPS,
+            MIN_BLOCKS_PER_SM,
+        ),
+        (true, false, false) => (cols::MMH, MMQ_ROWS, MMH_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
+        (true, false, true) => (
+            cols::MMH_SPLIT,
+            MMQ_ROWS,
+            MMH_K,
+            MMQ_WARPS,
+            MIN_BLOCKS_PER_SM,
+        ),
+        (true, true, false) => (cols::MMR, MMR_ROWS, MMR_K, MMR_WARPS, MMR_PER_SM),
+        (true, true, true) => (cols::MMR_SPLIT, MMR_ROWS, MMR_K, MMR_WARPS, MMR_PER_SM),
+    };
+    Family {
+        kernels,
+        rows: rows as usize,
+        chunk: chunk as usize,
+        threads: threads as usize * WARP,
+        per_sm,
+    }
+}
+
 fn lower_taken(
     a: &Operand,
     b: &Operand,
@@ -164,24 +218,24 @@ fn lower_taken(
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
     let f16 = f16_cores(n, lw.quant_path);
-    let family = match (f16, lw.weights_split(a)?) {
-        (false, false) => cols::MMQ,
-        (false, true) => cols::MMQ_SPLIT,
-        (true, false) => cols::MMH,
-        (true, true) => cols::MMH_SPLIT,
-    };
-    let kernel = family.get(bn)?.get([a.dtype])?;
+    let fam = family(a.dtype, lw.weights_split(a)?, f16);
+    let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);
-    let (act, col_bytes, chunk) = match f16 {
-        true => (f16_copy_of(b, lw, &mut ops)?, f16_column_bytes(kk), MMH_K),
+    let (act, col_bytes) = match f16 {
+        true => (f16_copy_of(b, lw, &mut ops)?, f16_column_bytes(kk)),
         false => {
             let q8 = q8_1::copy_of(b, Q8Layout::of(a.dtype), 0, lw, &mut ops)?;
-            (q8, q8_1_column_bytes(kk), MMQ_K)
+            (q8, q8_1_column_bytes(kk))
         }
     };
-    let chunk = chunk as usize;
-    let grid = (n.div_ceil(bn), m.div_ceil(ROWS));
-    let (parts, chunks) = parts(grid.0 * grid.1, kk.div_ceil(chunk), lw.sms, chunk);
+    let chunk = fam.chunk;
+    let grid = (n.div_ceil(bn), m.div_ceil(fam.rows));
+    let (parts, chunks) = parts(
+        grid.0 * grid.1,
+        kk.div_ceil(chunk),
+        fam.per_sm * lw.sms,
+        chunk,
+    );
     // With parts of K, their partial sums go to scratch after the activations' copy.
     let out = match parts {
         1 => lw.addr(dst),
@@ -204,8 +258,12 @@ fn lower_taken(
         grid.1 as u32,
         parts as u32,
     );
-    let threads = (MMQ_WARPS as usize * WARP) as u32;
-    ops.push(DevOp::kernel(kernel, grid, (threads, 1, 1), &args));
+    ops.push(DevOp::kernel(
+        kernel,
+        grid,
+        (fam.threads as u32, 1, 1),
+        &args,
+    ));
     if parts > 1 {
         ops.push(reduce(out, lw.addr(dst), m * n, parts));
     }
@@ -250,13 +308,13 @@ fn col_tile(n: usize) -> usize {
     n.next_power_of_two().clamp(8, 64)
 }
 
-/// How many parts K is split into for a grid of `tiles` blocks on `sms` SMs, and the
-/// chunks of `chunk` elements (`MMQ_K` or `MMH_K`) of each (the last part may have
-/// fewer): as few as give every SM `MIN_BLOCKS_PER_SM` blocks, at most `MAX_PARTS`, each
-/// of `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more.
-fn parts(tiles: usize, chunks: usize, sms: usize, chunk: usize) -> (usize, usize) {
+/// How many parts K is split into for a grid of `tiles` blocks where the GPU holds
+/// `slots` at once, and the chunks of `chunk` elements (`MMQ_K`, `MMH_K` or `MMR_K`) of
+/// each (the last part may have fewer): as few as fill the slots, at most `MAX_PARTS`,
+/// each of `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more.
+fn parts(tiles: usize, chunks: usize, slots: usize, chunk: usize) -> (usize, usize) {
     let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
-    let want = (MIN_BLOCKS_PER_SM * sms)
+    let want = slots
         .div_ceil(tiles.max(1))
         .clamp(1, MAX_PARTS)
         .min((chunks / min_chunks).max(1));

@@ -4,7 +4,7 @@
 //! batches broadcast over one weight matrix, are lowered with host addresses; a host
 //! interpreter of each launch's contract carries them out (`quantize_q8_1_f32`: the Q8_1
 //! activations in the layout of the weight type; `cpy_f32_f16`: the F16 ones; `mmq_*`,
-//! `mmh_*`: each part of K's sums over the weights as the kernel reads them;
+//! `mmh_*`, `mmr_*`: each part of K's sums over the weights as the kernel reads them;
 //! `mmq_reduce`), and the result must be the CPU backend's. This checks the dispatch by
 //! width and layout, the column tiles and the grid, the parts of K and their scratch, and
 //! the activation copies; the kernels' own arithmetic is checked on a GPU
@@ -20,6 +20,7 @@ use super::{
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
     CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMH_K, MMQ_K, MMQ_ROWS,
+    MMR_K, MMR_ROWS,
 };
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
@@ -35,19 +36,22 @@ use crate::quant::{dequantize_row, quantize_row, QType};
 
 #[test]
 fn parts_cover_k_and_fill_the_gpu() {
-    // Llama-2-7B on 132 SMs: [4096, 4096] by up to 64 columns is 64 tiles, split in 7
-    // parts of 5 chunks (the last 2); [11008, 4096] by 64, 172 tiles in 3; 4 column
-    // tiles of [4096, 4096] (256 columns) in 2; 512 tiles not at all.
-    assert_eq!(parts(64, 32, 132, 128), (7, 5));
-    assert_eq!(parts(172, 32, 132, 128), (3, 11));
-    assert_eq!(parts(256, 32, 132, 128), (2, 16));
-    assert_eq!(parts(512, 32, 132, 128), (1, 32));
+    // Llama-2-7B on 132 SMs, 3 blocks an SM: [4096, 4096] by up to 64 columns is 64
+    // tiles, split in 7 parts of 5 chunks (the last 2); [11008, 4096] by 64, 172 tiles in
+    // 3; 4 column tiles of [4096, 4096] (256 columns) in 2; 512 tiles not at all.
+    let slots = 3 * 132;
+    assert_eq!(parts(64, 32, slots, 128), (7, 5));
+    assert_eq!(parts(172, 32, slots, 128), (3, 11));
+    assert_eq!(parts(256, 32, slots, 128), (2, 16));
+    assert_eq!(parts(512, 32, slots, 128), (1, 32));
+    // mmr_*, 2 blocks an SM of 128 rows: [11008, 4096] by 64 is 86 tiles in 4 parts
+    assert_eq!(parts(86, 32, 2 * 132, 128), (4, 8));
     // short rows: at most one part per MIN_PART_CHUNKS chunks
-    assert_eq!(parts(1, 7, 132, 128), (1, 7));
-    assert_eq!(parts(1, 1, 132, 128), (1, 1));
+    assert_eq!(parts(1, 7, slots, 128), (1, 7));
+    assert_eq!(parts(1, 1, slots, 128), (1, 1));
     for tiles in [1, 3, 64, 100, 400, 1000] {
         for chunks in 1..200 {
-            let (n, per) = parts(tiles, chunks, 132, 128);
+            let (n, per) = parts(tiles, chunks, slots, 128);
             assert!((1..=MAX_PARTS).contains(&n), "{tiles} {chunks}: {n}");
             // every part has a chunk, and the parts cover K
             assert!(
@@ -110,15 +114,14 @@ pub(in crate::backend::cuda::lower) fn run_quantize(a: CpyArgs) {
     }
 }
 
-/// Host version of mmq_* and mmh_*: for each part z of K (grid.z), the sums over its
-/// elements of the weights (dequantized from ggml's blocks, or from split rows joined
-/// back) times the activations (mmq_*: Q8_1, dequantized; mmh_*: F16), into dst + z m n;
+/// Host version of mmq_*, mmh_* and mmr_*: for each part z of K (grid.z), the sums over
+/// its elements of the weights (dequantized from ggml's blocks, or from split rows joined
+/// back) times the activations (mmq_*: Q8_1, dequantized; mmh_*, mmr_*: F16), into
+/// dst + z m n;
 /// checks that the grid covers the product.
 fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
-    let (f16_acts, rest) = match name.strip_prefix("mmh_") {
-        Some(r) => (true, r),
-        None => (false, name.strip_prefix("mmq_").unwrap()),
-    };
+    let (family, rest) = name.split_once('_').unwrap();
+    let f16_acts = family != "mmq";
     let (split, rest) = match rest.strip_prefix("split_") {
         Some(r) => (true, r),
         None => (false, rest),
@@ -128,7 +131,10 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
     let q = DType::parse(q).and_then(DType::quant).unwrap();
     let (k, m, n) = (p.k as usize, p.m as usize, p.n as usize);
     let (tiles, parts) = ((grid.0 as usize, grid.1 as usize), grid.2 as usize);
-    let rows = MMQ_ROWS as usize;
+    let rows = match family {
+        "mmr" => MMR_ROWS,
+        _ => MMQ_ROWS,
+    } as usize;
     assert!(
         tiles.0 * bn >= n && (tiles.0 - 1) * bn < n,
         "{name}: {tiles:?} for {n} columns"
@@ -137,7 +143,11 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         tiles.1 * rows >= m && (tiles.1 - 1) * rows < m,
         "{name}: {tiles:?} for {m} rows"
     );
-    let chunk = if f16_acts { MMH_K } else { MMQ_K };
+    let chunk = match family {
+        "mmq" => MMQ_K,
+        "mmh" => MMH_K,
+        _ => MMR_K,
+    };
     let part = p.chunks as usize * chunk as usize;
     assert!(
         parts * part >= k && (parts - 1) * part < k,
@@ -241,7 +251,7 @@ fn interpret(l: &Launch) {
         "quantize_q8_1_f32" => run_quantize(args(l)),
         "mmq_reduce" => run_reduce(args(l)),
         "cpy_f32_f16" => run_cpy(l.kernel.name, args(l)),
-        name if name.starts_with("mmq_") || name.starts_with("mmh_") => {
+        name if ["mmq_", "mmh_", "mmr_"].iter().any(|p| name.starts_with(p)) => {
             run_batched(name, l.grid, args(l))
         }
         name => panic!("the interpreter runs no {name}"),
@@ -328,7 +338,8 @@ impl Case {
         let launches = kernel_launches(&ops);
         let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
         let tensor_cores = |p: &str| names.iter().any(|n| n.starts_with(p));
-        if tensor_cores("mmq_") || tensor_cores("mmh_") {
+        let f16_cores = tensor_cores("mmh_") || tensor_cores("mmr_");
+        if tensor_cores("mmq_") || f16_cores {
             for l in &launches {
                 interpret(l);
             }
@@ -337,7 +348,7 @@ impl Case {
             // from the exact sums of the interpreter on Q8_1 activations. On F16 ones, the
             // CPU's Q8_1 rounding of the activations is the difference, about 5e-6. A
             // wrong column, row or part is 1.
-            let bound = if tensor_cores("mmh_") { 5e-5 } else { 1e-5 };
+            let bound = if f16_cores { 5e-5 } else { 1e-5 };
             assert!(nmse < bound, "{names:?}: NMSE {nmse:e} against the CPU");
         }
         names
@@ -431,11 +442,20 @@ fn mmq_products_match_the_cpu() {
             let what = format!("{q} [{k}, {m}] by {cols:?}, split {split}: {names:?}");
             let product = names
                 .iter()
-                .find(|n| n.starts_with("mmq_c") || n.starts_with("mmq_s") || n.starts_with("mmh_"))
+                .find(|n| {
+                    ["mmq_c", "mmq_s", "mmh_", "mmr_"]
+                        .iter()
+                        .any(|p| n.starts_with(p))
+                })
                 .expect(&what);
             assert_eq!(product.contains("_split_"), splits, "{what}");
             let n = cols.iter().product::<usize>();
-            assert_eq!(product.starts_with("mmh_"), n >= MMH_FROM_COLS, "{what}");
+            // on F16 tensor cores, the 32-element types unpack in registers
+            let f16 = match q.block_size() {
+                32 => "mmr_",
+                _ => "mmh_",
+            };
+            assert_eq!(product.starts_with(f16), n >= MMH_FROM_COLS, "{what}");
             // a few tiles of long rows split K (2304 / 4096 elements: 18 / 32 chunks), short
             // rows (6 / 4 chunks) do not
             assert_eq!(names.contains(&"mmq_reduce"), k == whole, "{what}");
@@ -485,8 +505,8 @@ fn quant_paths_follow_the_thresholds() {
         (4, 2, "mmq_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
         (9, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
         (MMH_FROM_COLS - 1, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
-        (MMH_FROM_COLS, 1, "mmh_c16_q4_0", gemm, "mmq_c16_q4_0"),
-        (MMQ_MAX_COLS, 1, "mmh_c64_q4_0", gemm, "mmq_c64_q4_0"),
+        (MMH_FROM_COLS, 1, "mmr_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (MMQ_MAX_COLS, 1, "mmr_c64_q4_0", gemm, "mmq_c64_q4_0"),
         (MMQ_MAX_COLS + 1, 1, gemm, gemm, "mmq_c64_q4_0"),
     ] {
         let c = case(n, b2);
@@ -497,8 +517,8 @@ fn quant_paths_follow_the_thresholds() {
         let names = c.run(QuantPath::Mmq, 7);
         assert_eq!(names.last(), Some(&mmq), "{n} x {b2}: {names:?}");
         let names = c.run(QuantPath::Mmh, 7);
-        let mmh = mmq.replace("mmq_", "mmh_");
-        assert_eq!(names.last(), Some(&mmh.as_str()), "{n} x {b2}: {names:?}");
+        let mmr = mmq.replace("mmq_", "mmr_");
+        assert_eq!(names.last(), Some(&mmr.as_str()), "{n} x {b2}: {names:?}");
     }
 }
 
