@@ -577,9 +577,10 @@ fn prop_mmq_forced_at_decode_widths() {
 }
 
 /// Every width of the F16 tensor-core product's column tiles and the decode widths, forced
-/// onto it (`QuantPath::Mmh`), every type it has kernels for, rows of one to a few 64-row
-/// tiles and long enough for parts of K: within the F16 paths' bound of the oracle and of
-/// the CPU.
+/// onto it (`QuantPath::Mmh`), every type it has kernels for (the 32-element types with
+/// their weights unpacked in registers, `mmr_*`, or in shared memory, `mmh_*`, by the
+/// seed), rows of one to a few row tiles and long enough for parts of K: within the F16
+/// paths' bound of the oracle and of the CPU.
 #[test]
 fn prop_mmh_forced_at_every_width() {
     use proptest::sample::select;
@@ -598,11 +599,18 @@ fn prop_mmh_forced_at_every_width() {
         let want = qs::oracle(c);
         let (dt, r) = run_on(c, cpu)?;
         let r = qs::decode(dt, &r);
+        let mmr = c.seed % 2 == 0;
         cuda.set_quant_path(QuantPath::Mmh);
+        cuda.set_mmr(mmr);
         let (out, kernels) = profiled(cuda, true, |cuda| run_on(c, cuda));
         cuda.set_quant_path(QuantPath::Auto);
+        cuda.set_mmr(true);
         if Path::of(&kernels) != Some(Path::Mmh) {
             return Err(format!("{c:?}: {kernels:?}"));
+        }
+        let in_registers = kernels.iter().any(|k| k.contains("mmr_"));
+        if in_registers != (mmr && c.q.block_size() == 32) {
+            return Err(format!("{c:?} (mmr {mmr}): {kernels:?}"));
         }
         let (dt, bytes) = out?;
         let g = qs::decode(dt, &bytes);

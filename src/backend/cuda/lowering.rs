@@ -163,6 +163,9 @@ pub(crate) struct Lowering<'a> {
     /// Which kernels run products of block-quantized weights (see `lower::mul_mat_q`):
     /// [`QuantPath::Auto`] but where the op benchmark or a test picks one.
     pub quant_path: QuantPath,
+    /// Whether products of the 32-element types on F16 tensor cores take `mmr_*` (the
+    /// weights unpacked in registers) rather than `mmh_*` (`lower::mmq`).
+    pub mmr: bool,
 }
 
 /// How products of block-quantized weights run (`lower::mul_mat_q` has the thresholds of
@@ -250,6 +253,7 @@ impl<'a> Lowering<'a> {
             launched: false,
             split: &[],
             quant_path: QuantPath::Auto,
+            mmr: true,
         }
     }
 }

@@ -112,6 +112,10 @@ pub struct CudaBackend {
     /// How products of block-quantized weights by more than a few columns run
     /// ([`QuantPath::Auto`] but in the op benchmark and tests, which compare the paths).
     quant_path: QuantPath,
+    /// Whether products of the 32-element block types on F16 tensor cores unpack the
+    /// weights in registers (`mmr_*`, the default) or into shared memory (`mmh_*`;
+    /// `GRAFT_CUDA_MMR=0`, [`CudaBackend::set_mmr`]).
+    mmr: bool,
     /// Streaming multiprocessors of the GPU: the lowering sizes the grids that must fit
     /// it at once (the decode attention's split, one-wave decode products) for them.
     sms: usize,
@@ -253,6 +257,7 @@ impl CudaBackend {
             mmvq: true,
             small_dq: true,
             quant_path: QuantPath::Auto,
+            mmr: env_flag("GRAFT_CUDA_MMR") != Some(false),
             sms: usize::try_from(sms).unwrap_or(0).max(1),
             split_rows: env_flag("GRAFT_CUDA_SPLIT") != Some(false),
             split: Vec::new(),
@@ -316,6 +321,13 @@ impl CudaBackend {
     /// same widths, and for tests of one path at any width.
     pub fn set_quant_path(&mut self, path: QuantPath) {
         self.quant_path = path;
+    }
+
+    /// Whether products of the 32-element block types on F16 tensor cores in plans loaded
+    /// from now on unpack the weights in registers (`mmr_*`, default on unless
+    /// `GRAFT_CUDA_MMR=0`) or into shared memory (`mmh_*`, as the K-quants do).
+    pub fn set_mmr(&mut self, on: bool) {
+        self.mmr = on;
     }
 
     /// Leaves every kernel whose name starts with one of `prefixes` out of the plans loaded
@@ -614,6 +626,7 @@ impl CudaBackend {
             split: &self.split,
             sms: self.sms,
             quant_path: self.quant_path,
+            mmr: self.mmr,
             ..Lowering::new(&resolve, self.mmvq, self.group_size())
         };
         let groups = match self.fusion {

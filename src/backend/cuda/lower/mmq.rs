@@ -176,10 +176,10 @@ struct Family {
 }
 
 /// The family of a product of weights `dt` (in split rows when `split`), on the F16
-/// tensor cores when `f16`: `mmr_*` for the 32-element types there, whose weights unpack
-/// in registers, `mmh_*` for the others.
-fn family(dt: DType, split: bool, f16: bool) -> Family {
-    let mmr = f16 && cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok();
+/// tensor cores when `f16`: `mmr_*` for the 32-element types there (unless `mmr` is off),
+/// whose weights unpack in registers, `mmh_*` for the others.
+fn family(dt: DType, split: bool, f16: bool, mmr: bool) -> Family {
+    let mmr = f16 && mmr && cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok();
     let (kernels, rows, chunk, threads, per_sm) = match (f16, mmr, split) {
         (false, _, false) => (cols::MMQ, MMQ_ROWS, MMQ_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
         (false, _, true) => (
@@ -218,7 +218,7 @@ fn lower_taken(
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
     let f16 = f16_cores(n, lw.quant_path);
-    let fam = family(a.dtype, lw.weights_split(a)?, f16);
+    let fam = family(a.dtype, lw.weights_split(a)?, f16, lw.mmr);
     let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);
     let (act, col_bytes) = match f16 {
