@@ -288,8 +288,18 @@ fn mmh() -> Vec<Instance> {
 
 /// The kernels of `cuda/mmr.cu` (see its header): `mmr_c<BN>_<q>` and `mmr_split_c<BN>_<q>`
 /// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit), by every
-/// column tile. Two blocks an SM: a lane's accumulators, its weights two chunks ahead and
-/// their unpacked quants take up to about 200 registers at 64 columns.
+/// column tile. Two blocks an SM (16 warps), whose lanes' accumulators, weights two or
+/// three chunks ahead and unpacked quants stay within 128 registers; one for the
+/// 64-column tiles and Q8_0's 32-column ones, which spilled at two on sm_90 (the lowering's
+/// `mmr_per_sm` has the same rule).
+fn mmr_per_sm(q: &str, bn: usize) -> usize {
+    if bn == 64 || (bn == 32 && q == "q8_0") {
+        1
+    } else {
+        2
+    }
+}
+
 fn mmr() -> Vec<Instance> {
     let mut v = Vec::new();
     for (q, ggml, split) in MMQ_TYPES.into_iter().filter(|(q, ..)| !q.ends_with("_k")) {
@@ -298,7 +308,7 @@ fn mmr() -> Vec<Instance> {
             for bn in MMQ_TILES {
                 v.push(Instance {
                     name: format!("{family}_c{bn}_{q}"),
-                    bounds: "MMR_THREADS, 2".into(),
+                    bounds: format!("MMR_THREADS, {}", mmr_per_sm(q, bn)),
                     args: "MmqArgs",
                     call: format!("mmr<{traits}, {bn}>"),
                 });

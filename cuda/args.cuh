@@ -464,8 +464,8 @@ constexpr int MMQ_ROWS = 64;   // weight rows per block of mmq_* (MMQ_WARPS * 16
 constexpr int MMQ_K = 128;     // elements of a row per step of mmq_* (4 sub-blocks of 32)
 constexpr int MMQ_REDUCE_THREADS = 256;  // block of mmq_reduce
 constexpr int MMH_K = 64;      // elements of a row per step of mmh_* (blocks of MMQ_WARPS warps, MMQ_ROWS rows)
-constexpr int MMR_WARPS = 4;   // warps per block of mmr_*, 32 weight rows each
-constexpr int MMR_ROWS = 128;  // weight rows per block of mmr_* (MMR_WARPS * 32)
+constexpr int MMR_WARPS = 8;   // warps per block of mmr_*, 16 weight rows each
+constexpr int MMR_ROWS = 128;  // weight rows per block of mmr_* (MMR_WARPS * 16)
 constexpr int MMR_K = 128;     // elements of a row per step of mmr_* (a 32-element block per lane of a quad)
 
 // Launch geometry of top_k (cuda/topk.cu).

@@ -33,6 +33,7 @@ use crate::backend::cuda::kernels::{cols, k, KeyedSets};
 use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath, MAX_GRID_YZ, WARP};
 use crate::backend::fusion::{quant_batched_layout, Q8Layout, MAX_DECODE_COLS};
 use crate::graph::{DType, Operand};
+use crate::quant::QType;
 
 #[cfg(test)]
 pub(super) mod tests;
@@ -84,9 +85,15 @@ const _: () = assert!(MMQ_REDUCE_THREADS == 256);
 /// block is `MMQ_WARPS` warps, one per SM partition, which alone cannot hide the latency of
 /// their loads.
 const MIN_BLOCKS_PER_SM: usize = 3;
-/// Blocks of `mmr_*` an SM holds (their launch bound, build/instances.rs): K is split
-/// into parts until every SM has that many.
-const MMR_PER_SM: usize = 2;
+/// Blocks of `mmr_*` of weights `dt` by `bn` columns an SM holds (their launch bound,
+/// build/instances.rs): one of 64 columns and Q8_0's of 32, two of the others.
+fn mmr_per_sm(dt: DType, bn: usize) -> usize {
+    if bn == 64 || (bn == 32 && dt == DType::Quant(QType::Q8_0)) {
+        1
+    } else {
+        2
+    }
+}
 /// Most parts of K (each part's partial sums are `m n` floats of scratch traffic).
 const MAX_PARTS: usize = 8;
 /// Fewest `MMQ_K`-element chunks of a part (a block's setup and its first loads are
@@ -173,12 +180,15 @@ struct Family {
     threads: usize,
     /// Blocks an SM holds (the minimum of the kernels' launch bounds).
     per_sm: usize,
+    /// Whether K is split by whole waves of blocks ([`parts_in_waves`]) rather than until
+    /// every SM has `per_sm` blocks ([`parts`]).
+    waves: bool,
 }
 
-/// The family of a product of weights `dt` (in split rows when `split`), on the F16
-/// tensor cores when `f16`: `mmr_*` for the 32-element types there (unless `mmr` is off),
-/// whose weights unpack in registers, `mmh_*` for the others.
-fn family(dt: DType, split: bool, f16: bool, mmr: bool) -> Family {
+/// The family of a product of weights `dt` (in split rows when `split`) by column tiles of
+/// `bn`, on the F16 tensor cores when `f16`: `mmr_*` for the 32-element types there
+/// (unless `mmr` is off), whose weights unpack in registers, `mmh_*` for the others.
+fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
     let mmr = f16 && mmr && cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok();
     let (kernels, rows, chunk, threads, per_sm) = match (f16, mmr, split) {
         (false, _, false) => (cols::MMQ, MMQ_ROWS, MMQ_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
@@ -197,8 +207,14 @@ fn family(dt: DType, split: bool, f16: bool, mmr: bool) -> Family {
             MMQ_WARPS,
             MIN_BLOCKS_PER_SM,
         ),
-        (true, true, false) => (cols::MMR, MMR_ROWS, MMR_K, MMR_WARPS, MMR_PER_SM),
-        (true, true, true) => (cols::MMR_SPLIT, MMR_ROWS, MMR_K, MMR_WARPS, MMR_PER_SM),
+        (true, true, false) => (cols::MMR, MMR_ROWS, MMR_K, MMR_WARPS, mmr_per_sm(dt, bn)),
+        (true, true, true) => (
+            cols::MMR_SPLIT,
+            MMR_ROWS,
+            MMR_K,
+            MMR_WARPS,
+            mmr_per_sm(dt, bn),
+        ),
     };
     Family {
         kernels,
@@ -206,6 +222,7 @@ fn family(dt: DType, split: bool, f16: bool, mmr: bool) -> Family {
         chunk: chunk as usize,
         threads: threads as usize * WARP,
         per_sm,
+        waves: mmr,
     }
 }
 
@@ -218,7 +235,7 @@ fn lower_taken(
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
     let f16 = f16_cores(n, lw.quant_path);
-    let fam = family(a.dtype, lw.weights_split(a)?, f16, lw.mmr);
+    let fam = family(a.dtype, lw.weights_split(a)?, f16, lw.mmr, bn);
     let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);
     let (act, col_bytes) = match f16 {
@@ -230,12 +247,16 @@ fn lower_taken(
     };
     let chunk = fam.chunk;
     let grid = (n.div_ceil(bn), m.div_ceil(fam.rows));
-    let (parts, chunks) = parts(
-        grid.0 * grid.1,
-        kk.div_ceil(chunk),
-        fam.per_sm * lw.sms,
-        chunk,
-    );
+    let (tiles, slots) = (grid.0 * grid.1, fam.per_sm * lw.sms);
+    let (parts, chunks) = match fam.waves {
+        // a part's partial sums (4 bytes a row and column, written and read back in L2, at
+        // about a quarter of the cost of reading as many bytes of weights) against the
+        // weights' bytes
+        true => parts_in_waves(tiles, kk.div_ceil(chunk), slots, chunk, {
+            2.0 * n as f64 / a.nb[1] as f64
+        }),
+        false => parts(tiles, kk.div_ceil(chunk), slots, chunk),
+    };
     // With parts of K, their partial sums go to scratch after the activations' copy.
     let out = match parts {
         1 => lw.addr(dst),
@@ -318,6 +339,35 @@ fn parts(tiles: usize, chunks: usize, slots: usize, chunk: usize) -> (usize, usi
         .div_ceil(tiles.max(1))
         .clamp(1, MAX_PARTS)
         .min((chunks / min_chunks).max(1));
+    let per = chunks.div_ceil(want);
+    (chunks.div_ceil(per), per)
+}
+
+/// How many parts K is split into for a grid of `tiles` blocks of `mmr_*` where the GPU
+/// holds `slots` at once, and the chunks of `chunk` elements of each: of the counts up to
+/// `MAX_PARTS` (each of `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more), the fewest
+/// that minimize whole waves of blocks (each block taking a part of K) plus the partial
+/// sums' traffic, `extra` of the weights' bytes a part. Its blocks hold their weights'
+/// loads in flight through the whole part, so a wave that is mostly empty costs nearly a
+/// full one: [11008, 4096] by 8 columns (86 tiles) on 264 slots takes 3 parts, one wave,
+/// where filling the slots (4 parts) takes two.
+fn parts_in_waves(
+    tiles: usize,
+    chunks: usize,
+    slots: usize,
+    chunk: usize,
+    extra: f64,
+) -> (usize, usize) {
+    let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
+    let most = MAX_PARTS.min((chunks / min_chunks).max(1));
+    let cost = |p: usize| {
+        let waves = (tiles * p).div_ceil(slots.max(1)) as f64 / p as f64;
+        waves + if p > 1 { p as f64 * extra } else { 0.0 }
+    };
+    // min_by keeps the first of equal costs: the fewest parts
+    let want = (1..=most)
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        .unwrap_or(1);
     let per = chunks.div_ceil(want);
     (chunks.div_ceil(per), per)
 }

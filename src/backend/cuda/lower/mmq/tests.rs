@@ -14,8 +14,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use super::{
-    col_tile, f16_column_bytes, parts, MAX_PARTS, MIN_PART_CHUNKS, MMH_FROM_COLS, MMQ_FROM_COLS,
-    MMQ_MAX_COLS,
+    col_tile, f16_column_bytes, parts, parts_in_waves, MAX_PARTS, MIN_PART_CHUNKS, MMH_FROM_COLS,
+    MMQ_FROM_COLS, MMQ_MAX_COLS,
 };
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
@@ -44,8 +44,14 @@ fn parts_cover_k_and_fill_the_gpu() {
     assert_eq!(parts(172, 32, slots, 128), (3, 11));
     assert_eq!(parts(256, 32, slots, 128), (2, 16));
     assert_eq!(parts(512, 32, slots, 128), (1, 32));
-    // mmr_*, 2 blocks an SM of 128 rows: [11008, 4096] by 64 is 86 tiles in 4 parts
-    assert_eq!(parts(86, 32, 2 * 132, 128), (4, 8));
+    // mmr_*, 2 blocks an SM of 128 rows, by whole waves: [11008, 4096] (86 tiles) in 3
+    // parts; [4096, 4096] (32 tiles) in 8 by 8 columns, 4 by 64 (the partial sums cost
+    // more)
+    let extra = |n: usize| 2.0 * n as f64 / 2304.0;
+    assert_eq!(parts_in_waves(86, 32, 2 * 132, 128, extra(8)), (3, 11));
+    assert_eq!(parts_in_waves(86, 32, 2 * 132, 128, extra(64)), (3, 11));
+    assert_eq!(parts_in_waves(32, 32, 2 * 132, 128, extra(8)), (8, 4));
+    assert_eq!(parts_in_waves(32, 32, 2 * 132, 128, extra(64)), (4, 8));
     // short rows: at most one part per MIN_PART_CHUNKS chunks
     assert_eq!(parts(1, 7, slots, 128), (1, 7));
     assert_eq!(parts(1, 1, slots, 128), (1, 1));
