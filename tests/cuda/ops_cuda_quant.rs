@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 
 use graft::backend::cpu::CpuBackend;
-use graft::backend::cuda::{CudaBackend, QuantPath, MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
+use graft::backend::cuda::{f16_from_cols, CudaBackend, QuantPath, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use graft::backend::Backend;
 use graft::graph::{DType, Graph, TensorId};
 use graft::ops::mul_mat::QuantDot;
@@ -138,7 +138,7 @@ impl Path {
     /// tensor-core products take, with or without a residual add after it), the
     /// tensor-core products up to `MMQ_MAX_COLS` columns (batches included) over one weight
     /// matrix of a type they have kernels for ([`qs::core_types`]: int8 below
-    /// `MMH_FROM_COLS`, F16 from there), cuBLAS otherwise.
+    /// `f16_from_cols`, F16 from there), cuBLAS otherwise.
     fn expected(c: &QCase, mmvq: bool) -> Path {
         let one = c.a_batch == [1, 1];
         let mmq_type = qs::core_types().contains(&c.q);
@@ -149,7 +149,9 @@ impl Path {
         match (c.n <= decode_cols && one && c.repeat == [1, 1], mmvq) {
             (true, true) => Path::Dp4a,
             (true, false) => Path::Dequantize,
-            (false, _) if one && c.cols() < MMH_FROM_COLS && mmq_type => Path::Mmq,
+            (false, _) if one && c.cols() < f16_from_cols(DType::Quant(c.q), true) && mmq_type => {
+                Path::Mmq
+            }
             (false, _) if one && c.cols() <= MMQ_MAX_COLS && mmq_type => Path::Mmh,
             (false, _) => Path::Cublas,
         }

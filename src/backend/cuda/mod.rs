@@ -64,7 +64,7 @@ use self::device::{driver_error, driver_error_text, Blas};
 use self::exec::{decode_tag, error_tag, CudaExec, GraphState, Launcher};
 use self::kernels::by;
 use self::kernels::{KernelId, KernelTable};
-pub use self::lower::mmq::{MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
+pub use self::lower::mmq::{f16_from_cols, MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use self::lower::{fused, lower_step};
 pub use self::lowering::QuantPath;
 use self::lowering::{flat_grid, DevOp, Lowering, REGION_ALIGN};

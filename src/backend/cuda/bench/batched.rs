@@ -12,7 +12,7 @@
 use serde::Serialize;
 
 use super::{quant_leaf, reps_for, run_case, BenchRow, Case};
-use crate::backend::cuda::lower::mmq::{MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS};
+use crate::backend::cuda::lower::mmq::{f16_from_cols, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use crate::backend::cuda::lowering::QuantPath;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::fusion::MAX_DECODE_COLS;
@@ -149,8 +149,8 @@ pub fn cases(
             }
             let auto = match n {
                 ..MMQ_FROM_COLS => "decode",
-                _ if n < MMH_FROM_COLS => "mmq",
-                _ if n <= MMQ_MAX_COLS => "mmh",
+                _ if n < f16_from_cols(DType::Quant(q), true) => "mmq",
+                _ if n <= MMQ_MAX_COLS => "F16 cores",
                 _ => "F16 + cuBLAS",
             };
             out.push(BatchedRow {

@@ -121,10 +121,32 @@ pub(crate) fn q8_cols(path: QuantPath) -> usize {
     }
 }
 
-/// Whether a product of `n` columns on the tensor cores takes the F16 ones under `path`.
-fn f16_cores(n: usize, path: QuantPath) -> bool {
+/// Fewest activation columns from which a batched product of weights `dt` takes the F16
+/// tensor cores under [`QuantPath::Auto`]: every width the tensor cores take
+/// ([`MMQ_FROM_COLS`]) for the types of `mmr_*` (when `mmr`, the backend's default), which
+/// beat the int8 product from the narrowest tile on (`graft bench-ops` on an H200,
+/// 2026-12-04, Q4_0 by 8 columns, µs a node: [4096, 4096] 7.63 against 10.86,
+/// [4096, 11008] 15.58 against 22.70, [11008, 4096] 15.66 against 20.77), and
+/// [`MMH_FROM_COLS`] for the others. The fusion pass's bound stays `MMH_FROM_COLS`: a fused
+/// norm still writes a Q8_1 copy for the 32-element types' products below it, which
+/// make their own F16 copy.
+pub fn f16_from_cols(dt: DType, mmr: bool) -> usize {
+    match mmr && has_mmr(dt) {
+        true => MMQ_FROM_COLS,
+        false => MMH_FROM_COLS,
+    }
+}
+
+/// Whether weights `dt` have `mmr_*` kernels.
+fn has_mmr(dt: DType) -> bool {
+    cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok()
+}
+
+/// Whether a product of `n` columns of weights `dt` on the tensor cores takes the F16 ones
+/// under `path` (`mmr`: whether `mmr_*` may).
+fn f16_cores(n: usize, path: QuantPath, dt: DType, mmr: bool) -> bool {
     match path {
-        QuantPath::Auto => n >= MMH_FROM_COLS,
+        QuantPath::Auto => n >= f16_from_cols(dt, mmr),
         QuantPath::Mmh => true,
         QuantPath::Mmq | QuantPath::Dequant => false,
     }
@@ -189,7 +211,7 @@ struct Family {
 /// `bn`, on the F16 tensor cores when `f16`: `mmr_*` for the 32-element types there
 /// (unless `mmr` is off), whose weights unpack in registers, `mmh_*` for the others.
 fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
-    let mmr = f16 && mmr && cols::MMR.get(8).and_then(|s| s.get([dt])).is_ok();
+    let mmr = f16 && mmr && has_mmr(dt);
     let (kernels, rows, chunk, threads, per_sm) = match (f16, mmr, split) {
         (false, _, false) => (cols::MMQ, MMQ_ROWS, MMQ_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
         (false, _, true) => (
@@ -234,7 +256,7 @@ fn lower_taken(
 ) -> Result<Vec<DevOp>, String> {
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
-    let f16 = f16_cores(n, lw.quant_path);
+    let f16 = f16_cores(n, lw.quant_path, a.dtype, lw.mmr);
     let fam = family(a.dtype, lw.weights_split(a)?, f16, lw.mmr, bn);
     let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);

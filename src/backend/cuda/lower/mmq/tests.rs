@@ -14,8 +14,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use super::{
-    col_tile, f16_column_bytes, parts, parts_in_waves, MAX_PARTS, MIN_PART_CHUNKS, MMH_FROM_COLS,
-    MMQ_FROM_COLS, MMQ_MAX_COLS,
+    col_tile, f16_column_bytes, f16_from_cols, parts, parts_in_waves, MAX_PARTS, MIN_PART_CHUNKS,
+    MMH_FROM_COLS, MMQ_FROM_COLS, MMQ_MAX_COLS,
 };
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
@@ -461,7 +461,8 @@ fn mmq_products_match_the_cpu() {
                 32 => "mmr_",
                 _ => "mmh_",
             };
-            assert_eq!(product.starts_with(f16), n >= MMH_FROM_COLS, "{what}");
+            let from = f16_from_cols(DType::Quant(q), true);
+            assert_eq!(product.starts_with(f16), n >= from, "{what}");
             // a few tiles of long rows split K (2304 / 4096 elements: 18 / 32 chunks), short
             // rows (6 / 4 chunks) do not
             assert_eq!(names.contains(&"mmq_reduce"), k == whole, "{what}");
@@ -470,10 +471,11 @@ fn mmq_products_match_the_cpu() {
 }
 
 /// The widths each path takes: decode kernels below `MMQ_FROM_COLS` columns of one
-/// matrix, the int8 tensor-core product from there (and in batches) below
-/// `MMH_FROM_COLS`, the F16 one up to `MMQ_MAX_COLS`, cuBLAS on the F16 copy beyond; the
-/// forced paths take every width they can, and the forced tensor-core products compute
-/// the CPU's results at widths Auto gives to the others.
+/// matrix, the F16 tensor-core product from there (and in batches) up to `MMQ_MAX_COLS`
+/// for Q4_0 (a type of `mmr_*`; the int8 one below `MMH_FROM_COLS` for the K-quants, or
+/// with `mmr_*` off), cuBLAS on the F16 copy beyond; the forced paths take every width
+/// they can, and the forced tensor-core products compute the CPU's results at widths Auto
+/// gives to the others.
 #[test]
 fn quant_paths_follow_the_thresholds() {
     let case = |n: usize, b2: usize| Case {
@@ -503,21 +505,29 @@ fn quant_paths_follow_the_thresholds() {
         (
             MMQ_FROM_COLS,
             1,
-            "mmq_c8_q4_0",
+            "mmr_c8_q4_0",
             "mul_mat_vec_q_c8_q4_0",
             "mmq_c8_q4_0",
         ),
-        (8, 1, "mmq_c8_q4_0", "mul_mat_vec_q_c8_q4_0", "mmq_c8_q4_0"),
-        (4, 2, "mmq_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
-        (9, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
-        (MMH_FROM_COLS - 1, 1, "mmq_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (8, 1, "mmr_c8_q4_0", "mul_mat_vec_q_c8_q4_0", "mmq_c8_q4_0"),
+        (4, 2, "mmr_c8_q4_0", "cublasGemmBatchedEx", "mmq_c8_q4_0"),
+        (9, 1, "mmr_c16_q4_0", gemm, "mmq_c16_q4_0"),
+        (MMH_FROM_COLS - 1, 1, "mmr_c16_q4_0", gemm, "mmq_c16_q4_0"),
         (MMH_FROM_COLS, 1, "mmr_c16_q4_0", gemm, "mmq_c16_q4_0"),
         (MMQ_MAX_COLS, 1, "mmr_c64_q4_0", gemm, "mmq_c64_q4_0"),
         (MMQ_MAX_COLS + 1, 1, gemm, gemm, "mmq_c64_q4_0"),
     ] {
         let c = case(n, b2);
-        let last = |path| lowered(&c, path).pop().expect("a launch");
+        let last = |path| lowered(&c, path, true).pop().expect("a launch");
         assert_eq!(last(QuantPath::Auto), auto, "{n} x {b2}");
+        // with mmr_* off, the int8 product below MMH_FROM_COLS and mmh_* from there
+        let without = lowered(&c, QuantPath::Auto, false).pop().expect("a launch");
+        let want = match (n * b2, auto.strip_prefix("mmr_")) {
+            (w, Some(rest)) if w < MMH_FROM_COLS => format!("mmq_{rest}"),
+            (_, Some(rest)) => format!("mmh_{rest}"),
+            (_, None) => auto.to_string(),
+        };
+        assert_eq!(without, want, "{n} x {b2}, mmr_* off");
         assert_eq!(last(QuantPath::Dequant), dequant, "{n} x {b2}");
         // run: the forced products must still be the CPU's
         let names = c.run(QuantPath::Mmq, 7);
@@ -528,11 +538,13 @@ fn quant_paths_follow_the_thresholds() {
     }
 }
 
-/// The names of the operations `c` lowers to on `path` (fake addresses: nothing runs).
-fn lowered(c: &Case, path: QuantPath) -> Vec<&'static str> {
+/// The names of the operations `c` lowers to on `path`, with `mmr_*` or not (fake
+/// addresses: nothing runs).
+fn lowered(c: &Case, path: QuantPath, mmr: bool) -> Vec<&'static str> {
     let (plan, _, _) = c.build(BufferId(1), 1);
     let mut lw = Lowering {
         quant_path: path,
+        mmr,
         ..Lowering::new(&fake_addr_any, true, 1)
     };
     let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
