@@ -304,7 +304,8 @@ fn prop_mul_mat_decode_dequantize() {
 /// Q8_1 activations the product reads. The normalized rows must be the CPU's, and the
 /// product must be `vec_dot_q8_1` against those very rows quantized on the host (exact up
 /// to the order of the f32 sums), so a wrong quant, scale or block sum in the norm's Q8_1
-/// copy fails. The norm weight is F32, F16 or BF16. Aligned, rows of 2,048 elements or
+/// copy fails (the widths where a product takes the F16 tensor cores instead: the CPU's
+/// product within the F16 bound). The norm weight is F32, F16 or BF16. Aligned, rows of 2,048 elements or
 /// more take the kernel's 16-byte vector path and shorter ones its scalar path;
 /// `misalign` puts the weight one element off its buffer's alignment, which takes the
 /// scalar path at any length. Row lengths up to 160 blocks leave warps partly outside the
@@ -331,11 +332,22 @@ fn check_norm_decode(
     let what = format!("{c:?}, norm weight {wdt}, misaligned {misalign}");
     let (h_gpu, y_gpu) =
         norm_decode(c, wdt, misalign, cuda).map_err(|e| format!("{what}: cuda: {e}"))?;
-    let (h_cpu, _) = norm_decode(c, wdt, misalign, cpu).map_err(|e| format!("{what}: cpu: {e}"))?;
+    let (h_cpu, y_cpu) =
+        norm_decode(c, wdt, misalign, cpu).map_err(|e| format!("{what}: cpu: {e}"))?;
     let as64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
     let e = qs::nmse(&h_gpu, &as64(&h_cpu));
     if e > 1e-10 {
         return Err(format!("{what}: normalized rows vs cpu NMSE {e:e}"));
+    }
+    // From f16_from_cols columns on, the 32-element types' products take the F16 tensor
+    // cores (mmr_*), which read their own F16 copy of the normalized rows, not the norm's
+    // Q8_1 one: held to the CPU's exact product within the F16 paths' bound.
+    if qs::core_types().contains(&c.q) && c.n >= f16_from_cols(DType::Quant(c.q), true) {
+        let e = qs::nmse(&y_gpu, &as64(&y_cpu));
+        return match e <= NMSE_PREFILL {
+            true => Ok(()),
+            false => Err(format!("{what}: F16 product vs cpu NMSE {e:e}")),
+        };
     }
     // vec_dot_q8_1 of each weight row with each normalized column, quantized on the host.
     let want = qs::q8_1_products(c, &h_gpu);
