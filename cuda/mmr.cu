@@ -1,7 +1,7 @@
 // Products of weights in the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with a
 // batch of activation columns on F16 tensor cores, the weights unpacked to F16 in
-// registers (src/backend/cuda/lower/mmq.rs takes them where it would take mmh_* for these
-// types): dst[r, c] = sum_l a[l, r] * b[l, c], F32 results.
+// registers (src/backend/cuda/lower/mmq.rs takes them for these types at every width of
+// the tensor-core products): dst[r, c] = sum_l a[l, r] * b[l, c], F32 results.
 //
 //   mmr_c<BN>_<q>: weights of type q in ggml's blocks (mmr_split_c<BN>_<q>: frozen weights
 //     in split rows), b the activations as F16 columns (column c at b + c * b_nb1, its k

@@ -173,14 +173,17 @@ pub(crate) struct Lowering<'a> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QuantPath {
     /// By the number of activation columns: the decode kernels for a few, the int8
-    /// tensor-core product (`mmq_*`) below `MMH_FROM_COLS`, the F16 one (`mmh_*`) up to
-    /// `MMQ_MAX_COLS`, the weights dequantized to F16 for cuBLAS beyond.
+    /// tensor-core product (`mmq_*`) below `f16_from_cols` (the K-quants' `MMH_FROM_COLS`;
+    /// none for the 32-element types), the F16 one (`mmr_*` for the 32-element types,
+    /// `mmh_*` for the others) up to `MMQ_MAX_COLS`, the weights dequantized to F16 for
+    /// cuBLAS beyond.
     #[default]
     Auto,
     /// The int8 tensor-core product for every product it takes, the decode widths
     /// included (a decode product fused with its residual add keeps its decode kernel).
     Mmq,
-    /// The F16 tensor-core product (`mmh_*`) for every product it takes, likewise.
+    /// The F16 tensor-core product (`mmr_*` or `mmh_*`) for every product it takes,
+    /// likewise.
     Mmh,
     /// The weights dequantized to F16 for cuBLAS for every product the decode kernels do
     /// not take.
