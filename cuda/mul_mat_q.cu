@@ -24,8 +24,7 @@
 //     Q6_K as 16-bit halves), integer dot products with __dp4a against 16-byte loads of
 //     the activations, then the block's scales and offsets in f32 (src/quant/dot.rs is
 //     the CPU oracle). IQ3_XXS and IQ3_S look their points up in a copy of the lattice
-//     table that the block makes in shared memory first (IQ3_XXS also its sign masks:
-//     stage_grid; quant_lowbit.cuh).
+//     table that the block makes in shared memory first (stage_grid; quant_lowbit.cuh).
 //   mul_mat_vec_qs_c<NC>_<q>: mul_mat_vec_q for frozen Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
 //     weights in split rows (Split in quant.cuh): nothing staged, lane s reads block s's
 //     quants as one or two 16-byte loads straight from memory (a warp's loads are 512
@@ -188,9 +187,8 @@ static_assert(grid_words<BlockIQ3_XXS>(nullptr) == 256 && grid_words<BlockIQ3_S>
                   grid_words<BlockIQ2_XXS>(nullptr) == 0 && grid_words<BlockQ4_0>(nullptr) == 0,
               "the types with a staged table, and only they, name its size");
 
-// Makes Q's tables in shared memory, if it has any (Q::stage: its lattice table, and for
-// IQ3_XXS its sign masks): every thread of the block, before any returns (constant data:
-// before the wait too).
+// Makes Q's lattice table in shared memory, if it has one (Q::stage): every thread of the
+// block, before any returns (constant data: before the wait too).
 template <typename Q>
 __device__ __forceinline__ void stage_grid() {
     if constexpr (grid_words<Q>(nullptr) > 0) {

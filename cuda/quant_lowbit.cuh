@@ -72,9 +72,6 @@ __device__ __forceinline__ unsigned ksign(unsigned i) {
 // 1 in byte i where bit i of the 4 bits b is set.
 __device__ __forceinline__ unsigned sign_ones(unsigned b) { return ((b & 0x0fu) * 0x00204081u) & 0x01010101u; }
 
-// 0xff in byte i where bit i of the 4 bits b is set.
-__device__ __forceinline__ unsigned sign_bytes(unsigned b) { return sign_ones(b) * 0xffu; }
-
 // The 4 bytes of g negated where the byte of m is 0xff (m's bytes are 0 or 0xff), `one`
 // holding 1 in those bytes. The bytes of g are lattice coordinates, never 0 (src/quant's
 // test grid_coordinates_are_never_zero), so -g_i = (g_i ^ 0xff) + 1 carries nothing into
@@ -85,12 +82,6 @@ __device__ __forceinline__ int negated4(unsigned g, unsigned m, unsigned one) { 
 __device__ __forceinline__ int signed4(unsigned g, unsigned b) {
     const unsigned one = sign_ones(b);
     return negated4(g, one * 0xffu, one);
-}
-
-// ksign(i)'s 8 signs as a mask of 8 bytes, 0xff where negated.
-__device__ __forceinline__ unsigned long long sign_mask8(unsigned i) {
-    const unsigned s = ksign(i);
-    return ((unsigned long long)sign_bytes(s >> 4) << 32) | sign_bytes(s);
 }
 
 // A lattice table of 32-bit points in shared memory, the decode products' copy
@@ -104,7 +95,7 @@ __device__ __forceinline__ unsigned long long sign_mask8(unsigned i) {
 // weights.
 template <int WORDS, int ID>
 __device__ __forceinline__ unsigned* smem_grid() {
-    __shared__ __align__(8) unsigned table[WORDS];
+    __shared__ unsigned table[WORDS];
     return table;
 }
 
@@ -452,26 +443,21 @@ __device__ __forceinline__ void put4x2(float scale, unsigned p1, unsigned p2, un
 // IQ3_XXS: d, qs[64] (one grid index per 4 elements), per 32 elements a word of 4 x 7
 // sign bits and a 4-bit scale.
 struct BlockIQ3_XXS : Pairs256<98> {
-    // The tables load2 reads, in shared memory (stage_grid): the lattice's points and the
-    // 128 masks of ksign's 8 signs (sign_mask8), one 64-bit load for a group's signs.
+    // The lattice table load2 reads: its copy in shared memory (stage_grid). Its signs
+    // come from ksign: a staged table of 64-bit sign masks (read at random, 8 bytes a
+    // lookup) made the product about 10% slower on an H200.
     static constexpr int GRID_WORDS = 256;
     static __device__ __forceinline__ unsigned* grid_smem() { return smem_grid<GRID_WORDS, 0>(); }
-    static __device__ __forceinline__ unsigned long long* masks_smem() {
-        return reinterpret_cast<unsigned long long*>(smem_grid<256, 2>());
-    }
     static __device__ __forceinline__ void stage(int t, int n) {
         for (int i = t; i < GRID_WORDS; i += n) grid_smem()[i] = IQ3XXS_GRID[i];
-        for (int i = t; i < 128; i += n) masks_smem()[i] = sign_mask8((unsigned)i);
     }
     static __device__ __forceinline__ void sub(const int (&qs)[2], unsigned aux, float d4, W& w) {
         const unsigned* grid = grid_smem();
-        const unsigned long long* masks = masks_smem();
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const unsigned long long m = masks[(aux >> (7 * l)) & 127u];
-            const unsigned lo = (unsigned)m, hi = (unsigned)(m >> 32);
-            w.q[2 * l] = negated4(grid[byte_at(qs, 2 * l)], lo, lo & 0x01010101u);
-            w.q[2 * l + 1] = negated4(grid[byte_at(qs, 2 * l + 1)], hi, hi & 0x01010101u);
+            const unsigned s = ksign(aux >> (7 * l));
+            w.q[2 * l] = signed4(grid[byte_at(qs, 2 * l)], s);
+            w.q[2 * l + 1] = signed4(grid[byte_at(qs, 2 * l + 1)], s >> 4);
         }
         w.sc[0] = w.sc[1] = 2 * (int)(aux >> 28) + 1;
         w.m[0] = w.m[1] = 0;
