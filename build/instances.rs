@@ -286,12 +286,10 @@ fn mmh() -> Vec<Instance> {
     v
 }
 
-/// The kernels of `cuda/mmr.cu` (see its header): `mmr_c<BN>_<q>` and `mmr_split_c<BN>_<q>`
-/// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit), by every
-/// column tile. Two blocks an SM (16 warps), whose lanes' accumulators, weights two or
-/// three chunks ahead and unpacked quants stay within 128 registers; one for the
-/// 64-column tiles and Q8_0's 32-column ones, which spilled at two on sm_90 (the lowering's
-/// `mmr_per_sm` has the same rule).
+/// Blocks an SM of `mmr_c<bn>_<q>` and `mmr_split_c<bn>_<q>`: two (16 warps), whose lanes'
+/// accumulators, weights two or three chunks ahead and unpacked quants stay within 128
+/// registers; one for the 64-column tiles and Q8_0's 32-column ones, which spilled at two
+/// on sm_90 (the lowering's `mmr_per_sm` has the same rule).
 fn mmr_per_sm(q: &str, bn: usize) -> usize {
     if bn == 64 || (bn == 32 && q == "q8_0") {
         1
@@ -300,6 +298,9 @@ fn mmr_per_sm(q: &str, bn: usize) -> usize {
     }
 }
 
+/// The kernels of `cuda/mmr.cu` (see its header): `mmr_c<BN>_<q>` and `mmr_split_c<BN>_<q>`
+/// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit), by every
+/// column tile.
 fn mmr() -> Vec<Instance> {
     let mut v = Vec::new();
     for (q, ggml, split) in MMQ_TYPES.into_iter().filter(|(q, ..)| !q.ends_with("_k")) {

@@ -34,7 +34,8 @@ pub struct BatchedRow {
     pub decode_us: Option<f64>,
     /// The same on the int8 tensor-core product.
     pub mmq_us: Option<f64>,
-    /// The same on the F16 tensor-core product.
+    /// The same on the F16 tensor-core product (`mmr_*` for the 32-element types, `mmh_*`
+    /// for the others).
     pub mmh_us: Option<f64>,
     /// The same with the weights dequantized to F16 for cuBLAS (more columns than the
     /// decode kernels take).
@@ -50,7 +51,7 @@ pub fn table(rows: &[BatchedRow]) -> String {
         us.map_or("".into(), |t| format!("{t:.2} ({:.0}%)", 100.0 * roof / t))
     };
     let mut s = String::from(
-        "\n| weights | columns | roofline us | decode us | mmq us | mmh us | F16 + cuBLAS us | thresholds pick |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "\n| weights | columns | roofline us | decode us | mmq us | F16 cores (mmr/mmh) us | F16 + cuBLAS us | thresholds pick |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         s.push_str(&format!(

@@ -212,26 +212,23 @@ struct Family {
 /// (unless `mmr` is off), whose weights unpack in registers, `mmh_*` for the others.
 fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
     let mmr = f16 && mmr && has_mmr(dt);
-    let (kernels, rows, chunk, threads, per_sm) = match (f16, mmr, split) {
-        (false, _, false) => (cols::MMQ, MMQ_ROWS, MMQ_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
-        (false, _, true) => (
-            cols::MMQ_SPLIT,
+    let ((plain, in_split), rows, chunk, warps, per_sm) = match (f16, mmr) {
+        (false, _) => (
+            (cols::MMQ, cols::MMQ_SPLIT),
             MMQ_ROWS,
             MMQ_K,
             MMQ_WARPS,
             MIN_BLOCKS_PER_SM,
         ),
-        (true, false, false) => (cols::MMH, MMQ_ROWS, MMH_K, MMQ_WARPS, MIN_BLOCKS_PER_SM),
-        (true, false, true) => (
-            cols::MMH_SPLIT,
+        (true, false) => (
+            (cols::MMH, cols::MMH_SPLIT),
             MMQ_ROWS,
             MMH_K,
             MMQ_WARPS,
             MIN_BLOCKS_PER_SM,
         ),
-        (true, true, false) => (cols::MMR, MMR_ROWS, MMR_K, MMR_WARPS, mmr_per_sm(dt, bn)),
-        (true, true, true) => (
-            cols::MMR_SPLIT,
+        (true, true) => (
+            (cols::MMR, cols::MMR_SPLIT),
             MMR_ROWS,
             MMR_K,
             MMR_WARPS,
@@ -239,10 +236,10 @@ fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
         ),
     };
     Family {
-        kernels,
+        kernels: if split { in_split } else { plain },
         rows: rows as usize,
         chunk: chunk as usize,
-        threads: threads as usize * WARP,
+        threads: warps as usize * WARP,
         per_sm,
         waves: mmr,
     }
@@ -356,11 +353,22 @@ fn col_tile(n: usize) -> usize {
 /// each (the last part may have fewer): as few as fill the slots, at most `MAX_PARTS`,
 /// each of `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more.
 fn parts(tiles: usize, chunks: usize, slots: usize, chunk: usize) -> (usize, usize) {
-    let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
     let want = slots
         .div_ceil(tiles.max(1))
-        .clamp(1, MAX_PARTS)
-        .min((chunks / min_chunks).max(1));
+        .clamp(1, most_parts(chunks, chunk));
+    split_chunks(chunks, want)
+}
+
+/// Most parts `chunks` chunks of `chunk` elements may be split into: `MAX_PARTS`, each of
+/// `MIN_PART_CHUNKS` chunks of `MMQ_K` elements or more (at least one part).
+fn most_parts(chunks: usize, chunk: usize) -> usize {
+    let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
+    MAX_PARTS.min((chunks / min_chunks).max(1))
+}
+
+/// `chunks` chunks in about `want` parts of equal chunks (the last may have fewer): the
+/// count of parts and the chunks of each.
+fn split_chunks(chunks: usize, want: usize) -> (usize, usize) {
     let per = chunks.div_ceil(want);
     (chunks.div_ceil(per), per)
 }
@@ -380,16 +388,13 @@ fn parts_in_waves(
     chunk: usize,
     extra: f64,
 ) -> (usize, usize) {
-    let min_chunks = MIN_PART_CHUNKS * CHUNK / chunk;
-    let most = MAX_PARTS.min((chunks / min_chunks).max(1));
     let cost = |p: usize| {
         let waves = (tiles * p).div_ceil(slots.max(1)) as f64 / p as f64;
         waves + if p > 1 { p as f64 * extra } else { 0.0 }
     };
     // min_by keeps the first of equal costs: the fewest parts
-    let want = (1..=most)
+    let want = (1..=most_parts(chunks, chunk))
         .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
         .unwrap_or(1);
-    let per = chunks.div_ceil(want);
-    (chunks.div_ceil(per), per)
+    split_chunks(chunks, want)
 }
