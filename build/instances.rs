@@ -286,11 +286,10 @@ fn mmh() -> Vec<Instance> {
     v
 }
 
-/// Blocks an SM of `mmr_c<bn>_<q>` and `mmr_split_c<bn>_<q>` (`q` "f16": F16 weights):
-/// two (16 warps), whose lanes' accumulators, weights two or three chunks ahead and
-/// unpacked quants stay within 128 registers; one for the 64-column tiles and Q8_0's
-/// 32-column ones, which spilled at two on sm_90 (the lowering's `mmr_per_sm` has the same
-/// rule).
+/// Blocks an SM of `mmr_c<bn>_<q>` and `mmr_split_c<bn>_<q>`: two (16 warps), whose lanes'
+/// accumulators, weights two or three chunks ahead and unpacked quants stay within 128
+/// registers; one for the 64-column tiles and Q8_0's 32-column ones, which spilled at two
+/// on sm_90 (the lowering's `mmr_per_sm` has the same rule).
 fn mmr_per_sm(q: &str, bn: usize) -> usize {
     if bn == 64 || (bn == 32 && q == "q8_0") {
         1
@@ -300,33 +299,22 @@ fn mmr_per_sm(q: &str, bn: usize) -> usize {
 }
 
 /// The kernels of `cuda/mmr.cu` (see its header): `mmr_c<BN>_<q>` and `mmr_split_c<BN>_<q>`
-/// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit) and
-/// `mmr_c<BN>_f16` for F16 weights, by every column tile.
+/// for the 32-element types of [`MMQ_TYPES`] (one block, one scale a unit), by every
+/// column tile.
 fn mmr() -> Vec<Instance> {
     let mut v = Vec::new();
-    let mut push = |name: String, q: &str, bn: usize, rows: String| {
-        v.push(Instance {
-            name,
-            bounds: format!("MMR_THREADS, {}", mmr_per_sm(q, bn)),
-            args: "MmqArgs",
-            call: format!("mmr<{rows}, {bn}>"),
-        })
-    };
     for (q, ggml, split) in MMQ_TYPES.into_iter().filter(|(q, ..)| !q.ends_with("_k")) {
         for (family, traits) in [("mmr", Some(ggml)), ("mmr_split", split)] {
             let Some(traits) = traits else { continue };
             for bn in MMQ_TILES {
-                push(
-                    format!("{family}_c{bn}_{q}"),
-                    q,
-                    bn,
-                    format!("QuantRows<{traits}>"),
-                );
+                v.push(Instance {
+                    name: format!("{family}_c{bn}_{q}"),
+                    bounds: format!("MMR_THREADS, {}", mmr_per_sm(q, bn)),
+                    args: "MmqArgs",
+                    call: format!("mmr<{traits}, {bn}>"),
+                });
             }
         }
-    }
-    for bn in MMQ_TILES {
-        push(format!("mmr_c{bn}_f16"), "f16", bn, "F16Rows".into());
     }
     v
 }

@@ -675,45 +675,6 @@ pub fn mul_mat_gemv() -> BoxedStrategy<Case> {
         .boxed()
 }
 
-/// Batched products of F16 weights (`mmr_c<BN>_f16` on CUDA): contiguous F16 `w` [k, m]
-/// (k a multiple of 8, some long enough for parts of K, m across row tiles) times F32
-/// `x` [k, n, b2] of 2 to 64 columns in all, dense or strided (a window of longer rows
-/// stays on `mmr_*`, a permutation takes cuBLAS).
-pub fn mul_mat_f16_batched() -> BoxedStrategy<Case> {
-    let k = prop_oneof![
-        3 => (1..=60usize).prop_map(|x| 8 * x),
-        1 => (125..=520usize).prop_map(|x| 8 * x),
-    ];
-    let cols = prop_oneof![(2..=64usize, Just(1usize)), (1..=32usize, Just(2usize))];
-    (k, 1..=300usize, cols, any::<bool>(), any::<u64>())
-        .prop_map(|(k, m, (n, b2), window, seed)| {
-            let mut g = Gen::new(seed);
-            g.float_arg(
-                "w",
-                [k, m, 1, 1],
-                DType::F16,
-                Dist::Uniform(1.0),
-                Shape::Contiguous,
-                Mem::WeightSometimes(0.5),
-            );
-            let shape = if window {
-                Shape::Strided
-            } else {
-                Shape::Contiguous
-            };
-            g.float_arg(
-                "x",
-                [k, n, b2, 1],
-                DType::F32,
-                Dist::Uniform(1.0),
-                shape,
-                Mem::Input,
-            );
-            g.finish(OpCase::MulMat, "f16 batched", false)
-        })
-        .boxed()
-}
-
 /// Attention dimensions: head size, KV heads, GQA ratio, context, used KV length.
 fn attn_dims() -> BoxedStrategy<(usize, usize, usize, usize, usize)> {
     let hd = prop_oneof![Just(64usize), Just(128usize), 1..=64usize];

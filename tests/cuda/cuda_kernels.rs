@@ -218,8 +218,8 @@ fn split_and_in_place_decode_kernels() -> Vec<KernelId> {
     v
 }
 
-/// The batched products on tensor cores (`mmq_*`, `mmh_*`, `mmr_*`): every weight
-/// type (F16 among `mmr_*`'s) by every column tile in ggml's blocks, the split-row types in split rows, and the
+/// The batched quantized products on tensor cores (`mmq_*`, `mmh_*`, `mmr_*`): every weight
+/// type by every column tile in ggml's blocks, the split-row types in split rows, and the
 /// sum of the parts of K.
 fn batched_quantized_kernels() -> Vec<KernelId> {
     let mut v = kernels_of(&[
@@ -232,9 +232,9 @@ fn batched_quantized_kernels() -> Vec<KernelId> {
     ]);
     assert_eq!(
         v.len(),
-        164,
+        160,
         "(8 weight types + 7 split-row types) x 4 column tiles, int8 and F16, \
-         + (5 + 5) 32-element types and F16 weights x 4 on F16 in registers"
+         + (5 + 5) 32-element types x 4 on F16 in registers"
     );
     v.push(k::MMQ_REDUCE.id);
     v

@@ -116,11 +116,6 @@ fn prop_mul_mat_gemv() {
 }
 
 #[test]
-fn prop_mul_mat_f16_batched() {
-    on_gpu("mul_mat f16 batched", st::mul_mat_f16_batched(), 128);
-}
-
-#[test]
 fn prop_mul_mat_p021() {
     on_gpu("mul_mat p021", st::mul_mat_p021(), 128);
 }

@@ -885,8 +885,6 @@ pub fn run_bench_ops(opts: &BenchOptions) -> Result<BenchReport> {
         let widths = batched::cases(&mut be, q, copy_gb_s, opts.iters, filter, &mut rows)?;
         batched.extend(widths);
     }
-    let widths = batched::f16_cases(&mut be, copy_gb_s, opts.iters, filter, &mut rows)?;
-    batched.extend(widths);
     be.set_mmvq(None);
     let graph = graph_case(&mut be, opts.iters)?;
     Ok(BenchReport {

@@ -7,13 +7,11 @@
 //! reads one shared input, so the tensor-core product's Q8_1 copy is made once, as a
 //! model's fused norm makes it. The bytes are the weights', so the fraction of the copy
 //! bandwidth is that of the weight-read roofline; [`BatchedRow`] puts the paths side by
-//! side, from which the thresholds of `lower::mul_mat_q` are set. F16 weights by 2 to 64
-//! columns take the same table: `mmr_c<BN>_f16` in the F16 tensor-core column, the F16
-//! copy of the activations and cuBLAS in the cuBLAS one (`mmr_*` off).
+//! side, from which the thresholds of `lower::mul_mat_q` are set.
 
 use serde::Serialize;
 
-use super::{quant_leaf, random_leaf, reps_for, run_case, BenchRow, Case};
+use super::{quant_leaf, reps_for, run_case, BenchRow, Case};
 use crate::backend::cuda::lower::mmq::{f16_from_cols, MMQ_FROM_COLS, MMQ_MAX_COLS};
 use crate::backend::cuda::lowering::QuantPath;
 use crate::backend::cuda::CudaBackend;
@@ -104,87 +102,6 @@ fn case<'a>(q: QType, k: usize, m: usize, n: usize, path: QuantPath) -> Case<'a>
             g.mul_mat(w, x)
         }),
     }
-}
-
-/// A product of F16 weights `w` [k, m] by `n` F32 columns on `mmr_c<BN>_f16` (`mmr`) or
-/// cuBLAS, every node reading one shared input. The bytes are the weights'.
-fn f16_case<'a>(k: usize, m: usize, n: usize, mmr: bool) -> Case<'a> {
-    let what = match mmr {
-        true => "F16 tensor cores",
-        false => "F16 copy + cuBLAS",
-    };
-    let bytes = (2 * k * m) as f64;
-    let shared = std::cell::Cell::new(None);
-    Case {
-        name: format!("mul_mat f16 [{k}, {m}] x f32 [{k}, {n}] ({what}; bytes: the weights)"),
-        reps: reps_for(bytes),
-        bytes,
-        flops: 2.0 * (k * m * n) as f64,
-        build: Box::new(move |be, g, r| {
-            be.set_mmr(mmr);
-            let x = match shared.get() {
-                Some(x) => x,
-                None => {
-                    let x = g.input("x", DType::F32, &[k, n])?;
-                    shared.set(Some(x));
-                    x
-                }
-            };
-            let w = random_leaf(
-                be,
-                g,
-                &format!("w{r}"),
-                DType::F16,
-                &[k, m],
-                r as u64,
-                false,
-            )?;
-            g.mul_mat(w, x)
-        }),
-    }
-}
-
-/// Times the products of F16 weights on the Llama-2-7B shapes by 2 to 64 columns on
-/// `mmr_c<BN>_f16` and on cuBLAS (the cases whose name contains `filter`, when given), as
-/// [`cases`] does.
-pub fn f16_cases(
-    be: &mut CudaBackend,
-    copy_gb_s: f64,
-    iters: usize,
-    filter: Option<&str>,
-    rows: &mut Vec<BenchRow>,
-) -> Result<Vec<BatchedRow>> {
-    let (mut out, was) = (Vec::new(), be.mmr);
-    for (k, m) in [(4096, 4096), (4096, 11008), (11008, 4096)] {
-        for n in [2, 4, 8, 16, 32, 64] {
-            let mut time = |mmr| -> Result<Option<f64>> {
-                let c = f16_case(k, m, n, mmr);
-                if filter.is_some_and(|f| !c.name.contains(f)) {
-                    return Ok(None);
-                }
-                let row = run_case(be, copy_gb_s, iters, c)?;
-                let us = row.graph_us;
-                rows.push(row);
-                Ok(Some(us))
-            };
-            let (mmh_us, dequant_us) = (time(true)?, time(false)?);
-            if mmh_us.is_none() && dequant_us.is_none() {
-                continue;
-            }
-            out.push(BatchedRow {
-                weights: format!("f16 [{k}, {m}]"),
-                n,
-                roofline_us: (2 * k * m) as f64 / copy_gb_s / 1e3,
-                decode_us: None,
-                mmq_us: None,
-                mmh_us,
-                dequant_us,
-                auto: "F16 cores".into(),
-            });
-        }
-    }
-    be.set_mmr(was);
-    Ok(out)
 }
 
 /// Times the batched products of `q` on the Llama-2-7B shapes by 8 to 512 columns on

@@ -5,8 +5,7 @@
 //! `mmq_split_c<BN>_<q>` in `cuda/mmq.cu`), from there on F16 ones: `mmr_c<BN>_<q>`,
 //! `mmr_split_c<BN>_<q>` (`cuda/mmr.cu`, the weights unpacked in registers) for the
 //! 32-element types, `mmh_c<BN>_<q>`, `mmh_split_c<BN>_<q>` (`cuda/mmh.cu`, unpacked into
-//! shared memory) for the K-quants; `mmq_reduce` adds up parts of K. F16 weights by 2 to
-//! [`MMQ_MAX_COLS`] columns take `mmr_c<BN>_f16` ([`lower_f16`], unless `mmr_*` is off).
+//! shared memory) for the K-quants; `mmq_reduce` adds up parts of K.
 //!
 //! - On int8 tensor cores, the activations `b` [k, n, b2, b3] (F32, dense rows, any
 //!   strides) are quantized to Q8_1 once, as the decode products read them
@@ -86,9 +85,8 @@ const _: () = assert!(MMQ_REDUCE_THREADS == 256);
 /// block is `MMQ_WARPS` warps, one per SM partition, which alone cannot hide the latency of
 /// their loads.
 const MIN_BLOCKS_PER_SM: usize = 3;
-/// Blocks of `mmr_*` of weights `dt` (a block type or F16) by `bn` columns an SM holds
-/// (their launch bound, build/instances.rs): one of 64 columns and Q8_0's of 32, two of
-/// the others.
+/// Blocks of `mmr_*` of weights `dt` by `bn` columns an SM holds (their launch bound,
+/// build/instances.rs): one of 64 columns and Q8_0's of 32, two of the others.
 fn mmr_per_sm(dt: DType, bn: usize) -> usize {
     if bn == 64 || (bn == 32 && dt == DType::Quant(QType::Q8_0)) {
         1
@@ -190,45 +188,7 @@ pub(crate) fn lower(
     dst: &Operand,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
-    takes(a, b, lw).then(|| {
-        let f16 = f16_cores(b.nrows(), lw.quant_path, a.dtype, lw.mmr);
-        lower_taken(a, b, dst, lw, f16)
-    })
-}
-
-/// Whether `a b` with F16 weights runs on `mmr_c<BN>_f16`: `mmr_*` on, one weight matrix
-/// of dense rows whose elements come in whole 16-byte pieces (`k` a multiple of 8, rows
-/// and their stride 16-byte aligned), F32 activations with dense rows, at most
-/// [`MMQ_MAX_COLS`] columns (batches included) and rows one grid holds. Below that width
-/// cuBLAS reads the weights as fast as its GEMM computes; here a warp's weights go from
-/// memory straight into its tensor cores' fragments (`graft bench-ops`, "mul_mat f16").
-pub(crate) fn takes_f16(a: &Operand, b: &Operand, lw: &Lowering) -> bool {
-    let (kk, m) = (a.ne[0], a.ne[1]);
-    lw.mmr
-        && a.dtype == DType::F16
-        && b.dtype == DType::F32
-        && (1..=MMQ_MAX_COLS).contains(&b.nrows())
-        && kk.is_multiple_of(8)
-        && kk < i32::MAX as usize
-        && b.ne[0] == kk
-        && a.ne[2] == 1
-        && a.ne[3] == 1
-        && a.rows_contiguous()
-        && b.rows_contiguous()
-        && lw.addr(a).is_multiple_of(16)
-        && (m == 1 || a.nb[1].is_multiple_of(16))
-        && m <= MMR_ROWS as usize * MAX_GRID_YZ
-}
-
-/// The launches of `dst = a b` with F16 weights on `mmr_c<BN>_f16`, or None when the
-/// product is not one it takes ([`takes_f16`]).
-pub(crate) fn lower_f16(
-    a: &Operand,
-    b: &Operand,
-    dst: &Operand,
-    lw: &mut Lowering,
-) -> Option<Result<Vec<DevOp>, String>> {
-    takes_f16(a, b, lw).then(|| lower_taken(a, b, dst, lw, true))
+    takes(a, b, lw).then(|| lower_taken(a, b, dst, lw))
 }
 
 /// The kernel family of a product on the tensor cores and its geometry.
@@ -248,8 +208,8 @@ struct Family {
 }
 
 /// The family of a product of weights `dt` (in split rows when `split`) by column tiles of
-/// `bn`, on the F16 tensor cores when `f16`: `mmr_*` for the 32-element types and F16
-/// there (unless `mmr` is off), whose weights unpack in registers, `mmh_*` for the others.
+/// `bn`, on the F16 tensor cores when `f16`: `mmr_*` for the 32-element types there
+/// (unless `mmr` is off), whose weights unpack in registers, `mmh_*` for the others.
 fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
     let mmr = f16 && mmr && has_mmr(dt);
     let ((plain, in_split), rows, chunk, warps, per_sm) = match (f16, mmr) {
@@ -285,16 +245,15 @@ fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
     }
 }
 
-/// The launches of `dst = a b` on the tensor cores, the F16 ones when `f16`.
 fn lower_taken(
     a: &Operand,
     b: &Operand,
     dst: &Operand,
     lw: &mut Lowering,
-    f16: bool,
 ) -> Result<Vec<DevOp>, String> {
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
     let bn = col_tile(n);
+    let f16 = f16_cores(n, lw.quant_path, a.dtype, lw.mmr);
     let fam = family(a.dtype, lw.weights_split(a)?, f16, lw.mmr, bn);
     let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);

@@ -13,10 +13,7 @@
 //!    [n_kv, hd, n_kv_heads]).
 //! 4. Block-quantized weights: see [`super::mul_mat_q`] (decode kernels for 1..=8
 //!    columns, the int8 tensor-core product up to `MMQ_MAX_COLS`, otherwise the weights
-//!    dequantized to F16 in scratch and case 5). F16 weights by 2 to `MMQ_MAX_COLS`
-//!    columns (one weight matrix, 16-byte aligned rows, `k` a multiple of 8):
-//!    `mmr_c<BN>_f16` on the F16 tensor cores ([`super::mmq::lower_f16`]), with the
-//!    activations' F16 copy that the next product of the same activations reads.
+//!    dequantized to F16 in scratch and case 5).
 //! 5. Everything else: cuBLAS (`cublasGemmEx`, or `cublasGemmBatchedEx` with pointer
 //!    arrays built here and uploaded with the plan's constants: the arena and buffers
 //!    never move), tensor cores for F16/BF16, f32 accumulation (`CUBLAS_COMPUTE_32F`, no
@@ -28,7 +25,7 @@
 //!    GEMV keeps them in f32; the split keeps about 16 bits.
 
 use super::cpy::copy_to;
-use super::{mmq, mul_mat_q};
+use super::mul_mat_q;
 use crate::backend::cuda::args::{GemvArgs, SplitArgs, Tensor4, P021_ROWS, P021_THREADS};
 use crate::backend::cuda::decode::{self, Gemv, ROWS as GEMV_ROWS};
 use crate::backend::cuda::gemm::Gemm;
@@ -65,11 +62,6 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
 
     // 1. Decode GEMV.
     if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
-        return ops;
-    }
-
-    // 4. F16 weights by a few columns on the F16 tensor cores.
-    if let Some(ops) = mmq::lower_f16(a, b, dst, lw) {
         return ops;
     }
 

@@ -132,9 +132,9 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         Some(r) => (true, r),
         None => (false, rest),
     };
-    let (bn, dt) = rest.strip_prefix('c').unwrap().split_once('_').unwrap();
+    let (bn, q) = rest.strip_prefix('c').unwrap().split_once('_').unwrap();
     let bn: usize = bn.parse().unwrap();
-    let dt = DType::parse(dt).unwrap();
+    let q = DType::parse(q).and_then(DType::quant).unwrap();
     let (k, m, n) = (p.k as usize, p.m as usize, p.n as usize);
     let (tiles, parts) = ((grid.0 as usize, grid.1 as usize), grid.2 as usize);
     let rows = match family {
@@ -164,19 +164,12 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         false => q8_1_column_bytes(k),
     };
     assert_eq!(p.b_nb1 as usize, col_bytes);
-    let rb = dt.row_bytes(k);
+    let rb = q.row_bytes(k).unwrap();
     let mut w = vec![0f32; m * k];
     for (r, wr) in w.chunks_exact_mut(k).enumerate() {
         let at = p.a + (r as i64 * p.a_nb1) as u64;
         // SAFETY: the weight rows lie in the weights' host buffer.
         let src = unsafe { std::slice::from_raw_parts(at as *const u8, rb) };
-        let Some(q) = dt.quant() else {
-            assert_eq!((dt, family, at % 16, split), (DType::F16, "mmr", 0, false));
-            for (v, h) in wr.iter_mut().zip(src.chunks_exact(2)) {
-                *v = f16::from_le_bytes([h[0], h[1]]).to_f32();
-            }
-            continue;
-        };
         let mut row = src.to_vec();
         if split {
             join_row(q, src, &mut row, at);
@@ -185,13 +178,12 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
     }
     let column = |c: usize| {
         let col = p.b + (c as i64 * p.b_nb1) as u64;
-        match (f16_acts, dt.quant()) {
+        match f16_acts {
             // SAFETY: the column of the F16 copy lies in scratch.
-            (true, _) => (0..k)
+            true => (0..k)
                 .map(|l| unsafe { f16::from_bits(read::<u16>(col, 2 * l as i64)) }.to_f64())
                 .collect(),
-            (false, Some(q)) => q8_1_column(col, k, q),
-            (false, None) => panic!("{name}: Q8_1 activations of {dt} weights"),
+            false => q8_1_column(col, k, q),
         }
     };
     let x: Vec<f64> = (0..n).flat_map(column).collect();
@@ -654,133 +646,4 @@ fn f16_products_share_one_copy_of_their_activations() {
     for p in [first, second] {
         assert!(p.dst >= p.b + (n as u64) * p.b_nb1 as u64, "{p:?}");
     }
-}
-
-/// F16 weights `w [k, m]` (rows `pad` elements apart beyond k, in a buffer at a 16-byte
-/// boundary) by F32 `x [k, n, b2]`, lowered with host addresses and `mmr_*` on: the
-/// kernels launched. Where they are `mmr_c<BN>_f16`, the interpreter's result must be the
-/// CPU backend's (the difference is the F16 rounding of the activations, about 1e-7).
-fn run_f16(k: usize, m: usize, [n, b2]: [usize; 2], pad: usize, seed: u64) -> Vec<&'static str> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let ke = k + pad;
-    let vals: Vec<f16> = (0..ke * m)
-        .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
-        .collect();
-    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let x: Vec<f32> = (0..k * n * b2)
-        .map(|_| rng.random_range(-1.0..1.0))
-        .collect();
-    let mut cpu = CpuBackend::new();
-    let buf = cpu.alloc_buffer(bytes.len()).unwrap();
-    cpu.write_buffer(buf, 0, &bytes).unwrap();
-    let mut g = Graph::new();
-    let data = BufferRef {
-        buffer: buf,
-        offset: 0,
-    };
-    let w = g.weight("w", DType::F16, &[ke, m], data).unwrap();
-    let wv = g
-        .view_4d(w, [k, m, 1, 1], 2 * ke, 2 * ke * m, 2 * ke * m, 0)
-        .unwrap();
-    let xin = g.input("x", DType::F32, &[k, n, b2]).unwrap();
-    let y = g.mul_mat(wv, xin).unwrap();
-    let plan = g.plan(&[y]).unwrap();
-    let e = cpu.load(&plan).unwrap();
-    let xio = &plan.inputs[0].operand;
-    cpu.set_input_f32(e, xio.id, &x).unwrap();
-    cpu.compute(e).unwrap();
-    let out = plan.outputs[0].operand.clone();
-    let want = cpu.get_output_f32(e, out.id, out.nelements()).unwrap();
-
-    let mut wmem = vec![0u64; bytes.len().div_ceil(8) + 2];
-    let wbase = base(&mut wmem).next_multiple_of(16);
-    // SAFETY: `wmem` holds the weights' bytes past its first 16-byte boundary.
-    unsafe { std::slice::from_raw_parts_mut(wbase as *mut u8, bytes.len()) }
-        .copy_from_slice(&bytes);
-    let (ops, mut arena, _scratch) = lower_on_host(&plan, wbase, &[], QuantPath::Auto);
-    let Loc::Arena(xoff) = xio.loc else {
-        unreachable!()
-    };
-    bytemuck::cast_slice_mut::<u64, f32>(&mut arena)[xoff / 4..xoff / 4 + x.len()]
-        .copy_from_slice(&x);
-    let launches = kernel_launches(&ops);
-    let names: Vec<&'static str> = ops.iter().flatten().map(DevOp::name).collect();
-    if names.iter().any(|n| n.starts_with("mmr_")) {
-        for l in &launches {
-            interpret(l);
-        }
-        let nmse = output_nmse(&arena, &out, &want);
-        assert!(nmse < 1e-6, "{names:?}: NMSE {nmse:e} against the CPU");
-    }
-    names
-}
-
-/// F16 weights by 2 to `MMQ_MAX_COLS` columns take `mmr_c<BN>_f16` at the narrowest tile
-/// that holds them (batches included), one column the decode GEMV, more columns and
-/// weights whose pieces are not 16-byte aligned cuBLAS; with rows past the last whole
-/// chunk, strided rows, few rows (parts of K) and random shapes, the results are the
-/// CPU's.
-#[test]
-fn f16_weights_take_mmr_by_few_columns() {
-    const GEMM: [&str; 2] = ["cpy_f32_f16", "cublasGemmEx"];
-    // rows off 16 bytes: copied with 16-byte rows first
-    const COPIED: [&str; 3] = ["cpy_f32_f16", "cpy_f16_f16", "cublasGemmEx"];
-    // k, m, [n, b2], the rows' padding, the launches
-    type F16Case = (usize, usize, [usize; 2], usize, &'static [&'static str]);
-    let cases: [F16Case; 8] = [
-        (
-            4096,
-            300,
-            [8, 1],
-            0,
-            &["cpy_f32_f16", "mmr_c8_f16", "mmq_reduce"],
-        ),
-        (416, 130, [3, 1], 8, &["cpy_f32_f16", "mmr_c8_f16"]),
-        (200, 10, [17, 2], 0, &["cpy_f32_f16", "mmr_c64_f16"]),
-        (64, 16, [64, 1], 0, &["cpy_f32_f16", "mmr_c64_f16"]),
-        (24, 10, [1, 1], 0, &["mul_mat_vec_f16"]),
-        (20, 10, [8, 1], 0, &COPIED),
-        (24, 10, [MMQ_MAX_COLS + 1, 1], 0, &GEMM),
-        (24, 10, [8, 1], 4, &COPIED),
-    ];
-    for (i, (k, m, cols, pad, want)) in cases.into_iter().enumerate() {
-        let names = run_f16(k, m, cols, pad, i as u64);
-        assert_eq!(names, want, "{k} x {m} by {cols:?}, pad {pad}");
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    for seed in 0..24 {
-        let k = 8 * rng.random_range(1..80);
-        let (m, n, b2) = (
-            rng.random_range(1..300),
-            rng.random_range(2..=32),
-            rng.random_range(1..=2),
-        );
-        let pad = 8 * rng.random_range(0..3);
-        let names = run_f16(k, m, [n, b2], pad, 100 + seed);
-        let tile = format!("mmr_c{}_f16", col_tile(n * b2));
-        assert!(
-            names.contains(&tile.as_str()),
-            "{k} x {m} by {n} x {b2}: {names:?}"
-        );
-    }
-}
-
-/// With `mmr_*` off, F16 weights by a few columns take cuBLAS as before.
-#[test]
-fn f16_weights_without_mmr_take_cublas() {
-    let mut g = Graph::new();
-    let w = g.input("w", DType::F16, &[4096, 64]).unwrap();
-    let x = g.input("x", DType::F32, &[4096, 8]).unwrap();
-    let y = g.mul_mat(w, x).unwrap();
-    let plan = g.plan(&[y]).unwrap();
-    let names = |mmr: bool| {
-        let mut lw = Lowering {
-            mmr,
-            ..Lowering::new(&fake_addr_any, true, 1)
-        };
-        let ops = lower_plan(&plan, &mut lw, true, |_| 0).unwrap();
-        ops.iter().flatten().map(DevOp::name).collect::<Vec<_>>()
-    };
-    assert_eq!(names(false), ["cpy_f32_f16", "cublasGemmEx"]);
-    assert_eq!(names(true)[..2], ["cpy_f32_f16", "mmr_c8_f16"]);
 }
