@@ -103,6 +103,8 @@ constexpr i64 CPY_RESHAPE = 1;     // different ne, elements matched in row-majo
 constexpr i64 CPY_CONTIGUOUS = 2;  // both dense: flat index
 constexpr i64 ACT_BLOCKS = 0;  // Q8_1 activations for products taking one sub-block a lane
 constexpr i64 ACT_PAIRS = 1;   // Q8_1 activations for products taking two sub-blocks a lane
+constexpr i64 ACT_F16 = 2;     // F16 activations, element e of a column at byte 2 e (the products on
+                               // F16 tensor cores and cuBLAS)
 
 struct RowsArgs {  // get_rows, set_rows
     Tensor4 src;  // get_rows: the table; set_rows: the rows to write
@@ -317,7 +319,7 @@ struct NormMulArgs {  // rms_norm_mul: dst = rms_norm(src) * w (w [ne0], broadca
     int vec;      // 1: rows of 4-element groups in 16-byte words (rms_rows_vec in norm.cu)
     char* q8;     // when not null: row r of dst also as split Q8_1 at q8 + r * q8_nb1
     i64 q8_nb1;   // (cuda/quant.cuh, store_act), for the decode product that reads it
-    i64 q8_layout;  // ACT_BLOCKS or ACT_PAIRS, the order that product takes sub-blocks in
+    i64 q8_layout;  // ACT_BLOCKS or ACT_PAIRS, the order that product takes sub-blocks in; ACT_F16
     i64 w_early;  // 1: w is read-only (a weight) and read before waiting on the previous kernel
 };
 static_assert(sizeof(NormMulArgs) == 256, "NormMulArgs layout");

@@ -290,6 +290,8 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_combin
     // the layout as a constant: the store's offsets without a select
     if (p.q8_layout == ACT_PAIRS) {
         combine<ACT_PAIRS>(p);
+    } else if (p.q8_layout == ACT_F16) {
+        combine<ACT_F16>(p);
     } else {
         combine<ACT_BLOCKS>(p);
     }

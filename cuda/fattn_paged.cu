@@ -861,6 +861,8 @@ extern "C" __global__ void __launch_bounds__(FATTN_COMBINE_THREADS) fattn_paged_
     // the layout as a constant: the store's offsets without a select
     if (p.q8_layout == ACT_PAIRS) {
         paged_combine<ACT_PAIRS>(p);
+    } else if (p.q8_layout == ACT_F16) {
+        paged_combine<ACT_F16>(p);
     } else {
         paged_combine<ACT_BLOCKS>(p);
     }

@@ -225,6 +225,8 @@ __device__ void rms_norm_mul(const NormMulArgs& p) {
         // the layout as a constant: the store's offsets without a select
         if (p.q8_layout == ACT_PAIRS) {
             rms_rows_vec<W, ACT_PAIRS>(p);
+        } else if (p.q8_layout == ACT_F16) {
+            rms_rows_vec<W, ACT_F16>(p);
         } else {
             rms_rows_vec<W, ACT_BLOCKS>(p);
         }

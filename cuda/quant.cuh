@@ -213,7 +213,12 @@ __device__ __forceinline__ void store_act_scales(char* col, i64 k, i64 s, float 
 // (NaN or infinite for a block holding a NaN or an infinity: its products are not finite),
 // quants rounded half away from zero, sum = d * (sum of the quants), as src/quant's quantize_row for Q8_1 rounds
 // (no expression here can contract into a fused multiply-add). Every lane must call it.
+// ACT_F16: the element as F16 at its place in the column (no quantization, no shuffles).
 __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int lane, i64 layout) {
+    if (layout == ACT_F16) {
+        reinterpret_cast<__half*>(col)[32 * s + lane] = __float2half_rn(x);
+        return;
+    }
     const float amax = warp_max(fabsf(x));
     const float d = amax / 127.0f;
     const int q = sat_i8(roundf(x * inverse(d)));
@@ -229,6 +234,13 @@ __device__ __forceinline__ void store_act(float x, char* col, i64 k, i64 s, int 
 // scale, rounding and sum as store_act, so the same bytes. Every lane of the warp calls
 // it; `valid` lanes store (a block's 8 lanes are all valid or none).
 __device__ __forceinline__ void store_act4(float4 v, char* col, i64 k, int g, bool valid, i64 layout) {
+    if (layout == ACT_F16) {
+        if (valid) {
+            __half2* h = reinterpret_cast<__half2*>(col) + 2 * g;
+            h[0] = __floats2half2_rn(v.x, v.y), h[1] = __floats2half2_rn(v.z, v.w);
+        }
+        return;
+    }
     float amax = fmax_nan(fmax_nan(fabsf(v.x), fabsf(v.y)), fmax_nan(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(FULL_MASK, amax, o));

@@ -85,6 +85,8 @@ extern "C" __global__ void swiglu_f32(const GluArgs p) {
     const float scale = fold_scale(p.fold_scale);
     if (p.q8_layout == ACT_PAIRS) {
         swiglu<ACT_PAIRS>(p, scale);
+    } else if (p.q8_layout == ACT_F16) {
+        swiglu<ACT_F16>(p, scale);
     } else {
         swiglu<ACT_BLOCKS>(p, scale);
     }

@@ -22,7 +22,8 @@
 //! When the step after a fused norm or SwiGLU is a product with block-quantized weights
 //! that reads Q8_1 activations ([`q8_1_input`]: a decode product, [`Target::q8_1`], or a
 //! batched one, [`Target::batched_cols`]), the fused step also writes its result as those
-//! activations ([`Q8For`]), and the product has no quantizing launch.
+//! activations ([`Q8For`]), and the product has no quantizing launch. Where the product
+//! reads an F16 copy of them instead ([`Target::f16_copies`]), the fused step writes that.
 //! (Folding the norm into the GEMV that reads it, each warp summing x^2 itself, measured
 //! no faster on an H100 and was dropped; so was a fold whose second product read the
 //! block sums itself, slower than the norm's launch on an H200: docs/benchmarks.md,
@@ -118,8 +119,8 @@ impl<'p> Fused<'p> {
     }
 }
 
-/// The Q8_1 activations of the product after a fused step ([`q8_1_input`]), which the
-/// fused step writes too (so the product needs no quantizing launch).
+/// The Q8_1 (or F16) activations of the product after a fused step ([`q8_1_input`]),
+/// which the fused step writes too (so the product needs no quantizing or copying launch).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Q8For<'p> {
     /// The product's F32 activations (the fused step's result, or for attention the
@@ -130,7 +131,7 @@ pub struct Q8For<'p> {
 }
 
 /// The order of a Q8_1 activation copy's blocks, by the weight type of the product that
-/// reads it: `cuda/quant.cuh`'s `ACT_BLOCKS` and `ACT_PAIRS`.
+/// reads it: `cuda/quant.cuh`'s `ACT_BLOCKS` and `ACT_PAIRS`; or an F16 copy (`ACT_F16`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q8Layout {
     /// One 32-element block a lane (the 32-element types).
@@ -138,6 +139,9 @@ pub enum Q8Layout {
     /// Two neighbouring blocks a lane (the 256-element types, whose lanes take sub-blocks
     /// in pairs).
     Pairs,
+    /// Not Q8_1: the F16 activations, dense columns padded to 16 bytes, of a product on
+    /// F16 tensor cores or cuBLAS ([`Target::f16_copies`]).
+    F16,
 }
 
 impl Q8Layout {
@@ -325,10 +329,23 @@ pub struct Target {
     /// them ([`Q8For`]).
     pub q8_1: bool,
     /// Most activation columns, batches included, of the other products with
-    /// block-quantized weights in the batched layout ([`quant_batched_layout`]) that read
-    /// their activations as Q8_1 (the CUDA backend's int8 tensor-core product); 0: none
-    /// does. A fused step before such a product writes them too.
+    /// block-quantized weights of a 256-element [`batched_type`] in the batched layout
+    /// ([`quant_batched_layout`]) that read their activations as Q8_1 (the CUDA backend's
+    /// int8 tensor-core product); 0: none does. A fused step before such a product writes
+    /// them too.
     pub batched_cols: usize,
+    /// The same for the 32-element batched types.
+    pub batched_cols_32: usize,
+    /// Whether the other products of F32 activations with F16 weights (but the float
+    /// decode products) or block-quantized ones read an F16 copy of the activations (the
+    /// CUDA backend's F16 tensor-core products and cuBLAS; with block-quantized weights,
+    /// up to [`Target::tensor_cols`] columns). A fused step before such a product writes
+    /// it.
+    pub f16_copies: bool,
+    /// Most activation columns of the batched products of a [`batched_type`] on tensor
+    /// cores (int8 or F16); wider ones read the activations as their dequantized weights'
+    /// cuBLAS product does.
+    pub tensor_cols: usize,
     /// Fewest activation columns from which a decode product with weights of a
     /// [`batched_type`] takes the batched product rather than the decode kernels
     /// (`usize::MAX`: never). Such a product is not fused with its residual add
@@ -345,17 +362,52 @@ pub struct Target {
 }
 
 impl Target {
-    /// Whether `a b` can run as a batched product: weights of a [`batched_type`] in the
-    /// batched layout up to [`Target::batched_cols`] columns.
-    fn batched(&self, a: &Operand, b: &Operand) -> bool {
-        a.dtype.quant().is_some_and(batched_type) && quant_batched_layout(a, b, self.batched_cols)
+    /// Whether `a b` can run on the tensor cores: weights of a [`batched_type`] in the
+    /// batched layout up to [`Target::tensor_cols`] columns.
+    fn tensor(&self, a: &Operand, b: &Operand) -> bool {
+        a.dtype.quant().is_some_and(batched_type) && quant_batched_layout(a, b, self.tensor_cols)
     }
 
-    /// Whether `a b` runs as a batched product although its layout is a decode product's
+    /// Whether `a b` runs on the tensor cores although its layout is a decode product's
     /// ([`Target::batched_from`]).
     fn batched_decode(&self, a: &Operand, b: &Operand) -> bool {
-        b.nrows() >= self.batched_from && self.batched(a, b)
+        b.nrows() >= self.batched_from && self.tensor(a, b)
     }
+
+    /// The activations a product `a b` reads as a copy (Q8_1 in a layout, or F16), if
+    /// any: see [`q8_1_input`].
+    fn copy_read(&self, a: &Operand, b: &Operand) -> Option<Q8Layout> {
+        let f16 = || (self.f16_copies && f16_copy_layout(a, b)).then_some(Q8Layout::F16);
+        let Some(q) = a.dtype.quant() else {
+            return if a.dtype == DType::F16 && !float_gemv(a, b) {
+                f16()
+            } else {
+                None
+            };
+        };
+        let (n, decode) = (b.nrows(), quant_decode_layout(a, b));
+        let tensor = match decode {
+            true => self.batched_decode(a, b),
+            false => self.tensor(a, b),
+        };
+        let q8 = match q.block_size() {
+            32 => self.batched_cols_32,
+            _ => self.batched_cols,
+        };
+        match (tensor, decode) {
+            (true, _) if n <= q8 => Some(Q8Layout::of(a.dtype)),
+            (true, _) => f16(),
+            (false, true) => (self.q8_1 && decode_type(q)).then_some(Q8Layout::of(a.dtype)),
+            (false, false) => None,
+        }
+    }
+}
+
+/// Whether a product of one weight matrix `a` reads its F32 activations `b` (dense rows of
+/// `a`'s length) as columns one after the other, which an F16 copy of padded columns
+/// stands for.
+fn f16_copy_layout(a: &Operand, b: &Operand) -> bool {
+    b.dtype == DType::F32 && b.rows_contiguous() && b.ne[0] == a.ne[0] && single(a)
 }
 
 /// Most activation columns of a decode product (the backend's decode kernels take 1 to 8).
@@ -481,7 +533,10 @@ pub fn decode_product(a: &Operand, b: &Operand) -> bool {
 /// when it is a product of block-quantized weights that the target runs on Q8_1
 /// activations: a decode product ([`Target::q8_1`], weights of a [`decode_type`]; from
 /// [`Target::batched_from`] columns the batched product's) or another one in the batched
-/// layout ([`Target::batched_cols`], of a [`batched_type`]).
+/// layout ([`Target::batched_cols`], [`Target::batched_cols_32`], of a [`batched_type`]).
+/// Or its `b` as an F16 copy ([`Q8Layout::F16`]) when the target reads one
+/// ([`Target::f16_copies`]): the batched products of more columns on tensor cores, and
+/// every product of F16 weights but the decode GEMV.
 /// Also a decode step's `mul_mat_id` that the target runs on its decode kernels
 /// ([`expert_decode`]).
 /// A step before it that computes `b` anyway can write that copy itself.
@@ -493,14 +548,10 @@ pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
             layout: Q8Layout::of(a.dtype),
         });
     }
-    let q = a.dtype.quant();
-    let reads = match quant_decode_layout(a, b) {
-        true => (target.q8_1 && q.is_some_and(decode_type)) || target.batched_decode(a, b),
-        false => target.batched(a, b),
-    };
-    (step.op == Op::MulMat && reads).then_some(Q8For {
+    let layout = target.copy_read(a, b);
+    (step.op == Op::MulMat).then_some(Q8For {
         of: b,
-        layout: Q8Layout::of(a.dtype),
+        layout: layout?,
     })
 }
 

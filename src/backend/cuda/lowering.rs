@@ -13,7 +13,7 @@ use super::gemm::Gemm;
 use super::kernels::{Kernel, KernelId};
 use super::lower::mmq::F16Copy;
 use super::split::SplitRows;
-use crate::backend::fusion::disjoint;
+use crate::backend::fusion::{disjoint, Q8Layout};
 use crate::graph::{BufferId, DType, Loc, Operand};
 
 /// One device operation of a lowered step.
@@ -331,7 +331,7 @@ impl Lowering<'_> {
 
     /// The steps just lowered (one group) wrote `dsts`: stale Q8_1 copies are forgotten
     /// ([`Lowering::wrote`]), and the copy `made` of their own result, if any, is the one
-    /// the next decode product reads.
+    /// the next product reads (an F16 one in [`Lowering::f16`]).
     pub fn step_done<'o>(
         &mut self,
         dsts: impl IntoIterator<Item = &'o Operand>,
@@ -340,8 +340,15 @@ impl Lowering<'_> {
         for dst in dsts {
             self.wrote(dst);
         }
-        if made.is_some() {
-            self.q8_1 = made;
+        match made {
+            Some(c) if c.layout == Q8Layout::F16 => {
+                self.f16 = Some(F16Copy {
+                    of: c.of,
+                    addr: c.addr,
+                })
+            }
+            Some(c) => self.q8_1 = Some(c),
+            None => {}
         }
     }
 }

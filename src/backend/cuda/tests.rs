@@ -13,7 +13,7 @@ use super::args::KernelArgs;
 use super::args::{
     BinaryArgs, CpyArgs, FattnArgs, GemvArgs, GluArgs, MoeSumArgs, NormArgs, NormFold, NormMulArgs,
     QGemvArgs, RopeStoreArgs, RowsArgs, SoftMaxArgs, SplitArgs, Tensor4, TopKArgs, UnaryArgs,
-    ACT_BLOCKS, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE, GEMV_WARPS, MOE_SUM_STAGE,
+    ACT_BLOCKS, ACT_F16, CPY_CONTIGUOUS, CPY_RESHAPE, CPY_SAME_SHAPE, GEMV_WARPS, MOE_SUM_STAGE,
 };
 use super::decode::q8_1::Q8Copy;
 use super::gemm::Gemm;
@@ -264,7 +264,10 @@ fn run_split(name: &str, a: SplitArgs) {
 
 /// Host version of rms_norm_mul_f32_*: y = x / sqrt(mean(x^2) + eps) * w, row by row.
 fn run_rms_norm_mul(name: &str, a: NormMulArgs) {
-    assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
+    assert!(
+        a.q8 == 0 || a.q8_layout == ACT_F16,
+        "the interpreter runs no Q8_1 path"
+    );
     let wt = if name.ends_with("bf16") {
         DType::BF16
     } else if name.ends_with("f16") {
@@ -288,6 +291,10 @@ fn run_rms_norm_mul(name: &str, a: NormMulArgs) {
                 let v = load(at(&a.src, i0) as *const u8, DType::F32) * scale;
                 let w = load((a.w.data as i64 + i0 * a.w.nb[0]) as *const u8, wt);
                 store(at(&a.dst, i0) as *mut u8, DType::F32, v * w);
+                if a.q8 != 0 {
+                    let col = a.q8 as i64 + r * a.q8_nb1;
+                    store((col + 2 * i0) as *mut u8, DType::F16, v * w);
+                }
             }
         }
     }
@@ -306,7 +313,10 @@ fn run_binary(a: BinaryArgs, f: fn(f32, f32) -> f32) {
 
 /// Host version of swiglu_f32: y = silu(gate) * up, elementwise, any strides.
 fn run_swiglu(a: GluArgs) {
-    assert_eq!(a.q8, 0, "the interpreter runs no Q8_1 path");
+    assert!(
+        a.q8 == 0 || a.q8_layout == ACT_F16,
+        "the interpreter runs no Q8_1 path"
+    );
     let s = fold_scale(a.fold_scale);
     let n: i64 = a.dst.ne.iter().product();
     for i in 0..n {
@@ -314,7 +324,13 @@ fn run_swiglu(a: GluArgs) {
         // SAFETY: the three tensors lie in the plan's memory with these shapes.
         unsafe {
             let (g, u) = (s * get_f32(&a.gate, ix), s * get_f32(&a.up, ix));
-            set_f32(&a.dst, ix, g / (1.0 + (-g).exp()) * u);
+            let y = g / (1.0 + (-g).exp()) * u;
+            set_f32(&a.dst, ix, y);
+            if a.q8 != 0 {
+                let row = i / a.dst.ne[0];
+                let col = a.q8 as i64 + row * a.q8_nb1;
+                store((col + 2 * ix[0]) as *mut u8, DType::F16, y);
+            }
         }
     }
 }

@@ -17,6 +17,9 @@ use crate::quant::QType;
 const Q8_1: Target = Target {
     q8_1: true,
     batched_cols: 0,
+    batched_cols_32: 0,
+    f16_copies: false,
+    tensor_cols: 0,
     batched_from: usize::MAX,
     expert_decode_tokens: 4,
     moe_sum_stage: 64,
@@ -24,6 +27,9 @@ const Q8_1: Target = Target {
 const F32_ACTS: Target = Target {
     q8_1: false,
     batched_cols: 0,
+    batched_cols_32: 0,
+    f16_copies: false,
+    tensor_cols: 0,
     batched_from: usize::MAX,
     expert_decode_tokens: 0,
     moe_sum_stage: 0,
@@ -33,6 +39,9 @@ const F32_ACTS: Target = Target {
 const BATCHED: Target = Target {
     q8_1: true,
     batched_cols: 64,
+    batched_cols_32: 64,
+    f16_copies: false,
+    tensor_cols: 64,
     batched_from: 5,
     expert_decode_tokens: 4,
     moe_sum_stage: 64,
@@ -497,6 +506,67 @@ fn batched_products_take_q8_1_copies() {
             "{what}: decode products dequantize"
         );
         assert!(!writes(&plan, &F32_ACTS), "{what}");
+    }
+}
+
+/// A target like the CUDA backend's with `mmr_*`: the 256-element types' batched products
+/// read Q8_1 up to 15 columns, the 32-element types' none (F16 tensor cores from 5), every
+/// tensor-core product up to 64 columns, and the rest read F16 copies: a fused norm writes
+/// the copy its product reads, by weight type and width.
+#[test]
+fn f16_copies_follow_the_product_paths() {
+    let cuda = Target {
+        batched_cols: 15,
+        batched_cols_32: 4,
+        f16_copies: true,
+        ..BATCHED
+    };
+    let norm_then = |wdt: DType, shape: [usize; 2]| {
+        plan_of(|g| {
+            let d = 256;
+            let x0 = g.input("x0", DType::F32, &[d, shape[0], shape[1]]).unwrap();
+            let x = g.scale(x0, 0.5).unwrap();
+            let w = g.input("w", DType::F32, &[d]).unwrap();
+            let n = g.rms_norm(x, 1e-5).unwrap();
+            let y = g.mul(n, w).unwrap();
+            let wm = g.input("wm", wdt, &[d, 16]).unwrap();
+            vec![g.mul_mat(wm, y).unwrap()]
+        })
+    };
+    let (q4_0, q4_k) = (DType::Quant(QType::Q4_0), DType::Quant(QType::Q4_K));
+    let (blocks, pairs, f16) = (
+        Some(Q8Layout::Blocks),
+        Some(Q8Layout::Pairs),
+        Some(Q8Layout::F16),
+    );
+    for (wdt, shape, want) in [
+        (q4_0, [4, 1], blocks),
+        (q4_0, [5, 1], f16),
+        (q4_0, [64, 1], f16),
+        (q4_0, [65, 1], None),
+        (q4_k, [8, 1], pairs),
+        (q4_k, [15, 1], pairs),
+        (q4_k, [16, 1], f16),
+        (q4_k, [4, 2], pairs),
+        (q4_k, [8, 2], f16),
+        (DType::Quant(QType::IQ4_XS), [8, 1], pairs),
+        (DType::Quant(QType::IQ4_XS), [16, 1], None),
+        (DType::F16, [1, 1], None),
+        (DType::F16, [2, 1], f16),
+        (DType::F16, [512, 1], f16),
+        (DType::F16, [8, 2], f16),
+        (DType::BF16, [8, 1], None),
+        (DType::F32, [8, 1], None),
+    ] {
+        let plan = norm_then(wdt, shape);
+        let groups = fused(&plan, &cuda);
+        let layout = groups.iter().find_map(|g| {
+            let Fused::RmsNormMul(n) = &g.fused else {
+                return None;
+            };
+            Some(n.q8.map(|q| q.layout))
+        });
+        assert_eq!(layout, Some(want), "{wdt} by {shape:?}");
     }
 }
 

@@ -9,8 +9,9 @@
 //! one another (column `i1 + n (i2 + b2 i3)`), as the products' columns do.
 
 use super::ROWS;
-use crate::backend::cuda::args::{CpyArgs, Tensor4, ACT_BLOCKS, ACT_PAIRS};
+use crate::backend::cuda::args::{CpyArgs, Tensor4, ACT_BLOCKS, ACT_F16, ACT_PAIRS};
 use crate::backend::cuda::kernels::k;
+use crate::backend::cuda::lower::mmq::f16_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Lowering, MAX_GRID_YZ};
 use crate::backend::fusion::{Q8For, Q8Layout};
 use crate::graph::Operand;
@@ -26,11 +27,13 @@ pub struct Q8Copy {
     pub layout: Q8Layout,
 }
 
-/// A Q8_1 layout as the kernels take it (`mode`, `q8_layout`): `ACT_BLOCKS` or `ACT_PAIRS`.
+/// A Q8_1 layout as the kernels take it (`mode`, `q8_layout`): `ACT_BLOCKS` or `ACT_PAIRS`
+/// (or `ACT_F16`: an F16 copy, which the fused steps' `q8_layout` also takes).
 pub(crate) fn act_code(layout: Q8Layout) -> i64 {
     match layout {
         Q8Layout::Blocks => ACT_BLOCKS,
         Q8Layout::Pairs => ACT_PAIRS,
+        Q8Layout::F16 => ACT_F16,
     }
 }
 
@@ -41,10 +44,18 @@ pub(crate) fn q8_1_column_bytes(k: usize) -> usize {
     (k.next_multiple_of(512) + k / 32 * 4).next_multiple_of(16)
 }
 
-/// Scratch at `*offset` for the Q8_1 copy of the F32 columns `b` [k, n, b2, b3] that the
-/// products read: its address and column stride (bytes).
-pub(crate) fn q8_1_copy(b: &Operand, offset: &mut usize, lw: &mut Lowering) -> (u64, usize) {
-    let row = q8_1_column_bytes(b.ne[0]);
+/// Scratch at `*offset` for the Q8_1 copy in `layout` (or the F16 copy) of the F32 columns
+/// `b` [k, n, b2, b3] that the products read: its address and column stride (bytes).
+pub(crate) fn q8_1_copy(
+    b: &Operand,
+    layout: Q8Layout,
+    offset: &mut usize,
+    lw: &mut Lowering,
+) -> (u64, usize) {
+    let row = match layout {
+        Q8Layout::F16 => f16_column_bytes(b.ne[0]),
+        Q8Layout::Blocks | Q8Layout::Pairs => q8_1_column_bytes(b.ne[0]),
+    };
     (lw.reserve_scratch(offset, row * b.nrows()), row)
 }
 
@@ -68,7 +79,7 @@ pub(crate) fn written_by_fused(
     let Some(q8) = q8 else {
         return ((0, 0, 0), None);
     };
-    let (addr, row) = q8_1_copy(q8.of, offset, lw);
+    let (addr, row) = q8_1_copy(q8.of, q8.layout, offset, lw);
     let copy = Q8Copy {
         of: q8.of.clone(),
         addr,
@@ -115,7 +126,7 @@ fn quantize_q8_1_at(
     lw: &mut Lowering,
 ) -> Result<(u64, DevOp), String> {
     let (kk, n, b2) = (b.ne[0], b.ne[1], b.ne[2]);
-    let (addr, row) = q8_1_copy(b, &mut offset, lw);
+    let (addr, row) = q8_1_copy(b, layout, &mut offset, lw);
     let args = CpyArgs {
         src: lw.t4(b),
         dst: Tensor4 {

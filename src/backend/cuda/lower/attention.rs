@@ -284,7 +284,7 @@ impl Decode {
             let mut offset = 0;
             args.part = lw.reserve_scratch(&mut offset, rows * split * (self.d + 2) * 4);
             if let Some((b, layout)) = &self.q8_for {
-                let (addr, col) = q8_1_copy(b, &mut offset, lw);
+                let (addr, col) = q8_1_copy(b, *layout, &mut offset, lw);
                 (args.q8, args.q8_nb1, args.q8_layout) = (addr, col as i64, act_code(*layout));
                 made = Some(Q8Copy {
                     of: b.clone(),

@@ -21,13 +21,18 @@ use crate::graph::{Loc, Op, Plan, Step};
 /// with block-quantized weights read Q8_1 activations (on the `__dp4a` path,
 /// [`Lowering::mmvq`], or forced onto the int8 tensor cores, [`QuantPath::Mmq`]), up to
 /// how many columns the other products do (the int8 tensor-core product, by the
-/// lowering's [`QuantPath`]), from how many columns a decode product takes it, up to how
-/// many tokens a `mul_mat_id` runs on the decode kernels, and how many routing weights
-/// the weighted sum of a mixture of experts stages.
+/// lowering's [`QuantPath`] and for the 32-element types whether `mmr_*` is on), that the
+/// products on F16 tensor cores and cuBLAS read an F16 copy, up to how many columns the
+/// tensor cores take, from how many columns a decode product takes them, up to how many
+/// tokens a `mul_mat_id` runs on the decode kernels, and how many routing weights the
+/// weighted sum of a mixture of experts stages.
 pub(crate) fn target(lw: &Lowering) -> Target {
     Target {
         q8_1: lw.mmvq || lw.quant_path == QuantPath::Mmq,
         batched_cols: mmq::q8_cols(lw.quant_path),
+        batched_cols_32: mmq::q8_cols_32(lw.quant_path, lw.mmr),
+        f16_copies: true,
+        tensor_cols: mmq::max_cols(lw.quant_path),
         batched_from: mmq::from_cols(lw.quant_path),
         expert_decode_tokens: mul_mat_id::decode_tokens(lw.quant_path),
         moe_sum_stage: MOE_SUM_STAGE as usize,

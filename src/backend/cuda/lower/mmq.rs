@@ -102,7 +102,7 @@ const MIN_PART_CHUNKS: usize = 4;
 
 /// Most activation columns of products on the tensor cores (int8 or F16) under `path`
 /// (0: none).
-fn max_cols(path: QuantPath) -> usize {
+pub(crate) fn max_cols(path: QuantPath) -> usize {
     match path {
         QuantPath::Auto => MMQ_MAX_COLS,
         QuantPath::Mmq | QuantPath::Mmh => usize::MAX,
@@ -110,14 +110,23 @@ fn max_cols(path: QuantPath) -> usize {
     }
 }
 
-/// Most activation columns of products on the int8 tensor cores under `path` (0: none),
-/// which read Q8_1 activations: the bound the fusion pass is given
-/// ([`crate::backend::fusion::Target`]).
+/// Most activation columns of products of the 256-element types on the int8 tensor cores
+/// under `path` (0: none), which read Q8_1 activations: the bound the fusion pass is
+/// given ([`crate::backend::fusion::Target`]).
 pub(crate) fn q8_cols(path: QuantPath) -> usize {
     match path {
         QuantPath::Auto => MMH_FROM_COLS - 1,
         QuantPath::Mmq => usize::MAX,
         QuantPath::Mmh | QuantPath::Dequant => 0,
+    }
+}
+
+/// The same for the 32-element types, whose products take `mmr_*` on the F16 tensor cores
+/// from [`MMQ_FROM_COLS`] when `mmr` ([`f16_from_cols`]).
+pub(crate) fn q8_cols_32(path: QuantPath, mmr: bool) -> usize {
+    match (path, mmr) {
+        (QuantPath::Auto, true) => MMQ_FROM_COLS - 1,
+        _ => q8_cols(path),
     }
 }
 
@@ -310,12 +319,18 @@ fn lower_taken(
     Ok(ops)
 }
 
+/// The address of the F16 copy of `b` that a step before made ([`Lowering::f16`]: a
+/// product of the same activations, or the fused step that computed them), if any.
+pub(crate) fn f16_made(b: &Operand, lw: &Lowering) -> Option<u64> {
+    lw.f16.as_ref().filter(|c| c.of == *b).map(|c| c.addr)
+}
+
 /// The address of the F16 copy of the F32 columns `b` [k, n, b2, b3] that `mmh_*` reads
-/// (columns of [`f16_column_bytes`] one after the other): the one the product before made
-/// ([`Lowering::f16`]), else a copy into scratch at offset 0, its launch pushed onto `ops`.
+/// (columns of [`f16_column_bytes`] one after the other): the one a step before made
+/// ([`f16_made`]), else a copy into scratch at offset 0, its launch pushed onto `ops`.
 fn f16_copy_of(b: &Operand, lw: &mut Lowering, ops: &mut Vec<DevOp>) -> Result<u64, String> {
-    if let Some(c) = lw.f16.as_ref().filter(|c| c.of == *b) {
-        return Ok(c.addr);
+    if let Some(addr) = f16_made(b, lw) {
+        return Ok(addr);
     }
     let dense = padded(b, DType::F16);
     debug_assert_eq!(dense.nb[1], f16_column_bytes(b.ne[0]));

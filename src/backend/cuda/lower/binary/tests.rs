@@ -80,6 +80,9 @@ fn staged(g: &Graph, sum: TensorId) -> bool {
     let target = Target {
         q8_1: true,
         batched_cols: 0,
+        batched_cols_32: 0,
+        f16_copies: false,
+        tensor_cols: 0,
         batched_from: usize::MAX,
         expert_decode_tokens: 0,
         moe_sum_stage: MOE_SUM_STAGE as usize,

@@ -19,8 +19,8 @@ use super::{
 };
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
-    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_PAIRS, MMH_K, MMQ_K, MMQ_ROWS,
-    MMR_K, MMR_ROWS,
+    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_F16, ACT_PAIRS, MMH_K, MMQ_K,
+    MMQ_ROWS, MMR_K, MMR_ROWS,
 };
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
@@ -600,9 +600,9 @@ fn fused_norm_writes_the_mmq_activations() {
     assert!(mmq.dst >= mmq.b + (n as u64) * mmq.b_nb1 as u64, "{mmq:?}");
 }
 
-/// Products on F16 tensor cores read an F16 copy of their activations, made once for the
-/// products of the same activations (a layer's gate and up), with the parts of K after it;
-/// the fused norm before them writes no Q8_1 copy.
+/// Products on F16 tensor cores read an F16 copy of their activations, which the fused
+/// norm before them writes (no copying launch, no Q8_1 copy), once for the products of the
+/// same activations (a layer's gate and up), with the parts of K after it.
 #[test]
 fn f16_products_share_one_copy_of_their_activations() {
     let mut g = Graph::new();
@@ -625,10 +625,9 @@ fn f16_products_share_one_copy_of_their_activations() {
     let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
     let product = "mmh_c32_q4_k";
     assert_eq!(
-        names[..6],
+        names[..5],
         [
             "rms_norm_mul_f32_f32",
-            "cpy_f32_f16",
             product,
             "mmq_reduce",
             product,
@@ -637,12 +636,11 @@ fn f16_products_share_one_copy_of_their_activations() {
         "{names:?}"
     );
     let norm: NormMulArgs = args(launches[0]);
-    assert_eq!(norm.q8, 0, "no Q8_1 copy: {norm:?}");
-    let copy: CpyArgs = args(launches[1]);
-    let (first, second): (MmqArgs, MmqArgs) = (args(launches[2]), args(launches[4]));
-    assert_eq!((first.b, second.b), (copy.dst.data, copy.dst.data));
+    assert_eq!(norm.q8_layout, ACT_F16, "an F16 copy: {norm:?}");
+    let (first, second): (MmqArgs, MmqArgs) = (args(launches[1]), args(launches[3]));
+    assert_eq!((first.b, second.b), (norm.q8, norm.q8));
     assert_eq!(first.b_nb1 as usize, f16_column_bytes(k));
-    assert_eq!(copy.dst.nb[1], first.b_nb1);
+    assert_eq!(norm.q8_nb1, first.b_nb1);
     for p in [first, second] {
         assert!(p.dst >= p.b + (n as u64) * p.b_nb1 as u64, "{p:?}");
     }
