@@ -150,7 +150,7 @@ pub fn cases(
             }
             let auto = match n {
                 ..MMQ_FROM_COLS => "decode",
-                _ if n < f16_from_cols(DType::Quant(q), true) => "mmq",
+                _ if n < f16_from_cols(DType::Quant(q), be.mmr) => "mmq",
                 _ if n <= MMQ_MAX_COLS => "F16 cores",
                 _ => "F16 + cuBLAS",
             };

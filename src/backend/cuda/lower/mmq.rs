@@ -30,7 +30,9 @@ use crate::backend::cuda::args::{
 };
 use crate::backend::cuda::decode::q8_1::{self, q8_1_column_bytes};
 use crate::backend::cuda::kernels::{cols, k, KeyedSets};
-use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath, MAX_GRID_YZ, WARP};
+use crate::backend::cuda::lowering::{
+    flat_grid, DevOp, Lowering, QuantPath, MAX_GRID_YZ, REGION_ALIGN, WARP,
+};
 use crate::backend::fusion::{quant_batched_layout, Q8Layout, MAX_DECODE_COLS};
 use crate::graph::{DType, Operand};
 use crate::quant::QType;
@@ -136,9 +138,8 @@ pub(crate) fn q8_cols_32(path: QuantPath, mmr: bool) -> usize {
 /// beat the int8 product from the narrowest tile on (`graft bench-ops` on an H200,
 /// 2026-12-04, Q4_0 by 8 columns, µs a node: [4096, 4096] 7.63 against 10.86,
 /// [4096, 11008] 15.58 against 22.70, [11008, 4096] 15.66 against 20.77), and
-/// [`MMH_FROM_COLS`] for the others. The fusion pass's bound stays `MMH_FROM_COLS`: a fused
-/// norm still writes a Q8_1 copy for the 32-element types' products below it, which
-/// make their own F16 copy.
+/// [`MMH_FROM_COLS`] for the others. The fusion pass is told the same ([`q8_cols_32`]), so
+/// a fused step before such a product writes its F16 copy.
 pub fn f16_from_cols(dt: DType, mmr: bool) -> usize {
     match mmr && has_mmr(dt) {
         true => MMQ_FROM_COLS,
@@ -267,7 +268,7 @@ fn lower_taken(
     let kernel = fam.kernels.get(bn)?.get([a.dtype])?;
     let mut ops = Vec::with_capacity(3);
     let (act, col_bytes) = match f16 {
-        true => (f16_copy_of(b, lw, &mut ops)?, f16_column_bytes(kk)),
+        true => (f16_copy_of(b, &mut 0, lw, &mut ops)?, f16_column_bytes(kk)),
         false => {
             let q8 = q8_1::copy_of(b, Q8Layout::of(a.dtype), 0, lw, &mut ops)?;
             (q8, q8_1_column_bytes(kk))
@@ -319,22 +320,25 @@ fn lower_taken(
     Ok(ops)
 }
 
-/// The address of the F16 copy of `b` that a step before made ([`Lowering::f16`]: a
-/// product of the same activations, or the fused step that computed them), if any.
-pub(crate) fn f16_made(b: &Operand, lw: &Lowering) -> Option<u64> {
-    lw.f16.as_ref().filter(|c| c.of == *b).map(|c| c.addr)
-}
-
-/// The address of the F16 copy of the F32 columns `b` [k, n, b2, b3] that `mmh_*` reads
-/// (columns of [`f16_column_bytes`] one after the other): the one a step before made
-/// ([`f16_made`]), else a copy into scratch at offset 0, its launch pushed onto `ops`.
-fn f16_copy_of(b: &Operand, lw: &mut Lowering, ops: &mut Vec<DevOp>) -> Result<u64, String> {
-    if let Some(addr) = f16_made(b, lw) {
-        return Ok(addr);
-    }
+/// The address of the F16 copy of the F32 columns `b` [k, n, b2, b3] that `mmh_*`,
+/// `mmr_*` and cuBLAS with F16 weights read (columns of [`f16_column_bytes`] one after the
+/// other): the one a step before made ([`Lowering::f16`]: a product of the same
+/// activations, or the fused step that computed them), else a copy into scratch at
+/// `*offset`, its launch pushed onto `ops`. Either way `*offset` ends past the copy.
+pub(crate) fn f16_copy_of(
+    b: &Operand,
+    offset: &mut usize,
+    lw: &mut Lowering,
+    ops: &mut Vec<DevOp>,
+) -> Result<u64, String> {
     let dense = padded(b, DType::F16);
     debug_assert_eq!(dense.nb[1], f16_column_bytes(b.ne[0]));
-    let addr = lw.reserve_scratch(&mut 0, dense.nbytes());
+    if let Some(c) = lw.f16.as_ref().filter(|c| c.of == *b) {
+        let end = (c.addr - lw.scratch_base) as usize + dense.nbytes();
+        *offset = (*offset).max(end.next_multiple_of(REGION_ALIGN));
+        return Ok(c.addr);
+    }
+    let addr = lw.reserve_scratch(offset, dense.nbytes());
     ops.push(copy_to(lw, b, &dense, addr)?);
     lw.f16 = Some(F16Copy {
         of: b.clone(),

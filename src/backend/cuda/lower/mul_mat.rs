@@ -25,13 +25,13 @@
 //!    GEMV keeps them in f32; the split keeps about 16 bits.
 
 use super::cpy::copy_to;
-use super::mmq::{self, F16Copy};
+use super::mmq;
 use super::mul_mat_q;
 use crate::backend::cuda::args::{GemvArgs, SplitArgs, Tensor4, P021_ROWS, P021_THREADS};
 use crate::backend::cuda::decode::{self, Gemv, ROWS as GEMV_ROWS};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::kernels::{by, k};
-use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering, REGION_ALIGN};
+use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering};
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Longest row the short-row kernel takes.
@@ -258,9 +258,9 @@ fn split_to(
 /// `b` as the GEMM with `dtype` weights reads it, and where its low halves start (None:
 /// no split): in place when it has that type and cuBLAS can describe it, else a dense copy
 /// in scratch; with BF16 weights and other activations, two BF16 halves (hi, then lo at
-/// the returned shift; see the module docs). F32 `b` under F16 weights is the F16 copy a
-/// step before made of it ([`mmq::f16_made`]: the fused step that computed it, or a
-/// product of the same activations), else a copy that the next such product reads.
+/// the returned shift; see the module docs). F32 `b` under F16 weights is its F16 copy
+/// ([`mmq::f16_copy_of`]: the one a step before made, else one the next product of the
+/// same activations reads).
 fn gemm_b(
     b: &Operand,
     dtype: DType,
@@ -277,25 +277,8 @@ fn gemm_b(
         return Ok((op, Some(lo_shift)));
     }
     if dtype == DType::F16 && b.dtype == DType::F32 {
-        let dense = padded(b, dtype);
-        let addr = match mmq::f16_made(b, lw) {
-            Some(addr) => {
-                // what the GEMM reserves goes past the copy
-                let end = (addr - lw.scratch_base) as usize + dense.nbytes();
-                *offset = (*offset).max(end.next_multiple_of(REGION_ALIGN));
-                addr
-            }
-            None => {
-                let addr = lw.reserve_scratch(offset, dense.nbytes());
-                ops.push(copy_to(lw, b, &dense, addr)?);
-                lw.f16 = Some(F16Copy {
-                    of: b.clone(),
-                    addr,
-                });
-                addr
-            }
-        };
-        let op = describe(&dense, addr, false).expect("a padded copy is describable");
+        let addr = mmq::f16_copy_of(b, offset, lw, ops)?;
+        let op = describe(&padded(b, dtype), addr, false).expect("a padded copy is describable");
         return Ok((op, None));
     }
     let at = (b.dtype == dtype).then(|| lw.addr(b));
