@@ -271,8 +271,11 @@ struct MmqArgs {
     i64 chunks;     // MMQ_K-element (mmh_*: MMH_K, mmr_*: MMR_K) chunks of a row that each part of K (blockIdx.z) takes
     i64 prefetch;   // 1 when `a` is read-only in the plan: its first chunk loads before the
                     // kernel waits for its predecessor
+    const float* res;  // F32 [m, n] dense added to the results (a fused residual add; may be
+                       // dst itself, each element read by the thread that writes it), or
+                       // null; only with gridDim.z == 1 (else mmq_reduce adds it)
 };
-static_assert(sizeof(MmqArgs) == 80, "MmqArgs layout");
+static_assert(sizeof(MmqArgs) == 88, "MmqArgs layout");
 
 struct MmqIdArgs {             // mmq_id_c<BN>_<q>: the experts' columns of a mul_mat_id in tiles
     const char* a;             // expert 0's weight blocks: row r of expert e at a + e * a_nb2 + r * a_nb1
@@ -297,10 +300,11 @@ static_assert(sizeof(MmqIdArgs) == 128, "MmqIdArgs layout");
 struct MmqReduceArgs {  // mmq_reduce: dst[i] = the sum of part[z * count + i] over z < split, in order
     const float* part;
     float* dst;
-    i64 count;  // elements of dst (m * n)
-    i64 split;  // parts of K
+    i64 count;         // elements of dst (m * n)
+    i64 split;         // parts of K
+    const float* res;  // added to the sum last (a fused residual add; may be dst), or null
 };
-static_assert(sizeof(MmqReduceArgs) == 32, "MmqReduceArgs layout");
+static_assert(sizeof(MmqReduceArgs) == 40, "MmqReduceArgs layout");
 
 struct FillRandomArgs {
     char* dst;

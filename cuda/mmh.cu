@@ -177,7 +177,7 @@ __device__ void mmh(const MmqArgs& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const i64 r = row0 + 16 * warp + g + 8 * (e / 2), c = col0 + 8 * j + 2 * t + e % 2;
-            if (r < p.m && c < p.n) p.dst[(blockIdx.z * p.n + c) * p.m + r] = acc[j][e];
+            if (r < p.m && c < p.n) p.dst[(blockIdx.z * p.n + c) * p.m + r] = with_res(acc[j][e], p.res, c * p.m + r);
         }
     }
 }

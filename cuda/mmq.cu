@@ -149,6 +149,9 @@ struct DenseCols {
     __device__ __forceinline__ bool has(int c) const { return col0 + c < p.n; }
     __device__ __forceinline__ const char* act(int c) const { return p.b + (col0 + c) * p.b_nb1; }
     __device__ __forceinline__ float* out(int c) const { return p.dst + (blockIdx.z * p.n + col0 + c) * p.m; }
+    __device__ __forceinline__ const float* res(int c) const {
+        return p.res == nullptr ? nullptr : p.res + (col0 + c) * p.m;
+    }
 };
 
 // ExpertCols: the nc columns of an expert's tile (mmq_id), their addresses in shared memory.
@@ -159,6 +162,7 @@ struct ExpertCols {
     __device__ __forceinline__ bool has(int c) const { return c < nc; }
     __device__ __forceinline__ const char* act(int c) const { return acts[c]; }
     __device__ __forceinline__ float* out(int c) const { return outs[c]; }
+    __device__ __forceinline__ const float* res(int) const { return nullptr; }
 };
 
 // The chunks of the BN activation columns of a tile (C: DenseCols or ExpertCols): each sub-block's 32 quants copied into
@@ -279,7 +283,7 @@ __device__ __forceinline__ void mmq_tile(const MmqArgs& p, WeightLoader<T>& w, c
         for (int e = 0; e < 4; ++e) {
             const i64 r = w.row0 + 16 * warp + g + 8 * (e / 2);
             const int c = 8 * j + 2 * t + e % 2;
-            if (r < p.m && cols.has(c)) cols.out(c)[r] = acc[j][e];
+            if (r < p.m && cols.has(c)) cols.out(c)[r] = with_res(acc[j][e], cols.res(c), r);
         }
     }
 }
@@ -341,6 +345,7 @@ __device__ void mmq_reduce_parts(const MmqReduceArgs& p) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.count; i += (i64)gridDim.x * blockDim.x) {
         float s = p.part[i];
         for (i64 z = 1; z < p.split; ++z) s += p.part[z * p.count + i];
+        if (p.res != nullptr) s += p.res[i];
         p.dst[i] = s;
     }
 }

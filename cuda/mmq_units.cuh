@@ -22,6 +22,10 @@
 // The integer s (|s| < 2^22) as a float: 1.5 * 2^23 + s has a unit ulp, so both steps are exact.
 __device__ __forceinline__ float small_i2f(int s) { return __int_as_float(0x4B400000 + s) - 12582912.0f; }
 
+// A product's result v with res[i] added when res is given (a fused residual add, read by
+// the thread that writes the result, so res may be the result's own memory).
+__device__ __forceinline__ float with_res(float v, const float* res, i64 i) { return res == nullptr ? v : v + res[i]; }
+
 __device__ __forceinline__ float f16_bits(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
 

@@ -12,6 +12,7 @@
 //! | `rms_norm(x)`, `mul(that, w)`, `w` one row broadcast | [`Fused::RmsNormMul`] |
 //! | `silu(gate)`, `mul(that, up)` or `mul(up, that)`, same shape | [`Fused::SwiGlu`] |
 //! | decode product `mul_mat(w, v)` ([`decode_product`]), `add(r, that)` or `add(that, r)`, same shape | [`Fused::GemvAdd`] |
+//! | any other product of one weight matrix by columns, `add(r, that)` or `add(that, r)`, same shape, the result in `r`'s memory (the add in place) | [`Fused::ProductAdd`] |
 //! | [`rope(q)`], `rope(k)`, `set_rows(k_cache, k, ids)`, [`set_rows(v_cache, v, ids)`] (a decode or ring step's attention inputs; q and v when they fit) | [`Fused::RopeStore`] |
 //! | `rms_norm(q)`, `mul(that, wq)`, `rope(that)`, `rms_norm(k)`, `mul(that, wk)`, then the steps of a [`Fused::RopeStore`] of k with no q (Qwen3's q and k norms) | [`Fused::RopeStore`] with [`RowNorm`]s |
 //! | `flash_attn_ext` or `paged_attn`, then a product of its result that reads Q8_1 activations ([`q8_1_input`]) | [`Fused::Attention`]: the attention alone, asked to write the product's Q8_1 activations too |
@@ -68,6 +69,9 @@ pub enum Fused<'p> {
     SwiGlu(SwiGlu<'p>),
     /// A decode product with its residual add: `y = a v + r`, one launch.
     GemvAdd(GemvAdd<'p>),
+    /// Another product with its residual add, written over the residual: `y = a b + r`,
+    /// `r` added where the product writes its result.
+    ProductAdd(ProductAdd<'p>),
     /// A decode step's attention inputs: q and k roped, k and v written into the caches,
     /// one launch.
     RopeStore(RopeStore<'p>),
@@ -95,6 +99,7 @@ impl<'p> Fused<'p> {
             Fused::Step
             | Fused::RmsNormMul(_)
             | Fused::GemvAdd(_)
+            | Fused::ProductAdd(_)
             | Fused::Attention(_)
             | Fused::NormFold(_)
             | Fused::MoeSum(_)
@@ -111,6 +116,7 @@ impl<'p> Fused<'p> {
             Fused::Attention(q8) => Some(q8),
             Fused::Step
             | Fused::GemvAdd(_)
+            | Fused::ProductAdd(_)
             | Fused::RopeStore(_)
             | Fused::NormFold(_)
             | Fused::MoeSum(_)
@@ -185,6 +191,20 @@ pub struct GemvAdd<'p> {
     pub a: &'p Operand,
     pub v: &'p Operand,
     /// The product's own result (never written: the launch writes `y`).
+    pub product: &'p Operand,
+    pub r: &'p Operand,
+    pub y: &'p Operand,
+}
+
+/// `y = a b + r` with `y` in `r`'s memory: a product that is not a decode product (or
+/// one the backend runs as a batched product, [`Target::batched_from`]) of one weight
+/// matrix by columns, and its residual add over the residual, which its launches add where
+/// they write the result (a kernel's epilogue, a reduction of parts of K, cuBLAS's beta).
+#[derive(Debug)]
+pub struct ProductAdd<'p> {
+    pub a: &'p Operand,
+    pub b: &'p Operand,
+    /// The product's own result (never written: the launches write `y`).
     pub product: &'p Operand,
     pub r: &'p Operand,
     pub y: &'p Operand,
@@ -1037,9 +1057,25 @@ impl<'p> Context<'p> {
                     && disjoint(y, a)
                     && decode_product(a, v)
                     && !self.target.batched_decode(a, v);
-                fits.then_some(Fused::GemvAdd(GemvAdd {
+                if fits {
+                    return Some(Fused::GemvAdd(GemvAdd {
+                        a,
+                        v,
+                        product: mid,
+                        r,
+                        y,
+                    }));
+                }
+                let in_place = y.loc == r.loc && y.ne == r.ne && y.nb == r.nb;
+                let fits = in_place
+                    && disjoint(y, v)
+                    && disjoint(y, a)
+                    && single(a)
+                    && single(v)
+                    && v.nrows() > 1;
+                fits.then_some(Fused::ProductAdd(ProductAdd {
                     a,
-                    v,
+                    b: v,
                     product: mid,
                     r,
                     y,

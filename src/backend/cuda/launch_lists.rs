@@ -3,9 +3,8 @@
 //! frozen weights in split rows and the lowering's options, lowered at fixed fake
 //! addresses; every launch is written down with its kernel, grid, block, launch order and
 //! argument bytes, every GEMM and all-reduce with all its fields, and each plan's constant
-//! region and scratch size. The files in `tests/fixtures/launches/` were written by the
-//! lowering of commit 771ecd6; any change to what a model plan launches shows up here as a
-//! difference, which is how a change of the lowering's structure is known to leave the
+//! region and scratch size. The files in `tests/fixtures/launches/` hold what the lowering
+//! launches; any change to what a model plan launches shows up here as a difference, which is how a change of the lowering's structure is known to leave the
 //! launches (and so the speed) as they were.
 //!
 //! On a difference the test writes what it got to `target/launch-lists/` for a diff.

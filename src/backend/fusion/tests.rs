@@ -54,6 +54,7 @@ fn kind(g: &Group) -> &'static str {
         Fused::RmsNormMul(_) => "rms_norm_mul",
         Fused::SwiGlu(_) => "swiglu",
         Fused::GemvAdd(_) => "gemv_add",
+        Fused::ProductAdd(_) => "product_add",
         Fused::RopeStore(_) => "rope_store",
         Fused::Attention(_) => "attention",
         Fused::NormFold(_) => "norm_fold",
@@ -103,6 +104,12 @@ fn check_invariants(plan: &Plan, groups: &[Group], target: &Target) {
             Fused::GemvAdd(a) => {
                 assert_eq!(g.len, 2);
                 assert_eq!((a.product, a.y), (&steps[0].dst, &steps[1].dst));
+                None
+            }
+            Fused::ProductAdd(p) => {
+                assert_eq!(g.len, 2);
+                assert_eq!((p.product, p.y), (&steps[0].dst, &steps[1].dst));
+                assert_eq!((p.y.loc, p.y.nb), (p.r.loc, p.r.nb), "the add in place");
                 None
             }
             Fused::RopeStore(s) => {
@@ -630,9 +637,10 @@ fn swiglu_and_gemv_add_patterns() {
     assert_eq!(fused_kinds(&groups), ["gemv_add"]);
 }
 
-/// A product and its residual add fuse for a decode layout only: not for two columns of
-/// float weights, a residual with strided elements or of another dtype, or a result the
-/// allocator placed where the product's input vector was (the fused launch would
+/// A product and its residual add fuse as a decode product's for a decode layout only
+/// (two columns of float weights: a [`Fused::ProductAdd`], the add in place over the
+/// residual); not for a residual with strided elements or of another dtype, or a result
+/// the allocator placed where the product's input vector was (the fused launch would
 /// overwrite it while it is read).
 #[test]
 fn gemv_add_pattern() {
@@ -670,11 +678,10 @@ fn gemv_add_pattern() {
     let plan = product_add(1, R::Dense);
     let groups = fused(&plan, &Q8_1);
     assert_eq!(fused_kinds(&groups), ["gemv_add"]);
-    for plan in [
-        product_add(2, R::Dense),
-        product_add(1, R::Strided),
-        product_add(1, R::F16),
-    ] {
+    let plan = product_add(2, R::Dense);
+    let groups = fused(&plan, &Q8_1);
+    assert_eq!(fused_kinds(&groups), ["product_add"]);
+    for plan in [product_add(1, R::Strided), product_add(1, R::F16)] {
         let groups = fused(&plan, &Q8_1);
         assert!(
             fused_kinds(&groups).is_empty(),
@@ -701,8 +708,9 @@ fn gemv_add_pattern() {
     assert!(fused_kinds(&groups).is_empty());
 }
 
-/// A quantized product and its residual add fuse at the decode kernels' widths, and not
-/// from [`Target::batched_from`] columns on, where the batched product takes the product.
+/// A quantized product and its residual add fuse at the decode kernels' widths, and from
+/// [`Target::batched_from`] columns on, where the batched product takes the product, as a
+/// [`Fused::ProductAdd`] (the add in place over the residual).
 #[test]
 fn gemv_add_leaves_batched_widths() {
     let product_add = |cols: usize| {
@@ -718,13 +726,65 @@ fn gemv_add_leaves_batched_widths() {
     };
     for (cols, target, want) in [
         (4, BATCHED, vec!["gemv_add"]),
-        (5, BATCHED, vec![]),
-        (8, BATCHED, vec![]),
+        (5, BATCHED, vec!["product_add"]),
+        (8, BATCHED, vec!["product_add"]),
         (8, Q8_1, vec!["gemv_add"]),
+        (64, Q8_1, vec!["product_add"]),
     ] {
         let plan = product_add(cols);
         let groups = fused(&plan, &target);
         assert_eq!(fused_kinds(&groups), want, "{cols} columns");
+    }
+}
+
+/// A product of columns and its residual add fuse only where the add's result is the
+/// residual's memory (the launches add the residual where they write): not where the
+/// residual is read again later (the add cannot run in place over it) or is a graph input.
+#[test]
+fn product_add_needs_the_add_in_place() {
+    #[derive(Clone, Copy, Debug)]
+    enum R {
+        Dies,
+        ReadLater,
+        Input,
+    }
+    for (dtype, r) in [
+        (DType::F16, R::Dies),
+        (DType::F16, R::ReadLater),
+        (DType::F16, R::Input),
+        (DType::Quant(QType::Q4_0), R::Dies),
+        (DType::Quant(QType::Q4_0), R::ReadLater),
+    ] {
+        let plan = plan_of(|g| {
+            let v0 = g.input("v0", DType::F32, &[64, 16]).unwrap();
+            let v = g.scale(v0, 0.5).unwrap();
+            let w = g.input("w", dtype, &[64, 64]).unwrap();
+            let o = g.mul_mat(w, v).unwrap();
+            let x0 = g.input("x0", DType::F32, &[64, 16]).unwrap();
+            let x = match r {
+                R::Input => x0,
+                R::Dies | R::ReadLater => g.scale(x0, 2.0).unwrap(),
+            };
+            let y = g.add(x, o).unwrap();
+            match r {
+                R::ReadLater => vec![g.mul(y, x).unwrap()],
+                R::Dies | R::Input => vec![y],
+            }
+        });
+        let add = plan.steps.iter().find(|s| s.op.name() == "add").unwrap();
+        let in_place = add.dst.loc == add.src[0].loc;
+        assert_eq!(
+            in_place,
+            matches!(r, R::Dies),
+            "{dtype} {r:?}: the allocator's choice"
+        );
+        let groups = fused(&plan, &Q8_1);
+        let want: &[&str] = match r {
+            R::Dies => &["product_add"],
+            R::ReadLater | R::Input => &[],
+        };
+        assert_eq!(fused_kinds(&groups), want, "{dtype} {r:?}");
+        check_invariants(&plan, &groups, &Q8_1);
     }
 }
 

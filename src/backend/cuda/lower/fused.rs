@@ -8,7 +8,8 @@
 //! [`Fused::NormFold`] applies.
 
 use super::{
-    attention, binary, check_operands, lower_step, mmq, mul_mat_id, norm, paged_attn, rope, unary,
+    attention, binary, check_operands, lower_step, mmq, mul_mat, mul_mat_id, norm, paged_attn,
+    rope, unary,
 };
 use crate::backend::cuda::args::MOE_SUM_STAGE;
 use crate::backend::cuda::decode::fold::{self, NormFoldOut};
@@ -67,6 +68,7 @@ pub(crate) fn lower_plan<'s>(
             | Fused::RmsNormMul(_)
             | Fused::SwiGlu(_)
             | Fused::GemvAdd(_)
+            | Fused::ProductAdd(_)
             | Fused::Attention(_)
             | Fused::NormFold(_)
             | Fused::MoeSum(_)
@@ -108,6 +110,7 @@ fn lower_group(
         Fused::RmsNormMul(n) => norm::lower_mul(n, lw),
         Fused::SwiGlu(s) => unary::lower_swiglu(s, applied.as_ref(), lw),
         Fused::GemvAdd(g) => Ok((gemv_add(g, lw)?, None)),
+        Fused::ProductAdd(p) => Ok((mul_mat::lower_product_add(p, lw)?, None)),
         Fused::RopeStore(s) => Ok((rope::lower_store(s, applied.as_ref(), lw)?, None)),
         Fused::Attention(q8) => {
             check_operands(step, lw)?;

@@ -23,7 +23,7 @@
 //!   `dst` in order, so results are the same on every run.
 
 use super::cpy::copy_to;
-use super::mul_mat::padded;
+use super::mul_mat::{padded, Out};
 use crate::backend::cuda::args::{
     MmqArgs, MmqReduceArgs, MMH_K, MMQ_K, MMQ_REDUCE_THREADS, MMQ_ROWS, MMQ_WARPS, MMR_K, MMR_ROWS,
     MMR_WARPS,
@@ -195,10 +195,10 @@ pub(crate) fn takes(a: &Operand, b: &Operand, lw: &Lowering) -> bool {
 pub(crate) fn lower(
     a: &Operand,
     b: &Operand,
-    dst: &Operand,
+    out: Out,
     lw: &mut Lowering,
 ) -> Option<Result<Vec<DevOp>, String>> {
-    takes(a, b, lw).then(|| lower_taken(a, b, dst, lw))
+    takes(a, b, lw).then(|| lower_taken(a, b, out, lw))
 }
 
 /// The kernel family of a product on the tensor cores and its geometry.
@@ -258,7 +258,7 @@ fn family(dt: DType, split: bool, f16: bool, mmr: bool, bn: usize) -> Family {
 fn lower_taken(
     a: &Operand,
     b: &Operand,
-    dst: &Operand,
+    Out { dst, add }: Out,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
     let (kk, m, n) = (a.ne[0], a.ne[1], b.nrows());
@@ -291,6 +291,8 @@ fn lower_taken(
         1 => lw.addr(dst),
         _ => lw.reserve_past_copy(act, col_bytes * n, parts * m * n * 4),
     };
+    // a fused residual add: by the kernel with one part, else by the reduction
+    let res = add.map_or(0, |r| lw.addr(r));
     let args = MmqArgs {
         a: lw.addr(a),
         b: act,
@@ -302,6 +304,7 @@ fn lower_taken(
         b_nb1: col_bytes as i64,
         chunks: chunks as i64,
         prefetch: i64::from(lw.read_only(a)),
+        res: if parts == 1 { res } else { 0 },
     };
     let grid = (
         u32::try_from(grid.0).map_err(|_| format!("{n} columns"))?,
@@ -315,7 +318,7 @@ fn lower_taken(
         &args,
     ));
     if parts > 1 {
-        ops.push(reduce(out, lw.addr(dst), m * n, parts));
+        ops.push(reduce(out, lw.addr(dst), m * n, parts, res));
     }
     Ok(ops)
 }
@@ -348,13 +351,14 @@ pub(crate) fn f16_copy_of(
 }
 
 /// `mmq_reduce`: the `split` parts of `count` partial sums at `part` added up in order
-/// into `dst`.
-fn reduce(part: u64, dst: u64, count: usize, split: usize) -> DevOp {
+/// into `dst`, plus the residual at `res` (0: none).
+fn reduce(part: u64, dst: u64, count: usize, split: usize, res: u64) -> DevOp {
     let args = MmqReduceArgs {
         part,
         dst,
         count: count as i64,
         split: split as i64,
+        res,
     };
     let (grid, block) = flat_grid(count);
     DevOp::kernel(k::MMQ_REDUCE, grid, block, &args)

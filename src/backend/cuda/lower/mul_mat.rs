@@ -32,6 +32,7 @@ use crate::backend::cuda::decode::{self, Gemv, ROWS as GEMV_ROWS};
 use crate::backend::cuda::gemm::Gemm;
 use crate::backend::cuda::kernels::{by, k};
 use crate::backend::cuda::lowering::{flat_grid, row_grid, DevOp, Lowering};
+use crate::backend::fusion::ProductAdd;
 use crate::graph::{contiguous_strides, DType, Operand, Step};
 
 /// Longest row the short-row kernel takes.
@@ -41,11 +42,59 @@ fn to_i32(what: &str, v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("mul_mat: {what} {v} exceeds cuBLAS's 32-bit sizes"))
 }
 
+/// Where a product's result goes: `dst`, with `add` added to it when given (a fused
+/// residual add in `dst`'s own memory, [`ProductAdd`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Out<'a> {
+    pub dst: &'a Operand,
+    pub add: Option<&'a Operand>,
+}
+
+impl<'a> Out<'a> {
+    /// The result alone.
+    pub fn plain(dst: &'a Operand) -> Self {
+        Out { dst, add: None }
+    }
+
+    /// The decode kernels' extras for this result (its add).
+    fn gemv(self) -> Gemv<'a> {
+        Gemv {
+            add: self.add,
+            ..Gemv::default()
+        }
+    }
+
+    /// cuBLAS's beta for the first GEMM: 1 to add the product to the residual already in
+    /// `dst`'s memory.
+    fn beta(self, lw: &Lowering) -> Result<f32, String> {
+        match self.add {
+            None => Ok(0.0),
+            Some(r) if lw.addr(r) == lw.addr(self.dst) && r.nb == self.dst.nb => Ok(1.0),
+            Some(_) => Err("internal: a fused residual add outside its result's memory".into()),
+        }
+    }
+}
+
 /// Lowers a mul_mat step (see the module docs for the dispatch rules).
 pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
-    let (a, b, dst) = (&step.src[0], &step.src[1], &step.dst);
+    lower_into(&step.src[0], &step.src[1], Out::plain(&step.dst), lw)
+}
+
+/// Lowers a product and the residual add written over the residual ([`ProductAdd`]): the
+/// launches of the product's path, the residual added where they write the result.
+pub(crate) fn lower_product_add(p: &ProductAdd, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let out = Out {
+        dst: p.y,
+        add: Some(p.r),
+    };
+    lower_into(p.a, p.b, out, lw)
+}
+
+/// Lowers `out = a b` (see the module docs for the dispatch rules).
+fn lower_into(a: &Operand, b: &Operand, out: Out, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+    let dst = out.dst;
     if let Some(q) = a.dtype.quant() {
-        return mul_mat_q::lower(q, a, b, dst, lw);
+        return mul_mat_q::lower(q, a, b, out, lw);
     }
     if !a.dtype.is_float() || !b.dtype.is_float() {
         return Err(format!("mul_mat of {} by {}", a.dtype, b.dtype));
@@ -62,15 +111,17 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     let vector_b = b.dtype == DType::F32 && b.rows_contiguous() && n == 1;
 
     // 1. Decode GEMV.
-    if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
+    if let Some(ops) = decode::gemv(a, b, dst, out.gemv(), lw) {
         return ops;
     }
 
     // 2, 3. Attention products over an F16 cache view.
-    if vector_b && a.dtype == DType::F16 && a3 == 1 && b3 == 1 && a.rows_contiguous() {
+    let attention = vector_b && a.dtype == DType::F16 && a3 == 1 && b3 == 1;
+    if attention && a.rows_contiguous() && out.add.is_none() {
         if kk <= P021_MAX_K {
-            let strides_ok = (m == 1 || a.nb[1] % 8 == 0) && (a2 == 1 || a.nb[2] % 8 == 0);
-            let b_ok = b_addr % 16 == 0 && (b2 == 1 || b.nb[2] % 16 == 0);
+            let strides_ok =
+                (m == 1 || a.nb[1].is_multiple_of(8)) && (a2 == 1 || a.nb[2].is_multiple_of(8));
+            let b_ok = b_addr.is_multiple_of(16) && (b2 == 1 || b.nb[2].is_multiple_of(16));
             let args = GemvArgs {
                 vec: i64::from(a_addr % 8 == 0 && strides_ok && b_ok),
                 ..channel_args(a, b, dst, lw)
@@ -90,7 +141,7 @@ pub(crate) fn lower(step: &Step, lw: &mut Lowering) -> Result<Vec<DevOp>, String
     }
 
     // 5. cuBLAS.
-    lower_gemm(a, a_addr, b, dst, lw, 0, Vec::new())
+    lower_gemm(a, a_addr, b, out, lw, 0, Vec::new())
 }
 
 /// The arguments of a GEMV over the channels of `b` (dim 2), channel `c` reading
@@ -318,17 +369,17 @@ fn batch_ptrs(
 }
 
 /// The cuBLAS product of `a` (float, at `a_addr`: where it lives, or a scratch copy) and
-/// `b` into `dst`, after the launches `ops` that used scratch up to `offset`.
+/// `b` into `out`, after the launches `ops` that used scratch up to `offset`.
 pub(crate) fn lower_gemm(
     a: &Operand,
     a_addr: u64,
     b: &Operand,
-    dst: &Operand,
+    out: Out,
     lw: &mut Lowering,
     mut offset: usize,
     mut ops: Vec<DevOp>,
 ) -> Result<Vec<DevOp>, String> {
-    let dtype = a.dtype;
+    let (dtype, dst, beta) = (a.dtype, out.dst, out.beta(lw)?);
     let (kk, m, a2, a3) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
     let (n, b2, b3) = (b.ne[1], b.ne[2], b.ne[3]);
     let (bop, lo_shift) = gemm_b(b, dtype, lw, &mut offset, &mut ops)?;
@@ -362,7 +413,7 @@ pub(crate) fn lower_gemm(
             ptrs,
         }))
     };
-    ops.push(gemm(0, 0.0, hi_ptrs)?);
+    ops.push(gemm(0, beta, hi_ptrs)?);
     if let Some((shift, lo_ptrs)) = lo {
         ops.push(gemm(shift, 1.0, lo_ptrs)?);
     }

@@ -25,7 +25,7 @@
 
 use super::cpy::copy_to;
 use super::mmq;
-use super::mul_mat::{lower_gemm, padded};
+use super::mul_mat::{lower_gemm, padded, Out};
 use crate::backend::cuda::args::{CpyArgs, Tensor4, CPY_SAME_SHAPE};
 use crate::backend::cuda::decode::{self, Gemv};
 use crate::backend::cuda::kernels::by;
@@ -33,14 +33,15 @@ use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath};
 use crate::graph::{DType, Operand};
 use crate::quant::QType;
 
-/// Lowers `dst = a b` with block-quantized `a` of type `q`.
+/// Lowers `out = a b` with block-quantized `a` of type `q`.
 pub(crate) fn lower(
     q: QType,
     a: &Operand,
     b: &Operand,
-    dst: &Operand,
+    out: Out,
     lw: &mut Lowering,
 ) -> Result<Vec<DevOp>, String> {
+    let dst = out.dst;
     if b.dtype != DType::F32 {
         return Err(format!(
             "mul_mat of {q} weights needs F32 activations, got {}",
@@ -66,11 +67,15 @@ pub(crate) fn lower(
         QuantPath::Dequant => false,
     };
     if !tensor_cores_first {
-        if let Some(ops) = decode::gemv(a, b, dst, Gemv::default(), lw) {
+        let extra = Gemv {
+            add: out.add,
+            ..Gemv::default()
+        };
+        if let Some(ops) = decode::gemv(a, b, dst, extra, lw) {
             return ops;
         }
     }
-    if let Some(ops) = mmq::lower(a, b, dst, lw) {
+    if let Some(ops) = mmq::lower(a, b, out, lw) {
         return ops;
     }
     // Prefill: F16 copy of the weights in scratch, then cuBLAS.
@@ -81,7 +86,7 @@ pub(crate) fn lower(
         true => split_copy(lw, a, &dense, addr)?,
         false => copy_to(lw, a, &dense, addr)?,
     };
-    lower_gemm(&dense, addr, b, dst, lw, offset, vec![copy])
+    lower_gemm(&dense, addr, b, out, lw, offset, vec![copy])
 }
 
 /// `cpy_split_<q>_f16`: the F16 copy of weights `a` in split rows into the dense,

@@ -187,6 +187,10 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
         }
     };
     let x: Vec<f64> = (0..n).flat_map(column).collect();
+    assert!(
+        p.res == 0 || parts == 1,
+        "{name}: a residual with {parts} parts"
+    );
     for z in 0..parts {
         let range = z * part..((z + 1) * part).min(k);
         for c in 0..n {
@@ -195,8 +199,15 @@ fn run_batched(name: &str, grid: (u32, u32, u32), p: MmqArgs) {
                     .clone()
                     .map(|l| f64::from(w[r * k + l]) * x[c * k + l])
                     .sum();
+                let i = (c * m + r) as i64;
+                // SAFETY: a residual holds m x n floats.
+                let res = if p.res == 0 {
+                    0.0
+                } else {
+                    unsafe { read::<f32>(p.res, 4 * i) }
+                };
                 // SAFETY: dst holds `parts` products of m x n floats.
-                unsafe { write(p.dst, (4 * ((z * n + c) * m + r)) as i64, s as f32) };
+                unsafe { write(p.dst, (4 * ((z * n + c) * m + r)) as i64, s as f32 + res) };
             }
         }
     }
@@ -230,6 +241,10 @@ fn run_reduce(p: MmqReduceArgs) {
         for z in 0..p.split {
             // SAFETY: `split` parts of `count` floats at `part`.
             s += unsafe { read::<f32>(p.part, 4 * (z * p.count + i)) };
+        }
+        if p.res != 0 {
+            // SAFETY: a residual holds `count` floats.
+            s += unsafe { read::<f32>(p.res, 4 * i) };
         }
         // SAFETY: dst holds `count` floats.
         unsafe { write(p.dst, 4 * i, s) };
