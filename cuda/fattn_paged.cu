@@ -45,8 +45,9 @@
 //     - fattn_paged_any_d<D> (the rest: K and V of different types, F32 caches, other head
 //       dims, unaligned rows): fattn_vec's block for one query head, K/V rows loaded in
 //       8-element pieces of the type named at run time.
-//     With one chunk the block writes its rows; otherwise the partial (max, sum, acc[D]) of
-//     its chunk, and block (0, 0) of the token writes the number of chunks its keys took.
+//     With one chunk the block writes its rows (and, when the keys are not split, the F16
+//     copy of them the next product reads, p.q8); otherwise the partial (max, sum, acc[D])
+//     of its chunk, and block (0, 0) of the token writes the number of chunks its keys took.
 //   fattn_paged_combine grid (n_tokens * n_head), after the decode kernel when split > 1:
 //     merges the chunks of the rows whose keys took more than one, and with p.q8 writes
 //     every row as the Q8_1 activations of the decode product after it too.
@@ -147,6 +148,15 @@ struct Chunk {
     int seq, j_begin, j_end, used;
 };
 
+// Element e of head h of token t's row into the F16 copy the next product reads, when the
+// keys are not split (p.split == 1: no combine writes it) and the lowering asks for one.
+template <int D>
+__device__ __forceinline__ void store_f16_copy(const PagedArgs& p, int t, int h, int e, float x) {
+    if (p.split == 1 && p.q8 != nullptr && p.q8_layout == ACT_F16) {
+        reinterpret_cast<__half*>(p.q8 + (i64)t * p.q8_nb1)[(i64)h * D + e] = __float2half_rn(x);
+    }
+}
+
 // Token t's chunk for block (blockIdx.x, ..) of heads h0..h0+nrows (t a token the decode
 // kernels take: decode_tokens). Padding and a bad sequence or position (recorded by block
 // (0, 0)) take none, and blocks x == 0 write their rows' zeros. With split > 1, block (0, 0)
@@ -178,6 +188,7 @@ __device__ __forceinline__ Chunk decode_chunk(const PagedArgs& p, int t, int h0,
     if (!in && blockIdx.x == 0) {
         for (int idx = threadIdx.x; idx < nrows * D; idx += blockDim.x) {
             store<float>(at(p.dst, idx % D, h0 + idx / D, t, 0), 0.0f);
+            store_f16_copy<D>(p, t, h0 + idx / D, idx % D, 0.0f);
         }
     }
     return c;
@@ -212,12 +223,15 @@ __device__ __forceinline__ void head_rows(const PagedArgs& p, int t, int h0, int
 // The writer of finish_rows for a decode block of token t (heads h0..): its rows normalized
 // when the token's keys took one chunk (an unguarded division: a row whose every score is
 // -inf is NaN, as on the CPU), else the partial (max, sum, acc[D]) of chunk blockIdx.x.
+// Without a combine after it, the block also writes the F16 copy of its rows (store_f16_copy).
 template <int D>
 __device__ __forceinline__ auto paged_out(const PagedArgs& p, int t, int h0, int used) {
     return [&p, t, h0, used](int r, int e, float mx, float sum, float a) {
         const int h = h0 + r;
         if (used == 1) {
-            store<float>(at(p.dst, e, h, t, 0), a / sum);
+            const float x = a / sum;
+            store<float>(at(p.dst, e, h, t, 0), x);
+            store_f16_copy<D>(p, t, h, e, x);
             return;
         }
         float* part = p.part + (((i64)t * p.q.ne[1] + h) * p.split + blockIdx.x) * (D + 2);

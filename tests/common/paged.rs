@@ -165,6 +165,24 @@ pub fn oracle(c: &Case, x: &Inputs) -> Vec<f64> {
 /// tensor changed or an output element still holds the sentinel. Returns the result
 /// `[d, n_head, n_tokens]`.
 pub fn run(c: &Case, x: &Inputs, be: &mut dyn Backend) -> Result<Vec<f32>, String> {
+    run_then(c, x, be, None)
+}
+
+/// A product of the attention's result: `w` (`[d * n_head, rows]`, used as F16 weights)
+/// by the result seen as `[d * n_head, n_tokens]` columns.
+pub struct Product<'a> {
+    pub w: &'a [f32],
+    pub rows: usize,
+}
+
+/// [`run`], with `then` the result of that product of the attention's result (`[rows,
+/// n_tokens]`) instead.
+pub fn run_then(
+    c: &Case,
+    x: &Inputs,
+    be: &mut dyn Backend,
+    then: Option<Product>,
+) -> Result<Vec<f32>, String> {
     let e = |e: graft::Error| e.to_string();
     let (d, n_head) = (c.d, c.n_head());
     let n_tokens = x.seqs.len() / 2;
@@ -196,6 +214,16 @@ pub fn run(c: &Case, x: &Inputs, be: &mut dyn Backend) -> Result<Vec<f32>, Strin
             .map_err(e)?;
         let seqs = g.input("seqs", DType::I32, &[2, n_tokens]).map_err(e)?;
         let y = g.paged_attn(q, (k, v), table, seqs, c.p).map_err(e)?;
+        let (y, out_len, w) = match &then {
+            None => (y, d * n_head * n_tokens, None),
+            Some(p) => {
+                let w = g.input("w", DType::F32, &[d * n_head, p.rows]).map_err(e)?;
+                let w16 = g.cast(w, DType::F16).map_err(e)?;
+                let cols = g.reshape(y, &[d * n_head, n_tokens]).map_err(e)?;
+                let out = g.mul_mat(w16, cols).map_err(e)?;
+                (out, p.rows * n_tokens, Some((w, p.w)))
+            }
+        };
         let plan = g
             .plan_with(
                 &[y],
@@ -211,9 +239,12 @@ pub fn run(c: &Case, x: &Inputs, be: &mut dyn Backend) -> Result<Vec<f32>, Strin
                 be.set_input_f32(exec, q, &x.q)?;
                 be.set_input_i32(exec, table, &x.table)?;
                 be.set_input_i32(exec, seqs, &x.seqs)?;
+                if let Some((w, values)) = w {
+                    be.set_input_f32(exec, w, values)?;
+                }
                 be.compute(exec)?;
             }
-            let got = be.get_output_f32(exec, y, d * n_head * n_tokens)?;
+            let got = be.get_output_f32(exec, y, out_len)?;
             let arena = be.read_arena(exec)?;
             Ok::<_, graft::Error>((got, arena))
         })();

@@ -548,6 +548,72 @@ mod paged_attn {
         }
     }
 
+    /// A decode batch's attention read by a product of F16 weights (its activations an F16
+    /// copy): with the keys in one chunk (a table of 96 positions) the decode kernel writes
+    /// the copy itself, the product launches no copy of its own, and it agrees with the
+    /// CPU's (the padding token's column zeros); with the keys split (1,024 positions) the
+    /// combine writes it.
+    #[test]
+    fn decode_writes_the_f16_copy_of_the_next_product() {
+        use crate::common::paged::{run_then, Product};
+        let _serial = GPU.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut cuda) = common::cuda_backend() else {
+            return;
+        };
+        let mut cpu = CpuBackend::new();
+        for max_blocks in [6, 64] {
+            let c = Case {
+                d: 128,
+                n_head_kv: 4,
+                group: 1,
+                k: DType::F16,
+                v: DType::F16,
+                p: PagedAttnParams {
+                    scale: 0.09,
+                    softcap: 0.0,
+                    block_size: 16,
+                    window: 0,
+                },
+                n_blocks: 48,
+                max_blocks,
+                lens: vec![40, 96, 17, 60, 5, 80],
+                queries: vec![1; 6],
+                padding: 1,
+                shuffle: false,
+                seed: 11,
+            };
+            let x = inputs(&c);
+            let rows = 48;
+            let w: Vec<f32> = (0..c.d * c.n_head() * rows)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1)
+                .collect();
+            let product = || Some(Product { w: &w, rows });
+            let want = run_then(&c, &x, &mut cpu, product()).unwrap();
+            cuda.set_profiling(true);
+            let got = run_then(&c, &x, &mut cuda, product());
+            let kernels: Vec<String> = cuda.take_profile().into_iter().map(|s| s.kernels).collect();
+            cuda.set_profiling(false);
+            let got = got.unwrap();
+            let e = nmse(&got, &want);
+            assert!(e < 1e-5, "{max_blocks} blocks: NMSE {e:e} vs cpu");
+            let pad = x.seqs.chunks(2).position(|s| s[0] < 0).unwrap();
+            assert!(got[pad * rows..(pad + 1) * rows].iter().all(|&v| v == 0.0));
+            // the steps' launches: the weights' cast, the attention, then the product
+            // alone (no copy of its activations of its own)
+            let at = kernels
+                .iter()
+                .position(|k| k.starts_with("fattn_paged_vec_d128_f16"));
+            let at = at.unwrap_or_else(|| panic!("{kernels:?}"));
+            let split = kernels[at].contains("fattn_paged_combine");
+            assert_eq!(split, max_blocks == 64, "{kernels:?}");
+            assert_eq!(
+                kernels.get(at + 1).map(String::as_str),
+                Some("cublasGemmEx"),
+                "{max_blocks} blocks: {kernels:?}"
+            );
+        }
+    }
+
     /// Two sequences over blocks of their own (n_blocks = 2 x max_blocks, see
     /// [`own_blocks`]), head dim 128, GQA (2 KV heads of 2 query heads), 2 padding tokens:
     /// sequence 0 decodes at position 19 and sequence 1 at 36 (4 tokens: the decode

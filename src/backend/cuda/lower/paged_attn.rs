@@ -34,7 +34,7 @@ use crate::backend::cuda::lower::attention::{
     DEC_TILE, MIN_CHUNK, STREAM_ROWS,
 };
 use crate::backend::cuda::lowering::{row_grid, DevOp, Lowering, MAX_GRID_YZ, WARP};
-use crate::backend::fusion::Q8For;
+use crate::backend::fusion::{Q8For, Q8Layout};
 use crate::graph::{DType, Operand, PagedAttnParams};
 use crate::quant::QType;
 
@@ -89,12 +89,21 @@ pub(crate) fn lower_writing(
         let rows = sh.n_tokens * sh.n_head;
         args.part = lw.reserve_scratch(&mut offset, rows * split * (sh.d + 2) * 4);
         args.chunks = lw.reserve_scratch(&mut offset, sh.n_tokens * 4);
-        let q8 = q8_for.filter(|q8| prefill.is_none() && same_columns(q8.of, dst, sh.d));
-        if let Some(q8) = q8 {
-            let ((addr, nb1, layout), copy) = written_by_fused(Some(q8), &mut offset, lw);
-            (args.q8, args.q8_nb1, args.q8_layout) = (addr, nb1, layout);
-            made = copy;
-        }
+    }
+    // the copy of the result the next product reads: written by the combine, or with one
+    // chunk by the decode blocks that write the rows (an F16 copy, element by element)
+    let copies = match split {
+        1 => decode.kind != DecodeKind::Dec,
+        _ => true,
+    };
+    let q8 = q8_for.filter(|q8| {
+        let layout_ok = split > 1 || q8.layout == Q8Layout::F16;
+        copies && layout_ok && prefill.is_none() && same_columns(q8.of, dst, sh.d)
+    });
+    if let Some(q8) = q8 {
+        let ((addr, nb1, layout), copy) = written_by_fused(Some(q8), &mut offset, lw);
+        (args.q8, args.q8_nb1, args.q8_layout) = (addr, nb1, layout);
+        made = copy;
     }
     // with the prefill kernel, the decode blocks take the tokens it leaves from a list, a
     // wave of them rather than a block per token
