@@ -68,7 +68,7 @@ pub enum Fused<'p> {
     /// `y = silu(gate) * up`, one launch.
     SwiGlu(SwiGlu<'p>),
     /// A decode product with its residual add: `y = a v + r`, one launch.
-    GemvAdd(GemvAdd<'p>),
+    GemvAdd(ProductAdd<'p>),
     /// Another product with its residual add, written over the residual: `y = a b + r`,
     /// `r` added where the product writes its result.
     ProductAdd(ProductAdd<'p>),
@@ -185,21 +185,12 @@ pub struct SwiGlu<'p> {
     pub folded: bool,
 }
 
-/// `y = a v + r`: a decode product ([`decode_product`]) and its residual add.
-#[derive(Debug)]
-pub struct GemvAdd<'p> {
-    pub a: &'p Operand,
-    pub v: &'p Operand,
-    /// The product's own result (never written: the launch writes `y`).
-    pub product: &'p Operand,
-    pub r: &'p Operand,
-    pub y: &'p Operand,
-}
-
-/// `y = a b + r` with `y` in `r`'s memory: a product that is not a decode product (or
-/// one the backend runs as a batched product, [`Target::batched_from`]) of one weight
-/// matrix by columns, and its residual add over the residual, which its launches add where
-/// they write the result (a kernel's epilogue, a reduction of parts of K, cuBLAS's beta).
+/// `y = a b + r`: a product and its residual add, the launches adding `r` where they write
+/// the result. As a [`Fused::GemvAdd`], a decode product ([`decode_product`]) whose kernel
+/// adds it; as a [`Fused::ProductAdd`], with `y` in `r`'s memory, a product that is not a
+/// decode product (or one the backend runs as a batched product,
+/// [`Target::batched_from`]) of one weight matrix by columns (a kernel's epilogue, a
+/// reduction of parts of K, cuBLAS's beta).
 #[derive(Debug)]
 pub struct ProductAdd<'p> {
     pub a: &'p Operand,
@@ -368,8 +359,9 @@ pub struct Target {
     pub tensor_cols: usize,
     /// Fewest activation columns from which a decode product with weights of a
     /// [`batched_type`] takes the batched product rather than the decode kernels
-    /// (`usize::MAX`: never). Such a product is not fused with its residual add
-    /// ([`Fused::GemvAdd`] is the decode kernels' epilogue).
+    /// (`usize::MAX`: never). Such a product's residual add fuses as a
+    /// [`Fused::ProductAdd`] (where it runs in place), not a [`Fused::GemvAdd`] (the
+    /// decode kernels' epilogue).
     pub batched_from: usize,
     /// Most tokens of a `mul_mat_id` with block-quantized experts that runs on the decode
     /// kernels, which read the inputs as Q8_1 (0: none does); a fused step before one
@@ -1057,14 +1049,15 @@ impl<'p> Context<'p> {
                     && disjoint(y, a)
                     && decode_product(a, v)
                     && !self.target.batched_decode(a, v);
+                let add = ProductAdd {
+                    a,
+                    b: v,
+                    product: mid,
+                    r,
+                    y,
+                };
                 if fits {
-                    return Some(Fused::GemvAdd(GemvAdd {
-                        a,
-                        v,
-                        product: mid,
-                        r,
-                        y,
-                    }));
+                    return Some(Fused::GemvAdd(add));
                 }
                 let in_place = y.loc == r.loc && y.ne == r.ne && y.nb == r.nb;
                 let fits = in_place
@@ -1073,13 +1066,7 @@ impl<'p> Context<'p> {
                     && single(a)
                     && single(v)
                     && v.nrows() > 1;
-                fits.then_some(Fused::ProductAdd(ProductAdd {
-                    a,
-                    b: v,
-                    product: mid,
-                    r,
-                    y,
-                }))
+                fits.then_some(Fused::ProductAdd(add))
             }
             _ => None,
         }

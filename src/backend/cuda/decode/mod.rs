@@ -26,7 +26,7 @@ pub(crate) mod quant;
 
 use super::args::GEMV_WARPS;
 use super::lowering::{DevOp, Lowering};
-use crate::backend::fusion::GemvAdd;
+use crate::backend::fusion::ProductAdd;
 use crate::graph::Operand;
 
 /// Rows (one a warp) per thread block of every decode product kernel.
@@ -86,12 +86,12 @@ pub(crate) fn fused_gemv(
         .unwrap_or_else(|| Err("internal: a fused decode product has no decode kernel".into()))
 }
 
-/// A decode product and its residual add ([`GemvAdd`]) as one launch.
-pub(crate) fn gemv_add(g: &GemvAdd, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
+/// A decode product and its residual add ([`Fused::GemvAdd`](crate::backend::fusion::Fused::GemvAdd)) as one launch.
+pub(crate) fn gemv_add(g: &ProductAdd, lw: &mut Lowering) -> Result<Vec<DevOp>, String> {
     let extra = Gemv {
         dst: Some(g.y),
         add: Some(g.r),
         ..Gemv::default()
     };
-    fused_gemv(g.a, g.v, g.product, extra, lw)
+    fused_gemv(g.a, g.b, g.product, extra, lw)
 }
