@@ -19,8 +19,8 @@ use super::{
 };
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::args::{
-    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, ACT_BLOCKS, ACT_F16, ACT_PAIRS, MMH_K, MMQ_K,
-    MMQ_ROWS, MMR_K, MMR_ROWS,
+    CpyArgs, MmqArgs, MmqReduceArgs, NormMulArgs, UnaryArgs, ACT_BLOCKS, ACT_F16, ACT_PAIRS, MMH_K,
+    MMQ_K, MMQ_ROWS, MMR_K, MMR_ROWS,
 };
 use crate::backend::cuda::decode::q8_1::q8_1_column_bytes;
 use crate::backend::cuda::lowering::{DevOp, Launch, Lowering, QuantPath, REGION_ALIGN};
@@ -30,7 +30,7 @@ use crate::backend::cuda::tests::{
 };
 use crate::backend::fusion::batched_type;
 use crate::backend::{Backend, BackendExt};
-use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Operand, Plan};
+use crate::graph::{BufferId, BufferRef, DType, Graph, Loc, Operand, Plan, TensorId};
 use crate::quant::split::{join_row, split_row};
 use crate::quant::{dequantize_row, quantize_row, QType};
 
@@ -234,6 +234,21 @@ pub(in crate::backend::cuda::lower) fn q8_1_column(col: u64, k: usize, q: QType)
         .collect()
 }
 
+/// Host version of scale_f32: every element of `src` times the factor into `dst`.
+fn run_scale(a: UnaryArgs) {
+    for r in 0..a.src.ne[1] * a.src.ne[2] * a.src.ne[3] {
+        let ix = elem([1, a.src.ne[1], a.src.ne[2], a.src.ne[3]], r);
+        for l in 0..a.src.ne[0] {
+            let i = [l, ix[1], ix[2], ix[3]];
+            // SAFETY: both rows lie in the plan's memory with these strides.
+            unsafe {
+                let x = read::<f32>(a.src.data, offset(a.src.nb, i));
+                write(a.dst.data, offset(a.dst.nb, i), x * a.scale);
+            }
+        }
+    }
+}
+
 /// Host version of mmq_reduce: the parts added in order.
 fn run_reduce(p: MmqReduceArgs) {
     for i in 0..p.count {
@@ -275,12 +290,15 @@ fn interpret(l: &Launch) {
         name if ["mmq_", "mmh_", "mmr_"].iter().any(|p| name.starts_with(p)) => {
             run_batched(name, l.grid, args(l))
         }
+        "scale_f32" => run_scale(args(l)),
         name => panic!("the interpreter runs no {name}"),
     }
 }
 
 /// A product `w [k, m]` (of `q`, in a buffer; frozen in split rows when `split` and its rows
-/// can be) by `x [k, n, b2, b3]` (F32 rows `pad` elements apart beyond k).
+/// can be) by `x [k, n, b2, b3]` (F32 rows `pad` elements apart beyond k); with `residual`
+/// (no batches), plus a residual `[m, n]` computed in the graph, so that the add runs in
+/// place over it and fuses with the product ([`crate::backend::fusion::Fused::ProductAdd`]).
 struct Case {
     q: QType,
     k: usize,
@@ -288,11 +306,16 @@ struct Case {
     cols: [usize; 3],
     pad: usize,
     split: bool,
+    residual: bool,
 }
 
+/// A case's plan, weight bytes (ggml's layout) and inputs (the activations, then the
+/// residual's values when it has one).
+type Built = (Plan, Vec<u8>, Vec<(TensorId, Vec<f32>)>);
+
 impl Case {
-    /// The plan, the weight bytes (ggml's layout) and the activations.
-    fn build(&self, buf: BufferId, seed: u64) -> (Plan, Vec<u8>, Vec<f32>) {
+    /// The plan, the weight bytes and the inputs.
+    fn build(&self, buf: BufferId, seed: u64) -> Built {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let (k, [n, b2, b3]) = (self.k, self.cols);
         let vals: Vec<f32> = (0..k * self.m)
@@ -317,7 +340,20 @@ impl Case {
             .view_4d(xin, [k, n, b2, b3], ke * 4, ke * 4 * n, ke * 4 * n * b2, 0)
             .unwrap();
         let y = g.mul_mat(w, xv).unwrap();
-        (g.plan(&[y]).unwrap(), bytes, x)
+        let mut inputs = vec![(xin, x)];
+        let y = match self.residual {
+            false => y,
+            true => {
+                let r: Vec<f32> = (0..self.m * n)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let rin = g.input("r", DType::F32, &[self.m, n]).unwrap();
+                inputs.push((rin, r));
+                let r = g.scale(rin, 1.0).unwrap();
+                g.add(r, y).unwrap()
+            }
+        };
+        (g.plan(&[y]).unwrap(), bytes, inputs)
     }
 
     /// Runs the case on the CPU and lowered on `path` through the interpreter; checks the
@@ -326,11 +362,12 @@ impl Case {
         let mut cpu = CpuBackend::new();
         let rb = self.q.row_bytes(self.k).unwrap();
         let buf = cpu.alloc_buffer(rb * self.m).unwrap();
-        let (plan, bytes, x) = self.build(buf, seed);
+        let (plan, bytes, inputs) = self.build(buf, seed);
         cpu.write_buffer(buf, 0, &bytes).unwrap();
         let e = cpu.load(&plan).unwrap();
-        let xio = &plan.inputs[0].operand;
-        cpu.set_input_f32(e, xio.id, &x).unwrap();
+        for (id, values) in &inputs {
+            cpu.set_input_f32(e, *id, values).unwrap();
+        }
         cpu.compute(e).unwrap();
         let out = plan.outputs[0].operand.clone();
         let want = cpu.get_output_f32(e, out.id, out.nelements()).unwrap();
@@ -351,16 +388,22 @@ impl Case {
         }
         let regions: Vec<SplitRows> = region.into_iter().collect();
         let (ops, mut arena, _scratch) = lower_on_host(&plan, wbase, &regions, path);
-        let Loc::Arena(xoff) = xio.loc else {
-            unreachable!()
-        };
-        bytemuck::cast_slice_mut::<u64, f32>(&mut arena)[xoff / 4..xoff / 4 + x.len()]
-            .copy_from_slice(&x);
+        for (id, values) in &inputs {
+            let io = plan.inputs.iter().find(|i| i.operand.id == *id).unwrap();
+            let Loc::Arena(off) = io.operand.loc else {
+                unreachable!()
+            };
+            bytemuck::cast_slice_mut::<u64, f32>(&mut arena)[off / 4..off / 4 + values.len()]
+                .copy_from_slice(values);
+        }
         let launches = kernel_launches(&ops);
         let names: Vec<&str> = launches.iter().map(|l| l.kernel.name).collect();
         let tensor_cores = |p: &str| names.iter().any(|n| n.starts_with(p));
         let f16_cores = tensor_cores("mmh_") || tensor_cores("mmr_");
         if tensor_cores("mmq_") || f16_cores {
+            // the residual's copy in the graph runs as a scale, its add in the product
+            assert_eq!(names.contains(&"scale_f32"), self.residual, "{names:?}");
+            assert!(!names.iter().any(|n| n.starts_with("add_")), "{names:?}");
             for l in &launches {
                 interpret(l);
             }
@@ -428,8 +471,9 @@ pub(in crate::backend::cuda::lower) fn lower_on_host(
 
 /// Every weight type in ggml's blocks and in split rows, by column counts that take each
 /// column tile, with parts of K (few row tiles, long rows) and without, rows past the last
-/// whole chunk (the 32-element types at 416 elements), strided columns, and batches of
-/// activations broadcast over the weights: the CPU's results, and the split kernels
+/// whole chunk (the 32-element types at 416 elements), strided columns, batches of
+/// activations broadcast over the weights, and residual adds taken by the product (one part
+/// of K, and parts added by `mmq_reduce`): the CPU's results, and the split kernels
 /// exactly when the rows are split.
 #[test]
 fn mmq_products_match_the_cpu() {
@@ -441,15 +485,16 @@ fn mmq_products_match_the_cpu() {
         } else {
             (2304, 768)
         };
+        // (k, rows, columns, padding, split rows, a residual add)
         let cases = [
-            (whole, 70, [9, 1, 1], 0, true),
-            (short, 130, [12, 1, 1], 3, false),
-            (whole, 70, [20, 1, 1], 0, false),
-            (short, 130, [40, 1, 1], 3, false),
-            (short, 33, [5, 3, 2], 0, true),
-            (whole, 100, [MMQ_MAX_COLS, 1, 1], 0, true),
+            (whole, 70, [9, 1, 1], 0, true, true),
+            (short, 130, [12, 1, 1], 3, false, false),
+            (whole, 70, [20, 1, 1], 0, false, false),
+            (short, 130, [40, 1, 1], 3, false, true),
+            (short, 33, [5, 3, 2], 0, true, false),
+            (whole, 100, [MMQ_MAX_COLS, 1, 1], 0, true, false),
         ];
-        for (j, (k, m, cols, pad, split)) in cases.into_iter().enumerate() {
+        for (j, (k, m, cols, pad, split, residual)) in cases.into_iter().enumerate() {
             let case = Case {
                 q,
                 k,
@@ -457,6 +502,7 @@ fn mmq_products_match_the_cpu() {
                 cols,
                 pad,
                 split,
+                residual,
             };
             let names = case.run(QuantPath::Auto, (10 * i + j) as u64);
             let splits = split && crate::quant::split::splittable(q, k);
@@ -500,6 +546,7 @@ fn quant_paths_follow_the_thresholds() {
         cols: [n, b2, 1],
         pad: 0,
         split: false,
+        residual: false,
     };
     let gemm = "cublasGemmEx";
     for (n, b2, auto, dequant, mmq) in [
@@ -576,7 +623,7 @@ fn lower_with_scratch(plan: &Plan) -> Vec<Vec<DevOp>> {
 }
 
 /// An RMS norm times its weight of an input [k, n] (what the fusion pass makes one step).
-fn normed(g: &mut Graph, k: usize, n: usize) -> crate::graph::TensorId {
+fn normed(g: &mut Graph, k: usize, n: usize) -> TensorId {
     let x = g.input("x", DType::F32, &[k, n]).unwrap();
     let nw = g.input("nw", DType::F32, &[k]).unwrap();
     let h = g.rms_norm(x, 1e-5).unwrap();
