@@ -20,8 +20,9 @@
 //!   `fattn_paged_any_d<D>` for the rest (K and V of different types, F32, other head dims).
 //! - `fattn_paged_combine` merges the chunks when there can be more than one; the partials
 //!   and each token's chunk count go to scratch. In a decode step whose next product reads
-//!   Q8_1 activations it also writes them ([`lower_writing`]), as `flash_attn_ext`'s
-//!   combine does.
+//!   Q8_1 activations (or an F16 copy) it also writes them ([`lower_writing`]), as
+//!   `flash_attn_ext`'s combine does. With one chunk (no combine) the streamed and any-type
+//!   decode kernels write an F16 copy themselves, as they write the rows.
 
 use crate::backend::cuda::args::{
     PagedArgs, FATTN_COMBINE_THREADS, FATTN_LIST_MAX_TILES, FATTN_LIST_THREADS, FATTN_MMA_ROWS,
