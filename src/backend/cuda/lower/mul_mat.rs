@@ -57,7 +57,7 @@ impl<'a> Out<'a> {
     }
 
     /// The decode kernels' extras for this result (its add).
-    fn gemv(self) -> Gemv<'a> {
+    pub fn gemv(self) -> Gemv<'a> {
         Gemv {
             add: self.add,
             ..Gemv::default()

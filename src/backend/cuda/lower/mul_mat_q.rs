@@ -27,7 +27,7 @@ use super::cpy::copy_to;
 use super::mmq;
 use super::mul_mat::{lower_gemm, padded, Out};
 use crate::backend::cuda::args::{CpyArgs, Tensor4, CPY_SAME_SHAPE};
-use crate::backend::cuda::decode::{self, Gemv};
+use crate::backend::cuda::decode;
 use crate::backend::cuda::kernels::by;
 use crate::backend::cuda::lowering::{flat_grid, DevOp, Lowering, QuantPath};
 use crate::graph::{DType, Operand};
@@ -67,11 +67,7 @@ pub(crate) fn lower(
         QuantPath::Dequant => false,
     };
     if !tensor_cores_first {
-        let extra = Gemv {
-            add: out.add,
-            ..Gemv::default()
-        };
-        if let Some(ops) = decode::gemv(a, b, dst, extra, lw) {
+        if let Some(ops) = decode::gemv(a, b, dst, out.gemv(), lw) {
             return ops;
         }
     }
