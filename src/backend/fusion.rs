@@ -560,10 +560,12 @@ pub fn q8_1_input<'p>(step: &'p Step, target: &Target) -> Option<Q8For<'p>> {
             layout: Q8Layout::of(a.dtype),
         });
     }
-    let layout = target.copy_read(a, b);
-    (step.op == Op::MulMat).then_some(Q8For {
+    if step.op != Op::MulMat {
+        return None;
+    }
+    Some(Q8For {
         of: b,
-        layout: layout?,
+        layout: target.copy_read(a, b)?,
     })
 }
 
@@ -603,7 +605,12 @@ pub fn disjoint(x: &Operand, y: &Operand) -> bool {
 
 /// Whether `x` and `y` share no byte or are the very same elements.
 fn disjoint_or_same(x: &Operand, y: &Operand) -> bool {
-    disjoint(x, y) || (x.loc == y.loc && x.ne == y.ne && x.nb == y.nb)
+    disjoint(x, y) || same(x, y)
+}
+
+/// Whether `x` and `y` are the very same elements (one place, one layout).
+fn same(x: &Operand, y: &Operand) -> bool {
+    x.loc == y.loc && x.ne == y.ne && x.nb == y.nb
 }
 
 /// `loc` moved `by` bytes on.
@@ -1044,11 +1051,9 @@ impl<'p> Context<'p> {
             (Op::MulMat, Op::Binary(BinaryOp::Add)) => {
                 let r = self.residual_of(one, two)?;
                 let (a, v, y) = (&one.src[0], &one.src[1], &two.dst);
-                let fits = disjoint_or_same(y, r)
-                    && disjoint(y, v)
-                    && disjoint(y, a)
-                    && decode_product(a, v)
-                    && !self.target.batched_decode(a, v);
+                if !disjoint(y, v) || !disjoint(y, a) {
+                    return None;
+                }
                 let add = ProductAdd {
                     a,
                     b: v,
@@ -1056,16 +1061,13 @@ impl<'p> Context<'p> {
                     r,
                     y,
                 };
-                if fits {
+                if disjoint_or_same(y, r)
+                    && decode_product(a, v)
+                    && !self.target.batched_decode(a, v)
+                {
                     return Some(Fused::GemvAdd(add));
                 }
-                let in_place = y.loc == r.loc && y.ne == r.ne && y.nb == r.nb;
-                let fits = in_place
-                    && disjoint(y, v)
-                    && disjoint(y, a)
-                    && single(a)
-                    && single(v)
-                    && v.nrows() > 1;
+                let fits = same(y, r) && single(a) && single(v) && v.nrows() > 1;
                 fits.then_some(Fused::ProductAdd(add))
             }
             _ => None,

@@ -562,25 +562,18 @@ mod paged_attn {
         };
         let mut cpu = CpuBackend::new();
         for max_blocks in [6, 64] {
+            // head dim 128 over F16 caches as two_sequences, 4 KV heads with no GQA (the
+            // streamed kernel), 6 sequences decoding
             let c = Case {
-                d: 128,
                 n_head_kv: 4,
                 group: 1,
-                k: DType::F16,
-                v: DType::F16,
-                p: PagedAttnParams {
-                    scale: 0.09,
-                    softcap: 0.0,
-                    block_size: 16,
-                    window: 0,
-                },
                 n_blocks: 48,
                 max_blocks,
                 lens: vec![40, 96, 17, 60, 5, 80],
                 queries: vec![1; 6],
                 padding: 1,
-                shuffle: false,
                 seed: 11,
+                ..two_sequences(DType::F16, false)
             };
             let x = inputs(&c);
             let rows = 48;
