@@ -361,7 +361,9 @@ fn dequantize(q: QType, b: &[u8], n: usize) -> Vec<f32> {
 ///   and the fitted scale may clamp the largest value by as much).
 ///
 /// Plus the f16 rounding of the stored scale and min (`2^-11` relative, `2^-25` absolute
-/// when subnormal) times the largest level.
+/// when subnormal) times the largest level: for Q4_K, Q5_K, Q6_K and IQ4_XS the largest
+/// product of a sub-block's integer scale and a quant (up to 127 * 32), since a tiny
+/// super-block's scale can round to zero and take every value of it along.
 fn block_bound(q: QType, x: &[f32]) -> f32 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let (min, max) = x
@@ -389,7 +391,11 @@ fn block_bound(q: QType, x: &[f32]) -> f32 {
         | QType::IQ1_S
         | QType::IQ1_M => unreachable!("{q} is read-only: no round trip"),
     };
-    let f16 = 2.0 * amax * 2f32.powi(-11) + 256.0 * 2f32.powi(-25);
+    let largest = match q {
+        QType::Q4_K | QType::Q5_K | QType::Q6_K | QType::IQ4_XS => 4096.0,
+        _ => 256.0,
+    };
+    let f16 = 2.0 * amax * 2f32.powi(-11) + largest * 2f32.powi(-25);
     quant * 1.0001 + f16
 }
 
