@@ -15,9 +15,11 @@
 //! The integer sums are those of the portable code, exactly; only the order in which the
 //! f32 terms are added differs (eight lanes per column, summed at the end).
 //!
-//! [`dot_rows`] with several columns runs the legacy types, Q4_K, Q5_K and IQ4_XS four
-//! rows at a time (`tile`: the rows' sums in the lanes of one vector); the decode step
-//! (one column) runs the legacy types through [`legacy_x4`], the other types row by row.
+//! [`dot_rows`] with several columns runs the legacy types, Q4_K, Q5_K and IQ4_XS eight
+//! rows at a time where the CPU has AVX-512 VNNI (`tile8`), else and for the rows after
+//! the last eight four at a time (`tile`: the rows' sums in the lanes of one vector); the
+//! decode step (one column) runs the legacy types through [`legacy_x4`], the other types
+//! row by row. Activations are quantized to Q8_1 by `q8_1`.
 //!
 //! On CPUs with AVX-512 VNNI (and VL), those two kernels sum the products of unsigned
 //! quants and signed activations with `vpdpbusd` ([`dpbusd`]: four byte products added
@@ -28,7 +30,9 @@
 use std::arch::x86_64::*;
 
 mod low;
+pub(super) mod q8_1;
 mod tile;
+mod tile8;
 
 use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::scale_min_k4;
@@ -57,6 +61,12 @@ pub(crate) fn vnni_available() -> bool {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Whether [`dot_rows`] with `ncols` columns of weights of `q` reads the activations'
+/// quants plus 128 (the signed types on the 8-row kernel, `tile8`).
+pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {
+    ncols >= tile8::FROM_COLS && tile::has_tiles(q) && tile8::signed_type(q) && vnni_available()
 }
 
 /// `acc` plus, in each i32 lane, the four products of the unsigned bytes of `u` with the
@@ -126,7 +136,9 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 /// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
 /// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
 /// row, so that a group's activations stay in the L1 cache. `vnni`: the kernels that
-/// have a `vpdpbusd` form use it ([`dpbusd`]), and the row tiles take groups of
+/// have a `vpdpbusd` form use it ([`dpbusd`]), eight rows at a time take every column
+/// first (`tile8`; the signed types only when `plus128` holds the activations' quants
+/// plus 128, [`reads_plus_128`]), and the four-row tiles take groups of
 /// [`tile::WIDE_COLS`] columns.
 ///
 /// # Safety
@@ -138,7 +150,7 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 pub(crate) unsafe fn dot_rows(
     q: QType,
     (w, w_stride, nb): (*const u8, usize, usize),
-    a: &[u8],
+    (a, plus128): (&[u8], &[u8]),
     ds: &[f32],
     (ncols, vnni): (usize, bool),
     out: &mut [f32],
@@ -146,8 +158,27 @@ pub(crate) unsafe fn dot_rows(
     if ncols == 0 {
         return;
     }
-    let nrows = out.len() / ncols;
     let row = a.len() / ncols;
+    // eight rows at a time against every column first, where the CPU allows
+    let done = match vnni && ncols >= tile8::FROM_COLS {
+        // SAFETY: vnni_available() (dot_rows' contract); the rows, columns and `out`
+        // are as tile8::rows requires (checked by the caller).
+        true => unsafe {
+            let all = Cols {
+                q: a.as_ptr(),
+                ds: ds.as_ptr(),
+                row,
+            };
+            let n = (out.len() / ncols, ncols);
+            tile8::rows(q, (w, w_stride, nb), n, (all, plus128), out)
+        },
+        false => 0,
+    };
+    let (w, out) = (w.add(done * w_stride), &mut out[done * ncols..]);
+    let nrows = out.len() / ncols;
+    if nrows == 0 {
+        return;
+    }
     let group = match vnni && tile::has_tiles(q) {
         true => tile::WIDE_COLS,
         false => 4,
@@ -808,7 +839,7 @@ unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable};
+    use super::super::dot::{q8_1_plus_128, q8_1_scales, vec_dot_q8_1_cols_portable};
     use super::super::{quantize_row, QType};
 
     /// The types with kernels here (the others run the portable code).
@@ -916,6 +947,10 @@ mod tests {
         }
         let mut ds = vec![0.0f32; a.len() / 36 * 2];
         q8_1_scales(&a, &mut ds);
+        let mut plus128 = Vec::new();
+        if super::reads_plus_128(q, ncols) {
+            q8_1_plus_128(&a, &mut plus128);
+        }
         let mut got = vec![0.0f32; nrows * ncols];
         for vnni in [false, super::vnni_available()] {
             // SAFETY: available() was checked, and vnni_available() for vnni; the rows lie
@@ -924,7 +959,7 @@ mod tests {
                 super::dot_rows(
                     q,
                     (w.as_ptr(), stride, blocks),
-                    &a,
+                    (&a, &plus128),
                     &ds,
                     (ncols, vnni),
                     &mut got,
@@ -1008,6 +1043,8 @@ mod tests {
                     check(q, blocks, cols, 1 + blocks as u64).unwrap();
                 }
                 check_rows(q, blocks, 3, 4, 2, 5);
+                // eight-row tiles past a run of units, more columns than a register set
+                check_rows(q, blocks, 17, 10, 3, 11);
                 // decode: one column, four rows at a time and a remainder
                 check_rows(q, blocks, 7, 1, 2, 9);
             }

@@ -112,7 +112,7 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
 pub(crate) unsafe fn vec_dot_q8_1_rows(
     q: QType,
     (w, w_stride, row_bytes): (*const u8, usize, usize),
-    a: &[u8],
+    (a, plus128): (&[u8], &[u8]),
     ds: &[f32],
     ncols: usize,
     out: &mut [f32],
@@ -134,13 +134,36 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
         let vnni = super::avx2::vnni_available();
         // SAFETY: the CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if vnni; the
         // rows are valid (caller) and the other lengths were checked above.
-        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), a, ds, (ncols, vnni), out) };
+        unsafe {
+            super::avx2::dot_rows(q, (w, w_stride, nb), (a, plus128), ds, (ncols, vnni), out)
+        };
         return;
     }
     for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {
         // SAFETY: row r is row_bytes bytes of valid memory (caller).
         let wr = unsafe { std::slice::from_raw_parts(w.add(r * w_stride), row_bytes) };
         vec_dot_q8_1_cols_portable(q, wr, a, o);
+    }
+}
+
+/// Whether [`vec_dot_q8_1_rows`] with `ncols` columns of weights of `q` reads the
+/// activations' quants plus 128 ([`q8_1_plus_128`]; without them it takes slower kernels).
+pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        return super::avx2::reads_plus_128(q, ncols);
+    }
+    let _ = (q, ncols);
+    false
+}
+
+/// The quants of every Q8_1 block of `a` plus 128, as unsigned bytes (`q ^ 0x80`), 32
+/// bytes a block, into `out`: what the products of signed weight types meet with
+/// `vpdpbusd`, which multiplies unsigned bytes by signed ones.
+pub(crate) fn q8_1_plus_128(a: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    for blk in a.chunks_exact(Q8_1_BYTES) {
+        out.extend(blk[4..].iter().map(|&b| b ^ 0x80));
     }
 }
 

@@ -429,7 +429,16 @@ pub fn quantize_row(q: QType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         QType::Q5_0 => for_each_block(src, dst, legacy::quantize_q5_0),
         QType::Q5_1 => for_each_block(src, dst, legacy::quantize_q5_1),
         QType::Q8_0 => for_each_block(src, dst, legacy::quantize_q8_0),
-        QType::Q8_1 => for_each_block(src, dst, legacy::quantize_q8_1),
+        QType::Q8_1 => {
+            #[cfg(target_arch = "x86_64")]
+            if avx2::available() {
+                // SAFETY: the CPU has AVX2, FMA and F16C; check_row checked the lengths.
+                // The blocks that are not finite get their NaN scale there too.
+                unsafe { avx2::q8_1::quantize_row(src, dst) };
+                return Ok(());
+            }
+            for_each_block(src, dst, legacy::quantize_q8_1)
+        }
         QType::Q4_K => for_each_block(src, dst, kquants::quantize_q4_k),
         QType::Q5_K => for_each_block(src, dst, kquants::quantize_q5_k),
         QType::Q6_K => for_each_block(src, dst, kquants::quantize_q6_k),

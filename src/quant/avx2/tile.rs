@@ -1,6 +1,8 @@
 //! Four weight rows against `NC` Q8_1 columns at once: the kernel of the products with
 //! several columns (prefill) for the legacy types (IQ4_NL among them) and the
-//! super-block types with one scale per 32 elements (Q4_K, Q5_K, IQ4_XS).
+//! super-block types with one scale per 32 elements (Q4_K, Q5_K, IQ4_XS) on CPUs without
+//! AVX-512 VNNI, and on those for the rows after the last eight that [`super::tile8`]
+//! takes (which unpacks its units with [`unit`]).
 //!
 //! Each 32-element unit of the four rows (a block, or a sub-block: what one Q8_1 block
 //! meets) is unpacked once for all the columns and transposed in 4-byte groups
@@ -52,13 +54,13 @@ pub(super) fn has_tiles(q: QType) -> bool {
 
 // The super-block types with one scale per 32 elements, as const parameters (after the
 // legacy ones of `super`).
-const Q4_K: u8 = 7;
-const Q5_K: u8 = 8;
-const IQ4_XS: u8 = 9;
+pub(super) const Q4_K: u8 = 7;
+pub(super) const Q5_K: u8 = 8;
+pub(super) const IQ4_XS: u8 = 9;
 
 /// Whether the quants of `T` are signed (their signs go onto the activations:
 /// `|q| * (a * sign(q))`).
-const fn signed(t: u8) -> bool {
+pub(super) const fn signed(t: u8) -> bool {
     matches!(t, Q8_0 | Q8_1 | IQ4_NL | IQ4_XS)
 }
 
@@ -68,7 +70,7 @@ const fn super_block(t: u8) -> bool {
 }
 
 /// Whether a unit of `T` has an offset applied through the Q8_1 block's `s`.
-const fn has_offset(t: u8) -> bool {
+pub(super) const fn has_offset(t: u8) -> bool {
     matches!(t, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K)
 }
 
@@ -77,7 +79,7 @@ const fn has_offset(t: u8) -> bool {
 /// integer scale, a product exact in f32), `m[j][r]` multiplies the Q8_1 block's `s`
 /// (`-dmin` times the sub-block's min; 0 for IQ4_XS).
 #[derive(Clone, Copy, Default)]
-struct Factors {
+pub(super) struct Factors {
     d: [[f32; 4]; 8],
     m: [[f32; 4]; 8],
 }
@@ -139,7 +141,7 @@ unsafe fn sub_quants<const T: u8>(p: *const u8, b: usize, j: usize) -> __m256i {
 /// quants, their scales `d` and their factors of the Q8_1 block's `s`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn unit<const T: u8>(
+pub(super) unsafe fn unit<const T: u8>(
     rows: [*const u8; 4],
     k: usize,
     f: &mut Factors,
