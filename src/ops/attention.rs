@@ -37,6 +37,8 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 mod decode_avx2;
 pub mod paged;
+#[cfg(target_arch = "x86_64")]
+mod paged_avx2;
 
 use super::host::HostTensor;
 use super::softmax::max_nan;

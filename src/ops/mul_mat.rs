@@ -172,6 +172,8 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     // The d and s of every Q8_1 block as f32, converted once for all weight rows.
     let ds_per_col = q8_bytes / 36 * 2;
     let mut cols_ds = vec![0f32; n * ds_per_col];
+    // the quants plus 128 where the kernels of a signed weight type read them
+    let mut cols_u8 = Vec::new();
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
@@ -191,8 +193,12 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                 }
             }
             quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
+            if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) {
+                quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8);
+            }
             let (i02, i03) = (i2 / r2, i3 / r3);
-            let (cols_q8, cols_ds) = (&cols_q8, &cols_ds);
+            let (cols_q8, cols_ds, cols_u8) = (&cols_q8, &cols_ds, &cols_u8);
+            let u8_per_col = cols_u8.len() / n;
             // `out` is a thread's scratch for the task's dot products, made once per run
             // of tasks (zeroing it for every task of a decode step cost 2% of the step).
             let task = |out: &mut Vec<f32>, t: usize| {
@@ -207,7 +213,10 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                         quant::dot::vec_dot_q8_1_rows(
                             q,
                             (w, a.nb[1], w_bytes),
-                            &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
+                            (
+                                &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
+                                &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col],
+                            ),
                             &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
                             nc,
                             out,

@@ -285,7 +285,16 @@ pub(crate) fn cpu(
                 hk: h / group,
                 n_head_kv,
             };
-            let acc = attend_row(p, &qrow, &keys, p.first_visible(pos)..pos + 1, d_v);
+            let visible = p.first_visible(pos)..pos + 1;
+            #[cfg(target_arch = "x86_64")]
+            let acc = match crate::ops::simd::available() {
+                // SAFETY: the CPU has AVX2, FMA and F16C; `keys` holds the run's keys
+                // lo..=hi, among them every visible key of this token.
+                true => unsafe { super::paged_avx2::attend_row(p, &qrow, &keys, visible, d_v) },
+                false => attend_row(p, &qrow, &keys, visible, d_v),
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let acc = attend_row(p, &qrow, &keys, visible, d_v);
             // SAFETY: (h, t) is inside the result and written by this row only.
             unsafe { dst.write_row(h, t, 0, &acc) };
         };
@@ -385,12 +394,12 @@ fn gather_f16(
 
 /// The dense K and V rows of a run: key position `j` of KV head `hk` at
 /// `k[((j - first) * n_head_kv + hk) * d..][..d]` (V likewise with `d_v`).
-struct KeyRows<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
-    first: usize,
-    hk: usize,
-    n_head_kv: usize,
+pub(super) struct KeyRows<'a> {
+    pub(super) k: &'a [f32],
+    pub(super) v: &'a [f32],
+    pub(super) first: usize,
+    pub(super) hk: usize,
+    pub(super) n_head_kv: usize,
 }
 
 /// The attention output of one query row over the key positions `keys`: scores, their
