@@ -337,6 +337,82 @@ unsafe fn tile<const T: u8, const NC: usize, const V: bool>(
     out
 }
 
+/// `$body` with the const `$t` the code of the block type `$q` among the types with tiles
+/// (the legacy types' of `super`, then [`Q4_K`], [`Q5_K`], [`IQ4_XS`]) and `$units` the
+/// units of a row of `$nb` blocks (8 a super-block); `$none` for the other types.
+macro_rules! by_tile_type {
+    ($q:expr, $nb:expr, $t:ident, $units:ident => $body:expr, $none:expr) => {{
+        use $crate::quant::avx2::tile::{IQ4_XS, Q4_K, Q5_K};
+        use $crate::quant::avx2::{IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1};
+        use $crate::quant::QType;
+        match $q {
+            QType::Q4_0 => {
+                const $t: u8 = Q4_0;
+                let $units = $nb;
+                $body
+            }
+            QType::Q4_1 => {
+                const $t: u8 = Q4_1;
+                let $units = $nb;
+                $body
+            }
+            QType::Q5_0 => {
+                const $t: u8 = Q5_0;
+                let $units = $nb;
+                $body
+            }
+            QType::Q5_1 => {
+                const $t: u8 = Q5_1;
+                let $units = $nb;
+                $body
+            }
+            QType::Q8_0 => {
+                const $t: u8 = Q8_0;
+                let $units = $nb;
+                $body
+            }
+            QType::Q8_1 => {
+                const $t: u8 = Q8_1;
+                let $units = $nb;
+                $body
+            }
+            QType::IQ4_NL => {
+                const $t: u8 = IQ4_NL;
+                let $units = $nb;
+                $body
+            }
+            QType::Q4_K => {
+                const $t: u8 = Q4_K;
+                let $units = $nb * 8;
+                $body
+            }
+            QType::Q5_K => {
+                const $t: u8 = Q5_K;
+                let $units = $nb * 8;
+                $body
+            }
+            QType::IQ4_XS => {
+                const $t: u8 = IQ4_XS;
+                let $units = $nb * 8;
+                $body
+            }
+            QType::Q6_K
+            | QType::Q3_K
+            | QType::Q2_K
+            | QType::IQ2_XXS
+            | QType::IQ2_XS
+            | QType::IQ2_S
+            | QType::IQ3_XXS
+            | QType::IQ3_S
+            | QType::IQ1_S
+            | QType::IQ1_M
+            | QType::TQ1_0
+            | QType::TQ2_0 => $none,
+        }
+    }};
+}
+pub(super) use by_tile_type;
+
 /// The row tiles of [`super::dot_rows`]: rows `0..nrows / 4 * 4` (`stride` bytes apart,
 /// `nb` blocks of `q` each, the first at `w`) against the `NC` columns of `a`, row `r`
 /// and column `c` into `out[r * ncols + c]`; the number of rows done, 0 for a type
@@ -355,30 +431,7 @@ pub(super) unsafe fn rows<const NC: usize, const V: bool>(
     a: Cols,
     out: &mut [f32],
 ) -> usize {
-    match q {
-        QType::Q4_0 => each_tile::<Q4_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_1 => each_tile::<Q4_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_0 => each_tile::<Q5_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q5_1 => each_tile::<Q5_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_0 => each_tile::<Q8_0, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q8_1 => each_tile::<Q8_1, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::IQ4_NL => each_tile::<IQ4_NL, NC, V>((w, stride, nb), (nrows, ncols), a, out),
-        QType::Q4_K => each_tile::<Q4_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::Q5_K => each_tile::<Q5_K, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::IQ4_XS => each_tile::<IQ4_XS, NC, V>((w, stride, nb * 8), (nrows, ncols), a, out),
-        QType::Q6_K
-        | QType::Q3_K
-        | QType::Q2_K
-        | QType::IQ2_XXS
-        | QType::IQ2_XS
-        | QType::IQ2_S
-        | QType::IQ3_XXS
-        | QType::IQ3_S
-        | QType::IQ1_S
-        | QType::IQ1_M
-        | QType::TQ1_0
-        | QType::TQ2_0 => 0,
-    }
+    by_tile_type!(q, nb, T, units => each_tile::<T, NC, V>((w, stride, units), (nrows, ncols), a, out), 0)
 }
 
 /// [`rows`] for the type `T`, rows of `units` units.

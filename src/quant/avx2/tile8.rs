@@ -21,8 +21,8 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{has_offset, signed, unit, Factors, IQ4_XS, Q4_K, Q5_K};
-use super::{Cols, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8, Q8_0, Q8_1};
+use super::tile::{by_tile_type, has_offset, signed, unit, Factors};
+use super::{Cols, Q8};
 use crate::quant::QType;
 
 /// Units unpacked into the buffer at a time (10 KiB of quants and factors).
@@ -102,30 +102,7 @@ pub(super) unsafe fn rows(
     let m = (w, stride);
     let n = (nrows, ncols);
     let a = Acts::new(a, plus128);
-    match q {
-        QType::Q4_0 => each::<Q4_0>(m, nb, n, a, out),
-        QType::Q4_1 => each::<Q4_1>(m, nb, n, a, out),
-        QType::Q5_0 => each::<Q5_0>(m, nb, n, a, out),
-        QType::Q5_1 => each::<Q5_1>(m, nb, n, a, out),
-        QType::Q8_0 => each::<Q8_0>(m, nb, n, a, out),
-        QType::Q8_1 => each::<Q8_1>(m, nb, n, a, out),
-        QType::IQ4_NL => each::<IQ4_NL>(m, nb, n, a, out),
-        QType::Q4_K => each::<Q4_K>(m, nb * 8, n, a, out),
-        QType::Q5_K => each::<Q5_K>(m, nb * 8, n, a, out),
-        QType::IQ4_XS => each::<IQ4_XS>(m, nb * 8, n, a, out),
-        QType::Q6_K
-        | QType::Q3_K
-        | QType::Q2_K
-        | QType::IQ2_XXS
-        | QType::IQ2_XS
-        | QType::IQ2_S
-        | QType::IQ3_XXS
-        | QType::IQ3_S
-        | QType::IQ1_S
-        | QType::IQ1_M
-        | QType::TQ1_0
-        | QType::TQ2_0 => 0,
-    }
+    by_tile_type!(q, nb, T, units => each::<T>(m, units, n, a, out), 0)
 }
 
 /// [`rows`] for the type `T`, rows of `units` units.
