@@ -92,7 +92,7 @@ fn tokenizer_matches_transformers_on_the_real_file() {
 /// NMSE of the last prompt position's log-probabilities against transformers' logits
 /// (rows centered; returned, worst case), and greedy decoding compared step by step
 /// while the reference margin is clear.
-fn check_cases(path: &Path, dot: QuantDot, cache: CacheTypes) -> f64 {
+fn check_cases(path: &Path, dot: QuantDot, cache: CacheTypes, margin: f32) -> f64 {
     let (r, logits) = load_reference();
     let mut be = CpuBackend::new();
     be.set_quant_dot(dot);
@@ -106,7 +106,7 @@ fn check_cases(path: &Path, dot: QuantDot, cache: CacheTypes) -> f64 {
     let vocab = e.config().vocab_size;
     let mut worst = 0f64;
     for (c, want) in r.cases.iter().zip(&logits) {
-        let clear = c.margins.iter().take_while(|&&m| m >= CLEAR_MARGIN).count();
+        let clear = c.margins.iter().take_while(|&&m| m >= margin).count();
         let mut req = greedy_request(&c.ids, clear.max(1), true, vocab);
         req.stop.ignore_eos = true;
         let got = run(&mut e, req);
@@ -116,7 +116,7 @@ fn check_cases(path: &Path, dot: QuantDot, cache: CacheTypes) -> f64 {
         assert_eq!(
             got.tokens[..clear],
             c.greedy[..clear],
-            "{dot:?} {:?}: greedy steps with a reference margin of at least {CLEAR_MARGIN}",
+            "{dot:?} {:?}: greedy steps with a reference margin of at least {margin}",
             c.text
         );
     }
@@ -134,7 +134,7 @@ fn f32_dots_match_transformers() {
         v: DType::F32,
         flash_attn: true,
     };
-    let worst = check_cases(&path, QuantDot::F32, f32_cache);
+    let worst = check_cases(&path, QuantDot::F32, f32_cache, CLEAR_MARGIN);
     assert!(worst < 1e-9, "logits NMSE {worst:.3e}");
 }
 
@@ -143,7 +143,7 @@ fn q8_1_dots_match_transformers_within_the_activation_error() {
     let Some(path) = cached_default_model() else {
         return;
     };
-    let worst = check_cases(&path, QuantDot::Q8_1, CacheTypes::default());
+    let worst = check_cases(&path, QuantDot::Q8_1, CacheTypes::default(), CLEAR_MARGIN);
     // Rounding activations to 8 bits is discontinuous: a change in the last bit of an f32
     // sum (the order of additions differs between the AVX2 and portable dot kernels) can
     // move a value to the next quant level, so this error is a sample, not a constant:
@@ -162,22 +162,24 @@ fn every_cache_type_matches_transformers_within_its_bound() {
         return;
     };
     let bounds = [
-        (DType::F16, 1e-5),
-        (DType::BF16, 2e-3),
-        (DType::Q8_0, 3e-3),
+        (DType::F16, 1e-5, CLEAR_MARGIN),
+        (DType::BF16, 2e-3, CLEAR_MARGIN),
+        (DType::Q8_0, 3e-3, CLEAR_MARGIN),
         // This model's keys have a few channels far larger than the rest, so 4-bit
         // blocks of keys round the others away: measured 0.036 to 0.068 (rows centered;
-        // 0.1 to 0.49 on a prefill's raw logits). The greedy steps with a clear margin
-        // still agree.
-        (DType::Q4_0, 1.0),
+        // 0.1 to 0.49 on a prefill's raw logits). Logits that far off can reorder two
+        // tokens half a logit apart (a step of margin 0.51 did, with the f32 sums of the
+        // attention added in another order), so the greedy steps are compared where the
+        // reference's margin is at least a whole logit.
+        (DType::Q4_0, 1.0, 1.0),
     ];
-    for (dt, bound) in bounds {
+    for (dt, bound, margin) in bounds {
         let cache = CacheTypes {
             k: dt,
             v: dt,
             flash_attn: true,
         };
-        let worst = check_cases(&path, QuantDot::F32, cache);
+        let worst = check_cases(&path, QuantDot::F32, cache, margin);
         eprintln!("cache {dt}: worst last-position logits NMSE {worst:.3e}");
         assert!(
             worst < bound,
