@@ -4,12 +4,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{io_slot, range_check, validate_plan, Backend, ExecId, Stats, StepTime};
+mod frozen;
+
+use super::{io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Stats, StepTime};
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::ops::collective::LocalGroup;
 use crate::ops::host::{store, HostTensor};
-use crate::ops::mul_mat::QuantDot;
+use crate::ops::mul_mat::{QuantDot, WeightLayout};
 use crate::ops::{self, CopyOp, Op};
 
 /// A pointer that may cross to another thread (the arena's base, handed to the rayon
@@ -28,6 +30,8 @@ struct CpuExec {
     arena: Vec<u64>,
     /// Inputs written at least once.
     written: HashSet<TensorId>,
+    /// How each step's mul_mat weights are laid out (rows of eight when frozen so).
+    layouts: Vec<WeightLayout>,
 }
 
 /// The CPU backend.
@@ -44,6 +48,8 @@ pub struct CpuBackend {
     /// The group this backend is a member of, and its rank there (tensor parallelism on
     /// simulated devices).
     group: Option<(Arc<LocalGroup>, usize)>,
+    /// Frozen weights kept in rows of eight.
+    frozen: Vec<frozen::Rows8>,
 }
 
 /// A zeroed allocation of at least `bytes` bytes, or an error naming the size.
@@ -142,10 +148,12 @@ impl Backend for CpuBackend {
             .remove(&buf)
             .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))?;
         self.buffers.remove(&buf);
+        self.frozen.retain(|r| frozen::Region::buffer(r) != buf);
         Ok(())
     }
 
     fn write_buffer(&mut self, buf: BufferId, offset: usize, data: &[u8]) -> Result<()> {
+        super::frozen::check_write("cpu", &self.frozen, (buf, offset, data.len()), "write")?;
         let (mem, size) = self.buffer_mut(buf)?;
         range_check("cpu", "write", buf, offset, data.len(), size)?;
         mem[offset..offset + data.len()].copy_from_slice(data);
@@ -153,10 +161,24 @@ impl Backend for CpuBackend {
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let (mem, size) = self.buffer_mut(buf)?;
-        range_check("cpu", "read", buf, offset, out.len(), size)?;
-        out.copy_from_slice(&mem[offset..offset + out.len()]);
-        Ok(())
+        let frozen = std::mem::take(&mut self.frozen);
+        let read = self.buffer_mut(buf).and_then(|(mem, size)| {
+            range_check("cpu", "read", buf, offset, out.len(), size)?;
+            frozen::read_joined(&frozen, (buf, mem), offset, out);
+            Ok(())
+        });
+        self.frozen = frozen;
+        read
+    }
+
+    fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
+        let frozen = std::mem::take(&mut self.frozen);
+        let mut regions = frozen;
+        let done = self
+            .buffer_mut(buf)
+            .and_then(|(mem, _)| frozen::freeze((buf, mem), tensors, &mut regions));
+        self.frozen = regions;
+        done
     }
 
     fn fill_random(
@@ -173,8 +195,9 @@ impl Backend for CpuBackend {
                 "cpu: fill_random needs a float dtype, got {dtype}"
             )));
         }
-        let (mem, size) = self.buffer_mut(buf)?;
         let es = dtype.block_bytes();
+        super::frozen::check_write("cpu", &self.frozen, (buf, offset, n * es), "fill_random")?;
+        let (mem, size) = self.buffer_mut(buf)?;
         range_check("cpu", "fill", buf, offset, n * es, size)?;
         for i in 0..n {
             let v = random_uniform(seed, i as u64, scale);
@@ -192,10 +215,29 @@ impl Backend for CpuBackend {
 
     fn load(&mut self, plan: &Plan) -> Result<ExecId> {
         validate_plan(self, plan, |b| self.sizes.get(&b).copied())?;
+        super::frozen::check_plan("cpu", &self.frozen, plan)?;
+        let layouts = plan
+            .steps
+            .iter()
+            .map(|step| match step.op == Op::MulMat {
+                true => match frozen::weights_rows8(&self.frozen, &step.src[0]) {
+                    Ok(true) => Ok(WeightLayout::Rows8),
+                    Ok(false) => Ok(WeightLayout::Ggml),
+                    Err(reason) => Err(Error::Unsupported {
+                        backend: "cpu",
+                        node: step.name.clone(),
+                        op: step.op.name(),
+                        reason,
+                    }),
+                },
+                false => Ok(WeightLayout::Ggml),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let exec = CpuExec {
             plan: plan.clone(),
             arena: words(plan.arena_bytes)?,
             written: HashSet::new(),
+            layouts,
         };
         let slot = self.execs.iter().position(|e| e.is_none());
         Ok(ExecId(match slot {
@@ -252,7 +294,7 @@ impl Backend for CpuBackend {
             quant,
             group: self.group.as_ref().map(|(g, r)| (&**g, *r)),
         };
-        let steps = &e.plan.steps;
+        let steps = (&e.plan.steps[..], &e.layouts[..]);
         match run.group {
             // A member of a group runs on its own thread (see `in_group`).
             Some(_) => run.steps(steps)?,
@@ -316,7 +358,7 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn steps(self, steps: &[Step]) -> Result<()> {
+    fn steps(self, (steps, layouts): (&[Step], &[WeightLayout])) -> Result<()> {
         let Run {
             arena,
             buffers,
@@ -336,12 +378,12 @@ impl Run<'_> {
             }
         };
         let mut src: Vec<HostTensor> = Vec::with_capacity(4);
-        for step in steps {
+        for (step, &layout) in steps.iter().zip(layouts) {
             let dst = HostTensor::new(ptr(step.dst.loc), &step.dst);
             src.clear();
             src.extend(step.src.iter().map(|s| HostTensor::new(ptr(s.loc), s)));
             let start = std::time::Instant::now();
-            run_step(step, dst, &src, quant, group)?;
+            run_step(step, dst, &src, (quant, layout), group)?;
             if let Some(p) = profile.as_mut() {
                 p.push(StepTime {
                     name: step.name.clone(),
@@ -356,12 +398,13 @@ impl Run<'_> {
 }
 
 /// Runs one step with the CPU reference kernels; `quant` picks how block-typed weights
-/// are multiplied; `group` is the device group (and rank) of a tensor-parallel member.
+/// are multiplied and `layout` how a mul_mat's are laid out; `group` is the device group
+/// (and rank) of a tensor-parallel member.
 pub fn run_step(
     step: &Step,
     dst: HostTensor,
     src: &[HostTensor],
-    quant: QuantDot,
+    (quant, layout): (QuantDot, WeightLayout),
     group: Option<(&LocalGroup, usize)>,
 ) -> Result<()> {
     match step.op {
@@ -371,7 +414,7 @@ pub fn run_step(
         Op::Scale { s } => ops::unary::cpu_scale(s, dst, src),
         Op::Binary(op) => ops::binary::cpu(op, dst, src),
         Op::Norm(op) => ops::norm::cpu(op, dst, src),
-        Op::MulMat => ops::mul_mat::cpu(dst, src, quant),
+        Op::MulMat => ops::mul_mat::cpu(dst, src, quant, layout),
         Op::MulMatId => ops::mul_mat_id::cpu(step, dst, src, quant),
         Op::Rope(ref p) => ops::rope::cpu(p, dst, src),
         Op::Copy(CopyOp::Cpy | CopyOp::Cont) => ops::cpy::cpu_copy(dst, src),

@@ -13,6 +13,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod frozen;
 pub mod fusion;
 pub mod group;
 

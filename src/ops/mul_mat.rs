@@ -76,12 +76,28 @@ pub enum QuantDot {
     F32,
 }
 
+/// How the CPU backend keeps a mul_mat's block-typed weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// ggml's blocks, row after row.
+    #[default]
+    Ggml,
+    /// Frozen Q4_0 or IQ4_NL weights in rows of eight ([`quant::rows8`]): whole groups of
+    /// eight dense rows.
+    Rows8,
+}
+
 /// CPU reference for mul_mat (multi-threaded over rows of `a`); block-typed weights go
-/// through `quant`.
-pub(crate) fn cpu(dst: HostTensor, src: &[HostTensor], quant: QuantDot) -> Result<()> {
+/// through `quant`, laid out as `layout` says.
+pub(crate) fn cpu(
+    dst: HostTensor,
+    src: &[HostTensor],
+    quant: QuantDot,
+    layout: WeightLayout,
+) -> Result<()> {
     let (a, b) = (src[0], src[1]);
     if let Some(q) = a.dtype.quant() {
-        cpu_quant(q, quant, dst, a, b);
+        cpu_quant(q, (quant, layout), dst, a, b);
         return Ok(());
     }
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
@@ -137,10 +153,16 @@ const COLS_PER_CALL: usize = 32;
 /// mul_mat with block-typed `a` [k, m, a2, a3] (whole blocks along dim 0, any row
 /// strides) and F32 `b` [k, n, b2, b3]: each column of `b` is read (and, for
 /// [`QuantDot::Q8_1`], quantized) once per batch, rows of `a` are dotted in place.
-fn cpu_quant(q: QType, path: QuantDot, dst: HostTensor, a: HostTensor, b: HostTensor) {
+fn cpu_quant(
+    q: QType,
+    (path, layout): (QuantDot, WeightLayout),
+    dst: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+) {
     match path {
-        QuantDot::Q8_1 => cpu_quant_q8_1(q, dst, a, b),
-        QuantDot::F32 => cpu_quant_f32(q, dst, a, b),
+        QuantDot::Q8_1 => cpu_quant_q8_1(q, layout, dst, a, b),
+        QuantDot::F32 => cpu_quant_f32(q, layout, dst, a, b),
     }
 }
 
@@ -163,7 +185,7 @@ unsafe fn quant_row<'a>(
 /// task takes [`ROWS_PER_TASK`] rows of `a` and walks the columns in groups of
 /// [`COLS_PER_CALL`], so that a group's activations and the task's weight rows stay in
 /// the L1 cache while every pair is dotted.
-fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
+fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let w_bytes = a.dtype.row_bytes(k);
@@ -172,8 +194,10 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
     // The d and s of every Q8_1 block as f32, converted once for all weight rows.
     let ds_per_col = q8_bytes / 36 * 2;
     let mut cols_ds = vec![0f32; n * ds_per_col];
-    // the quants plus 128 where the kernels of a signed weight type read them
+    // the quants plus 128 where the kernels of a signed weight type read them, and the
+    // sums of the quants where IQ4_NL's rows of eight do
     let mut cols_u8 = Vec::new();
+    let mut cols_sum = Vec::new();
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
@@ -193,12 +217,19 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                 }
             }
             quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
-            if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) {
-                quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8);
+            match layout {
+                WeightLayout::Ggml if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) => {
+                    quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8)
+                }
+                WeightLayout::Rows8 if q == QType::IQ4_NL => {
+                    quant::dot::q8_1_sums(&cols_q8, &mut cols_sum)
+                }
+                WeightLayout::Ggml | WeightLayout::Rows8 => {}
             }
             let (i02, i03) = (i2 / r2, i3 / r3);
             let (cols_q8, cols_ds, cols_u8) = (&cols_q8, &cols_ds, &cols_u8);
             let u8_per_col = cols_u8.len() / n;
+            let (cols_sum, sum_per_col) = (&cols_sum, cols_sum.len() / n);
             // `out` is a thread's scratch for the task's dot products, made once per run
             // of tasks (zeroing it for every task of a decode step cost 2% of the step).
             let task = |out: &mut Vec<f32>, t: usize| {
@@ -208,19 +239,32 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
                     let out = &mut out[..rows.len() * nc];
                     // SAFETY: rows.start < m and (i02, i03) is inside a's batch dims; each
                     // row is whole blocks along dim 0 that nothing writes during the step.
+                    // (rows of eight: rows.start is a multiple of 8, the rows whole groups)
                     unsafe {
                         let w = a.ptr.add(a.offset([0, rows.start, i02, i03]));
-                        quant::dot::vec_dot_q8_1_rows(
-                            q,
-                            (w, a.nb[1], w_bytes),
-                            (
-                                &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
-                                &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col],
+                        let cols_q8 = &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes];
+                        let cols_ds = &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col];
+                        match layout {
+                            WeightLayout::Ggml => quant::dot::vec_dot_q8_1_rows(
+                                q,
+                                (w, a.nb[1], w_bytes),
+                                (cols_q8, &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col]),
+                                cols_ds,
+                                nc,
+                                out,
                             ),
-                            &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
-                            nc,
-                            out,
-                        )
+                            WeightLayout::Rows8 => quant::dot::vec_dot_q8_1_rows8(
+                                q,
+                                (w, k / 32, rows.len() / quant::rows8::ROWS),
+                                (
+                                    cols_q8,
+                                    cols_ds,
+                                    &cols_sum[j0 * sum_per_col..(j0 + nc) * sum_per_col],
+                                ),
+                                nc,
+                                out,
+                            ),
+                        }
                     };
                     // column by column: a column's rows are next to each other in dst
                     // (row by row, every store went to another cache line)
@@ -250,7 +294,7 @@ fn cpu_quant_q8_1(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
 
 /// [`QuantDot::F32`]: each weight row dequantized (once, when there are several columns)
 /// and dotted with the f32 columns, in the same order of sums either way.
-fn cpu_quant_f32(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
+fn cpu_quant_f32(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor, b: HostTensor) {
     let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let w_bytes = a.dtype.row_bytes(k);
@@ -263,13 +307,24 @@ fn cpu_quant_f32(q: QType, dst: HostTensor, a: HostTensor, b: HostTensor) {
             }
             let (i02, i03) = (i2 / r2, i3 / r3);
             let cols = &cols;
-            let scratch = || vec![0f32; if n > 1 { k } else { 0 }];
+            let scratch = || (vec![0f32; if n > 1 { k } else { 0 }], vec![0u8; w_bytes]);
             (0..m.div_ceil(ROWS_PER_TASK))
                 .into_par_iter()
-                .for_each_init(scratch, |row, task| {
+                .for_each_init(scratch, |(row, bytes), task| {
                     for i in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m) {
-                        // SAFETY: i < m, (i02, i03) inside a's batch dims; a is read-only here.
-                        let w = unsafe { quant_row(&a, i, i02, i03, w_bytes) };
+                        let w = match layout {
+                            // SAFETY: i < m, (i02, i03) inside a's batch dims; a is
+                            // read-only here.
+                            WeightLayout::Ggml => unsafe { quant_row(&a, i, i02, i03, w_bytes) },
+                            WeightLayout::Rows8 => {
+                                let g = i / quant::rows8::ROWS * quant::rows8::ROWS;
+                                let group = quant::rows8::ROWS * w_bytes;
+                                // SAFETY: row i's group of eight dense rows lies inside a.
+                                let src = unsafe { quant_row(&a, g, i02, i03, group) };
+                                quant::rows8::row(src, i - g, bytes.as_mut_slice());
+                                bytes.as_slice()
+                            }
+                        };
                         if n > 1 {
                             quant::dequantize_row(q, w, row).expect("k is whole blocks");
                         }

@@ -125,6 +125,7 @@ pub(crate) fn cpu(step: &Step, dst: HostTensor, src: &[HostTensor], quant: Quant
             dense(&mut out, m, n),
             &[expert, dense(&mut cols, k, n)],
             quant,
+            super::mul_mat::WeightLayout::Ggml,
         )?;
         for (vals, &(i, t)) in out.chunks_exact(m).zip(pairs) {
             // SAFETY: (i, t) is a column of dst [m, n_used, n_tokens], written once.

@@ -31,6 +31,7 @@ use std::arch::x86_64::*;
 
 mod low;
 pub(super) mod q8_1;
+pub(super) mod rows8;
 mod tile;
 mod tile8;
 
@@ -320,10 +321,19 @@ impl Rows {
     }
 }
 
+/// The `ncols` Q8_1 columns of `a` (scales `ds`, two floats a block) as [`Cols`].
+pub(crate) fn cols_of(a: &[u8], ds: &[f32], ncols: usize) -> Cols {
+    Cols {
+        q: a.as_ptr(),
+        ds: ds.as_ptr(),
+        row: a.len() / ncols.max(1),
+    }
+}
+
 /// Q8_1 activation columns: their blocks (`row` bytes per column) and the blocks' `d`
 /// and `s` as f32 pairs (`row / 36 * 2` floats per column).
 #[derive(Clone, Copy)]
-struct Cols {
+pub(crate) struct Cols {
     q: *const u8,
     ds: *const f32,
     row: usize,

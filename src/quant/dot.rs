@@ -146,6 +146,59 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
     }
 }
 
+/// [`vec_dot_q8_1_rows`] for weights kept in rows of eight ([`super::rows8`]): `groups`
+/// groups of eight rows of `nb` blocks of `q` from `w`, each group's results at
+/// `out[8 * ncols * group..]` as the rows' would be. `sums` holds the integer sum of each
+/// Q8_1 block's quants of `a` for IQ4_NL ([`q8_1_sums`]; empty for Q4_0).
+///
+/// # Safety
+/// The groups are valid memory that nothing writes meanwhile; the CPU runs the kernels
+/// ([`super::rows8::usable`]).
+///
+/// # Panics
+/// If `q` is not a type of rows of eight, or `a`, `ds`, `sums` or `out` are not as long as
+/// `ncols` columns and `8 * groups` rows need.
+pub(crate) unsafe fn vec_dot_q8_1_rows8(
+    q: QType,
+    (w, nb, groups): (*const u8, usize, usize),
+    (a, ds, sums): (&[u8], &[f32], &[i32]),
+    ncols: usize,
+    out: &mut [f32],
+) {
+    let blocks = a.len() / Q8_1_BYTES;
+    assert!(
+        matches!(q, QType::Q4_0 | QType::IQ4_NL)
+            && blocks == ncols * nb
+            && ds.len() == 2 * blocks
+            && (q == QType::Q4_0 || sums.len() == blocks)
+            && out.len() == super::rows8::ROWS * groups * ncols,
+        "vec_dot_q8_1_rows8 {q}: {nb} blocks a row, {groups} groups, {} Q8_1 bytes for {ncols} \
+         columns, {} scales, {} sums, {} results",
+        a.len(),
+        ds.len(),
+        sums.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let cols = super::avx2::cols_of(a, ds, ncols);
+        // SAFETY: the CPU runs the kernels and the groups are valid (caller); the
+        // lengths were checked above.
+        unsafe { super::avx2::rows8::rows(q, (w, nb, groups), (cols, sums), ncols, out) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("rows of eight are x86-64 only ({w:?})");
+}
+
+/// The integer sum of the 32 quants of every Q8_1 block of `a`, into `out`.
+pub(crate) fn q8_1_sums(a: &[u8], out: &mut Vec<i32>) {
+    out.clear();
+    out.extend(
+        a.chunks_exact(Q8_1_BYTES)
+            .map(|blk| blk[4..].iter().map(|&x| i32::from(x as i8)).sum::<i32>()),
+    );
+}
+
 /// Whether [`vec_dot_q8_1_rows`] with `ncols` columns of weights of `q` reads the
 /// activations' quants plus 128 ([`q8_1_plus_128`]; without them it takes slower kernels).
 pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {

@@ -17,6 +17,7 @@ mod alloc;
 mod attention;
 mod dump;
 mod forward;
+mod frozen_cpu;
 mod mul_mat_id;
 mod ops_cpu;
 mod ops_errors;

@@ -18,8 +18,9 @@
 //!   ([`check_write`]).
 //! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
 
-use crate::error::{Error, Result};
-use crate::graph::{BufferId, DType, Loc, Op, Operand, Plan};
+use crate::backend::frozen::{self, touched, Region};
+use crate::error::Result;
+use crate::graph::{BufferId, DType, Operand, Plan};
 use crate::quant::split::{join_row, splittable_at};
 use crate::quant::QType;
 
@@ -74,11 +75,6 @@ impl SplitRows {
         self.offset + self.rows * self.row_bytes
     }
 
-    /// Whether bytes `[start, start + len)` of `buffer` touch the region.
-    pub fn overlaps(&self, buffer: BufferId, start: usize, len: usize) -> bool {
-        buffer == self.buffer && len > 0 && start < self.end() && self.offset < start + len
-    }
-
     /// Whether `other` is whole rows of this region (of the same length).
     pub fn holds(&self, other: &SplitRows) -> bool {
         other.buffer == self.buffer
@@ -118,6 +114,24 @@ impl SplitRows {
     }
 }
 
+impl Region for SplitRows {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn buffer(&self) -> BufferId {
+        self.buffer
+    }
+    fn start(&self) -> usize {
+        self.offset
+    }
+    fn end(&self) -> usize {
+        SplitRows::end(self)
+    }
+    fn layout(&self) -> String {
+        format!("{} in split rows", self.q)
+    }
+}
+
 /// Sorts the regions by place and joins each to the one it continues (rows of the same
 /// length right after its last): a model's q, k and v (gate and up) are one matrix to
 /// the product that reads them.
@@ -131,17 +145,6 @@ pub(crate) fn coalesce(regions: &mut Vec<SplitRows>) {
         }
     }
     *regions = out;
-}
-
-/// The region an operand's bytes touch, if any, and the operand's offset in its buffer.
-fn touched<'r>(regions: &'r [SplitRows], op: &Operand) -> Option<(&'r SplitRows, usize)> {
-    let Loc::Buffer(buf, off) = op.loc else {
-        return None;
-    };
-    regions
-        .iter()
-        .find(|r| r.overlaps(buf, off, op.nbytes().max(1)))
-        .map(|r| (r, off))
 }
 
 /// Whether the mul_mat weights `a` lie in split rows: `Ok(false)` outside every region,
@@ -184,41 +187,7 @@ pub(crate) fn weights_split(
 /// Checks that `plan` reads the regions only as mul_mat weights (the lowering then checks
 /// that those are whole rows, [`weights_split`]) and writes none of them.
 pub(crate) fn check_plan(regions: &[SplitRows], plan: &Plan) -> Result<()> {
-    if regions.is_empty() {
-        return Ok(());
-    }
-    let fail = |node: &str, op: &'static str, r: &SplitRows, how: &str| Error::Unsupported {
-        backend: "cuda",
-        node: node.to_string(),
-        op,
-        reason: format!(
-            "{how} the frozen weight {} ({} in split rows, bytes {}..{} of buffer {:?}); \
-             frozen weights are read only as the weights (src[0]) of mul_mat",
-            r.name,
-            r.q,
-            r.offset,
-            r.end(),
-            r.buffer
-        ),
-    };
-    for step in &plan.steps {
-        if let Some((r, _)) = touched(regions, &step.dst) {
-            return Err(fail(&step.name, step.op.name(), r, "writes"));
-        }
-        for (i, src) in step.src.iter().enumerate() {
-            if let Some((r, _)) = touched(regions, src) {
-                if !(step.op == Op::MulMat && i == 0) {
-                    return Err(fail(
-                        &step.name,
-                        step.op.name(),
-                        r,
-                        &format!("reads (src[{i}])"),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
+    frozen::check_plan("cuda", regions, plan)
 }
 
 /// An error when bytes `[offset, offset + len)` of `buf` touch a region.
@@ -229,16 +198,7 @@ pub(crate) fn check_write(
     len: usize,
     what: &str,
 ) -> Result<()> {
-    match regions.iter().find(|r| r.overlaps(buf, offset, len)) {
-        None => Ok(()),
-        Some(r) => Err(Error::plan(format!(
-            "cuda: {what} of {len} bytes at offset {offset} of buffer {buf:?} touches the frozen \
-             weight {} (bytes {}..{}); frozen weights cannot be written",
-            r.name,
-            r.offset,
-            r.end()
-        ))),
-    }
+    frozen::check_write("cuda", regions, (buf, offset, len), what)
 }
 
 /// Reads bytes `[offset, offset + out.len())` of `buf` into `out` with `read(first_byte,
@@ -285,7 +245,7 @@ pub(crate) fn read_joined(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::TensorId;
+    use crate::graph::{Loc, TensorId};
     use crate::quant::split::split_row;
 
     fn region(name: &str, offset: usize, row_len: usize, rows: usize) -> SplitRows {

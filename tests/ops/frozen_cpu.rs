@@ -1,0 +1,169 @@
+//! Frozen Q4_0 and IQ4_NL weights on the CPU backend, which keeps them in rows of eight
+//! where the CPU has AVX-512 VNNI (`graft::quant::rows8`): products give what the same
+//! weights give unfrozen (bit for bit on the f32 dot path, within the f32 order of sums
+//! on the Q8_1 path), reading back gives ggml's bytes, and writes, fills, overlapping
+//! freezes and plans reading the weights other than as mul_mat weights are errors that
+//! name the tensor. On a CPU without those features freezing changes nothing, and the
+//! same checks hold.
+
+use graft::backend::cpu::CpuBackend;
+use graft::backend::{Backend, FrozenTensor};
+use graft::graph::{DType, Graph};
+use graft::ops::mul_mat::QuantDot;
+use graft::quant::{rows8, QType};
+use proptest::prelude::*;
+
+use crate::common;
+use crate::quant_strategies::{self as qs, QCase};
+
+/// The f32 results of a run.
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Case `c` frozen against unfrozen on the `dot` path.
+fn check(c: &QCase, dot: QuantDot) -> Result<(), TestCaseError> {
+    let mut be = CpuBackend::new();
+    be.set_quant_dot(dot);
+    let (_, want) = qs::run(c, &mut be).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let frozen = qs::run_frozen(c, &mut be);
+    // rows of eight take whole groups of dense rows: a view of part of each row is refused
+    let interleaved = rows8::usable() && c.rows.is_multiple_of(rows8::ROWS);
+    if interleaved && c.pad > 0 {
+        match frozen {
+            Err(e) => prop_assert!(e.to_string().contains("frozen weight w"), "{e}"),
+            Ok(_) => prop_assert!(false, "{c:?}: a view of part of each frozen row loaded"),
+        }
+        return Ok(());
+    }
+    let (_, got) = frozen.map_err(|e| TestCaseError::fail(format!("{c:?}: {e}")))?;
+    let (got, want) = (floats(&got), floats(&want));
+    if dot == QuantDot::F32 {
+        prop_assert!(got == want, "{c:?}: the f32 path gave other values");
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        prop_assert!(
+            (g - w).abs() <= 2e-5 * scale,
+            "{c:?} ({dot:?}): element {i}: frozen {g} vs {w}"
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(common::config(48))]
+
+    /// Random row counts (whole groups of eight or not), row lengths, offsets, padded rows,
+    /// decode and prefill widths, broadcast batches of the weights, on both dot paths.
+    #[test]
+    fn prop_frozen_rows8_match_unfrozen(
+        q in proptest::sample::select(vec![QType::Q4_0, QType::IQ4_NL]),
+        blocks in 1usize..=40,
+        groups in 1usize..=12,
+        extra in proptest::sample::select(vec![0usize, 0, 0, 3]),
+        n in proptest::sample::select(vec![1usize, 2, 3, 7, 8, 9, 17, 40]),
+        pad in proptest::sample::select(vec![0usize, 0, 0, 1]),
+        offset in proptest::sample::select(vec![0usize, 2, 18, 1000]),
+        a_batch in proptest::sample::select(vec![[1usize, 1], [2, 1]]),
+        f32_dot in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let c = QCase {
+            pad,
+            offset,
+            a_batch,
+            ..QCase::mul_mat(q, 32 * blocks, 8 * groups + extra, n, false, seed)
+        };
+        let dot = if f32_dot { QuantDot::F32 } else { QuantDot::Q8_1 };
+        check(&c, dot)?;
+    }
+}
+
+/// Freezing rewrites only the tensor's bytes; reading back gives ggml's bytes (any range,
+/// partial groups included); a write, a fill, an overlapping freeze and a plan that reads
+/// the weight other than as mul_mat weights are errors naming it; freezing twice and
+/// tensors of other types change nothing.
+#[test]
+fn frozen_rows8_read_back_and_refuse_writes() {
+    let mut be = CpuBackend::new();
+    for q in [QType::Q4_0, QType::IQ4_NL] {
+        let (rows, k, offset) = (24usize, 96usize, 10usize);
+        let c = QCase {
+            offset,
+            ..QCase::mul_mat(q, k, rows, 1, false, 5)
+        };
+        let w = qs::weight_bytes(&c);
+        let total = offset + w.len() + 100;
+        let mut all: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+        all[offset..offset + w.len()].copy_from_slice(&w);
+        let buf = be.alloc_buffer(total).unwrap();
+        be.write_buffer(buf, 0, &all).unwrap();
+        be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
+        be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
+        let mut back = vec![0u8; total];
+        be.read_buffer(buf, 0, &mut back).unwrap();
+        assert!(
+            back == all,
+            "{q}: reading the whole buffer back gave other bytes"
+        );
+        for (a, b) in [
+            (offset + 5, offset + 301),
+            (offset - 9, offset + 20),
+            (offset + 7, total),
+        ] {
+            let mut part = vec![0u8; b - a];
+            be.read_buffer(buf, a, &mut part).unwrap();
+            assert!(
+                part == all[a..b],
+                "{q}: reading bytes {a}..{b} back gave other bytes"
+            );
+        }
+        if !rows8::usable() {
+            be.free_buffer(buf).unwrap();
+            continue;
+        }
+        let must_name = |r: graft::Result<()>, what: &str| match r {
+            Err(e) => assert!(e.to_string().contains("frozen weight w"), "{q} {what}: {e}"),
+            Ok(()) => panic!("{q}: {what} succeeded"),
+        };
+        must_name(
+            be.write_buffer(buf, offset + 100, &[1, 2, 3]),
+            "a write into it",
+        );
+        must_name(
+            be.write_buffer(buf, offset - 2, &[0; 4]),
+            "a write across its start",
+        );
+        must_name(
+            be.fill_random(buf, offset, DType::F32, 4, 1, 1.0),
+            "fill_random over it",
+        );
+        let other = FrozenTensor {
+            name: "v".into(),
+            offset: offset + w.len() / rows * 4,
+            rows: 8,
+            ..qs::frozen(&c)
+        };
+        must_name(
+            be.freeze_weights(buf, &[other]),
+            "freezing an overlapping tensor",
+        );
+        // a dequantizing copy is not a mul_mat
+        let mut g = Graph::new();
+        let wt = qs::weight_view(&mut g, &c, buf).unwrap();
+        let y = g.cast(wt, DType::F32).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        match be.load(&plan) {
+            Err(e) => assert!(e.to_string().contains("frozen weight w"), "{q}: {e}"),
+            Ok(_) => panic!("{q}: a plan that dequantizes a frozen weight loaded"),
+        }
+        // the bytes around it stay writable
+        be.write_buffer(buf, offset + w.len(), &[9; 16]).unwrap();
+        be.write_buffer(buf, 0, &all[..offset]).unwrap();
+        be.free_buffer(buf).unwrap();
+    }
+}
