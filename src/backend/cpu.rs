@@ -2,6 +2,7 @@
 //! through `half`. mul_mat runs on all cores (rayon); everything else is plain loops.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod frozen;
@@ -300,8 +301,21 @@ impl Backend for CpuBackend {
             Some(_) => run.steps(steps)?,
             // The whole plan runs on a thread of rayon's pool, so that each op's parallel
             // loop shares its work with the pool's other threads directly instead of
-            // waking them and putting the calling thread to sleep, op after op.
-            None => rayon::scope(move |_| run.steps(steps))?,
+            // waking them and putting the calling thread to sleep, op after op; the
+            // pool's other threads stay awake for the run (`keep_awake`).
+            None => {
+                let done = AtomicBool::new(false);
+                let done = &done;
+                rayon::scope(|s| {
+                    let plan_thread = rayon::current_thread_index();
+                    for _ in 1..rayon::current_num_threads() {
+                        s.spawn(move |_| keep_awake(done, plan_thread));
+                    }
+                    let ran = run.steps(steps);
+                    done.store(true, Ordering::Release);
+                    ran
+                })?
+            }
         }
         self.stats.eager_runs += 1;
         Ok(())
@@ -345,6 +359,23 @@ impl Backend for CpuBackend {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+}
+
+/// A pool thread's loop while a plan runs on another (`plan_thread`): it takes each
+/// piece of parallel work the plan's ops queue as soon as it is there (`rayon::yield_now`)
+/// and spins in between, until `done`. Left alone, the thread would fall asleep in the
+/// serial ops between two products and be woken for each, which cost a decode step of
+/// SmolLM2 on 2 cores more than its attention. On the plan's own thread (where it can land
+/// when that thread waits for work it queued) it returns at once.
+fn keep_awake(done: &AtomicBool, plan_thread: Option<usize>) {
+    if rayon::current_thread_index() == plan_thread {
+        return;
+    }
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            std::hint::spin_loop();
+        }
     }
 }
 
