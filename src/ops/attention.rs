@@ -171,7 +171,7 @@ pub(crate) fn cpu(p: &FlashAttnParams, dst: HostTensor, src: &[HostTensor]) -> R
     let (q, k, v) = (src[0], src[1], src[2]);
     let mask = src.get(3).copied();
     #[cfg(target_arch = "x86_64")]
-    if decode_avx2::try_run(p, dst, (q, k, v), mask) {
+    if decode_avx2::try_run(p, dst, (q, k, v), (mask, None)) {
         return Ok(());
     }
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);

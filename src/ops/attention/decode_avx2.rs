@@ -40,12 +40,13 @@ const SERIAL_WORK: usize = 1 << 16;
 
 /// Runs the op with this kernel when it applies (F16 K and V with dense rows, head sizes
 /// multiples of 8 up to [`MAX_D`], at most [`MAX_Q`] query rows, and the CPU features);
-/// returns `false`, having done nothing, otherwise.
+/// returns `false`, having done nothing, otherwise. With `slots` (and no mask) the keys
+/// are those rows of K and V, every one visible: a paged cache read in place.
 pub(super) fn try_run(
     p: &FlashAttnParams,
     dst: HostTensor,
     (q, k, v): (HostTensor, HostTensor, HostTensor),
-    mask: Option<HostTensor>,
+    (mask, slots): (Option<HostTensor>, Option<&[u32]>),
 ) -> bool {
     let (d, d_v) = (k.ne[0], v.ne[0]);
     let fits = k.dtype == DType::F16
@@ -60,7 +61,7 @@ pub(super) fn try_run(
     if !fits || !available() {
         return false;
     }
-    run(p, dst, (q, k, v), mask);
+    run(p, dst, (q, k, v), (mask, slots));
     true
 }
 
@@ -132,7 +133,7 @@ fn run(
     p: &FlashAttnParams,
     dst: HostTensor,
     (q, k, v): (HostTensor, HostTensor, HostTensor),
-    mask: Option<HostTensor>,
+    (mask, slots): (Option<HostTensor>, Option<&[u32]>),
 ) {
     let (d, n_kv, n_head_kv) = (k.ne[0], k.ne[1], k.ne[2]);
     let (d_v, n_q, n_head, batch) = (v.ne[0], q.ne[1], q.ne[2], q.ne[3]);
@@ -145,7 +146,7 @@ fn run(
                 let rows: Vec<(usize, usize)> = (c0..(c0 + RB).min(per_kv))
                     .map(|r| (hk * group + r / n_q, r % n_q))
                     .collect();
-                chunks.push(chunk(p, &q, mask, rows, (b, hk), (n_head, n_kv)));
+                chunks.push(chunk(p, &q, (mask, slots), rows, (b, hk), (n_head, n_kv)));
             }
         }
     }
@@ -191,7 +192,7 @@ fn run(
 fn chunk(
     p: &FlashAttnParams,
     q: &HostTensor,
-    mask: Option<HostTensor>,
+    (mask, slots): (Option<HostTensor>, Option<&[u32]>),
     rows: Vec<(usize, usize)>,
     (b, hk): (usize, usize),
     (n_head, n_kv): (usize, usize),
@@ -205,9 +206,10 @@ fn chunk(
         slope[r] = p.slope(h, n_head);
     }
     let mut ms = Vec::new();
-    let keys: Vec<u32> = match mask {
-        None => (0..n_kv as u32).collect(),
-        Some(m) => {
+    let keys: Vec<u32> = match (slots, mask) {
+        (Some(slots), _) => slots.to_vec(),
+        (None, None) => (0..n_kv as u32).collect(),
+        (None, Some(m)) => {
             ms.resize(rows.len() * n_kv, 0.0);
             for (r, &(h, i)) in rows.iter().enumerate() {
                 // SAFETY: the mask broadcasts over heads and batches; row i < n_q <= ne[1].

@@ -312,10 +312,10 @@ pub(crate) fn cpu(
     }
 }
 
-/// A run of one token (a decode step's sequence) over F16 K and V pools: the raw f16 rows
-/// of its visible keys copied side by side (no conversion), then the AVX2 decode kernel
-/// of `flash_attn_ext` ([`super::decode_avx2`]) on them, every key visible. False when
-/// the run or the pools do not qualify, or the CPU lacks AVX2, FMA or F16C.
+/// A run of one token (a decode step's sequence) over F16 K and V pools: the AVX2 decode
+/// kernel of `flash_attn_ext` ([`super::decode_avx2`]) on the pools themselves, its keys
+/// the pool slots of the visible positions (read in place, every one visible). False
+/// when the run or the pools do not qualify, or the CPU lacks AVX2, FMA or F16C.
 #[cfg(target_arch = "x86_64")]
 fn decode_f16(
     step: &Step,
@@ -332,19 +332,11 @@ fn decode_f16(
     {
         return Ok(false);
     }
-    let (d, d_v, n_head_kv, n_head) = (k.ne[0], v.ne[0], k.ne[2], q.ne[1]);
-    let keys = run.hi + 1 - run.lo;
-    let (mut kh, mut vh) = (Vec::new(), Vec::new());
-    gather_f16(step, k, table, run, p.block_size, &mut kh)?;
-    gather_f16(step, v, table, run, p.block_size, &mut vh)?;
-    let dense = |buf: &mut Vec<u16>, d: usize| HostTensor {
-        ptr: buf.as_mut_ptr() as *mut u8,
-        dtype: DType::F16,
-        // [d, keys, n_head_kv]: a key's heads side by side, as in the pool
-        ne: [d, keys, n_head_kv, 1],
-        nb: [2, n_head_kv * d * 2, d * 2, keys * n_head_kv * d * 2],
-    };
-    let (kt, vt) = (dense(&mut kh, d), dense(&mut vh, d_v));
+    let (d, n_head) = (k.ne[0], q.ne[1]);
+    // the pool slots of the visible keys: the kernel reads their rows in place
+    let slots = (run.lo..=run.hi)
+        .map(|j| slot_of(step, k, table, run, j, p.block_size).map(|s| s as u32))
+        .collect::<Result<Vec<u32>>>()?;
     // the token's query rows as [d, 1, n_head, 1] and its result rows as [d_v, n_head, 1, 1]
     let qt = HostTensor {
         ptr: q.ptr.wrapping_add(q.offset([0, 0, run.start, 0])),
@@ -354,7 +346,7 @@ fn decode_f16(
     };
     let out = HostTensor {
         ptr: dst.ptr.wrapping_add(dst.offset([0, 0, run.start, 0])),
-        ne: [d_v, n_head, 1, 1],
+        ne: [v.ne[0], n_head, 1, 1],
         ..dst
     };
     let fp = crate::graph::FlashAttnParams {
@@ -362,34 +354,18 @@ fn decode_f16(
         max_bias: 0.0,
         softcap: p.softcap,
     };
-    Ok(super::decode_avx2::try_run(&fp, out, (qt, kt, vt), None))
-}
-
-/// [`gather`]'s rows as the pool's raw f16 (`u16`) values.
-#[cfg(target_arch = "x86_64")]
-fn gather_f16(
-    step: &Step,
-    pool: HostTensor,
-    table: HostTensor,
-    run: &Run,
-    block_size: usize,
-    out: &mut Vec<u16>,
-) -> Result<()> {
-    let width = pool.ne[0] * pool.ne[2];
-    out.resize((run.hi + 1 - run.lo) * width, 0);
-    for (key, row) in out.chunks_exact_mut(width).enumerate() {
-        let slot = slot_of(step, pool, table, run, run.lo + key, block_size)?;
-        // SAFETY: slot < the pool's slots; a slot's heads are `width` contiguous f16
-        // (decode_f16 checked the strides), inside the pool's memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                pool.ptr.add(slot * pool.nb[1]) as *const u16,
-                row.as_mut_ptr(),
-                width,
-            )
-        };
-    }
-    Ok(())
+    // the pools as [d, slots, n_head_kv]: a slot's heads side by side
+    let pool = |t: HostTensor| HostTensor {
+        ne: [t.ne[0], t.ne[1], t.ne[2], 1],
+        ..t
+    };
+    let kv = (qt, pool(k), pool(v));
+    Ok(super::decode_avx2::try_run(
+        &fp,
+        out,
+        kv,
+        (None, Some(&slots)),
+    ))
 }
 
 /// The dense K and V rows of a run: key position `j` of KV head `hk` at
