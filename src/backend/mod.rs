@@ -167,7 +167,9 @@ pub trait Backend {
     /// in a layout of its own; the CUDA backend stores Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q5_K
     /// tensors whose rows are a whole number of 16 bytes, and Q6_K tensors of rows of at
     /// least 2,048 elements, in split rows ([`crate::quant::split`]) for its decode
-    /// products. Reading a frozen tensor back still gives ggml's bytes; writing it, or
+    /// products; the CPU backend, where the CPU has AVX-512 VNNI, Q4_0 and IQ4_NL tensors
+    /// of a whole number of groups of eight rows in rows of eight ([`crate::quant::rows8`]).
+    /// Reading a frozen tensor back still gives ggml's bytes; writing it, or
     /// loading a plan that reads it any other way, is an error that names it. By default
     /// nothing changes.
     fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {

@@ -253,17 +253,27 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                                 nc,
                                 out,
                             ),
-                            WeightLayout::Rows8 => quant::dot::vec_dot_q8_1_rows8(
-                                q,
-                                (w, k / 32, rows.len() / quant::rows8::ROWS),
-                                (
-                                    cols_q8,
-                                    cols_ds,
-                                    &cols_sum[j0 * sum_per_col..(j0 + nc) * sum_per_col],
-                                ),
-                                nc,
-                                out,
-                            ),
+                            WeightLayout::Rows8 => {
+                                // straight into dst: a column's rows are side by side
+                                // there (a mul_mat's result is dense F32)
+                                assert!(
+                                    dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4),
+                                    "dense result"
+                                );
+                                let at = dst.offset([rows.start, j0, i2, i3]);
+                                quant::dot::vec_dot_q8_1_rows8(
+                                    q,
+                                    (w, k / 32, rows.len() / quant::rows8::ROWS),
+                                    (
+                                        cols_q8,
+                                        cols_ds,
+                                        &cols_sum[j0 * sum_per_col..(j0 + nc) * sum_per_col],
+                                    ),
+                                    nc,
+                                    (dst.ptr.add(at) as *mut f32, dst.nb[1] / 4),
+                                );
+                                continue;
+                            }
                         }
                     };
                     // column by column: a column's rows are next to each other in dst

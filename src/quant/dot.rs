@@ -146,38 +146,38 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
     }
 }
 
-/// [`vec_dot_q8_1_rows`] for weights kept in rows of eight ([`super::rows8`]): `groups`
-/// groups of eight rows of `nb` blocks of `q` from `w`, each group's results at
-/// `out[8 * ncols * group..]` as the rows' would be. `sums` holds the integer sum of each
-/// Q8_1 block's quants of `a` for IQ4_NL ([`q8_1_sums`]; empty for Q4_0).
+/// The products of weights kept in rows of eight ([`super::rows8`]): `groups` groups of
+/// eight rows of `nb` blocks of `q` from `w`, by `ncols` Q8_1 columns `a` (scales `ds`),
+/// row `r` and column `c` into `out.0[c * out.1 + r]` (a column's rows side by side, as in
+/// a mul_mat's result). `sums` holds the integer sum of each Q8_1 block's quants of `a`
+/// for IQ4_NL ([`q8_1_sums`]; empty for Q4_0).
 ///
 /// # Safety
 /// The groups are valid memory that nothing writes meanwhile; the CPU runs the kernels
-/// ([`super::rows8::usable`]).
+/// ([`super::rows8::usable`]); `out.0` is valid for writes of `8 * groups` floats from
+/// `c * out.1` for every column `c`, memory nothing else accesses meanwhile.
 ///
 /// # Panics
-/// If `q` is not a type of rows of eight, or `a`, `ds`, `sums` or `out` are not as long as
-/// `ncols` columns and `8 * groups` rows need.
+/// If `q` is not a type of rows of eight, or `a`, `ds` or `sums` are not as long as
+/// `ncols` columns need.
 pub(crate) unsafe fn vec_dot_q8_1_rows8(
     q: QType,
     (w, nb, groups): (*const u8, usize, usize),
     (a, ds, sums): (&[u8], &[f32], &[i32]),
     ncols: usize,
-    out: &mut [f32],
+    out: (*mut f32, usize),
 ) {
     let blocks = a.len() / Q8_1_BYTES;
     assert!(
         matches!(q, QType::Q4_0 | QType::IQ4_NL)
             && blocks == ncols * nb
             && ds.len() == 2 * blocks
-            && (q == QType::Q4_0 || sums.len() == blocks)
-            && out.len() == super::rows8::ROWS * groups * ncols,
+            && (q == QType::Q4_0 || sums.len() == blocks),
         "vec_dot_q8_1_rows8 {q}: {nb} blocks a row, {groups} groups, {} Q8_1 bytes for {ncols} \
-         columns, {} scales, {} sums, {} results",
+         columns, {} scales, {} sums",
         a.len(),
         ds.len(),
         sums.len(),
-        out.len()
     );
     #[cfg(target_arch = "x86_64")]
     {

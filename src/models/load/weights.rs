@@ -568,7 +568,8 @@ impl Weights {
     /// Declares every matrix but the embedding tables frozen on `be`
     /// ([`Backend::freeze_weights`]): the model only reads them as mul_mat weights from
     /// now on, so the backend may store them in its own layout (the CUDA backend splits
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K rows for its decode products). The embedding tables
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q5_K and Q6_K rows for its decode products, the CPU
+    /// backend interleaves Q4_0 and IQ4_NL rows eight at a time). The embedding tables
     /// stay as they are: get_rows reads them, and with tied embeddings the output head is
     /// the token table. So do the experts' stacks, which mul_mat_id reads.
     pub fn freeze(&self, cfg: &Config, be: &mut dyn Backend) -> Result<()> {

@@ -25,23 +25,23 @@ const GROUP_BLOCK: usize = 144;
 /// Most columns taken at once (an accumulator, an offset sum and a running sum each).
 const NC_MAX: usize = 8;
 
-/// `out[r * ncols + c]` = the dot product of row `r` of the groups at `w` (`groups`
+/// `out[c * col_stride + r]` = the dot product of row `r` of the groups at `w` (`groups`
 /// groups of eight rows of `nb` blocks of `q`, `8 * nb * 18` bytes apart) with column `c`
 /// of `a`; `sums` holds the integer sum of the quants of every Q8_1 block of `a` (read
 /// for IQ4_NL only).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI; `q` is Q4_0 or IQ4_NL (any
-/// other type runs as IQ4_NL); the
-/// groups are valid memory; `a` holds `ncols` Q8_1 columns of `nb` blocks (and `sums`
-/// `ncols * nb` sums for IQ4_NL); `out` holds `8 * groups * ncols` floats.
+/// other type runs as IQ4_NL); the groups are valid memory; `a` holds `ncols` Q8_1
+/// columns of `nb` blocks (and `sums` `ncols * nb` sums for IQ4_NL); `out` is valid for
+/// writes of `8 * groups` floats from `c * col_stride` for every column `c`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(crate) unsafe fn rows(
     q: QType,
     (w, nb, groups): (*const u8, usize, usize),
     (a, sums): (Cols, &[i32]),
     ncols: usize,
-    out: &mut [f32],
+    out: (*mut f32, usize),
 ) {
     // (the caller checked that q is one of the two)
     match q == QType::Q4_0 {
@@ -57,14 +57,14 @@ unsafe fn each<const T: u8>(
     (w, nb, groups): (*const u8, usize, usize),
     (a, sums): (Cols, &[i32]),
     ncols: usize,
-    out: &mut [f32],
+    (out, col_stride): (*mut f32, usize),
 ) {
     for gi in 0..groups {
         let g = w.add(gi * nb * GROUP_BLOCK);
         let mut c0 = 0;
         while c0 < ncols {
-            let res = &mut out[gi * ROWS * ncols..];
-            let at = (c0, ncols);
+            let res = (out.add(gi * ROWS), col_stride);
+            let at = c0;
             match ncols - c0 {
                 1 => group::<T, 1>(g, nb, (a, sums), at, res),
                 2 => group::<T, 2>(g, nb, (a, sums), at, res),
@@ -81,15 +81,15 @@ unsafe fn each<const T: u8>(
 }
 
 /// One group of eight rows against the `NC` columns from `c0`: row `r` and column `c0 + c`
-/// into `out[r * ncols + c0 + c]`.
+/// into `out[(c0 + c) * col_stride + r]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn group<const T: u8, const NC: usize>(
     g: *const u8,
     nb: usize,
     (a, sums): (Cols, &[i32]),
-    (c0, ncols): (usize, usize),
-    out: &mut [f32],
+    c0: usize,
+    (out, col_stride): (*mut f32, usize),
 ) {
     let blocks = a.row / Q8;
     let low = _mm256_set1_epi8(0x0f);
@@ -137,10 +137,6 @@ unsafe fn group<const T: u8, const NC: usize>(
             Q4_0 => _mm256_fmadd_ps(_mm256_set1_ps(-8.0), offs[c], acc[c]),
             _ => acc[c],
         };
-        let mut res = [0f32; 8];
-        _mm256_storeu_ps(res.as_mut_ptr(), total);
-        for (r, x) in res.into_iter().enumerate() {
-            out[r * ncols + c0 + c] = x;
-        }
+        _mm256_storeu_ps(out.add((c0 + c) * col_stride), total);
     }
 }
