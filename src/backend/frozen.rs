@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::graph::{BufferId, Loc, Op, Operand, Plan};
 
 /// A frozen tensor (or several adjacent ones) kept in a backend's own layout.
-pub(crate) trait Region {
+pub(crate) trait Region: Sized {
     /// The tensor's name (names, when several were joined).
     fn name(&self) -> &str;
     /// Its buffer.
@@ -20,10 +20,30 @@ pub(crate) trait Region {
     /// Its type and layout, for messages (`Q4_0 in split rows`).
     fn layout(&self) -> String;
 
+    /// Whether `next` begins where this region ends, with rows of the same type and
+    /// length (one matrix to the product that reads both).
+    fn continued_by(&self, next: &Self) -> bool;
+    /// Appends the rows of `next` ([`Region::continued_by`]); the name lists both.
+    fn extend(&mut self, next: Self);
+
     /// Whether bytes `[start, start + len)` of `buffer` touch the region.
     fn overlaps(&self, buffer: BufferId, start: usize, len: usize) -> bool {
         buffer == self.buffer() && len > 0 && start < self.end() && self.start() < start + len
     }
+}
+
+/// Sorts the regions by place and joins each to the one it continues: a model's q, k and
+/// v (gate and up) are one matrix to the product that reads them.
+pub(crate) fn coalesce<R: Region>(regions: &mut Vec<R>) {
+    regions.sort_by_key(|r| (r.buffer(), r.start()));
+    let mut out: Vec<R> = Vec::with_capacity(regions.len());
+    for r in regions.drain(..) {
+        match out.last_mut() {
+            Some(last) if last.continued_by(&r) => last.extend(r),
+            _ => out.push(r),
+        }
+    }
+    *regions = out;
 }
 
 /// The region an operand's bytes touch, if any, and the operand's offset in its buffer.

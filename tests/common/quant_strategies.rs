@@ -835,3 +835,81 @@ pub fn mul_mat_batched() -> BoxedStrategy<QCase> {
         })
         .boxed()
 }
+
+/// The frozen-weight rules a backend keeps whatever its layout, for the weights of `c`
+/// (a mul_mat case, at `c.offset` of a buffer with bytes around them) frozen on `be`:
+/// freezing twice changes nothing; reading back gives ggml's bytes (the whole buffer,
+/// and ranges across the weights' start, inside them and to the buffer's end); a write
+/// into them, one across their start, a fill over them, freezing `other` (overlapping
+/// them) and a plan that dequantizes them are errors naming the tensor (`w`); the bytes
+/// around them stay writable. `refuses`: whether the backend keeps these weights in a
+/// layout of its own (else it may accept the writes and the plan).
+pub fn check_frozen_rules(be: &mut dyn Backend, c: &QCase, other: FrozenTensor, refuses: bool) {
+    let w = weight_bytes(c);
+    let (offset, total) = (c.offset, c.offset + w.len() + 300);
+    let mut all: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+    all[offset..offset + w.len()].copy_from_slice(&w);
+    let buf = be.alloc_buffer(total).unwrap();
+    be.write_buffer(buf, 0, &all).unwrap();
+    be.freeze_weights(buf, &[frozen(c)]).unwrap();
+    be.freeze_weights(buf, &[frozen(c)]).unwrap();
+    let mut back = vec![0u8; total];
+    be.read_buffer(buf, 0, &mut back).unwrap();
+    assert!(
+        back == all,
+        "{:?}: reading the whole buffer back gave other bytes",
+        c.q
+    );
+    let inside = (offset + 5, offset + 5 + (w.len() - 5).min(996));
+    for (a, b) in [
+        inside,
+        (offset - 9, offset + 20),
+        (offset + w.len() - 7, total),
+    ] {
+        let mut part = vec![0u8; b - a];
+        be.read_buffer(buf, a, &mut part).unwrap();
+        assert!(
+            part == all[a..b],
+            "{:?}: reading bytes {a}..{b} back gave other bytes",
+            c.q
+        );
+    }
+    if refuses {
+        let must_name = |r: Result<()>, what: &str| match r {
+            Err(e) => assert!(
+                e.to_string().contains("frozen weight w"),
+                "{:?} {what}: {e}",
+                c.q
+            ),
+            Ok(()) => panic!("{:?}: {what} succeeded", c.q),
+        };
+        must_name(
+            be.write_buffer(buf, offset + 100, &[1, 2, 3]),
+            "a write into them",
+        );
+        must_name(
+            be.write_buffer(buf, offset - 2, &[0; 4]),
+            "a write across their start",
+        );
+        must_name(
+            be.fill_random(buf, offset, DType::F32, 4, 1, 1.0),
+            "fill_random over them",
+        );
+        must_name(
+            be.freeze_weights(buf, &[other]),
+            "freezing an overlapping tensor",
+        );
+        // a dequantizing copy of the frozen weights is not a mul_mat
+        let mut g = Graph::new();
+        let wt = weight_view(&mut g, c, buf).unwrap();
+        let y = g.cast(wt, DType::F32).unwrap();
+        let plan = g.plan(&[y]).unwrap();
+        match be.load(&plan) {
+            Err(e) => assert!(e.to_string().contains("frozen weight w"), "{:?}: {e}", c.q),
+            Ok(_) => panic!("{:?}: a plan that dequantizes frozen weights loaded", c.q),
+        }
+    }
+    be.write_buffer(buf, offset + w.len(), &[9; 16]).unwrap();
+    be.write_buffer(buf, 0, &all[..offset]).unwrap();
+    be.free_buffer(buf).unwrap();
+}

@@ -967,72 +967,14 @@ fn frozen_read_back_and_writes(be: &mut CudaBackend, q: QType, k: usize, offset:
         offset,
         ..QCase::mul_mat(q, k, rows, 1, false, 11)
     };
-    let w = qs::weight_bytes(&c);
-    let total = offset + w.len() + 300;
-    let mut all: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
-    all[offset..offset + w.len()].copy_from_slice(&w);
-    let buf = be.alloc_buffer(total).unwrap();
-    be.write_buffer(buf, 0, &all).unwrap();
-    be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
-    // idempotent
-    be.freeze_weights(buf, &[qs::frozen(&c)]).unwrap();
-    let mut back = vec![0u8; total];
-    be.read_buffer(buf, 0, &mut back).unwrap();
-    assert!(
-        back == all,
-        "reading the whole buffer back gave other bytes"
-    );
-    for (a, b) in [
-        (offset + 5, offset + 1001),
-        (offset - 9, offset + 20),
-        (offset + w.len() - 7, total),
-    ] {
-        let mut part = vec![0u8; b - a];
-        be.read_buffer(buf, a, &mut part).unwrap();
-        assert!(
-            part == all[a..b],
-            "reading bytes {a}..{b} back gave other bytes"
-        );
-    }
-    let must_name = |r: graft::Result<()>, what: &str| match r {
-        Err(e) => assert!(e.to_string().contains("frozen weight w"), "{what}: {e}"),
-        Ok(()) => panic!("{what} succeeded"),
-    };
-    must_name(
-        be.write_buffer(buf, offset + 100, &[1, 2, 3]),
-        "a write into the region",
-    );
-    must_name(
-        be.write_buffer(buf, offset - 2, &[0; 4]),
-        "a write across its start",
-    );
-    must_name(
-        be.fill_random(buf, offset, DType::F32, 4, 1, 1.0),
-        "fill_random over the region",
-    );
     // Half a row in (an even byte): whole rows of its own, but not rows of the region.
     let other = FrozenTensor {
         name: "v".into(),
-        offset: offset + w.len() / rows / 4 * 2,
+        offset: offset + qs::weight_bytes(&c).len() / rows / 4 * 2,
         rows: 2,
         ..qs::frozen(&c)
     };
-    must_name(
-        be.freeze_weights(buf, &[other]),
-        "freezing an overlapping tensor",
-    );
-    be.write_buffer(buf, offset + w.len(), &[9; 16]).unwrap();
-    be.write_buffer(buf, 0, &all[..offset]).unwrap();
-    // A dequantizing copy of the frozen weight is not a mul_mat: the load must fail.
-    let mut g = Graph::new();
-    let wt = qs::weight_view(&mut g, &c, buf).unwrap();
-    let y = g.cast(wt, DType::F32).unwrap();
-    let plan = g.plan(&[y]).unwrap();
-    match be.load(&plan) {
-        Err(e) => assert!(e.to_string().contains("frozen weight w"), "{e}"),
-        Ok(_) => panic!("a plan that dequantizes a frozen weight loaded"),
-    }
-    be.free_buffer(buf).unwrap();
+    qs::check_frozen_rules(be, &c, other, true);
 }
 
 /// The `tiny` preset in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q5_K (rows of 256 and 768 elements:

@@ -55,6 +55,16 @@ impl Region for Rows8 {
     fn layout(&self) -> String {
         format!("{} in rows of eight", self.q)
     }
+    fn continued_by(&self, next: &Rows8) -> bool {
+        next.buffer == self.buffer
+            && next.q == self.q
+            && next.row_len == self.row_len
+            && next.offset == self.end()
+    }
+    fn extend(&mut self, next: Rows8) {
+        self.rows += next.rows;
+        self.name = format!("{} | {}", self.name, next.name);
+    }
 }
 
 /// Freezes `tensors` of buffer `buf` (its bytes `mem`): the ones rows of eight take are
@@ -110,31 +120,8 @@ pub(super) fn freeze(
         }
         regions.push(region);
     }
-    coalesce(regions);
+    crate::backend::frozen::coalesce(regions);
     Ok(())
-}
-
-/// Sorts the regions by place and joins each to the one it continues (rows of the same
-/// type and length right after its last): a model's q, k and v (gate and up) are one
-/// matrix to the product that reads them.
-fn coalesce(regions: &mut Vec<Rows8>) {
-    regions.sort_by_key(|r| (r.buffer, r.offset));
-    let mut out: Vec<Rows8> = Vec::with_capacity(regions.len());
-    for r in regions.drain(..) {
-        match out.last_mut() {
-            Some(last)
-                if last.buffer == r.buffer
-                    && last.q == r.q
-                    && last.row_len == r.row_len
-                    && last.end() == r.offset =>
-            {
-                last.rows += r.rows;
-                last.name = format!("{} | {}", last.name, r.name);
-            }
-            _ => out.push(r),
-        }
-    }
-    *regions = out;
 }
 
 /// Whether the mul_mat weights `a` lie in rows of eight: `Ok(false)` outside every

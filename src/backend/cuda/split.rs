@@ -18,6 +18,7 @@
 //!   ([`check_write`]).
 //! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
 
+pub(crate) use crate::backend::frozen::coalesce;
 use crate::backend::frozen::{self, touched, Region};
 use crate::error::Result;
 use crate::graph::{BufferId, DType, Operand, Plan};
@@ -85,20 +86,6 @@ impl SplitRows {
             && other.end() <= self.end()
     }
 
-    /// Whether `next` begins where this region ends, with rows of the same length.
-    fn continued_by(&self, next: &SplitRows) -> bool {
-        next.buffer == self.buffer
-            && next.q == self.q
-            && next.row_len == self.row_len
-            && next.offset == self.end()
-    }
-
-    /// Appends the rows of `next` ([`SplitRows::continued_by`]); the name lists both.
-    fn extend(&mut self, next: SplitRows) {
-        self.rows += next.rows;
-        self.name = format!("{} | {}", self.name, next.name);
-    }
-
     /// Joins the split rows held in `bytes` (whole rows of the region from byte `at` of
     /// its buffer, as read from the device) back into ggml's layout.
     fn join(&self, at: usize, bytes: &[u8]) -> Vec<u8> {
@@ -130,21 +117,16 @@ impl Region for SplitRows {
     fn layout(&self) -> String {
         format!("{} in split rows", self.q)
     }
-}
-
-/// Sorts the regions by place and joins each to the one it continues (rows of the same
-/// length right after its last): a model's q, k and v (gate and up) are one matrix to
-/// the product that reads them.
-pub(crate) fn coalesce(regions: &mut Vec<SplitRows>) {
-    regions.sort_by_key(|r| (r.buffer, r.offset));
-    let mut out: Vec<SplitRows> = Vec::with_capacity(regions.len());
-    for r in regions.drain(..) {
-        match out.last_mut() {
-            Some(last) if last.continued_by(&r) => last.extend(r),
-            _ => out.push(r),
-        }
+    fn continued_by(&self, next: &SplitRows) -> bool {
+        next.buffer == self.buffer
+            && next.q == self.q
+            && next.row_len == self.row_len
+            && next.offset == self.end()
     }
-    *regions = out;
+    fn extend(&mut self, next: SplitRows) {
+        self.rows += next.rows;
+        self.name = format!("{} | {}", self.name, next.name);
+    }
 }
 
 /// Whether the mul_mat weights `a` lie in split rows: `Ok(false)` outside every region,
