@@ -91,12 +91,24 @@ impl CpuBackend {
     }
 
     fn buffer_mut(&mut self, buf: BufferId) -> Result<(&mut [u8], usize)> {
-        let size = *self
-            .sizes
-            .get(&buf)
-            .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))?;
+        let size = self.size(buf)?;
         let v = self.buffers.get_mut(&buf).expect("sizes and buffers agree");
         Ok((&mut as_bytes_mut(v)[..size], size))
+    }
+
+    /// The bytes of `buf`, read-only.
+    fn buffer(&self, buf: BufferId) -> Result<&[u8]> {
+        let size = self.size(buf)?;
+        let v = self.buffers.get(&buf).expect("sizes and buffers agree");
+        Ok(&bytemuck::cast_slice::<u64, u8>(v)[..size])
+    }
+
+    /// The size of `buf`, or an error naming an unknown buffer.
+    fn size(&self, buf: BufferId) -> Result<usize> {
+        self.sizes
+            .get(&buf)
+            .copied()
+            .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))
     }
 
     fn exec(&self, exec: ExecId) -> Result<&CpuExec> {
@@ -149,7 +161,7 @@ impl Backend for CpuBackend {
             .remove(&buf)
             .ok_or_else(|| Error::plan(format!("cpu: unknown buffer {buf:?}")))?;
         self.buffers.remove(&buf);
-        self.frozen.retain(|r| frozen::Region::buffer(r) != buf);
+        self.frozen.retain(|r| r.buffer != buf);
         Ok(())
     }
 
@@ -162,19 +174,15 @@ impl Backend for CpuBackend {
     }
 
     fn read_buffer(&mut self, buf: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let frozen = std::mem::take(&mut self.frozen);
-        let read = self.buffer_mut(buf).and_then(|(mem, size)| {
-            range_check("cpu", "read", buf, offset, out.len(), size)?;
-            frozen::read_joined(&frozen, (buf, mem), offset, out);
-            Ok(())
-        });
-        self.frozen = frozen;
-        read
+        let mem = self.buffer(buf)?;
+        range_check("cpu", "read", buf, offset, out.len(), mem.len())?;
+        frozen::read_joined(&self.frozen, (buf, mem), offset, out);
+        Ok(())
     }
 
     fn freeze_weights(&mut self, buf: BufferId, tensors: &[FrozenTensor]) -> Result<()> {
-        let frozen = std::mem::take(&mut self.frozen);
-        let mut regions = frozen;
+        // (taken out for the call: the buffer's bytes borrow the backend)
+        let mut regions = std::mem::take(&mut self.frozen);
         let done = self
             .buffer_mut(buf)
             .and_then(|(mem, _)| frozen::freeze((buf, mem), tensors, &mut regions));

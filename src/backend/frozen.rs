@@ -5,38 +5,107 @@
 //! are the regions.
 
 use crate::error::{Error, Result};
-use crate::graph::{BufferId, Loc, Op, Operand, Plan};
+use crate::graph::{BufferId, DType, Loc, Op, Operand, Plan};
+use crate::quant::QType;
 
-/// A frozen tensor (or several adjacent ones) kept in a backend's own layout.
-pub(crate) trait Region: Sized {
+/// A backend's own layout of frozen rows: its name, and what it needs of a region
+/// besides the rows (the CUDA split rows: the buffer's device address).
+pub(crate) trait Layout: Clone + std::fmt::Debug {
+    /// The layout's name in messages (`split rows`).
+    const NAME: &'static str;
+    /// Rows it rewrites together (a product reads whole units of them).
+    const UNIT_ROWS: usize;
+}
+
+/// A frozen tensor (or several adjacent ones) kept in layout `L`: whole rows of one
+/// block type.
+#[derive(Clone, Debug)]
+pub(crate) struct FrozenRows<L> {
     /// The tensor's name (names, when several were joined).
-    fn name(&self) -> &str;
+    pub name: String,
     /// Its buffer.
-    fn buffer(&self) -> BufferId;
-    /// Byte offset of its first byte in the buffer.
-    fn start(&self) -> usize;
-    /// One past its last byte.
-    fn end(&self) -> usize;
-    /// Its type and layout, for messages (`Q4_0 in split rows`).
-    fn layout(&self) -> String;
+    pub buffer: BufferId,
+    /// The block type.
+    pub q: QType,
+    /// Byte offset of its first row in the buffer.
+    pub offset: usize,
+    /// Elements of a row.
+    pub row_len: usize,
+    /// Bytes of a row (ggml's and the layout's).
+    pub row_bytes: usize,
+    /// Rows.
+    pub rows: usize,
+    /// What the layout needs besides (read by the CUDA backend's split rows only).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub layout: L,
+}
+
+impl<L: Layout> FrozenRows<L> {
+    /// The region of `rows` rows of `row_len` elements of `q` at `offset` of `buffer`.
+    pub fn of(
+        name: &str,
+        (buffer, offset): (BufferId, usize),
+        (q, row_len, rows): (QType, usize, usize),
+        layout: L,
+    ) -> Self {
+        FrozenRows {
+            name: name.to_string(),
+            buffer,
+            q,
+            offset,
+            row_len,
+            row_bytes: DType::Quant(q).row_bytes(row_len),
+            rows,
+            layout,
+        }
+    }
+
+    /// One past the region's last byte.
+    pub fn end(&self) -> usize {
+        self.offset + self.rows * self.row_bytes
+    }
+
+    /// Bytes of a unit of [`Layout::UNIT_ROWS`] rows.
+    pub fn unit_bytes(&self) -> usize {
+        L::UNIT_ROWS * self.row_bytes
+    }
+
+    /// Whether `other` is whole units of this region (of the same type and row length).
+    pub fn holds(&self, other: &Self) -> bool {
+        other.buffer == self.buffer
+            && other.q == self.q
+            && other.row_len == self.row_len
+            && other.offset >= self.offset
+            && (other.offset - self.offset).is_multiple_of(self.unit_bytes())
+            && other.end() <= self.end()
+    }
+
+    /// Whether bytes `[start, start + len)` of `buffer` touch the region.
+    pub fn overlaps(&self, buffer: BufferId, start: usize, len: usize) -> bool {
+        buffer == self.buffer && len > 0 && start < self.end() && self.offset < start + len
+    }
 
     /// Whether `next` begins where this region ends, with rows of the same type and
     /// length (one matrix to the product that reads both).
-    fn continued_by(&self, next: &Self) -> bool;
-    /// Appends the rows of `next` ([`Region::continued_by`]); the name lists both.
-    fn extend(&mut self, next: Self);
+    fn continued_by(&self, next: &Self) -> bool {
+        next.buffer == self.buffer
+            && next.q == self.q
+            && next.row_len == self.row_len
+            && next.offset == self.end()
+    }
 
-    /// Whether bytes `[start, start + len)` of `buffer` touch the region.
-    fn overlaps(&self, buffer: BufferId, start: usize, len: usize) -> bool {
-        buffer == self.buffer() && len > 0 && start < self.end() && self.start() < start + len
+    /// Appends the rows of `next` ([`FrozenRows::continued_by`]); the name lists both.
+    fn extend(&mut self, next: Self) {
+        self.rows += next.rows;
+        self.name = format!("{} | {}", self.name, next.name);
     }
 }
 
 /// Sorts the regions by place and joins each to the one it continues: a model's q, k and
 /// v (gate and up) are one matrix to the product that reads them.
-pub(crate) fn coalesce<R: Region>(regions: &mut Vec<R>) {
-    regions.sort_by_key(|r| (r.buffer(), r.start()));
-    let mut out: Vec<R> = Vec::with_capacity(regions.len());
+pub(crate) fn coalesce<L: Layout>(regions: &mut Vec<FrozenRows<L>>) {
+    regions.sort_by_key(|r| (r.buffer, r.offset));
+    let mut out: Vec<FrozenRows<L>> = Vec::with_capacity(regions.len());
     for r in regions.drain(..) {
         match out.last_mut() {
             Some(last) if last.continued_by(&r) => last.extend(r),
@@ -47,7 +116,10 @@ pub(crate) fn coalesce<R: Region>(regions: &mut Vec<R>) {
 }
 
 /// The region an operand's bytes touch, if any, and the operand's offset in its buffer.
-pub(crate) fn touched<'r, R: Region>(regions: &'r [R], op: &Operand) -> Option<(&'r R, usize)> {
+pub(crate) fn touched<'r, L: Layout>(
+    regions: &'r [FrozenRows<L>],
+    op: &Operand,
+) -> Option<(&'r FrozenRows<L>, usize)> {
     let Loc::Buffer(buf, off) = op.loc else {
         return None;
     };
@@ -59,26 +131,27 @@ pub(crate) fn touched<'r, R: Region>(regions: &'r [R], op: &Operand) -> Option<(
 
 /// Checks that `plan` reads the regions only as mul_mat weights (the backend then checks
 /// that those are whole units of its layout) and writes none of them.
-pub(crate) fn check_plan<R: Region>(
+pub(crate) fn check_plan<L: Layout>(
     backend: &'static str,
-    regions: &[R],
+    regions: &[FrozenRows<L>],
     plan: &Plan,
 ) -> Result<()> {
     if regions.is_empty() {
         return Ok(());
     }
-    let fail = |node: &str, op: &'static str, r: &R, how: &str| Error::Unsupported {
+    let fail = |node: &str, op: &'static str, r: &FrozenRows<L>, how: &str| Error::Unsupported {
         backend,
         node: node.to_string(),
         op,
         reason: format!(
-            "{how} the frozen weight {} ({}, bytes {}..{} of buffer {:?}); \
+            "{how} the frozen weight {} ({} in {}, bytes {}..{} of buffer {:?}); \
              frozen weights are read only as the weights (src[0]) of mul_mat",
-            r.name(),
-            r.layout(),
-            r.start(),
+            r.name,
+            r.q,
+            L::NAME,
+            r.offset,
             r.end(),
-            r.buffer()
+            r.buffer
         ),
     };
     for step in &plan.steps {
@@ -98,9 +171,9 @@ pub(crate) fn check_plan<R: Region>(
 }
 
 /// An error when bytes `[offset, offset + len)` of `buf` touch a region.
-pub(crate) fn check_write<R: Region>(
+pub(crate) fn check_write<L: Layout>(
     backend: &'static str,
-    regions: &[R],
+    regions: &[FrozenRows<L>],
     (buf, offset, len): (BufferId, usize, usize),
     what: &str,
 ) -> Result<()> {
@@ -109,8 +182,8 @@ pub(crate) fn check_write<R: Region>(
         Some(r) => Err(Error::plan(format!(
             "{backend}: {what} of {len} bytes at offset {offset} of buffer {buf:?} touches the \
              frozen weight {} (bytes {}..{}); frozen weights cannot be written",
-            r.name(),
-            r.start(),
+            r.name,
+            r.offset,
             r.end()
         ))),
     }

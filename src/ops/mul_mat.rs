@@ -194,6 +194,12 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
     // The d and s of every Q8_1 block as f32, converted once for all weight rows.
     let ds_per_col = q8_bytes / 36 * 2;
     let mut cols_ds = vec![0f32; n * ds_per_col];
+    // rows of eight write their results into dst directly, a column's rows side by side
+    // (a mul_mat's result is dense F32)
+    assert!(
+        layout == WeightLayout::Ggml || (dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4)),
+        "a dense result"
+    );
     // the quants plus 128 where the kernels of a signed weight type read them, and the
     // sums of the quants where IQ4_NL's rows of eight do
     let mut cols_u8 = Vec::new();
@@ -255,11 +261,6 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                             ),
                             WeightLayout::Rows8 => {
                                 // straight into dst: a column's rows are side by side
-                                // there (a mul_mat's result is dense F32)
-                                assert!(
-                                    dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4),
-                                    "dense result"
-                                );
                                 let at = dst.offset([rows.start, j0, i2, i3]);
                                 quant::dot::vec_dot_q8_1_rows8(
                                     q,

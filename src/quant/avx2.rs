@@ -67,7 +67,7 @@ pub(crate) fn vnni_available() -> bool {
 /// Whether [`dot_rows`] with `ncols` columns of weights of `q` reads the activations'
 /// quants plus 128 (the signed types on the 8-row kernel, `tile8`).
 pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {
-    ncols >= tile8::FROM_COLS && tile::has_tiles(q) && tile8::signed_type(q) && vnni_available()
+    ncols >= tile8::FROM_COLS && tile8::signed_type(q) && vnni_available()
 }
 
 /// `acc` plus, in each i32 lane, the four products of the unsigned bytes of `u` with the
@@ -165,13 +165,14 @@ pub(crate) unsafe fn dot_rows(
         // SAFETY: vnni_available() (dot_rows' contract); the rows, columns and `out`
         // are as tile8::rows requires (checked by the caller).
         true => unsafe {
-            let all = Cols {
-                q: a.as_ptr(),
-                ds: ds.as_ptr(),
-                row,
-            };
             let n = (out.len() / ncols, ncols);
-            tile8::rows(q, (w, w_stride, nb), n, (all, plus128), out)
+            tile8::rows(
+                q,
+                (w, w_stride, nb),
+                n,
+                (cols_of(a, ds, ncols), plus128),
+                out,
+            )
         },
         false => 0,
     };

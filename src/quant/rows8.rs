@@ -51,18 +51,9 @@ pub fn interleave(src: &[u8], dst: &mut [u8]) {
 
 /// Rows of eight (`src`) back into ggml's eight rows (`dst`): [`interleave`] undone.
 pub fn join(src: &[u8], dst: &mut [u8]) {
-    let nb = src.len() / (ROWS * BLOCK);
-    let row = nb * BLOCK;
-    for b in 0..nb {
-        let inp = &src[b * ROWS * BLOCK..(b + 1) * ROWS * BLOCK];
-        for r in 0..ROWS {
-            let blk = &mut dst[r * row + b * BLOCK..r * row + (b + 1) * BLOCK];
-            blk[..2].copy_from_slice(&inp[2 * r..2 * r + 2]);
-            for g in 0..4 {
-                let at = 16 + 32 * g + 4 * r;
-                blk[2 + 4 * g..6 + 4 * g].copy_from_slice(&inp[at..at + 4]);
-            }
-        }
+    let row_bytes = dst.len() / ROWS;
+    for (r, out) in dst.chunks_exact_mut(row_bytes).enumerate() {
+        row(src, r, out);
     }
 }
 

@@ -13,59 +13,23 @@
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) gives ggml's bytes
 //!   back ([`read_joined`]); writes into a region are errors.
 
-use crate::backend::frozen::touched;
-pub(super) use crate::backend::frozen::Region;
+use crate::backend::frozen::{coalesce, touched, FrozenRows, Layout};
 use crate::backend::FrozenTensor;
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Operand};
-use crate::quant::{rows8, QType};
+use crate::quant::rows8;
 
-/// One frozen tensor kept in rows of eight.
+/// The CPU backend's layout of frozen rows: eight rows interleaved.
 #[derive(Clone, Debug)]
-pub(super) struct Rows8 {
-    name: String,
-    buffer: BufferId,
-    q: QType,
-    offset: usize,
-    row_len: usize,
-    row_bytes: usize,
-    rows: usize,
+pub(super) struct Eight;
+
+impl Layout for Eight {
+    const NAME: &'static str = "rows of eight";
+    const UNIT_ROWS: usize = rows8::ROWS;
 }
 
-impl Rows8 {
-    /// Bytes of a group of eight rows.
-    fn group_bytes(&self) -> usize {
-        rows8::ROWS * self.row_bytes
-    }
-}
-
-impl Region for Rows8 {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn buffer(&self) -> BufferId {
-        self.buffer
-    }
-    fn start(&self) -> usize {
-        self.offset
-    }
-    fn end(&self) -> usize {
-        self.offset + self.rows * self.row_bytes
-    }
-    fn layout(&self) -> String {
-        format!("{} in rows of eight", self.q)
-    }
-    fn continued_by(&self, next: &Rows8) -> bool {
-        next.buffer == self.buffer
-            && next.q == self.q
-            && next.row_len == self.row_len
-            && next.offset == self.end()
-    }
-    fn extend(&mut self, next: Rows8) {
-        self.rows += next.rows;
-        self.name = format!("{} | {}", self.name, next.name);
-    }
-}
+/// One frozen tensor kept in rows of eight (or several adjacent ones).
+pub(super) type Rows8 = FrozenRows<Eight>;
 
 /// Freezes `tensors` of buffer `buf` (its bytes `mem`): the ones rows of eight take are
 /// rewritten in place and added to `regions`.
@@ -84,25 +48,11 @@ pub(super) fn freeze(
         if t.rows == 0 || !t.rows.is_multiple_of(rows8::ROWS) {
             continue;
         }
-        let row_bytes = t.dtype.row_bytes(t.row_len);
-        let bytes = row_bytes * t.rows;
+        let region = Rows8::of(&t.name, (buf, t.offset), (q, t.row_len, t.rows), Eight);
+        let bytes = region.end() - region.offset;
         crate::backend::range_check("cpu", "freeze", buf, t.offset, bytes, mem.len())?;
-        let region = Rows8 {
-            name: t.name.clone(),
-            buffer: buf,
-            q,
-            offset: t.offset,
-            row_len: t.row_len,
-            row_bytes,
-            rows: t.rows,
-        };
         if let Some(r) = regions.iter().find(|r| r.overlaps(buf, t.offset, bytes)) {
-            let inside = r.q == q
-                && r.row_len == t.row_len
-                && region.offset >= r.offset
-                && (region.offset - r.offset).is_multiple_of(r.group_bytes())
-                && region.end() <= r.end();
-            if inside {
+            if r.holds(&region) {
                 continue; // frozen already
             }
             return Err(Error::plan(format!(
@@ -113,14 +63,14 @@ pub(super) fn freeze(
                 r.name
             )));
         }
-        let mut tmp = vec![0u8; region.group_bytes()];
-        for group in mem[t.offset..t.offset + bytes].chunks_exact_mut(region.group_bytes()) {
+        let mut tmp = vec![0u8; region.unit_bytes()];
+        for group in mem[t.offset..t.offset + bytes].chunks_exact_mut(region.unit_bytes()) {
             tmp.copy_from_slice(group);
             rows8::interleave(&tmp, group);
         }
         regions.push(region);
     }
-    crate::backend::frozen::coalesce(regions);
+    coalesce(regions);
     Ok(())
 }
 
@@ -140,7 +90,7 @@ pub(super) fn weights_rows8(regions: &[Rows8], a: &Operand) -> std::result::Resu
         && flat
         && a.ne[1].is_multiple_of(rows8::ROWS)
         && off >= r.offset
-        && (off - r.offset).is_multiple_of(r.group_bytes())
+        && (off - r.offset).is_multiple_of(r.unit_bytes())
         && off + rows * r.row_bytes <= r.end();
     match whole {
         true => Ok(true),
@@ -171,7 +121,7 @@ pub(super) fn read_joined(
     let (len, end) = (out.len(), offset + out.len());
     out.copy_from_slice(&mem[offset..end]);
     for r in regions.iter().filter(|r| r.overlaps(buf, offset, len)) {
-        let gb = r.group_bytes();
+        let gb = r.unit_bytes();
         let first = (offset.max(r.offset) - r.offset) / gb;
         let last = (end.min(r.end()) - r.offset).div_ceil(gb);
         let mut joined = vec![0u8; gb];

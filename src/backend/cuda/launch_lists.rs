@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use super::lowering::{DevOp, Lowering};
 use super::split::{coalesce, SplitRows};
 use super::tests::lower_plan;
-use crate::backend::frozen::Region as _;
 use crate::graph::{BufferId, DType, Loc, Op, Plan};
 use crate::models::arch::config::Config;
 use crate::models::arch::presets;

@@ -76,7 +76,6 @@ use super::{
     io_slot, range_check, validate_plan, Backend, ExecId, FrozenTensor, Pending, PendingRead,
     Stats, StepTime,
 };
-use crate::backend::frozen::Region as _;
 use crate::error::{Error, Result};
 use crate::graph::{BufferId, DType, Loc, Plan, Step, TensorId};
 use crate::quant::split::has_split_rows;

@@ -19,32 +19,26 @@
 //! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
 
 pub(crate) use crate::backend::frozen::coalesce;
-use crate::backend::frozen::{self, touched, Region};
+use crate::backend::frozen::{self, touched, FrozenRows, Layout};
 use crate::error::Result;
 use crate::graph::{BufferId, DType, Operand, Plan};
 use crate::quant::split::{join_row, splittable_at};
 use crate::quant::QType;
 
-/// One frozen tensor of a type with split rows stored in them (or several adjacent ones).
+/// The CUDA backend's layout of frozen rows: what its regions need besides the rows.
 #[derive(Clone, Debug)]
-pub(crate) struct SplitRows {
-    /// The tensor's name.
-    pub name: String,
-    /// Its buffer.
-    pub buffer: BufferId,
+pub(crate) struct Split {
     /// The device address of the buffer (Q6_K rows are rotated by their address).
     pub base: u64,
-    /// The block type.
-    pub q: QType,
-    /// Byte offset of its first row in the buffer.
-    pub offset: usize,
-    /// Elements of a row.
-    pub row_len: usize,
-    /// Bytes of a row (ggml's and the split layout's).
-    pub row_bytes: usize,
-    /// Rows.
-    pub rows: usize,
 }
+
+impl Layout for Split {
+    const NAME: &'static str = "split rows";
+    const UNIT_ROWS: usize = 1;
+}
+
+/// One frozen tensor of a type with split rows stored in them (or several adjacent ones).
+pub(crate) type SplitRows = FrozenRows<Split>;
 
 impl SplitRows {
     /// A region for `rows` rows of `row_len` elements of `q` at `offset` of `buffer`
@@ -59,31 +53,8 @@ impl SplitRows {
         row_len: usize,
         rows: usize,
     ) -> Option<Self> {
-        (rows > 0 && splittable_at(q, row_len, base + offset as u64)).then(|| SplitRows {
-            name: name.to_string(),
-            buffer,
-            base,
-            q,
-            offset,
-            row_len,
-            row_bytes: DType::Quant(q).row_bytes(row_len),
-            rows,
-        })
-    }
-
-    /// One past the region's last byte.
-    pub fn end(&self) -> usize {
-        self.offset + self.rows * self.row_bytes
-    }
-
-    /// Whether `other` is whole rows of this region (of the same length).
-    pub fn holds(&self, other: &SplitRows) -> bool {
-        other.buffer == self.buffer
-            && other.q == self.q
-            && other.row_len == self.row_len
-            && other.offset >= self.offset
-            && (other.offset - self.offset).is_multiple_of(self.row_bytes)
-            && other.end() <= self.end()
+        (rows > 0 && splittable_at(q, row_len, base + offset as u64))
+            .then(|| FrozenRows::of(name, (buffer, offset), (q, row_len, rows), Split { base }))
     }
 
     /// Joins the split rows held in `bytes` (whole rows of the region from byte `at` of
@@ -94,38 +65,10 @@ impl SplitRows {
             .chunks_exact(self.row_bytes)
             .zip(out.chunks_exact_mut(self.row_bytes));
         for (r, (src, dst)) in rows.enumerate() {
-            let addr = self.base + (at + r * self.row_bytes) as u64;
+            let addr = self.layout.base + (at + r * self.row_bytes) as u64;
             join_row(self.q, src, dst, addr);
         }
         out
-    }
-}
-
-impl Region for SplitRows {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn buffer(&self) -> BufferId {
-        self.buffer
-    }
-    fn start(&self) -> usize {
-        self.offset
-    }
-    fn end(&self) -> usize {
-        SplitRows::end(self)
-    }
-    fn layout(&self) -> String {
-        format!("{} in split rows", self.q)
-    }
-    fn continued_by(&self, next: &SplitRows) -> bool {
-        next.buffer == self.buffer
-            && next.q == self.q
-            && next.row_len == self.row_len
-            && next.offset == self.end()
-    }
-    fn extend(&mut self, next: SplitRows) {
-        self.rows += next.rows;
-        self.name = format!("{} | {}", self.name, next.name);
     }
 }
 

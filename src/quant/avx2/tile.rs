@@ -178,7 +178,7 @@ pub(super) unsafe fn unit<const T: u8>(
 /// 0..4 (a 4x4 transpose of 32-bit lanes in each 128-bit half).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn transpose(q: [__m256i; 4]) -> [__m256i; 4] {
+pub(super) unsafe fn transpose(q: [__m256i; 4]) -> [__m256i; 4] {
     let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
     let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
     let t2 = _mm256_unpacklo_epi32(q[2], q[3]);

@@ -21,7 +21,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{by_tile_type, has_offset, signed, unit, Factors};
+use super::tile::{by_tile_type, has_offset, signed, transpose, unit, Factors};
 use super::{Cols, Q8};
 use crate::quant::QType;
 
@@ -46,9 +46,10 @@ struct Unit8 {
     start: __m256i,
 }
 
-/// Whether `q`'s quants are signed (its products read the activations plus 128).
+/// Whether `q` is a type of the tiles whose quants are signed (its products read the
+/// activations plus 128).
 pub(super) fn signed_type(q: QType) -> bool {
-    matches!(q, QType::Q8_0 | QType::Q8_1 | QType::IQ4_NL | QType::IQ4_XS)
+    by_tile_type!(q, 0, T, _units => signed(T), false)
 }
 
 /// The activation columns of a call: the Q8_1 blocks and, for the signed types, their
@@ -206,33 +207,19 @@ unsafe fn fill<const T: u8>(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn transpose8(q: [__m256i; 8]) -> [__m256i; 8] {
-    // pairs of rows, then quads, within 128-bit halves
-    let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
-    let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
-    let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
-    let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
-    let t4 = _mm256_unpacklo_epi32(q[4], q[5]);
-    let t5 = _mm256_unpackhi_epi32(q[4], q[5]);
-    let t6 = _mm256_unpacklo_epi32(q[6], q[7]);
-    let t7 = _mm256_unpackhi_epi32(q[6], q[7]);
-    // u0: groups 0 (low half) and 4 (high half) of rows 0..4; u4 the same of rows 4..8
-    let u0 = _mm256_unpacklo_epi64(t0, t2);
-    let u1 = _mm256_unpackhi_epi64(t0, t2);
-    let u2 = _mm256_unpacklo_epi64(t1, t3);
-    let u3 = _mm256_unpackhi_epi64(t1, t3);
-    let u4 = _mm256_unpacklo_epi64(t4, t6);
-    let u5 = _mm256_unpackhi_epi64(t4, t6);
-    let u6 = _mm256_unpacklo_epi64(t5, t7);
-    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    // rows 0..4 and 4..8 by the four-row tile's transpose (groups g and g + 4 of each
+    // in the low and high halves), then the halves of the two put side by side
+    let lo = transpose([q[0], q[1], q[2], q[3]]);
+    let hi = transpose([q[4], q[5], q[6], q[7]]);
     [
-        _mm256_permute2x128_si256::<0x20>(u0, u4),
-        _mm256_permute2x128_si256::<0x20>(u1, u5),
-        _mm256_permute2x128_si256::<0x20>(u2, u6),
-        _mm256_permute2x128_si256::<0x20>(u3, u7),
-        _mm256_permute2x128_si256::<0x31>(u0, u4),
-        _mm256_permute2x128_si256::<0x31>(u1, u5),
-        _mm256_permute2x128_si256::<0x31>(u2, u6),
-        _mm256_permute2x128_si256::<0x31>(u3, u7),
+        _mm256_permute2x128_si256::<0x20>(lo[0], hi[0]),
+        _mm256_permute2x128_si256::<0x20>(lo[1], hi[1]),
+        _mm256_permute2x128_si256::<0x20>(lo[2], hi[2]),
+        _mm256_permute2x128_si256::<0x20>(lo[3], hi[3]),
+        _mm256_permute2x128_si256::<0x31>(lo[0], hi[0]),
+        _mm256_permute2x128_si256::<0x31>(lo[1], hi[1]),
+        _mm256_permute2x128_si256::<0x31>(lo[2], hi[2]),
+        _mm256_permute2x128_si256::<0x31>(lo[3], hi[3]),
     ]
 }
 
