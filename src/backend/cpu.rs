@@ -229,7 +229,7 @@ impl Backend for CpuBackend {
             .steps
             .iter()
             .map(|step| match step.op == Op::MulMat {
-                true => match frozen::weights_rows8(&self.frozen, &step.src[0]) {
+                true => match super::frozen::weights_in(&self.frozen, &step.src[0]) {
                     Ok(true) => Ok(WeightLayout::Rows8),
                     Ok(false) => Ok(WeightLayout::Ggml),
                     Err(reason) => Err(Error::Unsupported {

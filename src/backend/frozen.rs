@@ -15,6 +15,8 @@ pub(crate) trait Layout: Clone + std::fmt::Debug {
     const NAME: &'static str;
     /// Rows it rewrites together (a product reads whole units of them).
     const UNIT_ROWS: usize;
+    /// Those units in messages (`rows`).
+    const UNITS: &'static str;
 }
 
 /// A frozen tensor (or several adjacent ones) kept in layout `L`: whole rows of one
@@ -127,6 +129,46 @@ pub(crate) fn touched<'r, L: Layout>(
         .iter()
         .find(|r| r.overlaps(buf, off, op.nbytes().max(1)))
         .map(|r| (r, off))
+}
+
+/// Whether the mul_mat weights `a` lie in a region: `Ok(false)` outside every one,
+/// `Ok(true)` for whole units of one (its type and row length, dense rows from a unit's
+/// start; with units of one row a single row at any stride), an error naming the tensor
+/// otherwise.
+pub(crate) fn weights_in<L: Layout>(
+    regions: &[FrozenRows<L>],
+    a: &Operand,
+) -> std::result::Result<bool, String> {
+    let Some((r, off)) = touched(regions, a) else {
+        return Ok(false);
+    };
+    let rows = a.ne[1] * a.ne[2] * a.ne[3];
+    let flat = a.nb[2] == a.nb[1] * a.ne[1] && a.nb[3] == a.nb[2] * a.ne[2];
+    let dense = a.nb[1] == r.row_bytes && flat && a.ne[1].is_multiple_of(L::UNIT_ROWS);
+    let whole = a.dtype == DType::Quant(r.q)
+        && a.ne[0] == r.row_len
+        && a.rows_contiguous()
+        && ((rows == 1 && L::UNIT_ROWS == 1) || dense)
+        && off >= r.offset
+        && (off - r.offset).is_multiple_of(r.unit_bytes())
+        && off + rows * r.row_bytes <= r.end();
+    match whole {
+        true => Ok(true),
+        false => Err(format!(
+            "the frozen weight {} ({} [{}, {}] in {}) is read as {} {:?} with strides {:?} at \
+             byte {} of it: a mul_mat reads frozen weights only as whole {}",
+            r.name,
+            r.q,
+            r.row_len,
+            r.rows,
+            L::NAME,
+            a.dtype,
+            a.ne,
+            a.nb,
+            off as i64 - r.offset as i64,
+            L::UNITS
+        )),
+    }
 }
 
 /// Checks that `plan` reads the regions only as mul_mat weights (the backend then checks

@@ -7,16 +7,16 @@
 //!   groups of eight (`rows % 8 == 0`), and records it as a [`Rows8`] region. Other
 //!   tensors stay as they are.
 //! - Plans: a mul_mat whose weights (`src[0]`) are whole groups of a region runs the rows
-//!   of eight kernels ([`weights_rows8`]); a plan that reads a region any other way, or
+//!   of eight kernels ([`crate::backend::frozen::weights_in`]); a plan that reads a region any other way, or
 //!   writes one, fails to load with an error naming the tensor
 //!   ([`crate::backend::frozen::check_plan`]).
 //! - [`Backend::read_buffer`](crate::backend::Backend::read_buffer) gives ggml's bytes
 //!   back ([`read_joined`]); writes into a region are errors.
 
-use crate::backend::frozen::{coalesce, touched, FrozenRows, Layout};
+use crate::backend::frozen::{coalesce, FrozenRows, Layout};
 use crate::backend::FrozenTensor;
 use crate::error::{Error, Result};
-use crate::graph::{BufferId, DType, Operand};
+use crate::graph::BufferId;
 use crate::quant::rows8;
 
 /// The CPU backend's layout of frozen rows: eight rows interleaved.
@@ -26,6 +26,7 @@ pub(super) struct Eight;
 impl Layout for Eight {
     const NAME: &'static str = "rows of eight";
     const UNIT_ROWS: usize = rows8::ROWS;
+    const UNITS: &'static str = "groups of eight rows";
 }
 
 /// One frozen tensor kept in rows of eight (or several adjacent ones).
@@ -72,42 +73,6 @@ pub(super) fn freeze(
     }
     coalesce(regions);
     Ok(())
-}
-
-/// Whether the mul_mat weights `a` lie in rows of eight: `Ok(false)` outside every
-/// region, `Ok(true)` for whole groups of one (its type and row length, dense rows,
-/// starting at a group), an error naming the tensor otherwise.
-pub(super) fn weights_rows8(regions: &[Rows8], a: &Operand) -> std::result::Result<bool, String> {
-    let Some((r, off)) = touched(regions, a) else {
-        return Ok(false);
-    };
-    let rows = a.ne[1] * a.ne[2] * a.ne[3];
-    let flat = a.nb[2] == a.nb[1] * a.ne[1] && a.nb[3] == a.nb[2] * a.ne[2];
-    let whole = a.dtype == DType::Quant(r.q)
-        && a.ne[0] == r.row_len
-        && a.rows_contiguous()
-        && a.nb[1] == r.row_bytes
-        && flat
-        && a.ne[1].is_multiple_of(rows8::ROWS)
-        && off >= r.offset
-        && (off - r.offset).is_multiple_of(r.unit_bytes())
-        && off + rows * r.row_bytes <= r.end();
-    match whole {
-        true => Ok(true),
-        false => Err(format!(
-            "the frozen weight {} ({} [{}, {}] in rows of eight) is read as {} {:?} with strides \
-             {:?} at byte {} of it: a mul_mat reads frozen weights only as whole groups of \
-             eight rows",
-            r.name,
-            r.q,
-            r.row_len,
-            r.rows,
-            a.dtype,
-            a.ne,
-            a.nb,
-            off as i64 - r.offset as i64
-        )),
-    }
 }
 
 /// Bytes `[offset, offset + out.len())` of buffer `buf` (its bytes `mem`) in ggml's

@@ -19,9 +19,9 @@
 //! - `GRAFT_CUDA_SPLIT=0` leaves every tensor as it is (freezing then changes nothing).
 
 pub(crate) use crate::backend::frozen::coalesce;
-use crate::backend::frozen::{self, touched, FrozenRows, Layout};
+use crate::backend::frozen::{self, FrozenRows, Layout};
 use crate::error::Result;
-use crate::graph::{BufferId, DType, Operand, Plan};
+use crate::graph::{BufferId, Operand, Plan};
 use crate::quant::split::{join_row, splittable_at};
 use crate::quant::QType;
 
@@ -35,6 +35,7 @@ pub(crate) struct Split {
 impl Layout for Split {
     const NAME: &'static str = "split rows";
     const UNIT_ROWS: usize = 1;
+    const UNITS: &'static str = "rows";
 }
 
 /// One frozen tensor of a type with split rows stored in them (or several adjacent ones).
@@ -79,34 +80,7 @@ pub(crate) fn weights_split(
     regions: &[SplitRows],
     a: &Operand,
 ) -> std::result::Result<bool, String> {
-    let Some((r, off)) = touched(regions, a) else {
-        return Ok(false);
-    };
-    let rows = a.ne[1] * a.ne[2] * a.ne[3];
-    let flat = a.nb[2] == a.nb[1] * a.ne[1] && a.nb[3] == a.nb[2] * a.ne[2];
-    let whole = a.dtype == DType::Quant(r.q)
-        && a.ne[0] == r.row_len
-        && a.rows_contiguous()
-        && (rows == 1 || (a.nb[1] == r.row_bytes && flat))
-        && off >= r.offset
-        && (off - r.offset) % r.row_bytes == 0
-        && off + rows * r.row_bytes <= r.end();
-    if whole {
-        Ok(true)
-    } else {
-        Err(format!(
-            "the frozen weight {} ({} [{}, {}] in split rows) is read as {} {:?} with strides {:?} \
-             at byte {} of it: a mul_mat reads frozen weights only as whole rows",
-            r.name,
-            r.q,
-            r.row_len,
-            r.rows,
-            a.dtype,
-            a.ne,
-            a.nb,
-            off as i64 - r.offset as i64
-        ))
-    }
+    frozen::weights_in(regions, a)
 }
 
 /// Checks that `plan` reads the regions only as mul_mat weights (the lowering then checks
@@ -170,7 +144,7 @@ pub(crate) fn read_joined(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{Loc, TensorId};
+    use crate::graph::{DType, Loc, TensorId};
     use crate::quant::split::split_row;
 
     fn region(name: &str, offset: usize, row_len: usize, rows: usize) -> SplitRows {
