@@ -270,6 +270,14 @@ pub(crate) fn cpu(
         let (mut kf, mut vf) = (Vec::new(), Vec::new());
         gather(step, k, table, run, p.block_size, &mut kf)?;
         gather(step, v, table, run, p.block_size, &mut vf)?;
+        let n_keys = run.hi + 1 - run.lo;
+        #[cfg(target_arch = "x86_64")]
+        let kt = match crate::ops::simd::available() {
+            true => super::paged_avx2::key_tiles(&kf, n_keys, n_head_kv, d),
+            false => Vec::new(),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kt = Vec::new();
         let rows = (run.end - run.start) * n_head;
         let row = |r: usize| {
             let (t, h) = (run.start + r / n_head, r % n_head);
@@ -280,6 +288,8 @@ pub(crate) fn cpu(
             let pos = unsafe { seqs.get_i32([1, t, 0, 0]) } as usize;
             let keys = KeyRows {
                 k: &kf,
+                kt: &kt,
+                tiles: n_keys.div_ceil(8),
                 v: &vf,
                 first: run.lo,
                 hk: h / group,
@@ -369,9 +379,12 @@ fn decode_f16(
 }
 
 /// The dense K and V rows of a run: key position `j` of KV head `hk` at
-/// `k[((j - first) * n_head_kv + hk) * d..][..d]` (V likewise with `d_v`).
+/// `k[((j - first) * n_head_kv + hk) * d..][..d]` (V likewise with `d_v`); with AVX2, K
+/// also in `tiles` tiles of eight keys a KV head (`kt`, [`super::paged_avx2::key_tiles`]).
 pub(super) struct KeyRows<'a> {
     pub(super) k: &'a [f32],
+    pub(super) kt: &'a [f32],
+    pub(super) tiles: usize,
     pub(super) v: &'a [f32],
     pub(super) first: usize,
     pub(super) hk: usize,
