@@ -200,10 +200,11 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
         layout == WeightLayout::Ggml || (dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4)),
         "a dense result"
     );
-    // the quants plus 128 where the kernels of a signed weight type read them, and the
-    // sums of the quants where IQ4_NL's rows of eight do
+    // the quants plus 128 where the kernels of a signed weight type read them, or the
+    // columns packed for rows of eight
     let mut cols_u8 = Vec::new();
-    let mut cols_sum = Vec::new();
+    let mut cols_x8 = Vec::new();
+    const { assert!(COLS_PER_CALL.is_multiple_of(quant::rows8::ROWS)) };
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
@@ -222,20 +223,19 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                     quantize(&mut col, c);
                 }
             }
-            quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
             match layout {
-                WeightLayout::Ggml if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) => {
-                    quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8)
+                WeightLayout::Ggml => {
+                    quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
+                    if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) {
+                        quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8)
+                    }
                 }
-                WeightLayout::Rows8 if q == QType::IQ4_NL => {
-                    quant::dot::q8_1_sums(&cols_q8, &mut cols_sum)
-                }
-                WeightLayout::Ggml | WeightLayout::Rows8 => {}
+                WeightLayout::Rows8 => quant::rows8::pack_cols(q, &cols_q8, n, &mut cols_x8),
             }
             let (i02, i03) = (i2 / r2, i3 / r3);
             let (cols_q8, cols_ds, cols_u8) = (&cols_q8, &cols_ds, &cols_u8);
             let u8_per_col = cols_u8.len() / n;
-            let (cols_sum, sum_per_col) = (&cols_sum, cols_sum.len() / n);
+            let (cols_x8, x8_per_run) = (&cols_x8, k / 32 * quant::rows8::COL_PANEL);
             // `out` is a thread's scratch for the task's dot products, made once per run
             // of tasks (zeroing it for every task of a decode step cost 2% of the step).
             let task = |out: &mut Vec<f32>, t: usize| {
@@ -248,28 +248,26 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                     // (rows of eight: rows.start is a multiple of 8, the rows whole groups)
                     unsafe {
                         let w = a.ptr.add(a.offset([0, rows.start, i02, i03]));
-                        let cols_q8 = &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes];
-                        let cols_ds = &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col];
                         match layout {
                             WeightLayout::Ggml => quant::dot::vec_dot_q8_1_rows(
                                 q,
                                 (w, a.nb[1], w_bytes),
-                                (cols_q8, &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col]),
-                                cols_ds,
+                                (
+                                    &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
+                                    &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col],
+                                ),
+                                &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
                                 nc,
                                 out,
                             ),
                             WeightLayout::Rows8 => {
                                 // straight into dst: a column's rows are side by side
                                 let at = dst.offset([rows.start, j0, i2, i3]);
+                                let runs = j0 / 8..(j0 + nc).div_ceil(8);
                                 quant::dot::vec_dot_q8_1_rows8(
                                     q,
                                     (w, k / 32, rows.len() / quant::rows8::ROWS),
-                                    (
-                                        cols_q8,
-                                        cols_ds,
-                                        &cols_sum[j0 * sum_per_col..(j0 + nc) * sum_per_col],
-                                    ),
+                                    &cols_x8[runs.start * x8_per_run..runs.end * x8_per_run],
                                     nc,
                                     (dst.ptr.add(at) as *mut f32, dst.nb[1] / 4),
                                 );

@@ -147,10 +147,9 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
 }
 
 /// The products of weights kept in rows of eight ([`super::rows8`]): `groups` groups of
-/// eight rows of `nb` blocks of `q` from `w`, by `ncols` Q8_1 columns `a` (scales `ds`),
-/// row `r` and column `c` into `out.0[c * out.1 + r]` (a column's rows side by side, as in
-/// a mul_mat's result). `sums` holds the integer sum of each Q8_1 block's quants of `a`
-/// for IQ4_NL ([`q8_1_sums`]; empty for Q4_0).
+/// eight rows of `nb` blocks of `q` from `w`, by `ncols` Q8_1 columns packed for `q` by
+/// [`super::rows8::pack_cols`], row `r` and column `c` into `out.0[c * out.1 + r]` (a
+/// column's rows side by side, as in a mul_mat's result).
 ///
 /// # Safety
 /// The groups are valid memory that nothing writes meanwhile; the CPU runs the kernels
@@ -158,45 +157,30 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
 /// `c * out.1` for every column `c`, memory nothing else accesses meanwhile.
 ///
 /// # Panics
-/// If `q` is not a type of rows of eight, or `a`, `ds` or `sums` are not as long as
-/// `ncols` columns need.
+/// If `q` is not a type of rows of eight, or `cols` is not as long as `ncols` packed
+/// columns of `nb` blocks.
 pub(crate) unsafe fn vec_dot_q8_1_rows8(
     q: QType,
     (w, nb, groups): (*const u8, usize, usize),
-    (a, ds, sums): (&[u8], &[f32], &[i32]),
+    cols: &[u8],
     ncols: usize,
     out: (*mut f32, usize),
 ) {
-    let blocks = a.len() / Q8_1_BYTES;
     assert!(
         matches!(q, QType::Q4_0 | QType::IQ4_NL)
-            && blocks == ncols * nb
-            && ds.len() == 2 * blocks
-            && (q == QType::Q4_0 || sums.len() == blocks),
-        "vec_dot_q8_1_rows8 {q}: {nb} blocks a row, {groups} groups, {} Q8_1 bytes for {ncols} \
-         columns, {} scales, {} sums",
-        a.len(),
-        ds.len(),
-        sums.len(),
+            && cols.len() == ncols.div_ceil(super::rows8::ROWS) * nb * super::rows8::COL_PANEL,
+        "vec_dot_q8_1_rows8 {q}: {nb} blocks a row, {groups} groups, {} packed bytes for \
+         {ncols} columns",
+        cols.len(),
     );
     #[cfg(target_arch = "x86_64")]
-    {
-        let cols = super::avx2::cols_of(a, ds, ncols);
-        // SAFETY: the CPU runs the kernels and the groups are valid (caller); the
-        // lengths were checked above.
-        unsafe { super::avx2::rows8::rows(q, (w, nb, groups), (cols, sums), ncols, out) };
-    }
+    // SAFETY: the CPU runs the kernels and the groups are valid (caller); the length of
+    // the columns was checked above.
+    unsafe {
+        super::avx2::rows8::rows(q, (w, nb, groups), cols.as_ptr(), ncols, out)
+    };
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("rows of eight are x86-64 only ({w:?})");
-}
-
-/// The integer sum of the 32 quants of every Q8_1 block of `a`, into `out`.
-pub(crate) fn q8_1_sums(a: &[u8], out: &mut Vec<i32>) {
-    out.clear();
-    out.extend(
-        a.chunks_exact(Q8_1_BYTES)
-            .map(|blk| blk[4..].iter().map(|&x| i32::from(x as i8)).sum::<i32>()),
-    );
 }
 
 /// Whether [`vec_dot_q8_1_rows`] with `ncols` columns of weights of `q` reads the
