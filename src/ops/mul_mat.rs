@@ -200,11 +200,14 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
         layout == WeightLayout::Ggml || (dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4)),
         "a dense result"
     );
-    // the quants plus 128 where the kernels of a signed weight type read them, or the
-    // columns packed for rows of eight
-    let mut cols_u8 = Vec::new();
+    // the columns packed eight at a time where the kernels of eight or sixteen rows
+    // read them (whole runs of eight a call)
+    let packing = match layout {
+        WeightLayout::Ggml => quant::dot::packing(q, n.min(COLS_PER_CALL)),
+        WeightLayout::Rows8 => Some(quant::rows8::packing(q)),
+    };
     let mut cols_x8 = Vec::new();
-    const { assert!(COLS_PER_CALL.is_multiple_of(quant::rows8::ROWS)) };
+    const { assert!(COLS_PER_CALL.is_multiple_of(quant::panel::RUN)) };
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
             let quantize = |col: &mut Vec<f32>, (j, out): (usize, &mut [u8])| {
@@ -223,19 +226,20 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                     quantize(&mut col, c);
                 }
             }
-            match layout {
-                WeightLayout::Ggml => {
-                    quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
-                    if quant::dot::reads_plus_128(q, n.min(COLS_PER_CALL)) {
-                        quant::dot::q8_1_plus_128(&cols_q8, &mut cols_u8)
-                    }
-                }
-                WeightLayout::Rows8 => quant::rows8::pack_cols(q, &cols_q8, n, &mut cols_x8),
+            if layout == WeightLayout::Ggml {
+                quant::dot::q8_1_scales(&cols_q8, &mut cols_ds);
+            }
+            if let Some(how) = packing {
+                quant::panel::pack(&cols_q8, n, how, &mut cols_x8);
             }
             let (i02, i03) = (i2 / r2, i3 / r3);
-            let (cols_q8, cols_ds, cols_u8) = (&cols_q8, &cols_ds, &cols_u8);
-            let u8_per_col = cols_u8.len() / n;
-            let (cols_x8, x8_per_run) = (&cols_x8, k / 32 * quant::rows8::COL_PANEL);
+            let (cols_q8, cols_ds) = (&cols_q8, &cols_ds);
+            let x8_per_run = k / 32 * quant::panel::COL_PANEL;
+            // the panels of columns j0..j0 + nc (none where nothing reads them)
+            let panels = |j0: usize, nc: usize| match cols_x8.is_empty() {
+                true => &[][..],
+                false => &cols_x8[j0 / 8 * x8_per_run..(j0 + nc).div_ceil(8) * x8_per_run],
+            };
             // `out` is a thread's scratch for the task's dot products, made once per run
             // of tasks (zeroing it for every task of a decode step cost 2% of the step).
             let task = |out: &mut Vec<f32>, t: usize| {
@@ -254,7 +258,7 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                                 (w, a.nb[1], w_bytes),
                                 (
                                     &cols_q8[j0 * q8_bytes..(j0 + nc) * q8_bytes],
-                                    &cols_u8[j0 * u8_per_col..(j0 + nc) * u8_per_col],
+                                    panels(j0, nc),
                                 ),
                                 &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
                                 nc,
@@ -263,11 +267,10 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                             WeightLayout::Rows8 => {
                                 // straight into dst: a column's rows are side by side
                                 let at = dst.offset([rows.start, j0, i2, i3]);
-                                let runs = j0 / 8..(j0 + nc).div_ceil(8);
                                 quant::dot::vec_dot_q8_1_rows8(
                                     q,
                                     (w, k / 32, rows.len() / quant::rows8::ROWS),
-                                    &cols_x8[runs.start * x8_per_run..runs.end * x8_per_run],
+                                    panels(j0, nc),
                                     nc,
                                     (dst.ptr.add(at) as *mut f32, dst.nb[1] / 4),
                                 );

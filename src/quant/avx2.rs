@@ -37,6 +37,7 @@ mod tile8;
 
 use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::scale_min_k4;
+use super::panel::Packing;
 use super::QType;
 
 /// Bytes of a Q8_1 block.
@@ -64,10 +65,13 @@ pub(crate) fn vnni_available() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Whether [`dot_rows`] with `ncols` columns of weights of `q` reads the activations'
-/// quants plus 128 (the signed types on the 8-row kernel, `tile8`).
-pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {
-    ncols >= tile8::FROM_COLS && tile8::signed_type(q) && vnni_available()
+/// How [`dot_rows`] with `ncols` columns of weights of `q` reads the columns packed
+/// eight at a time (for the 16-row kernel, `tile8`), or `None` where it reads none.
+pub(crate) fn packing(q: QType, ncols: usize) -> Option<Packing> {
+    match ncols >= tile8::FROM_COLS && vnni_available() {
+        true => tile8::packing(q),
+        false => None,
+    }
 }
 
 /// `acc` plus, in each i32 lane, the four products of the unsigned bytes of `u` with the
@@ -137,10 +141,9 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 /// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
 /// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
 /// row, so that a group's activations stay in the L1 cache. `vnni`: the kernels that
-/// have a `vpdpbusd` form use it ([`dpbusd`]), eight rows at a time take every column
-/// first (`tile8`; the signed types only when `plus128` holds the activations' quants
-/// plus 128, [`reads_plus_128`]), and the four-row tiles take groups of
-/// [`tile::WIDE_COLS`] columns.
+/// have a `vpdpbusd` form use it ([`dpbusd`]), sixteen rows at a time take every column
+/// first (`tile8`, where `panels` holds the columns packed as [`packing`] says), and the
+/// four-row tiles take groups of [`tile::WIDE_COLS`] columns.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if `vnni`
@@ -151,7 +154,7 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
 pub(crate) unsafe fn dot_rows(
     q: QType,
     (w, w_stride, nb): (*const u8, usize, usize),
-    (a, plus128): (&[u8], &[u8]),
+    (a, panels): (&[u8], &[u8]),
     ds: &[f32],
     (ncols, vnni): (usize, bool),
     out: &mut [f32],
@@ -165,12 +168,11 @@ pub(crate) unsafe fn dot_rows(
         // SAFETY: vnni_available() (dot_rows' contract); the rows, columns and `out`
         // are as tile8::rows requires (checked by the caller).
         true => unsafe {
-            let n = (out.len() / ncols, ncols);
             tile8::rows(
                 q,
                 (w, w_stride, nb),
-                n,
-                (cols_of(a, ds, ncols), plus128),
+                (out.len() / ncols, ncols),
+                panels,
                 out,
             )
         },
@@ -319,15 +321,6 @@ impl Rows {
             let [x] = legacy::<T, 1>(self.w.add(r * self.w_stride), self.nb, a);
             out[r * self.ncols + self.c0] = x;
         }
-    }
-}
-
-/// The `ncols` Q8_1 columns of `a` (scales `ds`, two floats a block) as [`Cols`].
-pub(crate) fn cols_of(a: &[u8], ds: &[f32], ncols: usize) -> Cols {
-    Cols {
-        q: a.as_ptr(),
-        ds: ds.as_ptr(),
-        row: a.len() / ncols.max(1),
     }
 }
 
@@ -850,7 +843,7 @@ unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::dot::{q8_1_plus_128, q8_1_scales, vec_dot_q8_1_cols_portable};
+    use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable};
     use super::super::{quantize_row, QType};
 
     /// The types with kernels here (the others run the portable code).
@@ -958,9 +951,9 @@ mod tests {
         }
         let mut ds = vec![0.0f32; a.len() / 36 * 2];
         q8_1_scales(&a, &mut ds);
-        let mut plus128 = Vec::new();
-        if super::reads_plus_128(q, ncols) {
-            q8_1_plus_128(&a, &mut plus128);
+        let mut panels = Vec::new();
+        if let Some(how) = super::packing(q, ncols) {
+            super::super::panel::pack(&a, ncols, how, &mut panels);
         }
         let mut got = vec![0.0f32; nrows * ncols];
         for vnni in [false, super::vnni_available()] {
@@ -970,7 +963,7 @@ mod tests {
                 super::dot_rows(
                     q,
                     (w.as_ptr(), stride, blocks),
-                    (&a, &plus128),
+                    (&a, &panels),
                     &ds,
                     (ncols, vnni),
                     &mut got,
@@ -1028,6 +1021,8 @@ mod tests {
                 (16, 1),
                 (16, 4),
                 (16, 32),
+                (24, 3),
+                (40, 9),
             ] {
                 check_rows(q, 2, nrows, ncols, 6 * nrows % 5, 7 + nrows as u64);
             }
@@ -1071,13 +1066,14 @@ mod tests {
             check(q, blocks, cols, seed)?;
         }
 
-        /// [`super::dot_rows`] on random row and column counts: the four-row tiles of
-        /// the legacy types (and the rows after the last whole tile), every column group.
+        /// [`super::dot_rows`] on random row and column counts: the sixteen-row tiles (and
+        /// eight rows alone after them), the four-row tiles of the legacy types (and the
+        /// rows after the last whole tile), every column group.
         #[test]
         fn rows_match_portable(
             t in 0usize..13,
             blocks in 1usize..=9,
-            nrows in 1usize..=13,
+            nrows in 1usize..=26,
             ncols in 1usize..=11,
             pad in 0usize..8,
             seed in 0u64..1 << 32,

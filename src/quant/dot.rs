@@ -29,7 +29,7 @@ use super::iqgrid::{self, Sub};
 use super::kquants::{scale_min_k4, unpack_q6_k};
 use super::kquants23::{self, q2_field, q3_k_quant, q3_k_scale};
 use super::legacy::{unpack_5bit, unpack_nibbles};
-use super::{as_array, as_array_mut, iq4, legacy, read_f16, ternary, QType};
+use super::{as_array, as_array_mut, iq4, legacy, panel, read_f16, ternary, QType};
 
 /// Whether the CPU runs the AVX2 + FMA copy of [`vec_dot_f32`] (detected once; std
 /// caches the answer). That copy differs from the portable one only in rounding where
@@ -100,8 +100,9 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
 
 /// Dot products of `nrows` weight rows (row `r` at `w + r * w_stride`, `row_bytes` whole
 /// blocks of `q`) with `ncols` activation columns quantized to Q8_1 (`a`, scales in `ds`
-/// as [`vec_dot_q8_1_cols_scaled`] takes them): `out[r * ncols + c]`. mul_mat's inner
-/// loop: the checks and the choice of kernel are made once for all the rows.
+/// as [`vec_dot_q8_1_cols_scaled`] takes them; `panels` empty or the columns packed as
+/// [`packing`] says): `out[r * ncols + c]`. mul_mat's inner loop: the checks and the
+/// choice of kernel are made once for all the rows.
 ///
 /// # Safety
 /// Every weight row is `row_bytes` bytes of valid memory that nothing writes meanwhile.
@@ -112,7 +113,7 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
 pub(crate) unsafe fn vec_dot_q8_1_rows(
     q: QType,
     (w, w_stride, row_bytes): (*const u8, usize, usize),
-    (a, plus128): (&[u8], &[u8]),
+    (a, panels): (&[u8], &[u8]),
     ds: &[f32],
     ncols: usize,
     out: &mut [f32],
@@ -123,20 +124,21 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
         row_bytes % q.block_bytes() == 0
             && a.len() == ncols * q8_row
             && ds.len() == a.len() / Q8_1_BYTES * 2
-            && out.len().is_multiple_of(ncols.max(1)),
-        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results",
+            && out.len().is_multiple_of(ncols.max(1))
+            && (panels.is_empty()
+                || panels.len() == ncols.div_ceil(panel::RUN) * (q8_row / Q8_1_BYTES) * panel::COL_PANEL),
+        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results, {} packed bytes",
         a.len(),
         ds.len(),
-        out.len()
+        out.len(),
+        panels.len()
     );
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         let vnni = super::avx2::vnni_available();
         // SAFETY: the CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if vnni; the
         // rows are valid (caller) and the other lengths were checked above.
-        unsafe {
-            super::avx2::dot_rows(q, (w, w_stride, nb), (a, plus128), ds, (ncols, vnni), out)
-        };
+        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), (a, panels), ds, (ncols, vnni), out) };
         return;
     }
     for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {
@@ -147,8 +149,8 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
 }
 
 /// The products of weights kept in rows of eight ([`super::rows8`]): `groups` groups of
-/// eight rows of `nb` blocks of `q` from `w`, by `ncols` Q8_1 columns packed for `q` by
-/// [`super::rows8::pack_cols`], row `r` and column `c` into `out.0[c * out.1 + r]` (a
+/// eight rows of `nb` blocks of `q` from `w`, by `ncols` Q8_1 columns packed as
+/// [`super::rows8::packing`] says ([`super::panel`]), row `r` and column `c` into `out.0[c * out.1 + r]` (a
 /// column's rows side by side, as in a mul_mat's result).
 ///
 /// # Safety
@@ -168,7 +170,7 @@ pub(crate) unsafe fn vec_dot_q8_1_rows8(
 ) {
     assert!(
         matches!(q, QType::Q4_0 | QType::IQ4_NL)
-            && cols.len() == ncols.div_ceil(super::rows8::ROWS) * nb * super::rows8::COL_PANEL,
+            && cols.len() == ncols.div_ceil(panel::RUN) * nb * panel::COL_PANEL,
         "vec_dot_q8_1_rows8 {q}: {nb} blocks a row, {groups} groups, {} packed bytes for \
          {ncols} columns",
         cols.len(),
@@ -183,25 +185,16 @@ pub(crate) unsafe fn vec_dot_q8_1_rows8(
     unreachable!("rows of eight are x86-64 only ({w:?})");
 }
 
-/// Whether [`vec_dot_q8_1_rows`] with `ncols` columns of weights of `q` reads the
-/// activations' quants plus 128 ([`q8_1_plus_128`]; without them it takes slower kernels).
-pub(crate) fn reads_plus_128(q: QType, ncols: usize) -> bool {
+/// How [`vec_dot_q8_1_rows`] with `ncols` columns of weights of `q` reads the columns
+/// packed eight at a time ([`super::panel`]), or `None` where it reads none (without
+/// them it takes slower kernels).
+pub(crate) fn packing(q: QType, ncols: usize) -> Option<super::panel::Packing> {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
-        return super::avx2::reads_plus_128(q, ncols);
+        return super::avx2::packing(q, ncols);
     }
     let _ = (q, ncols);
-    false
-}
-
-/// The quants of every Q8_1 block of `a` plus 128, as unsigned bytes (`q ^ 0x80`), 32
-/// bytes a block, into `out`: what the products of signed weight types meet with
-/// `vpdpbusd`, which multiplies unsigned bytes by signed ones.
-pub(crate) fn q8_1_plus_128(a: &[u8], out: &mut Vec<u8>) {
-    out.clear();
-    for blk in a.chunks_exact(Q8_1_BYTES) {
-        out.extend(blk[4..].iter().map(|&b| b ^ 0x80));
-    }
+    None
 }
 
 /// The `d` and `s` fields of every Q8_1 block of `a` as f32 pairs into `ds`.

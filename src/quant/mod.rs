@@ -114,6 +114,7 @@ pub mod iqgrid;
 pub mod kquants;
 pub mod kquants23;
 pub mod legacy;
+pub mod panel;
 pub mod rows8;
 pub mod split;
 pub mod ternary;

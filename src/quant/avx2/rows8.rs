@@ -1,6 +1,6 @@
 //! Products of frozen Q4_0 and IQ4_NL weights kept in rows of eight
 //! ([`crate::quant::rows8`]) by Q8_1 columns packed eight at a time
-//! ([`crate::quant::rows8::pack_cols`]), with `vpdpbusd` on 512-bit registers (AVX-512
+//! ([`crate::quant::panel`]), with `vpdpbusd` on 512-bit registers (AVX-512
 //! VNNI): the decode step's single column and the prefill's many.
 //!
 //! Several columns take two groups of eight rows through one register: a block of them is two 16-byte
@@ -22,7 +22,8 @@ use std::arch::x86_64::*;
 
 use super::{IQ4_NL, Q4_0};
 use crate::quant::iq_tables::KVALUES_IQ4NL;
-use crate::quant::rows8::{COL_PANEL, ROWS};
+use crate::quant::panel::COL_PANEL;
+use crate::quant::rows8::ROWS;
 use crate::quant::QType;
 
 /// Bytes of a block of eight rows.
@@ -32,7 +33,7 @@ const NC_MAX: usize = 8;
 
 /// `out[c * col_stride + r]` = the dot product of row `r` of the groups at `w` (`groups`
 /// groups of eight rows of `nb` blocks of `q`, `8 * nb * 18` bytes apart) with column `c`
-/// of `cols` (packed by `pack_cols` for `q`).
+/// of `cols` (packed as [`crate::quant::rows8::packing`] says).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI; `q` is Q4_0 or IQ4_NL (any

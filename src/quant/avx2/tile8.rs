@@ -1,44 +1,43 @@
-//! Eight weight rows against every Q8_1 column of a call at once, by `vpdpbusd` (AVX-512
-//! VNNI and VL): the prefill products of the types [`super::tile`] takes, where the CPU
-//! has those features.
+//! Sixteen weight rows against every Q8_1 column of a call at once, by `vpdpbusd` on
+//! 512-bit registers (AVX-512 VNNI): the prefill products of the types [`super::tile`]
+//! takes, where the CPU has those features.
 //!
-//! A run of [`UNITS`] units (blocks, or 32-element sub-blocks) of eight rows is unpacked
+//! A run of [`UNITS`] units (blocks, or 32-element sub-blocks) of sixteen rows is unpacked
 //! once into a buffer that stays in the L1 cache ([`fill`]): for each unit eight
 //! registers, register `g` holding bytes `4g..4g + 4` of the unit's 32 quants of row `r`
-//! in its 32-bit lane `r` (an 8x8 transpose of 32-bit lanes), with the rows' factors of
-//! the column's `d8` and `s8`. Every column then meets a unit with eight `vpdpbusd`, each
-//! against one 4-byte group of the column's block broadcast from memory: lane `r` of the
-//! sum is row `r`'s integer sum, so one conversion and one multiply-add scale all eight
-//! rows, with no shuffles per column and no horizontal sums. The 4-row tile spends four
-//! shuffles, four `vpdpbusd` and the same scaling on half the rows.
+//! in its 32-bit lane `r` (an 8x8 transpose of 32-bit lanes for each eight rows), with the
+//! rows' factors of the column's `d8` and `s8`. The columns come packed eight at a time
+//! ([`crate::quant::panel`]), so every column of a unit is one pointer away. Every column
+//! then meets a unit with eight `vpdpbusd`, each against one 4-byte group of the column's
+//! block broadcast from memory: lane `r` of the sum is row `r`'s integer sum, so one
+//! conversion and one multiply-add scale all sixteen rows, with no shuffles per column and
+//! no horizontal sums. Eight rows left at the end take the same path, read twice and
+//! stored once.
 //!
 //! `vpdpbusd` multiplies unsigned bytes by signed ones. The unsigned quants (Q4_0, Q4_1,
 //! Q5_0, Q5_1, Q4_K, Q5_K) meet the signed activations directly. For the signed ones
-//! (Q8_0, IQ4_NL, IQ4_XS) the activations come plus 128 (`a ^ 0x80`, made once per
-//! product: [`crate::quant::dot::q8_1_plus_128`]) and each row's sum starts at -128 times the sum of its quants, computed
-//! when the unit is unpacked. The integer sums are those of the portable code; only the
-//! order of the f32 additions differs.
+//! (Q8_0, IQ4_NL, IQ4_XS) the activations come plus 128 ([`Packing::Plus128`]) and each
+//! row's sum starts at -128 times the sum of its quants, computed when the unit is
+//! unpacked. The integer sums are those of the portable code; only the order of the f32
+//! additions differs.
 
 use std::arch::x86_64::*;
 
 use super::tile::{by_tile_type, has_offset, signed, transpose, unit, Factors};
-use super::{Cols, Q8};
+use crate::quant::panel::{Packing, COL_PANEL, RUN};
 use crate::quant::QType;
 
-/// Units unpacked into the buffer at a time (10 KiB of quants and factors).
-const UNITS: usize = 32;
+/// Units unpacked into the buffer at a time (11 KiB of quants and factors).
+const UNITS: usize = 16;
 /// Fewest columns of a call this kernel takes (a decode step's single column stays on
 /// the row kernels).
 pub(super) const FROM_COLS: usize = 2;
-/// Most columns scaled in registers at once (two accumulators each).
-const NC_MAX: usize = 8;
 
 /// The unpacked quants of one unit of eight rows and their factors: `q[g]` lane `r` holds
 /// bytes `4g..4g + 4` of row `r`'s quants; `d` scales the rows' integer sums (times the
 /// column's `d8`); `m` multiplies the column's `s8`; `start` is -128 times the sum of
 /// each row's quants for the signed types (zero for the others).
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
 struct Unit8 {
     q: [__m256i; 8],
     d: __m256,
@@ -46,64 +45,48 @@ struct Unit8 {
     start: __m256i,
 }
 
-/// Whether `q` is a type of the tiles whose quants are signed (its products read the
-/// activations plus 128).
-pub(super) fn signed_type(q: QType) -> bool {
-    by_tile_type!(q, 0, T, _units => signed(T), false)
-}
-
-/// The activation columns of a call: the Q8_1 blocks and, for the signed types, their
-/// quants plus 128 (32 bytes a block; null when not given).
+/// Two [`Unit8`] side by side: the first eight rows in the low halves, the next eight in
+/// the high ones.
 #[derive(Clone, Copy)]
-struct Acts {
-    cols: Cols,
-    plus128: *const u8,
+#[repr(C, align(64))]
+struct Unit16 {
+    q: [__m512i; 8],
+    d: __m512,
+    m: __m512,
+    start: __m512i,
 }
 
-impl Acts {
-    fn new(cols: Cols, plus128: &[u8]) -> Self {
-        let plus128 = match plus128.is_empty() {
-            true => std::ptr::null(),
-            false => plus128.as_ptr(),
-        };
-        Acts { cols, plus128 }
-    }
-
-    /// The 32 quants of Q8_1 block `at` (counted over all columns) as 8 words: plus 128
-    /// for the signed types.
-    ///
-    /// # Safety
-    /// `at` is a block of the columns; for a signed `T`, `plus128` is not null.
-    #[inline(always)]
-    unsafe fn quants<const T: u8>(&self, at: usize) -> *const i32 {
-        match signed(T) {
-            true => self.plus128.add(32 * at) as *const i32,
-            false => self.cols.q.add(at * Q8 + 4) as *const i32,
-        }
-    }
+/// How the kernel reads the columns for weights of `q` ([`Packing::Plus128`] for the
+/// signed types), or `None` for a type it does not take.
+pub(super) fn packing(q: QType) -> Option<Packing> {
+    by_tile_type!(q, 0, T, _units => Some(match signed(T) {
+        true => Packing::Plus128,
+        false => Packing::Plain,
+    }), None)
 }
 
-/// Rows done by the 8-row kernel for `q` (rows `0..nrows / 8 * 8`, the others left to the
-/// caller), or 0 for a type it does not take, and for the signed types when `plus128` is
-/// empty.
+/// Rows done by the kernel for `q` (rows `0..nrows / 8 * 8`, the others left to the
+/// caller), or 0 for a type it does not take and when `panels` is empty.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI; the rows (`stride` bytes
-/// apart, `nb` blocks of `q` each) are valid memory; `a` holds `ncols` Q8_1 columns of one
-/// block per 32 weights of a row; `plus128` is empty or holds their quants plus 128
-/// ([`crate::quant::dot::q8_1_plus_128`]); `out` holds `nrows * ncols` floats.
+/// apart, `nb` blocks of `q` each) are valid memory; `panels` is empty or holds `ncols`
+/// Q8_1 columns of one block per 32 weights of a row packed as [`packing`] says; `out`
+/// holds `nrows * ncols` floats.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) unsafe fn rows(
     q: QType,
     (w, stride, nb): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
-    (a, plus128): (Cols, &[u8]),
+    panels: &[u8],
     out: &mut [f32],
 ) -> usize {
     let m = (w, stride);
     let n = (nrows, ncols);
-    let a = Acts::new(a, plus128);
-    by_tile_type!(q, nb, T, units => each::<T>(m, units, n, a, out), 0)
+    if panels.is_empty() {
+        return 0;
+    }
+    by_tile_type!(q, nb, T, units => each::<T>(m, units, n, panels.as_ptr(), out), 0)
 }
 
 /// [`rows`] for the type `T`, rows of `units` units.
@@ -113,52 +96,61 @@ unsafe fn each<const T: u8>(
     (w, stride): (*const u8, usize),
     units: usize,
     (nrows, ncols): (usize, usize),
-    a: Acts,
+    panels: *const u8,
     out: &mut [f32],
 ) -> usize {
     let done = nrows / 8 * 8;
-    // the signed types meet the activations plus 128
-    if done == 0 || ncols == 0 || (signed(T) && a.plus128.is_null()) {
+    if done == 0 || ncols == 0 {
         return 0;
     }
-    let mut buf = [Unit8 {
-        q: [_mm256_setzero_si256(); 8],
-        d: _mm256_setzero_ps(),
-        m: _mm256_setzero_ps(),
-        start: _mm256_setzero_si256(),
+    let zero = _mm512_setzero_si512();
+    let mut buf = [Unit16 {
+        q: [zero; 8],
+        d: _mm512_setzero_ps(),
+        m: _mm512_setzero_ps(),
+        start: zero,
     }; UNITS];
-    let mut acc = vec![[_mm256_setzero_ps(); 2]; ncols];
-    for r0 in (0..done).step_by(8) {
+    let mut acc = vec![[_mm512_setzero_ps(); 2]; ncols];
+    for r0 in (0..done).step_by(16) {
+        // the last eight rows, if alone, read twice
+        let two = r0 + 8 < done;
         let p = w.add(r0 * stride);
-        let rows: [*const u8; 8] = std::array::from_fn(|i| p.add(i * stride));
-        acc.fill([_mm256_setzero_ps(); 2]);
-        let (mut f_lo, mut f_hi) = (Factors::default(), Factors::default());
+        let first: [*const u8; 8] = std::array::from_fn(|i| p.add(i * stride));
+        let second = match two {
+            true => std::array::from_fn(|i| p.add((8 + i) * stride)),
+            false => first,
+        };
+        acc.fill([_mm512_setzero_ps(); 2]);
+        let mut f = [Factors::default(), Factors::default()];
+        let mut g = [Factors::default(), Factors::default()];
         for k0 in (0..units).step_by(UNITS) {
             let run = &mut buf[..UNITS.min(units - k0)];
             for (i, u) in run.iter_mut().enumerate() {
-                *u = fill::<T>(&rows, k0 + i, (&mut f_lo, &mut f_hi));
+                let lo = fill::<T>(&first, k0 + i, &mut f);
+                let hi = fill::<T>(&second, k0 + i, &mut g);
+                *u = join(lo, hi);
             }
             let run = &*run;
-            let mut c0 = 0;
-            while c0 < ncols {
+            for c0 in (0..ncols).step_by(RUN) {
+                let x = panels.add(c0 / RUN * units * COL_PANEL);
                 let acc = &mut acc[c0..];
                 match ncols - c0 {
-                    1 => cols::<T, 1>(run, a, (c0, k0), acc),
-                    2 => cols::<T, 2>(run, a, (c0, k0), acc),
-                    3 => cols::<T, 3>(run, a, (c0, k0), acc),
-                    4 => cols::<T, 4>(run, a, (c0, k0), acc),
-                    5 => cols::<T, 5>(run, a, (c0, k0), acc),
-                    6 => cols::<T, 6>(run, a, (c0, k0), acc),
-                    7 => cols::<T, 7>(run, a, (c0, k0), acc),
-                    _ => cols::<T, NC_MAX>(run, a, (c0, k0), acc),
+                    1 => cols::<T, 1>(run, x, k0, acc),
+                    2 => cols::<T, 2>(run, x, k0, acc),
+                    3 => cols::<T, 3>(run, x, k0, acc),
+                    4 => cols::<T, 4>(run, x, k0, acc),
+                    5 => cols::<T, 5>(run, x, k0, acc),
+                    6 => cols::<T, 6>(run, x, k0, acc),
+                    7 => cols::<T, 7>(run, x, k0, acc),
+                    _ => cols::<T, RUN>(run, x, k0, acc),
                 }
-                c0 += NC_MAX;
             }
         }
+        let rows = if two { 16 } else { 8 };
         for (c, [v, offs]) in acc.iter().enumerate() {
-            let mut res = [0f32; 8];
-            _mm256_storeu_ps(res.as_mut_ptr(), _mm256_add_ps(*v, *offs));
-            for (i, x) in res.into_iter().enumerate() {
+            let mut res = [0f32; 16];
+            _mm512_storeu_ps(res.as_mut_ptr(), _mm512_add_ps(*v, *offs));
+            for (i, x) in res.into_iter().take(rows).enumerate() {
                 out[(r0 + i) * ncols + c] = x;
             }
         }
@@ -166,17 +158,31 @@ unsafe fn each<const T: u8>(
     done
 }
 
+/// The units of eight rows `lo` and `hi` as one [`Unit16`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn join(lo: Unit8, hi: Unit8) -> Unit16 {
+    let int = |a: __m256i, b: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+    let float = |a: __m256, b: __m256| {
+        let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b))
+    };
+    Unit16 {
+        q: std::array::from_fn(|g| int(lo.q[g], hi.q[g])),
+        d: float(lo.d, hi.d),
+        m: float(lo.m, hi.m),
+        start: int(lo.start, hi.start),
+    }
+}
+
 /// Unit `k` of the eight rows at `rows` (the factors of super-block types in `f`, rows
 /// 0..4 and 4..8, refilled when `k % 8 == 0`), unpacked as [`Unit8`] holds it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn fill<const T: u8>(
-    rows: &[*const u8; 8],
-    k: usize,
-    (f_lo, f_hi): (&mut Factors, &mut Factors),
-) -> Unit8 {
+unsafe fn fill<const T: u8>(rows: &[*const u8; 8], k: usize, f: &mut [Factors; 2]) -> Unit8 {
     let lo = [rows[0], rows[1], rows[2], rows[3]];
     let hi = [rows[4], rows[5], rows[6], rows[7]];
+    let [f_lo, f_hi] = f;
     let (q_lo, d_lo, m_lo) = unit::<T>(lo, k, f_lo);
     let (q_hi, d_hi, m_hi) = unit::<T>(hi, k, f_hi);
     let q = transpose8([
@@ -223,39 +229,39 @@ unsafe fn transpose8(q: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
-/// The units of `run` (units `k0..` of the rows) against `NC` columns from `c0` of `a`,
-/// added into `acc` (per column: the scaled sums and the offset terms, a lane a row).
+/// The units of `run` (units `k0..` of the rows) against the first `NC` columns of the
+/// packed run at `x`, added into `acc` (per column: the scaled sums and the offset terms,
+/// a lane a row).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn cols<const T: u8, const NC: usize>(
-    run: &[Unit8],
-    a: Acts,
-    (c0, k0): (usize, usize),
-    acc: &mut [[__m256; 2]],
+    run: &[Unit16],
+    x: *const u8,
+    k0: usize,
+    acc: &mut [[__m512; 2]],
 ) {
-    let blocks = a.cols.row / Q8;
-    let mut v: [__m256; NC] = std::array::from_fn(|c| acc[c][0]);
-    let mut offs: [__m256; NC] = std::array::from_fn(|c| acc[c][1]);
+    let mut v: [__m512; NC] = std::array::from_fn(|c| acc[c][0]);
+    let mut offs: [__m512; NC] = std::array::from_fn(|c| acc[c][1]);
     for (i, u) in run.iter().enumerate() {
-        let at: [usize; NC] = std::array::from_fn(|c| (c0 + c) * blocks + k0 + i);
-        let aq: [*const i32; NC] = std::array::from_fn(|c| a.quants::<T>(at[c]));
+        let p = x.add((k0 + i) * COL_PANEL);
+        let word = |at: usize| _mm512_set1_epi32((p.add(at) as *const i32).read_unaligned());
+        let float = |at: usize| _mm512_set1_ps((p.add(at) as *const f32).read_unaligned());
         // the columns' chains side by side, so that no column waits on its own sums
         let mut s = [u.start; NC];
         for (g, &wq) in u.q.iter().enumerate() {
-            for c in 0..NC {
-                let x = _mm256_set1_epi32(aq[c].add(g).read_unaligned());
-                s[c] = match signed(T) {
-                    true => _mm256_dpbusd_epi32(s[c], x, wq),
-                    false => _mm256_dpbusd_epi32(s[c], wq, x),
+            for (c, s) in s.iter_mut().enumerate() {
+                let x = word(32 * c + 4 * g);
+                *s = match signed(T) {
+                    true => _mm512_dpbusd_epi32(*s, x, wq),
+                    false => _mm512_dpbusd_epi32(*s, wq, x),
                 };
             }
         }
         for c in 0..NC {
-            let (d8, s8) = (*a.cols.ds.add(2 * at[c]), *a.cols.ds.add(2 * at[c] + 1));
-            let scale = _mm256_mul_ps(u.d, _mm256_set1_ps(d8));
-            v[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[c]), scale, v[c]);
+            let scale = _mm512_mul_ps(u.d, float(256 + 4 * c));
+            v[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), scale, v[c]);
             if has_offset(T) {
-                offs[c] = _mm256_fmadd_ps(u.m, _mm256_set1_ps(s8), offs[c]);
+                offs[c] = _mm512_fmadd_ps(u.m, float(288 + 4 * c), offs[c]);
             }
         }
     }
