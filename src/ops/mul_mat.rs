@@ -194,10 +194,12 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
     // The d and s of every Q8_1 block as f32, converted once for all weight rows.
     let ds_per_col = q8_bytes / 36 * 2;
     let mut cols_ds = vec![0f32; n * ds_per_col];
-    // rows of eight write their results into dst directly, a column's rows side by side
-    // (a mul_mat's result is dense F32)
+    // the kernels write their results into dst directly (rows of eight: a column's rows
+    // side by side, as in a mul_mat's dense F32 result)
     assert!(
-        layout == WeightLayout::Ggml || (dst.nb[0] == 4 && dst.nb[1].is_multiple_of(4)),
+        dst.nb[0].is_multiple_of(4)
+            && dst.nb[1].is_multiple_of(4)
+            && (layout == WeightLayout::Ggml || dst.nb[0] == 4),
         "a dense result"
     );
     // the columns packed eight at a time where the kernels of eight or sixteen rows
@@ -240,18 +242,19 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                 true => &[][..],
                 false => &cols_x8[j0 / 8 * x8_per_run..(j0 + nc).div_ceil(8) * x8_per_run],
             };
-            // `out` is a thread's scratch for the task's dot products, made once per run
-            // of tasks (zeroing it for every task of a decode step cost 2% of the step).
-            let task = |out: &mut Vec<f32>, t: usize| {
+            let task = |t: usize| {
                 let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
                 for j0 in (0..n).step_by(COLS_PER_CALL) {
                     let nc = COLS_PER_CALL.min(n - j0);
-                    let out = &mut out[..rows.len() * nc];
                     // SAFETY: rows.start < m and (i02, i03) is inside a's batch dims; each
                     // row is whole blocks along dim 0 that nothing writes during the step.
                     // (rows of eight: rows.start is a multiple of 8, the rows whole groups)
+                    // The results go straight into dst's rows of the task, which no other
+                    // task writes; its strides are whole floats (checked above).
                     unsafe {
                         let w = a.ptr.add(a.offset([0, rows.start, i02, i03]));
+                        let at = dst.ptr.add(dst.offset([rows.start, j0, i2, i3])) as *mut f32;
+                        let (row, col) = (dst.nb[0] / 4, dst.nb[1] / 4);
                         match layout {
                             WeightLayout::Ggml => quant::dot::vec_dot_q8_1_rows(
                                 q,
@@ -261,44 +264,25 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                                     panels(j0, nc),
                                 ),
                                 &cols_ds[j0 * ds_per_col..(j0 + nc) * ds_per_col],
-                                nc,
-                                out,
+                                (rows.len(), nc),
+                                quant::dot::Results { ptr: at, row, col },
                             ),
-                            WeightLayout::Rows8 => {
-                                // straight into dst: a column's rows are side by side
-                                let at = dst.offset([rows.start, j0, i2, i3]);
-                                quant::dot::vec_dot_q8_1_rows8(
-                                    q,
-                                    (w, k / 32, rows.len() / quant::rows8::ROWS),
-                                    panels(j0, nc),
-                                    nc,
-                                    (dst.ptr.add(at) as *mut f32, dst.nb[1] / 4),
-                                );
-                                continue;
-                            }
+                            WeightLayout::Rows8 => quant::dot::vec_dot_q8_1_rows8(
+                                q,
+                                (w, k / 32, rows.len() / quant::rows8::ROWS),
+                                panels(j0, nc),
+                                nc,
+                                (at, col),
+                            ),
                         }
                     };
-                    // column by column: a column's rows are next to each other in dst
-                    // (row by row, every store went to another cache line)
-                    for c in 0..nc {
-                        let at = dst.offset([rows.start, j0 + c, i2, i3]);
-                        for (r, vals) in out.chunks_exact(nc).enumerate() {
-                            // SAFETY: (rows.start + r, j0 + c, i2, i3) is inside dst (F32);
-                            // each task writes its own rows.
-                            unsafe {
-                                let p = dst.ptr.add(at + r * dst.nb[0]) as *mut f32;
-                                p.write_unaligned(vals[c])
-                            };
-                        }
-                    }
                 }
             };
             let tasks = m.div_ceil(ROWS_PER_TASK);
-            let scratch = || vec![0f32; ROWS_PER_TASK * COLS_PER_CALL];
             if tasks == 1 {
-                task(&mut scratch(), 0);
+                task(0);
             } else {
-                (0..tasks).into_par_iter().for_each_init(scratch, task);
+                (0..tasks).into_par_iter().for_each(task);
             }
         }
     }

@@ -35,6 +35,7 @@ pub(super) mod rows8;
 mod tile;
 mod tile8;
 
+use super::dot::Results;
 use super::iq_tables::KVALUES_IQ4NL;
 use super::kquants::scale_min_k4;
 use super::panel::Packing;
@@ -137,49 +138,40 @@ pub(crate) unsafe fn dot_cols(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &mu
     }
 }
 
-/// `out[r * ncols + c]` = the dot product of weight row `r` (at `w + r * w_stride`,
-/// `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows, scales in `ds`), for
-/// `r` in `0..out.len() / ncols`: columns in groups of four, each group against every
-/// row, so that a group's activations stay in the L1 cache. `vnni`: the kernels that
-/// have a `vpdpbusd` form use it ([`dpbusd`]), sixteen rows at a time take every column
-/// first (`tile8`, where `panels` holds the columns packed as [`packing`] says), and the
-/// four-row tiles take groups of [`tile::WIDE_COLS`] columns.
+/// Row `r` and column `c` of `out` = the dot product of weight row `r` (at
+/// `w + r * w_stride`, `nb` blocks of `q`) with column `c` of `a` (`ncols` Q8_1 rows,
+/// scales in `ds`), for `r` in `0..nrows`: columns in groups of four, each group against
+/// every row, so that a group's activations stay in the L1 cache. `vnni`: the kernels
+/// that have a `vpdpbusd` form use it ([`dpbusd`]), sixteen rows at a time take every
+/// column first (`tile8`, where `panels` holds the columns packed as [`packing`] says),
+/// and the four-row tiles take groups of [`tile::WIDE_COLS`] columns.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if `vnni`
 /// ([`vnni_available`]); every weight row is `nb` whole blocks of valid memory;
 /// `a` holds `ncols` Q8_1 rows of `nb * q.block_size() / 32` blocks, `ds` two floats per
-/// block of `a`, and `out.len()` is a multiple of `ncols` (checked by the caller).
+/// block of `a`, and `out` `nrows` rows of `ncols` results (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_rows(
     q: QType,
     (w, w_stride, nb): (*const u8, usize, usize),
     (a, panels): (&[u8], &[u8]),
     ds: &[f32],
-    (ncols, vnni): (usize, bool),
-    out: &mut [f32],
+    (nrows, ncols, vnni): (usize, usize, bool),
+    out: Results,
 ) {
     if ncols == 0 {
         return;
     }
     let row = a.len() / ncols;
-    // eight rows at a time against every column first, where the CPU allows
+    // sixteen rows at a time against every column first, where the CPU allows
     let done = match vnni && ncols >= tile8::FROM_COLS {
-        // SAFETY: vnni_available() (dot_rows' contract); the rows, columns and `out`
+        // SAFETY: vnni_available() (dot_rows' contract); the rows, columns and results
         // are as tile8::rows requires (checked by the caller).
-        true => unsafe {
-            tile8::rows(
-                q,
-                (w, w_stride, nb),
-                (out.len() / ncols, ncols),
-                panels,
-                out,
-            )
-        },
+        true => unsafe { tile8::rows(q, (w, w_stride, nb), (nrows, ncols), panels, out) },
         false => 0,
     };
-    let (w, out) = (w.add(done * w_stride), &mut out[done * ncols..]);
-    let nrows = out.len() / ncols;
+    let (w, out, nrows) = (w.add(done * w_stride), out.from(done, 0), nrows - done);
     if nrows == 0 {
         return;
     }
@@ -199,7 +191,6 @@ pub(crate) unsafe fn dot_rows(
             w_stride,
             nb,
             nrows,
-            ncols,
             c0,
         };
         match ((ncols - c0).min(group), vnni) {
@@ -226,7 +217,6 @@ struct Rows {
     w_stride: usize,
     nb: usize,
     nrows: usize,
-    ncols: usize,
     c0: usize,
 }
 
@@ -234,7 +224,7 @@ impl Rows {
     /// Every row against the `NC` columns of `a` (`V`: with `vpdpbusd`, see [`dpbusd`]).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn run<const NC: usize, const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) {
+    unsafe fn run<const NC: usize, const V: bool>(&self, q: QType, a: Cols, out: Results) {
         if NC == 1 {
             let done = match V {
                 // SAFETY: V is chosen only where vnni_available() (dot_rows' contract).
@@ -246,17 +236,13 @@ impl Rows {
             }
         }
         // legacy types: four rows at a time, then the rows left
-        let done = tile::rows::<NC, V>(
-            q,
-            (self.w, self.w_stride, self.nb),
-            (self.nrows, self.ncols),
-            a,
-            &mut out[self.c0..],
-        );
+        let out = out.from(0, self.c0);
+        let done = tile::rows::<NC, V>(q, (self.w, self.w_stride, self.nb), self.nrows, a, out);
         for r in done..self.nrows {
             let v: [f32; NC] = row::<NC>(q, self.w.add(r * self.w_stride), self.nb, a);
-            let at = r * self.ncols + self.c0;
-            out[at..at + NC].copy_from_slice(&v);
+            for (c, x) in v.into_iter().enumerate() {
+                out.set(r, c, x);
+            }
         }
     }
 }
@@ -267,7 +253,7 @@ impl Rows {
     /// # Safety
     /// As [`dot_rows`] with `vnni`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-    unsafe fn one_column_wide(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+    unsafe fn one_column_wide(&self, q: QType, a: Cols, out: Results) -> bool {
         self.legacy_column::<true>(q, a, out)
     }
 
@@ -275,7 +261,7 @@ impl Rows {
     /// is done).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn legacy_column<const V: bool>(&self, q: QType, a: Cols, out: &mut [f32]) -> bool {
+    unsafe fn legacy_column<const V: bool>(&self, q: QType, a: Cols, out: Results) -> bool {
         match q {
             QType::Q4_0 => self.one_column::<Q4_0, V>(a, out),
             QType::Q4_1 => self.one_column::<Q4_1, V>(a, out),
@@ -308,18 +294,18 @@ impl Rows {
     /// one.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn one_column<const T: u8, const V: bool>(&self, a: Cols, out: &mut [f32]) {
+    unsafe fn one_column<const T: u8, const V: bool>(&self, a: Cols, out: Results) {
         let mut r = 0;
         while r + 4 <= self.nrows {
             let v = legacy_x4::<T, V>(self.w.add(r * self.w_stride), self.w_stride, self.nb, a);
             for (k, x) in v.into_iter().enumerate() {
-                out[(r + k) * self.ncols + self.c0] = x;
+                out.set(r + k, self.c0, x);
             }
             r += 4;
         }
         for r in r..self.nrows {
             let [x] = legacy::<T, 1>(self.w.add(r * self.w_stride), self.nb, a);
-            out[r * self.ncols + self.c0] = x;
+            out.set(r, self.c0, x);
         }
     }
 }
@@ -843,7 +829,7 @@ unsafe fn q6_k<const NC: usize>(w: *const u8, nb: usize, a: Cols) -> [f32; NC] {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable};
+    use super::super::dot::{q8_1_scales, vec_dot_q8_1_cols_portable, Results};
     use super::super::{quantize_row, QType};
 
     /// The types with kernels here (the others run the portable code).
@@ -955,21 +941,59 @@ mod tests {
         if let Some(how) = super::packing(q, ncols) {
             super::super::panel::pack(&a, ncols, how, &mut panels);
         }
-        let mut got = vec![0.0f32; nrows * ncols];
-        for vnni in [false, super::vnni_available()] {
+        for (vnni, by_rows) in [
+            (false, true),
+            (super::vnni_available(), true),
+            (super::vnni_available(), false),
+        ] {
+            // results row by row, or column by column (a mul_mat's result) with a gap
+            // of 3 after each column, whose sentinels must stay
+            let gap = if by_rows { 0 } else { 3 };
+            let mut got = vec![f32::MAX; nrows * ncols + gap * ncols];
+            let out = match by_rows {
+                true => Results {
+                    ptr: got.as_mut_ptr(),
+                    row: ncols,
+                    col: 1,
+                },
+                false => Results {
+                    ptr: got.as_mut_ptr(),
+                    row: 1,
+                    col: nrows + gap,
+                },
+            };
             // SAFETY: available() was checked, and vnni_available() for vnni; the rows lie
-            // in `w`; the lengths agree.
+            // in `w`; `got` holds every result.
             unsafe {
                 super::dot_rows(
                     q,
                     (w.as_ptr(), stride, blocks),
                     (&a, &panels),
                     &ds,
-                    (ncols, vnni),
-                    &mut got,
+                    (nrows, ncols, vnni),
+                    out,
                 )
             };
-            compare_rows(q, (&w, stride, row_bytes), &a, (nrows, ncols), (&got, vnni));
+            let mut dense = vec![0f32; nrows * ncols];
+            for (r, c) in (0..nrows).flat_map(|r| (0..ncols).map(move |c| (r, c))) {
+                dense[r * ncols + c] = got[r * out.row + c * out.col];
+            }
+            if !by_rows {
+                for c in 0..ncols {
+                    let pad = &got[c * (nrows + gap) + nrows..(c + 1) * (nrows + gap)];
+                    assert!(
+                        pad.iter().all(|&x| x == f32::MAX),
+                        "{q}: a write past column {c}"
+                    );
+                }
+            }
+            compare_rows(
+                q,
+                (&w, stride, row_bytes),
+                &a,
+                (nrows, ncols),
+                (&dense, vnni),
+            );
         }
     }
 

@@ -98,25 +98,64 @@ pub fn vec_dot_q8_1_cols_scaled(q: QType, w: &[u8], a: &[u8], ds: &[f32], out: &
     vec_dot_q8_1_cols_portable(q, w, a, out);
 }
 
+/// Where the products of [`vec_dot_q8_1_rows`] go: row `r` and column `c` at
+/// `ptr + r * row + c * col` (counted in floats), e.g. straight into a mul_mat's result.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Results {
+    /// Row 0, column 0.
+    pub ptr: *mut f32,
+    /// Floats from one row to the next.
+    pub row: usize,
+    /// Floats from one column to the next.
+    pub col: usize,
+}
+
+impl Results {
+    /// Writes `v` at row `r`, column `c`.
+    ///
+    /// # Safety
+    /// `(r, c)` is one of the results: valid memory that nothing else accesses meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn set(self, r: usize, c: usize, v: f32) {
+        // SAFETY: (r, c) is one of the results (caller).
+        unsafe { self.ptr.add(r * self.row + c * self.col).write_unaligned(v) }
+    }
+
+    /// The results from row `r` and column `c` on.
+    ///
+    /// # Safety
+    /// `(r, c)` is one of the results, or just past the last row or column.
+    #[inline(always)]
+    pub(crate) unsafe fn from(self, r: usize, c: usize) -> Self {
+        Results {
+            // SAFETY: inside the results or one past them (caller).
+            ptr: unsafe { self.ptr.add(r * self.row + c * self.col) },
+            ..self
+        }
+    }
+}
+
 /// Dot products of `nrows` weight rows (row `r` at `w + r * w_stride`, `row_bytes` whole
 /// blocks of `q`) with `ncols` activation columns quantized to Q8_1 (`a`, scales in `ds`
 /// as [`vec_dot_q8_1_cols_scaled`] takes them; `panels` empty or the columns packed as
-/// [`packing`] says): `out[r * ncols + c]`. mul_mat's inner loop: the checks and the
-/// choice of kernel are made once for all the rows.
+/// [`packing`] says), row `r` and column `c` into `out`. mul_mat's inner loop: the checks
+/// and the choice of kernel are made once for all the rows.
 ///
 /// # Safety
-/// Every weight row is `row_bytes` bytes of valid memory that nothing writes meanwhile.
+/// Every weight row is `row_bytes` bytes of valid memory that nothing writes meanwhile;
+/// `out` holds `nrows` rows of `ncols` columns, memory nothing else accesses meanwhile.
 ///
 /// # Panics
 /// If `row_bytes` is not whole blocks, `a` does not hold `ncols` Q8_1 rows of one block
-/// per 32 weights, `ds` two floats per block of `a`, or `out` `nrows * ncols` floats.
+/// per 32 weights, `ds` two floats per block of `a`, or `panels` is neither empty nor
+/// `ncols` packed columns.
 pub(crate) unsafe fn vec_dot_q8_1_rows(
     q: QType,
     (w, w_stride, row_bytes): (*const u8, usize, usize),
     (a, panels): (&[u8], &[u8]),
     ds: &[f32],
-    ncols: usize,
-    out: &mut [f32],
+    (nrows, ncols): (usize, usize),
+    out: Results,
 ) {
     let nb = row_bytes / q.block_bytes();
     let q8_row = nb * q.block_size() / 32 * Q8_1_BYTES;
@@ -124,27 +163,31 @@ pub(crate) unsafe fn vec_dot_q8_1_rows(
         row_bytes % q.block_bytes() == 0
             && a.len() == ncols * q8_row
             && ds.len() == a.len() / Q8_1_BYTES * 2
-            && out.len().is_multiple_of(ncols.max(1))
             && (panels.is_empty()
                 || panels.len() == ncols.div_ceil(panel::RUN) * (q8_row / Q8_1_BYTES) * panel::COL_PANEL),
-        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} results, {} packed bytes",
+        "vec_dot_q8_1_rows {q}: {row_bytes} bytes per row, {} Q8_1 bytes for {ncols} columns, {} scales, {} packed bytes",
         a.len(),
         ds.len(),
-        out.len(),
         panels.len()
     );
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         let vnni = super::avx2::vnni_available();
+        let shape = (nrows, ncols, vnni);
         // SAFETY: the CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL if vnni; the
-        // rows are valid (caller) and the other lengths were checked above.
-        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), (a, panels), ds, (ncols, vnni), out) };
+        // rows and results are valid (caller) and the other lengths were checked above.
+        unsafe { super::avx2::dot_rows(q, (w, w_stride, nb), (a, panels), ds, shape, out) };
         return;
     }
-    for (r, o) in out.chunks_exact_mut(ncols.max(1)).enumerate() {
+    let mut o = vec![0f32; ncols];
+    for r in 0..nrows {
         // SAFETY: row r is row_bytes bytes of valid memory (caller).
         let wr = unsafe { std::slice::from_raw_parts(w.add(r * w_stride), row_bytes) };
-        vec_dot_q8_1_cols_portable(q, wr, a, o);
+        vec_dot_q8_1_cols_portable(q, wr, a, &mut o);
+        for (c, &v) in o.iter().enumerate() {
+            // SAFETY: (r, c) is one of the results (caller).
+            unsafe { out.set(r, c, v) };
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use std::arch::x86_64::*;
 
 use super::{dpbusd, f16x2, iq4_levels, legacy_block, legacy_bytes, nibbles, Cols};
 use super::{IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1};
+use crate::quant::dot::Results;
 use crate::quant::iq4::iq4_xs_scale;
 use crate::quant::kquants::scale_min_k4;
 use crate::quant::QType;
@@ -415,23 +416,23 @@ pub(super) use by_tile_type;
 
 /// The row tiles of [`super::dot_rows`]: rows `0..nrows / 4 * 4` (`stride` bytes apart,
 /// `nb` blocks of `q` each, the first at `w`) against the `NC` columns of `a`, row `r`
-/// and column `c` into `out[r * ncols + c]`; the number of rows done, 0 for a type
-/// that is not a legacy one.
+/// and column `c` into `out`; the number of rows done, 0 for a type that is not a
+/// legacy one.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and AVX-512 VNNI and VL when `V`; the rows are valid
 /// memory; `a` holds `NC` columns of one Q8_1 block per 32 weights of a row; `out` holds
-/// `nrows * ncols` floats.
+/// `nrows` rows of `NC` results.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn rows<const NC: usize, const V: bool>(
     q: QType,
     (w, stride, nb): (*const u8, usize, usize),
-    (nrows, ncols): (usize, usize),
+    nrows: usize,
     a: Cols,
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
-    by_tile_type!(q, nb, T, units => each_tile::<T, NC, V>((w, stride, units), (nrows, ncols), a, out), 0)
+    by_tile_type!(q, nb, T, units => each_tile::<T, NC, V>((w, stride, units), nrows, a, out), 0)
 }
 
 /// [`rows`] for the type `T`, rows of `units` units.
@@ -439,9 +440,9 @@ pub(super) unsafe fn rows<const NC: usize, const V: bool>(
 #[inline]
 unsafe fn each_tile<const T: u8, const NC: usize, const V: bool>(
     (w, stride, units): (*const u8, usize, usize),
-    (nrows, ncols): (usize, usize),
+    nrows: usize,
     a: Cols,
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
     if NC == 1 && super_block(T) {
         // a decode step: the row kernels were faster (the factors of four rows cost more
@@ -449,8 +450,8 @@ unsafe fn each_tile<const T: u8, const NC: usize, const V: bool>(
         return 0;
     }
     match V {
-        true => each_tile_wide::<T, NC>((w, stride, units), (nrows, ncols), a, out),
-        false => tiles::<T, NC, false>((w, stride, units), (nrows, ncols), a, out),
+        true => each_tile_wide::<T, NC>((w, stride, units), nrows, a, out),
+        false => tiles::<T, NC, false>((w, stride, units), nrows, a, out),
     }
 }
 
@@ -463,11 +464,11 @@ unsafe fn each_tile<const T: u8, const NC: usize, const V: bool>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn each_tile_wide<const T: u8, const NC: usize>(
     (w, stride, units): (*const u8, usize, usize),
-    (nrows, ncols): (usize, usize),
+    nrows: usize,
     a: Cols,
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
-    tiles::<T, NC, true>((w, stride, units), (nrows, ncols), a, out)
+    tiles::<T, NC, true>((w, stride, units), nrows, a, out)
 }
 
 /// The loop of [`each_tile`]: every whole tile of four rows, its results into `out`.
@@ -475,9 +476,9 @@ unsafe fn each_tile_wide<const T: u8, const NC: usize>(
 #[inline]
 unsafe fn tiles<const T: u8, const NC: usize, const V: bool>(
     (w, stride, units): (*const u8, usize, usize),
-    (nrows, ncols): (usize, usize),
+    nrows: usize,
     a: Cols,
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
     let done = nrows / 4 * 4;
     for r in (0..done).step_by(4) {
@@ -485,7 +486,7 @@ unsafe fn tiles<const T: u8, const NC: usize, const V: bool>(
         let rows = [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)];
         for (c, v) in tile::<T, NC, V>(rows, units, a).into_iter().enumerate() {
             for (i, x) in v.into_iter().enumerate() {
-                out[(r + i) * ncols + c] = x;
+                out.set(r + i, c, x);
             }
         }
     }

@@ -24,6 +24,7 @@
 use std::arch::x86_64::*;
 
 use super::tile::{by_tile_type, has_offset, signed, transpose, unit, Factors};
+use crate::quant::dot::Results;
 use crate::quant::panel::{Packing, COL_PANEL, RUN};
 use crate::quant::QType;
 
@@ -72,14 +73,14 @@ pub(super) fn packing(q: QType) -> Option<Packing> {
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI; the rows (`stride` bytes
 /// apart, `nb` blocks of `q` each) are valid memory; `panels` is empty or holds `ncols`
 /// Q8_1 columns of one block per 32 weights of a row packed as [`packing`] says; `out`
-/// holds `nrows * ncols` floats.
+/// holds `nrows` rows of `ncols` results.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) unsafe fn rows(
     q: QType,
     (w, stride, nb): (*const u8, usize, usize),
     (nrows, ncols): (usize, usize),
     panels: &[u8],
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
     let m = (w, stride);
     let n = (nrows, ncols);
@@ -97,7 +98,7 @@ unsafe fn each<const T: u8>(
     units: usize,
     (nrows, ncols): (usize, usize),
     panels: *const u8,
-    out: &mut [f32],
+    out: Results,
 ) -> usize {
     let done = nrows / 8 * 8;
     if done == 0 || ncols == 0 {
@@ -148,10 +149,19 @@ unsafe fn each<const T: u8>(
         }
         let rows = if two { 16 } else { 8 };
         for (c, [v, offs]) in acc.iter().enumerate() {
-            let mut res = [0f32; 16];
-            _mm512_storeu_ps(res.as_mut_ptr(), _mm512_add_ps(*v, *offs));
-            for (i, x) in res.into_iter().take(rows).enumerate() {
-                out[(r0 + i) * ncols + c] = x;
+            let sums = _mm512_add_ps(*v, *offs);
+            let at = out.from(r0, c).ptr;
+            match (out.row == 1, two) {
+                // a column's rows side by side (a mul_mat's result): one store
+                (true, true) => _mm512_storeu_ps(at, sums),
+                (true, false) => _mm256_storeu_ps(at, _mm512_castps512_ps256(sums)),
+                (false, _) => {
+                    let mut res = [0f32; 16];
+                    _mm512_storeu_ps(res.as_mut_ptr(), sums);
+                    for (i, x) in res.into_iter().take(rows).enumerate() {
+                        out.set(r0 + i, c, x);
+                    }
+                }
             }
         }
     }
