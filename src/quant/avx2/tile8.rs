@@ -22,6 +22,7 @@
 //! additions differs.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::tile::{by_tile_type, has_offset, signed, transpose, unit, Factors};
 use crate::quant::dot::Results;
@@ -30,6 +31,8 @@ use crate::quant::QType;
 
 /// Units unpacked into the buffer at a time (11 KiB of quants and factors).
 const UNITS: usize = 16;
+/// Most columns a pass over the rows takes (their accumulators on the stack, 4 KiB).
+const MAX_COLS: usize = 32;
 /// Fewest columns of a call this kernel takes (a decode step's single column stays on
 /// the row kernels).
 pub(super) const FROM_COLS: usize = 2;
@@ -48,7 +51,6 @@ struct Unit8 {
 
 /// Two [`Unit8`] side by side: the first eight rows in the low halves, the next eight in
 /// the high ones.
-#[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Unit16 {
     q: [__m512i; 8],
@@ -90,7 +92,8 @@ pub(super) unsafe fn rows(
     by_tile_type!(q, nb, T, units => each::<T>(m, units, n, panels.as_ptr(), out), 0)
 }
 
-/// [`rows`] for the type `T`, rows of `units` units.
+/// [`rows`] for the type `T`, rows of `units` units: sixteen rows at a time against up
+/// to [`MAX_COLS`] columns.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn each<const T: u8>(
@@ -104,68 +107,80 @@ unsafe fn each<const T: u8>(
     if done == 0 || ncols == 0 {
         return 0;
     }
-    let zero = _mm512_setzero_si512();
-    let mut buf = [Unit16 {
-        q: [zero; 8],
-        d: _mm512_setzero_ps(),
-        m: _mm512_setzero_ps(),
-        start: zero,
-    }; UNITS];
-    let mut acc = vec![[_mm512_setzero_ps(); 2]; ncols];
-    for r0 in (0..done).step_by(16) {
-        // the last eight rows, if alone, read twice
-        let two = r0 + 8 < done;
-        let p = w.add(r0 * stride);
-        let first: [*const u8; 8] = std::array::from_fn(|i| p.add(i * stride));
-        let second = match two {
-            true => std::array::from_fn(|i| p.add((8 + i) * stride)),
-            false => first,
-        };
-        acc.fill([_mm512_setzero_ps(); 2]);
-        let mut f = [Factors::default(), Factors::default()];
-        let mut g = [Factors::default(), Factors::default()];
-        for k0 in (0..units).step_by(UNITS) {
-            let run = &mut buf[..UNITS.min(units - k0)];
-            for (i, u) in run.iter_mut().enumerate() {
-                let lo = fill::<T>(&first, k0 + i, &mut f);
-                let hi = fill::<T>(&second, k0 + i, &mut g);
-                *u = join(lo, hi);
-            }
-            let run = &*run;
-            for c0 in (0..ncols).step_by(RUN) {
-                let x = panels.add(c0 / RUN * units * COL_PANEL);
-                let acc = &mut acc[c0..];
-                match ncols - c0 {
-                    1 => cols::<T, 1>(run, x, k0, acc),
-                    2 => cols::<T, 2>(run, x, k0, acc),
-                    3 => cols::<T, 3>(run, x, k0, acc),
-                    4 => cols::<T, 4>(run, x, k0, acc),
-                    5 => cols::<T, 5>(run, x, k0, acc),
-                    6 => cols::<T, 6>(run, x, k0, acc),
-                    7 => cols::<T, 7>(run, x, k0, acc),
-                    _ => cols::<T, RUN>(run, x, k0, acc),
-                }
+    // (each unit is unpacked before it is read: no zeroing)
+    let mut buf = [const { MaybeUninit::<Unit16>::uninit() }; UNITS];
+    for c0 in (0..ncols).step_by(MAX_COLS) {
+        let nc = MAX_COLS.min(ncols - c0);
+        let x = panels.add(c0 / RUN * units * COL_PANEL);
+        for r0 in (0..done).step_by(16) {
+            // the last eight rows, if alone, read twice and stored once
+            let rows = (w.add(r0 * stride), stride, r0 + 8 < done);
+            sixteen::<T>(rows, units, (x, nc), &mut buf, out.from(r0, c0));
+        }
+    }
+    done
+}
+
+/// Sixteen rows from `w` (`stride` bytes apart; eight, read twice, where not `two`)
+/// against the first `nc` (at most [`MAX_COLS`]) packed columns at `x`, into `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn sixteen<const T: u8>(
+    (w, stride, two): (*const u8, usize, bool),
+    units: usize,
+    (x, nc): (*const u8, usize),
+    buf: &mut [MaybeUninit<Unit16>; UNITS],
+    out: Results,
+) {
+    let first: [*const u8; 8] = std::array::from_fn(|i| w.add(i * stride));
+    let second = match two {
+        true => std::array::from_fn(|i| w.add((8 + i) * stride)),
+        false => first,
+    };
+    let mut acc = [[_mm512_setzero_ps(); 2]; MAX_COLS];
+    let mut f = [Factors::default(), Factors::default()];
+    let mut g = [Factors::default(), Factors::default()];
+    for k0 in (0..units).step_by(UNITS) {
+        let len = UNITS.min(units - k0);
+        for (i, u) in buf[..len].iter_mut().enumerate() {
+            let lo = fill::<T>(&first, k0 + i, &mut f);
+            let hi = fill::<T>(&second, k0 + i, &mut g);
+            u.write(join(lo, hi));
+        }
+        // SAFETY: the first len units were written just above.
+        let run = std::slice::from_raw_parts(buf.as_ptr() as *const Unit16, len);
+        for c0 in (0..nc).step_by(RUN) {
+            let x = x.add(c0 / RUN * units * COL_PANEL);
+            let acc = &mut acc[c0..];
+            match nc - c0 {
+                1 => cols::<T, 1>(run, x, k0, acc),
+                2 => cols::<T, 2>(run, x, k0, acc),
+                3 => cols::<T, 3>(run, x, k0, acc),
+                4 => cols::<T, 4>(run, x, k0, acc),
+                5 => cols::<T, 5>(run, x, k0, acc),
+                6 => cols::<T, 6>(run, x, k0, acc),
+                7 => cols::<T, 7>(run, x, k0, acc),
+                _ => cols::<T, RUN>(run, x, k0, acc),
             }
         }
-        let rows = if two { 16 } else { 8 };
-        for (c, [v, offs]) in acc.iter().enumerate() {
-            let sums = _mm512_add_ps(*v, *offs);
-            let at = out.from(r0, c).ptr;
-            match (out.row == 1, two) {
-                // a column's rows side by side (a mul_mat's result): one store
-                (true, true) => _mm512_storeu_ps(at, sums),
-                (true, false) => _mm256_storeu_ps(at, _mm512_castps512_ps256(sums)),
-                (false, _) => {
-                    let mut res = [0f32; 16];
-                    _mm512_storeu_ps(res.as_mut_ptr(), sums);
-                    for (i, x) in res.into_iter().take(rows).enumerate() {
-                        out.set(r0 + i, c, x);
-                    }
+    }
+    let rows = if two { 16 } else { 8 };
+    for (c, [v, offs]) in acc[..nc].iter().enumerate() {
+        let sums = _mm512_add_ps(*v, *offs);
+        let at = out.from(0, c).ptr;
+        match (out.row == 1, two) {
+            // a column's rows side by side (a mul_mat's result): one store
+            (true, true) => _mm512_storeu_ps(at, sums),
+            (true, false) => _mm256_storeu_ps(at, _mm512_castps512_ps256(sums)),
+            (false, _) => {
+                let mut res = [0f32; 16];
+                _mm512_storeu_ps(res.as_mut_ptr(), sums);
+                for (i, x) in res.into_iter().take(rows).enumerate() {
+                    out.set(i, c, x);
                 }
             }
         }
     }
-    done
 }
 
 /// The units of eight rows `lo` and `hi` as one [`Unit16`].
