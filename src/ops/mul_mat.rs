@@ -279,10 +279,18 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
                 }
             };
             let tasks = m.div_ceil(ROWS_PER_TASK);
+            // a decode step's tasks are small: at least 64 KiB of weights a job
+            let min_len = match n {
+                1 => (65536 / (ROWS_PER_TASK * w_bytes).max(1)).max(1),
+                _ => 1,
+            };
             if tasks == 1 {
                 task(0);
             } else {
-                (0..tasks).into_par_iter().for_each(task);
+                (0..tasks)
+                    .into_par_iter()
+                    .with_min_len(min_len)
+                    .for_each(task);
             }
         }
     }
