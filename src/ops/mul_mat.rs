@@ -240,7 +240,10 @@ fn cpu_quant_q8_1(q: QType, layout: WeightLayout, dst: HostTensor, a: HostTensor
             // the panels of columns j0..j0 + nc (none where nothing reads them)
             let panels = |j0: usize, nc: usize| match cols_x8.is_empty() {
                 true => &[][..],
-                false => &cols_x8[j0 / 8 * x8_per_run..(j0 + nc).div_ceil(8) * x8_per_run],
+                false => {
+                    let runs = j0 / quant::panel::RUN..(j0 + nc).div_ceil(quant::panel::RUN);
+                    &cols_x8[runs.start * x8_per_run..runs.end * x8_per_run]
+                }
             };
             let task = |t: usize| {
                 let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
