@@ -19,7 +19,8 @@
 #                     (make-flat-imatrix.py: every column equally important)
 #   -p N, -n N        prompt tokens and generated tokens (default 512 and 128)
 #   --depth D         also time generation after D tokens (llama-bench -d D, before and
-#                     after graft's run; graft bench -p D)
+#                     after graft's run; graft bench -d D); the main tg runs from an
+#                     empty context in both (llama-bench's tg, graft bench's default -d 0)
 #   --cache TYPE      K/V cache type for both: f16 (default), q8_0 or q4_0
 #   --reps R          llama-bench repetitions (default 3; 2 for each of the two runs at a
 #                     depth)
@@ -153,7 +154,7 @@ for m in "${models[@]}"; do
     run "$raw/graft.$stem.main.json" "${ours[@]}" -p "$p" -n "$n"
     if [ -n "$depth" ]; then
         run "$raw/llama.$stem.d$depth.a.json" "${llama[@]}" -r 2 -p 0 -n "$n" -d "$depth"
-        run "$raw/graft.$stem.d$depth.json" "${ours[@]}" -p "$depth" -n "$n" --reps 1
+        run "$raw/graft.$stem.d$depth.json" "${ours[@]}" -p "$p" -d "$depth" -n "$n" --reps 1
         run "$raw/llama.$stem.d$depth.b.json" "${llama[@]}" -r 2 -p 0 -n "$n" -d "$depth"
     fi
 done

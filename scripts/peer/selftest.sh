@@ -44,7 +44,7 @@ expect "cuda: quantizes from the F16 file" 'llama-quantize .*llama2-7b-f16\.gguf
 expect "cuda: llama-bench on the GPU" 'llama-bench -m .*llama2-7b-q4_0\.gguf -fa 1 -ngl 99 -o json -r 3 -p 512 -n 128' "${gpu[@]}"
 expect "cuda: graft on the GPU" 'graft bench --model .*llama2-7b-q4_0\.gguf --backend cuda --json -p 512 -n 128' "${gpu[@]}"
 expect "cuda: llama-bench at depth" 'llama-bench .* -r 2 -p 0 -n 128 -d 4096 > .*d4096\.b\.json' "${gpu[@]}"
-expect "cuda: graft at depth" 'graft bench .* -p 4096 -n 128 --reps 1 > .*graft\.llama2-7b-f16\.d4096\.json' "${gpu[@]}"
+expect "cuda: graft at depth" 'graft bench .* -p 512 -d 4096 -n 128 --reps 1 > .*graft\.llama2-7b-f16\.d4096\.json' "${gpu[@]}"
 expect "cuda: the table" 'table\.py .*-cuda --graft-rev' "${gpu[@]}"
 expect "cuda: a quantized cache for both" 'llama-bench .*-ctk q8_0 -ctv q8_0 .*' "${gpu[@]}" --cache q8_0
 expect "cuda: graft's quantized cache" 'graft bench .*--cache-type-k q8_0 --cache-type-v q8_0' "${gpu[@]}" --cache q8_0

@@ -6,8 +6,9 @@
 //! capturing backend capture it), then `--reps` timed requests that replay it, each
 //! prompt computed in one step (the prefix cache off), timed to its first token.
 //! Generation: a short request builds the decode plan, then `-n` timed greedy decode
-//! steps as `graft generate` runs them (each step's argmax fed to the next on the
-//! device, the host a step behind). The
+//! steps after a prompt of `-d` tokens (one at least: by default the steps run from an
+//! almost empty context, as llama-bench's tg), as `graft generate` runs them (each step's
+//! argmax fed to the next on the device, the host a step behind). The
 //! memory-bandwidth roofline fraction is `weight bytes read per token x gen tokens/s /
 //! copy bandwidth`. With `--profile`, one more prefill and decode step run with step
 //! profiling on, and a table says where their time goes.
@@ -47,6 +48,11 @@ pub struct Args {
     /// Decode steps.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n: usize,
+    /// Tokens in the context before the timed decode steps (llama-bench's -d): they
+    /// follow a prompt of this many tokens, one at least (0: from an empty context but
+    /// for that token, as llama-bench's tg).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    depth: usize,
     /// Timed prefills (after one untimed).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -103,7 +109,11 @@ pub fn run(a: Args) -> Result<()> {
         )));
     }
     let most = max_kv_size(DEFAULT_BLOCK_SIZE);
-    let ctx = bench_context([("-p", a.p), ("-n", a.n)], a.model.ctx, most)?;
+    let before = match a.depth > a.p {
+        true => ("-d", a.depth),
+        false => ("-p", a.p),
+    };
+    let ctx = bench_context([before, ("-n", a.n)], a.model.ctx, most)?;
     let (be, copy_bw) = open_backend(&a.model, a.copy_bw)?;
     let (mut engine, label, dtype) = open_engine(&a, be, ctx)?;
     let run = measure(&a, &mut engine, copy_bw, label, dtype);
@@ -126,13 +136,16 @@ fn measure(
 ) -> Result<Figures> {
     let mut rng = StdRng::seed_from_u64(a.seed);
     let vocab = e.config().vocab_size as u32;
-    let prompt: Vec<u32> = (0..a.p).map(|_| rng.random_range(0..vocab)).collect();
-    let pp = time_prefill(e, &prompt, a.reps)?;
-    let tg = time_generation(e, &prompt, a.n)?;
+    let tokens: Vec<u32> = (0..a.p.max(a.depth))
+        .map(|_| rng.random_range(0..vocab))
+        .collect();
+    let prompt = &tokens[..a.p];
+    let pp = time_prefill(e, prompt, a.reps)?;
+    let tg = time_generation(e, &tokens[..a.depth.max(1)], a.n)?;
     let stats = e.backend().stats();
     // Profiles after the timed runs, so they change none of the figures above.
     let profiles = match a.profile {
-        true => Some(profile(e, &prompt)?),
+        true => Some(profile(e, prompt)?),
         false => None,
     };
     Ok(Figures {
@@ -218,9 +231,9 @@ fn time_prefill(e: &mut Engine, prompt: &[u32], reps: usize) -> Result<f64> {
     Ok(prompt.len() as f64 / secs[secs.len() / 2])
 }
 
-/// Generation in tokens/s after `prompt`: a short run first builds the decode plan, then
-/// `n` timed greedy steps (the host a step behind the device, as `graft generate` runs
-/// them).
+/// Generation in tokens/s after `prompt` (the depth): a short run first builds the decode
+/// plan, then `n` timed greedy steps (the host a step behind the device, as `graft
+/// generate` runs them).
 fn time_generation(e: &mut Engine, prompt: &[u32], n: usize) -> Result<f64> {
     run_request(e, greedy(&prompt[..1], 3))?;
     let (first, end) = run_request(e, greedy(prompt, n + 1))?;
@@ -285,6 +298,7 @@ impl Figures {
             "backend": self.backend,
             "n_prompt": a.p,
             "n_gen": a.n,
+            "n_depth": a.depth,
             "reps": a.reps,
             "prompt_tokens_per_s": self.pp,
             "gen_tokens_per_s": self.tg,
@@ -320,7 +334,7 @@ impl Figures {
             n => format!(" per device, {n} devices"),
         };
         let mut out = format!(
-            "graft bench: {} {} on {} (p={}, n={}, {} reps)\n\
+            "graft bench: {} {} on {} (p={}, n={}, d={}, {} reps)\n\
              \x20 weights     {:.3} GB ({:.3} GB read per token){devices}\n\
              \x20 prompt      {:>10.1} tok/s\n\
              \x20 generation  {:>10.1} tok/s\n\
@@ -331,6 +345,7 @@ impl Figures {
             self.backend,
             a.p,
             a.n,
+            a.depth,
             a.reps,
             gb(self.weight_bytes),
             gb(self.per_token),

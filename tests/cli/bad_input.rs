@@ -890,6 +890,10 @@ fn command_line_sizes_and_values_are_checked() {
         &b(&["-p", "64", "-n", "64", "--ctx", "100"]),
         &["--ctx 100", "-p 64 + -n 64"],
     );
+    fails(
+        &b(&["-d", "1000000000000", "-n", "1"]),
+        &["-d 1000000000000 + -n 1", "smaller -d and -n"],
+    );
     fails(&b(&["-n", "0"]), &["-n 0", "at least 1"]);
     fails(&b(&["--copy-bw", "0"]), &["--copy-bw 0"]);
     fails(&b(&["--copy-bw", "-3"]), &["--copy-bw -3"]);

@@ -389,6 +389,22 @@ fn bench_tiny_on_cpu() {
         text.contains("generation") && text.contains("unknown (pass --copy-bw GBPS)"),
         "{text}"
     );
+    assert!(text.contains("d=0"), "{text}");
+    // -d: the decode steps after that many tokens, the context sized for them
+    let kv = |extra: &[&str]| {
+        let mut args = vec!["bench", "--preset", "tiny", "-p", "8", "-n", "4", "--json"];
+        args.extend_from_slice(extra);
+        let j: serde_json::Value = serde_json::from_str(ok(&args).trim()).unwrap();
+        assert!(j["gen_tokens_per_s"].as_f64().unwrap() > 0.0);
+        (
+            j["n_depth"].as_u64().unwrap(),
+            j["kv_cache_bytes"].as_u64().unwrap(),
+        )
+    };
+    let (d0, short) = kv(&[]);
+    let (d, long) = kv(&["-d", "300"]);
+    assert_eq!((d0, d), (0, 300));
+    assert!(long > 10 * short, "KV bytes {long} at -d 300, {short} at 0");
 }
 
 /// `batched-bench` on the CPU: the table's rows line up with llama-batched-bench's
